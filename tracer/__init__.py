@@ -1,0 +1,1 @@
+"""tracer: everything that runs on the training node (see README architecture)."""

@@ -1,0 +1,192 @@
+"""Bit-exact tensor fingerprints and cheap stats, computed on the tensor's own device.
+
+Algorithm ``lanes64-v1``
+------------------------
+The tensor's bytes (logical element order, i.e. as ``.contiguous()`` lays them out)
+are read as signed 32-bit words ``x_p``; a final partial word is zero-padded. Words
+are processed in chunks of ``CHUNK = 2**18`` (sized so a chunk's products stay in
+L2 cache). Word ``p = c*CHUNK + q`` gets the weight ``W[q] * R[c]`` (mod 2**64), where
+``W`` and ``R`` are fixed tables of odd 64-bit values drawn from splitmix64 (with
+``R[0] = 1``), so every weight is odd. The lane sum is
+
+    h = sum_c R[c] * sum_q x_p * W[q]     (mod 2**64, two's complement)
+
+and the fingerprint is ``mix64(h ^ mix64(meta))`` where ``meta`` encodes dtype and
+shape. Only integer multiply-adds are used: every device computes the same bits,
+whatever its reduction order, because addition mod 2**64 is associative. The device
+returns one int64 plus the stats; only those cross to the host.
+
+Collision bound (see also docs/log-format.md)
+---------------------------------------------
+Let ``d_p`` be the word differences between two tensors of the same dtype and shape
+(|d_p| < 2**32). The lane sums collide iff ``sum_p d_p * w_p == 0 (mod 2**64)``.
+
+* A change confined to one 32-bit word (any single bit flip, any corruption of one
+  fp32 element or of one or two adjacent 16-bit elements) is **always** detected:
+  ``d * w`` with ``w`` odd and ``0 < |d| < 2**32`` is never ``0 mod 2**64``.
+* Any other change, with ``t`` the number of trailing zero bits shared by all
+  ``d_p`` (``t <= 31``), collides with probability ``2**-(64 - t)`` over the choice
+  of weights, if the weights were random; for two words it is at most ``2**-32``
+  (two sign-bit flips, or a swap of two words that differ only in the sign bit) and
+  about ``2**-64`` for typical corruption that touches low-order bits. The weights
+  are fixed constants, so this is a model of "unrelated to the data", which hardware
+  faults are; the bound is not a defence against an adversary.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from dataclasses import dataclass
+
+import torch
+
+ALGORITHM = "lanes64-v1"
+CHUNK = 1 << 18
+_MASK64 = (1 << 64) - 1
+_W_SEED = 0x5DC7_2ACE_0000_0001
+_R_SEED = 0x5DC7_2ACE_0000_0002
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDigest:
+    """What a traced tensor leaves in the log: its fingerprint and a few stats."""
+
+    fingerprint: int  # unsigned 64-bit
+    l2: float
+    absmax: float
+    nan: int
+    inf: int
+    meta: str  # e.g. "float32[8,64,128]"
+
+    @property
+    def hex(self) -> str:
+        return f"{self.fingerprint:016x}"
+
+
+def mix64(z: int) -> int:
+    """splitmix64's finaliser: a bijective avalanche on 64-bit integers."""
+    z &= _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _odd_table(seed: int, n: int, offset: int = 0) -> torch.Tensor:
+    """``n`` odd 64-bit constants from splitmix64, as int64 bit patterns (CPU)."""
+    golden = 0x9E3779B97F4A7C15
+    vals = [mix64(seed + (offset + i + 1) * golden) | 1 for i in range(n)]
+    packed = struct.pack(f"<{n}Q", *vals)
+    return torch.frombuffer(bytearray(packed), dtype=torch.int64)
+
+
+class _Tables:
+    """Per-device weight tables, built once and grown on demand."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._w_cpu: torch.Tensor | None = None
+        self._r_cpu = torch.empty(0, dtype=torch.int64)
+        self._by_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._local = threading.local()  # autograd may run hooks on its own threads
+
+    def get(self, device: torch.device, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._lock:
+            if self._w_cpu is None:
+                self._w_cpu = _odd_table(_W_SEED, CHUNK)
+            if self._r_cpu.numel() < chunks:
+                grown = max(chunks, 2 * self._r_cpu.numel(), 64)
+                extra = _odd_table(_R_SEED, grown - self._r_cpu.numel(), self._r_cpu.numel())
+                self._r_cpu = torch.cat([self._r_cpu, extra])
+                self._r_cpu[0] = 1  # a single-chunk tensor needs no chunk weight
+                self._by_device.clear()
+            if device not in self._by_device:
+                self._by_device[device] = (self._w_cpu.to(device), self._r_cpu.to(device))
+            return self._by_device[device]
+
+    def buffer(self, device: torch.device) -> torch.Tensor:
+        bufs = self._local.__dict__.setdefault("bufs", {})
+        if device not in bufs:
+            bufs[device] = torch.empty(CHUNK, dtype=torch.int64, device=device)
+        return bufs[device]
+
+
+_TABLES = _Tables()
+
+
+def _meta(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}[{','.join(str(s) for s in t.shape)}]"
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes in logical order as int32 words, the last one zero-padded."""
+    flat = t.detach().contiguous().reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.view(torch.uint8)
+    raw = flat.view(torch.uint8)
+    whole = raw.numel() // 4 * 4
+    if whole == raw.numel():
+        return raw.view(torch.int32)
+    tail = torch.zeros(4, dtype=torch.uint8, device=raw.device)
+    tail[: raw.numel() - whole] = raw[whole:]
+    return torch.cat([raw[:whole].view(torch.int32), tail.view(torch.int32)])
+
+
+def _lane_sum(words: torch.Tensor) -> torch.Tensor:
+    """sum_c R[c] * sum_q x[c*CHUNK+q] * W[q] (mod 2**64) as a 0-d int64 tensor."""
+    n = words.numel()
+    chunks = max(1, -(-n // CHUNK))
+    w, r = _TABLES.get(words.device, chunks)
+    if chunks == 1:
+        return torch.mul(words, w[:n]).sum()
+    sums = torch.empty(chunks, dtype=torch.int64, device=words.device)
+    buf = _TABLES.buffer(words.device)
+    for c in range(chunks):
+        part = words[c * CHUNK : (c + 1) * CHUNK]
+        m = part.numel()
+        torch.mul(part, w[:m], out=buf[:m])
+        torch.sum(buf[:m], dim=0, out=sums[c])
+    return torch.mul(sums, r[:chunks]).sum()
+
+
+def _finalise(lane_sum: int, t: torch.Tensor) -> int:
+    meta = 0xCBF29CE484222325  # FNV-1a over the dtype's name: stable across torch releases
+    for b in str(t.dtype).encode():
+        meta = ((meta ^ b) * 0x100000001B3) & _MASK64
+    for s in t.shape:
+        meta = mix64(meta * 0x100000001B3 + s + 1)
+    meta = mix64(meta ^ (t.dim() << 56))
+    return mix64((lane_sum & _MASK64) ^ meta)
+
+
+def fingerprint(t: torch.Tensor) -> int:
+    """The unsigned 64-bit fingerprint of ``t``'s dtype, shape and bits."""
+    return _finalise(int(_lane_sum(_words(t)).item()), t)
+
+
+def digest(t: torch.Tensor) -> TensorDigest:
+    """Fingerprint plus L2 norm, absmax and NaN/Inf counts; only scalars leave the device."""
+    t = t.detach()
+    lane = _lane_sum(_words(t))
+    if t.numel() == 0:
+        return TensorDigest(_finalise(int(lane.item()), t), 0.0, 0.0, 0, 0, _meta(t))
+    x = t if t.is_floating_point() or t.is_complex() else t.to(torch.float64)
+    acc = torch.float32 if x.is_floating_point() and x.element_size() < 4 else None
+    l2 = torch.linalg.vector_norm(x, dtype=acc)
+    if x.is_complex():
+        absmax = x.abs().amax()
+    else:
+        lo, hi = torch.aminmax(x)  # one pass, far faster than an inf-norm on CPU
+        absmax = torch.maximum(-lo, hi)
+    if t.device.type == "cpu":
+        lane_v, l2_v, absmax_v = lane.item(), l2.item(), absmax.item()
+    else:  # one transfer: the float bits ride in the int64 tensor
+        floats = torch.stack([l2.to(torch.float64), absmax.to(torch.float64)]).view(torch.int64)
+        lane_v, l2_bits, absmax_bits = torch.cat([lane.reshape(1), floats]).tolist()
+        l2_v, absmax_v = struct.unpack("<2d", struct.pack("<2q", l2_bits, absmax_bits))
+    nan = inf = 0
+    if not absmax_v < float("inf"):
+        # Rare: only pay for the counting passes when something is not finite.
+        nan = int(torch.isnan(x).sum().item())
+        inf = int(torch.isinf(x).sum().item())
+    return TensorDigest(_finalise(lane_v, t), l2_v, absmax_v, nan, inf, _meta(t))
