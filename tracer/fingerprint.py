@@ -124,6 +124,8 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
     raw = flat.view(torch.uint8)
+    if raw.storage_offset() % 4:  # a 16-bit view may start mid-word; int32 needs alignment
+        raw = raw.clone()
     whole = raw.numel() // 4 * 4
     if whole == raw.numel():
         return raw.view(torch.int32)
