@@ -1,0 +1,274 @@
+"""One test per failure mode, each made by truncating or editing bytes of a real log.
+
+A crash can only cut the last segment short: that is a torn tail (warning, end of log).
+Anything else is corruption: an error naming file and byte offset, or, in skip mode, a
+resynchronisation at the next valid frame that is counted and recorded.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+from tracer.errors import LogCorruptionError
+from tracer.log import EventRecord, LogReader, RecordType, TornTailWarning
+
+
+def read_all(directory: Path, **kw):
+    reader = LogReader(directory, **kw)
+    return list(reader.entries()), reader.status
+
+
+def truncate(path: Path, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+def poke(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def flip(path: Path, offset: int) -> None:
+    poke(path, offset, bytes([path.read_bytes()[offset] ^ 0x40]))
+
+
+def middle_tensor(frames, path: Path) -> tuple[int, int, int]:
+    tensors = [f for f in frames(path) if f[1] == RecordType.TENSOR]
+    return tensors[len(tensors) // 2]
+
+
+@pytest.mark.parametrize("cut", [1, 8, 9, 12])  # inside the frame header, or inside the payload
+def test_torn_tail_ends_the_log_with_a_warning(make_log, frames, cut: int) -> None:
+    directory = make_log(60, close=False)
+    (path,) = LogReader(directory).segments
+    intact, _ = read_all(directory)
+    offset = frames(path)[-3][0]
+    truncate(path, offset + cut)
+
+    with pytest.warns(TornTailWarning, match=f"byte {offset}"):
+        entries, status = read_all(directory)
+
+    assert entries == [e for e in intact if e.offset < offset]
+    assert status.torn_tail and not status.complete and status.corruptions == []
+
+
+@pytest.mark.parametrize("size", [0, 10])
+def test_torn_file_header_in_the_last_segment(make_log, size: int) -> None:
+    directory = make_log(300, segment_bytes=1024, close=False)
+    segments = LogReader(directory).segments
+    intact, _ = read_all(directory)
+    truncate(segments[-1], size)
+
+    with pytest.warns(TornTailWarning, match="header"):
+        entries, status = read_all(directory)
+
+    assert entries == [e for e in intact if e.segment < len(segments) - 1]
+    assert status.torn_tail
+
+
+def test_zero_filled_tail_is_a_torn_tail(make_log, frames) -> None:
+    # What some file systems show after a power loss: the size grew, the data did not land.
+    directory = make_log(60, close=False)
+    (path,) = LogReader(directory).segments
+    offset = frames(path)[-5][0]
+    poke(path, offset, bytes(path.stat().st_size - offset))
+
+    with pytest.warns(TornTailWarning):
+        entries, status = read_all(directory)
+    assert entries and entries[-1].offset < offset and status.torn_tail
+
+
+def test_truncation_in_a_non_last_segment_is_corruption(make_log, frames) -> None:
+    directory = make_log(300, segment_bytes=1024)
+    segments = LogReader(directory).segments
+    path = segments[1]
+    offset, _, _ = frames(path)[-2]
+    truncate(path, offset + 5)
+
+    with pytest.raises(LogCorruptionError) as err:
+        read_all(directory)
+    assert (err.value.path, err.value.offset) == (str(path), offset)
+
+    entries, status = read_all(directory, on_corruption="skip")
+    assert status.complete and status.skipped_bytes == 5 and status.skipped_records == 1
+    assert [c[:2] for c in status.corruptions] == [(str(path), offset)]
+    assert {e.segment for e in entries} == set(range(len(segments)))
+
+
+def test_crc_mismatch_names_file_and_offset(make_log, frames) -> None:
+    directory = make_log(60)
+    (path,) = LogReader(directory).segments
+    intact, _ = read_all(directory)
+    offset, _, length = middle_tensor(frames, path)
+    flip(path, offset + 9 + length // 2)
+
+    with pytest.raises(LogCorruptionError, match="CRC mismatch") as err:
+        read_all(directory)
+    assert (err.value.path, err.value.offset) == (str(path), offset)
+    assert f"{path}: corrupt record at byte {offset}" in str(err.value)
+
+    entries, status = read_all(directory, on_corruption="skip")
+    assert entries == [e for e in intact if e.offset != offset]
+    assert (status.skipped_records, status.skipped_bytes) == (1, 9 + length)
+    assert status.corruptions == [(str(path), offset, err.value.reason)]
+    assert status.complete
+
+
+@pytest.mark.parametrize(
+    ("length", "reason"),
+    [
+        (lambda n, left: n + 3, "CRC mismatch"),
+        (lambda n, left: 0xFFFFFFFF, "exceeds the"),
+        (lambda n, left: left + 100, "past the end of the file"),  # not a torn tail: valid frames follow
+    ],
+)
+def test_corrupted_length_field(make_log, frames, length, reason: str) -> None:
+    directory = make_log(60, close=False)
+    (path,) = LogReader(directory).segments
+    intact, _ = read_all(directory)
+    offset, _, n = middle_tensor(frames, path)
+    poke(path, offset, struct.pack("<I", length(n, path.stat().st_size - offset)))
+
+    with pytest.raises(LogCorruptionError, match=reason) as err:
+        read_all(directory)
+    assert err.value.offset == offset
+
+    entries, status = read_all(directory, on_corruption="skip")
+    assert entries == [e for e in intact if e.offset != offset]
+    assert not status.torn_tail and status.skipped_records == 1
+
+
+def test_unknown_record_type_is_corruption(make_log, frames) -> None:
+    directory = make_log(60)
+    (path,) = LogReader(directory).segments
+    offset, _, length = middle_tensor(frames, path)
+    payload = path.read_bytes()[offset + 9 : offset + 9 + length]
+    poke(path, offset + 4, struct.pack("<IB", zlib.crc32(bytes([9]) + payload), 9))  # a CRC that matches
+
+    with pytest.raises(LogCorruptionError, match="unknown record type 9") as err:
+        read_all(directory)
+    assert err.value.offset == offset
+
+
+def test_tensor_whose_string_was_lost(make_log, frames) -> None:
+    directory = make_log(60)
+    (path,) = LogReader(directory).segments
+    intact, _ = read_all(directory)
+    strings = [f for f in frames(path) if f[1] == RecordType.STRING]
+    offset, _, length = strings[1]  # the meta string: every TENSOR refers to it
+    flip(path, offset + 9 + length - 1)
+
+    with pytest.raises(LogCorruptionError, match="CRC mismatch"):
+        read_all(directory)
+
+    entries, status = read_all(directory, on_corruption="skip")
+    lost = [c for c in status.corruptions if "STRING record was lost" in c[2]]
+    assert len(lost) == 60 and status.skipped_records == 1 + 60
+    assert entries == [e for e in intact if isinstance(e.record, EventRecord)]
+
+
+def test_missing_end_reads_as_a_crashed_run(make_log) -> None:
+    entries, status = read_all(make_log(60, close=False))
+    assert len(entries) == status.records == 66
+    assert not status.complete and status.end is None and not status.torn_tail
+
+
+def test_missing_segment_is_corruption(make_log) -> None:
+    directory = make_log(300, segment_bytes=1024)
+    segments = LogReader(directory).segments
+    segments[2].unlink()
+
+    with pytest.raises(LogCorruptionError, match="segment file missing") as err:
+        read_all(directory)
+    assert err.value.path == str(segments[2])
+
+    entries, status = read_all(directory, on_corruption="skip")
+    assert 2 not in {e.segment for e in entries} and len(status.corruptions) == 1
+
+
+def test_segment_cut_at_a_record_boundary_is_corruption(make_log, frames) -> None:
+    # No frame is damaged, but the next segment's HEADER says how many records came before.
+    directory = make_log(300, segment_bytes=1024)
+    segments = LogReader(directory).segments
+    truncate(segments[1], frames(segments[1])[-1][0])
+
+    with pytest.raises(LogCorruptionError, match="records are missing") as err:
+        read_all(directory)
+    assert (err.value.path, err.value.offset) == (str(segments[2]), 16)
+
+
+def test_record_cut_out_of_the_last_segment_is_corruption(make_log, frames) -> None:
+    directory = make_log(60)
+    (path,) = LogReader(directory).segments
+    offset, _, length = middle_tensor(frames, path)
+    data = path.read_bytes()
+    path.write_bytes(data[:offset] + data[offset + 9 + length :])
+
+    with pytest.raises(LogCorruptionError, match="END counts 66 records but the log holds 65"):
+        read_all(directory)
+
+
+def test_record_after_end_is_corruption(make_log, frames) -> None:
+    directory = make_log(60)
+    (path,) = LogReader(directory).segments
+    offset, _, length = middle_tensor(frames, path)
+    data = path.read_bytes()
+    path.write_bytes(data + data[offset : offset + 9 + length])
+
+    with pytest.raises(LogCorruptionError, match="after the END record") as err:
+        read_all(directory)
+    assert err.value.offset == len(data)
+
+
+def test_renamed_segment_is_corruption(make_log) -> None:
+    directory = make_log(300, segment_bytes=1024)
+    one, two = directory / "000001.sdclog", directory / "000002.sdclog"
+    one.rename(directory / "tmp")
+    two.rename(one)
+    (directory / "tmp").rename(two)
+
+    with pytest.raises(LogCorruptionError, match="file header says segment 2 but the file name says 1") as err:
+        read_all(directory)
+    assert (err.value.path, err.value.offset) == (str(one), 12)
+
+
+@pytest.mark.parametrize("misplaced", ["HEADER inside a segment", "END before the last segment", "no HEADER first"])
+def test_misplaced_records_are_corruption(make_log, frames, misplaced: str) -> None:
+    directory = make_log(300, segment_bytes=1024)
+    first, last = LogReader(directory).segments[0], LogReader(directory).segments[-1]
+    data = first.read_bytes()
+    (h_off, _, h_len), (s_off, _, _) = frames(first)[:2]
+    if misplaced == "HEADER inside a segment":
+        first.write_bytes(data + data[h_off : h_off + 9 + h_len])
+        expected = "HEADER record after the first record"
+    elif misplaced == "END before the last segment":
+        e_off, _, e_len = frames(last)[-1]
+        first.write_bytes(data + last.read_bytes()[e_off : e_off + 9 + e_len])
+        expected = "END record in a segment that is not the log's last"
+    else:
+        first.write_bytes(data[:16] + data[s_off:])
+        expected = "segment starts with a STRING record, expected HEADER"
+
+    with pytest.raises(LogCorruptionError, match=expected):
+        read_all(directory)
+
+
+def test_lost_header_is_taken_from_the_next_segment(make_log, frames, header) -> None:
+    directory = make_log(300, segment_bytes=1024)
+    intact, _ = read_all(directory)
+    first = LogReader(directory).segments[0]
+    _, _, length = frames(first)[0]
+    flip(first, 16 + 9 + length // 2)
+
+    with pytest.raises(LogCorruptionError, match="CRC mismatch") as err:
+        LogReader(directory)
+    assert err.value.offset == 16
+
+    reader = LogReader(directory, on_corruption="skip")
+    assert reader.header == header
+    assert list(reader.entries()) == intact and len(reader.status.corruptions) == 1

@@ -1,0 +1,108 @@
+"""The writer's contract: one log per directory, clean and failed closes, no unreadable records."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from tracer.errors import UsageError
+from tracer.log import EventRecord, LogReader, LogWriter, Phase, RunHeader, TensorRecord
+
+T = TensorRecord(1, 0, "layers.0.mlp", Phase.FORWARD, 42, 1.0, 1.0, 0, 0, "float32[4]")
+
+
+def test_refuses_a_directory_that_holds_a_log(make_log, header: RunHeader) -> None:
+    directory = make_log(5)
+    with pytest.raises(UsageError, match=str(directory)):
+        LogWriter(directory, header)
+
+
+def test_context_manager_records_a_failed_run(tmp_path: Path, header: RunHeader) -> None:
+    with pytest.raises(RuntimeError, match="loss is nan"):
+        with LogWriter(tmp_path / "r", header) as w:
+            w.write_tensor(T)
+            raise RuntimeError("loss is nan")
+    reader = LogReader(tmp_path / "r")
+    assert list(reader.records()) == [T]
+    assert reader.status.complete
+    assert reader.status.end is not None
+    assert (reader.status.end.status, reader.status.end.detail) == ("failed", "RuntimeError: loss is nan")
+
+
+def test_flush_makes_records_readable_before_close(tmp_path: Path, header: RunHeader) -> None:
+    w = LogWriter(tmp_path / "r", header)
+    w.write_tensor(T)
+    w.flush(fsync=True)
+    reader = LogReader(tmp_path / "r")
+    assert list(reader.records()) == [T] and not reader.status.complete
+    w.close()
+
+
+def test_closed_writer_refuses_records_and_closes_idempotently(tmp_path: Path, header: RunHeader) -> None:
+    w = LogWriter(tmp_path / "r", header)
+    w.close()
+    w.close()
+    w.abandon()
+    with pytest.raises(UsageError, match="closed"):
+        w.write_tensor(T)
+    with pytest.raises(UsageError, match="closed"):
+        w.flush()
+    assert LogReader(tmp_path / "r").header == header
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        EventRecord("loss", 1, {"loss": object()}),
+        EventRecord("loss", 1, {1: "int keys do not read back"}),
+        EventRecord("loss", 1, {"too_big": 2**64}),
+        EventRecord("loss", 1.5, {}),
+        EventRecord("loss", 1, ["not", "a", "dict"]),
+    ],
+)
+def test_refuses_events_that_would_not_read_back(tmp_path: Path, header: RunHeader, event: EventRecord) -> None:
+    with LogWriter(tmp_path / "r", header) as w:
+        with pytest.raises(UsageError, match="event 'loss'"):
+            w.write_event(event)
+        w.write_event(EventRecord("loss", 1, {"loss": 0.5}))  # the writer is still usable
+    assert list(LogReader(tmp_path / "r").records()) == [EventRecord("loss", 1, {"loss": 0.5})]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (dataclasses.replace(T, name=None), "name and meta must be str"),
+        (dataclasses.replace(T, fingerprint=2**64), "unsigned 64 bits"),
+    ],
+)
+def test_refuses_tensor_records_that_cannot_be_stored(tmp_path: Path, header: RunHeader, bad, message: str) -> None:
+    with LogWriter(tmp_path / "r", header) as w, pytest.raises(UsageError, match=message):
+        w.write_tensor(bad)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"config": {"steps": {1, 2}}}, "cannot be stored"),
+        ({"config": {0: "int key"}}, "cannot be stored"),
+        ({"seed": "1234"}, "'seed' must be int"),
+    ],
+)
+def test_refuses_a_header_that_would_not_read_back(tmp_path: Path, header: RunHeader, change, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        LogWriter(tmp_path / "r", dataclasses.replace(header, **change))
+    assert not (tmp_path / "r").exists()  # checked before anything is created
+
+
+def test_counts_what_it_wrote(tmp_path: Path, header: RunHeader) -> None:
+    w = LogWriter(tmp_path / "r", header, segment_bytes=512)
+    for _ in range(100):
+        w.write_tensor(T)
+    w.write_event(EventRecord("step", 0, {}))
+    w.close()
+    reader = LogReader(tmp_path / "r")
+    assert w.records_written == 101
+    assert w.segment_index == len(reader.segments) - 1 > 0
+    assert w.bytes_written == sum(p.stat().st_size for p in reader.segments)

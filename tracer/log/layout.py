@@ -1,0 +1,40 @@
+"""Names inside a run directory, so no other module spells them out.
+
+    <run>/rank-00000/000000.sdclog, 000001.sdclog, ...   one log (a directory of segments) per rank
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tracer.errors import UsageError
+
+SEGMENT_SUFFIX = ".sdclog"
+_RANK_DIR = re.compile(r"rank-(\d{5,})")
+_SEGMENT = re.compile(r"(\d{6,})" + re.escape(SEGMENT_SUFFIX))
+
+
+def rank_dir(run: Path, rank: int) -> Path:
+    """The directory holding rank `rank`'s log."""
+    if rank < 0:
+        raise UsageError(f"rank must be >= 0, got {rank}")
+    return Path(run) / f"rank-{rank:05d}"
+
+
+def list_ranks(run: Path) -> list[int]:
+    """Ranks that have a log directory in `run`, ascending; [] if `run` is not a directory."""
+    run = Path(run)
+    if not run.is_dir():
+        return []
+    return sorted(int(m[1]) for p in run.iterdir() if (m := _RANK_DIR.fullmatch(p.name)) and p.is_dir())
+
+
+def segment_path(directory: Path, index: int) -> Path:
+    return Path(directory) / f"{index:06d}{SEGMENT_SUFFIX}"
+
+
+def list_segments(directory: Path) -> list[tuple[int, Path]]:
+    """(index, path) of every segment file in a rank directory, in log order."""
+    found = ((m, p) for p in Path(directory).iterdir() if (m := _SEGMENT.fullmatch(p.name)))
+    return sorted((int(m[1]), p) for m, p in found)

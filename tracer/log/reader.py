@@ -1,0 +1,354 @@
+"""Read a rank's log back, telling a crash's torn tail apart from corruption.
+
+A record cut short at the very end of the last segment is what a crash mid-write
+leaves: it ends the log with a `TornTailWarning`. Anything else that fails its length,
+type or CRC check is corruption: `LogCorruptionError` with file and byte offset, or,
+with ``on_corruption="skip"``, a resynchronisation at the next valid frame, counted
+in `LogStatus`. `read_segment` decodes one segment alone, for parallel readers.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import warnings
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+from tracer.errors import LogCorruptionError, LogFormatError, UsageError
+from tracer.log.codec import PayloadError, decode_end, decode_event, decode_header, decode_string, decode_tensor
+from tracer.log.framing import (
+    FILE_HEADER,
+    FORMAT_VERSION,
+    FRAME,
+    FRAME_SIZE,
+    HEADER_SIZE,
+    MAGIC,
+    MAX_RECORD_BYTES,
+    RECORD_TYPES,
+    RecordType,
+    next_frame,
+)
+from tracer.log.layout import list_segments, segment_path
+from tracer.log.records import EndRecord, EventRecord, RunHeader, TensorRecord
+
+OnCorruption = Literal["raise", "skip"]
+
+# Plain ints for the per-record dispatch, in RecordType's order.
+_HEADER, _STRING, _TENSOR, _EVENT, _END = (int(t) for t in RecordType)
+
+
+class TornTailWarning(UserWarning):
+    """The log ends inside a record: the writer crashed mid-write. Records before it are intact."""
+
+
+class Entry(NamedTuple):
+    """A record and where it sits; (segment, offset) orders a rank's records totally."""
+
+    segment: int
+    offset: int  # byte offset of the record's frame in its segment file
+    record: TensorRecord | EventRecord
+
+
+@dataclass
+class LogStatus:
+    """What reading found; filled while iterating, final once iteration ends."""
+
+    complete: bool = False  # an END record was found (clean close)
+    end: EndRecord | None = None
+    torn_tail: bool = False  # the last segment ended inside a record (crash mid-write)
+    records: int = 0  # TENSOR and EVENT records returned
+    skipped_records: int = 0  # bad frames and undecodable records passed over in skip mode
+    skipped_bytes: int = 0
+    corruptions: list[tuple[str, int, str]] = field(default_factory=list)  # (file, byte offset, reason)
+    # Records written before this segment, from its HEADER (None if that was lost); with
+    # `records` it lets a parallel reader check that consecutive segments chain. 0 for a log.
+    first_record: int | None = 0
+
+
+def read_segment(
+    data: Any, name: str, *, last: bool, on_corruption: OnCorruption = "raise"
+) -> tuple[RunHeader | None, Iterator[Entry], LogStatus]:
+    """Decode one segment's bytes (`name` is for messages) without the rest of its log.
+
+    `last`: whether it is its log's last segment, the only one that may end torn.
+    The header is None when the segment lost it (torn, or corrupt in skip mode).
+    """
+    status = LogStatus()
+    seg = _Segment(data, name, last=last, skip=_skip_mode(on_corruption), status=status)
+    status.first_record = seg.first_record
+    return seg.header, seg.entries, status
+
+
+class LogReader:
+    """Reads one rank's log (a directory of segments) in order."""
+
+    def __init__(self, directory: Path, *, on_corruption: OnCorruption = "raise") -> None:
+        self.directory = Path(directory)
+        self._skip = _skip_mode(on_corruption)
+        if not self.directory.is_dir():
+            found = "a file" if self.directory.exists() else "nothing"
+            raise LogFormatError(
+                f"{self.directory}: expected a rank directory of *.sdclog segments, found {found}; "
+                "pass <run>/rank-NNNNN"
+            )
+        self._indexed = list_segments(self.directory)
+        if not self._indexed:
+            raise LogFormatError(
+                f"{self.directory}: holds no log segments (000000.sdclog, ...); pass <run>/rank-NNNNN "
+                "of a run directory"
+            )
+        self.segments = [path for _, path in self._indexed]
+        self.status = LogStatus()
+        self.header = self._first_header()
+
+    def records(self) -> Iterator[TensorRecord | EventRecord]:
+        """Every TENSOR and EVENT record in log order, strings resolved."""
+        for entry in self.entries():
+            yield entry.record
+
+    def entries(self) -> Iterator[Entry]:
+        """Every record with its position; each call reads afresh into a new `status`."""
+        status = self.status = LogStatus()
+        expected_index, expected_first = 0, 0  # expected_first: None once records went missing unseen
+        last = len(self._indexed) - 1
+        for i, (index, path) in enumerate(self._indexed):
+            name = str(path)
+            if index != expected_index:
+                _report(
+                    status, self._skip, str(segment_path(self.directory, expected_index)), 0,
+                    f"segment file missing: expected segment {expected_index}, the next file is segment {index}",
+                )
+                expected_first = None
+            seg = _Segment(_load(path), name, last=i == last, skip=self._skip, status=status)
+            if seg.header is not None:
+                self._check_same_run(seg.header, name)
+            if seg.index is not None and seg.index != index:
+                reason = f"file header says segment {seg.index} but the file name says {index}"
+                _report(status, self._skip, name, 12, reason)
+            if expected_first is not None and seg.first_record is not None and seg.first_record != expected_first:
+                _report(
+                    status, self._skip, name, HEADER_SIZE,
+                    f"segment starts at record {seg.first_record} but the segments before it hold {expected_first}: "
+                    "records are missing from the end of the previous segment",
+                )
+            yield from seg.entries
+            expected_index = index + 1
+            expected_first = None if seg.lost or seg.first_record is None else seg.first_record + seg.data_records
+
+    def _first_header(self) -> RunHeader:
+        # Every segment repeats the header: in skip mode a lost one is found in the next.
+        scratch = LogStatus()
+        for i, (_, path) in enumerate(self._indexed):
+            seg = _Segment(_load(path), str(path), last=i == len(self._indexed) - 1, skip=self._skip, status=scratch)
+            seg.entries.close()  # only the head was wanted: release the mapping now
+            if seg.header is not None:
+                return seg.header
+        raise LogFormatError(
+            f"{self.directory}: no segment holds a readable run header (the writer died before writing "
+            "one, or every copy is damaged)"
+        )
+
+    def _check_same_run(self, header: RunHeader, name: str) -> None:
+        if (header.run_id, header.rank) != (self.header.run_id, self.header.rank):
+            raise LogFormatError(
+                f"{name}: segment of run {header.run_id} rank {header.rank}, but {self.segments[0]} is of run "
+                f"{self.header.run_id} rank {self.header.rank}: two logs are mixed in one directory"
+            )
+
+
+class _Segment:
+    """Decodes one segment's bytes into entries, reporting problems into a shared LogStatus.
+
+    Constructing it reads the file header and the HEADER record; `entries` does the rest.
+    """
+
+    def __init__(self, data: Any, name: str, *, last: bool, skip: bool, status: LogStatus) -> None:
+        self._view = memoryview(data)
+        self.name = name
+        self._last = last
+        self._skip = skip
+        self._status = status
+        self.index: int | None = None  # from the file header
+        self.header: RunHeader | None = None
+        self.first_record: int | None = None
+        self.data_records = 0  # TENSOR and EVENT frames with a valid CRC, decodable or not
+        self.lost = False  # a bad region hid an unknown number of records
+        self.entries = self._decode()
+        next(self.entries)  # runs up to the first `yield`: the head
+
+    def _decode(self) -> Iterator[Any]:
+        frames = self._frames() if self._file_header_ok() else iter(())
+        first = next(frames, None)
+        if first is not None and first[0] == HEADER_SIZE:  # the segment's first record
+            if first[1] == _HEADER:
+                try:
+                    self.header, self.first_record = decode_header(first[2], self.name)
+                except PayloadError as e:
+                    self._bad_record(first[0], first[2], str(e))
+            else:
+                found = RecordType(first[1]).name
+                self._bad_record(first[0], first[2], f"segment starts with a {found} record, expected HEADER")
+            first = None
+        yield None  # head done
+
+        status, index = self._status, self.index
+        strings: dict[int, str] = {}
+        ended = False
+        for pos, rtype, payload in frames if first is None else chain((first,), frames):
+            if ended:
+                self._bad_record(pos, payload, "record after the END record")
+                continue
+            try:
+                if rtype == _TENSOR:
+                    self.data_records += 1
+                    rec: Any = decode_tensor(payload, strings)
+                elif rtype == _STRING:
+                    string_id, text = decode_string(payload)
+                    strings[string_id] = text
+                    continue
+                elif rtype == _EVENT:
+                    self.data_records += 1
+                    rec = decode_event(payload)
+                elif rtype == _END:
+                    if not self._last:
+                        self._bad_record(pos, payload, "END record in a segment that is not the log's last")
+                    else:
+                        self._end(pos, decode_end(payload))
+                        ended = True
+                    continue
+                else:
+                    self._bad_record(pos, payload, "HEADER record after the first record")
+                    continue
+            except PayloadError as e:
+                self._bad_record(pos, payload, str(e))
+                continue
+            status.records += 1
+            yield Entry(index, pos, rec)
+
+    def _file_header_ok(self) -> bool:
+        """Check magic and version; False when no records can follow (torn or too short)."""
+        view, n = self._view, len(self._view)
+        if n < HEADER_SIZE:
+            if not MAGIC.startswith(view[: len(MAGIC)].tobytes()) and not _all_zero(view):
+                raise self._not_a_segment(view[: len(MAGIC)].tobytes())
+            reason = f"file is {n} bytes, shorter than its {HEADER_SIZE}-byte header"
+            if self._last:
+                self._torn(0, reason)
+            else:
+                self._bad_region(0, n, reason)
+            return False
+        magic, version, flags, self.index = FILE_HEADER.unpack_from(view)
+        if magic != MAGIC:
+            if self._last and _all_zero(view):
+                self._torn(0, "file is all zero bytes")
+                return False
+            raise self._not_a_segment(magic)
+        if version > FORMAT_VERSION:
+            raise LogFormatError(
+                f"{self.name}: written by a newer sdctrace (format v{version}, this reader reads "
+                f"<= v{FORMAT_VERSION}): upgrade sdctrace"
+            )
+        if version == 0 or flags:
+            raise LogFormatError(
+                f"{self.name}: file header has format v{version} and flags {flags:#06x}; expected "
+                f"v1..v{FORMAT_VERSION} and flags 0: the header is damaged or the file was not written by sdctrace"
+            )
+        return True
+
+    def _frames(self) -> Iterator[tuple[int, int, memoryview]]:
+        """(offset, type, payload) of each valid frame; bad regions are torn tails or corruption."""
+        view, end, pos = self._view, len(self._view), HEADER_SIZE
+        unpack = FRAME.unpack_from
+        while pos < end:
+            truncated = False
+            if end - pos < FRAME_SIZE:
+                reason, truncated = f"{end - pos} bytes left, a record frame needs {FRAME_SIZE}", True
+            else:
+                length, crc, rtype = unpack(view, pos)
+                stop = pos + FRAME_SIZE + length
+                if length > MAX_RECORD_BYTES:
+                    reason = f"declared payload length {length} exceeds the {MAX_RECORD_BYTES}-byte limit"
+                elif stop > end:
+                    reason = f"declared payload length {length} runs {stop - end} bytes past the end of the file"
+                    truncated = True
+                elif (actual := zlib.crc32(view[pos + FRAME_SIZE - 1 : stop])) != crc:
+                    reason = f"CRC mismatch: stored {crc:#010x}, computed {actual:#010x}"
+                elif rtype not in RECORD_TYPES:
+                    reason = f"unknown record type {rtype} (format v{FORMAT_VERSION} defines 1..{len(RecordType)})"
+                else:
+                    yield pos, rtype, view[pos + FRAME_SIZE : stop]
+                    pos = stop
+                    continue
+            resume = next_frame(view, pos + 1)
+            # A crash can only cut the log short (or leave zeros where the file system had
+            # not written data yet); a valid frame after the problem means it is not the tail.
+            if self._last and resume == end and (truncated or _all_zero(view[pos:])):
+                self._torn(pos, reason)
+                return
+            self._bad_region(pos, resume, reason)
+            pos = resume
+
+    def _end(self, pos: int, end: EndRecord) -> None:
+        if self.first_record is not None and not self.lost and end.records != self.first_record + self.data_records:
+            self._report(
+                pos,
+                f"END counts {end.records} records but the log holds {self.first_record + self.data_records}: "
+                "records are missing",
+            )
+        self._status.complete, self._status.end = True, end
+
+    def _torn(self, pos: int, reason: str) -> None:
+        warnings.warn(
+            f"{self.name}: the log ends inside a record at byte {pos} ({reason}): treating it as the torn "
+            "tail of a crashed write; every record before it was read",
+            TornTailWarning,
+        )
+        self._status.torn_tail = True
+
+    def _bad_region(self, pos: int, resume: int, reason: str) -> None:
+        self._report(pos, reason)
+        self.lost = True
+        self._status.skipped_records += 1
+        self._status.skipped_bytes += resume - pos
+
+    def _bad_record(self, pos: int, payload: memoryview, reason: str) -> None:
+        self._report(pos, reason)
+        self._status.skipped_records += 1
+        self._status.skipped_bytes += FRAME_SIZE + len(payload)
+
+    def _report(self, pos: int, reason: str) -> None:
+        _report(self._status, self._skip, self.name, pos, reason)
+
+    def _not_a_segment(self, magic: bytes) -> LogFormatError:
+        return LogFormatError(
+            f"{self.name}: not an sdctrace log segment: expected magic {MAGIC!r} at byte 0, found {magic!r}"
+        )
+
+
+def _report(status: LogStatus, skip: bool, path: str, offset: int, reason: str) -> None:
+    if not skip:
+        raise LogCorruptionError(path, offset, reason)
+    status.corruptions.append((path, offset, reason))
+
+
+def _skip_mode(on_corruption: str) -> bool:
+    if on_corruption not in ("raise", "skip"):
+        raise UsageError(f"on_corruption must be 'raise' or 'skip', got {on_corruption!r}")
+    return on_corruption == "skip"
+
+
+def _all_zero(view: memoryview) -> bool:
+    return not view.tobytes().strip(b"\0")
+
+
+def _load(path: Path) -> Any:
+    """The segment's bytes, memory-mapped: opening a log reads only what is decoded."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

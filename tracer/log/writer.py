@@ -1,0 +1,203 @@
+"""Append records to one rank's log: segments, string interning, the END marker.
+
+Writes are buffered (the caller flushes per batch), so a crash loses or tears only
+the tail, which the reader recognises. A full segment is fsynced before the next one
+is created: only the last segment can ever end torn.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from tracer.errors import LogFormatError, UsageError
+from tracer.log.codec import (
+    decode_event,
+    decode_header,
+    encode_end,
+    encode_event,
+    encode_header,
+    encode_string,
+    tensor_encoder,
+)
+from tracer.log.framing import MAX_RECORD_BYTES, RecordType, file_header, frame
+from tracer.log.layout import list_segments, segment_path
+from tracer.log.records import END_STATUSES, EndRecord, EndStatus, EventRecord, RunHeader, TensorRecord
+
+DEFAULT_SEGMENT_BYTES = 64 << 20
+_BUFFER_BYTES = 1 << 20
+# What msgpack raises for values it cannot pack, and PayloadError (a ValueError) for
+# values that pack but would not read back (e.g. int dict keys).
+_ENCODE_ERRORS = (TypeError, ValueError, OverflowError)
+
+
+class LogWriter:
+    """Writes one rank's log into `directory`, which must not hold a log yet.
+
+    Not thread-safe: drive it from one thread (the tracer's background writer).
+    Each segment starts with the run header and has its own string table, so any one
+    segment decodes alone.
+    """
+
+    def __init__(self, directory: Path, header: RunHeader, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+        if segment_bytes <= 0:
+            raise UsageError(f"segment_bytes must be > 0, got {segment_bytes}")
+        self.directory = Path(directory)
+        try:
+            decode_header(encode_header(header, 0), source="the RunHeader given to LogWriter")
+        except LogFormatError as e:
+            raise UsageError(str(e)) from e
+        except _ENCODE_ERRORS as e:
+            raise UsageError(
+                f"the run header cannot be stored ({e}): config, versions, determinism and extra "
+                "must hold only None, bool, int, float, str, bytes, lists and str-keyed dicts"
+            ) from e
+        self.directory.mkdir(parents=True, exist_ok=True)
+        existing = list_segments(self.directory)
+        if existing:
+            raise UsageError(
+                f"{self.directory}: already holds a log ({len(existing)} segment(s)); a log is written "
+                "once: choose a new run directory or delete this one"
+            )
+        self._header = header
+        self._segment_bytes = segment_bytes
+        self._encode_tensor = tensor_encoder()
+        self.bytes_written = 0  # all segments, framing included
+        self.records_written = 0  # TENSOR and EVENT records
+        self.segment_index = 0
+        self._closed = False
+        self._open_segment(0)
+
+    # -- records ---------------------------------------------------------------------
+    def write_tensor(self, rec: TensorRecord) -> None:
+        """Append one fingerprint; interns its name and meta in the current segment."""
+        if self._closed:
+            raise self._closed_error()
+        if self._segment_size >= self._segment_bytes:
+            self._roll()
+        strings = self._strings
+        name_id = strings.get(rec.name)
+        if name_id is None:
+            name_id = self._intern(rec.name)
+        meta_id = strings.get(rec.meta)
+        if meta_id is None:
+            meta_id = self._intern(rec.meta)
+        try:
+            payload = self._encode_tensor(rec, name_id, meta_id)
+        except _ENCODE_ERRORS as e:
+            raise UsageError(f"cannot store {rec!r}: {e} (fingerprint must fit in unsigned 64 bits)") from e
+        self._write(RecordType.TENSOR, payload)
+        self.records_written += 1
+
+    def write_event(self, rec: EventRecord) -> None:
+        """Append one event; refuses fields that would not read back."""
+        if self._closed:
+            raise self._closed_error()
+        if self._segment_size >= self._segment_bytes:
+            self._roll()
+        try:
+            payload = encode_event(rec)
+            decode_event(payload)
+        except _ENCODE_ERRORS as e:
+            raise UsageError(
+                f"event {rec.kind!r} at step {rec.step} cannot be stored ({e}): kind must be str, step int, "
+                "and fields a dict of None, bool, int, float, str, bytes, lists and str-keyed dicts"
+            ) from e
+        self._write(RecordType.EVENT, payload)
+        self.records_written += 1
+
+    # -- lifecycle -------------------------------------------------------------------
+    def flush(self, fsync: bool = False) -> None:
+        """Hand buffered records to the OS (a process crash then loses nothing); with
+        `fsync`, to the disk (a power loss then loses nothing)."""
+        if self._closed:
+            raise self._closed_error()
+        self._file.flush()
+        if fsync:
+            os.fsync(self._file.fileno())
+
+    def close(self, status: EndStatus = "complete", detail: str = "") -> None:
+        """Write the END marker and make the log durable. Idempotent."""
+        if self._closed:
+            return
+        if status not in END_STATUSES or not isinstance(detail, str):
+            raise UsageError(f"close() takes status in {END_STATUSES} and a str detail, got {status!r}, {detail!r:.80}")
+        try:
+            self._write(RecordType.END, encode_end(EndRecord(status, self.records_written, detail)))
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            _fsync_dir(self.directory)
+        finally:
+            self._file.close()
+            self._closed = True
+
+    def abandon(self) -> None:
+        """Stop without an END marker, so the log reads as a crashed run. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self._file.flush()
+        finally:
+            self._file.close()
+            self._closed = True
+
+    def __enter__(self) -> LogWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.close()
+        else:
+            self.close("failed", f"{type(exc).__name__}: {exc}")
+
+    # -- internals -------------------------------------------------------------------
+    def _open_segment(self, index: int) -> None:
+        self._file = open(segment_path(self.directory, index), "xb", buffering=_BUFFER_BYTES)
+        self.segment_index = index
+        self._segment_size = 0
+        self._strings: dict[str, int] = {}
+        self._put(file_header(index))
+        self._write(RecordType.HEADER, encode_header(self._header, self.records_written))
+
+    def _roll(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._open_segment(self.segment_index + 1)
+
+    def _intern(self, text: Any) -> int:
+        if not isinstance(text, str):
+            raise UsageError(f"TensorRecord name and meta must be str, found {type(text).__name__} {text!r:.80}")
+        string_id = len(self._strings)
+        self._strings[text] = string_id
+        self._write(RecordType.STRING, encode_string(string_id, text))
+        return string_id
+
+    def _write(self, rtype: RecordType, payload: bytes) -> None:
+        if len(payload) > MAX_RECORD_BYTES:
+            raise UsageError(
+                f"{rtype.name} record of {len(payload)} bytes exceeds the {MAX_RECORD_BYTES}-byte limit: "
+                "store big values in the blob store and log their key"
+            )
+        self._put(frame(rtype, payload))
+
+    def _put(self, data: bytes) -> None:
+        self._file.write(data)
+        self._segment_size += len(data)
+        self.bytes_written += len(data)
+
+    def _closed_error(self) -> UsageError:
+        return UsageError(f"the log writer for {self.directory} is closed; open a new run to write more")
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make new segment names durable, not only their contents (POSIX)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
