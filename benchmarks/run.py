@@ -1,0 +1,79 @@
+"""sdctrace benchmarks: each prints a ratio measured side by side in one run.
+
+    make bench            # or: .venv/bin/python benchmarks/run.py [--steps N]
+
+Targets (from the issues): traced / untraced step time <= 1.10 with every site,
+gradient and parameter fingerprinted each step; <= 64 bytes per fingerprint event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tracer.log import rank_dir
+from tracer.log.reader import LogReader
+from tracer.log.records import TensorRecord
+from tracer.tracing import Tracer
+from tracer.workload.config import config_fingerprint, load_config
+from tracer.workload.train import build, train_step
+
+
+def bench_tracing_overhead(steps: int, config: str | None) -> tuple[float, float]:
+    """Interleave untraced and traced steps of two identical workloads; median step times."""
+    cfg = load_config(config)
+    plain, traced = build(cfg), build(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        t_plain, t_traced = [], []
+        with Tracer(
+            traced.model, traced.optimizer, out=out, node_label="bench",
+            config=cfg.to_dict(), config_fp=config_fingerprint(cfg),
+        ) as tracer:
+            for step in range(steps):
+                s = time.perf_counter()
+                train_step(plain, step)
+                t_plain.append(time.perf_counter() - s)
+                s = time.perf_counter()
+                with tracer.step(step):
+                    train_step(traced, step, tracer)
+                t_traced.append(time.perf_counter() - s)
+        warm = max(1, steps // 5)
+        ratio = statistics.median(t_traced[warm:]) / statistics.median(t_plain[warm:])
+        per_event = _tensor_event_bytes(out)
+    print(
+        f"tracing overhead   : traced/untraced step time = {ratio:.3f}  "
+        f"(median {statistics.median(t_traced[warm:]) * 1e3:.1f} ms vs {statistics.median(t_plain[warm:]) * 1e3:.1f} ms, "
+        f"{steps - warm} steps, target <= 1.10)"
+    )
+    print(f"log size           : {per_event:.1f} bytes per fingerprint event on disk (target <= 64)")
+    return ratio, per_event
+
+
+def _tensor_event_bytes(run: Path) -> float:
+    """Exact on-disk size of fingerprint records, from the gaps between their offsets."""
+    sizes = []
+    prev = None
+    for e in LogReader(rank_dir(run, 0)).entries():
+        if prev is not None and isinstance(prev.record, TensorRecord) and isinstance(e.record, TensorRecord) \
+                and prev.segment == e.segment:
+            sizes.append(e.offset - prev.offset)
+        prev = e
+    return statistics.mean(sizes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=30, help="steps per measurement (default 30)")
+    p.add_argument("--config", help="workload config (default: tiny)")
+    args = p.parse_args(argv)
+    bench_tracing_overhead(args.steps, args.config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

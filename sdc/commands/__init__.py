@@ -1,0 +1,5 @@
+"""Sub-commands of ``sdc``; each module has ``add_parser(subparsers)``."""
+
+from sdc.commands import inspect, record, verify
+
+ALL = [record, inspect, verify]

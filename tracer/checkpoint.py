@@ -1,0 +1,166 @@
+"""Checkpoints that let a later process resume a step bit for bit.
+
+A checkpoint for step ``k`` is the state *before* step ``k`` runs: model and
+optimizer tensors (safetensors), optimizer scalars, every RNG state and the data
+cursor (msgpack). Every tensor's fingerprint is stored beside it and checked on
+load, so a checkpoint damaged on disk or in transit is refused rather than
+silently replayed. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from tracer.errors import LogError
+from tracer.fingerprint import fingerprint
+
+CHECKPOINT_DIR = "checkpoints"
+_STEP_DIR = re.compile(r"^step-(\d{6,})$")
+
+
+@dataclass
+class Checkpoint:
+    """Everything needed to resume training at ``step``."""
+
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any] | None
+    rng: dict[str, Any]
+    data: dict[str, Any]
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Load model, optimizer and RNG state (the data cursor is the caller's)."""
+        model.load_state_dict(self.model, strict=True)
+        if optimizer is not None and self.optimizer is not None:
+            optimizer.load_state_dict(self.optimizer)
+        _set_rng(self.rng)
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR / f"step-{step:06d}"
+
+
+def list_checkpoints(run_dir: str | Path, rank: int = 0) -> list[int]:
+    """Steps that have a complete checkpoint for ``rank``, ascending."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    steps = []
+    for d in root.iterdir():
+        m = _STEP_DIR.match(d.name)
+        if m and (d / f"rank-{rank:05d}.msgpack").is_file():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    rank: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    data: dict[str, Any],
+) -> Path:
+    """Write the state before ``step``; the manifest is renamed into place last."""
+    d = checkpoint_dir(run_dir, step)
+    d.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        tensors[f"model/{name}"] = t.detach().to("cpu", copy=True).contiguous()
+    optim_meta: dict[str, Any] | None = None
+    if optimizer is not None:
+        sd = optimizer.state_dict()
+        state_meta: dict[str, dict[str, Any]] = {}
+        for pid, entries in sd["state"].items():
+            plain = {}
+            for key, val in entries.items():
+                if isinstance(val, torch.Tensor):
+                    tensors[f"optim/{pid}/{key}"] = val.detach().to("cpu", copy=True).contiguous()
+                else:
+                    plain[key] = val
+            state_meta[str(pid)] = plain
+        optim_meta = {"param_groups": sd["param_groups"], "state": state_meta}
+    rng, rng_tensors = _get_rng()
+    tensors.update(rng_tensors)
+    manifest = {
+        "step": step,
+        "rank": rank,
+        "fingerprints": {k: f"{fingerprint(v):016x}" for k, v in tensors.items()},
+        "optimizer": optim_meta,
+        "rng": rng,
+        "data": data,
+    }
+    base = d / f"rank-{rank:05d}"
+    tmp_st = base.with_suffix(".safetensors.tmp")
+    save_file(tensors, str(tmp_st))
+    os.replace(tmp_st, base.with_suffix(".safetensors"))
+    tmp_mp = base.with_suffix(".msgpack.tmp")
+    tmp_mp.write_bytes(msgpack.packb(manifest, use_bin_type=True))
+    os.replace(tmp_mp, base.with_suffix(".msgpack"))
+    return d
+
+
+def load_checkpoint(run_dir: str | Path, step: int, rank: int = 0) -> Checkpoint:
+    """Read and verify the checkpoint of ``step``; errors name the file and what to do."""
+    base = checkpoint_dir(run_dir, step) / f"rank-{rank:05d}"
+    mp, st = base.with_suffix(".msgpack"), base.with_suffix(".safetensors")
+    if not mp.is_file() or not st.is_file():
+        have = list_checkpoints(run_dir, rank)
+        raise LogError(
+            f"{base}: no complete checkpoint for step {step}, rank {rank} "
+            f"(checkpoints at steps {have or 'none'}; record with a smaller checkpoint interval)"
+        )
+    try:
+        manifest = msgpack.unpackb(mp.read_bytes(), raw=False, strict_map_key=False)
+        tensors = load_file(str(st))
+    except (ValueError, msgpack.ExtraData, SafetensorError, OSError) as exc:
+        raise LogError(f"{base}: unreadable checkpoint ({exc})") from exc
+    expected = manifest.get("fingerprints", {})
+    if set(expected) != set(tensors):
+        raise LogError(f"{st}: tensors do not match the manifest {mp.name} (an incomplete copy?)")
+    for key, t in tensors.items():
+        if f"{fingerprint(t):016x}" != expected[key]:
+            raise LogError(f"{st}: tensor {key!r} does not match its recorded fingerprint (corrupted on disk)")
+    model = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
+    optimizer = None
+    if manifest.get("optimizer") is not None:
+        meta = manifest["optimizer"]
+        state: dict[int, dict[str, Any]] = {int(pid): dict(vals) for pid, vals in meta["state"].items()}
+        for k, v in tensors.items():
+            if k.startswith("optim/"):
+                _, pid, key = k.split("/", 2)
+                state.setdefault(int(pid), {})[key] = v
+        optimizer = {"state": state, "param_groups": meta["param_groups"]}
+    rng = dict(manifest["rng"])
+    rng["torch"] = tensors.get("rng/torch")
+    rng["cuda"] = [tensors[k] for k in sorted(tensors) if k.startswith("rng/cuda/")]
+    return Checkpoint(step=manifest["step"], model=model, optimizer=optimizer, rng=rng, data=manifest["data"])
+
+
+def _get_rng() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    version, mt_state, gauss = random.getstate()
+    plain: dict[str, Any] = {"python": [version, list(mt_state), gauss]}
+    tensors = {"rng/torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng/cuda/{i:03d}"] = s
+    return plain, tensors
+
+
+def _set_rng(rng: dict[str, Any]) -> None:
+    version, mt_state, gauss = rng["python"]
+    random.setstate((version, tuple(mt_state), gauss))
+    if rng.get("torch") is not None:
+        torch.set_rng_state(rng["torch"])
+    if rng.get("cuda"):
+        torch.cuda.set_rng_state_all(rng["cuda"])

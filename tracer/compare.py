@@ -1,0 +1,72 @@
+"""Walk two runs side by side and find the first event whose bits differ.
+
+This is the quick, single-process check behind ``sdc verify-determinism``; the
+Beam pipelines do the full diff. Runs of different length compare over the
+shorter one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracer.errors import ValidationError
+from tracer.log import list_ranks, rank_dir
+from tracer.log.reader import LogReader
+from tracer.log.records import Phase, TensorRecord
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The first point where two runs stop agreeing."""
+
+    rank: int
+    step: int
+    microbatch: int
+    name: str
+    phase: Phase
+    a: TensorRecord | None
+    b: TensorRecord | None
+
+    def describe(self) -> str:
+        where = f"rank {self.rank}, step {self.step}, microbatch {self.microbatch}, {self.phase.name.lower()} {self.name}"
+        if self.a is None or self.b is None:
+            return f"{where}: the runs recorded different events here (one has no matching event)"
+        if (self.a.name, self.a.phase) != (self.b.name, self.b.phase):
+            return f"{where}: event order differs ({self.a.name} vs {self.b.name})"
+        return (
+            f"{where}: fingerprint {self.a.fingerprint:016x} vs {self.b.fingerprint:016x} "
+            f"(L2 {self.a.l2:.6g} vs {self.b.l2:.6g})"
+        )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    events: int  # tensor events compared
+    steps: int  # steps compared
+    first: Difference | None
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path) -> Comparison:
+    """Compare every tensor event of every rank, in recording order."""
+    ranks_a, ranks_b = list_ranks(Path(run_a)), list_ranks(Path(run_b))
+    if ranks_a != ranks_b:
+        raise ValidationError(f"{run_a} has ranks {ranks_a} but {run_b} has ranks {ranks_b}; they cannot be compared")
+    events = 0
+    steps: set[int] = set()
+    for rank in ranks_a:
+        ra = (r for r in LogReader(rank_dir(Path(run_a), rank)).records() if isinstance(r, TensorRecord))
+        rb = (r for r in LogReader(rank_dir(Path(run_b), rank)).records() if isinstance(r, TensorRecord))
+        for a in ra:
+            b = next(rb, None)
+            if b is None:
+                break
+            key_a = (a.step, a.microbatch, a.name, a.phase)
+            if key_a != (b.step, b.microbatch, b.name, b.phase):
+                first = a if (a.step, a.microbatch) <= (b.step, b.microbatch) else b
+                return Comparison(events, len(steps), Difference(rank, first.step, first.microbatch, first.name, first.phase, a, b))
+            if a.fingerprint != b.fingerprint:
+                return Comparison(events, len(steps), Difference(rank, a.step, a.microbatch, a.name, a.phase, a, b))
+            events += 1
+            steps.add(a.step)
+    return Comparison(events, len(steps), None)

@@ -1,0 +1,309 @@
+"""`Tracer`: fingerprint a training loop's sites, gradients and parameters into a run.
+
+Works on any ``nn.Module`` and ``torch.optim.Optimizer``::
+
+    with Tracer(model, optimizer, out="runs/a", node_label="node-7", config=cfg) as tr:
+        for step in range(steps):
+            with tr.step(step):
+                for mb, (x, y) in enumerate(microbatches):
+                    tr.microbatch(mb, inputs=x)
+                    loss = loss_fn(model(x), y) / len(microbatches)
+                    loss.backward()
+                    tr.loss(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+
+Hooks record each site's forward output and the gradient w.r.t. its input;
+optimizer hooks record every gradient before the step and every parameter after
+it. Digests are computed inside the hook (no tensor is kept alive) and handed to a
+background writer. Every hook is removed when the ``with`` block exits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import re
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from tracer.background import BackgroundWriter
+from tracer.blobs import BlobStore
+from tracer.checkpoint import save_checkpoint
+from tracer.determinism import determinism_settings
+from tracer.errors import CaptureError
+from tracer.fingerprint import ALGORITHM, digest
+from tracer.log import rank_dir
+from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
+from tracer.log.writer import LogWriter
+from tracer.sites import SiteSpec, find_sites
+
+
+@dataclass(frozen=True)
+class CapturePolicy:
+    """Which full tensors to keep in the blob store; fingerprints are always recorded."""
+
+    steps: frozenset[int] = frozenset()
+    every: int = 0  # also every N-th step (0: only ``steps``)
+    names: str | None = None  # regex that a site or parameter name must fully match
+    phases: frozenset[Phase] = field(default_factory=lambda: frozenset(Phase))
+
+    def wants(self, step: int, name: str, phase: Phase) -> bool:
+        if not (step in self.steps or (self.every > 0 and step % self.every == 0)):
+            return False
+        if phase not in self.phases:
+            return False
+        return self.names is None or re.fullmatch(self.names, name) is not None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.steps) or self.every > 0
+
+
+def config_fingerprint(config: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of a config dict: equal configs, equal fingerprints."""
+    canon = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def software_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.machine()}
+    for dist in ("sdctrace", "msgpack", "safetensors"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = "unknown"
+    return versions
+
+
+class Tracer:
+    """Record fingerprints of one training process into ``out/rank-NNNNN``."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        out: str | Path,
+        node_label: str,
+        config: Mapping[str, Any] | None = None,
+        config_fp: str | None = None,
+        seed: int = 0,
+        data_order_fingerprint: str = "",
+        role: str = "train",
+        run_id: str | None = None,
+        sites: SiteSpec = None,
+        capture: CapturePolicy | None = None,
+        activations: bool = True,
+        gradients: bool = True,
+        parameters: bool = True,
+        segment_bytes: int = 64 << 20,
+        max_pending: int = 8192,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.out = Path(out)
+        self.sites = find_sites(model, sites) if activations else []
+        self.capture = capture or CapturePolicy()
+        self.blobs = BlobStore(self.out)
+        self._gradients = gradients
+        self._parameters = parameters
+        self._segment_bytes = segment_bytes
+        self._max_pending = max_pending
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        else:
+            self.rank, self.world_size = 0, 1
+        first = next(model.parameters(), None)
+        config = dict(config or {})
+        self.header = RunHeader(
+            schema_version=SCHEMA_VERSION,
+            run_id=run_id or uuid.uuid4().hex,
+            node_label=node_label,
+            role=role,
+            world_size=self.world_size,
+            rank=self.rank,
+            config=config,
+            config_fingerprint=config_fp or config_fingerprint(config),
+            seed=seed,
+            data_order_fingerprint=data_order_fingerprint,
+            fingerprint_algorithm=ALGORITHM,
+            versions=software_versions(),
+            device=str(first.device) if first is not None else "cpu",
+            determinism=determinism_settings(),
+            created_unix=time.time(),
+            extra=dict(extra or {}),
+        )
+        self._names = {id(p): n for n, p in model.named_parameters()}
+        self._handles: list[RemovableHandle] = []
+        self._writer: BackgroundWriter | None = None
+        self.step_index = -1
+        self.microbatch_index = 0
+        self._losses: list[float] = []
+        self._lrs: list[float] = []
+        self._step_start = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------
+    def __enter__(self) -> Tracer:
+        self._writer = BackgroundWriter(
+            LogWriter(rank_dir(self.out, self.rank), self.header, segment_bytes=self._segment_bytes),
+            max_pending=self._max_pending,
+        )
+        try:
+            for name, module in self.sites:
+                self._handles.append(module.register_forward_hook(self._forward_hook(name)))
+                self._handles.append(module.register_full_backward_hook(self._backward_hook(name)))
+            if self.optimizer is not None:
+                if self._gradients:
+                    self._handles.append(self.optimizer.register_step_pre_hook(self._before_optimizer_step))
+                if self._parameters:
+                    self._handles.append(self.optimizer.register_step_post_hook(self._after_optimizer_step))
+        except BaseException:
+            self._remove_hooks()
+            self._writer.abandon()
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._remove_hooks()
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        if exc is None:
+            writer.close("complete")
+        else:
+            # Keep the training error as the one the user sees; a writer failure is secondary.
+            try:
+                writer.close("failed", f"{type(exc).__name__}: {exc}")
+            except CaptureError:
+                pass
+
+    def _remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    @property
+    def writer(self) -> BackgroundWriter:
+        if self._writer is None:
+            raise CaptureError("the Tracer is not active; use it as `with Tracer(...) as tracer:`")
+        return self._writer
+
+    # -- what the training loop calls ---------------------------------------------------
+    @contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        """Bracket one optimizer step; its wall time, losses and learning rates are logged."""
+        self.step_index = step
+        self.microbatch_index = 0
+        self._losses = []
+        self._lrs = []
+        self._step_start = time.perf_counter()
+        yield
+        wall = time.perf_counter() - self._step_start
+        lrs = self._lrs or ([float(g["lr"]) for g in self.optimizer.param_groups] if self.optimizer else [])
+        self.writer.event(
+            EventRecord(
+                "step",
+                step,
+                {
+                    "loss": sum(self._losses) if self._losses else None,
+                    "lr": lrs,
+                    "wall_s": wall,
+                    "microbatches": len(self._losses),
+                },
+            )
+        )
+
+    def microbatch(self, index: int, inputs: torch.Tensor | tuple[torch.Tensor, ...] | None = None) -> None:
+        """Start microbatch ``index`` (gradient accumulation) and fingerprint its inputs."""
+        self.microbatch_index = index
+        if inputs is None:
+            return
+        tensors = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        for i, t in enumerate(tensors):
+            self.record("input" if i == 0 else f"input[{i}]", t, Phase.INPUT)
+
+    def loss(self, value: torch.Tensor | float) -> None:
+        """Log this microbatch's loss (as it contributes to the step: already scaled)."""
+        v = float(value.detach().item() if isinstance(value, torch.Tensor) else value)
+        self._losses.append(v)
+        self.writer.event(EventRecord("loss", self.step_index, {"microbatch": self.microbatch_index, "loss": v}))
+
+    def checkpoint(self, step: int, data: Mapping[str, Any] | None = None) -> Path:
+        """Save the state before ``step`` (model, optimizer, RNG, data cursor) for replay."""
+        self.writer.sync()
+        path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}))
+        self.writer.event(EventRecord("checkpoint", step, {"rank": self.rank}))
+        return path
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Log a custom event at the current step."""
+        self.writer.event(EventRecord(kind, self.step_index, fields))
+
+    def record(self, name: str, tensor: torch.Tensor, phase: Phase) -> None:
+        """Fingerprint one tensor at the current step and microbatch (and capture it if asked)."""
+        with torch.no_grad():
+            d = digest(tensor)
+        step, mb = self.step_index, self.microbatch_index
+        self.writer.tensor(TensorRecord(step, mb, name, phase, d.fingerprint, d.l2, d.absmax, d.nan, d.inf, d.meta))
+        if self.capture.active and self.capture.wants(step, name, phase):
+            copy = tensor.detach().to("cpu", copy=True)
+            fp = d.fingerprint
+            self.writer.call(lambda: self.blobs.put(fp, copy))
+            self.writer.event(
+                EventRecord("blob", step, {"microbatch": mb, "name": name, "phase": int(phase), "fingerprint": fp})
+            )
+
+    # -- hooks -------------------------------------------------------------------------
+    def _forward_hook(self, name: str):  # noqa: ANN202 - torch hook signature
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            for suffix, t in _tensors(output):
+                self.record(name + suffix, t, Phase.FORWARD)
+
+        return hook
+
+    def _backward_hook(self, name: str):  # noqa: ANN202
+        def hook(module: nn.Module, grad_input: tuple[Any, ...], grad_output: Any) -> None:
+            for i, g in enumerate(grad_input):
+                if isinstance(g, torch.Tensor):
+                    self.record(name if i == 0 else f"{name}[{i}]", g, Phase.BACKWARD)
+
+        return hook
+
+    def _param_name(self, group: int, index: int, p: torch.Tensor) -> str:
+        return self._names.get(id(p), f"optimizer.group{group}.{index}")
+
+    def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        for gi, group in enumerate(optimizer.param_groups):
+            for pi, p in enumerate(group["params"]):
+                if p.grad is not None:
+                    self.record(self._param_name(gi, pi, p), p.grad, Phase.GRAD)
+
+    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for gi, group in enumerate(optimizer.param_groups):
+            for pi, p in enumerate(group["params"]):
+                self.record(self._param_name(gi, pi, p), p, Phase.PARAM)
+
+
+def _tensors(output: Any) -> list[tuple[str, torch.Tensor]]:
+    """The tensors in a module's output, with a suffix naming their position."""
+    if isinstance(output, torch.Tensor):
+        return [("", output)]
+    if isinstance(output, (tuple, list)):
+        return [(f"[{i}]", t) for i, t in enumerate(output) if isinstance(t, torch.Tensor)]
+    if isinstance(output, Mapping):
+        return [(f"[{k}]", t) for k, t in output.items() if isinstance(t, torch.Tensor)]
+    return []

@@ -1,0 +1,153 @@
+"""Deterministic training of the reference workload, traced into a run directory.
+
+``record_run`` is what ``sdc record`` runs. ``build`` and ``train_step`` are split
+out so a replayer can rebuild the same objects and re-execute any one step.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from tracer.determinism import configure_determinism
+from tracer.errors import UsageError
+from tracer.log import list_ranks
+from tracer.sites import SiteSpec
+from tracer.tracing import CapturePolicy, Tracer
+from tracer.workload.config import Config, config_fingerprint
+from tracer.workload.data import TokenData
+from tracer.workload.model import Transformer
+
+
+@dataclass
+class Workload:
+    """The objects one training process needs, built identically on every node."""
+
+    cfg: Config
+    model: Transformer
+    optimizer: torch.optim.Optimizer
+    data: TokenData
+
+
+@dataclass
+class RunSummary:
+    out: Path
+    steps: int
+    final_loss: float
+    wall_s: float
+    losses: list[float]
+
+
+def build(cfg: Config, device: str | torch.device = "cpu") -> Workload:
+    """Apply determinism settings, then build model (seeded init), optimizer and data."""
+    configure_determinism(cfg.train.seed, cfg.train.threads)
+    model = Transformer(cfg.model)
+    model.init_weights(torch.Generator().manual_seed(cfg.train.seed))
+    model.to(device)
+    o = cfg.optim
+    if o.name == "adamw":
+        optimizer: torch.optim.Optimizer = torch.optim.AdamW(
+            model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, foreach=False
+        )
+    else:
+        optimizer = torch.optim.SGD(
+            model.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, foreach=False
+        )
+    return Workload(cfg, model, optimizer, TokenData(cfg.data))
+
+
+def train_step(w: Workload, step: int, tracer: Tracer | None = None) -> float:
+    """One optimizer step over ``cfg.data.microbatches`` microbatches; returns the step's loss."""
+    cfg, model, opt = w.cfg, w.model, w.optimizer
+    device = next(model.parameters()).device
+    for group in opt.param_groups:
+        group["lr"] = cfg.optim.lr_at(step)
+    opt.zero_grad(set_to_none=True)
+    k = cfg.data.microbatches
+    total = 0.0
+    for mb in range(k):
+        inputs, targets = w.data.batch(step, mb)
+        inputs, targets = inputs.to(device), targets.to(device)
+        if tracer is not None:
+            tracer.microbatch(mb, inputs=inputs)
+        logits = model(inputs)  # (B, T, V)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1)) / k
+        loss.backward()
+        if tracer is not None:
+            tracer.loss(loss)
+        total += float(loss.detach())
+    if cfg.optim.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip, foreach=False)
+    opt.step()
+    return total
+
+
+def prepare_out_dir(out: Path, overwrite: bool) -> None:
+    """Refuse to mix two runs in one directory; with ``overwrite``, replace an old run."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: exists and is not a directory; choose another --out")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not list_ranks(out) and not (out / "checkpoints").exists():
+        raise UsageError(f"{out}: directory is not empty and holds no sdctrace run; choose another --out")
+    if not overwrite:
+        raise UsageError(f"{out}: already holds a run; pass --overwrite to replace it or choose another --out")
+    shutil.rmtree(out)
+
+
+def record_run(
+    cfg: Config,
+    out: str | Path,
+    *,
+    node_label: str,
+    overwrite: bool = False,
+    sites: SiteSpec = None,
+    capture: CapturePolicy | None = None,
+    progress: bool = True,
+    extra: Mapping[str, Any] | None = None,
+    segment_bytes: int = 64 << 20,
+    on_step: Callable[[int, float], None] | None = None,
+) -> RunSummary:
+    """Train ``cfg.run.steps`` steps under a Tracer, checkpointing every ``cfg.run.checkpoint_every``."""
+    out = Path(out)
+    prepare_out_dir(out, overwrite)
+    w = build(cfg)
+    every = cfg.run.checkpoint_every
+    losses: list[float] = []
+    start = time.perf_counter()
+    tracer = Tracer(
+        w.model,
+        w.optimizer,
+        out=out,
+        node_label=node_label,
+        config=cfg.to_dict(),
+        config_fp=config_fingerprint(cfg),
+        seed=cfg.train.seed,
+        data_order_fingerprint=w.data.fingerprint,
+        sites=sites,
+        capture=capture,
+        extra=extra,
+        segment_bytes=segment_bytes,
+    )
+    bar = tqdm(range(cfg.run.steps), desc=f"record {out.name}", unit="step", disable=None if progress else True, leave=False)
+    with tracer:
+        for step in bar:
+            if every and step % every == 0:
+                tracer.checkpoint(step, data={"step": step})
+            with tracer.step(step):
+                loss = train_step(w, step, tracer)
+            losses.append(loss)
+            bar.set_postfix(loss=f"{loss:.4f}")
+            if on_step is not None:
+                on_step(step, loss)
+        if every:
+            tracer.checkpoint(cfg.run.steps, data={"step": cfg.run.steps})
+    return RunSummary(out, cfg.run.steps, losses[-1], time.perf_counter() - start, losses)
