@@ -1,90 +1,49 @@
-"""Write the log off the training thread without ever dropping a record.
+"""Keep disk I/O off the training thread without ever dropping a record.
 
-The training thread only computes digests and enqueues small records; a single
-writer thread encodes, frames and writes them. The queue is bounded: when the
-writer falls behind, ``put`` blocks (backpressure) instead of dropping. A failure
-in the writer is re-raised in the training thread at the next call.
+Encoding a record costs about two microseconds, so the training thread frames
+records itself into a memory buffer; whole chunks go through a bounded queue to
+one I/O thread that writes, flushes and fsyncs them. (A writer thread that also
+encoded would hold the GIL in Python code and stall every torch op the training
+thread runs.) When the disk falls behind, the queue fills and the training thread
+waits: backpressure, never a silent drop. A failure on the I/O thread is raised
+in the training thread at its next call.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from tracer.errors import CaptureError
-from tracer.log.records import EventRecord, TensorRecord
-from tracer.log.writer import LogWriter
 
-_CLOSE = object()
+CHUNK_BYTES = 256 << 10
+_STOP = object()
 
 
-class BackgroundWriter:
-    """A `LogWriter` driven by its own thread through a bounded queue."""
+class IOThread:
+    """One thread that runs file operations in the order they were submitted."""
 
-    def __init__(self, writer: LogWriter, *, max_pending: int = 8192) -> None:
-        self._writer = writer
+    def __init__(self, *, max_pending: int = 64, name: str = "sdctrace-io") -> None:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self._error: BaseException | None = None
-        self._closed = False
-        self.stalls = 0  # times the training thread waited for the writer
+        self._stopped = False
+        self.stalls = 0  # times the training thread waited for the disk
         self.stall_seconds = 0.0
-        self._thread = threading.Thread(target=self._run, name="sdctrace-log-writer", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    # -- training thread -------------------------------------------------------------
-    def tensor(self, rec: TensorRecord) -> None:
-        self._put(rec)
-
-    def event(self, rec: EventRecord) -> None:
-        self._put(rec)
-
-    def call(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the writer thread, in order with the records (e.g. a blob write)."""
-        self._put(fn)
-
-    def sync(self) -> None:
-        """Block until everything enqueued so far is written and flushed to the OS."""
-        done = threading.Event()
-        self._put(done)
-        while not done.wait(0.05):
-            self._raise_if_failed()
-        self._raise_if_failed()
-
-    def close(self, status: str = "complete", detail: str = "") -> None:
-        """Drain the queue, write the end marker and join the writer thread."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._error is None:
-            self._put((_CLOSE, status, detail), closing=True)
-        self._thread.join()
-        self._raise_if_failed()
-
-    def abandon(self) -> None:
-        """Stop without an end marker, as a crash would (used by tests and on fatal errors)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._put((_CLOSE, None, ""), closing=True)
-        self._thread.join()
-
-    # -- internals -------------------------------------------------------------------
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise CaptureError(
-                f"the background log writer failed: {self._error} "
-                f"(events after step of failure are not recorded; check disk space and permissions)"
-            ) from self._error
-
-    def _put(self, item: Any, closing: bool = False) -> None:
-        if self._closed and not closing:
-            raise CaptureError("the tracer's log writer is closed; record inside the `with Tracer(...)` block")
-        self._raise_if_failed()
+    def submit(self, op: Callable[[], None]) -> None:
+        """Queue ``op``; blocks while the queue is full."""
+        self.check()
+        if self._stopped:
+            raise CaptureError("the tracer's I/O thread is stopped; record inside the `with Tracer(...)` block")
         try:
-            self._queue.put_nowait(item)
+            self._queue.put_nowait(op)
             return
         except queue.Full:
             pass
@@ -92,52 +51,100 @@ class BackgroundWriter:
         start = time.perf_counter()
         while True:
             try:
-                self._queue.put(item, timeout=0.05)
+                self._queue.put(op, timeout=0.05)
                 break
             except queue.Full:
-                if not self._thread.is_alive():
-                    self._raise_if_failed()
-                    raise CaptureError("the background log writer stopped unexpectedly") from None
+                self.check()
         self.stall_seconds += time.perf_counter() - start
 
+    def drain(self) -> None:
+        """Wait until every queued operation has run."""
+        done = threading.Event()
+        self.submit(done.set)
+        while not done.wait(0.05):
+            self.check()
+        self.check()
+
+    def stop(self) -> None:
+        """Run what is queued, then end the thread; raises the thread's failure, if any."""
+        if not self._stopped:
+            self._stopped = True
+            if self._error is None:
+                self._queue.put(_STOP)
+            self._thread.join()
+        self.check()
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise CaptureError(
+                f"writing the run failed on the I/O thread: {self._error} "
+                "(records after the failure are lost; check disk space and permissions)"
+            ) from self._error
+
     def _run(self) -> None:
-        w = self._writer
-        try:
-            while True:
-                item = self._queue.get()
-                while True:
-                    if isinstance(item, TensorRecord):
-                        w.write_tensor(item)
-                    elif isinstance(item, EventRecord):
-                        w.write_event(item)
-                    elif isinstance(item, threading.Event):
-                        w.flush()
-                        item.set()
-                    elif isinstance(item, tuple) and item and item[0] is _CLOSE:
-                        if item[1] is None:
-                            w.abandon()
-                        else:
-                            w.close(item[1], item[2])
-                        return
-                    else:
-                        item()
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                # The queue ran dry: hand what we have to the OS so a crash loses little.
-                w.flush()
-        except BaseException as exc:  # surfaced in the training thread
-            self._error = exc
+        while True:
+            op = self._queue.get()
+            if op is _STOP:
+                return
             try:
-                w.abandon()
-            except BaseException:
-                pass
-            # Unblock a producer waiting on a full queue.
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(item, threading.Event):
-                    item.set()
+                op()
+            except BaseException as exc:  # surfaced in the training thread by check()
+                self._error = exc
+                self._discard_queue()
+                return
+
+    def _discard_queue(self) -> None:
+        """After a failure, unblock producers waiting on a full queue (their ops are lost)."""
+        while True:
+            try:
+                op = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                return
+            if op is _STOP:
+                return
+
+
+class AsyncFile:
+    """A write-only binary file whose system calls run on an `IOThread`."""
+
+    def __init__(self, path: Path, io: IOThread, *, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self._io = io
+        self._chunk = chunk_bytes
+        self._buf = bytearray()
+        self._box: dict[str, BinaryIO] = {}
+        io.check()
+        # Opened eagerly so "already exists" is reported here, not later on the I/O thread.
+        self._box["f"] = open(path, "xb", buffering=0)
+
+    def write(self, data: bytes) -> int:
+        self._buf += data
+        if len(self._buf) >= self._chunk:
+            self._post()
+        return len(data)
+
+    def flush(self) -> None:
+        self._post()
+
+    def fsync(self) -> None:
+        self._post()
+        box = self._box
+        self._io.submit(lambda: os.fsync(box["f"].fileno()))
+
+    def close(self) -> None:
+        self._post()
+        box = self._box
+        self._io.submit(lambda: box["f"].close())
+
+    def _post(self) -> None:
+        if not self._buf:
+            return
+        data, self._buf = bytes(self._buf), bytearray()
+        f = self._box["f"]
+        self._io.submit(lambda: _write_all(f, data))
+
+
+def _write_all(f: BinaryIO, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = f.write(view)
+        view = view[n:]

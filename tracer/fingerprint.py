@@ -4,8 +4,7 @@ Algorithm ``lanes64-v1``
 ------------------------
 The tensor's bytes (logical element order, i.e. as ``.contiguous()`` lays them out)
 are read as signed 32-bit words ``x_p``; a final partial word is zero-padded. Words
-are processed in chunks of ``CHUNK = 2**18`` (sized so a chunk's products stay in
-L2 cache). Word ``p = c*CHUNK + q`` gets the weight ``W[q] * R[c]`` (mod 2**64), where
+are processed in chunks of ``CHUNK = 2**18`` through a reused product buffer. Word ``p = c*CHUNK + q`` gets the weight ``W[q] * R[c]`` (mod 2**64), where
 ``W`` and ``R`` are fixed tables of odd 64-bit values drawn from splitmix64 (with
 ``R[0] = 1``), so every weight is odd. The lane sum is
 
@@ -91,6 +90,9 @@ class _Tables:
         self._local = threading.local()  # autograd may run hooks on its own threads
 
     def get(self, device: torch.device, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        hit = self._by_device.get(device)
+        if hit is not None and hit[1].numel() >= chunks:
+            return hit
         with self._lock:
             if self._w_cpu is None:
                 self._w_cpu = _odd_table(_W_SEED, CHUNK)
@@ -114,12 +116,28 @@ class _Tables:
 _TABLES = _Tables()
 
 
-def _meta(t: torch.Tensor) -> str:
-    return f"{str(t.dtype).removeprefix('torch.')}[{','.join(str(s) for s in t.shape)}]"
+def _meta(t: torch.Tensor) -> tuple[str, int]:
+    """The tensor's meta string and the 64-bit hash of dtype and shape, memoised."""
+    key = (t.dtype, t.shape)
+    hit = _META_CACHE.get(key)
+    if hit is None:
+        text = f"{str(t.dtype).removeprefix('torch.')}[{','.join(str(s) for s in t.shape)}]"
+        h = 0xCBF29CE484222325  # FNV-1a over the dtype's name: stable across torch releases
+        for b in str(t.dtype).encode():
+            h = ((h ^ b) * 0x100000001B3) & _MASK64
+        for dim in t.shape:
+            h = mix64(h * 0x100000001B3 + dim + 1)
+        hit = _META_CACHE[key] = (text, mix64(h ^ (t.dim() << 56)))
+    return hit
+
+
+_META_CACHE: dict[tuple[torch.dtype, torch.Size], tuple[str, int]] = {}
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes in logical order as int32 words, the last one zero-padded."""
+    if t.is_contiguous() and t.element_size() == 4 and t.dtype != torch.bool:
+        return t.view(torch.int32).reshape(-1)  # the common case: no copy, few ops
     flat = t.detach().contiguous().reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
@@ -139,26 +157,24 @@ def _lane_sum(words: torch.Tensor) -> torch.Tensor:
     n = words.numel()
     chunks = max(1, -(-n // CHUNK))
     w, r = _TABLES.get(words.device, chunks)
-    if chunks == 1:
-        return torch.mul(words, w[:n]).sum()
-    sums = torch.empty(chunks, dtype=torch.int64, device=words.device)
+    # A reused buffer: a fresh large temporary per call costs page faults on CPU.
     buf = _TABLES.buffer(words.device)
+    if chunks == 1:
+        # Widen, then multiply in place: much faster than a mixed int32 * int64 multiply.
+        b = buf[:n]
+        b.copy_(words)
+        return b.mul_(w[:n]).sum()
+    sums = torch.empty(chunks, dtype=torch.int64, device=words.device)
     for c in range(chunks):
         part = words[c * CHUNK : (c + 1) * CHUNK]
-        m = part.numel()
-        torch.mul(part, w[:m], out=buf[:m])
-        torch.sum(buf[:m], dim=0, out=sums[c])
+        b = buf[: part.numel()]
+        b.copy_(part)
+        torch.sum(b.mul_(w[: part.numel()]), dim=0, out=sums[c])
     return torch.mul(sums, r[:chunks]).sum()
 
 
 def _finalise(lane_sum: int, t: torch.Tensor) -> int:
-    meta = 0xCBF29CE484222325  # FNV-1a over the dtype's name: stable across torch releases
-    for b in str(t.dtype).encode():
-        meta = ((meta ^ b) * 0x100000001B3) & _MASK64
-    for s in t.shape:
-        meta = mix64(meta * 0x100000001B3 + s + 1)
-    meta = mix64(meta ^ (t.dim() << 56))
-    return mix64((lane_sum & _MASK64) ^ meta)
+    return mix64((lane_sum & _MASK64) ^ _meta(t)[1])
 
 
 def fingerprint(t: torch.Tensor) -> int:
@@ -169,26 +185,25 @@ def fingerprint(t: torch.Tensor) -> int:
 def digest(t: torch.Tensor) -> TensorDigest:
     """Fingerprint plus L2 norm, absmax and NaN/Inf counts; only scalars leave the device."""
     t = t.detach()
+    meta, meta_hash = _meta(t)
     lane = _lane_sum(_words(t))
     if t.numel() == 0:
-        return TensorDigest(_finalise(int(lane.item()), t), 0.0, 0.0, 0, 0, _meta(t))
-    x = t if t.is_floating_point() or t.is_complex() else t.to(torch.float64)
-    acc = torch.float32 if x.is_floating_point() and x.element_size() < 4 else None
-    l2 = torch.linalg.vector_norm(x, dtype=acc)
+        return TensorDigest(mix64((int(lane.item()) & _MASK64) ^ meta_hash), 0.0, 0.0, 0, 0, meta)
+    x = t if t.is_floating_point() else t.to(torch.float64)
     if x.is_complex():
-        absmax = x.abs().amax()
-    else:
-        lo, hi = torch.aminmax(x)  # one pass, far faster than an inf-norm on CPU
-        absmax = torch.maximum(-lo, hi)
+        x = torch.view_as_real(x)
+    l2 = torch.linalg.vector_norm(x, dtype=torch.float32 if x.element_size() < 4 else None)
+    lo, hi = torch.aminmax(x)  # one pass, far faster than an inf-norm on CPU
     if t.device.type == "cpu":
-        lane_v, l2_v, absmax_v = lane.item(), l2.item(), absmax.item()
+        lane_v, l2_v, lo_v, hi_v = lane.item(), l2.item(), lo.item(), hi.item()
     else:  # one transfer: the float bits ride in the int64 tensor
-        floats = torch.stack([l2.to(torch.float64), absmax.to(torch.float64)]).view(torch.int64)
-        lane_v, l2_bits, absmax_bits = torch.cat([lane.reshape(1), floats]).tolist()
-        l2_v, absmax_v = struct.unpack("<2d", struct.pack("<2q", l2_bits, absmax_bits))
+        floats = torch.stack([l2.double(), lo.double(), hi.double()]).view(torch.int64)
+        lane_v, *bits = torch.cat([lane.reshape(1), floats]).tolist()
+        l2_v, lo_v, hi_v = struct.unpack("<3d", struct.pack("<3q", *bits))
+    absmax_v = max(-lo_v, hi_v) if lo_v == lo_v and hi_v == hi_v else float("nan")
     nan = inf = 0
     if not absmax_v < float("inf"):
         # Rare: only pay for the counting passes when something is not finite.
         nan = int(torch.isnan(x).sum().item())
         inf = int(torch.isinf(x).sum().item())
-    return TensorDigest(_finalise(lane_v, t), l2_v, absmax_v, nan, inf, _meta(t))
+    return TensorDigest(mix64((lane_v & _MASK64) ^ meta_hash), l2_v, absmax_v, nan, inf, meta)

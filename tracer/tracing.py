@@ -15,8 +15,9 @@ Works on any ``nn.Module`` and ``torch.optim.Optimizer``::
 
 Hooks record each site's forward output and the gradient w.r.t. its input;
 optimizer hooks record every gradient before the step and every parameter after
-it. Digests are computed inside the hook (no tensor is kept alive) and handed to a
-background writer. Every hook is removed when the ``with`` block exits.
+it. Digests are computed inside the hook (no tensor is kept alive); records are
+framed in memory and written by an I/O thread (`tracer.background`). Every hook is
+removed when the ``with`` block exits.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tracer.background import BackgroundWriter
+from tracer.background import AsyncFile, IOThread
 from tracer.blobs import BlobStore
 from tracer.checkpoint import save_checkpoint
 from tracer.determinism import determinism_settings
@@ -109,7 +110,7 @@ class Tracer:
         gradients: bool = True,
         parameters: bool = True,
         segment_bytes: int = 64 << 20,
-        max_pending: int = 8192,
+        max_pending_chunks: int = 64,
         extra: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model
@@ -121,7 +122,7 @@ class Tracer:
         self._gradients = gradients
         self._parameters = parameters
         self._segment_bytes = segment_bytes
-        self._max_pending = max_pending
+        self._max_pending_chunks = max_pending_chunks
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         else:
@@ -148,7 +149,8 @@ class Tracer:
         )
         self._names = {id(p): n for n, p in model.named_parameters()}
         self._handles: list[RemovableHandle] = []
-        self._writer: BackgroundWriter | None = None
+        self._io: IOThread | None = None
+        self._log: LogWriter | None = None
         self.step_index = -1
         self.microbatch_index = 0
         self._losses: list[float] = []
@@ -157,11 +159,15 @@ class Tracer:
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
-        self._writer = BackgroundWriter(
-            LogWriter(rank_dir(self.out, self.rank), self.header, segment_bytes=self._segment_bytes),
-            max_pending=self._max_pending,
-        )
+        io = IOThread(max_pending=self._max_pending_chunks)
         try:
+            self._log = LogWriter(
+                rank_dir(self.out, self.rank),
+                self.header,
+                segment_bytes=self._segment_bytes,
+                open_file=lambda path: AsyncFile(path, io),
+            )
+            self._io = io
             for name, module in self.sites:
                 self._handles.append(module.register_forward_hook(self._forward_hook(name)))
                 self._handles.append(module.register_full_backward_hook(self._backward_hook(name)))
@@ -172,23 +178,29 @@ class Tracer:
                     self._handles.append(self.optimizer.register_step_post_hook(self._after_optimizer_step))
         except BaseException:
             self._remove_hooks()
-            self._writer.abandon()
+            if self._log is not None:
+                self._log.abandon()
+            io.stop()
+            self._log = self._io = None
             raise
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self._remove_hooks()
-        writer, self._writer = self._writer, None
-        if writer is None:
+        log, io = self._log, self._io
+        self._log = self._io = None
+        if log is None or io is None:
             return
         if exc is None:
-            writer.close("complete")
-        else:
-            # Keep the training error as the one the user sees; a writer failure is secondary.
-            try:
-                writer.close("failed", f"{type(exc).__name__}: {exc}")
-            except CaptureError:
-                pass
+            log.close("complete")
+            io.stop()
+            return
+        # Keep the training error as the one the user sees; a writer failure is secondary.
+        try:
+            log.close("failed", f"{type(exc).__name__}: {exc}")
+            io.stop()
+        except Exception:
+            pass
 
     def _remove_hooks(self) -> None:
         for h in self._handles:
@@ -196,10 +208,16 @@ class Tracer:
         self._handles.clear()
 
     @property
-    def writer(self) -> BackgroundWriter:
-        if self._writer is None:
+    def log(self) -> LogWriter:
+        if self._log is None:
             raise CaptureError("the Tracer is not active; use it as `with Tracer(...) as tracer:`")
-        return self._writer
+        return self._log
+
+    def sync(self) -> None:
+        """Block until everything recorded so far has reached the OS."""
+        self.log.flush()
+        assert self._io is not None
+        self._io.drain()
 
     # -- what the training loop calls ---------------------------------------------------
     @contextmanager
@@ -212,8 +230,9 @@ class Tracer:
         self._step_start = time.perf_counter()
         yield
         wall = time.perf_counter() - self._step_start
+        log = self.log
         lrs = self._lrs or ([float(g["lr"]) for g in self.optimizer.param_groups] if self.optimizer else [])
-        self.writer.event(
+        log.write_event(
             EventRecord(
                 "step",
                 step,
@@ -225,6 +244,8 @@ class Tracer:
                 },
             )
         )
+        # Hand the step's records to the I/O thread: a crash loses at most the current step.
+        log.flush()
 
     def microbatch(self, index: int, inputs: torch.Tensor | tuple[torch.Tensor, ...] | None = None) -> None:
         """Start microbatch ``index`` (gradient accumulation) and fingerprint its inputs."""
@@ -239,30 +260,30 @@ class Tracer:
         """Log this microbatch's loss (as it contributes to the step: already scaled)."""
         v = float(value.detach().item() if isinstance(value, torch.Tensor) else value)
         self._losses.append(v)
-        self.writer.event(EventRecord("loss", self.step_index, {"microbatch": self.microbatch_index, "loss": v}))
+        self.log.write_event(EventRecord("loss", self.step_index, {"microbatch": self.microbatch_index, "loss": v}))
 
     def checkpoint(self, step: int, data: Mapping[str, Any] | None = None) -> Path:
         """Save the state before ``step`` (model, optimizer, RNG, data cursor) for replay."""
-        self.writer.sync()
         path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}))
-        self.writer.event(EventRecord("checkpoint", step, {"rank": self.rank}))
+        self.log.write_event(EventRecord("checkpoint", step, {"rank": self.rank}))
         return path
 
     def event(self, kind: str, **fields: Any) -> None:
         """Log a custom event at the current step."""
-        self.writer.event(EventRecord(kind, self.step_index, fields))
+        self.log.write_event(EventRecord(kind, self.step_index, fields))
 
     def record(self, name: str, tensor: torch.Tensor, phase: Phase) -> None:
         """Fingerprint one tensor at the current step and microbatch (and capture it if asked)."""
-        with torch.no_grad():
-            d = digest(tensor)
+        d = digest(tensor)
         step, mb = self.step_index, self.microbatch_index
-        self.writer.tensor(TensorRecord(step, mb, name, phase, d.fingerprint, d.l2, d.absmax, d.nan, d.inf, d.meta))
+        log = self.log
+        log.write_tensor(TensorRecord(step, mb, name, phase, d.fingerprint, d.l2, d.absmax, d.nan, d.inf, d.meta))
         if self.capture.active and self.capture.wants(step, name, phase):
             copy = tensor.detach().to("cpu", copy=True)
             fp = d.fingerprint
-            self.writer.call(lambda: self.blobs.put(fp, copy))
-            self.writer.event(
+            assert self._io is not None
+            self._io.submit(lambda: self.blobs.put(fp, copy))
+            log.write_event(
                 EventRecord("blob", step, {"microbatch": mb, "name": name, "phase": int(phase), "fingerprint": fp})
             )
 

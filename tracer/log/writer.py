@@ -8,9 +8,10 @@ is created: only the last segment can ever end torn.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 from tracer.errors import LogFormatError, UsageError
 from tracer.log.codec import (
@@ -36,12 +37,21 @@ _ENCODE_ERRORS = (TypeError, ValueError, OverflowError)
 class LogWriter:
     """Writes one rank's log into `directory`, which must not hold a log yet.
 
-    Not thread-safe: drive it from one thread (the tracer's background writer).
-    Each segment starts with the run header and has its own string table, so any one
-    segment decodes alone.
+    Not thread-safe: drive it from one thread. Each segment starts with the run header
+    and has its own string table, so any one segment decodes alone. ``open_file`` lets
+    the tracer hand the system calls to another thread (`tracer.background.AsyncFile`);
+    it must create the file exclusively and return an object with ``write``, ``flush``,
+    ``close`` and either ``fsync`` or ``fileno``.
     """
 
-    def __init__(self, directory: Path, header: RunHeader, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        header: RunHeader,
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        open_file: Callable[[Path], BinaryIO] | None = None,
+    ) -> None:
         if segment_bytes <= 0:
             raise UsageError(f"segment_bytes must be > 0, got {segment_bytes}")
         self.directory = Path(directory)
@@ -62,6 +72,7 @@ class LogWriter:
                 "once: choose a new run directory or delete this one"
             )
         self._header = header
+        self._open_file = open_file or (lambda path: open(path, "xb", buffering=_BUFFER_BYTES))
         self._segment_bytes = segment_bytes
         self._encode_tensor = tensor_encoder()
         self.bytes_written = 0  # all segments, framing included
@@ -116,7 +127,7 @@ class LogWriter:
             raise self._closed_error()
         self._file.flush()
         if fsync:
-            os.fsync(self._file.fileno())
+            _fsync(self._file)
 
     def close(self, status: EndStatus = "complete", detail: str = "") -> None:
         """Write the END marker and make the log durable. Idempotent."""
@@ -127,7 +138,7 @@ class LogWriter:
         try:
             self._write(RecordType.END, encode_end(EndRecord(status, self.records_written, detail)))
             self._file.flush()
-            os.fsync(self._file.fileno())
+            _fsync(self._file)
             _fsync_dir(self.directory)
         finally:
             self._file.close()
@@ -156,7 +167,7 @@ class LogWriter:
 
     # -- internals -------------------------------------------------------------------
     def _open_segment(self, index: int) -> None:
-        self._file = open(segment_path(self.directory, index), "xb", buffering=_BUFFER_BYTES)
+        self._file = self._open_file(segment_path(self.directory, index))
         self.segment_index = index
         self._segment_size = 0
         self._strings: dict[str, int] = {}
@@ -165,7 +176,7 @@ class LogWriter:
 
     def _roll(self) -> None:
         self._file.flush()
-        os.fsync(self._file.fileno())
+        _fsync(self._file)
         self._file.close()
         self._open_segment(self.segment_index + 1)
 
@@ -192,6 +203,13 @@ class LogWriter:
 
     def _closed_error(self) -> UsageError:
         return UsageError(f"the log writer for {self.directory} is closed; open a new run to write more")
+
+
+def _fsync(f: Any) -> None:
+    if hasattr(f, "fsync"):
+        f.fsync()
+    else:
+        os.fsync(f.fileno())
 
 
 def _fsync_dir(directory: Path) -> None:
