@@ -45,6 +45,7 @@ from tracer.checkpoint import save_checkpoint
 from tracer.determinism import determinism_settings
 from tracer.errors import CaptureError
 from tracer.fingerprint import ALGORITHM, digest
+from tracer.intercept import own_ops
 from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.writer import LogWriter
@@ -264,7 +265,8 @@ class Tracer:
 
     def checkpoint(self, step: int, data: Mapping[str, Any] | None = None) -> Path:
         """Save the state before ``step`` (model, optimizer, RNG, data cursor) for replay."""
-        path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}))
+        with own_ops():
+            path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}))
         self.log.write_event(EventRecord("checkpoint", step, {"rank": self.rank}))
         return path
 
@@ -274,12 +276,14 @@ class Tracer:
 
     def record(self, name: str, tensor: torch.Tensor, phase: Phase) -> None:
         """Fingerprint one tensor at the current step and microbatch (and capture it if asked)."""
-        d = digest(tensor)
+        with own_ops():
+            d = digest(tensor)
         step, mb = self.step_index, self.microbatch_index
         log = self.log
         log.write_tensor(TensorRecord(step, mb, name, phase, d.fingerprint, d.l2, d.absmax, d.nan, d.inf, d.meta))
         if self.capture.active and self.capture.wants(step, name, phase):
-            copy = tensor.detach().to("cpu", copy=True)
+            with own_ops():
+                copy = tensor.detach().to("cpu", copy=True)
             fp = d.fingerprint
             assert self._io is not None
             self._io.submit(lambda: self.blobs.put(fp, copy))
