@@ -54,9 +54,9 @@ def test_every_single_bit_flip_changes_the_fingerprint(dtype: torch.dtype) -> No
 
 
 def test_every_bit_of_one_element_across_chunks() -> None:
-    t = torch.randn(3 * CHUNK + 11)
+    t = torch.randn(2 * CHUNK + 11)
     base = fingerprint(t)
-    for pos in (0, CHUNK - 1, CHUNK, 2 * CHUNK + 3, t.numel() - 1):
+    for pos in (CHUNK - 1, CHUNK, t.numel() - 1):
         for bit in range(32):
             f = t.clone()
             f.view(torch.int32)[pos] ^= torch.tensor(1 << bit if bit < 31 else -(1 << 31), dtype=torch.int32)

@@ -1,0 +1,213 @@
+"""The Tracer on the reference workload and on a model it has never seen."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tracer.compare import compare_runs
+from tracer.errors import CaptureError, ConfigError
+from tracer.log import LogReader, rank_dir
+from tracer.log.records import EventRecord, Phase, TensorRecord
+from tracer.sites import find_sites
+from tracer.tracing import CapturePolicy, Tracer
+from tracer.workload.model import Transformer
+
+
+def tensor_records(run: Path) -> list[TensorRecord]:
+    return [r for r in LogReader(rank_dir(run, 0)).records() if isinstance(r, TensorRecord)]
+
+
+def test_same_config_and_seed_record_identical_runs(run_factory) -> None:
+    a, b = run_factory("a"), run_factory("b")
+    result = compare_runs(a, b)
+    assert result.first is None
+    assert result.events == len(tensor_records(a)) and result.steps == 4
+
+
+def test_another_seed_differs_from_step_0(run_factory) -> None:
+    a, c = run_factory("a"), run_factory("c", "train.seed=1")
+    first = compare_runs(a, c).first
+    assert first is not None
+    # The batch does not depend on the init seed; the first site's output does.
+    assert (first.step, first.microbatch, first.phase, first.name) == (0, 0, Phase.FORWARD, "layers.0.attention")
+
+
+def test_every_step_records_what_the_issue_lists(run_factory, small_cfg) -> None:
+    run = run_factory("golden")
+    reader = LogReader(rank_dir(run, 0))
+    records = list(reader.records())
+    assert reader.status.complete and reader.status.end.status == "complete"
+    tensors = [r for r in records if isinstance(r, TensorRecord)]
+    events = [r for r in records if isinstance(r, EventRecord)]
+    steps, mbs = small_cfg.run.steps, small_cfg.data.microbatches
+    n_params = sum(1 for _ in Transformer(small_cfg.model).parameters())
+    sites = 2 * small_cfg.model.n_layers
+    by_phase = Counter(r.phase for r in tensors)
+    assert by_phase == {
+        Phase.INPUT: steps * mbs,
+        Phase.FORWARD: steps * mbs * sites,
+        Phase.BACKWARD: steps * mbs * sites,
+        Phase.GRAD: steps * n_params,
+        Phase.PARAM: steps * n_params,
+    }
+    kinds = Counter(e.kind for e in events)
+    assert kinds["step"] == steps and kinds["loss"] == steps * mbs
+    assert kinds["checkpoint"] == 3  # steps 0, 2 and the final state at 4
+    step0 = next(e for e in events if e.kind == "step" and e.step == 0)
+    losses = [e.fields["loss"] for e in events if e.kind == "loss" and e.step == 0]
+    assert step0.fields["loss"] == pytest.approx(sum(losses))
+    assert step0.fields["lr"] == [small_cfg.optim.lr_at(0)] and step0.fields["wall_s"] > 0
+    # Backward visits sites in reverse; forward in model order.
+    fwd = [r.name for r in tensors if r.step == 0 and r.microbatch == 0 and r.phase == Phase.FORWARD]
+    bwd = [r.name for r in tensors if r.step == 0 and r.microbatch == 0 and r.phase == Phase.BACKWARD]
+    assert fwd == ["layers.0.attention", "layers.0.feed_forward", "layers.1.attention", "layers.1.feed_forward"]
+    assert bwd == fwd[::-1]
+    assert all(r.meta == "float32[2,32,128]" for r in tensors if r.phase == Phase.FORWARD)
+
+
+def test_header_carries_pairing_and_determinism_fields(run_factory, small_cfg) -> None:
+    from tracer.workload.config import config_fingerprint
+
+    h = LogReader(rank_dir(run_factory("golden"), 0)).header
+    assert h.node_label == "golden" and h.role == "train" and (h.world_size, h.rank) == (1, 0)
+    assert h.config == small_cfg.to_dict() and h.config_fingerprint == config_fingerprint(small_cfg)
+    assert h.fingerprint_algorithm == "lanes64-v1" and h.seed == small_cfg.train.seed
+    assert h.determinism["intra_op_threads"] == small_cfg.train.threads
+    assert h.determinism["deterministic_algorithms"] is True
+    assert {"python", "torch"} <= set(h.versions) and h.device == "cpu" and len(h.data_order_fingerprint) == 64
+
+
+class Mixer(nn.Module):
+    """A user model with its own vocabulary of module names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict({"token_mix": nn.Linear(16, 16), "channel_mix": nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))})
+            for _ in range(2)
+        )
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = x + b["token_mix"](x)
+            x = x + b["channel_mix"](x)
+        return self.head(x)
+
+
+def train_mixer(out: Path, sites, steps: int = 3) -> Mixer:
+    torch.manual_seed(0)
+    model = Mixer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with Tracer(model, opt, out=out, node_label="user", sites=sites, config={"lr": 0.1}) as tr:
+        for step in range(steps):
+            with tr.step(step):
+                x = torch.randn(5, 16, generator=torch.Generator().manual_seed(step))
+                tr.microbatch(0, inputs=x)
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                tr.loss(loss)
+                opt.step()
+                opt.zero_grad()
+    return model
+
+
+def test_traces_a_user_model_with_other_names_and_sgd(tmp_path: Path) -> None:
+    model = train_mixer(tmp_path / "run", sites=r"blocks\.\d+\.(token_mix|channel_mix)")
+    recs = tensor_records(tmp_path / "run")
+    fwd = {r.name for r in recs if r.phase == Phase.FORWARD}
+    assert fwd == {f"blocks.{i}.{k}" for i in range(2) for k in ("token_mix", "channel_mix")}
+    assert {r.name for r in recs if r.phase == Phase.PARAM} == {n for n, _ in model.named_parameters()}
+    assert Counter(r.phase for r in recs)[Phase.GRAD] == 3 * len(list(model.parameters()))
+    # Every hook is gone after the with-block.
+    for m in model.modules():
+        assert not m._forward_hooks and not m._backward_hooks
+    # The final parameters in the log are the model's final parameters, bit for bit.
+    from tracer.fingerprint import fingerprint
+
+    last = {r.name: r.fingerprint for r in recs if r.phase == Phase.PARAM and r.step == 2}
+    assert last == {n: fingerprint(p) for n, p in model.named_parameters()}
+
+
+def test_sites_by_list_of_modules_and_by_class_name(tmp_path: Path) -> None:
+    model = Mixer()
+    chosen = [model.blocks[1]["channel_mix"]]
+    assert find_sites(model, chosen) == [("blocks.1.channel_mix", chosen[0])]
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = Attention()
+            self.b = nn.Linear(4, 4)
+
+    net = Net()
+    assert [n for n, _ in find_sites(net)] == ["a"]
+    with pytest.raises(ConfigError, match="matches no module path"):
+        find_sites(net, r"nothing\.here")
+    with pytest.raises(ConfigError, match="not a submodule"):
+        find_sites(net, [nn.Linear(1, 1)])
+
+
+def test_a_training_error_closes_the_log_as_failed(tmp_path: Path) -> None:
+    model = Mixer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="boom"):
+        with Tracer(model, opt, out=tmp_path / "run", node_label="x") as tr:
+            with tr.step(0):
+                model(torch.randn(2, 16)).sum().backward()
+                raise RuntimeError("boom")
+    reader = LogReader(rank_dir(tmp_path / "run", 0))
+    list(reader.records())
+    assert reader.status.complete and reader.status.end.status == "failed"
+    assert "boom" in reader.status.end.detail
+    assert not any(m._forward_hooks for m in model.modules())
+
+
+def test_a_failing_disk_surfaces_in_the_training_thread(tmp_path: Path) -> None:
+    model = Mixer()
+    with pytest.raises(CaptureError, match="I/O thread"):
+        with Tracer(model, None, out=tmp_path / "run", node_label="x") as tr:
+            # Pull the real file out from under the I/O thread, as a vanished disk would.
+            tr.log._file._box["f"].close()
+            for step in range(50):
+                with tr.step(step):
+                    model(torch.randn(2, 16))
+                tr.sync()
+
+
+def test_capture_policy_stores_full_tensors_by_fingerprint(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Mixer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = CapturePolicy(steps=frozenset({1}), names=r"blocks\.0\..*")
+    seen: dict[str, torch.Tensor] = {}
+    model.blocks[0]["token_mix"].register_forward_hook(lambda m, a, o: seen.__setitem__("out", o.detach().clone()))
+    sites = r"blocks\.\d\.token_mix"
+    with Tracer(model, opt, out=tmp_path / "run", node_label="x", capture=policy, sites=sites) as tr:
+        for step in range(2):
+            with tr.step(step):
+                model(torch.randn(3, 16)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    records = list(LogReader(rank_dir(tmp_path / "run", 0)).records())
+    blobs = [r for r in records if isinstance(r, EventRecord) and r.kind == "blob"]
+    assert blobs and all(b.step == 1 and b.fields["name"].startswith("blocks.0.") for b in blobs)
+    fwd = next(r for r in records if isinstance(r, TensorRecord) and r.step == 1 and r.name == "blocks.0.token_mix" and r.phase == Phase.FORWARD)
+    assert any(b.fields["fingerprint"] == fwd.fingerprint for b in blobs)
+    assert torch.equal(tr.blobs.get(fwd.fingerprint), seen["out"])
+
+
+def test_tracer_outside_with_block_is_a_clear_error(tmp_path: Path) -> None:
+    tr = Tracer(Mixer(), None, out=tmp_path / "run", node_label="x")
+    with pytest.raises(CaptureError, match="not active"):
+        tr.event("note")
