@@ -6,19 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tracer.workload.config import Config, load_config
-
-SMALL = ["model.n_layers=2", "data.batch_size=2", "data.seq_len=32", "run.steps=4", "run.checkpoint_every=2"]
+from tests.support import small_config
+from tracer.workload.config import Config
 
 
 @pytest.fixture
 def small_cfg() -> Config:
     """A 2-layer workload with a handful of short steps: real, but quick."""
-    return load_config(None, SMALL)
-
-
-def small_config(*overrides: str) -> Config:
-    return load_config(None, [*SMALL, *overrides])
+    return small_config()
 
 
 @pytest.fixture

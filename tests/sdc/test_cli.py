@@ -1,0 +1,111 @@
+"""The `sdc` command line: its public surface, its happy paths and its one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sdc.cli import build_parser, main
+from tests.support import SMALL
+
+SMALL_ARGS = [a for kv in SMALL if not kv.startswith("run.") for a in ("--set", kv)]
+
+# Changing the CLI is a deliberate act: update this snapshot with it.
+SURFACE = {
+    "record": [
+        "--capture-every", "--capture-names", "--capture-steps", "--checkpoint-every", "--config", "--node-label",
+        "--out", "--overwrite", "--quiet", "--segment-mb", "--set", "--sites", "--steps",
+    ],
+    "inspect": ["--json", "--skip-corrupt"],
+    "verify-determinism": ["--config", "--keep", "--quiet", "--set", "--steps"],
+}
+
+
+def surface(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        name: sorted(o for a in p._actions for o in a.option_strings if o.startswith("--") and o != "--help")
+        for name, p in sub.choices.items()
+    }
+
+
+def test_public_surface_is_deliberate() -> None:
+    actual = surface(build_parser())
+    for name, options in SURFACE.items():
+        assert actual.get(name) == sorted(options), name
+
+
+def sdc(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sdc.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_record_then_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "golden"
+    assert main(["record", "--out", str(out), "--node-label", "g", "--steps", "3", "--quiet", *SMALL_ARGS]) == 0
+    assert "recorded 3 steps" in capsys.readouterr().out
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "clean close" in text and "node 'g'" in text and "steps        0..2 (3 steps)" in text
+    assert main(["inspect", str(out), "--json"]) == 0
+    assert '"complete": true' in capsys.readouterr().out
+
+
+def test_verify_determinism_reports_bit_identical(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify-determinism", "--steps", "2", "--quiet", *SMALL_ARGS]) == 0
+    assert capsys.readouterr().out.startswith("bit-identical:")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["record", "--config", "missing.toml", "--out", "{tmp}/x"], "missing.toml"),
+        (["record", "--set", "model.dimm=3", "--out", "{tmp}/x"], "model.dimm"),
+        (["record", "--set", "model.dim=abc", "--out", "{tmp}/x"], "model.dim"),
+        (["inspect", "{tmp}/nothing"], "no such run directory"),
+        (["inspect", "{tmp}/file.txt"], "not a directory"),
+        (["inspect", "{tmp}"], "holds no rank-NNNNN"),
+        (["record", "--out", "{tmp}/file.txt"], "is not a directory"),
+    ],
+)
+def test_user_errors_are_one_line_without_traceback(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "file.txt").write_text("not a run")
+    result = sdc(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("sdc: error: ") and message in lines[0], result.stderr
+
+
+def test_existing_run_needs_overwrite_and_bad_logs_are_named(run_factory, tmp_path: Path) -> None:
+    run = run_factory("golden")
+    result = sdc("record", "--out", str(run), "--steps", "1", *SMALL_ARGS)
+    assert result.returncode == 1 and "pass --overwrite" in result.stderr and "Traceback" not in result.stderr
+
+    seg = run / "rank-00000" / "000000.sdclog"
+    data = bytearray(seg.read_bytes())
+    middle = len(data) // 2
+    data[middle] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    result = sdc("inspect", str(run))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert str(seg) in result.stderr and "byte" in result.stderr
+    result = sdc("inspect", str(run), "--skip-corrupt")
+    assert result.returncode == 0 and "skipped" in result.stdout
+
+    newer = bytearray(data)
+    newer[8:10] = struct.pack("<H", 99)
+    seg.write_bytes(bytes(newer))
+    result = sdc("inspect", str(run))
+    assert result.returncode == 1 and "newer sdctrace" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_overwrite_replaces_a_run(run_factory, capsys: pytest.CaptureFixture[str]) -> None:
+    run = run_factory("golden")
+    assert main(["record", "--out", str(run), "--overwrite", "--steps", "1", "--quiet", *SMALL_ARGS]) == 0
+    assert main(["inspect", str(run)]) == 0
+    assert "steps        0..0 (1 step)" in capsys.readouterr().out
