@@ -72,7 +72,7 @@ def _as_dict(s: RankSummary) -> dict:
 def _as_text(run: Path, s: RankSummary) -> str:
     h = s.header
     created = dt.datetime.fromtimestamp(h.created_unix, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    steps = f"{min(s.steps)}..{max(s.steps)} ({len(s.steps)} steps)" if s.steps else "none"
+    steps = f"{min(s.steps)}..{max(s.steps)} ({_plural(len(s.steps), 'step')})" if s.steps else "none"
     det = h.determinism
     lines = [
         f"run {run}  rank {s.rank} of {h.world_size}  node {h.node_label!r}  role {h.role}",
@@ -93,3 +93,7 @@ def _as_text(run: Path, s: RankSummary) -> str:
     if h.extra:
         lines.append(f"  extra        {json.dumps(h.extra, default=str)}")
     return "\n".join(lines)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
