@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -50,6 +50,16 @@ from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.writer import LogWriter
 from tracer.sites import SiteSpec, find_sites
+
+
+class RecordSink(Protocol):
+    """Where a Tracer's records go: a `LogWriter`, or a checker such as replay's verifier."""
+
+    def write_tensor(self, rec: TensorRecord) -> None: ...
+    def write_event(self, rec: EventRecord) -> None: ...
+    def flush(self) -> None: ...
+    def close(self, status: str = "complete", detail: str = "") -> None: ...
+    def abandon(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -90,14 +100,18 @@ def software_versions() -> dict[str, str]:
 
 
 class Tracer:
-    """Record fingerprints of one training process into ``out/rank-NNNNN``."""
+    """Record fingerprints of one training process into ``out/rank-NNNNN``.
+
+    With ``sink`` instead of ``out``, records go to that sink (no files are written):
+    replay uses this to check a re-execution against a recorded log.
+    """
 
     def __init__(
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None = None,
         *,
-        out: str | Path,
+        out: str | Path | None,
         node_label: str,
         config: Mapping[str, Any] | None = None,
         config_fp: str | None = None,
@@ -113,13 +127,17 @@ class Tracer:
         segment_bytes: int = 64 << 20,
         max_pending_chunks: int = 64,
         extra: Mapping[str, Any] | None = None,
+        sink: RecordSink | None = None,
     ) -> None:
+        if (out is None) == (sink is None):
+            raise CaptureError("give the Tracer exactly one of out (a run directory) or sink")
         self.model = model
         self.optimizer = optimizer
-        self.out = Path(out)
+        self.out = Path(out) if out is not None else None
+        self._sink = sink
         self.sites = find_sites(model, sites) if activations else []
         self.capture = capture or CapturePolicy()
-        self.blobs = BlobStore(self.out)
+        self.blobs = BlobStore(self.out) if self.out is not None else None
         self._gradients = gradients
         self._parameters = parameters
         self._segment_bytes = segment_bytes
@@ -151,7 +169,7 @@ class Tracer:
         self._names = {id(p): n for n, p in model.named_parameters()}
         self._handles: list[RemovableHandle] = []
         self._io: IOThread | None = None
-        self._log: LogWriter | None = None
+        self._log: RecordSink | None = None
         self.step_index = -1
         self.microbatch_index = 0
         self._losses: list[float] = []
@@ -160,14 +178,18 @@ class Tracer:
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
-        io = IOThread(max_pending=self._max_pending_chunks)
+        io = IOThread(max_pending=self._max_pending_chunks) if self._sink is None else None
         try:
-            self._log = LogWriter(
-                rank_dir(self.out, self.rank),
-                self.header,
-                segment_bytes=self._segment_bytes,
-                open_file=lambda path: AsyncFile(path, io),
-            )
+            if io is None:
+                self._log = self._sink
+            else:
+                assert self.out is not None
+                self._log = LogWriter(
+                    rank_dir(self.out, self.rank),
+                    self.header,
+                    segment_bytes=self._segment_bytes,
+                    open_file=lambda path: AsyncFile(path, io),
+                )
             self._io = io
             for name, module in self.sites:
                 self._handles.append(module.register_forward_hook(self._forward_hook(name)))
@@ -181,7 +203,8 @@ class Tracer:
             self._remove_hooks()
             if self._log is not None:
                 self._log.abandon()
-            io.stop()
+            if io is not None:
+                io.stop()
             self._log = self._io = None
             raise
         return self
@@ -190,16 +213,18 @@ class Tracer:
         self._remove_hooks()
         log, io = self._log, self._io
         self._log = self._io = None
-        if log is None or io is None:
+        if log is None:
             return
         if exc is None:
             log.close("complete")
-            io.stop()
+            if io is not None:
+                io.stop()
             return
         # Keep the training error as the one the user sees; a writer failure is secondary.
         try:
             log.close("failed", f"{type(exc).__name__}: {exc}")
-            io.stop()
+            if io is not None:
+                io.stop()
         except Exception:
             pass
 
@@ -209,7 +234,7 @@ class Tracer:
         self._handles.clear()
 
     @property
-    def log(self) -> LogWriter:
+    def log(self) -> RecordSink:
         if self._log is None:
             raise CaptureError("the Tracer is not active; use it as `with Tracer(...) as tracer:`")
         return self._log
@@ -217,8 +242,8 @@ class Tracer:
     def sync(self) -> None:
         """Block until everything recorded so far has reached the OS."""
         self.log.flush()
-        assert self._io is not None
-        self._io.drain()
+        if self._io is not None:
+            self._io.drain()
 
     # -- what the training loop calls ---------------------------------------------------
     @contextmanager
@@ -265,23 +290,25 @@ class Tracer:
 
     def checkpoint(self, step: int, data: Mapping[str, Any] | None = None) -> Path:
         """Save the state before ``step`` (model, optimizer, RNG, data cursor) for replay."""
+        if self.out is None:
+            raise CaptureError("this Tracer writes to a sink, not a run directory: it cannot checkpoint")
         with own_ops():
             path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}))
         self.log.write_event(EventRecord("checkpoint", step, {"rank": self.rank}))
         return path
 
-    def event(self, kind: str, **fields: Any) -> None:
+    def event(self, kind: str, /, **fields: Any) -> None:
         """Log a custom event at the current step."""
         self.log.write_event(EventRecord(kind, self.step_index, fields))
 
-    def record(self, name: str, tensor: torch.Tensor, phase: Phase) -> None:
+    def record(self, name: str, tensor: torch.Tensor, phase: Phase, microbatch: int | None = None) -> None:
         """Fingerprint one tensor at the current step and microbatch (and capture it if asked)."""
         with own_ops():
             d = digest(tensor)
-        step, mb = self.step_index, self.microbatch_index
+        step, mb = self.step_index, self.microbatch_index if microbatch is None else microbatch
         log = self.log
         log.write_tensor(TensorRecord(step, mb, name, phase, d.fingerprint, d.l2, d.absmax, d.nan, d.inf, d.meta))
-        if self.capture.active and self.capture.wants(step, name, phase):
+        if self.capture.active and self.blobs is not None and self.capture.wants(step, name, phase):
             with own_ops():
                 copy = tensor.detach().to("cpu", copy=True)
             fp = d.fingerprint
@@ -315,12 +342,12 @@ class Tracer:
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
                 if p.grad is not None:
-                    self.record(self._param_name(gi, pi, p), p.grad, Phase.GRAD)
+                    self.record(self._param_name(gi, pi, p), p.grad, Phase.GRAD, microbatch=0)
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
-                self.record(self._param_name(gi, pi, p), p, Phase.PARAM)
+                self.record(self._param_name(gi, pi, p), p, Phase.PARAM, microbatch=0)
 
 
 def _tensors(output: Any) -> list[tuple[str, torch.Tensor]]:
