@@ -4,6 +4,8 @@
 
 Targets (from the issues): traced / untraced step time <= 1.10 with every site,
 gradient and parameter fingerprinted each step; <= 64 bytes per fingerprint event.
+The fault emulator (on, no fault firing) and the ABFT checker are each reported
+against a plain traced step; they have no target.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 
+from tracer.abft import AbftChecker
+from tracer.faults import FaultEmulator, load_profile
 from tracer.log import rank_dir
 from tracer.log.reader import LogReader
 from tracer.log.records import TensorRecord
@@ -54,6 +59,51 @@ def bench_tracing_overhead(steps: int, config: str | None) -> tuple[float, float
     return ratio, per_event
 
 
+def bench_interceptor_overhead(steps: int, config: str | None) -> tuple[float, float]:
+    """Interleave steps of three identical traced workloads: plain, with the fault emulator
+    (healthy-node: every op goes through it, none is corrupted), with the ABFT checker."""
+    cfg = load_config(config)
+    names = ("plain", "emulator", "abft")
+    workloads = [build(cfg) for _ in names]
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        tracers = [
+            stack.enter_context(Tracer(
+                w.model, w.optimizer, out=Path(tmp) / name, node_label="bench",
+                config=cfg.to_dict(), config_fp=config_fingerprint(cfg),
+            ))
+            for w, name in zip(workloads, names)
+        ]
+        hooks = [
+            {"clock": lambda t=t: (t.step_index, t.microbatch_index),
+             "sink": lambda kind, fields, t=t: t.event(kind, **fields)}
+            for t in tracers
+        ]
+        modes: list[AbstractContextManager] = [
+            nullcontext(),
+            FaultEmulator(load_profile("healthy-node"), workloads[1].model, **hooks[1]),
+            AbftChecker(workloads[2].model, **hooks[2]),
+        ]
+        times: list[list[float]] = [[] for _ in names]
+        for step in range(steps):
+            for w, tracer, mode, t in zip(workloads, tracers, modes, times):
+                with mode:
+                    s = time.perf_counter()
+                    with tracer.step(step):
+                        train_step(w, step, tracer)
+                    t.append(time.perf_counter() - s)
+    warm = max(1, steps // 5)
+    plain, emulator, abft = (statistics.median(t[warm:]) for t in times)
+    print(
+        f"fault emulator     : emulator-on/traced step time = {emulator / plain:.3f}  "
+        f"(median {emulator * 1e3:.1f} ms vs {plain * 1e3:.1f} ms; healthy-node profile: no fault fires)"
+    )
+    print(
+        f"ABFT checker       : abft-on/traced step time = {abft / plain:.3f}  "
+        f"(median {abft * 1e3:.1f} ms vs {plain * 1e3:.1f} ms, {steps - warm} steps)"
+    )
+    return emulator / plain, abft / plain
+
+
 def _tensor_event_bytes(run: Path) -> float:
     """Exact on-disk size of fingerprint records, from the gaps between their offsets."""
     sizes = []
@@ -72,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="workload config (default: tiny)")
     args = p.parse_args(argv)
     bench_tracing_overhead(args.steps, args.config)
+    bench_interceptor_overhead(args.steps, args.config)
     return 0
 
 

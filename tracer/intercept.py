@@ -9,10 +9,15 @@ interceptors pass them through untouched.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 _state = threading.local()
+
+# What an interceptor is given instead of a Tracer, so it works with any training loop:
+Clock = Callable[[], tuple[int, int]]  # the current (step, microbatch)
+Sink = Callable[[str, dict[str, Any]], None]  # log one event: (kind, fields)
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 """Sub-commands of ``sdc``; each module has ``add_parser(subparsers)``."""
 
-from sdc.commands import inspect, record, verify
+from sdc.commands import faults, inspect, record, verify
 
-ALL = [record, inspect, verify]
+ALL = [record, inspect, verify, faults]

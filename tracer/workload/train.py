@@ -9,16 +9,19 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from tracer.abft import AbftChecker
 from tracer.determinism import configure_determinism
 from tracer.errors import UsageError
+from tracer.faults import FaultEmulator, FaultProfile
 from tracer.log import list_ranks
 from tracer.sites import SiteSpec
 from tracer.tracing import CapturePolicy, Tracer
@@ -64,8 +67,19 @@ def build(cfg: Config, device: str | torch.device = "cpu") -> Workload:
     return Workload(cfg, model, optimizer, TokenData(cfg.data))
 
 
-def train_step(w: Workload, step: int, tracer: Tracer | None = None) -> float:
-    """One optimizer step over ``cfg.data.microbatches`` microbatches; returns the step's loss."""
+class StepObserver(Protocol):
+    """What `train_step` reports to: a `Tracer`, or replay's lighter bookkeeping."""
+
+    def microbatch(self, index: int, inputs: torch.Tensor | None = None) -> None: ...
+    def loss(self, value: torch.Tensor | float) -> None: ...
+
+
+def train_step(w: Workload, step: int, tracer: StepObserver | None = None, *, update: bool = True) -> float:
+    """One optimizer step over ``cfg.data.microbatches`` microbatches; returns the step's loss.
+
+    With ``update=False`` the step stops before the optimizer, leaving the clipped
+    gradients in ``.grad`` (replay compares them and discards the step).
+    """
     cfg, model, opt = w.cfg, w.model, w.optimizer
     device = next(model.parameters()).device
     for group in opt.param_groups:
@@ -86,7 +100,8 @@ def train_step(w: Workload, step: int, tracer: Tracer | None = None) -> float:
         total += float(loss.detach())
     if cfg.optim.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip, foreach=False)
-    opt.step()
+    if update:
+        opt.step()
     return total
 
 
@@ -115,11 +130,24 @@ def record_run(
     extra: Mapping[str, Any] | None = None,
     segment_bytes: int = 64 << 20,
     on_step: Callable[[int, float], None] | None = None,
+    fault_profile: FaultProfile | None = None,
+    fault_seed: int = 0,
+    abft: bool = False,
 ) -> RunSummary:
-    """Train ``cfg.run.steps`` steps under a Tracer, checkpointing every ``cfg.run.checkpoint_every``."""
+    """Train ``cfg.run.steps`` steps under a Tracer, checkpointing every ``cfg.run.checkpoint_every``.
+
+    ``fault_profile`` plays an unhealthy node (`tracer.faults`) and ``abft`` checks every
+    matmul (`tracer.abft`); the header's ``extra`` records both, its pairing fields
+    stay those of the healthy twin.
+    """
     out = Path(out)
     prepare_out_dir(out, overwrite)
     w = build(cfg)
+    extra = dict(extra or {})
+    if fault_profile is not None:
+        extra["fault_profile"] = fault_profile.header(fault_seed)
+    if abft:
+        extra["abft"] = True
     every = cfg.run.checkpoint_every
     losses: list[float] = []
     start = time.perf_counter()
@@ -137,8 +165,25 @@ def record_run(
         extra=extra,
         segment_bytes=segment_bytes,
     )
+
+    def clock() -> tuple[int, int]:
+        return tracer.step_index, tracer.microbatch_index
+
+    def sink(kind: str, fields: dict[str, Any]) -> None:
+        tracer.event(kind, **fields)
+
+    # Emulator first, checker second: the checker then sees the corrupted results.
+    interceptors: list[FaultEmulator | AbftChecker] = []
+    if fault_profile is not None:
+        interceptors.append(
+            FaultEmulator(fault_profile, w.model, clock=clock, sink=sink, seed=fault_seed, sites=sites)
+        )
+    if abft:
+        interceptors.append(AbftChecker(w.model, clock=clock, sink=sink, sites=sites))
     bar = tqdm(range(cfg.run.steps), desc=f"record {out.name}", unit="step", disable=None if progress else True, leave=False)
-    with tracer:
+    with tracer, ExitStack() as modes:
+        for mode in interceptors:
+            modes.enter_context(mode)
         for step in bar:
             if every and step % every == 0:
                 tracer.checkpoint(step, data={"step": step})

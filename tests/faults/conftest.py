@@ -1,0 +1,31 @@
+"""Fixtures for the fault emulator and ABFT tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support import small_config
+from tracer.faults import FaultProfile, load_profile
+from tracer.workload.train import record_run
+
+
+@pytest.fixture
+def write_profile(tmp_path: Path):
+    """Write TOML text to a profile file and load it: ``write_profile("[[fault]] ...")``."""
+
+    def write(text: str, name: str = "test-node") -> FaultProfile:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text, encoding="utf-8")
+        return load_profile(path)
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The healthy twin of every small faulty run: recorded once, read by many tests."""
+    out = tmp_path_factory.mktemp("faults") / "healthy"
+    record_run(small_config(), out, node_label="healthy", progress=False)
+    return out

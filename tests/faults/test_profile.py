@@ -1,0 +1,77 @@
+"""Fault profiles: the shipped set loads, and every mistake names file, key and allowed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.faults.support import SHIPPED
+from tracer.errors import ConfigError
+from tracer.faults import load_profile, shipped_profiles
+
+
+def test_shipped_profiles_load_with_a_description_and_rules() -> None:
+    assert set(shipped_profiles()) == SHIPPED
+    for name in SHIPPED:
+        profile = load_profile(name)
+        assert profile.name == name and profile.description and profile.faults
+        assert len(profile.sha256) == 64
+        assert profile.header(7) == {"name": name, "sha256": profile.sha256, "seed": 7}
+
+
+def test_a_profile_loads_by_path_with_defaults(write_profile) -> None:
+    profile = write_profile('[[fault]]\nops = ["mm", "aten.bmm", "softmax"]\nkind = "stuck"\nvalue = nan\n')
+    (rule,) = profile.faults
+    assert profile.name == "test-node" and profile.seed == 0
+    assert rule.phases == ("forward", "backward") and rule.p_call == 1.0 and rule.elements == 1
+    assert rule.corruption.kind == "stuck" and rule.corruption.value != rule.corruption.value  # nan
+    assert rule.schedule.p_enter == 1.0 and rule.schedule.p_exit == 0.0 and rule.schedule.stop is None
+
+
+RULE = '[[fault]]\nops = ["matmul"]\nkind = "bitflip"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (RULE + "bitz = 3\n", ["unknown key fault[0].bitz", "did you mean fault[0].bits?", "allowed keys: ops, sites"]),
+        (RULE + 'bits = "exp"\n', ["fault[0].bits = 'exp'", '"sign", "exponent", "mantissa", "random" or a bit index']),
+        (RULE + "bits = 64\n", ["fault[0].bits = 64", "bit index 0..63"]),
+        ('[[fault]]\nops = ["matmul"]\n', ["fault[0].kind = None", '"bitflip", "scale", "stuck"']),
+        ('[[fault]]\nops = ["matmull"]\nkind = "bitflip"\n', ["fault[0].ops", "'matmull'", "matmul, attention, softmax"]),
+        ('[[fault]]\nops = []\nkind = "bitflip"\n', ["fault[0].ops = []", "non-empty array of op families"]),
+        (RULE + "p_call = 1.5\n", ["fault[0].p_call = 1.5", "a number in [0, 1]"]),
+        (RULE + 'p_exit = "often"\n', ["fault[0].p_exit = 'often'", "a number in [0, 1]"]),
+        (RULE + 'phases = ["sideways"]\n', ["fault[0].phases", '"forward" and/or "backward"']),
+        (RULE + "factor = 10\n", ['fault[0].factor applies only to kind = "scale"']),
+        ('[[fault]]\nops = ["mm"]\nkind = "scale"\nfactor = [10, 1]\n', ["fault[0].factor = [10, 1]", "0 < low <= high"]),
+        ('[[fault]]\nops = ["mm"]\nkind = "stuck"\n', ["fault[0].value = None", "a number"]),
+        (RULE + "elements = 2\nfraction = 0.5\n", ["fault[0].elements and fault[0].fraction both given"]),
+        (RULE + "elements = 0\n", ["fault[0].elements = 0", "an integer >= 1"]),
+        (RULE + "fraction = 0\n", ["fault[0].fraction = 0", "(0, 1]"]),
+        (RULE + 'sites = "layers.("\n', ["fault[0].sites = 'layers.('", "regular expression"]),
+        (RULE + "start = 5\nstop = 5\n", ["fault[0].stop = 5", "greater than start = 5"]),
+        (RULE + "steps = [1, -2]\n", ["fault[0].steps = [1, -2]", "integers >= 0"]),
+        ("sed = 1\n" + RULE, ["unknown key sed", "did you mean seed?"]),
+        ("seed = -1\n" + RULE, ["seed = -1", "an integer >= 0"]),
+        ('fault = "all"\n', ["fault = 'all'", "[[fault]] sections"]),
+        (RULE + "kind = 2\n", ["TOML"]),
+    ],
+)
+def test_a_malformed_profile_names_file_key_and_allowed_values(
+    tmp_path: Path, text: str, expected: list[str]
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_profile(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    for fragment in expected:
+        assert fragment in message
+
+
+def test_an_unknown_profile_lists_the_shipped_ones() -> None:
+    with pytest.raises(ConfigError, match="not a shipped profile.*bursty-mismatch, healthy-node"):
+        load_profile("flaky-node")

@@ -1,0 +1,182 @@
+"""`AbftChecker`: algorithm-based fault tolerance for matrix multiplies.
+
+    with AbftChecker(model, clock=lambda: (tracer.step_index, tracer.microbatch_index),
+                     sink=lambda kind, fields: tracer.event(kind, **fields)):
+        train()
+
+For every ``mm``, ``addmm``, ``bmm``, ``baddbmm`` (and ``linear`` where a backend
+dispatches it) of the forward and backward passes, C = beta*D + alpha*A@B is
+checked by its checksums: the column sums of C against (1^T A) B and the row sums
+against A (B 1), both recomputed in float64 from the op's own inputs. A difference
+larger than the rounding error the op's dtype allows, ``safety * theta(k) * the
+same checksums over |A|, |B|, |D|``, is a fault; docs/faults.md derives the bound.
+Each check is logged as an ``abft`` event with the worst residual, its bound and
+the verdict ("ok" or "flag").
+
+ABFT sees only faults inside the multiply: a corrupted input (from a faulty
+softmax, normalisation or elementwise op) gives a consistent product, and the
+fused attention op is not a plain product, so neither is checked — the study's
+reason why ABFT misses much real silent corruption.
+
+Enter it after the fault emulator so it checks the corrupted results; its own
+arithmetic runs under ``own_ops()`` and is never corrupted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tracer.intercept import Clock, Sink, in_own_ops, own_ops
+from tracer.scope import ModuleScope
+from tracer.sites import SiteSpec, find_sites
+
+aten = torch.ops.aten
+CHECKED = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.linear})
+SAFETY = 2.0
+
+
+@dataclass(frozen=True)
+class AbftResult:
+    shape: tuple[int, int, int]  # m, k, n of one product
+    residual: float  # |checksum of C - checksum from A, B, D| at the worst row or column
+    bound: float  # the rounding-error bound there
+    flagged: bool
+
+
+def error_factor(k: int, dtype: torch.dtype, device: torch.device) -> float:
+    """theta: |fl(C) - C| <= theta * (|alpha||A||B| + |beta||D|) elementwise, inner dimension k."""
+    u_in, u_acc, u_out = _roundoffs(dtype, device)
+    n = k + 2  # k products, the bias term, one scaling by alpha or beta
+    if n * u_acc >= 1:
+        return math.inf
+    gamma = n * u_acc / (1 - n * u_acc)
+    return (1 + u_in) ** 2 * (1 + gamma) * (1 + u_out) - 1
+
+
+def _roundoffs(dtype: torch.dtype, device: torch.device) -> tuple[float, float, float]:
+    """Unit roundoffs of the inputs as the unit reads them, of its accumulator, of the stored result."""
+    cuda = device.type == "cuda"
+    m = torch.backends.cuda.matmul
+    if dtype == torch.float64:
+        return 0.0, 2.0**-53, 0.0
+    if dtype == torch.float32:
+        return (2.0**-11 if cuda and m.allow_tf32 else 0.0), 2.0**-24, 0.0
+    if dtype == torch.bfloat16:
+        return 0.0, (2.0**-8 if cuda and m.allow_bf16_reduced_precision_reduction else 2.0**-24), 2.0**-8
+    if dtype == torch.float16:
+        return 0.0, (2.0**-11 if cuda and m.allow_fp16_reduced_precision_reduction else 2.0**-24), 2.0**-11
+    return 0.0, math.inf, 0.0  # no model for this dtype: the bound is vacuous
+
+
+def check_matmul(func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety: float = SAFETY) -> AbftResult:
+    """Check one call of a ``CHECKED`` op against its result ``out``."""
+    a, b, d, alpha, beta = _operands(func, args, kwargs)
+    c = out.reshape(a.shape[0], a.shape[1], b.shape[2])  # (batch, m, n)
+    theta = error_factor(a.shape[2], out.dtype, out.device)
+    a, b, c = a.double(), b.double(), c.double()
+    a_abs, b_abs = a.abs(), b.abs()
+    # Column sums (1^T C) and row sums (C 1), with the same sums over magnitudes.
+    col = alpha * (a.sum(1, keepdim=True) @ b)  # (batch, 1, n)
+    row = alpha * (a @ b.sum(2, keepdim=True))  # (batch, m, 1)
+    col_mag = abs(alpha) * (a_abs.sum(1, keepdim=True) @ b_abs)
+    row_mag = abs(alpha) * (a_abs @ b_abs.sum(2, keepdim=True))
+    if d is not None:
+        d = d.double().expand(c.shape)
+        col, row = col + beta * d.sum(1, keepdim=True), row + beta * d.sum(2, keepdim=True)
+        d_abs = d.abs()
+        col_mag = col_mag + abs(beta) * d_abs.sum(1, keepdim=True)
+        row_mag = row_mag + abs(beta) * d_abs.sum(2, keepdim=True)
+    residual = torch.cat([(c.sum(1, keepdim=True) - col).flatten(), (c.sum(2, keepdim=True) - row).flatten()]).abs()
+    bound = safety * theta * torch.cat([col_mag.flatten(), row_mag.flatten()])
+    # Non-finite inputs make the check vacuous; a non-finite result from finite inputs is a fault.
+    bad = torch.isfinite(bound) & ~(residual <= bound)
+    score = torch.where(bad, math.inf, torch.where(bound > 0, residual / bound, 0.0))
+    worst = int(score.argmax())
+    return AbftResult(
+        (a.shape[1], a.shape[2], b.shape[2]), float(residual[worst]), float(bound[worst]), bool(bad.any())
+    )
+
+
+def _operands(
+    func: Any, args: tuple, kwargs: dict
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, float, float]:
+    """(A (batch, m, k), B (batch, k, n), D broadcastable to (batch, m, n) or None, alpha, beta)."""
+    packet = func.overloadpacket
+    if packet is aten.linear:
+        x, w = args[0], args[1]
+        bias = args[2] if len(args) > 2 else kwargs.get("bias")
+        return x.reshape(1, -1, w.shape[1]), w.t()[None], bias, 1.0, 1.0
+    alpha, beta = float(kwargs.get("alpha", 1)), float(kwargs.get("beta", 1))
+    if packet is aten.mm:
+        return args[0][None], args[1][None], None, 1.0, 1.0
+    if packet is aten.bmm:
+        return args[0], args[1], None, 1.0, 1.0
+    d = args[0] if beta != 0 else None
+    if packet is aten.addmm:
+        return args[1][None], args[2][None], d, alpha, beta
+    return args[1], args[2], d, alpha, beta  # baddbmm
+
+
+class AbftChecker(TorchDispatchMode):
+    """Check every matmul of the forward and backward passes while active; log each to ``sink``."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        clock: Clock,
+        sink: Sink,
+        sites: SiteSpec = None,
+        safety: float = SAFETY,
+    ) -> None:
+        super().__init__()
+        self.safety = safety
+        self._clock = clock
+        self._sink = sink
+        self.scope = ModuleScope(find_sites(model, sites))
+
+    def __enter__(self) -> AbftChecker:
+        self.scope.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self.scope.__exit__()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self.scope.__exit__()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.overloadpacket not in CHECKED or in_own_ops():
+            return out
+        phase = self.scope.phase()
+        if phase is None:
+            return out
+        with own_ops():
+            result = check_matmul(func, args, kwargs, out, self.safety)
+        stack = self.scope.stack(phase)
+        self._sink(
+            "abft",
+            {
+                "microbatch": self._clock()[1],
+                "site": stack[-1] if stack else "",
+                "op": str(func),
+                "phase": phase,
+                "shape": list(result.shape),
+                "residual": result.residual,
+                "bound": result.bound,
+                "verdict": "flag" if result.flagged else "ok",
+            },
+        )
+        return out

@@ -1,0 +1,226 @@
+"""`FaultEmulator`: play an unhealthy node by corrupting aten op results.
+
+    emulator = FaultEmulator(load_profile("rare-huge"), model, seed=3,
+                             clock=lambda: (tracer.step_index, tracer.microbatch_index),
+                             sink=lambda kind, fields: tracer.event(kind, **fields))
+    with emulator:
+        train()          # any model, any device, no change to its code
+
+A ``TorchDispatchMode``: every aten op of the forward and backward passes through
+it, after autograd, so a corrupted result flows on exactly as a faulty unit's
+would. Each corruption is logged as a ``fault`` event (docs/log-format.md), the
+ground truth detectors are scored against.
+
+Deterministic without touching any global RNG (that would change training): the
+burst chains and the per-call draws come from private generators seeded from the
+profile seed, ``seed``, and the (step, microbatch) the draw happens in, and are
+advanced in op-call order. The same profile and seed give the same faults, and a
+replay of one step gets that step's faults.
+
+With the ABFT checker, enter the emulator first: the checker, entered second,
+sees each op first and calls it through the emulator, so it checks the corrupted
+result as hardware-level detection would.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tracer.errors import ConfigError
+from tracer.faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
+from tracer.faults.ops import resolve_ops
+from tracer.faults.profile import Corruption, FaultProfile
+from tracer.faults.schedule import BurstChain
+from tracer.intercept import Clock, Sink, in_own_ops, own_ops
+from tracer.scope import ModuleScope, Phase
+from tracer.sites import SiteSpec, find_sites
+
+SHOWN = 8  # values and indices a fault event lists
+
+
+class FaultEmulator(TorchDispatchMode):
+    """Corrupt op results as ``profile`` says while active; log every corruption to ``sink``."""
+
+    def __init__(
+        self,
+        profile: FaultProfile,
+        model: nn.Module,
+        *,
+        clock: Clock,
+        sink: Sink,
+        seed: int = 0,
+        sites: SiteSpec = None,
+    ) -> None:
+        super().__init__()
+        self.profile = profile
+        self.seed = seed
+        self._clock = clock
+        self._sink = sink
+        rules = profile.faults
+        self._ops = [resolve_ops(r.ops) for r in rules]
+        self._any_op = frozenset().union(*self._ops)
+        self._patterns = [re.compile(r.sites) if r.sites is not None else None for r in rules]
+        self._chains = [
+            BurstChain(r.schedule, f"sdctrace-bursts:{profile.seed}:{seed}:{i}") for i, r in enumerate(rules)
+        ]
+        traced = find_sites(model, sites)
+        self._site_names = {path for path, _ in traced}
+        hooked = {path for path, _ in traced}
+        named = [(path, m) for path, m in model.named_modules() if path]
+        for i, pattern in enumerate(self._patterns):
+            if pattern is None:
+                continue
+            hits = {path for path, _ in named if pattern.fullmatch(path)}
+            if not hits:
+                raise ConfigError(
+                    f"{profile.path}: fault[{i}].sites = {pattern.pattern!r} matches no module path of the model "
+                    f"(paths look like {', '.join(p for p, _ in named[:6])})"
+                )
+            hooked |= hits
+        self.scope = ModuleScope([(path, m) for path, m in named if path in hooked])
+        self._draws_key: tuple[int, int] | None = None
+        self._draws = random.Random()
+
+    def __enter__(self) -> FaultEmulator:
+        self.scope.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self.scope.__exit__()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self.scope.__exit__()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket not in self._any_op or in_own_ops():
+            return out
+        return self._inject(func, args, out)
+
+    def _inject(self, func: Any, args: tuple, out: Any) -> Any:
+        """Decide (no tensor ops: cheap on the many calls that are not hit), then corrupt."""
+        phase = self.scope.phase()
+        if phase is None:
+            return out
+        step, microbatch = self._clock()
+        for i, rule in enumerate(self.profile.faults):
+            if func.overloadpacket not in self._ops[i] or phase not in rule.phases or not self._chains[i].armed(step):
+                continue
+            site = self._site(i, phase)
+            if site is None:
+                continue
+            rng = self._draws_for(step, microbatch)
+            if rng.random() < rule.p_call:
+                with own_ops():
+                    out = self._corrupt(i, func, args, out, rng, site, phase, microbatch)
+        return out
+
+    def _site(self, rule: int, phase: Phase) -> str | None:
+        """Deepest module on the stack the rule's pattern matches (None: rule does not apply here);
+        without a pattern, the deepest traced site, or ""."""
+        pattern = self._patterns[rule]
+        for path in reversed(self.scope.stack(phase)):
+            if pattern.fullmatch(path) if pattern is not None else path in self._site_names:
+                return path
+        return None if pattern is not None else ""
+
+    def _draws_for(self, step: int, microbatch: int) -> random.Random:
+        key = (step, microbatch)
+        if key != self._draws_key:
+            # A string seed is hashed with SHA-512: stable across processes and platforms.
+            self._draws = random.Random(f"sdctrace-calls:{self.profile.seed}:{self.seed}:{step}:{microbatch}")
+            self._draws_key = key
+        return self._draws
+
+    def _corrupt(
+        self, i: int, func: Any, args: tuple, out: Any, rng: random.Random, site: str, phase: Phase, microbatch: int
+    ) -> Any:
+        outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+        candidates = [
+            j for j, t in enumerate(outputs) if isinstance(t, torch.Tensor) and t.dtype in LAYOUTS and t.numel() > 0
+        ]
+        if not candidates:
+            return out
+        # Forward ops' first output is the result (the rest is saved for backward);
+        # a backward op's outputs are gradients of equal standing.
+        j = candidates[0] if phase == "forward" or len(candidates) == 1 else rng.choice(candidates)
+        target = outputs[j]
+        if not func._schema.is_mutable and _aliases(target, args):
+            target = target.clone()
+        rule = self.profile.faults[i]
+        n = target.numel()
+        k = rule.elements if rule.elements is not None else max(1, round(rule.fraction * n))
+        index = sorted(rng.sample(range(n), min(k, n)))
+        flat = torch.tensor(index, device=target.device)
+        if target.is_contiguous():
+            view, coords = target.view(-1), (flat,)
+        else:
+            view, coords = target, torch.unravel_index(flat, target.shape)
+        original = view[coords]
+        corrupted, detail = self._apply(i, rule.corruption, original, rng)
+        view.index_put_(coords, corrupted)
+        self._sink(
+            "fault",
+            {
+                "microbatch": microbatch,
+                "site": site,
+                "op": str(func),
+                "phase": phase,
+                "kind": rule.corruption.kind,
+                "elements": len(index),
+                "index": index[:SHOWN],
+                "original": original[:SHOWN].tolist(),
+                "corrupted": corrupted[:SHOWN].tolist(),
+                "detail": detail,
+            },
+        )
+        if target is outputs[j]:
+            return out
+        outputs[j] = target
+        return type(out)(outputs) if isinstance(out, (tuple, list)) else target
+
+    def _apply(self, i: int, c: Corruption, values: torch.Tensor, rng: random.Random) -> tuple[torch.Tensor, dict]:
+        dtype = values.dtype
+        detail: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch.")}
+        if c.kind == "bitflip":
+            width = LAYOUTS[dtype][0]
+            if isinstance(c.bits, int):
+                if c.bits >= width:
+                    raise ConfigError(
+                        f"{self.profile.path}: fault[{i}].bits = {c.bits} is outside the {width} bits of "
+                        f"{detail['dtype']}; use a bit index 0..{width - 1} or a field name"
+                    )
+                bits = [c.bits] * values.numel()
+            else:
+                choices = field_bits(dtype, c.bits)
+                bits = [rng.choice(choices) for _ in range(values.numel())]
+            detail["bits"] = bits[:SHOWN]
+            return flip_bits(values, bits), detail
+        if c.kind == "scale":
+            lo, hi = c.factor
+            factor = lo if lo == hi else math.exp(rng.uniform(math.log(lo), math.log(hi)))
+            detail["factor"] = factor
+            return scale(values, factor), detail
+        detail["value"] = c.value
+        return stuck(values, c.value), detail
+
+
+def _aliases(t: torch.Tensor, args: tuple) -> bool:
+    """True if ``t`` shares memory with an input, so editing it in place would corrupt the input too."""
+    ptr = t.untyped_storage().data_ptr()
+    for a in args:
+        for x in a if isinstance(a, (tuple, list)) else (a,):
+            if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() == ptr:
+                return True
+    return False

@@ -1,0 +1,103 @@
+"""Which module and phase the aten op being dispatched right now belongs to.
+
+Operator-level interceptors (the fault emulator, the ABFT checker) see bare aten
+ops; to name a site they need the enclosing module paths and whether the op runs
+in forward or backward.
+
+Forward: pre/post hooks keep a stack of the hooked modules whose forward is
+running. Backward: when a module's forward returns, the autograd nodes it created
+(those reachable from its outputs with a sequence number taken during its forward)
+get the module's path in their ``metadata``; the autograd engine runs one node at
+a time, so the current node's metadata names the modules an op of the backward
+belongs to. Full backward hooks would be simpler but insert identity nodes that
+change how gradients are summed, i.e. the bits of training; metadata does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+from torch.utils.hooks import RemovableHandle
+
+Phase = Literal["forward", "backward"]
+
+_KEY = "sdctrace.scope"
+
+
+def current_phase(forward_active: bool) -> Phase | None:
+    """"backward" inside the autograd engine, "forward" inside a hooked module or with
+    grad enabled, None otherwise (optimizer step, gradient clipping, bookkeeping)."""
+    # torch.utils.checkpoint relies on this too: -1 unless the engine runs a graph task.
+    if torch._C._current_graph_task_id() != -1:
+        return "backward"
+    if forward_active or torch.is_grad_enabled():
+        return "forward"
+    return None
+
+
+class ModuleScope:
+    """Hooks ``modules`` (path, module) while active; reports the paths around the current op."""
+
+    def __init__(self, modules: Sequence[tuple[str, nn.Module]]) -> None:
+        self.modules = list(modules)
+        self._forward: list[str] = []
+        self._starts: list[int] = []
+        self._handles: list[RemovableHandle] = []
+
+    def __enter__(self) -> ModuleScope:
+        for path, module in self.modules:
+            self._handles.append(module.register_forward_pre_hook(self._enter_forward(path)))
+            self._handles.append(module.register_forward_hook(self._exit_forward(path), always_call=True))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._forward.clear()
+        self._starts.clear()
+
+    def phase(self) -> Phase | None:
+        return current_phase(bool(self._forward))
+
+    def stack(self, phase: Phase) -> tuple[str, ...]:
+        """Paths of the hooked modules the current op belongs to, outermost first."""
+        if phase == "forward":
+            return tuple(self._forward)
+        node = torch._C._current_autograd_node()
+        return node.metadata.get(_KEY, ()) if node is not None else ()
+
+    def _enter_forward(self, path: str):  # noqa: ANN202 - torch hook signature
+        def hook(module: nn.Module, args: Any) -> None:
+            self._forward.append(path)
+            self._starts.append(torch._C._autograd._get_sequence_nr())
+
+        return hook
+
+    def _exit_forward(self, path: str):  # noqa: ANN202
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            self._forward.pop()
+            start = self._starts.pop()
+            if torch.is_grad_enabled():
+                _label(output, path, start, torch._C._autograd._get_sequence_nr())
+
+        return hook
+
+
+def _label(output: Any, path: str, start: int, end: int) -> None:
+    """Prepend ``path`` to the scope of every node this module's forward created (sequence
+    numbers in [start, end)); inner modules returned first, so paths end up outermost first."""
+    todo = [t.grad_fn for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: dict[int, Any] = {}  # holds the nodes, so their ids stay unique during the walk
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen or not start <= node._sequence_nr() < end:
+            continue
+        seen[id(node)] = node
+        node.metadata[_KEY] = (path, *node.metadata.get(_KEY, ()))
+        todo.extend(n for n, _ in node.next_functions)
+
