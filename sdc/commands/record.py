@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sdc.commands._common import add_config_options, config_from_args
 from tracer.errors import ConfigError
+from tracer.faults import load_profile, shipped_profiles
 from tracer.tracing import CapturePolicy
 from tracer.workload.train import record_run
 
@@ -34,6 +35,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--capture-every", type=int, default=0, metavar="N", help="keep full tensors of every N-th step")
     p.add_argument("--capture-names", metavar="REGEX", help="only keep full tensors whose site/parameter name matches")
     p.add_argument("--segment-mb", type=int, default=64, metavar="MB", help="roll log segments at this size (default 64)")
+    p.add_argument(
+        "--fault-profile",
+        metavar="PROFILE",
+        help=f"emulate an unhealthy node: a shipped fault profile ({', '.join(shipped_profiles())}) "
+        "or a path to a TOML file; see `sdc faults list`",
+    )
+    p.add_argument(
+        "--fault-seed", type=int, default=0, metavar="S", help="seed of the emulated faults, with the profile's own"
+    )
+    p.add_argument("--abft", action="store_true", help="check every matmul's checksums and log an abft event for each")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
 
@@ -42,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoint_every is not None:
         args.overrides.append(f"run.checkpoint_every={args.checkpoint_every}")
     cfg = config_from_args(args)
+    profile = load_profile(args.fault_profile) if args.fault_profile is not None else None
     capture = CapturePolicy(
         steps=frozenset(_int_list(args.capture_steps)), every=args.capture_every, names=args.capture_names
     )
@@ -54,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
         capture=capture,
         progress=not args.quiet,
         segment_bytes=args.segment_mb << 20,
+        fault_profile=profile,
+        fault_seed=args.fault_seed,
+        abft=args.abft,
     )
     print(
         f"recorded {summary.steps} steps to {summary.out} "
