@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         abft=args.abft,
     )
     print(
-        f"recorded {summary.steps} steps to {summary.out} "
+        f"recorded {summary.steps} step{'' if summary.steps == 1 else 's'} to {summary.out} "
         f"(final loss {summary.final_loss:.4f}, {summary.wall_s:.1f} s)\n"
         f"next: sdc inspect {summary.out}"
     )

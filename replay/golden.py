@@ -1,0 +1,124 @@
+"""The golden side of a replay: what the healthy run recorded, and a checker for re-execution.
+
+A replay never trusts that re-running a step on this machine gives the golden
+bits: every re-executed fingerprint is compared with the golden log, and the first
+disagreement is a replay divergence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracer.checkpoint import list_checkpoints
+from tracer.errors import LogError, ValidationError
+from tracer.log import LogReader, list_ranks, rank_dir
+from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord
+from tracer.workload.config import Config
+
+Key = tuple[int, int, str, Phase]  # step, microbatch, name, phase
+
+
+@dataclass
+class GoldenRun:
+    """A recorded healthy run, indexed for the steps a replay needs."""
+
+    path: Path
+    header: RunHeader
+    config: Config
+    checkpoints: list[int]
+    last_step: int
+    expected: dict[Key, int] = field(default_factory=dict)  # fingerprints of the indexed steps
+    blobs: dict[Key, int] = field(default_factory=dict)  # captured full tensors
+    sites: list[str] = field(default_factory=list)  # forward sites in recording order
+
+    @classmethod
+    def open(cls, path: str | Path, first: int, stop: int) -> GoldenRun:
+        """Index the fingerprints of steps ``first <= step < stop`` of rank 0."""
+        path = Path(path)
+        if not path.is_dir():
+            raise LogError(f"{path}: not a run directory; pass the golden run made by `sdc record`")
+        ranks = list_ranks(path)
+        if ranks != [0]:
+            raise ValidationError(f"{path}: replay supports single-rank runs for now (found ranks {ranks})")
+        reader = LogReader(rank_dir(path, 0))
+        header = reader.header
+        if header.role != "train":
+            raise ValidationError(f"{path}: is a {header.role!r} log; the golden side must be a recorded training run")
+        try:
+            config = Config.from_dict(header.config, source=f"{path} (run header)")
+        except Exception as exc:  # a run recorded by a user's own loop has no workload config
+            raise ValidationError(
+                f"{path}: its header holds no sdctrace workload config ({exc}); replay rebuilds the reference "
+                "workload and needs a run made by `sdc record`"
+            ) from exc
+        run = cls(path, header, config, list_checkpoints(path), last_step=-1)
+        seen_sites: dict[str, None] = {}
+        for rec in reader.records():
+            if isinstance(rec, TensorRecord):
+                run.last_step = max(run.last_step, rec.step)
+                if rec.phase == Phase.FORWARD:
+                    seen_sites.setdefault(rec.name)
+                if first <= rec.step < stop:
+                    run.expected[(rec.step, rec.microbatch, rec.name, Phase(rec.phase))] = rec.fingerprint
+            elif isinstance(rec, EventRecord) and rec.kind == "blob" and first <= rec.step < stop:
+                f = rec.fields
+                run.blobs[(rec.step, f["microbatch"], f["name"], Phase(f["phase"]))] = f["fingerprint"]
+        run.sites = list(seen_sites)
+        return run
+
+    def checkpoint_before(self, step: int) -> int:
+        """The latest checkpoint at or before ``step``; an error says which exist."""
+        usable = [c for c in self.checkpoints if c <= step]
+        if not usable:
+            raise ValidationError(
+                f"{self.path}: no checkpoint at or before step {step} (checkpoints at {self.checkpoints or 'none'}); "
+                "record the golden run with --checkpoint-every so replay can rebuild that state"
+            )
+        return usable[-1]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    step: int
+    microbatch: int
+    name: str
+    phase: Phase
+    expected: int
+    found: int
+
+    def describe(self) -> str:
+        return (
+            f"step {self.step}, microbatch {self.microbatch}, {self.phase.name.lower()} {self.name}: "
+            f"fingerprint {self.found:016x}, the golden log has {self.expected:016x}"
+        )
+
+
+class VerifyingSink:
+    """A Tracer sink that checks each re-executed tensor against the golden log."""
+
+    def __init__(self, expected: dict[Key, int]) -> None:
+        self.expected = expected
+        self.divergences: list[Divergence] = []
+        self.checked = 0
+
+    def write_tensor(self, rec: TensorRecord) -> None:
+        key = (rec.step, rec.microbatch, rec.name, Phase(rec.phase))
+        want = self.expected.get(key)
+        if want is None:
+            return  # the golden run did not trace this tensor
+        self.checked += 1
+        if want != rec.fingerprint:
+            self.divergences.append(Divergence(*key, want, rec.fingerprint))
+
+    def write_event(self, rec: EventRecord) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self, status: str = "complete", detail: str = "") -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass

@@ -1,0 +1,87 @@
+"""``sdc replay``: re-run recorded steps with golden state injected (parameter sync or lockstep)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from replay.engine import MODES, Replayer, parse_steps, suspect_from_profile, suspect_from_run
+from tracer.compare import compare_runs
+from tracer.errors import UsageError
+from tracer.log import LogReader, rank_dir
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay steps of a golden run on a suspect executor (param-sync or lockstep)",
+        description=(
+            "Rebuild steps of a recorded golden run from its checkpoints (verifying every fingerprint) and run "
+            "them on the suspect executor: this machine, emulating the suspect run's fault profile if it had one, "
+            "or a fault profile given here. param-sync starts each step from the golden parameters and compares "
+            "gradients (RQ2 noise-to-signal); lockstep also compares every site's output and input gradient with "
+            "the golden one and overwrites it, isolating each site's own error (RQ1 mismatch frequency/severity). "
+            "The results are a replay log for `sdc diff --replay`."
+        ),
+    )
+    p.add_argument("--golden", required=True, type=Path, metavar="RUN", help="the healthy run (with checkpoints)")
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--suspect", type=Path, metavar="RUN", help="the suspect node's recorded run (must pair with --golden)")
+    who.add_argument("--fault-profile", metavar="PROFILE", help="emulate a node with this fault profile (see `sdc faults list`)")
+    p.add_argument("--fault-seed", type=int, default=0, metavar="S", help="seed for --fault-profile (default 0)")
+    p.add_argument("--steps", metavar="A:B", help="steps to replay, stop exclusive (e.g. 10:20) or one step")
+    p.add_argument(
+        "--at-first-divergence",
+        action="store_true",
+        help="replay around the first step where --golden and --suspect differ (instead of --steps)",
+    )
+    p.add_argument("--window", type=int, default=1, metavar="N", help="with --at-first-divergence: N steps either side")
+    p.add_argument("--mode", choices=MODES, default="lockstep", help="param-sync (RQ2) or lockstep (RQ1); default lockstep")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the replay log")
+    p.add_argument(
+        "--golden-from",
+        choices=("auto", "blobs", "reexec"),
+        default="auto",
+        help="golden tensors: captured blobs where present (auto), blobs only, or re-execution only",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a replay already in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    golden_header = LogReader(rank_dir(args.golden, 0)).header if args.golden.is_dir() else None
+    if golden_header is None:
+        raise UsageError(f"{args.golden}: not a run directory; pass the golden run made by `sdc record`")
+    if args.suspect is not None:
+        suspect = suspect_from_run(args.suspect, golden_header, args.golden)
+    else:
+        suspect = suspect_from_profile(args.fault_profile, args.fault_seed)
+    if args.at_first_divergence:
+        if args.suspect is None or args.steps is not None:
+            raise UsageError("--at-first-divergence needs --suspect RUN and no --steps")
+        first = compare_runs(args.golden, args.suspect).first
+        if first is None:
+            print(f"{args.golden} and {args.suspect} never diverge: nothing to replay")
+            return 0
+        steps = range(max(0, first.step - args.window), first.step + args.window + 1)
+        print(f"first divergence: {first.describe()}; replaying steps {steps.start}:{steps.stop}")
+    elif args.steps is None:
+        raise UsageError("give --steps A:B or --at-first-divergence")
+    else:
+        steps = parse_steps(args.steps)
+    replayer = Replayer(
+        args.golden, suspect, steps, args.mode, args.out,
+        golden_from=args.golden_from, overwrite=args.overwrite, progress=not args.quiet,
+        clip=args.at_first_divergence,
+    )
+    summary = replayer.run()
+    print(f"replayed {len(summary.steps)} step(s) in {args.mode} mode on {suspect.label} "
+          f"({summary.checked:,} golden fingerprints verified, {summary.wall_s:.1f} s) -> {summary.out}")
+    for r in summary.steps:
+        detail = (f"worst site mismatch frequency {r.worst_frequency:.3g}" if args.mode == "lockstep"
+                  else f"noise-to-signal {r.noise:.3g}")
+        print(f"  step {r.step:>5}: {detail}; loss golden {r.golden_loss:.6f} suspect {r.suspect_loss:.6f}; "
+              f"{r.faults} injected fault(s)")
+    print(f"next: sdc inspect {summary.out}")
+    return 0

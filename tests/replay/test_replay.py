@@ -1,0 +1,191 @@
+"""Replay: zero on a healthy pair, isolation by lockstep, exact noise, divergences caught."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from replay.engine import Replayer, parse_steps, suspect_from_profile, suspect_from_run
+from tests.support import small_config
+from tracer.checkpoint import load_checkpoint
+from tracer.errors import ConfigError, ValidationError
+from tracer.faults import FaultEmulator, load_profile
+from tracer.log import LogReader, LogWriter, rank_dir
+from tracer.log.records import EventRecord, Phase, TensorRecord
+from tracer.workload.train import build, train_step
+
+ONE_SITE = """
+description = "one exponent flip in layers.1.feed_forward's forward matmuls at step 3"
+seed = 7
+[[fault]]
+ops = ["matmul"]
+sites = "layers\\\\.1\\\\.feed_forward"
+phases = ["forward"]
+steps = [3]
+p_call = 1.0
+elements = 1
+kind = "bitflip"
+bits = "exponent"
+"""
+
+
+@pytest.fixture
+def one_site_profile(tmp_path: Path) -> Path:
+    path = tmp_path / "one-site.toml"
+    path.write_text(ONE_SITE, encoding="utf-8")
+    return path
+
+
+def events(run: Path, kind: str) -> list[EventRecord]:
+    return [r for r in LogReader(rank_dir(run, 0)).records() if isinstance(r, EventRecord) and r.kind == kind]
+
+
+def replay(golden: Path, suspect, steps: str, mode: str, out: Path, **kw) -> Path:
+    Replayer(golden, suspect, parse_steps(steps), mode, out, progress=False, **kw).run()
+    return out
+
+
+def test_healthy_pair_gives_exactly_zero_in_both_modes(run_factory, tmp_path: Path) -> None:
+    golden, twin = run_factory("golden", "run.steps=5"), run_factory("twin", "run.steps=5")
+    header = LogReader(rank_dir(golden, 0)).header
+    for suspect in (suspect_from_run(twin, header, golden), suspect_from_profile("healthy-node")):
+        tag = suspect.label.replace(":", "-")
+        lock = replay(golden, suspect, "1:4", "lockstep", tmp_path / f"lock-{tag}")
+        sites = events(lock, "site_mismatch")
+        assert len(sites) == 3 * 2 * 4 * 2  # steps x microbatches x sites x phases
+        assert all(e.fields["mismatched"] == 0 and e.fields["frequency"] == 0.0 for e in sites)
+        sync = replay(golden, suspect, "1:4", "param-sync", tmp_path / f"sync-{tag}")
+        noise = events(sync, "grad_noise")
+        assert noise and all(e.fields["diff_l2"] == 0.0 and e.fields["ratio"] == 0.0 for e in noise)
+        assert all(e.fields["golden_l2"] > 0 for e in noise)
+    h = LogReader(rank_dir(sync, 0)).header
+    assert h.role == "replay" and h.config_fingerprint == header.config_fingerprint
+    assert h.extra["replay"]["mode"] == "param-sync" and h.extra["replay"]["steps"] == [1, 4]
+
+
+def test_lockstep_isolates_the_faulty_site(run_factory, one_site_profile: Path, tmp_path: Path) -> None:
+    golden = run_factory("golden", "run.steps=5", "run.checkpoint_every=2")
+    out = replay(golden, suspect_from_profile(str(one_site_profile)), "2:5", "lockstep", tmp_path / "lock")
+    faults = events(out, "fault")
+    assert faults and {(f.step, f.fields["site"], f.fields["phase"]) for f in faults} == {(3, "layers.1.feed_forward", "forward")}
+    hit = {(e.step, e.fields["site"], e.fields["phase"]) for e in events(out, "site_mismatch") if e.fields["mismatched"]}
+    # The faulty site only: downstream sites computed on golden inputs. Its own backward
+    # may differ too (it reuses its corrupted activations), nothing else may.
+    assert (3, "layers.1.feed_forward", "forward") in hit
+    assert hit <= {(3, "layers.1.feed_forward", "forward"), (3, "layers.1.feed_forward", "backward")}
+    worst = max(e.fields["severity"] or 0 for e in events(out, "site_mismatch"))
+    assert worst > 0
+
+
+def test_noise_to_signal_equals_an_independent_computation(run_factory, one_site_profile: Path, tmp_path: Path) -> None:
+    golden = run_factory("golden", "run.steps=5", "run.checkpoint_every=3")
+    out = replay(golden, suspect_from_profile(str(one_site_profile)), "3:4", "param-sync", tmp_path / "sync")
+    total = next(e for e in events(out, "grad_noise") if e.fields["name"] == "*")
+    assert total.step == 3 and total.fields["ratio"] > 0
+
+    def gradients(profile=None) -> dict[str, np.ndarray]:
+        w = build(small_config("run.steps=5", "run.checkpoint_every=3"))
+        load_checkpoint(golden, 3).restore(w.model, w.optimizer)
+        grads: dict[str, np.ndarray] = {}
+        names = {id(p): n for n, p in w.model.named_parameters()}
+
+        def keep(opt, args, kwargs) -> None:
+            for p in (p for g in opt.param_groups for p in g["params"]):
+                grads[names[id(p)]] = p.grad.detach().double().numpy().copy()
+
+        w.optimizer.register_step_pre_hook(keep)
+
+        class Clock:
+            step_index, microbatch_index = 3, 0
+
+            def microbatch(self, mb, inputs=None) -> None:
+                self.microbatch_index = mb
+
+            def loss(self, value) -> None:
+                pass
+
+        clock = Clock()
+        if profile is None:
+            train_step(w, 3, clock)
+        else:
+            with FaultEmulator(profile, w.model, clock=lambda: (3, clock.microbatch_index), sink=lambda k, f: None):
+                train_step(w, 3, clock)
+        return grads
+
+    g_h, g_s = gradients(), gradients(load_profile(one_site_profile))
+    diff = np.sqrt(sum(np.sum((g_s[n] - g_h[n]) ** 2) for n in g_h))
+    norm = np.sqrt(sum(np.sum(g_h[n] ** 2) for n in g_h))
+    assert total.fields["ratio"] == pytest.approx(diff / norm, rel=1e-12)
+    per_param = {e.fields["name"]: e.fields["ratio"] for e in events(out, "grad_noise")}
+    name = "layers.1.feed_forward.w2.weight"
+    assert per_param[name] == pytest.approx(np.linalg.norm(g_s[name] - g_h[name]) / np.linalg.norm(g_h[name]), rel=1e-12)
+
+
+def test_reconstruction_catches_an_altered_fingerprint(run_factory, tmp_path: Path) -> None:
+    golden = run_factory("golden", "run.steps=6", "run.checkpoint_every=3")
+    forged = tmp_path / "forged"
+    shutil.copytree(golden / "checkpoints", forged / "checkpoints")
+    reader = LogReader(rank_dir(golden, 0))
+    with LogWriter(rank_dir(forged, 0), reader.header) as w:
+        for rec in reader.records():
+            if isinstance(rec, TensorRecord):
+                if (rec.step, rec.microbatch, rec.name, rec.phase) == (4, 1, "layers.0.feed_forward", Phase.BACKWARD):
+                    rec = TensorRecord(rec.step, rec.microbatch, rec.name, rec.phase, rec.fingerprint ^ 1, rec.l2,
+                                       rec.absmax, rec.nan, rec.inf, rec.meta)
+                w.write_tensor(rec)
+            else:
+                w.write_event(rec)
+    out = tmp_path / "replay"
+    with pytest.raises(ValidationError, match=r"step 4, microbatch 1, backward layers\.0\.feed_forward"):
+        replay(forged, suspect_from_profile("healthy-node"), "5:6", "lockstep", out)
+    (div,) = events(out, "replay_divergence")
+    assert (div.step, div.fields["name"], div.fields["phase"]) == (4, "layers.0.feed_forward", int(Phase.BACKWARD))
+
+
+def test_bad_input_is_named(run_factory, tmp_path: Path) -> None:
+    golden = run_factory("golden", "run.steps=4", "run.checkpoint_every=2")
+    other = run_factory("other", "run.steps=4", "train.seed=5", "data.shuffle_seed=3")
+    header = LogReader(rank_dir(golden, 0)).header
+    with pytest.raises(ValidationError, match=r"do not pair.*config_fingerprint.*seed: 0 vs 5.*data_order_fingerprint"):
+        suspect_from_run(other, header, golden)
+    no_ckpt = run_factory("no-ckpt", "run.steps=3", "run.checkpoint_every=0")
+    with pytest.raises(ValidationError, match="no checkpoint at or before step 1"):
+        Replayer(no_ckpt, suspect_from_profile("healthy-node"), parse_steps("1:2"), "lockstep", tmp_path / "x")
+    with pytest.raises(ValidationError, match="reach beyond the recorded steps 0..3"):
+        Replayer(golden, suspect_from_profile("healthy-node"), parse_steps("2:9"), "lockstep", tmp_path / "x")
+    with pytest.raises(ValidationError, match="no captured tensor for step 2"):
+        replay(golden, suspect_from_profile("healthy-node"), "2:3", "lockstep", tmp_path / "y", golden_from="blobs")
+    for bad in ("x", "5:5", "3:1"):
+        with pytest.raises(ConfigError, match="--steps"):
+            parse_steps(bad)
+
+
+def test_golden_blobs_are_used_when_captured(run_factory, tmp_path: Path) -> None:
+    golden = run_factory("golden", "run.steps=4", "run.checkpoint_every=2", capture=_capture_step(2))
+    out = replay(golden, suspect_from_profile("healthy-node"), "2:3", "lockstep", tmp_path / "r", golden_from="blobs")
+    assert all(e.fields["mismatched"] == 0 for e in events(out, "site_mismatch"))
+
+
+def _capture_step(step: int):
+    from tracer.tracing import CapturePolicy
+
+    return CapturePolicy(steps=frozenset({step}))
+
+
+def test_replay_cli_at_first_divergence(run_factory, one_site_profile: Path, tmp_path: Path, capsys) -> None:
+    from sdc.cli import main
+
+    golden = run_factory("golden", "run.steps=5", "run.checkpoint_every=2")
+    suspect = run_factory("suspect", "run.steps=5", "run.checkpoint_every=2", fault_profile=load_profile(one_site_profile))
+    # The suspect ran a profile that is not shipped: replay asks for it explicitly.
+    code = main(["replay", "--golden", str(golden), "--suspect", str(suspect), "--at-first-divergence",
+                 "--out", str(tmp_path / "r"), "--quiet"])
+    assert code == 1 and "not a shipped profile" in capsys.readouterr().err
+    code = main(["replay", "--golden", str(golden), "--fault-profile", str(one_site_profile), "--steps", "3:4",
+                 "--mode", "lockstep", "--out", str(tmp_path / "r"), "--quiet"])
+    text = capsys.readouterr().out
+    assert code == 0 and "step     3: worst site mismatch frequency" in text and "1 injected fault" not in text
