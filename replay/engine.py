@@ -19,7 +19,6 @@ pipelines read with the same reader as any run.
 
 from __future__ import annotations
 
-import copy
 import re
 import time
 import uuid
@@ -207,10 +206,15 @@ class Replayer:
             for step in self.steps:
                 bar.set_postfix_str(f"step {step}")
                 t0 = time.perf_counter()
-                before = _snapshot(golden_w)
-                golden, golden_loss = self._golden_step(golden_w, step, keep=True, summary=summary)
-                _restore(suspect_w, before)
-                result = self._suspect_step(suspect_w, step, golden)
+                _sync_parameters(golden_w.model, suspect_w.model)  # the parameter sync
+                suspect: list[StepResult] = []
+                golden, golden_loss = self._golden_step(
+                    golden_w, step, keep=True, summary=summary,
+                    between=lambda kept: suspect.append(self._suspect_step(suspect_w, step, kept)),
+                )
+                result = suspect[0]
+                if self.mode == "param-sync":
+                    self._gradient_noise(suspect_w, step, golden, result)
                 result.golden_loss = golden_loss
                 result.wall_s = time.perf_counter() - t0
                 summary.steps.append(result)
@@ -263,9 +267,20 @@ class Replayer:
 
     # -- golden side --------------------------------------------------------------------
     def _golden_step(
-        self, w: Workload, step: int, *, keep: bool, summary: ReplaySummary
+        self,
+        w: Workload,
+        step: int,
+        *,
+        keep: bool,
+        summary: ReplaySummary,
+        between: Callable[[dict[Key, torch.Tensor]], None] | None = None,
     ) -> tuple[dict[Key, torch.Tensor], float]:
-        """Re-execute ``step`` verifying every fingerprint; with ``keep``, return its tensors."""
+        """Re-execute ``step`` verifying every fingerprint; with ``keep``, return its tensors.
+
+        ``between`` runs after the golden forward and backward and before the golden
+        optimizer step, while the parameters are still those before ``step``: the
+        suspect runs there, with the golden site tensors at hand.
+        """
         sink = VerifyingSink(self.golden.expected)
         tracer = Tracer(
             w.model, w.optimizer, out=None, sink=sink, node_label="golden-reexecution",
@@ -275,9 +290,14 @@ class Replayer:
         with ExitStack() as stack:
             stack.enter_context(tracer)
             if keep:
-                stack.enter_context(_keep_tensors(tracer, kept))
+                stack.enter_context(_keep_tensors(tracer, kept, sites=self.mode == "lockstep"))
             with tracer.step(step):
-                loss = train_step(w, step, tracer)
+                loss = train_step(w, step, tracer, update=False)
+                if between is not None:
+                    if keep and self.golden_from != "reexec":
+                        self._substitute_blobs(step, kept)
+                    between(kept)
+                w.optimizer.step()
         summary.checked += sink.checked
         if sink.divergences:
             assert self._log is not None
@@ -296,8 +316,6 @@ class Replayer:
                 "with the golden run's settings, or it corrupts data itself; run the replay on a healthy "
                 "machine with the same software, or check with `sdc verify-determinism`"
             )
-        if keep and self.golden_from != "reexec":
-            self._substitute_blobs(step, kept)
         return kept, loss
 
     def _substitute_blobs(self, step: int, kept: dict[Key, torch.Tensor]) -> None:
@@ -342,14 +360,19 @@ class Replayer:
             train_step(w, step, clock, update=False)
         result.suspect_loss = sum(clock.losses)
         result.faults = faults
-        if self.mode == "param-sync":
-            grads = {n: p.grad for n, p in w.model.named_parameters() if p.grad is not None}
-            golden_grads = {k[2]: t for k, t in golden.items() if k[3] == Phase.GRAD}
-            for noise in gradient_noise(grads, golden_grads):
-                log.write_event(EventRecord("grad_noise", step, noise.fields()))
-                if noise.name == TOTAL:
-                    result.noise = noise.ratio
         return result
+
+    def _gradient_noise(self, w: Workload, step: int, golden: dict[Key, torch.Tensor], result: StepResult) -> None:
+        """Compare the suspect's clipped gradients, left in ``.grad``, with the golden ones."""
+        assert self._log is not None
+        grads = {n: p.grad for n, p in w.model.named_parameters() if p.grad is not None}
+        golden_grads = {k[2]: t for k, t in golden.items() if k[3] == Phase.GRAD}
+        with own_ops():
+            noises = gradient_noise(grads, golden_grads)
+        for noise in noises:
+            self._log.write_event(EventRecord("grad_noise", step, noise.fields()))
+            if noise.name == TOTAL:
+                result.noise = noise.ratio
 
     def _site(self, step: int, mb: int, site: str, phase: Phase, m: Mismatch, result: StepResult) -> None:
         assert self._log is not None
@@ -365,23 +388,16 @@ def _site_modules(model: nn.Module, pattern: str | None) -> list[tuple[str, nn.M
     return [(n, m) for n, m in model.named_modules() if n and rx.fullmatch(n)]
 
 
-def _snapshot(w: Workload) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    with own_ops():
-        return (
-            {k: v.detach().clone() for k, v in w.model.state_dict().items()},
-            copy.deepcopy(w.optimizer.state_dict()),
-        )
-
-
-def _restore(w: Workload, state: tuple[dict[str, torch.Tensor], dict[str, Any]]) -> None:
-    with own_ops():
-        w.model.load_state_dict(state[0])
-        w.optimizer.load_state_dict(state[1])
+def _sync_parameters(golden: nn.Module, suspect: nn.Module) -> None:
+    """Give the suspect the golden parameters; it never updates, so no optimizer state is needed."""
+    with own_ops(), torch.no_grad():
+        for (name, g), (_, s) in zip(golden.state_dict().items(), suspect.state_dict().items()):
+            s.copy_(g)
 
 
 @contextmanager
-def _keep_tensors(tracer: Tracer, kept: dict[Key, torch.Tensor]) -> Iterator[None]:
-    """Keep the golden step's site outputs, site input gradients and parameter gradients."""
+def _keep_tensors(tracer: Tracer, kept: dict[Key, torch.Tensor], *, sites: bool) -> Iterator[None]:
+    """Keep the golden step's parameter gradients and, with ``sites``, its site outputs and input gradients."""
     handles = []
     names = {id(p): n for n, p in tracer.model.named_parameters()}
 
@@ -408,7 +424,7 @@ def _keep_tensors(tracer: Tracer, kept: dict[Key, torch.Tensor]) -> Iterator[Non
                         kept[(tracer.step_index, 0, names[id(p)], Phase.GRAD)] = p.grad.detach().clone()
 
     try:
-        for name, module in tracer.sites:
+        for name, module in tracer.sites if sites else []:
             handles.append(module.register_forward_hook(fwd(name)))
             handles.append(module.register_full_backward_hook(bwd(name)))
         assert tracer.optimizer is not None
