@@ -19,13 +19,15 @@ from typing import Any
 import msgpack
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
 from tracer.errors import LogError
 from tracer.fingerprint import fingerprint
 
 CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_GLOB = f"{CHECKPOINT_DIR}/step-*/rank-*.msgpack"  # every complete checkpoint's manifest (renamed in last)
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
+_MANIFEST = re.compile(r"step-(\d{6,})/rank-(\d{5,})\.msgpack$")
 
 
 @dataclass
@@ -121,16 +123,37 @@ def load_checkpoint(run_dir: str | Path, step: int, rank: int = 0) -> Checkpoint
             f"(checkpoints at steps {have or 'none'}; record with a smaller checkpoint interval)"
         )
     try:
-        manifest = msgpack.unpackb(mp.read_bytes(), raw=False, strict_map_key=False)
-        tensors = load_file(str(st))
-    except (ValueError, msgpack.ExtraData, SafetensorError, OSError) as exc:
+        manifest, tensors = mp.read_bytes(), st.read_bytes()
+    except OSError as exc:
         raise LogError(f"{base}: unreadable checkpoint ({exc})") from exc
+    return decode_checkpoint(manifest, tensors, str(base))
+
+
+def checkpoint_files(step: int, rank: int) -> tuple[str, str]:
+    """(manifest, tensors) of a checkpoint, relative to its run directory, '/'-separated for any file system."""
+    base = f"{CHECKPOINT_DIR}/step-{step:06d}/rank-{rank:05d}"
+    return f"{base}.msgpack", f"{base}.safetensors"
+
+
+def parse_checkpoint_path(path: str) -> tuple[int, int] | None:
+    """(step, rank) of a checkpoint manifest path or URL; None for any other file."""
+    m = _MANIFEST.search(path.replace("\\", "/"))
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def decode_checkpoint(manifest_bytes: bytes, tensor_bytes: bytes, source: str) -> Checkpoint:
+    """Verify and decode a checkpoint from its two files' bytes (`source` names it in errors)."""
+    try:
+        manifest = msgpack.unpackb(manifest_bytes, raw=False, strict_map_key=False)
+        tensors = load(tensor_bytes)
+    except (ValueError, msgpack.ExtraData, SafetensorError) as exc:
+        raise LogError(f"{source}: unreadable checkpoint ({exc})") from exc
     expected = manifest.get("fingerprints", {})
     if set(expected) != set(tensors):
-        raise LogError(f"{st}: tensors do not match the manifest {mp.name} (an incomplete copy?)")
+        raise LogError(f"{source}: tensors do not match the manifest (an incomplete copy?)")
     for key, t in tensors.items():
         if f"{fingerprint(t):016x}" != expected[key]:
-            raise LogError(f"{st}: tensor {key!r} does not match its recorded fingerprint (corrupted on disk)")
+            raise LogError(f"{source}: tensor {key!r} does not match its recorded fingerprint (corrupted on disk)")
     model = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
     optimizer = None
     if manifest.get("optimizer") is not None:

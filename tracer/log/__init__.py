@@ -4,12 +4,14 @@
     with LogWriter(rank_dir(run, rank), header) as w:
         w.write_tensor(TensorRecord(...))
     for rec in LogReader(rank_dir(run, rank)).records(): ...
+    cols = read_segment_columns(data, name, last=...)   # one segment, as arrays: parallel readers
 
 docs/log-format.md is the byte-level specification.
 """
 
+from tracer.log.columns import SegmentColumns, SegmentSummary, TensorColumns, check_chain, read_segment_columns
 from tracer.log.framing import FORMAT_VERSION, RecordType
-from tracer.log.layout import list_ranks, rank_dir
+from tracer.log.layout import SEGMENT_GLOB, list_ranks, parse_segment_path, rank_dir, rank_dir_name, segment_name
 from tracer.log.reader import Entry, LogReader, LogStatus, TornTailWarning, read_segment
 from tracer.log.records import SCHEMA_VERSION, EndRecord, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.writer import LogWriter
@@ -26,9 +28,18 @@ __all__ = [
     "Phase",
     "RecordType",
     "RunHeader",
+    "SEGMENT_GLOB",
+    "SegmentColumns",
+    "SegmentSummary",
+    "TensorColumns",
     "TensorRecord",
     "TornTailWarning",
+    "check_chain",
     "list_ranks",
+    "parse_segment_path",
     "rank_dir",
+    "rank_dir_name",
     "read_segment",
+    "read_segment_columns",
+    "segment_name",
 ]

@@ -1,0 +1,158 @@
+"""The columnar segment reader agrees with the reference reader, record for record and problem for problem."""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tracer.errors import LogCorruptionError
+from tracer.log import (
+    EventRecord,
+    LogReader,
+    LogWriter,
+    Phase,
+    RunHeader,
+    SegmentSummary,
+    TensorRecord,
+    check_chain,
+    read_segment,
+    read_segment_columns,
+)
+from tracer.log.layout import list_segments, segment_path
+
+
+def columnar(directory: Path, mode: str = "skip") -> tuple[list[tuple], list[tuple], list[tuple], bool, bool]:
+    """(tensor records, events, problems, torn, complete) of a log read segment by segment into columns."""
+    tensors, events, problems, summaries = [], [], [], []
+    torn = complete = False
+    segments = list_segments(directory)
+    for i, (index, path) in enumerate(segments):
+        seg = read_segment_columns(path.read_bytes(), str(path), last=i == len(segments) - 1, on_corruption=mode)
+        t = seg.tensors
+        for j in range(len(t)):
+            tensors.append((index, int(t.offset[j]), int(t.step[j]), int(t.microbatch[j]), t.strings[t.name[j]],
+                            Phase(int(t.phase[j])), int(t.fingerprint[j]), _f(t.l2[j]), _f(t.absmax[j]),
+                            int(t.nan[j]), int(t.inf[j]), t.strings[t.meta[j]]))
+        events += [(index, e.offset, e.record) for e in seg.events]
+        problems += seg.status.corruptions
+        torn, complete = seg.status.torn_tail, seg.status.complete
+        summaries.append(SegmentSummary(index, str(path), seg.index, seg.status.first_record, seg.data_records,
+                                        seg.lost))
+    problems += check_chain(summaries, lambda i: str(segment_path(directory, i)))
+    return tensors, events, sorted(problems), torn, complete
+
+
+def reference(directory: Path) -> tuple[list[tuple], list[tuple], list[tuple], bool, bool]:
+    reader = LogReader(directory, on_corruption="skip")
+    tensors, events = [], []
+    for e in reader.entries():
+        r = e.record
+        if isinstance(r, TensorRecord):
+            tensors.append((e.segment, e.offset, r.step, r.microbatch, r.name, r.phase, r.fingerprint, _f(r.l2),
+                            _f(r.absmax), r.nan, r.inf, r.meta))
+        else:
+            events.append((e.segment, e.offset, r))
+    s = reader.status
+    return tensors, events, sorted(s.corruptions), s.torn_tail, s.complete
+
+
+def _f(x: float) -> float | str:
+    return "nan" if math.isnan(x) else float(x)
+
+
+def same(directory: Path) -> tuple[list[tuple], list[tuple], list[tuple], bool, bool]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected, got = reference(directory), columnar(directory)
+    assert got == expected
+    return got
+
+
+def test_clean_multi_segment_log_matches_the_reference(make_log) -> None:
+    tensors, events, problems, torn, complete = same(make_log(3000, segment_bytes=20_000))
+    assert len(tensors) == 3000 and len(events) == 300 and not problems and complete and not torn
+
+
+def test_every_encoding_the_writer_can_produce(tmp_path: Path, header: RunHeader) -> None:
+    """Negative and 32-bit steps, tiny and huge fingerprints, special floats, repeated and unicode names."""
+    rng = random.Random(3)
+    values = [0, 1, 127, 128, 255, 256, 65_535, 65_536, 2**32 - 1, 2**32, 2**63 - 1]
+    with LogWriter(tmp_path / "rank-00000", header) as w:
+        for i in range(2000):
+            w.write_tensor(TensorRecord(
+                step=rng.choice(values + [-1, -32, -33, -129, -2**40]),
+                microbatch=rng.choice(values),
+                name=rng.choice(["layers.0.attention", "ünïcode.site", "x" * 300]),
+                phase=Phase(rng.randrange(5)),
+                fingerprint=rng.choice(values + [2**64 - 1, rng.getrandbits(64)]),
+                l2=rng.choice([0.0, -0.0, 1.5, float("inf"), float("nan"), 3.4e38, 1e-45]),
+                absmax=rng.uniform(-1e6, 1e6),
+                nan=rng.choice(values),
+                inf=rng.choice(values),
+                meta=rng.choice(["bfloat16[8,64,128]", "float32[]"]),
+            ))
+            if i % 7 == 0:
+                w.write_event(EventRecord("step", i, {"loss": None, "lr": [1e-3], "nested": {"a": [1, 2]}}))
+    tensors, events, problems, _, complete = same(tmp_path / "rank-00000")
+    assert len(tensors) == 2000 and len(events) == 286 and not problems and complete
+
+
+def test_flipped_payload_byte_is_reported_with_file_and_offset(make_log, frames) -> None:
+    log = make_log(400, segment_bytes=8_000)
+    seg = log / "000001.sdclog"
+    pos, _, _ = frames(seg)[10]
+    data = bytearray(seg.read_bytes())
+    data[pos + 12] ^= 0x40
+    seg.write_bytes(bytes(data))
+    _, _, problems, _, _ = same(log)
+    assert problems[0][:2] == (str(seg), pos) and "CRC mismatch" in problems[0][2]
+    with pytest.raises(LogCorruptionError) as err:
+        read_segment_columns(seg.read_bytes(), str(seg), last=False)
+    assert (err.value.path, err.value.offset) == (str(seg), pos)
+
+
+def test_lost_string_record(make_log, frames) -> None:
+    log = make_log(100)
+    seg = log / "000000.sdclog"
+    pos = next(p for p, rtype, _ in frames(seg) if rtype == 2)
+    data = bytearray(seg.read_bytes())
+    data[pos + 10] ^= 0x01
+    seg.write_bytes(bytes(data))
+    _, _, problems, _, _ = same(log)
+    assert len(problems) > 1  # the STRING record, then each record that used its id
+
+
+def test_torn_tail(make_log, frames) -> None:
+    log = make_log(200, close=False)
+    seg = log / "000000.sdclog"
+    seg.write_bytes(seg.read_bytes()[: frames(seg)[-1][0] + 5])
+    tensors, events, problems, torn, complete = same(log)
+    assert torn and not complete and not problems and (len(tensors), len(events)) == (200, 19)
+
+
+def test_missing_and_truncated_segments_are_found_between_segments(make_log, frames) -> None:
+    log = make_log(600, segment_bytes=3_000)
+    (log / "000002.sdclog").unlink()
+    seg = log / "000004.sdclog"
+    seg.write_bytes(seg.read_bytes()[: frames(seg)[-3][0]])  # cut exactly at a record boundary
+    _, _, problems, _, _ = same(log)
+    reasons = " ".join(p[2] for p in problems)
+    assert "segment file missing" in reasons and "records are missing from the end" in reasons
+
+
+def test_values_beyond_the_columns_are_reported(tmp_path: Path, header: RunHeader) -> None:
+    with LogWriter(tmp_path / "rank-00000", header) as w:
+        w.write_tensor(TensorRecord(2**63, 0, "a", Phase.FORWARD, 1, 0.0, 0.0, 0, 0, "m"))
+        w.write_tensor(TensorRecord(1, 0, "a", Phase.FORWARD, -1, 0.0, 0.0, 0, 0, "m"))
+        w.write_tensor(TensorRecord(1, 0, "a", Phase.FORWARD, 5, 0.0, 0.0, 0, 0, "m"))
+    path = tmp_path / "rank-00000" / "000000.sdclog"
+    seg = read_segment_columns(path.read_bytes(), str(path), last=True, on_corruption="skip")
+    assert len(seg.tensors) == 1 and int(seg.tensors.fingerprint[0]) == 5
+    assert [reason for _, _, reason in seg.status.corruptions] == ["TENSOR value out of range: step, microbatch, "
+                                                                   "nan and inf must fit int64 and the fingerprint uint64"] * 2
+    header_, entries, _ = read_segment(path.read_bytes(), str(path), last=True)
+    assert len(list(entries)) == 3  # the reference reader keeps them: only the columns cannot
