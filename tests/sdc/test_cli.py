@@ -29,6 +29,7 @@ SURFACE = {
         "--overwrite", "--quiet", "--steps", "--suspect", "--window",
     ],
     "faults": [],
+    "diff": ["--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket", "--suspect"],
 }
 
 

@@ -1,0 +1,267 @@
+-- sdctrace study database: what `sdc diff` loads (analysis/load.py), one set of rows per pair.
+-- analysis/SCHEMA.md documents every column. Keys are documented, not declared: a pair
+-- is replaced by deleting its rows and inserting the new ones in one transaction.
+-- Every table but `runs` carries the pair_id of `pairs`; `runs` is keyed by (run_id, rank)
+-- and shared by every pair a run belongs to.
+
+CREATE TABLE IF NOT EXISTS sdctrace_schema (
+    version INTEGER NOT NULL                  -- analysis.load.SCHEMA_VERSION that created the database
+);
+
+-- One row per rank of every run loaded (golden, suspect, replay). Key: (run_id, rank).
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    path VARCHAR NOT NULL,                    -- run directory as given to `sdc diff`
+    node_label VARCHAR,
+    role VARCHAR,                             -- train, replay, ...
+    world_size INTEGER,
+    schema_version INTEGER,
+    config_fingerprint VARCHAR,
+    seed BIGINT,
+    data_order_fingerprint VARCHAR,
+    fingerprint_algorithm VARCHAR,
+    device VARCHAR,
+    created_unix DOUBLE,
+    config JSON,
+    versions JSON,
+    determinism JSON,
+    extra JSON,
+    segments INTEGER,                         -- log segment files read
+    records BIGINT,                           -- TENSOR and EVENT records read
+    complete BOOLEAN,                         -- the log ends with an END record (clean close)
+    torn_tail BOOLEAN,                        -- the log ends inside a record (crash mid-write)
+    last_step BIGINT                          -- last completed step (last `step` event)
+);
+
+-- One row per pair. Key: pair_id.
+CREATE TABLE IF NOT EXISTS pairs (
+    pair_id VARCHAR NOT NULL,
+    golden_path VARCHAR NOT NULL,
+    suspect_path VARCHAR NOT NULL,
+    golden_run_id VARCHAR NOT NULL,           -- lowest rank's run id
+    suspect_run_id VARCHAR NOT NULL,
+    replay_paths VARCHAR[],
+    replay_run_ids VARCHAR[],
+    world_size INTEGER,
+    ranks INTEGER,                            -- ranks compared
+    steps_per_bucket INTEGER,                 -- pipeline setting the pair was diffed with
+    created_unix DOUBLE,                      -- when the diff ran
+    sdctrace_version VARCHAR
+);
+
+-- Per pair and rank: how far the comparison went. Key: (pair_id, rank).
+CREATE TABLE IF NOT EXISTS pair_ranks (
+    pair_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    golden_run_id VARCHAR,
+    suspect_run_id VARCHAR,
+    golden_last_step BIGINT,
+    suspect_last_step BIGINT,
+    compared_through BIGINT                   -- min of the two: later steps are not compared
+);
+
+-- Every tensor record of both runs up to compared_through, joined.
+-- Key: (pair_id, rank, step, microbatch, name, phase, occurrence).
+CREATE TABLE IF NOT EXISTS event_diffs (
+    pair_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,
+    microbatch BIGINT NOT NULL,
+    name VARCHAR NOT NULL,                    -- site or parameter
+    phase VARCHAR NOT NULL,                   -- forward, backward, grad, param, input
+    occurrence INTEGER NOT NULL,              -- 0, or n for the n-th repeat of this key in the step (log order)
+    status VARCHAR NOT NULL,                  -- equal, differ, golden_only, suspect_only
+    equal BOOLEAN NOT NULL,                   -- fingerprints equal (bit-identical tensors)
+    golden_fingerprint UBIGINT,
+    suspect_fingerprint UBIGINT,
+    golden_l2 FLOAT,
+    suspect_l2 FLOAT,
+    golden_absmax FLOAT,
+    suspect_absmax FLOAT,
+    golden_nan BIGINT,
+    suspect_nan BIGINT,
+    golden_inf BIGINT,
+    suspect_inf BIGINT,
+    meta VARCHAR,                             -- dtype and shape, e.g. float32[8,64,128]
+    golden_segment INTEGER,                   -- where the record is: segment file index ...
+    golden_offset BIGINT,                     -- ... and byte offset of its frame
+    suspect_segment INTEGER,
+    suspect_offset BIGINT
+);
+
+-- Per pair and rank: the earliest differing event in execution order (same columns as event_diffs).
+CREATE TABLE IF NOT EXISTS first_divergence (
+    pair_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,
+    microbatch BIGINT NOT NULL,
+    name VARCHAR NOT NULL,
+    phase VARCHAR NOT NULL,
+    occurrence INTEGER NOT NULL,
+    status VARCHAR NOT NULL,
+    equal BOOLEAN NOT NULL,
+    golden_fingerprint UBIGINT,
+    suspect_fingerprint UBIGINT,
+    golden_l2 FLOAT,
+    suspect_l2 FLOAT,
+    golden_absmax FLOAT,
+    suspect_absmax FLOAT,
+    golden_nan BIGINT,
+    suspect_nan BIGINT,
+    golden_inf BIGINT,
+    suspect_inf BIGINT,
+    meta VARCHAR,
+    golden_segment INTEGER,
+    golden_offset BIGINT,
+    suspect_segment INTEGER,
+    suspect_offset BIGINT
+);
+
+-- Per compared step: the divergence frontier. Key: (pair_id, rank, step).
+CREATE TABLE IF NOT EXISTS divergence_steps (
+    pair_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,
+    events BIGINT NOT NULL,                   -- events compared
+    differing BIGINT NOT NULL,                -- events not equal (including one-sided)
+    sites_differing BIGINT NOT NULL,          -- distinct sites with a differing forward or backward event
+    inputs_differing BIGINT NOT NULL,
+    grads_differing BIGINT NOT NULL,
+    params_differing BIGINT NOT NULL,
+    first_microbatch BIGINT,                  -- the step's first differing event, in execution order
+    first_name VARCHAR,
+    first_phase VARCHAR
+);
+
+-- Per step: both runs' loss (the `step` event's sum over microbatches). Key: (pair_id, rank, step).
+CREATE TABLE IF NOT EXISTS loss (
+    pair_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,
+    golden_loss DOUBLE,
+    suspect_loss DOUBLE,
+    diff DOUBLE,                              -- suspect_loss - golden_loss
+    rel_diff DOUBLE                           -- diff / |golden_loss|
+);
+
+-- Loss spikes on either side (rule in SCHEMA.md). Key: (pair_id, rank, step, side).
+CREATE TABLE IF NOT EXISTS loss_spikes (
+    pair_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,
+    side VARCHAR NOT NULL,                    -- golden or suspect
+    loss DOUBLE,
+    baseline DOUBLE,                          -- median loss of the previous steps (null without history)
+    ratio DOUBLE                              -- loss / baseline
+);
+
+-- Parameter drift at each checkpoint step both runs hold. Key: (pair_id, rank, step, "group").
+CREATE TABLE IF NOT EXISTS param_drift (
+    pair_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,                     -- the checkpoint holds the state before this step
+    "group" VARCHAR NOT NULL,                 -- * (all tensors), layers.N, or a top-level module name
+    elements BIGINT NOT NULL,
+    golden_norm DOUBLE,                       -- ||theta_h||_2
+    diff_norm DOUBLE,                         -- ||theta_s - theta_h||_2
+    drift DOUBLE                              -- diff_norm / golden_norm
+);
+
+-- RQ1, from lockstep replay logs: one row per site_mismatch event.
+-- Key: (pair_id, replay_run_id, rank, step, microbatch, site, phase).
+CREATE TABLE IF NOT EXISTS site_mismatch (
+    pair_id VARCHAR NOT NULL,
+    replay_run_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,
+    microbatch BIGINT,
+    site VARCHAR,
+    phase VARCHAR,                            -- forward or backward
+    elements BIGINT,
+    mismatched BIGINT,
+    frequency DOUBLE,                         -- mismatched / elements
+    severity DOUBLE,                          -- mean relative difference of the differing elements (null: none)
+    max_rel DOUBLE
+);
+
+-- RQ2, from parameter-sync replay logs: one row per grad_noise event.
+-- Key: (pair_id, replay_run_id, rank, step, name).
+CREATE TABLE IF NOT EXISTS grad_noise (
+    pair_id VARCHAR NOT NULL,
+    replay_run_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,
+    name VARCHAR,                             -- parameter, or * for all together
+    diff_l2 DOUBLE,
+    golden_l2 DOUBLE,
+    ratio DOUBLE                              -- noise-to-signal: diff_l2 / golden_l2
+);
+
+-- Fault ground truth (`fault` events) with what detected it. Key: (pair_id, side, rank, segment, offset).
+CREATE TABLE IF NOT EXISTS faults (
+    pair_id VARCHAR NOT NULL,
+    side VARCHAR NOT NULL,                    -- run whose log holds the event: golden or suspect
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,
+    microbatch BIGINT,
+    site VARCHAR,
+    op VARCHAR,
+    phase VARCHAR,                            -- forward or backward
+    kind VARCHAR,
+    elements BIGINT,
+    indices BIGINT[],
+    original DOUBLE[],
+    corrupted DOUBLE[],
+    detail JSON,
+    segment INTEGER NOT NULL,
+    "offset" BIGINT NOT NULL,
+    traced_site VARCHAR,                      -- the traced site the fault happened in (null: untraced)
+    fingerprint_detected BOOLEAN,             -- that site's event differs (null: untraced or not compared)
+    abft_flagged BOOLEAN                      -- an ABFT check at the same unit flagged (null: none checked)
+);
+
+-- Every ABFT check, with ground truth. Key: (pair_id, side, rank, step, microbatch, site, phase, op) + order.
+CREATE TABLE IF NOT EXISTS abft (
+    pair_id VARCHAR NOT NULL,
+    side VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,
+    microbatch BIGINT,
+    site VARCHAR,
+    op VARCHAR,
+    phase VARCHAR,
+    m BIGINT,
+    k BIGINT,
+    n BIGINT,
+    residual DOUBLE,
+    bound DOUBLE,
+    verdict VARCHAR,                          -- ok or flag
+    faulted BOOLEAN NOT NULL,                 -- a fault of the same side hit this unit
+    outcome VARCHAR NOT NULL                  -- tp, fp, fn, tn (of the unit)
+);
+
+-- Detector scores per rank. Key: (pair_id, rank, detector, side).
+CREATE TABLE IF NOT EXISTS detection_scores (
+    pair_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    detector VARCHAR NOT NULL,                -- fingerprint or abft
+    side VARCHAR NOT NULL,                    -- pair (fingerprint), golden or suspect (abft)
+    units BIGINT NOT NULL,
+    tp BIGINT NOT NULL,
+    fp BIGINT NOT NULL,
+    fn BIGINT NOT NULL,
+    tn BIGINT NOT NULL,
+    propagated BIGINT NOT NULL                -- fingerprint: differs downstream of a fault (0 for abft)
+);
+
+-- Corruption found while reading (only loaded with --skip-corrupt; otherwise the diff fails).
+CREATE TABLE IF NOT EXISTS corruptions (
+    pair_id VARCHAR NOT NULL,
+    run_id VARCHAR,
+    side VARCHAR NOT NULL,
+    rank INTEGER,
+    path VARCHAR NOT NULL,                    -- file
+    "offset" BIGINT NOT NULL,                 -- byte offset of the bad frame (0: whole file, e.g. missing)
+    reason VARCHAR NOT NULL
+);

@@ -1,0 +1,158 @@
+"""Benchmark the Beam diff against the same diff as one DuckDB SQL join.
+
+    .venv/bin/python benchmarks/bench_diff.py [--events 1000000] [beam options]
+
+A synthetic pair of runs, each with at least `--events` TENSOR records written by the
+real `tracer.log.LogWriter`, differing from one step on. The Beam job is the whole
+`sdc diff` pipeline (`pipelines.run.build_pipeline`: decode the logs, key, join,
+diff, derive metrics, write Parquet) on the DirectRunner: with the options `sdc diff`
+would pick (in_memory at this size) and, for comparison, in multi_processing mode;
+with beam options given, with those alone. The baseline reads the same records from
+Parquet (converted beforehand, not timed) and writes the same per-event diff with one
+full outer join in DuckDB. Events/s counts both sides' records.
+
+Targets (issue #5): >= 300 000 events/s, and the Beam job <= 8x the DuckDB time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import apache_beam as beam
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET
+from pipelines.run import build_pipeline, describe_runner, pipeline_options, plan_diff
+from tracer.log import SCHEMA_VERSION, EventRecord, LogWriter, Phase, RunHeader, TensorRecord, rank_dir
+from tracer.log.columns import read_segment_columns
+
+SITES = [f"layers.{i}.{kind}" for i in range(6) for kind in ("attention", "feed_forward")]
+PARAMS = [f"layers.{i}.{p}.weight" for i in range(6) for p in ("wq", "wo", "w1")] + ["tok_embeddings.weight", "norm.weight"]
+MICROBATCHES = 2
+EVENTS_PER_STEP = MICROBATCHES * (1 + 2 * len(SITES)) + 2 * len(PARAMS)
+DIVERGE_AT = 0.75  # the suspect's site outputs differ from this fraction of the steps on
+
+
+def write_run(out: Path, steps: int, suspect: bool) -> None:
+    header = RunHeader(
+        SCHEMA_VERSION, f"bench-{'suspect' if suspect else 'golden'}", "bench", "train", 1, 0, {"bench": True},
+        "bench-config", 0, "bench-data", "lanes64-v1", {}, "cpu", {"intra_op_threads": 1}, 0.0, {},
+    )
+    rng = random.Random(0)
+    diverge = int(steps * DIVERGE_AT)
+    with LogWriter(rank_dir(out, 0), header) as w:
+        for step in range(steps):
+            def rec(mb: int, name: str, phase: Phase) -> None:
+                fp = rng.getrandbits(64)
+                if suspect and step >= diverge and phase != Phase.INPUT:
+                    fp ^= 1
+                w.write_tensor(TensorRecord(step, mb, name, phase, fp, 1.5, 0.25, 0, 0, "float32[8,64,128]"))
+            for mb in range(MICROBATCHES):
+                rec(mb, "input", Phase.INPUT)
+                for site in SITES:
+                    rec(mb, site, Phase.FORWARD)
+                for site in reversed(SITES):
+                    rec(mb, site, Phase.BACKWARD)
+            for phase in (Phase.GRAD, Phase.PARAM):
+                for name in PARAMS:
+                    rec(0, name, phase)
+            w.write_event(EventRecord("step", step, {"loss": 5.0 - step * 1e-4, "lr": [1e-3], "wall_s": 0.1,
+                                                     "microbatches": MICROBATCHES}))
+
+
+def to_parquet(run: Path, out: Path) -> None:
+    """The same records as a plain table, for DuckDB (not timed)."""
+    parts = []
+    for seg in sorted(rank_dir(run, 0).glob("*.sdclog")):
+        c = read_segment_columns(seg.read_bytes(), str(seg), last=True).tensors
+        strings = np.array(c.strings, dtype=object)
+        parts.append(pa.table({
+            "rank": np.zeros(len(c), np.int32), "step": c.step, "microbatch": c.microbatch,
+            "name": strings[c.name], "phase": c.phase, "fingerprint": c.fingerprint, "l2": c.l2,
+            "absmax": c.absmax, "nan": c.nan, "inf": c.inf, "meta": strings[c.meta], "offset": c.offset,
+        }))
+    pq.write_table(pa.concat_tables(parts), out)
+
+
+DUCKDB_DIFF = """
+COPY (
+    SELECT coalesce(g.rank, s.rank) AS rank, coalesce(g.step, s.step) AS step,
+           coalesce(g.microbatch, s.microbatch) AS microbatch, coalesce(g.name, s.name) AS name,
+           coalesce(g.phase, s.phase) AS phase,
+           CASE WHEN g.step IS NULL THEN 'suspect_only' WHEN s.step IS NULL THEN 'golden_only'
+                WHEN g.fingerprint = s.fingerprint THEN 'equal' ELSE 'differ' END AS status,
+           coalesce(g.fingerprint = s.fingerprint, false) AS equal,
+           g.fingerprint AS golden_fingerprint, s.fingerprint AS suspect_fingerprint,
+           g.l2 AS golden_l2, s.l2 AS suspect_l2, g.absmax AS golden_absmax, s.absmax AS suspect_absmax,
+           g.nan AS golden_nan, s.nan AS suspect_nan, g.inf AS golden_inf, s.inf AS suspect_inf,
+           coalesce(g.meta, s.meta) AS meta, g.offset AS golden_offset, s.offset AS suspect_offset
+    FROM read_parquet('{golden}') g
+    FULL OUTER JOIN read_parquet('{suspect}') s
+      USING (rank, step, microbatch, name, phase)
+) TO '{out}' (FORMAT parquet)
+"""
+
+
+def bench(events: int, beam_args: list[str], steps_per_bucket: int) -> tuple[float, float]:
+    """(events/s, Beam / DuckDB time) of the diff with `beam_args` (default: what `sdc diff` picks)."""
+    steps = -(-events // EVENTS_PER_STEP)
+    total = 2 * steps * EVENTS_PER_STEP
+    with tempfile.TemporaryDirectory(prefix="bench-diff-") as tmp:
+        root = Path(tmp)
+        start = time.perf_counter()
+        for name in ("golden", "suspect"):
+            write_run(root / name, steps, suspect=name == "suspect")
+            to_parquet(root / name, root / f"{name}.parquet")
+        print(f"synthetic pair     : {steps:,} steps x {EVENTS_PER_STEP} tensor records per side "
+              f"({total:,} in all), written in {time.perf_counter() - start:.1f} s")
+
+        con = duckdb.connect()
+        start = time.perf_counter()
+        con.execute(DUCKDB_DIFF.format(golden=root / "golden.parquet", suspect=root / "suspect.parquet",
+                                       out=root / "duckdb_diff.parquet"))
+        t_duckdb = time.perf_counter() - start
+        (differ,), = con.execute(f"SELECT count(*) FROM '{root / 'duckdb_diff.parquet'}' WHERE NOT equal").fetchall()
+        print(f"DuckDB SQL join    : {t_duckdb:.2f} s  ({total / t_duckdb:,.0f} events/s)")
+
+        plan = plan_diff(str(root / "golden"), str(root / "suspect"), steps_per_bucket=steps_per_bucket)
+        results = []
+        runs = [beam_args] if beam_args else [[], ["--direct_running_mode=multi_processing"]]
+        for i, args in enumerate(runs):
+            opts = pipeline_options(args, plan.golden.bytes + plan.suspect.bytes)
+            staging = root / f"staging{i}"
+            start = time.perf_counter()
+            p = beam.Pipeline(options=opts)
+            build_pipeline(p, plan, str(staging))
+            p.run().wait_until_finish()
+            t_beam = time.perf_counter() - start
+            (rows, beam_differ), = con.execute(
+                f"SELECT count(*), count(*) FILTER (NOT equal) FROM '{staging / 'event_diffs'}/*.parquet'"
+            ).fetchall()
+            if (rows, beam_differ) != (total // 2, differ):
+                raise SystemExit(f"the diffs disagree: Beam {rows} rows, {beam_differ} differ; DuckDB {differ} differ")
+            label = "Beam diff" + ("" if i else " (sdc diff's default)") + f", {describe_runner(opts)}"
+            print(f"{label}: {t_beam:.2f} s  ({total / t_beam:,.0f} events/s, target >= 300,000); "
+                  f"Beam / DuckDB = {t_beam / t_duckdb:.1f}x (target <= 8x)")
+            results.append((total / t_beam, t_beam / t_duckdb))
+    return results[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--events", type=int, default=1_000_000, help="tensor records per side (default 1 000 000)")
+    p.add_argument("--steps-per-bucket", type=int, default=DEFAULT_STEPS_PER_BUCKET)
+    args, beam_args = p.parse_known_args(argv)
+    bench(args.events, beam_args, args.steps_per_bucket)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Per-step metrics beside the event diff: loss curves and spikes, parameter drift, replay (RQ1, RQ2).
+
+Loss spike rule (analysis/SCHEMA.md, docs/pipelines.md): a step's loss is a spike when
+it is not finite, or when at least `SPIKE_MIN_HISTORY` of the previous `SPIKE_WINDOW`
+steps have a finite loss and the loss exceeds `SPIKE_FACTOR` times their median. The
+first steps, without that history, are never spikes unless their loss is not finite.
+
+Parameter drift, per checkpoint step both runs have: ‖θ_s − θ_h‖₂ / ‖θ_h‖₂ in float64
+over all floating-point model tensors ("*") and per group: ``...layers.N`` for
+everything under a ``layers.N.`` prefix, else the tensor name's first component.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+import pyarrow as pa
+import torch
+from apache_beam.metrics import Metrics
+
+from pipelines.events import NUMBER, Fields
+from pipelines.source import NAMESPACE, EventBatch, corruption_row, read_file
+from pipelines.tables import named, table
+from tracer.checkpoint import decode_checkpoint
+from tracer.errors import LogError
+
+SPIKE_FACTOR = 1.5
+SPIKE_WINDOW = 10
+SPIKE_MIN_HISTORY = 5
+LOSS, SPIKES, DRIFT = "loss", "loss_spikes", "param_drift"
+_LAYER = re.compile(r"^(.*?layers\.\d+)\.")
+
+
+def spikes(steps: Sequence[int], losses: Sequence[float | None]) -> list[dict[str, Any]]:
+    """Spikes of one loss curve (steps ascending): step, loss, baseline (the rolling median), ratio."""
+    out = []
+    for i, (step, loss) in enumerate(zip(steps, losses)):
+        if loss is None:
+            continue
+        history = [x for x in losses[max(0, i - SPIKE_WINDOW) : i] if x is not None and math.isfinite(x)]
+        baseline = statistics.median(history) if len(history) >= SPIKE_MIN_HISTORY else None
+        if not math.isfinite(loss):
+            out.append({"step": step, "loss": loss, "baseline": baseline, "ratio": None})
+        elif baseline is not None and loss > SPIKE_FACTOR * baseline:
+            out.append({"step": step, "loss": loss, "baseline": baseline, "ratio": loss / baseline if baseline else None})
+    return out
+
+
+def loss_tables(rank: int, golden: Mapping[int, float | None], suspect: Mapping[int, float | None]) -> tuple[pa.Table, pa.Table]:
+    """Both runs' per-step loss side by side (every step either run has), and each run's spikes."""
+    rows = []
+    for step in sorted(set(golden) | set(suspect)):
+        g, s = golden.get(step), suspect.get(step)
+        diff = s - g if g is not None and s is not None else None
+        rel = diff / abs(g) if diff is not None and g else None
+        rows.append({"rank": rank, "step": step, "golden_loss": g, "suspect_loss": s, "diff": diff, "rel_diff": rel})
+    spike_rows = []
+    for side, curve in (("golden", golden), ("suspect", suspect)):
+        steps = sorted(curve)
+        for spike in spikes(steps, [curve[s] for s in steps]):
+            spike_rows.append({"rank": rank, "side": side, **spike})
+    return table(LOSS, rows), table(SPIKES, spike_rows)
+
+
+class LossCurves(beam.PTransform):
+    """(rank, (side, EventBatch of `step` events)) -> TABLES: loss and loss_spikes."""
+
+    def expand(self, steps: beam.PCollection) -> beam.PCollection:
+        return (
+            steps
+            | "Group by rank" >> beam.GroupByKey()
+            | "Loss tables" >> beam.ParDo(_LossTables())
+        )
+
+
+class _LossTables(beam.DoFn):
+    def setup(self) -> None:
+        self.unreadable = Metrics.counter(NAMESPACE, "event_fields_unreadable")
+
+    def process(self, element: tuple[int, Iterable[tuple[str, EventBatch]]]) -> Iterator[tuple[str, pa.Table]]:
+        rank, batches = element
+        curves: dict[str, dict[int, float | None]] = {"golden": {}, "suspect": {}}
+        for side, batch in batches:
+            for row in batch.rows:
+                curves[side][row.step] = Fields(row.fields, self.unreadable).get("loss", NUMBER)
+        loss, spike = loss_tables(rank, curves["golden"], curves["suspect"])
+        yield LOSS, loss
+        if spike.num_rows:
+            yield SPIKES, spike
+
+
+def parameter_group(name: str) -> str:
+    """``layers.3.attention.wq.weight`` -> ``layers.3``; ``tok_embeddings.weight`` -> ``tok_embeddings``."""
+    m = _LAYER.match(name)
+    return m[1] if m else name.split(".", 1)[0]
+
+
+def drift_rows(rank: int, step: int, golden: Mapping[str, torch.Tensor], suspect: Mapping[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """‖θ_s − θ_h‖₂ / ‖θ_h‖₂ over all floating-point tensors ("*") and per parameter group, in float64."""
+    sums: dict[str, list[float]] = {}  # group -> [elements, ‖θ_h‖², ‖θ_s − θ_h‖²]
+    for name in sorted(golden):
+        h = golden[name]
+        if not h.is_floating_point():
+            continue
+        h, s = h.double(), suspect[name].double()
+        values = (h.numel(), float(h.square().sum()), float((s - h).square().sum()))
+        for group in ("*", parameter_group(name)):
+            acc = sums.setdefault(group, [0, 0.0, 0.0])
+            for i, v in enumerate(values):
+                acc[i] += v
+    rows = []
+    for group, (elements, golden_sq, diff_sq) in sorted(sums.items()):
+        golden_norm, diff_norm = math.sqrt(golden_sq), math.sqrt(diff_sq)
+        rows.append({
+            "rank": rank, "step": step, "group": group, "elements": int(elements), "golden_norm": golden_norm,
+            "diff_norm": diff_norm, "drift": diff_norm / golden_norm if golden_norm else None,
+        })
+    return rows
+
+
+class DriftTask(NamedTuple):
+    rank: int
+    step: int
+    golden: tuple[str, str]  # (manifest, tensors) paths
+    suspect: tuple[str, str]
+    run_ids: tuple[str, str]
+
+
+class ParamDrift(beam.PTransform):
+    """Checkpoints both runs hold at the same (step, rank) -> TABLES: param_drift; a damaged checkpoint is
+    a corruptions row, a pair of checkpoints of different models an errors row."""
+
+    def __init__(self, tasks: Sequence[DriftTask]) -> None:
+        super().__init__()
+        self.tasks = list(tasks)
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        return (
+            pbegin
+            | "List checkpoint pairs" >> beam.Create(self.tasks)  # Create spreads its elements over the workers
+            | "Compare checkpoints" >> beam.ParDo(_Drift())
+        )
+
+
+class _Drift(beam.DoFn):
+    def setup(self) -> None:
+        self.compared = Metrics.counter(NAMESPACE, "checkpoints_compared")
+        self.damaged = Metrics.counter(NAMESPACE, "checkpoints_damaged")
+
+    def process(self, task: DriftTask) -> Iterator[tuple[str, pa.Table]]:
+        models = []
+        for side, (manifest, tensors), run_id in zip(("golden", "suspect"), (task.golden, task.suspect), task.run_ids):
+            try:
+                models.append(decode_checkpoint(read_file(manifest), read_file(tensors), manifest).model)
+            except (LogError, OSError) as e:
+                self.damaged.inc()
+                yield named("corruptions", [corruption_row(run_id, side, task.rank, tensors, 0, str(e))])
+                return
+        golden, suspect = models
+        if set(golden) != set(suspect):
+            only = sorted(set(golden) ^ set(suspect))
+            yield named("errors", [{
+                "side": "pair", "rank": task.rank, "path": task.suspect[0],
+                "message": f"checkpoints of step {task.step} hold different tensors ({', '.join(only[:5])}): "
+                           "the runs do not train the same model",
+            }])
+            return
+        self.compared.inc()
+        yield named(DRIFT, drift_rows(task.rank, task.step, golden, suspect))

@@ -1,0 +1,110 @@
+"""Which runs may be compared, under which id, and over which steps.
+
+Two runs pair when every header field that decides the bits of a training step
+agrees (`tracer.pairing.PAIRING_FIELDS`, rank by rank) and they have the same ranks. Their length
+may differ: per rank, the comparison stops at the last step both runs completed
+(`ComparisonBounds`). A replay log must also match the golden run, and say it is one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+
+from pipelines.source import RankInfo, RunLayout
+from pipelines.tables import TABLES, named
+from pipelines.tags import split
+from tracer.errors import ValidationError
+from tracer.pairing import pairing_differences
+
+BOUNDS = "bounds"
+
+
+def differences(a: RunLayout, b: RunLayout, *, subset: bool = False) -> list[str]:
+    """Every field that stops `a` and `b` from pairing, as ``field: a-value vs b-value`` (any rank).
+
+    `subset`: `b` may hold fewer ranks than `a` (a replay log of some ranks).
+    """
+    out: list[str] = []
+    if sorted(a.ranks) != sorted(b.ranks) and not (subset and set(b.ranks) <= set(a.ranks)):
+        out.append(f"ranks: {sorted(a.ranks)} vs {sorted(b.ranks)}")
+    for rank in sorted(set(a.ranks) & set(b.ranks)):
+        out += [d for d in pairing_differences(a.ranks[rank].header, b.ranks[rank].header) if d not in out]
+    return out
+
+
+def validate_pair(golden: RunLayout, suspect: RunLayout, replays: Iterable[RunLayout] = ()) -> None:
+    """Raise one ValidationError listing every differing field of every run that does not fit."""
+    problems = []
+    diffs = differences(golden, suspect)
+    if diffs:
+        problems.append(f"golden {golden.path} and suspect {suspect.path} do not pair: " + "; ".join(diffs))
+    for replay in replays:
+        diffs = differences(golden, replay, subset=True)
+        roles = sorted({r.header.role for r in replay.ranks.values()})
+        if roles != ["replay"]:
+            diffs.append(f"role: expected 'replay', found {', '.join(map(repr, roles))}")
+        if diffs:
+            problems.append(f"replay log {replay.path} does not fit golden {golden.path}: " + "; ".join(diffs))
+    if problems:
+        raise ValidationError(
+            " | ".join(problems) + ". Record the runs with the same config, seed and data order "
+            "(only run.steps may differ) and pass replay logs written from this pair."
+        )
+
+
+def pair_id(golden: RunLayout, suspect: RunLayout) -> str:
+    """Deterministic from both runs' per-rank run ids: loading the same pair again replaces its rows."""
+    layout = ";".join(
+        f"{rank}:{golden.ranks[rank].header.run_id}:{suspect.ranks[rank].header.run_id}" for rank in sorted(golden.ranks)
+    )
+    return hashlib.sha256(layout.encode()).hexdigest()[:16]
+
+
+def last_compared_step(golden: RankInfo, suspect: RankInfo) -> int | None:
+    """The last step both runs completed on this rank; None if either has none."""
+    if golden.last_step is None or suspect.last_step is None:
+        return None
+    return min(golden.last_step, suspect.last_step)
+
+
+class ComparisonBounds(beam.PTransform):
+    """RankInfo of both runs -> {BOUNDS: (rank, last compared step), TABLES: pair_ranks}."""
+
+    def __init__(self, run_ids: dict[tuple[str, int], str]) -> None:
+        super().__init__()
+        self.run_ids = run_ids  # (side, rank) -> run id
+
+    def expand(self, infos: beam.PCollection) -> dict[str, beam.PCollection]:
+        bounds = (
+            infos
+            | "Golden and suspect" >> beam.Filter(lambda i: i.side in ("golden", "suspect"))
+            | "Key by rank" >> beam.Map(lambda i: (i.rank, i))
+            | "Group ranks" >> beam.GroupByKey()
+            | "Bounds" >> beam.ParDo(_Bounds(self.run_ids))
+        )
+        return split(bounds, (BOUNDS, TABLES), "Compared")
+
+
+class _Bounds(beam.DoFn):
+    def __init__(self, run_ids: dict[tuple[str, int], str]) -> None:
+        self.run_ids = run_ids
+
+    def process(self, element: tuple[int, Iterable[RankInfo]]) -> Iterator[Any]:
+        rank, infos = element
+        by_side = {i.side: i for i in infos}
+        golden, suspect = by_side.get("golden"), by_side.get("suspect")
+        bound = last_compared_step(golden, suspect) if golden and suspect else None
+        if bound is not None:
+            yield BOUNDS, (rank, bound)
+        yield TABLES, named("pair_ranks", [{
+            "rank": rank,
+            "golden_run_id": self.run_ids.get(("golden", rank)),
+            "suspect_run_id": self.run_ids.get(("suspect", rank)),
+            "golden_last_step": golden.last_step if golden else None,
+            "suspect_last_step": suspect.last_step if suspect else None,
+            "compared_through": bound,
+        }])

@@ -1,0 +1,333 @@
+"""Diff a golden and a suspect run (and replay logs) into a DuckDB study database.
+
+    python -m pipelines.run --golden runs/A --suspect runs/B [--replay runs/R ...] --db study.duckdb [beam options]
+    sdc diff --golden runs/A --suspect runs/B --db study.duckdb [-- beam options]
+
+Stages (docs/pipelines.md): parse (describe the runs, read their headers) -> pair
+(validate, fail listing every differing field) -> key -> join -> diff (the Beam
+job: `pipelines.source`, `pipelines.diff`, `pipelines.metrics`,
+`pipelines.detections`) -> write (Parquet in a staging directory, then
+`analysis.load` into DuckDB in one transaction).
+
+Options this module does not define pass through to Beam (``--runner``,
+``--direct_num_workers``, ``--dask_client_address``, ...). Without ``--runner`` the
+job runs on the DirectRunner in multi_processing mode on every core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import duckdb
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.runners.runner import PipelineState
+
+from analysis.load import load_parquet
+from pipelines import detections, metrics, source
+from pipelines import diff as tensor_diff
+from pipelines import events as events_mod
+from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET, add_arguments
+from pipelines.pairing import BOUNDS, ComparisonBounds, pair_id, validate_pair
+from pipelines.sink import WriteTables
+from pipelines.source import EVENTS, SEGMENTS, TENSORS, RunLayout
+from pipelines.tables import SCHEMAS, TABLES, named
+from tracer.checkpoint import checkpoint_files
+from tracer.errors import LogCorruptionError, LogFormatError, SdcError, UsageError
+
+# Below this much log data the DirectRunner's in_memory mode wins: multi_processing pays for worker
+# start-up and moves every shuffled batch between processes (2M records on 2 cores: 3.9 s vs 7.3 s).
+IN_MEMORY_BYTES = 1 << 30
+HEARTBEAT_S = 15.0
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class DiffPlan:
+    """Everything the job needs, decided on the launcher before it starts."""
+
+    golden: RunLayout
+    suspect: RunLayout
+    replays: tuple[RunLayout, ...]
+    pair_id: str
+    steps_per_bucket: int
+    drift: tuple[metrics.DriftTask, ...]
+
+    def sides(self) -> dict[str, RunLayout]:
+        return {"golden": self.golden, "suspect": self.suspect,
+                **{f"replay{i}": r for i, r in enumerate(self.replays)}}
+
+    def run_ids(self) -> dict[tuple[str, int], str]:
+        return {(side, rank): r.header.run_id for side, run in self.sides().items() for rank, r in run.ranks.items()}
+
+
+@dataclass
+class DiffReport:
+    pair_id: str
+    staging: str
+    rows: dict[str, int] = field(default_factory=dict)  # loaded rows per table
+    counters: dict[str, int] = field(default_factory=dict)  # Beam metrics, where the runner reports them
+    pipeline_s: float = 0.0
+
+
+def plan_diff(golden: str, suspect: str, replays: Sequence[str] = (), steps_per_bucket: int = DEFAULT_STEPS_PER_BUCKET) -> DiffPlan:
+    """Describe the runs, validate the pair and find the checkpoints both hold."""
+    if steps_per_bucket < 1:
+        raise UsageError(f"--steps-per-bucket must be >= 1, got {steps_per_bucket}")
+    g, s = source.describe_run(golden), source.describe_run(suspect)
+    rs = tuple(source.describe_run(r) for r in replays)
+    validate_pair(g, s, rs)
+    g_ckpt, s_ckpt = source.list_checkpoints(golden), source.list_checkpoints(suspect)
+    tasks = []
+    for rank in sorted(g.ranks):
+        for step in sorted(g_ckpt.get(rank, set()) & s_ckpt.get(rank, set())):
+            rel = checkpoint_files(step, rank)
+            tasks.append(metrics.DriftTask(
+                rank, step, tuple(_join(golden, f) for f in rel), tuple(_join(suspect, f) for f in rel),
+                (g.ranks[rank].header.run_id, s.ranks[rank].header.run_id),
+            ))
+    return DiffPlan(g, s, rs, pair_id(g, s), steps_per_bucket, tuple(tasks))
+
+
+def _join(run: str, relpath: str) -> str:
+    return FileSystems.join(run, *relpath.split("/"))
+
+
+def build_pipeline(p: beam.Pipeline, plan: DiffPlan, staging: str) -> None:
+    """Wire the whole job: read every run, diff, derive metrics, write one Parquet table per output."""
+    sides = plan.sides()
+    read = p | "Read runs" >> source.ReadRuns(sides, plan.steps_per_bucket)
+    ranks = read[SEGMENTS] | "Summarise ranks" >> source.SummariseRanks(sides)
+    bounds = ranks[source.RANKS] | "Compared steps" >> ComparisonBounds(plan.run_ids())
+    replay_ids = {k: v for k, v in plan.run_ids().items() if k[0] not in source.DIFFED}
+    events = read[EVENTS] | "Route events" >> events_mod.RouteEvents(replay_ids)
+    faults = events[events_mod.FAULTS]
+    diffs = read[TENSORS] | "Diff tensors" >> tensor_diff.DiffTensors(bounds[BOUNDS], faults)
+    tables = (
+        read[TABLES],
+        ranks[TABLES],
+        bounds[TABLES],
+        events[TABLES],
+        diffs[TABLES],
+        diffs[tensor_diff.FINDINGS] | "Rank findings" >> detections.RankFindings(faults, events[events_mod.CHECKS]),
+        events[events_mod.STEPS] | "Loss curves" >> metrics.LossCurves(),
+        p | "Parameter drift" >> metrics.ParamDrift(plan.drift),
+        p | "Pair" >> beam.Create([named("pairs", [_pair_row(plan)])]),
+    )
+    _ = tables | "Write tables" >> WriteTables(staging, SCHEMAS)
+
+
+def _pair_row(plan: DiffPlan) -> dict[str, Any]:
+    return {
+        "golden_path": plan.golden.path, "suspect_path": plan.suspect.path,
+        "golden_run_id": plan.golden.header.run_id, "suspect_run_id": plan.suspect.header.run_id,
+        "replay_paths": [r.path for r in plan.replays], "replay_run_ids": [r.header.run_id for r in plan.replays],
+        "world_size": plan.golden.header.world_size, "ranks": len(plan.golden.ranks),
+        "steps_per_bucket": plan.steps_per_bucket, "created_unix": time.time(),
+        "sdctrace_version": _version(),
+    }
+
+
+def _version() -> str:
+    try:
+        return metadata.version("sdctrace")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def pipeline_options(beam_args: Sequence[str], input_bytes: int) -> PipelineOptions:
+    """Beam options from the pass-through arguments. Without --runner: the DirectRunner, in_memory below
+    `IN_MEMORY_BYTES` of log segments, else multi_processing with one worker per CPU."""
+    args = list(beam_args)
+    given = {a.split("=", 1)[0] for a in args if a.startswith("--")}
+    if PipelineOptions(args).view_as(StandardOptions).runner is None:
+        mode = PipelineOptions(args).view_as(DirectOptions).direct_running_mode if "--direct_running_mode" in given \
+            else "in_memory" if input_bytes < IN_MEMORY_BYTES else "multi_processing"
+        defaults = ["--runner=DirectRunner", f"--direct_running_mode={mode}"]
+        if "--direct_num_workers" not in given and mode != "in_memory":
+            defaults.append("--direct_num_workers=0")  # 0: one worker per CPU
+        args = defaults + args
+    if "--default_sdk_harness_log_level" not in given:
+        args.append("--default_sdk_harness_log_level=WARNING")  # workers' INFO lines would drown the progress
+    return PipelineOptions(args)
+
+
+def describe_runner(opts: PipelineOptions) -> str:
+    runner = (opts.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
+    if runner != "DirectRunner":
+        return runner
+    d = opts.view_as(DirectOptions)
+    if d.direct_running_mode == "in_memory":
+        return "DirectRunner (in_memory)"
+    return f"DirectRunner ({d.direct_running_mode}, {d.direct_num_workers or os.cpu_count()} workers)"
+
+
+def diff(args: argparse.Namespace, beam_args: Sequence[str], echo: Echo = print) -> DiffReport:
+    """`sdc diff`: plan, run the Beam job, check what it found, load into DuckDB, summarise."""
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    echo("reading run headers ...")
+    plan = plan_diff(args.golden, args.suspect, args.replay, args.steps_per_bucket)
+    for side, run in plan.sides().items():
+        h = run.header
+        segments = sum(len(r.segments) for r in run.ranks.values())
+        echo(f"  {side:<8} {run.path}: run {h.run_id[:12]}, node {h.node_label!r}, role {h.role}, "
+             f"{len(run.ranks)} rank(s), {segments} segment(s)")
+    h = plan.golden.header
+    echo(f"[1/3] pair {plan.pair_id}: headers match (config {h.config_fingerprint[:12]}, seed {h.seed}, "
+         f"world size {h.world_size}); {len(plan.drift)} checkpoint pair(s) for drift")
+    opts = pipeline_options(beam_args, sum(run.bytes for run in plan.sides().values()))
+    if opts.view_as(DirectOptions).direct_running_mode == "multi_threading":
+        echo("  warning: direct_running_mode=multi_threading crashed on grouping pipelines in our tests; "
+             "prefer multi_processing or in_memory")
+    keep = args.staging is not None
+    if keep and FileSystems.exists(args.staging) and FileSystems.match([FileSystems.join(args.staging, "*")])[0].metadata_list:
+        raise UsageError(f"--staging {args.staging}: not empty; give an empty or new directory (its Parquet is loaded)")
+    Path(args.db).resolve().parent.mkdir(parents=True, exist_ok=True)
+    staging = args.staging or tempfile.mkdtemp(prefix="sdc-diff-", dir=Path(args.db).resolve().parent)
+    report = DiffReport(plan.pair_id, staging)
+    try:
+        echo(f"[2/3] Beam job on {describe_runner(opts)}, Parquet to {staging} ...")
+        start = time.perf_counter()
+        with _heartbeat(echo, start):
+            p = beam.Pipeline(options=opts)
+            build_pipeline(p, plan, staging)
+            result = p.run()
+            state = result.wait_until_finish()
+            if hasattr(result, "client"):
+                result.client.close()  # the DaskRunner leaves its Dask client open
+        report.pipeline_s = time.perf_counter() - start
+        if state != PipelineState.DONE:
+            raise SdcError(f"the Beam job ended in state {state}; see the runner's log")
+        report.counters = c = _counters(result)
+        counts = (f": {c.get('segments_read', 0)} segment(s), {c.get('tensor_records', 0):,} tensor records, "
+                  f"{c.get('events_compared', 0):,} events compared") if c else " (this runner reports no metrics)"
+        echo(f"      done in {report.pipeline_s:.1f} s{counts}")
+        with _local(staging) as local:
+            _check_problems(local, args.skip_corrupt, echo)
+            echo(f"[3/3] loading into {args.db} ...")
+            report.rows = load_parquet(args.db, local, plan.pair_id)
+    finally:
+        if not keep:
+            shutil.rmtree(staging, ignore_errors=True)
+    for line in summarize(args.db, plan.pair_id):
+        echo(line)
+    return report
+
+
+@contextmanager
+def _heartbeat(echo: Echo, start: float) -> Iterator[None]:
+    """A line every HEARTBEAT_S while the runner works: Beam's own logs stay at WARNING."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            echo(f"      ... running, {time.perf_counter() - start:.0f} s")
+
+    t = threading.Thread(target=beat, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
+
+
+def _counters(result: Any) -> dict[str, int]:
+    try:
+        found = result.metrics().query()["counters"]
+    except Exception:  # noqa: BLE001 - runners that do not report metrics
+        return {}
+    out: dict[str, int] = {}
+    for c in found:
+        if c.key.metric.namespace == source.NAMESPACE:
+            value = c.committed if c.committed is not None else c.attempted
+            out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
+    return out
+
+
+@contextmanager
+def _local(staging: str) -> Iterator[Path]:
+    """The staging directory on this machine: itself if local, else a downloaded copy."""
+    if Path(staging).is_dir():
+        yield Path(staging)
+        return
+    with tempfile.TemporaryDirectory(prefix="sdc-staging-") as tmp:
+        for m in FileSystems.match([FileSystems.join(staging, "*", "*.parquet")])[0].metadata_list:
+            table_name, file_name = m.path.rstrip("/").split("/")[-2:]
+            (Path(tmp) / table_name).mkdir(exist_ok=True)
+            with FileSystems.open(m.path) as src, open(Path(tmp) / table_name / file_name, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        yield Path(tmp)
+
+
+def _check_problems(staging: Path, skip_corrupt: bool, echo: Echo) -> None:
+    """Unreadable files always fail the diff; corruption fails it unless --skip-corrupt."""
+    errors = _read(staging, "errors")
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise LogFormatError(f"{errors[0]['message']}{more}")
+    corrupt = _read(staging, "corruptions")
+    if corrupt and not skip_corrupt:
+        first = corrupt[0]
+        more = f"; {len(corrupt) - 1} more corrupt region(s) in {', '.join(sorted({c['path'] for c in corrupt}))}" \
+            if len(corrupt) > 1 else ""
+        raise LogCorruptionError(first["path"], first["offset"], first["reason"] + more)
+    for c in corrupt:
+        echo(f"  warning: skipped corrupt data in {c['path']} at byte {c['offset']}: {c['reason']}")
+
+
+def _read(staging: Path, name: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for f in sorted((staging / name).glob("*.parquet")):
+        rows += pq.read_table(f).to_pylist()
+    return sorted(rows, key=lambda r: (r["path"], r.get("offset", 0)))
+
+
+def summarize(db: str | Path, pid: str) -> list[str]:
+    """A few lines on what the pair's tables say (the database opened read-only)."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        q = lambda sql: con.execute(sql, [pid]).fetchall()  # noqa: E731
+        (events, differing), = q("SELECT count(*), count(*) FILTER (NOT equal) FROM event_diffs WHERE pair_id = ?")
+        (through,), = q("SELECT max(compared_through) FROM pair_ranks WHERE pair_id = ?")
+        lines = [f"result: {events:,} events compared through step {through}; {differing:,} differ"]
+        for rank, step, mb, phase, name in q(
+            "SELECT rank, step, microbatch, phase, name FROM first_divergence WHERE pair_id = ? ORDER BY rank"
+        ):
+            lines.append(f"  first divergence: rank {rank}, step {step}, microbatch {mb}, {phase} {name}")
+        (drift,), = q("SELECT max(drift) FROM param_drift WHERE pair_id = ? AND \"group\" = '*'")
+        (spikes,), = q("SELECT count(*) FROM loss_spikes WHERE pair_id = ?")
+        lines.append(f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)" if drift is not None
+                     else f"  no checkpoint pair for drift; {spikes} loss spike(s)")
+        lines.append(f"  tables: {db} (pair_id = '{pid}')")
+        return lines
+    finally:
+        con.close()
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    known, beam_args = parser.parse_known_args(argv)
+    diff(known, beam_args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -1,0 +1,408 @@
+"""Read run directories into Beam: segments in parallel, tensors as Arrow record batches.
+
+Everything goes through Beam's file systems, so ``gs://`` or ``s3://`` runs work where
+the matching apache-beam extra is installed. A run is described once on the launcher
+(`describe_run`: its segments, each rank's run header); `ReadRuns` then decodes every
+segment of every run on the workers with `tracer.log.read_segment_columns`, in skip
+mode so that every problem in a segment is found, and emits:
+
+- ``tensors`` (golden and suspect only): ``((rank, step // steps_per_bucket), (side,
+  pa.RecordBatch))``, thousands of TENSOR records per element, so no runner pays
+  per-record overhead; one GroupByKey then brings a bucket's batches of both runs
+  together (a CoGroupByKey would add a Flatten that runners do not always fuse);
+- ``events``: ``((side, kind, rank), EventBatch)``, one batch per segment and kind;
+- ``segments``: one `SegmentInfo` per segment, which `SummariseRanks` turns into the
+  checks between segments (`tracer.log.check_chain`) and per-rank facts;
+- ``tables``: rows of the ``corruptions`` and ``errors`` tables, each problem counted in
+  Beam metrics. Corruption is reported with file and byte offset; whether it fails
+  the job is the launcher's decision (`pipelines.run`), so a job finds every problem.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from pipelines.tables import TABLES, named
+from pipelines.tags import split
+from tracer.checkpoint import CHECKPOINT_GLOB, parse_checkpoint_path
+from tracer.errors import LogError, LogFormatError, UsageError
+from tracer.log import (
+    SEGMENT_GLOB,
+    RunHeader,
+    SegmentSummary,
+    check_chain,
+    parse_segment_path,
+    rank_dir_name,
+    read_segment,
+    read_segment_columns,
+    segment_name,
+)
+from tracer.log.columns import TensorColumns
+
+NAMESPACE = "sdctrace"
+TENSORS, EVENTS, SEGMENTS, RANKS = "tensors", "events", "segments", "ranks"
+DIFFED = ("golden", "suspect")  # the sides whose tensor records are joined; replay logs give events only
+# Event kinds some table is made of; others are counted (events_of_unused_kinds), not kept.
+DIFFED_KINDS = frozenset({"step", "fault", "abft"})
+REPLAY_KINDS = frozenset({"site_mismatch", "grad_noise"})
+
+TENSOR_SCHEMA = pa.schema([
+    ("step", pa.int64()),
+    ("microbatch", pa.int64()),
+    ("name", pa.dictionary(pa.int32(), pa.string())),
+    ("phase", pa.int8()),
+    ("fingerprint", pa.uint64()),
+    ("l2", pa.float32()),
+    ("absmax", pa.float32()),
+    ("nan", pa.int64()),
+    ("inf", pa.int64()),
+    ("meta", pa.dictionary(pa.int32(), pa.string())),
+    ("segment", pa.int32()),
+    ("offset", pa.int64()),
+])
+
+_HEAD_BYTES = 64 << 10  # enough for a run header unless the config is huge; then the whole file is read
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    rank: int
+    header: RunHeader
+    segments: tuple[tuple[int, str], ...]  # (index, path), ascending
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """What the launcher knows about a run before the job starts."""
+
+    path: str
+    ranks: dict[int, RankLayout]
+    bytes: int  # all segments together
+
+    @property
+    def header(self) -> RunHeader:
+        """The lowest rank's header: what the run as a whole is compared by."""
+        return self.ranks[min(self.ranks)].header
+
+
+class SegmentTask(NamedTuple):
+    side: str
+    rank: int
+    index: int
+    path: str
+    last: bool
+    run_id: str
+
+
+class EventRow(NamedTuple):
+    rank: int
+    step: int
+    segment: int
+    offset: int
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EventBatch:
+    """One segment's events of one kind, held as plain tuples in one object: coders pickle it in one
+    call at C speed, not row by row."""
+
+    records: tuple[tuple[int, int, int, int, dict[str, Any]], ...]
+
+    @property
+    def rows(self) -> Iterator[EventRow]:
+        return (EventRow(*r) for r in self.records)
+
+
+class SegmentInfo(NamedTuple):
+    side: str
+    rank: int
+    summary: SegmentSummary
+    records: int
+    complete: bool
+    torn_tail: bool
+    last_step_event: int | None  # largest step with a `step` event (a completed step)
+    last_tensor_step: int | None
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Per (run, rank) facts gathered from all its segments."""
+
+    side: str
+    rank: int
+    segments: int
+    records: int
+    complete: bool
+    torn_tail: bool
+    last_step: int | None  # last completed step: from `step` events, else the last tensor's
+
+
+def describe_run(path: str) -> RunLayout:
+    """List a run's segments and read each rank's run header, through Beam's file systems."""
+    try:
+        matches = FileSystems.match([FileSystems.join(path, SEGMENT_GLOB)])[0].metadata_list
+    except ValueError as e:  # no file system for the scheme
+        raise UsageError(f"{path}: {e}") from None
+    by_rank: dict[int, list[tuple[int, str]]] = {}
+    size = 0
+    for m in matches:
+        parsed = parse_segment_path(m.path)
+        if parsed is not None:
+            by_rank.setdefault(parsed[0], []).append((parsed[1], m.path))
+            size += m.size_in_bytes
+    if not by_rank:
+        raise LogFormatError(
+            f"{path}: holds no log segments ({rank_dir_name(0)}/{segment_name(0)}, ...); "
+            "pass a run directory made by `sdc record`"
+        )
+    ranks = {}
+    for rank, segments in sorted(by_rank.items()):
+        segments.sort()
+        ranks[rank] = RankLayout(rank, _first_header(segments, f"{path}/{rank_dir_name(rank)}"), tuple(segments))
+    return RunLayout(path, ranks, size)
+
+
+def list_checkpoints(path: str) -> dict[int, set[int]]:
+    """rank -> steps with a complete checkpoint (its manifest is renamed into place last)."""
+    found: dict[int, set[int]] = {}
+    for m in FileSystems.match([FileSystems.join(path, CHECKPOINT_GLOB)])[0].metadata_list:
+        parsed = parse_checkpoint_path(m.path)
+        if parsed is not None:
+            found.setdefault(parsed[1], set()).add(parsed[0])
+    return found
+
+
+def read_file(path: str) -> bytes:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
+
+
+def _first_header(segments: list[tuple[int, str]], where: str) -> RunHeader:
+    """Every segment repeats the header: a damaged one is found in the next, as LogReader does."""
+    for _, seg_path in segments:
+        header = _read_header(seg_path)
+        if header is not None:
+            return header
+    raise LogFormatError(
+        f"{where}: no segment holds a readable run header (the writer died before writing one, "
+        "or every copy is damaged)"
+    )
+
+
+def _read_header(path: str) -> RunHeader | None:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        data = f.read(_HEAD_BYTES)
+        if len(data) == _HEAD_BYTES:
+            head, _, _ = _quiet_head(data, path)
+            if head is not None:
+                return head
+            data += f.read()
+    return _quiet_head(data, path)[0]
+
+
+def _quiet_head(data: bytes, path: str) -> tuple[RunHeader | None, Any, Any]:
+    # A prefix may end inside a record: that reads as a torn tail, harmlessly, so no warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return read_segment(data, path, last=True, on_corruption="skip")
+
+
+class ReadRuns(beam.PTransform):
+    """Decode every segment of every run (side -> layout) -> {TENSORS, EVENTS, SEGMENTS, TABLES (corruptions,
+    errors)}."""
+
+    def __init__(self, runs: Mapping[str, RunLayout], steps_per_bucket: int) -> None:
+        super().__init__()
+        self.runs, self.steps_per_bucket = dict(runs), steps_per_bucket
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
+        tasks = [
+            SegmentTask(side, r.rank, index, path, index == r.segments[-1][0], r.header.run_id)
+            for side, run in self.runs.items()
+            for r in run.ranks.values()
+            for index, path in r.segments
+        ]
+        decoded = (
+            pbegin
+            | "List segments" >> beam.Create(tasks)  # Create spreads its elements over the workers
+            | "Decode segments" >> beam.ParDo(DecodeSegment(self.steps_per_bucket))
+        )
+        return split(decoded, (TENSORS, EVENTS, SEGMENTS, TABLES), "Decoded")
+
+
+def used(side: str, kind: str) -> bool:
+    """Whether some table is made of this event kind of this run."""
+    return kind in (DIFFED_KINDS if side in DIFFED else REPLAY_KINDS)
+
+
+class DecodeSegment(beam.DoFn):
+    """One segment file -> tensor batches per step bucket, event batches per kind, facts, problems."""
+
+    def __init__(self, steps_per_bucket: int) -> None:
+        self.steps_per_bucket = steps_per_bucket
+
+    def setup(self) -> None:
+        counter = lambda name: Metrics.counter(NAMESPACE, name)  # noqa: E731
+        self.segments, self.tensor_records, self.event_records = (
+            counter("segments_read"), counter("tensor_records"), counter("event_records"))
+        self.unused_events, self.corrupt, self.skipped = (
+            counter("events_of_unused_kinds"), counter("corruptions"), counter("corrupt_records_skipped"))
+        self.torn, self.errors = counter("torn_tails"), counter("unreadable_segments")
+
+    def process(self, task: SegmentTask) -> Iterator[tuple[str, Any]]:
+        try:
+            data = read_file(task.path)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a torn tail is in the status, counted below
+                seg = read_segment_columns(data, task.path, last=task.last, on_corruption="skip")
+            if seg.header is not None and (seg.header.run_id, seg.header.rank) != (task.run_id, task.rank):
+                raise LogFormatError(
+                    f"{task.path}: segment of run {seg.header.run_id} rank {seg.header.rank}, but the rank's first "
+                    f"segment is of run {task.run_id} rank {task.rank}: two logs are mixed in one directory"
+                )
+        except (LogError, OSError) as e:
+            self.errors.inc()
+            row = {"side": task.side, "rank": task.rank, "path": task.path, "message": str(e)}
+            yield TABLES, named("errors", [row])
+            return
+        status = seg.status
+        self.segments.inc()
+        self.tensor_records.inc(len(seg.tensors))
+        self.event_records.inc(len(seg.events))
+        self.skipped.inc(status.skipped_records)
+        self.torn.inc(int(status.torn_tail))
+        if status.corruptions:
+            self.corrupt.inc(len(status.corruptions))
+            rows = [corruption_row(task.run_id, task.side, task.rank, *c) for c in status.corruptions]
+            yield TABLES, named("corruptions", rows)
+        index = task.index  # the file name's: what locates the record (a wrong header index is reported)
+        if task.side in DIFFED:
+            for key, batch in bucket_batches(seg.tensors, index, self.steps_per_bucket):
+                yield TENSORS, ((task.rank, key), (task.side, batch))
+        by_kind: dict[str, list[tuple[int, int, int, int, dict[str, Any]]]] = {}
+        for e in seg.events:
+            by_kind.setdefault(e.record.kind, []).append((task.rank, e.record.step, index, e.offset, e.record.fields))
+        for kind, rows in by_kind.items():
+            if used(task.side, kind):
+                yield EVENTS, ((task.side, kind, task.rank), EventBatch(tuple(rows)))
+            else:
+                self.unused_events.inc(len(rows))
+        steps = [r[1] for r in by_kind.get("step", [])]
+        yield SEGMENTS, SegmentInfo(
+            task.side,
+            task.rank,
+            SegmentSummary(task.index, task.path, seg.index, status.first_record, seg.data_records, seg.lost),
+            status.records,
+            status.complete,
+            status.torn_tail,
+            max(steps) if steps else None,
+            int(seg.tensors.step.max()) if len(seg.tensors) else None,
+        )
+
+
+def bucket_batches(cols: TensorColumns, segment: int, steps_per_bucket: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Split a segment's tensor columns into one record batch per step bucket, copying each slice."""
+    if not len(cols):
+        return
+    bucket = cols.step // steps_per_bucket
+    order = None if bool((bucket[1:] >= bucket[:-1]).all()) else np.argsort(bucket, kind="stable")
+    if order is not None:
+        bucket = bucket[order]
+    cuts = np.flatnonzero(bucket[1:] != bucket[:-1]) + 1
+    strings = pa.array(cols.strings, pa.string())  # name and meta codes index the same list
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(bucket)]):
+        take = slice(lo, hi) if order is None else order[lo:hi]
+        part = lambda a: np.ascontiguousarray(a[take])  # noqa: E731 - a copy: slices would pickle whole buffers
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array(part(cols.step)),
+                pa.array(part(cols.microbatch)),
+                pa.DictionaryArray.from_arrays(pa.array(part(cols.name)), strings),
+                pa.array(part(cols.phase)),
+                pa.array(part(cols.fingerprint)),
+                pa.array(part(cols.l2)),
+                pa.array(part(cols.absmax)),
+                pa.array(part(cols.nan)),
+                pa.array(part(cols.inf)),
+                pa.DictionaryArray.from_arrays(pa.array(part(cols.meta)), strings),
+                pa.array(np.full(hi - lo, segment, np.int32)),
+                pa.array(part(cols.offset)),
+            ],
+            schema=TENSOR_SCHEMA,
+        )
+        yield int(bucket[lo]), batch
+
+
+def corruption_row(run_id: str, side: str, rank: int, path: str, offset: int, reason: str) -> dict[str, Any]:
+    return {"run_id": run_id, "side": side, "rank": rank, "path": path, "offset": offset, "reason": reason}
+
+
+class SummariseRanks(beam.PTransform):
+    """Segment facts -> RANKS: one `RankInfo` per (side, rank); TABLES: the runs rows and the problems
+    between segments."""
+
+    def __init__(self, runs: Mapping[str, RunLayout]) -> None:
+        super().__init__()
+        self.runs = dict(runs)
+
+    def expand(self, infos: beam.PCollection) -> dict[str, beam.PCollection]:
+        summaries = (
+            infos
+            | "Key by rank" >> beam.Map(lambda i: ((i.side, i.rank), i))
+            | "Group segments" >> beam.GroupByKey()
+            | "Check chains" >> beam.ParDo(_SummariseRank(self.runs))
+        )
+        return split(summaries, (RANKS, TABLES), "Rank")
+
+
+class _SummariseRank(beam.DoFn):
+    def __init__(self, runs: dict[str, RunLayout]) -> None:
+        self.runs = runs
+
+    def setup(self) -> None:
+        self.corrupt = Metrics.counter(NAMESPACE, "corruptions")
+
+    def process(self, element: tuple[tuple[str, int], Iterable[SegmentInfo]]) -> Iterator[tuple[str, Any]]:
+        (side, rank), infos = element
+        infos = sorted(infos, key=lambda i: i.summary.index)
+        run = self.runs[side]
+        header = run.ranks[rank].header
+        directory = infos[0].summary.path.rsplit("/", 1)[0]
+        problems = check_chain([i.summary for i in infos], lambda i: f"{directory}/{segment_name(i)}")
+        if problems:
+            self.corrupt.inc(len(problems))
+            rows = [corruption_row(header.run_id, side, rank, *p) for p in problems]
+            yield TABLES, named("corruptions", rows)
+        step_events = [i.last_step_event for i in infos if i.last_step_event is not None]
+        tensor_steps = [i.last_tensor_step for i in infos if i.last_tensor_step is not None]
+        info = RankInfo(
+            side, rank, len(infos), sum(i.records for i in infos), infos[-1].complete, infos[-1].torn_tail,
+            max(step_events) if step_events else max(tensor_steps) if tensor_steps else None,
+        )
+        yield RANKS, info
+        yield TABLES, named("runs", [_run_row(run.path, header, info)])
+
+
+def _run_row(path: str, h: RunHeader, info: RankInfo) -> dict[str, Any]:
+    as_json = lambda v: json.dumps(v, sort_keys=True, default=repr)  # noqa: E731
+    return {
+        "run_id": h.run_id, "rank": info.rank, "path": path, "node_label": h.node_label, "role": h.role,
+        "world_size": h.world_size, "schema_version": h.schema_version, "config_fingerprint": h.config_fingerprint,
+        "seed": h.seed, "data_order_fingerprint": h.data_order_fingerprint,
+        "fingerprint_algorithm": h.fingerprint_algorithm, "device": h.device, "created_unix": h.created_unix,
+        "config": as_json(h.config), "versions": as_json(h.versions), "determinism": as_json(h.determinism),
+        "extra": as_json(h.extra), "segments": info.segments, "records": info.records, "complete": info.complete,
+        "torn_tail": info.torn_tail, "last_step": info.last_step,
+    }

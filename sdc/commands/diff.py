@@ -1,0 +1,42 @@
+"""``sdc diff``: diff a golden and a suspect run (and replay logs) into a DuckDB study database."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from pipelines.arguments import add_arguments
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "diff",
+        help="diff a pair of runs into a DuckDB study database (an Apache Beam job)",
+        description=(
+            "Validate that two runs pair, then diff them with an Apache Beam job: every fingerprint, the first "
+            "divergence per rank, losses and loss spikes, parameter drift at common checkpoints, fault ground truth "
+            "against fingerprint and ABFT detections, and the RQ1/RQ2 metrics of replay logs. The tables are "
+            "loaded into --db, replacing this pair's earlier rows (analysis/SCHEMA.md describes them)."
+        ),
+        epilog=(
+            "Beam options go after `--`, e.g. `-- --runner=DirectRunner --direct_running_mode=multi_processing` or "
+            "`-- --runner=apache_beam.runners.dask.dask_runner.DaskRunner --dask_client_address=HOST:8786`. "
+            "Default: the DirectRunner (docs/pipelines.md)."
+        ),
+    )
+    add_arguments(p)
+    p.add_argument("beam_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    beam_args = args.beam_args[1:] if args.beam_args[:1] == ["--"] else args.beam_args
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # importing Beam warns about optional Google Cloud clients
+    try:
+        from pipelines.run import diff
+    finally:
+        root.setLevel(level)
+    diff(args, beam_args)
+    return 0

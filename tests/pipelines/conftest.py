@@ -1,0 +1,131 @@
+"""Small real runs for the pipeline tests, recorded once per session, and a way to diff them.
+
+- ``golden``: 5 steps; ``twin``: the same config for 4 steps (a healthy pair of different length);
+- ``hooked``: like golden, but a forward hook registered before tracing perturbs
+  ``FAULT_SITE``'s output at ``FAULT_STEP``, microbatch ``FAULT_MICROBATCH``;
+- ``emulated``: the fault emulator flips one exponent bit in ``layers.1.feed_forward`` at
+  step 3, with ABFT on, against ``abft_golden`` (ABFT on, no faults);
+- ``replay``: a replay log of golden, written with LogWriter per the documented event schema.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines.arguments import add_arguments
+from pipelines.run import DiffReport, diff
+from tests.support import small_config
+from tracer.faults import load_profile
+from tracer.log import EventRecord, LogReader, LogWriter, rank_dir
+from tracer.tracing import Tracer
+from tracer.workload.config import Config, config_fingerprint
+from tracer.workload.train import build, record_run, train_step
+
+FAULT_STEP, FAULT_MICROBATCH, FAULT_SITE = 2, 1, "layers.1.attention"
+IN_MEMORY = ["--direct_running_mode=in_memory"]
+
+ONE_FLIP = """
+description = "one exponent flip in layers.1.feed_forward's forward matmuls at step 3"
+seed = 7
+[[fault]]
+ops = ["matmul"]
+sites = "layers\\\\.1\\\\.feed_forward"
+phases = ["forward"]
+steps = [3]
+p_call = 1.0
+elements = 1
+kind = "bitflip"
+bits = "exponent"
+"""
+
+SITE_MISMATCH = [  # (step, microbatch, site, phase, elements, mismatched, severity)
+    (1, 0, "layers.0.attention", "forward", 4096, 0, None),
+    (1, 0, "layers.1.feed_forward", "forward", 4096, 17, 0.25),
+    (2, 1, "layers.1.feed_forward", "backward", 4096, 3, 1.5),
+]
+GRAD_NOISE = [(1, "*", 0.02, 4.0), (1, "layers.0.attention.wq.weight", 0.01, 1.0), (2, "*", 0.0, 4.1)]
+
+
+def record_hooked(cfg: Config, out: Path) -> None:
+    """Record like `record_run`, with FAULT_SITE's output perturbed once, before the Tracer sees it."""
+    w = build(cfg)
+    site = dict(w.model.named_modules())[FAULT_SITE]
+    tracer = Tracer(
+        w.model, w.optimizer, out=out, node_label="hooked", config=cfg.to_dict(), config_fp=config_fingerprint(cfg),
+        seed=cfg.train.seed, data_order_fingerprint=w.data.fingerprint,
+    )
+
+    def perturb(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
+        if (tracer.step_index, tracer.microbatch_index) == (FAULT_STEP, FAULT_MICROBATCH):
+            return output * 1.001
+        return None
+
+    handle = site.register_forward_hook(perturb)  # first: the Tracer's own hook then sees the perturbed output
+    try:
+        with tracer:
+            for step in range(cfg.run.steps):
+                if step % cfg.run.checkpoint_every == 0:
+                    tracer.checkpoint(step, data={"step": step})
+                with tracer.step(step):
+                    train_step(w, step, tracer)
+            tracer.checkpoint(cfg.run.steps, data={"step": cfg.run.steps})
+    finally:
+        handle.remove()
+
+
+def write_replay(golden: Path, out: Path) -> None:
+    header = dataclasses.replace(LogReader(rank_dir(golden, 0)).header, run_id="replay-0001", role="replay")
+    with LogWriter(rank_dir(out, 0), header) as w:
+        for step, mb, site, phase, elements, mismatched, severity in SITE_MISMATCH:
+            w.write_event(EventRecord("site_mismatch", step, {
+                "microbatch": mb, "site": site, "phase": phase, "elements": elements, "mismatched": mismatched,
+                "frequency": mismatched / elements, "severity": severity, "max_rel": (severity or 0.0) * 2,
+            }))
+        for step, name, diff_l2, golden_l2 in GRAD_NOISE:
+            w.write_event(EventRecord("grad_noise", step, {
+                "name": name, "diff_l2": diff_l2, "golden_l2": golden_l2, "ratio": diff_l2 / golden_l2,
+            }))
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("pipeline-runs")
+    cfg = small_config("run.steps=5")
+    record_run(cfg, root / "golden", node_label="golden", progress=False)
+    record_run(small_config("run.steps=4"), root / "twin", node_label="twin", progress=False)
+    record_hooked(cfg, root / "hooked")
+    write_replay(root / "golden", root / "replay")
+    return {name: root / name for name in ("golden", "twin", "hooked", "replay")}
+
+
+@pytest.fixture(scope="session")
+def emulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("emulated")
+    (root / "one-flip.toml").write_text(ONE_FLIP, encoding="utf-8")
+    cfg = small_config("run.steps=5")
+    record_run(cfg, root / "golden", node_label="golden", progress=False, abft=True)
+    record_run(cfg, root / "suspect", node_label="suspect", progress=False, abft=True,
+               fault_profile=load_profile(root / "one-flip.toml"))
+    return {"golden": root / "golden", "suspect": root / "suspect"}
+
+
+@pytest.fixture
+def run_diff(tmp_path: Path) -> Callable[..., tuple[DiffReport, list[str]]]:
+    """Diff two runs into ``tmp_path/study.duckdb`` (or `db`): (report, progress lines)."""
+
+    def run(golden: Path, suspect: Path, *options: str, beam: list[str] = IN_MEMORY,
+            db: Path | None = None) -> tuple[DiffReport, list[str]]:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        args = parser.parse_args(["--golden", str(golden), "--suspect", str(suspect),
+                                  "--db", str(db or tmp_path / "study.duckdb"), *options])
+        lines: list[str] = []
+        return diff(args, beam, echo=lines.append), lines
+
+    return run

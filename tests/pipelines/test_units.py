@@ -1,0 +1,124 @@
+"""The pipeline's pure parts: the join of one bucket, scoring, loss spikes, drift, pairing, run description."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines.diff import diff_bucket
+from pipelines.events import Fault, fault_units
+from pipelines.metrics import SPIKE_FACTOR, drift_rows, parameter_group, spikes
+from pipelines.pairing import differences, pair_id, validate_pair
+from pipelines.source import RankLayout, RunLayout, bucket_batches, describe_run
+from tests.pipelines.test_transforms import B, F, G, P, columns
+from tracer.errors import LogFormatError, ValidationError
+from tracer.log import SCHEMA_VERSION, LogWriter, Phase, RunHeader, rank_dir
+
+
+def batch(records):
+    return [b for _, b in bucket_batches(columns(records), 0, 1_000_000)]
+
+
+def rows(result, *cols):
+    return [tuple(r[c] for c in cols) for r in result.event_diffs.to_pylist()]
+
+
+def test_repeated_calls_of_one_site_pair_up_in_log_order() -> None:
+    golden = [(0, 0, "a", F, 1), (0, 0, "a", F, 2), (0, 0, "b", F, 3)]
+    suspect = [(0, 0, "a", F, 1), (0, 0, "a", F, 9)]
+    result = diff_bucket(0, batch(golden), batch(suspect), bound=10)
+    assert rows(result, "name", "occurrence", "status", "golden_fingerprint", "suspect_fingerprint") == [
+        ("a", 0, "equal", 1, 1), ("a", 1, "differ", 2, 9), ("b", 0, "golden_only", 3, None)]
+
+
+def test_execution_order_puts_step_level_phases_after_every_microbatch() -> None:
+    golden = [(0, 0, "in", Phase.INPUT, 1), (0, 0, "a", F, 2), (0, 0, "a", B, 3), (0, 1, "a", F, 4), (0, 0, "w", G, 5),
+              (0, 0, "w", P, 6)]
+    suspect = [(0, 0, "in", Phase.INPUT, 1), (0, 0, "a", F, 2), (0, 0, "a", B, 3), (0, 1, "a", F, 40),
+               (0, 0, "w", G, 50), (0, 0, "w", P, 60)]
+    result = diff_bucket(0, batch(golden), batch(suspect), bound=10)
+    assert [(r[1], r[3]) for r in rows(result, "step", "microbatch", "name", "phase")] == [
+        (0, "input"), (0, "forward"), (0, "backward"), (1, "forward"), (0, "grad"), (0, "param")]
+    first = result.findings.first[1]
+    assert (first["microbatch"], first["phase"], first["name"]) == (1, "forward", "a")
+    (steps,) = result.divergence_steps.to_pylist()
+    assert (steps["differing"], steps["sites_differing"], steps["grads_differing"], steps["params_differing"]) == (3, 1, 1, 1)
+
+
+def fault(step: int, site: str, phase: str = "forward", mb: int = 0) -> Fault:
+    return Fault("suspect", 0, step, 0, 100 + step, mb, site, "aten.mm.default", phase, "bitflip", 1, [0], [1.0], [2.0],
+                 None)
+
+
+def test_faults_are_located_at_the_longest_traced_prefix() -> None:
+    sites = ["layers.1", "layers.1.attention", "layers.10.attention"]
+    located = [(traced, phase) for _, traced, phase in fault_units(
+        [fault(1, "layers.1.attention.wq"), fault(1, "layers.10.attention"), fault(1, "embed"),
+         fault(1, "layers.1.attention", phase="backward"), fault(1, "layers.1.attention", phase="sideways")], sites)]
+    assert located == [("layers.1.attention", 0), ("layers.10.attention", 0), (None, None), ("layers.1.attention", 1),
+                       (None, None)]
+
+
+def test_fingerprint_scores_separate_unexplained_from_propagated_differences() -> None:
+    golden = [(s, 0, site, ph, 1) for s in range(4) for site in ("a", "b") for ph in (F, B)]
+    # step 0: "b" differs with no fault (fp); step 2: the fault at "a" (tp) and what follows (propagated)
+    changed = {(0, "b", F), (2, "a", F), (2, "b", F), (3, "a", F)}
+    suspect = [(s, m, n, ph, 2 if (s, n, ph) in changed else fp) for s, m, n, ph, fp in golden]
+    faults = [fault(2, "a"), fault(1, "b", phase="backward"), fault(9, "a")]
+    result = diff_bucket(0, batch(golden), batch(suspect), bound=3, faults=faults)
+    units, tp, fp, fn, tn, propagated = result.findings.scores
+    assert (units, tp, fp, fn, tn, propagated) == (16, 1, 1, 1, 11, 2)
+    hits = {fid[3]: hit["fingerprint_detected"] for fid, hit in result.findings.fault_hits}
+    assert hits == {102: True, 101: False}  # the fault at step 9 is beyond the comparison
+
+
+def test_loss_spike_rule() -> None:
+    losses = [2.0, 2.1, 1.9, 2.0, 2.05, 3.5, 2.0, math.nan, 2.0]
+    found = spikes(list(range(len(losses))), losses)
+    assert [(s["step"], s["baseline"]) for s in found] == [(5, 2.0), (7, 2.0)]
+    assert found[0]["ratio"] == pytest.approx(3.5 / 2.0) and 3.5 > SPIKE_FACTOR * 2.0
+    assert spikes([0, 1, 2], [1.0, 100.0, math.inf]) == [{"step": 2, "loss": math.inf, "baseline": None, "ratio": None}]
+
+
+def test_drift_is_relative_overall_and_per_layer() -> None:
+    golden = {"layers.0.w": torch.ones(4), "layers.1.w": torch.ones(4) * 2, "embed.weight": torch.ones(2),
+              "steps": torch.tensor([3])}
+    suspect = {**golden, "layers.1.w": torch.tensor([2.0, 2.0, 2.0, 3.0])}
+    drift = {r["group"]: r for r in drift_rows(0, 5, golden, suspect)}
+    assert set(drift) == {"*", "layers.0", "layers.1", "embed"}  # integer tensors are not parameters
+    assert drift["layers.0"]["drift"] == 0.0 and drift["layers.1"]["drift"] == pytest.approx(1 / 4)
+    assert drift["*"]["drift"] == pytest.approx(1 / math.sqrt(4 + 16 + 2)) and drift["*"]["elements"] == 10
+    assert parameter_group("model.layers.12.mlp.w1.weight") == "model.layers.12"
+
+
+def layout(path: str, ranks: dict[int, RunHeader]) -> RunLayout:
+    return RunLayout(path, {r: RankLayout(r, h, ()) for r, h in ranks.items()}, 0)
+
+
+HEADER = RunHeader(SCHEMA_VERSION, "g", "n", "train", 2, 0, {}, "cfg", 0, "data", "lanes64-v1", {}, "cpu",
+                   {"intra_op_threads": 2}, 0.0, {})
+
+
+def test_pairing_lists_every_difference_and_ids_are_deterministic() -> None:
+    golden = layout("A", {0: HEADER, 1: dataclasses.replace(HEADER, rank=1)})
+    suspect = layout("B", {0: dataclasses.replace(HEADER, run_id="s", seed=3), 1: dataclasses.replace(HEADER, rank=1)})
+    assert differences(golden, suspect) == ["seed: 0 vs 3"]
+    assert differences(golden, layout("C", {0: HEADER})) == ["ranks: [0, 1] vs [0]"]
+    replay = layout("R", {0: dataclasses.replace(HEADER, run_id="r", role="replay")})
+    validate_pair(golden, golden, [replay])  # a replay log of some ranks fits
+    with pytest.raises(ValidationError, match=r"replay log T .*role: expected 'replay', found 'train'"):
+        validate_pair(golden, golden, [layout("T", {0: HEADER})])
+    assert pair_id(golden, suspect) == pair_id(golden, suspect) != pair_id(suspect, golden)
+
+
+def test_describe_run_reads_a_header_larger_than_the_first_read(tmp_path: Path) -> None:
+    big = dataclasses.replace(HEADER, world_size=1, config={"notes": "x" * 200_000})
+    LogWriter(rank_dir(tmp_path / "run", 0), big).close()
+    run = describe_run(str(tmp_path / "run"))
+    assert run.header.config == big.config and run.bytes > 200_000
+    with pytest.raises(LogFormatError, match="holds no log segments"):
+        describe_run(str(tmp_path / "nothing"))
