@@ -9,6 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from pipelines.run import run as run_module
 from sdc.cli import main
 from tests.pipelines.conftest import (
     FAULT_MICROBATCH,
@@ -18,7 +19,7 @@ from tests.pipelines.conftest import (
     SITE_MISMATCH,
 )
 from tracer.errors import LogCorruptionError, ValidationError
-from tracer.log import LogReader, LogWriter, rank_dir
+from tracer.log import EventRecord, LogReader, LogWriter, Phase, TensorRecord, rank_dir
 
 
 def query(db: Path, sql: str, *params: object) -> list[tuple]:
@@ -152,3 +153,33 @@ def test_cli_runs_the_diff_and_errors_in_one_line(runs, tmp_path: Path, capsys: 
     assert main([*base, "--suspect", str(tmp_path / "missing")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sdc: error: ") and "holds no log segments" in err[0]
+    # python -m pipelines.run: the same job, Beam's options mixed in with its own
+    assert run_module([*base[1:], "--suspect", str(runs["twin"]), "--direct_running_mode=in_memory"]) == 0
+    assert "result: " in capsys.readouterr().out
+
+
+def write_two_ranks(out: Path, header, steps: dict[int, int], changed: tuple[int, int] | None = None) -> None:
+    """A 2-rank run of `steps[rank]` steps; `changed`: (rank, step) from which rank's site outputs differ."""
+    for rank, n in steps.items():
+        h = dataclasses.replace(header, run_id=f"{out.name}-{rank}", rank=rank, world_size=2)
+        with LogWriter(rank_dir(out, rank), h, segment_bytes=2_000) as w:
+            for step in range(n):
+                for mb in range(2):
+                    for site in ("layers.0.attention", "layers.1.attention"):
+                        differ = changed is not None and rank == changed[0] and step >= changed[1]
+                        w.write_tensor(TensorRecord(step, mb, site, Phase.FORWARD, 1000 * step + mb + int(differ),
+                                                    1.0, 1.0, 0, 0, "float32[4]"))
+                w.write_event(EventRecord("step", step, {"loss": 2.0, "lr": [1e-3], "wall_s": 0.1, "microbatches": 2}))
+
+
+def test_ranks_are_compared_and_bounded_one_by_one(runs, run_diff, tmp_path: Path) -> None:
+    header = LogReader(rank_dir(runs["golden"], 0)).header
+    write_two_ranks(tmp_path / "g2", header, {0: 6, 1: 6})
+    write_two_ranks(tmp_path / "s2", header, {0: 6, 1: 4}, changed=(1, 2))
+    report, _ = run_diff(tmp_path / "g2", tmp_path / "s2", "--steps-per-bucket", "2")
+    db = tmp_path / "study.duckdb"
+    assert query(db, "SELECT rank, compared_through FROM pair_ranks ORDER BY rank") == [(0, 5), (1, 3)]
+    assert query(db, "SELECT rank, step, microbatch, name FROM first_divergence") == [(1, 2, 0, "layers.0.attention")]
+    assert query(db, "SELECT rank, count(*) FROM event_diffs GROUP BY rank ORDER BY rank") == [(0, 24), (1, 16)]
+    assert query(db, "SELECT count(*), sum(segments) > 2 FROM runs") == [(4, True)]
+    assert report.counters["segments_read"] > 4

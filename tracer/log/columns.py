@@ -285,9 +285,8 @@ def _frame_chain(raw: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray] |
     cand, stop = cand[fits], stop[fits]
     if len(cand) == 0 or cand[0] != start:
         return None
-    nxt = np.searchsorted(cand, stop)  # index of the candidate each one points to, if any
+    nxt = _next_candidate(cand, stop)
     points = nxt < len(cand)
-    points[points] = cand[nxt[points]] == stop[points]
     alive = np.ones(len(cand), bool)
     for _ in range(_PEEL_ROUNDS):
         has_in = np.zeros(len(cand), bool)
@@ -303,6 +302,23 @@ def _frame_chain(raw: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray] |
     if stops[-1] != n or not np.array_equal(stops[:-1], offsets[1:]):
         return None
     return offsets, stops
+
+
+def _next_candidate(cand: np.ndarray, stop: np.ndarray) -> np.ndarray:
+    """Index of the candidate at each candidate's end, or len(cand). Real frames mostly point a step or two
+    ahead (past the odd frame-like byte run), so those are tried before a binary search."""
+    m = len(cand)
+    nxt = np.full(m, m, np.int64)
+    todo = np.arange(m)
+    for ahead in (1, 2, 3):
+        j = np.minimum(todo + ahead, m - 1)
+        hit = cand[j] == stop[todo]
+        nxt[todo[hit]] = j[hit]
+        todo = todo[~hit]
+    j = np.minimum(np.searchsorted(cand, stop[todo]), m - 1)
+    hit = cand[j] == stop[todo]
+    nxt[todo[hit]] = j[hit]
+    return nxt
 
 
 def _strings(view: memoryview, offsets: np.ndarray, stops: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray] | None:
