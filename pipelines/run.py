@@ -191,12 +191,10 @@ def diff(args: argparse.Namespace, beam_args: Sequence[str], echo: Echo = print)
     echo(f"[1/3] pair {plan.pair_id}: headers match (config {h.config_fingerprint[:12]}, seed {h.seed}, "
          f"world size {h.world_size}); {len(plan.drift)} checkpoint pair(s) for drift")
     opts = pipeline_options(beam_args, sum(run.bytes for run in plan.sides().values()))
-    if opts.view_as(DirectOptions).direct_running_mode == "multi_threading":
-        echo("  warning: direct_running_mode=multi_threading crashed on grouping pipelines in our tests; "
-             "prefer multi_processing or in_memory")
     keep = args.staging is not None
-    if keep and FileSystems.exists(args.staging) and FileSystems.match([FileSystems.join(args.staging, "*")])[0].metadata_list:
-        raise UsageError(f"--staging {args.staging}: not empty; give an empty or new directory (its Parquet is loaded)")
+    if keep and FileSystems.match([FileSystems.join(args.staging, "**")])[0].metadata_list:
+        raise UsageError(f"--staging {args.staging}: not empty; give an empty or new directory (all its Parquet "
+                         "is loaded as this pair's)")
     Path(args.db).resolve().parent.mkdir(parents=True, exist_ok=True)
     staging = args.staging or tempfile.mkdtemp(prefix="sdc-diff-", dir=Path(args.db).resolve().parent)
     report = DiffReport(plan.pair_id, staging)

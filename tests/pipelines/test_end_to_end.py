@@ -18,7 +18,7 @@ from tests.pipelines.conftest import (
     GRAD_NOISE,
     SITE_MISMATCH,
 )
-from tracer.errors import LogCorruptionError, ValidationError
+from tracer.errors import LogCorruptionError, UsageError, ValidationError
 from tracer.log import EventRecord, LogReader, LogWriter, Phase, TensorRecord, rank_dir
 
 
@@ -141,6 +141,21 @@ def test_corrupt_segment_is_reported_with_file_and_offset(runs, run_diff, tmp_pa
     db = tmp_path / "study.duckdb"
     assert query(db, "SELECT side, path, \"offset\", reason FROM corruptions") == [("suspect", path, offset, reason)]
     assert any(f"at byte {offset}" in line for line in lines) and report.rows["event_diffs"] > 0
+
+
+def test_crashed_run_and_kept_staging(runs, run_diff, tmp_path: Path) -> None:
+    suspect = tmp_path / "crashed"
+    shutil.copytree(runs["twin"], suspect)
+    seg = rank_dir(suspect, 0) / "000000.sdclog"
+    seg.write_bytes(seg.read_bytes()[:-30])  # the END record and part of the last record: a crash mid-write
+    staging = tmp_path / "staging"
+    report, _ = run_diff(runs["golden"], suspect, "--staging", str(staging))
+    db = tmp_path / "study.duckdb"
+    assert query(db, "SELECT complete, torn_tail FROM runs WHERE node_label = 'twin'") == [(False, True)]
+    assert query(db, "SELECT count(*) FROM corruptions") == [(0,)] and report.rows["event_diffs"] > 0
+    assert sorted(p.name for p in staging.iterdir()) == sorted(t for t, n in report.rows.items() if n)
+    with pytest.raises(UsageError, match="not empty"):
+        run_diff(runs["golden"], suspect, "--staging", str(staging))
 
 
 def test_cli_runs_the_diff_and_errors_in_one_line(runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
