@@ -173,9 +173,8 @@ class RouteEvents(beam.PTransform):
 
 
 class _Route(beam.DoFn):
-
-    def __init__(self, replay_run_ids: Mapping[tuple[str, int], str]) -> None:
-        self.replay_run_ids = dict(replay_run_ids)  # (side, rank) -> run id, of replay logs
+    def __init__(self, replay_run_ids: dict[tuple[str, int], str]) -> None:
+        self.replay_run_ids = replay_run_ids
 
     def setup(self) -> None:
         self.unreadable = Metrics.counter(NAMESPACE, "event_fields_unreadable")

@@ -1,4 +1,4 @@
-"""Per-step metrics beside the event diff: loss curves and spikes, parameter drift, replay (RQ1, RQ2).
+"""Per-step metrics beside the event diff: loss curves and spikes, parameter drift (RQ3).
 
 Loss spike rule (analysis/SCHEMA.md, docs/pipelines.md): a step's loss is a spike when
 it is not finite, or when at least `SPIKE_MIN_HISTORY` of the previous `SPIKE_WINDOW`
