@@ -16,9 +16,20 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+SDC    := $(VENV)/bin/sdc
+
+# Record a golden run and an emulated unhealthy node, replay around their first
+# divergence in both modes, and diff everything into one DuckDB database.
 demo: $(STAMP)
-	$(VENV)/bin/sdc record --out $(DEMO)/golden --node-label golden --overwrite
-	$(VENV)/bin/sdc inspect $(DEMO)/golden
+	$(SDC) record --out $(DEMO)/golden --node-label golden --overwrite
+	$(SDC) inspect $(DEMO)/golden
+	$(SDC) record --out $(DEMO)/node-7 --node-label node-7 --fault-profile bursty-mismatch --abft --overwrite
+	$(SDC) replay --golden $(DEMO)/golden --suspect $(DEMO)/node-7 --at-first-divergence \
+		--mode lockstep --out $(DEMO)/node-7-lockstep --overwrite
+	$(SDC) replay --golden $(DEMO)/golden --suspect $(DEMO)/node-7 --at-first-divergence \
+		--mode param-sync --out $(DEMO)/node-7-param-sync --overwrite
+	$(SDC) diff --golden $(DEMO)/golden --suspect $(DEMO)/node-7 --db $(DEMO)/study.duckdb \
+		--replay $(DEMO)/node-7-lockstep --replay $(DEMO)/node-7-param-sync
 
 test: $(STAMP)
 	$(PY) -m pytest -q

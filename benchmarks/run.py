@@ -6,7 +6,9 @@ Targets (from the issues): traced / untraced step time <= 1.10 with every site,
 gradient and parameter fingerprinted each step; <= 64 bytes per fingerprint event.
 The fault emulator (on, no fault firing) and the ABFT checker are each reported
 against a plain traced step; they have no target. Replaying one step costs at most
-2x (parameter sync) and 3x (lockstep) a recorded step (bench_replay.py).
+2x (parameter sync) and 3x (lockstep) a recorded step (bench_replay.py). The Beam
+diff of a 1 000 000-event pair runs at >= 300 000 events/s and within 8x of the
+same join in DuckDB (bench_diff.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 
+import bench_diff
 from bench_replay import bench_replay
 from tracer.abft import AbftChecker
 from tracer.faults import FaultEmulator, load_profile
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_tracing_overhead(args.steps, args.config)
     bench_interceptor_overhead(args.steps, args.config)
     bench_replay(config=args.config)
+    bench_diff.main([])
     return 0
 
 
