@@ -10,3 +10,19 @@ SMALL = ["model.n_layers=2", "data.batch_size=2", "data.seq_len=32", "run.steps=
 
 def small_config(*overrides: str) -> Config:
     return load_config(None, [*SMALL, *overrides])
+
+
+# A fault profile that flips one exponent bit in each forward matmul of one site at one step.
+ONE_FLIP = """
+description = "one exponent flip in layers.1.feed_forward's forward matmuls at step 3"
+seed = 7
+[[fault]]
+ops = ["matmul"]
+sites = "layers\\\\.1\\\\.feed_forward"
+phases = ["forward"]
+steps = [3]
+p_call = 1.0
+elements = 1
+kind = "bitflip"
+bits = "exponent"
+"""

@@ -30,10 +30,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracer.intercept import Clock, Sink, in_own_ops, own_ops
-from tracer.scope import ModuleScope
+from tracer.scope import ModuleScope, ScopedDispatchMode
 from tracer.sites import SiteSpec, find_sites
 
 aten = torch.ops.aten
@@ -123,7 +122,7 @@ def _operands(
     return args[1], args[2], d, alpha, beta  # baddbmm
 
 
-class AbftChecker(TorchDispatchMode):
+class AbftChecker(ScopedDispatchMode):
     """Check every matmul of the forward and backward passes while active; log each to ``sink``."""
 
     def __init__(
@@ -140,20 +139,6 @@ class AbftChecker(TorchDispatchMode):
         self._clock = clock
         self._sink = sink
         self.scope = ModuleScope(find_sites(model, sites))
-
-    def __enter__(self) -> AbftChecker:
-        self.scope.__enter__()
-        try:
-            return super().__enter__()
-        except BaseException:
-            self.scope.__exit__()
-            raise
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            super().__exit__(*exc)
-        finally:
-            self.scope.__exit__()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
 
@@ -101,3 +102,23 @@ def _label(output: Any, path: str, start: int, end: int) -> None:
         node.metadata[_KEY] = (path, *node.metadata.get(_KEY, ()))
         todo.extend(n for n, _ in node.next_functions)
 
+
+
+class ScopedDispatchMode(TorchDispatchMode):
+    """A dispatch mode whose ``scope`` hooks are installed exactly while the mode is active."""
+
+    scope: ModuleScope
+
+    def __enter__(self) -> ScopedDispatchMode:
+        self.scope.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self.scope.__exit__()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self.scope.__exit__()

@@ -80,7 +80,7 @@ def _as_text(run: Path, s: RankSummary) -> str:
         f"  run id       {h.run_id}  created {created}",
         f"  config       {h.config_fingerprint[:16]}  seed {h.seed}  data order {h.data_order_fingerprint[:16]}",
         f"  fingerprint  {h.fingerprint_algorithm}  device {h.device}  threads {det.get('intra_op_threads')}",
-        f"  software     " + "  ".join(f"{k} {v}" for k, v in h.versions.items()),
+        "  software     " + "  ".join(f"{k} {v}" for k, v in h.versions.items()),
         f"  steps        {steps}",
         f"  sites        {len(s.sites)}: " + (", ".join(s.sites[:6]) + (" ..." if len(s.sites) > 6 else "")),
         f"  parameters   {s.parameters}",

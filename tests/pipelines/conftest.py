@@ -20,7 +20,7 @@ import torch
 
 from pipelines.arguments import add_arguments
 from pipelines.run import DiffReport, diff
-from tests.support import small_config
+from tests.support import ONE_FLIP, small_config
 from tracer.faults import load_profile
 from tracer.log import EventRecord, LogReader, LogWriter, rank_dir
 from tracer.tracing import Tracer
@@ -29,20 +29,6 @@ from tracer.workload.train import build, record_run, train_step
 
 FAULT_STEP, FAULT_MICROBATCH, FAULT_SITE = 2, 1, "layers.1.attention"
 IN_MEMORY = ["--direct_running_mode=in_memory"]
-
-ONE_FLIP = """
-description = "one exponent flip in layers.1.feed_forward's forward matmuls at step 3"
-seed = 7
-[[fault]]
-ops = ["matmul"]
-sites = "layers\\\\.1\\\\.feed_forward"
-phases = ["forward"]
-steps = [3]
-p_call = 1.0
-elements = 1
-kind = "bitflip"
-bits = "exponent"
-"""
 
 SITE_MISMATCH = [  # (step, microbatch, site, phase, elements, mismatched, severity)
     (1, 0, "layers.0.attention", "forward", 4096, 0, None),

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from replay.engine import Replayer, parse_steps, suspect_from_profile, suspect_from_run
-from tests.support import small_config
+from tests.support import ONE_FLIP, small_config
 from tracer.checkpoint import load_checkpoint
 from tracer.errors import ConfigError, ValidationError
 from tracer.faults import FaultEmulator, load_profile
@@ -18,25 +17,11 @@ from tracer.log import LogReader, LogWriter, rank_dir
 from tracer.log.records import EventRecord, Phase, TensorRecord
 from tracer.workload.train import build, train_step
 
-ONE_SITE = """
-description = "one exponent flip in layers.1.feed_forward's forward matmuls at step 3"
-seed = 7
-[[fault]]
-ops = ["matmul"]
-sites = "layers\\\\.1\\\\.feed_forward"
-phases = ["forward"]
-steps = [3]
-p_call = 1.0
-elements = 1
-kind = "bitflip"
-bits = "exponent"
-"""
-
 
 @pytest.fixture
 def one_site_profile(tmp_path: Path) -> Path:
     path = tmp_path / "one-site.toml"
-    path.write_text(ONE_SITE, encoding="utf-8")
+    path.write_text(ONE_FLIP, encoding="utf-8")
     return path
 
 

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracer.errors import ConfigError
 from tracer.faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
@@ -39,13 +38,13 @@ from tracer.faults.ops import resolve_ops
 from tracer.faults.profile import Corruption, FaultProfile
 from tracer.faults.schedule import BurstChain
 from tracer.intercept import Clock, Sink, in_own_ops, own_ops
-from tracer.scope import ModuleScope, Phase
+from tracer.scope import ModuleScope, Phase, ScopedDispatchMode
 from tracer.sites import SiteSpec, find_sites
 
 SHOWN = 8  # values and indices a fault event lists
 
 
-class FaultEmulator(TorchDispatchMode):
+class FaultEmulator(ScopedDispatchMode):
     """Corrupt op results as ``profile`` says while active; log every corruption to ``sink``."""
 
     def __init__(
@@ -87,20 +86,6 @@ class FaultEmulator(TorchDispatchMode):
         self.scope = ModuleScope([(path, m) for path, m in named if path in hooked])
         self._draws_key: tuple[int, int] | None = None
         self._draws = random.Random()
-
-    def __enter__(self) -> FaultEmulator:
-        self.scope.__enter__()
-        try:
-            return super().__enter__()
-        except BaseException:
-            self.scope.__exit__()
-            raise
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            super().__exit__(*exc)
-        finally:
-            self.scope.__exit__()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
