@@ -25,6 +25,10 @@ def pairing_differences(golden: RunHeader, suspect: RunHeader) -> list[str]:
     threads = ("intra_op_threads", golden.determinism.get("intra_op_threads"), suspect.determinism.get("intra_op_threads"))
     if threads[1] != threads[2]:
         out.append(f"determinism.intra_op_threads: {threads[1]!r} vs {threads[2]!r}")
+    # Traced sites change the autograd graph (see Tracer); replay logs carry none.
+    sites_g, sites_s = golden.extra.get("sites"), suspect.extra.get("sites")
+    if sites_g is not None and sites_s is not None and sites_g != sites_s:
+        out.append(f"extra.sites: {len(sites_g)} traced sites vs {len(sites_s)} (record both with the same --sites)")
     return out
 
 

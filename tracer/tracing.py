@@ -164,7 +164,9 @@ class Tracer:
             device=str(first.device) if first is not None else "cpu",
             determinism=determinism_settings(),
             created_unix=time.time(),
-            extra=dict(extra or {}),
+            # Full backward hooks add autograd nodes, which can change gradient summation
+            # order: the traced sites are part of what makes two runs bit-comparable.
+            extra={**dict(extra or {}), "sites": [name for name, _ in self.sites]},
         )
         self._names = {id(p): n for n, p in model.named_parameters()}
         self._handles: list[RemovableHandle] = []

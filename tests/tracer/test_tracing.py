@@ -211,3 +211,13 @@ def test_tracer_outside_with_block_is_a_clear_error(tmp_path: Path) -> None:
     tr = Tracer(Mixer(), None, out=tmp_path / "run", node_label="x")
     with pytest.raises(CaptureError, match="not active"):
         tr.event("note")
+
+
+def test_runs_traced_at_other_sites_do_not_pair(run_factory) -> None:
+    from tracer.pairing import pairing_differences
+
+    a = LogReader(rank_dir(run_factory("a", "run.steps=1"), 0)).header
+    b = LogReader(rank_dir(run_factory("b", "run.steps=1", sites=r"layers\.\d+\.attention"), 0)).header
+    assert a.extra["sites"] == ["layers.0.attention", "layers.0.feed_forward", "layers.1.attention", "layers.1.feed_forward"]
+    assert pairing_differences(a, a) == []
+    assert pairing_differences(a, b) == ["extra.sites: 4 traced sites vs 2 (record both with the same --sites)"]
