@@ -14,6 +14,7 @@ from tracer.errors import ConfigError
 from tracer.faults import FaultEmulator, load_profile
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase
+from tracer.pairing import pairing_differences
 
 # Flip the top exponent bit of float32 (bit 30) in every mm of one site on step 2 only.
 EXPONENT_FLIP = """
@@ -75,10 +76,12 @@ def test_the_header_records_the_profile_and_still_pairs(healthy_run, run_factory
     profile = load_profile("rare-huge")
     healthy = LogReader(rank_dir(healthy_run, 0)).header
     faulty = LogReader(rank_dir(run_factory("faulty", fault_profile=profile, fault_seed=9, abft=True), 0)).header
-    assert faulty.extra == {"fault_profile": {"name": "rare-huge", "sha256": profile.sha256, "seed": 9}, "abft": True}
+    assert faulty.extra["fault_profile"] == {"name": "rare-huge", "sha256": profile.sha256, "seed": 9}
+    assert faulty.extra["abft"] is True and faulty.extra["sites"] == healthy.extra["sites"]
     for field in ("schema_version", "config", "config_fingerprint", "seed", "data_order_fingerprint",
                   "fingerprint_algorithm", "world_size"):
         assert getattr(faulty, field) == getattr(healthy, field), field
+    assert pairing_differences(healthy, faulty) == []
 
 
 def test_it_corrupts_any_model_and_logs_what_it_did(write_profile) -> None:
