@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from tracer.log import LogReader, rank_dir
+from tracer.log.records import EventRecord
 from tracer.workload.config import Config, load_config
 
 # A 2-layer model with short sequences and a handful of steps: real, but quick.
@@ -10,6 +14,11 @@ SMALL = ["model.n_layers=2", "data.batch_size=2", "data.seq_len=32", "run.steps=
 
 def small_config(*overrides: str) -> Config:
     return load_config(None, [*SMALL, *overrides])
+
+
+def events(run: Path, kind: str) -> list[EventRecord]:
+    """Rank 0's events of one kind, in log order."""
+    return [r for r in LogReader(rank_dir(run, 0)).records() if isinstance(r, EventRecord) and r.kind == kind]
 
 
 # A fault profile that flips one exponent bit in each forward matmul of one site at one step.

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -33,7 +32,6 @@ class IOThread:
         self._error: BaseException | None = None
         self._stopped = False
         self.stalls = 0  # times the training thread waited for the disk
-        self.stall_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -48,14 +46,12 @@ class IOThread:
         except queue.Full:
             pass
         self.stalls += 1
-        start = time.perf_counter()
         while True:
             try:
                 self._queue.put(op, timeout=0.05)
                 break
             except queue.Full:
                 self.check()
-        self.stall_seconds += time.perf_counter() - start
 
     def drain(self) -> None:
         """Wait until every queued operation has run."""

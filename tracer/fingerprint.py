@@ -58,10 +58,6 @@ class TensorDigest:
     inf: int
     meta: str  # e.g. "float32[8,64,128]"
 
-    @property
-    def hex(self) -> str:
-        return f"{self.fingerprint:016x}"
-
 
 def mix64(z: int) -> int:
     """splitmix64's finaliser: a bijective avalanche on 64-bit integers."""
@@ -173,13 +169,13 @@ def _lane_sum(words: torch.Tensor) -> torch.Tensor:
     return torch.mul(sums, r[:chunks]).sum()
 
 
-def _finalise(lane_sum: int, t: torch.Tensor) -> int:
-    return mix64((lane_sum & _MASK64) ^ _meta(t)[1])
+def _finalise(lane_sum: int, meta_hash: int) -> int:
+    return mix64((lane_sum & _MASK64) ^ meta_hash)
 
 
 def fingerprint(t: torch.Tensor) -> int:
     """The unsigned 64-bit fingerprint of ``t``'s dtype, shape and bits."""
-    return _finalise(int(_lane_sum(_words(t)).item()), t)
+    return _finalise(int(_lane_sum(_words(t)).item()), _meta(t)[1])
 
 
 def digest(t: torch.Tensor) -> TensorDigest:
@@ -188,7 +184,7 @@ def digest(t: torch.Tensor) -> TensorDigest:
     meta, meta_hash = _meta(t)
     lane = _lane_sum(_words(t))
     if t.numel() == 0:
-        return TensorDigest(mix64((int(lane.item()) & _MASK64) ^ meta_hash), 0.0, 0.0, 0, 0, meta)
+        return TensorDigest(_finalise(int(lane.item()), meta_hash), 0.0, 0.0, 0, 0, meta)
     x = t if t.is_floating_point() else t.to(torch.float64)
     if x.is_complex():
         x = torch.view_as_real(x)
@@ -206,4 +202,4 @@ def digest(t: torch.Tensor) -> TensorDigest:
         # Rare: only pay for the counting passes when something is not finite.
         nan = int(torch.isnan(x).sum().item())
         inf = int(torch.isinf(x).sum().item())
-    return TensorDigest(mix64((lane_v & _MASK64) ^ meta_hash), l2_v, absmax_v, nan, inf, meta)
+    return TensorDigest(_finalise(lane_v, meta_hash), l2_v, absmax_v, nan, inf, meta)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from replay.engine import Replayer, parse_steps, suspect_from_profile, suspect_from_run
-from tests.support import ONE_FLIP, small_config
+from tests.support import ONE_FLIP, events, small_config
 from tracer.checkpoint import load_checkpoint
 from tracer.errors import ConfigError, ValidationError
 from tracer.faults import FaultEmulator, load_profile
 from tracer.log import LogReader, LogWriter, rank_dir
-from tracer.log.records import EventRecord, Phase, TensorRecord
+from tracer.log.records import Phase, TensorRecord
 from tracer.workload.train import build, train_step
 
 
@@ -23,10 +23,6 @@ def one_site_profile(tmp_path: Path) -> Path:
     path = tmp_path / "one-site.toml"
     path.write_text(ONE_FLIP, encoding="utf-8")
     return path
-
-
-def events(run: Path, kind: str) -> list[EventRecord]:
-    return [r for r in LogReader(rank_dir(run, 0)).records() if isinstance(r, EventRecord) and r.kind == kind]
 
 
 def replay(golden: Path, suspect, steps: str, mode: str, out: Path, **kw) -> Path:
