@@ -165,7 +165,7 @@ class Replayer:
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
-        self.golden = GoldenRun.open(golden_path, 0, steps.stop)
+        self.golden = GoldenRun.open(golden_path, steps.start, steps.stop)
         g = self.golden
         if clip:  # a window around a divergence may run past the end of the run
             steps = range(steps.start, min(steps.stop, g.last_step + 1))
@@ -173,9 +173,6 @@ class Replayer:
             raise ValidationError(
                 f"{g.path}: steps {steps.start}:{steps.stop} reach beyond the recorded steps 0..{g.last_step}"
             )
-        self.start_ckpt = g.checkpoint_before(steps.start)
-        # Drop what precedes the checkpoint: reconstruction starts there.
-        g.expected = {k: v for k, v in g.expected.items() if k[0] >= self.start_ckpt}
         self.suspect = suspect
         self.steps = steps
         self.mode = mode
@@ -194,12 +191,12 @@ class Replayer:
         start = time.perf_counter()
         cfg = self.golden.config
         golden_w, suspect_w = build(cfg), build(cfg)
-        load_checkpoint(self.golden.path, self.start_ckpt).restore(golden_w.model, golden_w.optimizer)
+        load_checkpoint(self.golden.path, self.golden.start_checkpoint).restore(golden_w.model, golden_w.optimizer)
         self._log = LogWriter(rank_dir(self.out, 0), self._header(str(next(golden_w.model.parameters()).device)))
-        total = self.steps.stop - self.start_ckpt
+        total = self.steps.stop - self.golden.start_checkpoint
         bar = tqdm(total=total, desc=f"replay {self.mode}", unit="step", disable=None if self.progress else True, leave=False)
         try:
-            for step in range(self.start_ckpt, self.steps.start):
+            for step in range(self.golden.start_checkpoint, self.steps.start):
                 bar.set_postfix_str(f"rebuilding step {step}")
                 self._golden_step(golden_w, step, keep=False, summary=summary)
                 bar.update()

@@ -28,13 +28,14 @@ class GoldenRun:
     config: Config
     checkpoints: list[int]
     last_step: int
+    start_checkpoint: int = 0  # the checkpoint reconstruction starts from
     expected: dict[Key, int] = field(default_factory=dict)  # fingerprints of the indexed steps
     blobs: dict[Key, int] = field(default_factory=dict)  # captured full tensors
     sites: list[str] = field(default_factory=list)  # forward sites in recording order
 
     @classmethod
-    def open(cls, path: str | Path, first: int, stop: int) -> GoldenRun:
-        """Index the fingerprints of steps ``first <= step < stop`` of rank 0."""
+    def open(cls, path: str | Path, start: int, stop: int) -> GoldenRun:
+        """Index rank 0 from the latest checkpoint at or before ``start`` up to ``stop`` (exclusive)."""
         path = Path(path)
         if not path.is_dir():
             raise LogError(f"{path}: not a run directory; pass the golden run made by `sdc record`")
@@ -53,6 +54,7 @@ class GoldenRun:
                 "workload and needs a run made by `sdc record`"
             ) from exc
         run = cls(path, header, config, list_checkpoints(path), last_step=-1)
+        first = run.start_checkpoint = run.checkpoint_before(start)
         seen_sites: dict[str, None] = {}
         for rec in reader.records():
             if isinstance(rec, TensorRecord):
