@@ -66,8 +66,14 @@ def suspect_from_profile(spec: str, fault_seed: int = 0) -> Suspect:
     return Suspect(f"emulated:{profile.name}", profile, fault_seed, {"kind": "profile", **profile.header(fault_seed)})
 
 
-def suspect_from_run(path: str | Path, golden: RunHeader, golden_path: Path) -> Suspect:
-    """The node that recorded ``path``; its fault profile, if it ran one, is emulated again."""
+def suspect_from_run(
+    path: str | Path, golden: RunHeader, golden_path: Path, profile: FaultProfile | None = None
+) -> Suspect:
+    """The node that recorded ``path``; its fault profile, if it ran one, is emulated again.
+
+    ``profile`` supplies that profile when it is not a shipped one (it must be the very
+    profile the run recorded, checked by its sha256).
+    """
     path = Path(path)
     header = LogReader(rank_dir(path, 0)).header
     check_pair(golden, header, str(golden_path), str(path))
@@ -76,12 +82,13 @@ def suspect_from_run(path: str | Path, golden: RunHeader, golden_path: Path) -> 
     if not recorded:
         return Suspect(header.node_label, None, 0, source)
     name, sha = recorded.get("name"), recorded.get("sha256")
-    if name not in shipped_profiles() or load_profile(name).sha256 != sha:
+    if profile is None and name in shipped_profiles():
+        profile = load_profile(name)
+    if profile is None or profile.sha256 != sha:
         raise ValidationError(
             f"{path}: was recorded with fault profile {name!r} (sha256 {str(sha)[:12]}...), which is not a shipped "
             "profile here; pass it with --fault-profile PATH instead of --suspect"
         )
-    profile = load_profile(name)
     return Suspect(header.node_label, profile, int(recorded.get("seed", 0)), {**source, "fault_profile": recorded})
 
 

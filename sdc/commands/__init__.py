@@ -1,5 +1,5 @@
 """Sub-commands of ``sdc``; each module has ``add_parser(subparsers)``."""
 
-from sdc.commands import diff, faults, inspect, record, replay, verify
+from sdc.commands import demo, diff, faults, inspect, record, replay, study, verify
 
-ALL = [record, inspect, verify, replay, faults, diff]
+ALL = [record, inspect, verify, replay, faults, diff, study, demo]

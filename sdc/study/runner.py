@@ -1,0 +1,237 @@
+"""Run a whole study: record, replay, diff, fine-tune, report, in one resumable job.
+
+    result = run_study(load_study("demo"), Path("demo"))
+
+Layout of the output directory:
+
+    runs/<label>/                    pretraining run of each node (golden first)
+    replays/<label>-<mode>/          replay of the study's window on each node
+    finetune/<label>/                fine-tune of each node's final model (+ <golden>-twin)
+    study.duckdb                     every pair diffed into one database
+    report/index.html                plots and summary tables
+    study.log                        the full output of every job
+    study-state.json                 which jobs finished, for --resume
+
+Every job writes into its own directory, and the state file is rewritten after each
+job finishes, so a crash or Ctrl-C loses only the job that was running: `--resume`
+skips what finished and redoes the rest, refusing if the study file changed since.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from pipelines.arguments import add_arguments as add_diff_arguments
+from replay.engine import Replayer, suspect_from_run
+from sdc.study.config import Study
+from tracer.errors import UsageError
+from tracer.faults import load_profile
+from tracer.log import LogReader, rank_dir
+from tracer.workload.train import record_run
+
+STATE = "study-state.json"
+LOG = "study.log"
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StudyPaths:
+    """Where each job of a study writes."""
+
+    out: Path
+
+    def run(self, label: str) -> Path:
+        return self.out / "runs" / label
+
+    def replay(self, label: str, mode: str) -> Path:
+        return self.out / "replays" / f"{label}-{mode}"
+
+    def finetune(self, label: str) -> Path:
+        return self.out / "finetune" / label
+
+    @property
+    def db(self) -> Path:
+        return self.out / "study.duckdb"
+
+    @property
+    def report(self) -> Path:
+        return self.out / "report"
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str  # unique within the study; the key in the state file
+    describe: str
+    action: Callable[[], str]  # does the work, returns a one-line result
+
+
+@dataclass
+class StudyResult:
+    paths: StudyPaths
+    done: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def study_fingerprint(study: Study) -> str:
+    """What a resumed study must share with the one that started: its file and overrides."""
+    h = hashlib.sha256(study.source.read_bytes())
+    h.update(json.dumps(list(study.config_overrides)).encode())
+    return h.hexdigest()
+
+
+def run_study(
+    study: Study,
+    out: Path,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+    echo: Echo = print,
+    beam_args: tuple[str, ...] = (),
+) -> StudyResult:
+    """Run every job of `study` into `out`; see the module docstring for the layout."""
+    paths = StudyPaths(Path(out))
+    finished = _prepare(paths, study, overwrite=overwrite, resume=resume)
+    jobs = plan_jobs(study, paths, progress=progress, beam_args=beam_args)
+    result = StudyResult(paths)
+    start = time.perf_counter()
+    bar = tqdm(jobs, desc=f"study {study.name}", unit="job", disable=None if progress else True,
+               position=0, leave=False)
+    with open(paths.out / LOG, "a", encoding="utf-8") as log:
+        for i, job in enumerate(bar, 1):
+            prefix = f"[{i:>2}/{len(jobs)}] {job.describe}"
+            if job.name in finished:
+                result.skipped.append(job.name)
+                _say(echo, bar, f"{prefix}: done before, skipped (--resume)")
+                continue
+            bar.set_postfix_str(job.describe)
+            t0 = time.perf_counter()
+            log.write(f"\n== {job.describe} ==\n")
+            log.flush()
+            with _output_to(log):
+                line = job.action()
+            _say(echo, bar, f"{prefix}: {line} ({time.perf_counter() - t0:.1f} s)")
+            finished.append(job.name)
+            result.done.append(job.name)
+            _save_state(paths, study, finished)
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tuple[str, ...]) -> list[Job]:
+    """Every job of the study, in the order they must run."""
+    golden = study.golden
+    jobs = [Job(f"record:{golden}", f"record {golden} (healthy)",
+                lambda: _record(study, paths.run(golden), golden, None, 0, study.abft_golden, progress))]
+    for n in study.nodes:
+        jobs.append(Job(f"record:{n.label}", f"record {n.label} ({n.profile}{', ABFT' if n.abft else ''})",
+                        lambda n=n: _record(study, paths.run(n.label), n.label, n.profile, n.fault_seed, n.abft,
+                                            progress)))
+    steps = study.replay.steps
+    for n in study.nodes:
+        for mode in study.replay.modes:
+            jobs.append(Job(f"replay:{n.label}:{mode}", f"replay {n.label} {mode} {steps.start}:{steps.stop}",
+                            lambda n=n, mode=mode: _replay(paths, golden, n.label, n.profile, mode, steps, progress)))
+    for n in study.nodes:
+        replays = [paths.replay(n.label, m) for m in study.replay.modes]
+        jobs.append(Job(f"diff:{n.label}", f"diff {golden} vs {n.label}",
+                        lambda n=n, replays=replays: _diff(paths.run(golden), paths.run(n.label), replays,
+                                                           paths.db, beam_args)))
+    return jobs
+
+
+def _record(study: Study, out: Path, label: str, profile: str | None, seed: int, abft: bool, progress: bool) -> str:
+    summary = record_run(
+        study.train, out, node_label=label, overwrite=True, progress=progress,
+        fault_profile=load_profile(profile) if profile else None, fault_seed=seed, abft=abft,
+    )
+    return f"{summary.steps} steps, final loss {summary.final_loss:.4f}"
+
+
+def _replay(paths: StudyPaths, golden: str, label: str, profile: str, mode: str, steps: range,
+            progress: bool) -> str:
+    golden_path = paths.run(golden)
+    header = LogReader(rank_dir(golden_path, 0)).header
+    suspect = suspect_from_run(paths.run(label), header, golden_path, load_profile(profile))
+    summary = Replayer(golden_path, suspect, steps, mode, paths.replay(label, mode),
+                       overwrite=True, progress=progress).run()
+    if mode == "lockstep":
+        worst = max((r.worst_frequency for r in summary.steps), default=0.0)
+        return f"worst site mismatch frequency {worst:.3g}"
+    worst = max((r.noise for r in summary.steps), default=0.0)
+    return f"worst noise-to-signal {worst:.3g}"
+
+
+def _diff(golden: Path, suspect: Path, replays: list[Path], db: Path, beam_args: tuple[str, ...],
+          extra: tuple[str, ...] = ()) -> str:
+    from pipelines.run import diff  # imports Beam: only when a diff runs
+
+    parser = argparse.ArgumentParser()
+    add_diff_arguments(parser)
+    argv = ["--golden", str(golden), "--suspect", str(suspect), "--db", str(db), *extra]
+    for r in replays:
+        argv += ["--replay", str(r)]
+    report = diff(parser.parse_args(argv), list(beam_args), echo=print)
+    return f"{report.rows.get('event_diffs', 0):,} events compared into {db.name}"
+
+
+def _prepare(paths: StudyPaths, study: Study, *, overwrite: bool, resume: bool) -> list[str]:
+    """Make the output directory ready; return the jobs a resumed study has finished."""
+    out = paths.out
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: exists and is not a directory; choose another --out")
+    state_file = out / STATE
+    if resume:
+        if not state_file.is_file():
+            raise UsageError(f"{out}: holds no {STATE}, so there is nothing to resume; run without --resume")
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+        if state.get("study") != study_fingerprint(study):
+            raise UsageError(f"{out}: was started from a different study file or overrides; run with --overwrite "
+                             "to start again, or resume with the same study")
+        return list(state.get("finished", []))
+    if out.exists() and any(out.iterdir()):
+        if not state_file.is_file():
+            raise UsageError(f"{out}: directory is not empty and holds no study; choose another --out")
+        if not overwrite:
+            raise UsageError(f"{out}: already holds a study; pass --overwrite to replace it, --resume to finish it, "
+                             "or choose another --out")
+        for name in ("runs", "replays", "finetune", "report"):
+            shutil.rmtree(out / name, ignore_errors=True)
+        for name in (STATE, LOG, paths.db.name, paths.db.name + ".wal"):
+            (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    _save_state(paths, study, [])
+    return []
+
+
+def _save_state(paths: StudyPaths, study: Study, finished: list[str]) -> None:
+    tmp = paths.out / (STATE + ".tmp")
+    tmp.write_text(json.dumps({"study": study_fingerprint(study), "name": study.name, "finished": finished},
+                              indent=1), encoding="utf-8")
+    os.replace(tmp, paths.out / STATE)
+
+
+def _say(echo: Echo, bar: tqdm, line: str) -> None:
+    if echo is print:
+        bar.write(line)
+    else:
+        echo(line)
+
+
+@contextlib.contextmanager
+def _output_to(log) -> Iterator[None]:  # noqa: ANN001 - a text file
+    """Jobs print their details; in a study they go to study.log, the terminal gets one line per job."""
+    with contextlib.redirect_stdout(log):
+        yield
