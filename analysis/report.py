@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 from tqdm import tqdm
 
@@ -124,14 +126,8 @@ def _rq1(study: _Study) -> Section:
                 "difference of those that do. Injected faults are scored against ABFT and fingerprints.")
     by_step = study.query("rq1_mismatch_by_step")
     if by_step.rows:
-        fig = Figure(figsize=(8, 4), layout="constrained")
-        ax = fig.subplots()
-        for label, rows in _series(by_step).items():
-            ax.plot([r["step"] for r in rows], [r["frequency"] for r in rows], marker="o", label=label)
-        _step_axis(ax)
-        ax.set(xlabel="step", ylabel="mismatch frequency (share of elements)",
-               title="Mismatch frequency over steps, per node")
-        ax.legend(title="suspect node")
+        fig, ax, _ = _step_lines(by_step, "frequency")
+        ax.set(ylabel="mismatch frequency (share of elements)", title="Mismatch frequency over steps, per node")
         s.figures.append((study.save(fig, "rq1_frequency.png"), "Mismatch frequency per replayed step and node."))
         s.figures.extend(_severity_figure(study))
         for name, folded in (("rq1_mismatch_by_node", False), ("rq1_mismatch_bursts", False),
@@ -158,7 +154,7 @@ def _severity_figure(study: _Study) -> list[tuple[str, str]]:
     series = {label: values for label, values in series.items() if values}
     if not series:
         return []
-    fig = Figure(figsize=(max(4.0, 1.4 * len(series) + 2), 4), layout="constrained")
+    fig = Figure(figsize=(max(6.0, 1.4 * len(series) + 2), 4), layout="constrained")
     ax = fig.subplots()
     ax.boxplot(list(series.values()), tick_labels=list(series), showmeans=True)
     ax.set_yscale("log")
@@ -179,20 +175,16 @@ def _rq2(study: _Study) -> Section:
                        "log to `sdc diff --replay`.")
         return s
     worst = {(r["node_label"], r["pair_id"]): r for r in study.query("rq2_noise_worst").records()}
-    fig = Figure(figsize=(8, 4), layout="constrained")
-    ax = fig.subplots()
-    for label, rows in _series(by_step).items():
-        (line,) = ax.plot([r["step"] for r in rows], [r["ratio"] for r in rows], marker="o", label=label)
+    fig, ax, drawn = _step_lines(by_step, "ratio")
+    for rows, line in drawn:
         w = worst.get((rows[0]["node_label"], rows[0]["pair_id"]))
         if w and w["worst_step"] is not None:
             ax.plot([w["worst_step"]], [w["worst_ratio"]], marker="*", markersize=16, color=line.get_color())
             ax.annotate(f"worst {cell(w['worst_ratio'])} (step {w['worst_step']})", (w["worst_step"], w["worst_ratio"]),
                         textcoords="offset points", xytext=(6, 6), fontsize=8)
-    _step_axis(ax)
     ax.margins(y=0.15)  # room for the worst case's label
-    ax.set(xlabel="step", ylabel="noise-to-signal ||g_s - g_h|| / ||g_h||",
+    ax.set(ylabel="noise-to-signal ||g_s - g_h|| / ||g_h||",
            title="Gradient noise-to-signal per step, per node (star: worst case)")
-    ax.legend(title="suspect node")
     s.figures.append((study.save(fig, "rq2_noise.png"), "Noise-to-signal ratio per parameter-sync step and node."))
     s.tables += [("rq2_noise_worst", study.query("rq2_noise_worst"), False), ("rq2_noise_by_step", by_step, True)]
     return s
@@ -202,7 +194,7 @@ def _rq3(study: _Study) -> Section:
     s = Section("rq3", "RQ3 - what accumulates over training",
                 "Without synchronisation the suspect's parameters drift from the healthy node's: drift is "
                 "||theta_s - theta_h|| / ||theta_h|| at every checkpoint both runs hold, shown beside both loss "
-                "curves; dashed lines mark loss spikes.")
+                "curves; dotted lines mark loss spikes.")
     rows = study.query("rq3_drift_and_loss")
     if not rows.rows:
         s.notes.append("No loss curves are loaded: `sdc diff` a pair of runs.")
@@ -272,7 +264,7 @@ def _finetune(study: _Study) -> Section:
     return s
 
 
-def _accuracy_bars(ax, accuracy: Result) -> None:  # noqa: ANN001 - a matplotlib Axes
+def _accuracy_bars(ax: Axes, accuracy: Result) -> None:
     last: dict[tuple[str, str, str, str], dict] = {}
     for r in accuracy.records():  # the query orders by step: the last row of a run and task wins
         key = (r["node_label"], r["role"], r["run_id"], r["task"])
@@ -300,11 +292,11 @@ def _accuracy_bars(ax, accuracy: Result) -> None:  # noqa: ANN001 - a matplotlib
         if chance:
             ax.hlines(max(chance), i - 0.45, i + 0.45, colors="black", linewidth=2)
     ax.set_xticks(range(len(tasks)), tasks)
-    ax.set(ylabel="accuracy", title="Fine-tuned accuracy per task and node")
-    ax.legend(fontsize=8)
+    ax.set(ylabel="accuracy", title="Fine-tuned accuracy per task and node", ylim=(0, 1.25))
+    ax.legend(fontsize=8, loc="upper center", ncols=3)  # above the bars: accuracy is at most 1
 
 
-def _disagreement_bars(ax, disagreement: Result) -> None:  # noqa: ANN001 - a matplotlib Axes
+def _disagreement_bars(ax: Axes, disagreement: Result) -> None:
     rows = disagreement.records()
     tasks = sorted({r["task"] for r in rows})
     nodes = sorted({r["suspect_node"] for r in rows})
@@ -331,6 +323,20 @@ def _disagreement_bars(ax, disagreement: Result) -> None:  # noqa: ANN001 - a ma
 
 
 # -- helpers ------------------------------------------------------------------------------
+def _step_lines(result: Result, column: str) -> tuple[Figure, Axes, list[tuple[list[dict], Line2D]]]:
+    """``column`` over steps, one line per node: the figure, its axes, and each line with its rows."""
+    fig = Figure(figsize=(8, 4), layout="constrained")
+    ax = fig.subplots()
+    drawn = []
+    for label, rows in _series(result).items():
+        (line,) = ax.plot([r["step"] for r in rows], [r[column] for r in rows], marker="o", label=label)
+        drawn.append((rows, line))
+    _step_axis(ax)
+    ax.set(xlabel="step")
+    ax.legend(title="suspect node")
+    return fig, ax, drawn
+
+
 def _series(result: Result) -> dict[str, list[dict]]:
     """Rows grouped by (node, pair) in query order; a node in several pairs gets its pair's id in the label."""
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
@@ -342,7 +348,7 @@ def _series(result: Result) -> dict[str, list[dict]]:
     return {(node if pairs_per_node[node] == 1 else f"{node} ({pair[:8]})"): rows for (node, pair), rows in groups.items()}
 
 
-def _step_axis(ax) -> None:  # noqa: ANN001 - a matplotlib Axes
+def _step_axis(ax: Axes) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 

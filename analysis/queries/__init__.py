@@ -39,10 +39,6 @@ class Result:
     columns: list[str]
     rows: list[tuple[Any, ...]]
 
-    def column(self, name: str) -> list[Any]:
-        i = self.columns.index(name)
-        return [row[i] for row in self.rows]
-
     def records(self) -> list[dict[str, Any]]:
         return [dict(zip(self.columns, row)) for row in self.rows]
 
@@ -81,7 +77,6 @@ class QueryLibrary:
                 raise ValidationError(f"{db_path}: the query failed: {_one_line(exc)}") from None
         finally:
             con.close()
-
 
     def _resolve(self, name_or_sql: str) -> str:
         """The SQL of a named query; else the text itself, unless it is one word that is not SQL (a mistyped name)."""

@@ -139,6 +139,7 @@ def test_every_sql_file_is_a_named_query_with_a_description() -> None:
         assert text.startswith("-- ") and queries.description(name) == text.splitlines()[0][3:].strip()
         assert name.startswith(("rq1_", "rq2_", "rq3_", "summary"))
         assert text.rstrip().splitlines()[-1].startswith("ORDER BY"), f"{name}: does not end in an ORDER BY"
+        assert f"`{name}`" in (QUERY_DIR.parent / "QUERIES.md").read_text(encoding="utf-8"), f"QUERIES.md lacks {name}"
 
 
 def test_every_named_query_runs_and_is_deterministic(study: Study) -> None:
