@@ -19,7 +19,7 @@ venv: $(STAMP)
 SDC    := $(VENV)/bin/sdc
 
 # Record a golden run and an emulated unhealthy node, replay around their first
-# divergence in both modes, and diff everything into one DuckDB database.
+# divergence in both modes, diff everything into one DuckDB database, query it and report.
 demo: $(STAMP)
 	$(SDC) record --out $(DEMO)/golden --node-label golden --overwrite
 	$(SDC) inspect $(DEMO)/golden
@@ -30,6 +30,8 @@ demo: $(STAMP)
 		--mode param-sync --out $(DEMO)/node-7-param-sync --overwrite
 	$(SDC) diff --golden $(DEMO)/golden --suspect $(DEMO)/node-7 --db $(DEMO)/study.duckdb \
 		--replay $(DEMO)/node-7-lockstep --replay $(DEMO)/node-7-param-sync
+	$(SDC) query summary --db $(DEMO)/study.duckdb
+	$(SDC) report --db $(DEMO)/study.duckdb --out $(DEMO)/report
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -30,6 +30,8 @@ SURFACE = {
     ],
     "faults": [],
     "diff": ["--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket", "--suspect"],
+    "query": ["--db", "--format", "--list", "--sql"],
+    "report": ["--db", "--out", "--quiet"],
     "study": ["--out", "--overwrite", "--quiet", "--resume", "--set"],
     "demo": ["--out", "--overwrite", "--quiet", "--resume", "--set"],
 }

@@ -1,0 +1,131 @@
+"""Named SQL queries over the study database, and a read-only way to run them or any SELECT.
+
+    names()                                  # ["rq1_abft_by_fault_kind", ..., "summary"]
+    description("summary")                   # the file's first line
+    run("study.duckdb", "summary")           # a named query ...
+    run("study.duckdb", "SELECT * FROM runs") # ... or one SELECT: Result(columns, rows)
+
+Each query is one ``.sql`` file in this folder: first line ``-- <description>``, then a
+chain of named CTEs, no parameters, a deterministic ORDER BY. Any ``.sql`` file dropped
+here is a query; `sdc query`, `sdc report` and these functions all read them from here.
+
+User SQL never changes anything: the database is opened read-only, only a single SELECT
+(or EXPLAIN) statement is accepted, and file system access (COPY ... TO, ATTACH,
+INSTALL, read_csv) is switched off with the configuration locked.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from tracer.errors import UsageError, ValidationError
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+_LOCKED = {"enable_external_access": False, "lock_configuration": True}
+_MESSAGE_CHARS = 300  # DuckDB's advice after a failed CSV sniff alone runs to a kilobyte
+
+
+@dataclass(frozen=True)
+class Result:
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row)) for row in self.rows]
+
+
+class QueryLibrary:
+    """The ``.sql`` files of one folder; the shipped one is `LIBRARY`."""
+
+    def __init__(self, folder: Traversable | Path) -> None:
+        self.folder = folder
+
+    def names(self) -> list[str]:
+        return sorted(f.name[:-4] for f in self.folder.iterdir() if f.name.endswith(".sql") and f.is_file())
+
+    def sql(self, name: str) -> str:
+        if name not in self.names():
+            close = difflib.get_close_matches(name, self.names(), n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise UsageError(f"no query named {name!r}; {hint}`sdc query --list` shows them all")
+        return self.folder.joinpath(f"{name}.sql").read_text(encoding="utf-8")
+
+    def description(self, name: str) -> str:
+        first = self.sql(name).split("\n", 1)[0]
+        return first.removeprefix("--").strip()
+
+    def run(self, db_path: str | Path, name_or_sql: str) -> Result:
+        """A query by name, or one SELECT statement, on a read-only connection to ``db_path``."""
+        text = self._resolve(name_or_sql)
+        con = connect(db_path)
+        try:
+            _check_read_only(con, text)
+            try:
+                cursor = con.execute(text)
+                columns = [d[0] for d in cursor.description]
+                return Result(columns, cursor.fetchall())
+            except duckdb.Error as exc:
+                raise ValidationError(f"{db_path}: the query failed: {_one_line(exc)}") from None
+        finally:
+            con.close()
+
+    def _resolve(self, name_or_sql: str) -> str:
+        """The SQL of a named query; else the text itself, unless it is one word that is not SQL (a mistyped name)."""
+        word = name_or_sql.strip()
+        if word in self.names():
+            return self.sql(word)
+        if _NAME.fullmatch(word):
+            try:
+                duckdb.extract_statements(word)
+            except duckdb.Error:
+                return self.sql(word)  # raises: no such query, with the closest names
+        return name_or_sql
+
+
+def connect(db_path: str | Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection without file system access, its configuration locked."""
+    path = Path(db_path)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such study database; create it with `sdc diff ... --db {path}`")
+    try:
+        return duckdb.connect(str(path), read_only=True, config=dict(_LOCKED))
+    except duckdb.Error as exc:
+        raise UsageError(f"{path}: cannot open as a DuckDB study database: {_one_line(exc)}") from None
+
+
+def _check_read_only(con: duckdb.DuckDBPyConnection, text: str) -> None:
+    try:
+        statements = con.extract_statements(text)
+    except duckdb.Error as exc:
+        raise ValidationError(f"the SQL does not parse: {_one_line(exc)}") from None
+    if len(statements) != 1:
+        raise UsageError(f"expected one SQL statement, found {len(statements)}; run them one at a time")
+    kind = statements[0].type
+    if kind not in _ALLOWED:
+        raise UsageError(
+            f"refused a {kind.name} statement: queries are read-only, only SELECT (or EXPLAIN) runs here"
+        )
+
+
+def _one_line(exc: BaseException) -> str:
+    """DuckDB's message up to its ``LINE n:`` excerpt, on one line."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    cut = next((i for i, ln in enumerate(lines) if ln.startswith("LINE ")), len(lines))
+    text = " ".join(lines[:cut] or lines)
+    return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
+
+
+LIBRARY = QueryLibrary(resources.files(__name__))
+names = LIBRARY.names
+sql = LIBRARY.sql
+description = LIBRARY.description
+run = LIBRARY.run

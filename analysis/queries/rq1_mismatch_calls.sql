@@ -1,0 +1,25 @@
+-- RQ1 every lockstep site call whose result differed, one row each (the severity distribution)
+--
+-- From lockstep replays (site_mismatch), calls with at least one differing element.
+WITH
+
+nodes AS (
+    -- node labels of the pair's two runs (their lowest rank, as pairs records them)
+    SELECT
+        p.pair_id,
+        (SELECT min(node_label) FROM runs WHERE run_id = p.golden_run_id) AS golden_node,
+        (SELECT min(node_label) FROM runs WHERE run_id = p.suspect_run_id) AS suspect_node
+    FROM pairs AS p
+),
+
+mismatching AS (
+    SELECT pair_id, replay_run_id, rank, step, microbatch, site, phase, elements, mismatched, frequency,
+           severity, max_rel
+    FROM site_mismatch
+    WHERE mismatched > 0
+)
+
+SELECT n.suspect_node AS node_label, m.*
+FROM mismatching AS m
+JOIN nodes AS n USING (pair_id)
+ORDER BY node_label, m.pair_id, m.rank, m.step, m.microbatch, m.site, m.phase, m.replay_run_id

@@ -1,0 +1,111 @@
+-- Overview: one row per pair with its node, first divergence and the RQ1, RQ2 and RQ3 headline numbers
+--
+-- The table to read first; the rq1_, rq2_ and rq3_ queries break each number down.
+-- Empty (null) where the pair has no such data: RQ1 needs a lockstep replay, RQ2 a
+-- parameter-sync replay, drift two checkpoints of the same step.
+--   compared_through        last step both runs hold (max over ranks)
+--   first_step, first_site  the earliest first divergence over ranks (site and phase)
+--   mismatch_frequency, mismatch_severity, mismatching_steps, lockstep_steps   RQ1
+--   worst_noise             RQ2: the largest noise-to-signal ratio of any step
+--   final_drift, max_drift  RQ3: drift at the last checkpoint both runs hold, and its maximum
+--   suspect_spikes          loss spikes of the suspect run
+--   faults, abft_rate       injected faults (either run) and the share ABFT flagged of those it checked
+WITH
+
+nodes AS (
+    -- node labels of the pair's two runs (their lowest rank, as pairs records them)
+    SELECT
+        p.pair_id,
+        (SELECT min(node_label) FROM runs WHERE run_id = p.golden_run_id) AS golden_node,
+        (SELECT min(node_label) FROM runs WHERE run_id = p.suspect_run_id) AS suspect_node
+    FROM pairs AS p
+),
+
+compared AS (
+    SELECT pair_id, max(compared_through) AS compared_through
+    FROM pair_ranks
+    GROUP BY pair_id
+),
+
+first_divergence_per_pair AS (
+    SELECT pair_id, step AS first_step, name || ' ' || phase AS first_site
+    FROM first_divergence
+    QUALIFY row_number() OVER (PARTITION BY pair_id ORDER BY step, rank) = 1
+),
+
+rq1_mismatch AS (
+    SELECT
+        pair_id,
+        sum(mismatched) / nullif(sum(elements), 0) AS mismatch_frequency,
+        avg(severity) FILTER (WHERE mismatched > 0) AS mismatch_severity
+    FROM site_mismatch
+    GROUP BY pair_id
+),
+
+rq1_steps AS (
+    SELECT pair_id, count(*) AS lockstep_steps, count(*) FILTER (WHERE mismatching) AS mismatching_steps
+    FROM (
+        SELECT pair_id, step, bool_or(mismatched > 0) AS mismatching
+        FROM site_mismatch
+        GROUP BY pair_id, step
+    )
+    GROUP BY pair_id
+),
+
+rq2_noise AS (
+    SELECT pair_id, max(ratio) AS worst_noise
+    FROM grad_noise
+    WHERE name = '*'
+    GROUP BY pair_id
+),
+
+rq3_drift AS (
+    SELECT pair_id, arg_max(drift, step) AS final_drift, max(drift) AS max_drift
+    FROM param_drift
+    WHERE "group" = '*'
+    GROUP BY pair_id
+),
+
+rq3_spikes AS (
+    SELECT pair_id, count(*) AS suspect_spikes
+    FROM loss_spikes
+    WHERE side = 'suspect'
+    GROUP BY pair_id
+),
+
+injected AS (
+    SELECT
+        pair_id,
+        count(*) AS faults,
+        count(*) FILTER (WHERE abft_flagged) / nullif(count(abft_flagged), 0) AS abft_rate
+    FROM faults
+    GROUP BY pair_id
+)
+
+SELECT
+    n.suspect_node AS node_label,
+    n.golden_node,
+    n.pair_id,
+    c.compared_through,
+    f.first_step,
+    f.first_site,
+    m.mismatch_frequency,
+    m.mismatch_severity,
+    s.mismatching_steps,
+    s.lockstep_steps,
+    q.worst_noise,
+    d.final_drift,
+    d.max_drift,
+    coalesce(k.suspect_spikes, 0) AS suspect_spikes,
+    coalesce(i.faults, 0) AS faults,
+    i.abft_rate
+FROM nodes AS n
+LEFT JOIN compared AS c USING (pair_id)
+LEFT JOIN first_divergence_per_pair AS f USING (pair_id)
+LEFT JOIN rq1_mismatch AS m USING (pair_id)
+LEFT JOIN rq1_steps AS s USING (pair_id)
+LEFT JOIN rq2_noise AS q USING (pair_id)
+LEFT JOIN rq3_drift AS d USING (pair_id)
+LEFT JOIN rq3_spikes AS k USING (pair_id)
+LEFT JOIN injected AS i USING (pair_id)
+ORDER BY node_label, n.pair_id
