@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from sdc.study import Study, load_study, run_study, shipped_studies
+from sdc.study.runner import summary_tables
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +49,14 @@ def run_loaded(study: Study, args: argparse.Namespace) -> int:
     print(f"study {study.name}: {study.description or study.source}")
     print(f"  golden {study.golden}; nodes {nodes}; {study.train.run.steps} steps; output in {out}/")
     result = run_study(study, out, overwrite=args.overwrite, resume=args.resume, progress=not args.quiet)
-    print(f"study {study.name} finished in {result.wall_s / 60:.1f} min; details in {out}/study.log")
-    print(f"  database: {result.paths.db}")
+    for title, text in summary_tables(result.paths.db):
+        print(f"\n{title}\n{text}")
+    db = result.paths.db
+    print(f"\nstudy {study.name} finished in {result.wall_s / 60:.1f} min; each job's output is in {out}/study.log")
+    print(f"  database: {db}\n  report:   {result.paths.report / 'index.html'}")
+    print("next, try:")
+    print("  sdc query --list")
+    print(f"  sdc query rq1_mismatch_by_site --db {db}")
+    print(f"  sdc query rq3_drift_and_loss --db {db} --format csv")
+    print(f"  sdc query --sql \"SELECT * FROM first_divergence\" --db {db}")
     return 0

@@ -43,6 +43,9 @@ from tracer.workload.train import record_run
 STATE = "study-state.json"
 LOG = "study.log"
 Echo = Callable[[str], None]
+# Printed at the end of a study, in this order (named queries in analysis/queries).
+SUMMARY_QUERIES = ("summary", "rq1_mismatch_by_node", "rq1_mismatch_bursts", "rq1_abft_by_fault_kind",
+                   "rq2_noise_worst", "rq3_finetune_accuracy", "rq3_finetune_disagreement")
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,22 @@ def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tup
         jobs.append(Job(f"diff:{n.label}", f"diff {golden} vs {n.label}",
                         lambda n=n, replays=replays: _diff(paths.run(golden), paths.run(n.label), replays,
                                                            paths.db, beam_args)))
+    jobs.append(Job("report", "report", lambda: _report(paths, progress)))
     return jobs
+
+
+def summary_tables(db: Path) -> list[tuple[str, str]]:
+    """(title, table text) of the queries a reader looks at first, those with rows."""
+    from analysis.formats import table
+    from analysis.queries import LIBRARY
+
+    out = []
+    for name in SUMMARY_QUERIES:
+        if name in LIBRARY.names():
+            result = LIBRARY.run(db, name)
+            if result.rows:
+                out.append((f"{name}: {LIBRARY.description(name)}", table(result)))
+    return out
 
 
 def _record(study: Study, out: Path, label: str, profile: str | None, seed: int, abft: bool, progress: bool) -> str:
@@ -185,6 +203,13 @@ def _diff(golden: Path, suspect: Path, replays: list[Path], db: Path, beam_args:
         argv += ["--replay", str(r)]
     report = diff(parser.parse_args(argv), list(beam_args), echo=print)
     return f"{report.rows.get('event_diffs', 0):,} events compared into {db.name}"
+
+
+def _report(paths: StudyPaths, progress: bool) -> str:
+    from analysis.report import build_report
+
+    report = build_report(paths.db, paths.report, progress=progress)
+    return f"{len(report.images)} plot(s) in {report.index}"
 
 
 def _prepare(paths: StudyPaths, study: Study, *, overwrite: bool, resume: bool) -> list[str]:

@@ -101,6 +101,8 @@ def test_small_study_end_to_end_then_resume(tmp_path: Path, capsys: pytest.Captu
         assert job in text
     assert (out / "runs" / "flip" / "rank-00000").is_dir() and (out / "replays" / "twin-param-sync").is_dir()
     assert "Beam job" in (out / "study.log").read_text()  # the jobs' own output, kept out of the terminal
+    assert "summary: Overview" in text and "rq2_noise_worst" in text and "sdc query --sql" in text
+    assert 'src="' in (out / "report" / "index.html").read_text()
     con = duckdb.connect(str(out / "study.duckdb"), read_only=True)
     try:
         rows = dict(con.execute(
@@ -115,7 +117,7 @@ def test_small_study_end_to_end_then_resume(tmp_path: Path, capsys: pytest.Captu
     assert noise["twin"] == 0 and noise["flip"] > 0
 
     state = json.loads((out / "study-state.json").read_text())
-    assert len(state["finished"]) == 3 + 2 * 2 + 2  # records, replays, diffs
+    assert len(state["finished"]) == 3 + 2 * 2 + 2 + 1  # records, replays, diffs, report
     assert main(["study", str(path), "--out", str(out), "--quiet"]) == 1
     assert "already holds a study; pass --overwrite" in capsys.readouterr().err
 
