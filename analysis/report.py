@@ -115,7 +115,7 @@ def _summary(study: _Study) -> Section:
     if not study.query("summary").rows:
         s.notes.append("The database holds no pairs: load one with `sdc diff --golden RUN --suspect RUN --db FILE`.")
         return s
-    s.tables += [("summary", study.query("summary"), False), ("rq3_first_divergence", study.query("rq3_first_divergence"), False)]
+    s.tables += [(name, study.query(name), False) for name in ("summary", "rq3_first_divergence")]
     return s
 
 

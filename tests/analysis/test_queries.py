@@ -233,12 +233,13 @@ def test_detection_scores_of_abft(study: Study) -> None:
 
 # -- RQ2 --------------------------------------------------------------------------------
 def test_noise_to_signal_per_step_and_worst_case(study: Study) -> None:
-    noise = [e for e in events(study.param_sync, "grad_noise")]
+    noise = events(study.param_sync, "grad_noise")
     total = {e.step: e.fields for e in noise if e.fields["name"] == "*"}
     by_step = rows(study, "rq2_noise_by_step")
     assert [r["step"] for r in by_step] == [3, 4, 5]
     for r in by_step:
-        assert (r["diff_l2"], r["golden_l2"], r["ratio"]) == tuple(total[r["step"]][k] for k in ("diff_l2", "golden_l2", "ratio"))
+        for key in ("diff_l2", "golden_l2", "ratio"):
+            assert r[key] == total[r["step"]][key], key
     assert total[3]["ratio"] == 0.0  # nothing is injected at step 3
     ratios = np.array([total[s]["ratio"] for s in (3, 4, 5)])
     worst_step = int(max(total, key=lambda s: total[s]["ratio"]))
