@@ -261,10 +261,10 @@ def _stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
     if is_lazy(x.device) and x.element_size() < 4:
         x = x.float()  # torch_xla's vector_norm ignores its dtype argument
     l2 = torch.linalg.vector_norm(x, dtype=torch.float32 if x.element_size() < 4 else None)
-    if x.device.type == "cpu":
-        lo, hi = torch.aminmax(x)  # one pass, far faster than an inf-norm on CPU
-    else:  # XLA has no aminmax lowering (it would run on the host), and its amin keeps dims
+    if is_lazy(x.device):  # XLA has no aminmax lowering (it would run on the host), and its amin keeps dims
         lo, hi = x.min(), x.max()
+    else:
+        lo, hi = torch.aminmax(x)  # one pass, far faster than an inf-norm on CPU
     return x, l2, lo, hi
 
 

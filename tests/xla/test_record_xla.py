@@ -14,15 +14,19 @@ pytest.importorskip("torch_xla", reason=SKIP_REASON)
 from sdc.cli import main  # noqa: E402
 from tests.sdc.test_cli import SMALL_ARGS  # noqa: E402
 from tests.support import events, small_config  # noqa: E402
+from tracer.blobs import BlobStore  # noqa: E402
+from tracer.fingerprint import fingerprint  # noqa: E402
 from tracer.log import LogReader, Phase, TensorRecord, rank_dir  # noqa: E402
 from tracer.workload.train import record_run  # noqa: E402
 
 STEPS = 4  # checkpoints before steps 0 and 2 (SMALL); steps 1 and 3 are plain steps
+CAPTURED = r"layers\.1\.attention"
 
 
 @pytest.fixture(scope="module")
 def xla_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[tuple[int, int, int]]]:
-    """Two XLA runs of one config, the first with torch_xla's counters read after every step."""
+    """Two XLA runs of one config, the first with torch_xla's counters read after every step,
+    the second keeping full tensors of one site at the last step."""
     met = xla_metrics()
     root = tmp_path_factory.mktemp("xla")
     per_step: list[tuple[int, int, int]] = []  # (step, graphs run, host reads) during that step
@@ -37,7 +41,8 @@ def xla_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list
     cfg = small_config(f"run.steps={STEPS}")
     record_run(cfg, root / "a", node_label="xla-a", progress=False, device="xla", on_step=count)
     args = ["record", "--device", "xla", "--out", str(root / "b"), "--node-label", "xla-b", "--quiet", *SMALL_ARGS]
-    assert main([*args, "--steps", str(STEPS)]) == 0
+    capture = ["--capture-steps", str(STEPS - 1), "--capture-names", CAPTURED]
+    assert main([*args, "--steps", str(STEPS), *capture]) == 0
     return root / "a", root / "b", per_step
 
 
@@ -87,6 +92,16 @@ def test_two_xla_runs_diff_to_zero_differences(xla_runs, tmp_path: Path) -> None
     finally:
         con.close()
     assert n == len(tensors(a)) and differing == 0 and first == [(0,)]
+
+
+def test_captured_tensors_are_the_recorded_bits(xla_runs) -> None:
+    run = xla_runs[1]
+    blobs = events(run, "blob")
+    assert {(e.step, e.fields["name"]) for e in blobs} == {(STEPS - 1, "layers.1.attention")}
+    assert len(blobs) == 2 * 2  # forward output and input gradient, per microbatch
+    store = BlobStore(run)
+    for e in blobs:
+        assert fingerprint(store.get(e.fields["fingerprint"])) == e.fields["fingerprint"]
 
 
 def test_verify_determinism_on_xla(capsys: pytest.CaptureFixture[str]) -> None:
