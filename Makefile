@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.sdctrace-installed
 DEMO   ?= demo
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test test-xla bench bench-xla venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,30 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# XLA: torch-xla's wheel works with one torch release only, which its metadata does not
+# say; it gets its own environment with that torch (PyPI's build, about 7 GB), and the
+# project goes in with --no-deps so pip cannot swap in the torch that pyproject.toml pins.
+XLA_VENV    ?= .venv-xla
+XLA_PY      := $(XLA_VENV)/bin/python
+XLA_STAMP   := $(XLA_VENV)/.sdctrace-installed
+XLA_VERSION ?= 2.9.0
+
+$(XLA_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(XLA_VENV)
+	$(XLA_PY) -m pip install --quiet torch==$(XLA_VERSION) torch-xla==$(XLA_VERSION)
+	printf 'torch==$(XLA_VERSION)\ntorch-xla==$(XLA_VERSION)\n' > $(XLA_VENV)/constraints.txt
+	$(XLA_PY) tools/requirements.py --extra test --without torch --without torch-xla > $(XLA_VENV)/requirements.txt
+	$(XLA_PY) -m pip install --quiet -c $(XLA_VENV)/constraints.txt -r $(XLA_VENV)/requirements.txt
+	$(XLA_PY) -m pip install --quiet --no-deps -e .
+	touch $(XLA_STAMP)
+
+# The XLA tests on the XLA CPU device; `make test` skips them (no torch_xla there).
+test-xla: $(XLA_STAMP)
+	PJRT_DEVICE=CPU $(XLA_PY) -m pytest -q tests/xla
+
+bench-xla: $(XLA_STAMP)
+	PJRT_DEVICE=CPU $(XLA_PY) benchmarks/bench_xla.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py

@@ -46,6 +46,11 @@ class GoldenRun:
         header = reader.header
         if header.role != "train":
             raise ValidationError(f"{path}: is a {header.role!r} log; the golden side must be a recorded training run")
+        if header.device.startswith("xla"):
+            raise ValidationError(
+                f"{path}: recorded on {header.device}; replay re-executes on the CPU, whose arithmetic is not XLA's, "
+                "so it cannot rebuild this run (docs/xla.md)"
+            )
         try:
             config = Config.from_dict(header.config, source=f"{path} (run header)")
         except Exception as exc:  # a run recorded by a user's own loop has no workload config

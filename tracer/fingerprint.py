@@ -13,7 +13,9 @@ are processed in chunks of ``CHUNK = 2**18`` through a reused product buffer. Wo
 and the fingerprint is ``mix64(h ^ mix64(meta))`` where ``meta`` encodes dtype and
 shape. Only integer multiply-adds are used: every device computes the same bits,
 whatever its reduction order, because addition mod 2**64 is associative. The device
-returns one int64 plus the stats; only those cross to the host.
+returns one int64 plus the stats; only those cross to the host. On a lazy (XLA)
+device `lazy_digest` adds the digest to the step's graph without reading it; the
+Tracer reads it after the step mark (docs/xla.md).
 
 Collision bound (see also docs/log-format.md)
 ---------------------------------------------
@@ -39,6 +41,8 @@ import threading
 from dataclasses import dataclass
 
 import torch
+
+from tracer.device import is_lazy, reinterpret
 
 ALGORITHM = "lanes64-v1"
 CHUNK = 1 << 18
@@ -132,6 +136,8 @@ _META_CACHE: dict[tuple[torch.dtype, torch.Size], tuple[str, int]] = {}
 
 def _words(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes in logical order as int32 words, the last one zero-padded."""
+    if is_lazy(t.device):
+        return _lazy_words(t)
     if t.is_contiguous() and t.element_size() == 4 and t.dtype != torch.bool:
         return t.view(torch.int32).reshape(-1)  # the common case: no copy, few ops
     flat = t.detach().contiguous().reshape(-1)
@@ -148,11 +154,29 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([raw[:whole].view(torch.int32), tail.view(torch.int32)])
 
 
+def _lazy_words(t: torch.Tensor) -> torch.Tensor:
+    """`_words` as graph ops: XLA tensors have no storage to view, only values to bitcast."""
+    flat = t.detach().reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.to(torch.uint8)
+    pad = -flat.numel() % max(1, 4 // flat.element_size())
+    if pad:  # zero elements are zero bytes
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    return reinterpret(flat, torch.int32)
+
+
 def _lane_sum(words: torch.Tensor) -> torch.Tensor:
     """sum_c R[c] * sum_q x[c*CHUNK+q] * W[q] (mod 2**64) as a 0-d int64 tensor."""
     n = words.numel()
     chunks = max(1, -(-n // CHUNK))
     w, r = _TABLES.get(words.device, chunks)
+    if is_lazy(words.device):
+        # One functional expression for the graph; a reused buffer would become a graph output.
+        x = words.to(torch.int64)
+        if chunks == 1:
+            return x.mul(w[:n]).sum()
+        x = torch.cat([x, x.new_zeros(chunks * CHUNK - n)]).reshape(chunks, CHUNK)
+        return x.mul(w).sum(dim=1).mul(r[:chunks]).sum()
     # A reused buffer: a fresh large temporary per call costs page faults on CPU.
     buf = _TABLES.buffer(words.device)
     if chunks == 1:
@@ -180,26 +204,69 @@ def fingerprint(t: torch.Tensor) -> int:
 
 def digest(t: torch.Tensor) -> TensorDigest:
     """Fingerprint plus L2 norm, absmax and NaN/Inf counts; only scalars leave the device."""
+    if t.device.type != "cpu":
+        pending = lazy_digest(t)
+        return pending.resolve(pending.parts.cpu())
     t = t.detach()
     meta, meta_hash = _meta(t)
     lane = _lane_sum(_words(t))
     if t.numel() == 0:
         return TensorDigest(_finalise(int(lane.item()), meta_hash), 0.0, 0.0, 0, 0, meta)
-    x = t if t.is_floating_point() else t.to(torch.float64)
-    if x.is_complex():
-        x = torch.view_as_real(x)
-    l2 = torch.linalg.vector_norm(x, dtype=torch.float32 if x.element_size() < 4 else None)
-    lo, hi = torch.aminmax(x)  # one pass, far faster than an inf-norm on CPU
-    if t.device.type == "cpu":
-        lane_v, l2_v, lo_v, hi_v = lane.item(), l2.item(), lo.item(), hi.item()
-    else:  # one transfer: the float bits ride in the int64 tensor
-        floats = torch.stack([l2.double(), lo.double(), hi.double()]).view(torch.int64)
-        lane_v, *bits = torch.cat([lane.reshape(1), floats]).tolist()
-        l2_v, lo_v, hi_v = struct.unpack("<3d", struct.pack("<3q", *bits))
-    absmax_v = max(-lo_v, hi_v) if lo_v == lo_v and hi_v == hi_v else float("nan")
+    x, l2, lo, hi = _stats(t)
+    lane_v, l2_v, absmax_v = lane.item(), l2.item(), _absmax(lo.item(), hi.item())
     nan = inf = 0
     if not absmax_v < float("inf"):
         # Rare: only pay for the counting passes when something is not finite.
         nan = int(torch.isnan(x).sum().item())
         inf = int(torch.isinf(x).sum().item())
     return TensorDigest(_finalise(lane_v, meta_hash), l2_v, absmax_v, nan, inf, meta)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDigest:
+    """A digest still on the device: ``parts`` holds lane sum, L2, min and max (float64
+    bits) and NaN/Inf counts as int64[6], so one small transfer reads all of it."""
+
+    parts: torch.Tensor
+    meta: str
+    meta_hash: int
+
+    def resolve(self, host_parts: torch.Tensor) -> TensorDigest:
+        """The digest, from ``parts`` once it is on the host."""
+        lane, l2, lo, hi, nan, inf = host_parts.tolist()
+        l2_v, lo_v, hi_v = struct.unpack("<3d", struct.pack("<3q", l2, lo, hi))
+        absmax = float("nan") if nan else _absmax(lo_v, hi_v)  # XLA's min and max skip NaNs
+        return TensorDigest(_finalise(lane, self.meta_hash), l2_v, absmax, nan, inf, self.meta)
+
+
+def lazy_digest(t: torch.Tensor) -> PendingDigest:
+    """The digest as device ops, nothing read: on XLA they join the step's graph."""
+    t = t.detach()
+    meta, meta_hash = _meta(t)
+    lane = _lane_sum(_words(t))
+    if t.numel() == 0:
+        parts = torch.cat([lane.reshape(1), torch.zeros(5, dtype=torch.int64, device=t.device)])
+        return PendingDigest(parts, meta, meta_hash)
+    x, l2, lo, hi = _stats(t)
+    floats = reinterpret(torch.cat([v.double().reshape(1) for v in (l2, lo, hi)]), torch.int64)
+    counts = [torch.isnan(x).sum().reshape(1), torch.isinf(x).sum().reshape(1)]
+    return PendingDigest(torch.cat([lane.reshape(1), floats, *counts]), meta, meta_hash)
+
+
+def _stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``t`` as a real floating tensor, its L2 norm, min and max (0-d, on its device)."""
+    x = t if t.is_floating_point() else t.to(torch.float64)
+    if x.is_complex():
+        x = torch.view_as_real(x)
+    if is_lazy(x.device) and x.element_size() < 4:
+        x = x.float()  # torch_xla's vector_norm ignores its dtype argument
+    l2 = torch.linalg.vector_norm(x, dtype=torch.float32 if x.element_size() < 4 else None)
+    if is_lazy(x.device):  # XLA has no aminmax lowering (it would run on the host), and its amin keeps dims
+        lo, hi = x.min(), x.max()
+    else:
+        lo, hi = torch.aminmax(x)  # one pass, far faster than an inf-norm on CPU
+    return x, l2, lo, hi
+
+
+def _absmax(lo: float, hi: float) -> float:
+    return max(-lo, hi) if lo == lo and hi == hi else float("nan")

@@ -18,6 +18,10 @@ optimizer hooks record every gradient before the step and every parameter after
 it. Digests are computed inside the hook (no tensor is kept alive); records are
 framed in memory and written by an I/O thread (`tracer.background`). Every hook is
 removed when the ``with`` block exits.
+
+On a lazy device (XLA) nothing is read mid-step: digests and losses join the step's
+graph, and at the step's end the Tracer marks the step (``torch_xla.sync()``, a no-op
+if the loop already did) and reads all of them in one transfer (docs/xla.md).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import platform
 import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -43,8 +47,9 @@ from tracer.background import AsyncFile, IOThread
 from tracer.blobs import BlobStore
 from tracer.checkpoint import save_checkpoint
 from tracer.determinism import determinism_settings
+from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
 from tracer.errors import CaptureError
-from tracer.fingerprint import ALGORITHM, digest
+from tracer.fingerprint import ALGORITHM, TensorDigest, digest, lazy_digest
 from tracer.intercept import own_ops
 from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
@@ -147,6 +152,7 @@ class Tracer:
         else:
             self.rank, self.world_size = 0, 1
         first = next(model.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
         config = dict(config or {})
         self.header = RunHeader(
             schema_version=SCHEMA_VERSION,
@@ -160,9 +166,9 @@ class Tracer:
             seed=seed,
             data_order_fingerprint=data_order_fingerprint,
             fingerprint_algorithm=ALGORITHM,
-            versions=software_versions(),
-            device=str(first.device) if first is not None else "cpu",
-            determinism=determinism_settings(),
+            versions={**software_versions(), **device_versions(device)},
+            device=str(device),
+            determinism={**determinism_settings(), **device_determinism(device)},
             created_unix=time.time(),
             # Full backward hooks add autograd nodes, which can change gradient summation
             # order: the traced sites are part of what makes two runs bit-comparable.
@@ -177,6 +183,8 @@ class Tracer:
         self._losses: list[float] = []
         self._lrs: list[float] = []
         self._step_start = 0.0
+        # Lazy devices: what the step has recorded but not read yet, in log order.
+        self._pending: list[tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], None]]] = []
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
@@ -213,6 +221,16 @@ class Tracer:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self._remove_hooks()
+        if exc is None and self._log is not None:
+            try:
+                self._read_pending()
+            except BaseException as e:
+                self._close(e)
+                raise
+        self._close(exc)
+
+    def _close(self, exc: BaseException | None) -> None:
+        self._pending.clear()  # after a failure: a lazy step's graph may not run
         log, io = self._log, self._io
         self._log = self._io = None
         if log is None:
@@ -243,6 +261,7 @@ class Tracer:
 
     def sync(self) -> None:
         """Block until everything recorded so far has reached the OS."""
+        self._read_pending()
         self.log.flush()
         if self._io is not None:
             self._io.drain()
@@ -257,8 +276,9 @@ class Tracer:
         self._lrs = []
         self._step_start = time.perf_counter()
         yield
-        wall = time.perf_counter() - self._step_start
+        self._read_pending()
         log = self.log
+        wall = time.perf_counter() - self._step_start
         lrs = self._lrs or ([float(g["lr"]) for g in self.optimizer.param_groups] if self.optimizer else [])
         log.write_event(
             EventRecord(
@@ -286,14 +306,22 @@ class Tracer:
 
     def loss(self, value: torch.Tensor | float) -> None:
         """Log this microbatch's loss (as it contributes to the step: already scaled)."""
-        v = float(value.detach().item() if isinstance(value, torch.Tensor) else value)
-        self._losses.append(v)
-        self.log.write_event(EventRecord("loss", self.step_index, {"microbatch": self.microbatch_index, "loss": v}))
+        step, mb, log = self.step_index, self.microbatch_index, self.log
+
+        def write(v: float) -> None:
+            self._losses.append(v)
+            log.write_event(EventRecord("loss", step, {"microbatch": mb, "loss": v}))
+
+        if isinstance(value, torch.Tensor) and is_lazy(value.device):
+            self._pending.append(([value.detach()], lambda host: write(host[0].item())))
+        else:
+            write(float(value.detach().item() if isinstance(value, torch.Tensor) else value))
 
     def checkpoint(self, step: int, data: Mapping[str, Any] | None = None) -> Path:
         """Save the state before ``step`` (model, optimizer, RNG, data cursor) for replay."""
         if self.out is None:
             raise CaptureError("this Tracer writes to a sink, not a run directory: it cannot checkpoint")
+        self._read_pending()
         with own_ops():
             path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}))
         self.log.write_event(EventRecord("checkpoint", step, {"rank": self.rank}))
@@ -301,16 +329,37 @@ class Tracer:
 
     def event(self, kind: str, /, **fields: Any) -> None:
         """Log a custom event at the current step."""
-        self.log.write_event(EventRecord(kind, self.step_index, fields))
+        rec, log = EventRecord(kind, self.step_index, fields), self.log
+        if self._pending:  # keep log order
+            self._pending.append(([], lambda host: log.write_event(rec)))
+        else:
+            log.write_event(rec)
 
     def record(self, name: str, tensor: torch.Tensor, phase: Phase, microbatch: int | None = None) -> None:
         """Fingerprint one tensor at the current step and microbatch (and capture it if asked)."""
+        step, mb = self.step_index, self.microbatch_index if microbatch is None else microbatch
+        if is_lazy(tensor.device):
+            # Reading the digest now would run the graph up to here on its own: read it at the step's end.
+            with own_ops():
+                pending = lazy_digest(tensor)
+            kept = tensor.detach() if self._captures(step, name, phase) else None
+            log = self.log
+            self._pending.append(
+                ([pending.parts], lambda host: self._write(log, step, mb, name, phase, pending.resolve(host[0]), kept))
+            )
+            return
         with own_ops():
             d = digest(tensor)
-        step, mb = self.step_index, self.microbatch_index if microbatch is None else microbatch
-        log = self.log
+        self._write(self.log, step, mb, name, phase, d, tensor)
+
+    def _captures(self, step: int, name: str, phase: Phase) -> bool:
+        return self.capture.active and self.blobs is not None and self.capture.wants(step, name, phase)
+
+    def _write(
+        self, log: RecordSink, step: int, mb: int, name: str, phase: Phase, d: TensorDigest, tensor: torch.Tensor | None
+    ) -> None:
         log.write_tensor(TensorRecord(step, mb, name, phase, d.fingerprint, d.l2, d.absmax, d.nan, d.inf, d.meta))
-        if self.capture.active and self.blobs is not None and self.capture.wants(step, name, phase):
+        if tensor is not None and self._captures(step, name, phase):
             with own_ops():
                 copy = tensor.detach().to("cpu", copy=True)
             fp = d.fingerprint
@@ -319,6 +368,18 @@ class Tracer:
             log.write_event(
                 EventRecord("blob", step, {"microbatch": mb, "name": name, "phase": int(phase), "fingerprint": fp})
             )
+
+    def _read_pending(self) -> None:
+        """Mark the step on a lazy device, then read what it recorded in one transfer and log it."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        tensors = [t for ts, _ in pending for t in ts]
+        if tensors:
+            mark_step(tensors[0].device)
+        host = iter(to_host(tensors))
+        for ts, finish in pending:
+            finish([next(host) for _ in ts])
 
     # -- hooks -------------------------------------------------------------------------
     def _forward_hook(self, name: str):  # noqa: ANN202 - torch hook signature

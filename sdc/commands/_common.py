@@ -25,6 +25,15 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, metavar="N", help="optimizer steps to run (overrides run.steps)")
 
 
+def add_device_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEV",
+        help="where to train: cpu (default), cuda[:N], or xla[:N] (needs torch_xla and its own torch: docs/xla.md)",
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     overrides = list(args.overrides)
     if args.steps is not None:

@@ -6,7 +6,7 @@ import argparse
 import socket
 from pathlib import Path
 
-from sdc.commands._common import add_config_options, config_from_args
+from sdc.commands._common import add_config_options, add_device_option, config_from_args
 from tracer.errors import ConfigError
 from tracer.faults import load_profile, shipped_profiles
 from tracer.tracing import CapturePolicy
@@ -24,6 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ),
     )
     add_config_options(p)
+    add_device_option(p)
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="run directory to create, e.g. runs/golden")
     p.add_argument(
         "--node-label", default=socket.gethostname(), metavar="L", help="name of the node (default: this host's name)"
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         fault_profile=profile,
         fault_seed=args.fault_seed,
         abft=args.abft,
+        device=args.device,
     )
     print(
         f"recorded {summary.steps} step{'' if summary.steps == 1 else 's'} to {summary.out} "

@@ -6,7 +6,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from sdc.commands._common import add_config_options, config_from_args
+from sdc.commands._common import add_config_options, add_device_option, config_from_args
 from tracer.compare import compare_runs
 from tracer.workload.train import record_run
 
@@ -22,6 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ),
     )
     add_config_options(p)
+    add_device_option(p)
     p.add_argument("--keep", type=Path, metavar="DIR", help="keep the two runs in DIR/a and DIR/b")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
@@ -32,7 +33,9 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="sdc-verify-") as tmp:
         root = args.keep or Path(tmp)
         for name in ("a", "b"):
-            record_run(cfg, root / name, node_label=f"verify-{name}", overwrite=True, progress=not args.quiet)
+            record_run(
+                cfg, root / name, node_label=f"verify-{name}", overwrite=True, progress=not args.quiet, device=args.device
+            )
         result = compare_runs(root / "a", root / "b")
     if result.first is None:
         print(f"bit-identical: {result.events:,} tensor events over {result.steps} steps")

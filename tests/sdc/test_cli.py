@@ -19,11 +19,11 @@ SMALL_ARGS = [a for kv in SMALL if not kv.startswith("run.") for a in ("--set", 
 SURFACE = {
     "record": [
         "--abft", "--capture-every", "--capture-names", "--capture-steps", "--checkpoint-every", "--config",
-        "--fault-profile", "--fault-seed", "--node-label", "--out", "--overwrite", "--quiet", "--segment-mb",
+        "--device", "--fault-profile", "--fault-seed", "--node-label", "--out", "--overwrite", "--quiet", "--segment-mb",
         "--set", "--sites", "--steps",
     ],
     "inspect": ["--json", "--skip-corrupt"],
-    "verify-determinism": ["--config", "--keep", "--quiet", "--set", "--steps"],
+    "verify-determinism": ["--config", "--device", "--keep", "--quiet", "--set", "--steps"],
     "replay": [
         "--at-first-divergence", "--fault-profile", "--fault-seed", "--golden", "--golden-from", "--mode", "--out",
         "--overwrite", "--quiet", "--steps", "--suspect", "--window",

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from tracer.abft import AbftChecker
 from tracer.determinism import configure_determinism
+from tracer.device import is_lazy, mark_step, resolve_device, to_host
 from tracer.errors import UsageError
 from tracer.faults import FaultEmulator, FaultProfile
 from tracer.log import list_ranks
@@ -86,7 +87,7 @@ def train_step(w: Workload, step: int, tracer: StepObserver | None = None, *, up
         group["lr"] = cfg.optim.lr_at(step)
     opt.zero_grad(set_to_none=True)
     k = cfg.data.microbatches
-    total = 0.0
+    losses: list[torch.Tensor] = []
     for mb in range(k):
         inputs, targets = w.data.batch(step, mb)
         inputs, targets = inputs.to(device), targets.to(device)
@@ -97,12 +98,14 @@ def train_step(w: Workload, step: int, tracer: StepObserver | None = None, *, up
         loss.backward()
         if tracer is not None:
             tracer.loss(loss)
-        total += float(loss.detach())
+        losses.append(loss.detach())
     if cfg.optim.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip, foreach=False)
     if update:
         opt.step()
-    return total
+    # The step's end: XLA runs the step's graph here, so reading the losses runs nothing more.
+    mark_step(device)
+    return sum(v.item() for v in to_host(losses))
 
 
 def prepare_out_dir(out: Path, overwrite: bool) -> None:
@@ -133,16 +136,20 @@ def record_run(
     fault_profile: FaultProfile | None = None,
     fault_seed: int = 0,
     abft: bool = False,
+    device: str = "cpu",
 ) -> RunSummary:
     """Train ``cfg.run.steps`` steps under a Tracer, checkpointing every ``cfg.run.checkpoint_every``.
 
     ``fault_profile`` plays an unhealthy node (`tracer.faults`) and ``abft`` checks every
     matmul (`tracer.abft`); the header's ``extra`` records both, its pairing fields
-    stay those of the healthy twin.
+    stay those of the healthy twin. ``device`` is ``cpu``, ``cuda[:N]`` or ``xla[:N]``.
     """
     out = Path(out)
+    dev = resolve_device(device)
+    if is_lazy(dev) and (fault_profile is not None or abft):
+        raise UsageError(f"--device {device}: the fault emulator and ABFT run on eager devices only (cpu, cuda)")
     prepare_out_dir(out, overwrite)
-    w = build(cfg)
+    w = build(cfg, dev)
     extra = dict(extra or {})
     if fault_profile is not None:
         extra["fault_profile"] = fault_profile.header(fault_seed)
