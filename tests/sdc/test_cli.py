@@ -20,7 +20,7 @@ SURFACE = {
     "record": [
         "--abft", "--capture-every", "--capture-names", "--capture-steps", "--checkpoint-every", "--config",
         "--fault-profile", "--fault-seed", "--node-label", "--out", "--overwrite", "--quiet", "--segment-mb",
-        "--set", "--sites", "--steps",
+        "--set", "--sites", "--steps", "--nproc", "--tp", "--sp", "--dp", "--rank-timeout",
     ],
     "inspect": ["--json", "--skip-corrupt"],
     "verify-determinism": ["--config", "--keep", "--quiet", "--set", "--steps"],
