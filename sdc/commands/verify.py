@@ -6,9 +6,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from sdc.commands._common import add_config_options, config_from_args
+from sdc.commands._common import add_config_options, add_parallel_options, config_from_args, launch_ranks, ranks
+from sdc.commands.record import record_rank
 from tracer.compare import compare_runs
-from tracer.workload.train import record_run
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_config_options(p)
     p.add_argument("--keep", type=Path, metavar="DIR", help="keep the two runs in DIR/a and DIR/b")
+    add_parallel_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
 
@@ -32,10 +33,17 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="sdc-verify-") as tmp:
         root = args.keep or Path(tmp)
         for name in ("a", "b"):
-            record_run(cfg, root / name, node_label=f"verify-{name}", overwrite=True, progress=not args.quiet)
+            job = {"out": str(root / name), "node_label": f"verify-{name}", "overwrite": True,
+                   "capture": [[], 0, None], "progress": not args.quiet, "fault_profile": None}
+            if ranks(cfg) == 1:
+                record_rank(cfg, **job)
+            else:
+                launch_ranks(args, "sdc.commands.record:record_rank", cfg, job)
         result = compare_runs(root / "a", root / "b")
     if result.first is None:
-        print(f"bit-identical: {result.events:,} tensor events over {result.steps} steps")
+        n = ranks(cfg)
+        print(f"bit-identical: {result.events:,} tensor events over {result.steps} steps"
+              + (f" on {n} ranks" if n > 1 else ""))
         return 0
     print(f"NOT deterministic: first difference at {result.first.describe()}")
     return 1

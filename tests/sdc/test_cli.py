@@ -23,10 +23,12 @@ SURFACE = {
         "--set", "--sites", "--steps", "--nproc", "--tp", "--sp", "--dp", "--rank-timeout",
     ],
     "inspect": ["--json", "--skip-corrupt"],
-    "verify-determinism": ["--config", "--keep", "--quiet", "--set", "--steps"],
+    "verify-determinism": [
+        "--config", "--keep", "--quiet", "--set", "--steps", "--nproc", "--tp", "--sp", "--dp", "--rank-timeout",
+    ],
     "replay": [
         "--at-first-divergence", "--fault-profile", "--fault-seed", "--golden", "--golden-from", "--mode", "--out",
-        "--overwrite", "--quiet", "--steps", "--suspect", "--window",
+        "--overwrite", "--quiet", "--steps", "--suspect", "--window", "--rank-timeout",
     ],
     "faults": [],
     "diff": ["--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket", "--suspect"],

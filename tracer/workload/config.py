@@ -5,7 +5,9 @@
 One frozen dataclass per component, nested in `Config`. Everything except `run`
 decides the bits a training step produces, so it is what `config_fingerprint`
 hashes and what a pair of runs must agree on; `run` only says how long to train,
-so a 20-step and a 200-step run of the same config still pair.
+so a 20-step and a 200-step run of the same config still pair. `parallel` (the
+layout) decides the bits too, but pairing compares it field by field, so it stays
+out of the fingerprint and a refused pair names the field.
 
 Every mistake fails fast with a one-line `ConfigError` naming the file, the dotted
 key and the fix: a config that silently fell back to a default would make two
