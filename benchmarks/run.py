@@ -8,7 +8,8 @@ The fault emulator (on, no fault firing) and the ABFT checker are each reported
 against a plain traced step; they have no target. Replaying one step costs at most
 2x (parameter sync) and 3x (lockstep) a recorded step (bench_replay.py). The Beam
 diff of a 1 000 000-event pair runs at >= 300 000 events/s and within 8x of the
-same join in DuckDB (bench_diff.py).
+same join in DuckDB (bench_diff.py). A 4-rank run (dp=2 x tp=2, sequence parallel)
+reports its own traced / untraced ratio (bench_parallel.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 
 import bench_diff
+from bench_parallel import bench_parallel
 from bench_replay import bench_replay
 from tracer.abft import AbftChecker
 from tracer.faults import FaultEmulator, load_profile
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_interceptor_overhead(args.steps, args.config)
     bench_replay(config=args.config)
     bench_diff.main([])
+    bench_parallel(config=args.config)
     return 0
 
 
