@@ -13,14 +13,14 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from timing import side_by_side, warmup
 from tracer.launch import launch
 from tracer.tracing import Tracer
 from tracer.workload.config import Config, config_fingerprint, load_config
-from tracer.workload.train import build, train_step
+from tracer.workload.train import build
 
 LAYOUT = ["parallel.dp=2", "parallel.tp=2", "parallel.sp=true", "train.threads=1"]
 
@@ -29,19 +29,10 @@ def steps_side_by_side(config: dict[str, Any], steps: int, out: str) -> dict[str
     """One rank: alternate untraced and traced steps; median step times."""
     cfg = Config.from_dict(config)
     plain, traced = build(cfg), build(cfg)
-    t_plain, t_traced = [], []
     with Tracer(traced.model, traced.optimizer, out=out, node_label="bench", config=cfg.to_dict(),
                 config_fp=config_fingerprint(cfg), parallel=traced.layout) as tracer:
-        for step in range(steps):
-            s = time.perf_counter()
-            train_step(plain, step)
-            t_plain.append(time.perf_counter() - s)
-            s = time.perf_counter()
-            with tracer.step(step):
-                train_step(traced, step, tracer)
-            t_traced.append(time.perf_counter() - s)
-    warm = max(1, steps // 5)
-    return {"plain": statistics.median(t_plain[warm:]), "traced": statistics.median(t_traced[warm:])}
+        plain_s, traced_s = side_by_side(plain, traced, tracer, steps)
+    return {"plain": plain_s, "traced": traced_s}
 
 
 def bench_parallel(steps: int = 10, config: str | None = None) -> float:
@@ -56,7 +47,7 @@ def bench_parallel(steps: int = 10, config: str | None = None) -> float:
     print(
         f"4-rank tracing     : traced/untraced step time = {ratio:.3f}  (dp=2 x tp=2 with sp, per rank "
         f"{', '.join(f'{x:.2f}' for x in ratios)}; rank 0 median {results[0]['traced'] * 1e3:.0f} ms vs "
-        f"{results[0]['plain'] * 1e3:.0f} ms, {steps - max(1, steps // 5)} steps)"
+        f"{results[0]['plain'] * 1e3:.0f} ms, {steps - warmup(steps)} steps)"
     )
     return ratio
 

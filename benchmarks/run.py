@@ -25,6 +25,7 @@ from pathlib import Path
 import bench_diff
 from bench_parallel import bench_parallel
 from bench_replay import bench_replay
+from timing import side_by_side, warmup
 from tracer.abft import AbftChecker
 from tracer.faults import FaultEmulator, load_profile
 from tracer.log import rank_dir
@@ -41,26 +42,16 @@ def bench_tracing_overhead(steps: int, config: str | None) -> tuple[float, float
     plain, traced = build(cfg), build(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        t_plain, t_traced = [], []
         with Tracer(
             traced.model, traced.optimizer, out=out, node_label="bench",
             config=cfg.to_dict(), config_fp=config_fingerprint(cfg),
         ) as tracer:
-            for step in range(steps):
-                s = time.perf_counter()
-                train_step(plain, step)
-                t_plain.append(time.perf_counter() - s)
-                s = time.perf_counter()
-                with tracer.step(step):
-                    train_step(traced, step, tracer)
-                t_traced.append(time.perf_counter() - s)
-        warm = max(1, steps // 5)
-        ratio = statistics.median(t_traced[warm:]) / statistics.median(t_plain[warm:])
+            plain_s, traced_s = side_by_side(plain, traced, tracer, steps)
+        ratio = traced_s / plain_s
         per_event = _tensor_event_bytes(out)
     print(
         f"tracing overhead   : traced/untraced step time = {ratio:.3f}  "
-        f"(median {statistics.median(t_traced[warm:]) * 1e3:.1f} ms vs {statistics.median(t_plain[warm:]) * 1e3:.1f} ms, "
-        f"{steps - warm} steps, target <= 1.10)"
+        f"(median {traced_s * 1e3:.1f} ms vs {plain_s * 1e3:.1f} ms, {steps - warmup(steps)} steps, target <= 1.10)"
     )
     print(f"log size           : {per_event:.1f} bytes per fingerprint event on disk (target <= 64)")
     return ratio, per_event

@@ -14,6 +14,7 @@ import pytest
 
 from sdc.cli import main
 from tests.sdc.test_cli import sdc
+from tests.support import ONE_FLIP
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord, TensorRecord
@@ -24,30 +25,12 @@ COMMON = ["--set", "model.n_layers=2", "--set", "data.batch_size=2", "--set", "d
 TP2 = ["--nproc", "2", "--tp", "2", "--sp"]
 RECORD = ["--steps", "3", "--checkpoint-every", "2"]
 
-# One exponent flip in layers.1.feed_forward's forward matmuls, on rank 1 alone, at step 1.
-RANK1 = """
-seed = 7
-[[fault]]
-ops = ["matmul"]
-sites = "layers\\\\.1\\\\.feed_forward"
-phases = ["forward"]
-ranks = [RANK]
-steps = [1]
-kind = "bitflip"
-bits = "exponent"
-"""
-# One exponent flip in what rank 0 receives from layers.0's attention reduce-scatter, at step 1.
-LINK = """
-seed = 7
-[[fault]]
-ops = ["reduce_scatter"]
-sites = "layers\\\\.0\\\\.attention_out"
-phases = ["forward"]
-ranks = [0]
-steps = [1]
-kind = "bitflip"
-bits = "exponent"
-"""
+
+def one_flip(rank: int, op: str = "matmul", site: str = r"layers\\.1\\.feed_forward") -> str:
+    """`ONE_FLIP` (one exponent flip in each forward matmul of layers.1.feed_forward) on ``rank`` alone at step 1,
+    or in the output of another op at another point."""
+    text = ONE_FLIP.replace("steps = [3]", f"steps = [1]\nranks = [{rank}]").replace('"matmul"', f'"{op}"')
+    return text.replace(r"layers\\.1\\.feed_forward", site)
 
 
 def record(out: Path, *args: str) -> Path:
@@ -67,8 +50,9 @@ def fingerprints(run: Path, rank: int, step: int) -> dict[tuple[int, str, int], 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("ranks")
-    (root / "rank1.toml").write_text(RANK1.replace("RANK", "1"))
-    (root / "link.toml").write_text(LINK)
+    (root / "rank1.toml").write_text(one_flip(1))
+    # What rank 0 receives from layers.0's attention reduce-scatter.
+    (root / "link.toml").write_text(one_flip(0, "reduce_scatter", r"layers\\.0\\.attention_out"))
     golden = record(root / "golden", *TP2, *RECORD)
     suspect = record(root / "suspect", *TP2, *RECORD, "--fault-profile", str(root / "rank1.toml"))
     return SimpleNamespace(root=root, golden=golden, suspect=suspect)
@@ -151,7 +135,7 @@ def test_runs_with_different_layouts_are_refused(runs: SimpleNamespace, capsys: 
 
 def test_a_failing_rank_reaches_the_user_as_one_line(tmp_path: Path) -> None:
     profile = tmp_path / "nowhere.toml"
-    profile.write_text(RANK1.replace("RANK", "1").replace("feed_forward", "nowhere"))
+    profile.write_text(one_flip(1, site="nowhere"))
     result = sdc("record", "--out", str(tmp_path / "x"), *COMMON, *TP2, "--steps", "1", "--fault-profile", str(profile))
     lines = [ln for ln in result.stderr.splitlines() if ln.strip() and "Warning" not in ln]
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -165,7 +149,7 @@ def test_four_ranks_data_tensor_and_sequence_parallel(tmp_path: Path) -> None:
     coords = [LogReader(rank_dir(golden, r)).header.extra["parallel"]["coords"] for r in range(4)]
     assert coords == [{"dp": 0, "tp": 0}, {"dp": 0, "tp": 1}, {"dp": 1, "tp": 0}, {"dp": 1, "tp": 1}]
     profile = tmp_path / "rank2.toml"
-    profile.write_text(RANK1.replace("RANK", "2"))
+    profile.write_text(one_flip(2))
     out = tmp_path / "lock"
     assert main(["replay", "--golden", str(golden), "--fault-profile", str(profile), "--steps", "1", "--mode",
                  "lockstep", "--out", str(out), "--quiet", "--rank-timeout", "120"]) == 0
