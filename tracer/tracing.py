@@ -17,8 +17,8 @@ Hooks record each site's forward output and the gradient w.r.t. its input;
 optimizer hooks record every gradient before the step and every parameter after
 it; collectives that report to `tracer.collectives` have their input and output
 recorded. Under ``torch.distributed`` each rank writes its own log (``rank-NNNNN``)
-and its header records the parallel layout (`tracer.parallel.Layout`). Digests are computed inside the hook (no tensor is kept alive); records are
-framed in memory and written by an I/O thread (`tracer.background`). Every hook is
+and its header records the parallel layout (`tracer.parallel.Layout`). Digests are
+computed inside the hook (no tensor is kept alive); records are framed in memory and written by an I/O thread (`tracer.background`). Every hook is
 removed when the ``with`` block exits.
 """
 
@@ -43,8 +43,8 @@ from torch.utils.hooks import RemovableHandle
 
 from tracer.background import AsyncFile, IOThread
 from tracer.blobs import BlobStore
-from tracer.collectives import Stage, observing, record_name
 from tracer.checkpoint import save_checkpoint
+from tracer.collectives import Stage, observing, record_name
 from tracer.determinism import determinism_settings
 from tracer.errors import CaptureError
 from tracer.fingerprint import ALGORITHM, digest

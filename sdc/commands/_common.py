@@ -32,7 +32,7 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
 def add_parallel_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("ranks (tensor-, sequence- and data-parallel, on this machine)")
     g.add_argument("--nproc", type=int, metavar="N",
-                   help="ranks to launch, one process each on gloo; N = dp * tp (default: the config's parallel layout, 1)")
+                   help="ranks to launch, one process each on gloo; N = dp * tp (default: the config's layout, 1)")
     g.add_argument("--tp", type=int, metavar="T", help="tensor-parallel ranks per replica (parallel.tp; default 1)")
     g.add_argument("--sp", action="store_true", help="sequence parallelism inside each tensor-parallel group")
     g.add_argument("--dp", type=int, metavar="D", help="data-parallel replicas (parallel.dp; default N / T)")

@@ -113,4 +113,5 @@ def replay_rank(*, golden: str, suspect: str | None, fault_profile: str | None, 
     else:
         who = suspect_from_profile(fault_profile, fault_seed)
     summary = Replayer(golden, who, range(*steps), mode, out, **options).run()
-    return {"steps": [dataclasses.asdict(r) for r in summary.steps], "checked": summary.checked, "wall_s": summary.wall_s}
+    steps_done = [dataclasses.asdict(r) for r in summary.steps]
+    return {"steps": steps_done, "checked": summary.checked, "wall_s": summary.wall_s}

@@ -15,3 +15,14 @@ def train_and_report(config: dict[str, Any], steps: int) -> dict[str, Any]:
     squares = {n: float(p.detach().double().pow(2).sum()) for n, p in w.model.named_parameters()}
     sharded = [n for n, _ in w.model.named_parameters() if w.model.shard_dim(n) is not None]
     return {"losses": losses, "squares": squares, "sharded": sharded, "coords": w.layout.coords(w.groups.rank)}
+
+
+def hang_on_rank_1() -> None:
+    """Rank 1 never reaches the barrier rank 0 waits in."""
+    import time
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        time.sleep(600)
+    dist.barrier()

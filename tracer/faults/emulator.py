@@ -17,6 +17,10 @@ profile seed, ``seed``, and the (step, microbatch) the draw happens in, and are
 advanced in op-call order. The same profile and seed give the same faults, and a
 replay of one step gets that step's faults.
 
+Under torch.distributed a rule may name the ranks it applies to (one bad
+accelerator in a node), and rules naming collectives corrupt what a collective
+delivers, through `tracer.collectives`.
+
 With the ABFT checker, enter the emulator first: the checker, entered second,
 sees each op first and calls it through the emulator, so it checks the corrupted
 result as hardware-level detection would.
@@ -36,10 +40,10 @@ from tracer.collectives import Stage, observing
 from tracer.errors import ConfigError
 from tracer.faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
 from tracer.faults.ops import resolve_collectives, resolve_ops
-from tracer.log.records import Phase as RecordPhase
 from tracer.faults.profile import Corruption, FaultProfile
 from tracer.faults.schedule import BurstChain
 from tracer.intercept import Clock, Sink, in_own_ops, own_ops
+from tracer.log.records import Phase as RecordPhase
 from tracer.scope import ModuleScope, Phase, ScopedDispatchMode
 from tracer.sites import SiteSpec, find_sites
 
@@ -65,7 +69,8 @@ class FaultEmulator(ScopedDispatchMode):
         self._clock = clock
         self._sink = sink
         rules = profile.faults
-        rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        rank = torch.distributed.get_rank() if distributed else 0
         # A rule for other ranks (one bad accelerator in a node) hits nothing here.
         mine = [r.ranks is None or rank in r.ranks for r in rules]
         self._ops = [resolve_ops(r.ops) if m else frozenset() for r, m in zip(rules, mine)]
@@ -106,7 +111,9 @@ class FaultEmulator(ScopedDispatchMode):
         finally:
             super().__exit__(*exc)
 
-    def _collective(self, point: str, op: str, phase: RecordPhase, stage: Stage, tensor: torch.Tensor) -> torch.Tensor | None:
+    def _collective(
+        self, point: str, op: str, phase: RecordPhase, stage: Stage, tensor: torch.Tensor
+    ) -> torch.Tensor | None:
         """Corrupt what a collective delivers (its output), as a faulty link or reduction would."""
         if stage != "out" or in_own_ops():
             return None

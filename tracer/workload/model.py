@@ -10,9 +10,9 @@ the tracer finds its sites at `layers.{i}.attention` and `layers.{i}.feed_forwar
 and each of those takes one tensor and returns one, so a replay can swap in golden
 inputs. With tensor parallelism (`tracer.workload.parallel`) each rank holds a shard
 of every attention and feed-forward weight, those sites return the rank's partial
-output, and `Collective` modules around them combine it. Rotary embeddings use real arithmetic (no complex tensors) so that XLA can
-compile them, and attention goes through `F.scaled_dot_product_attention`, the op
-the fault emulator intercepts.
+output, and `Collective` modules around them combine it. Rotary embeddings use
+real arithmetic (no complex tensors) so that XLA can compile them, and attention
+goes through `F.scaled_dot_product_attention`, the op the fault emulator intercepts.
 """
 
 from __future__ import annotations
