@@ -8,7 +8,8 @@ The fault emulator (on, no fault firing) and the ABFT checker are each reported
 against a plain traced step; they have no target. Replaying one step costs at most
 2x (parameter sync) and 3x (lockstep) a recorded step (bench_replay.py). The Beam
 diff of a 1 000 000-event pair runs at >= 300 000 events/s and within 8x of the
-same join in DuckDB (bench_diff.py).
+same join in DuckDB (bench_diff.py). A 4-rank run (dp=2 x tp=2, sequence parallel)
+reports its own traced / untraced ratio (bench_parallel.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 
 import bench_diff
+from bench_parallel import bench_parallel
 from bench_replay import bench_replay
+from timing import side_by_side, warmup
 from tracer.abft import AbftChecker
 from tracer.faults import FaultEmulator, load_profile
 from tracer.log import rank_dir
@@ -39,26 +42,16 @@ def bench_tracing_overhead(steps: int, config: str | None) -> tuple[float, float
     plain, traced = build(cfg), build(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        t_plain, t_traced = [], []
         with Tracer(
             traced.model, traced.optimizer, out=out, node_label="bench",
             config=cfg.to_dict(), config_fp=config_fingerprint(cfg),
         ) as tracer:
-            for step in range(steps):
-                s = time.perf_counter()
-                train_step(plain, step)
-                t_plain.append(time.perf_counter() - s)
-                s = time.perf_counter()
-                with tracer.step(step):
-                    train_step(traced, step, tracer)
-                t_traced.append(time.perf_counter() - s)
-        warm = max(1, steps // 5)
-        ratio = statistics.median(t_traced[warm:]) / statistics.median(t_plain[warm:])
+            plain_s, traced_s = side_by_side(plain, traced, tracer, steps)
+        ratio = traced_s / plain_s
         per_event = _tensor_event_bytes(out)
     print(
         f"tracing overhead   : traced/untraced step time = {ratio:.3f}  "
-        f"(median {statistics.median(t_traced[warm:]) * 1e3:.1f} ms vs {statistics.median(t_plain[warm:]) * 1e3:.1f} ms, "
-        f"{steps - warm} steps, target <= 1.10)"
+        f"(median {traced_s * 1e3:.1f} ms vs {plain_s * 1e3:.1f} ms, {steps - warmup(steps)} steps, target <= 1.10)"
     )
     print(f"log size           : {per_event:.1f} bytes per fingerprint event on disk (target <= 64)")
     return ratio, per_event
@@ -130,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_interceptor_overhead(args.steps, args.config)
     bench_replay(config=args.config)
     bench_diff.main([])
+    bench_parallel(config=args.config)
     return 0
 
 

@@ -15,6 +15,13 @@ For every replayed step ``k``:
 
 Results go to a replay log in the ordinary format (role ``replay``), which the
 pipelines read with the same reader as any run.
+
+A multi-rank run is replayed by as many ranks (`sdc replay` launches them): each
+rebuilds its own shard from its own checkpoints and log, syncs its own parameters,
+and all of them run the golden and the suspect step together, collectives included.
+In lockstep a tensor-parallel site's output is its partial sum before the
+reduce-scatter, so every rank communicates golden partials and a fault stays on the
+rank it happened on.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from replay.golden import GoldenRun, Key, VerifyingSink
 from replay.metrics import TOTAL, Mismatch, gradient_noise, mismatch
 from tracer.blobs import BlobStore
 from tracer.checkpoint import load_checkpoint
+from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ConfigError, ValidationError
 from tracer.faults import FaultEmulator, FaultProfile, load_profile, shipped_profiles
@@ -145,13 +153,12 @@ class _Clock:
     def __init__(self, step: int) -> None:
         self.step_index = step
         self.microbatch_index = 0
-        self.losses: list[float] = []
 
     def microbatch(self, index: int, inputs: Any = None) -> None:
         self.microbatch_index = index
 
     def loss(self, value: torch.Tensor | float) -> None:
-        self.losses.append(float(value.detach() if isinstance(value, torch.Tensor) else value))
+        pass  # `train_step` returns the step's loss
 
 
 class Replayer:
@@ -172,7 +179,9 @@ class Replayer:
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
-        self.golden = GoldenRun.open(golden_path, steps.start, steps.stop)
+        dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.rank = torch.distributed.get_rank() if dist else 0
+        self.golden = GoldenRun.open(golden_path, steps.start, steps.stop, self.rank)
         g = self.golden
         if clip:  # a window around a divergence may run past the end of the run
             steps = range(steps.start, min(steps.stop, g.last_step + 1))
@@ -193,15 +202,20 @@ class Replayer:
 
     # -- the whole replay -------------------------------------------------------------
     def run(self) -> ReplaySummary:
-        prepare_out_dir(self.out, self.overwrite)
         summary = ReplaySummary(self.out, self.mode)
         start = time.perf_counter()
         cfg = self.golden.config
         golden_w, suspect_w = build(cfg), build(cfg)
-        load_checkpoint(self.golden.path, self.golden.start_checkpoint).restore(golden_w.model, golden_w.optimizer)
-        self._log = LogWriter(rank_dir(self.out, 0), self._header(str(next(golden_w.model.parameters()).device)))
+        if self.rank == 0:
+            prepare_out_dir(self.out, self.overwrite)
+        if golden_w.layout.world_size > 1:
+            torch.distributed.barrier()  # no rank writes before rank 0 has cleared the directory
+        checkpoint = load_checkpoint(self.golden.path, self.golden.start_checkpoint, self.rank)
+        checkpoint.restore(golden_w.model, golden_w.optimizer)
+        self._log = LogWriter(rank_dir(self.out, self.rank), self._header(str(next(golden_w.model.parameters()).device)))
         total = self.steps.stop - self.golden.start_checkpoint
-        bar = tqdm(total=total, desc=f"replay {self.mode}", unit="step", disable=None if self.progress else True, leave=False)
+        show = self.progress and self.rank == 0
+        bar = tqdm(total=total, desc=f"replay {self.mode}", unit="step", disable=None if show else True, leave=False)
         try:
             for step in range(self.golden.start_checkpoint, self.steps.start):
                 bar.set_postfix_str(f"rebuilding step {step}")
@@ -248,7 +262,7 @@ class Replayer:
             node_label=self.suspect.label,
             role="replay",
             world_size=g.world_size,
-            rank=0,
+            rank=self.rank,
             config=g.config,
             config_fingerprint=g.config_fingerprint,
             seed=g.seed,
@@ -259,6 +273,7 @@ class Replayer:
             determinism=determinism_settings(),
             created_unix=time.time(),
             extra={
+                **({"parallel": g.extra["parallel"]} if "parallel" in g.extra else {}),
                 "replay": {
                     "mode": self.mode,
                     "steps": [self.steps.start, self.steps.stop],
@@ -288,7 +303,7 @@ class Replayer:
         sink = VerifyingSink(self.golden.expected)
         tracer = Tracer(
             w.model, w.optimizer, out=None, sink=sink, node_label="golden-reexecution",
-            sites=self.site_pattern, config=self.golden.header.config,
+            sites=self.site_pattern, config=self.golden.header.config, parallel=w.layout,
         )
         kept: dict[Key, torch.Tensor] = {}
         with ExitStack() as stack:
@@ -300,7 +315,8 @@ class Replayer:
                 if between is not None:
                     if keep and self.golden_from != "reexec":
                         self._substitute_blobs(step, kept)
-                    between(kept)
+                    with unobserved():  # the suspect's collectives are not the golden run's
+                        between(kept)
                 w.optimizer.step()
         summary.checked += sink.checked
         if sink.divergences:
@@ -361,8 +377,7 @@ class Replayer:
             if self.mode == "lockstep":
                 stack.enter_context(_lockstep(sites, golden, clock, lambda mb, site, ph, m: self._site(step, mb, site, ph, m, result)))
             # The suspect's own update is never used: the next step syncs from golden again.
-            train_step(w, step, clock, update=False)
-        result.suspect_loss = sum(clock.losses)
+            result.suspect_loss = train_step(w, step, clock, update=False)
         result.faults = faults
         return result
 

@@ -28,22 +28,26 @@ class GoldenRun:
     config: Config
     checkpoints: list[int]
     last_step: int
+    rank: int = 0
     start_checkpoint: int = 0  # the checkpoint reconstruction starts from
     expected: dict[Key, int] = field(default_factory=dict)  # fingerprints of the indexed steps
     blobs: dict[Key, int] = field(default_factory=dict)  # captured full tensors
     sites: list[str] = field(default_factory=list)  # forward sites in recording order
 
     @classmethod
-    def open(cls, path: str | Path, start: int, stop: int) -> GoldenRun:
-        """Index rank 0 from the latest checkpoint at or before ``start`` up to ``stop`` (exclusive)."""
+    def open(cls, path: str | Path, start: int, stop: int, rank: int = 0) -> GoldenRun:
+        """Index ``rank`` from the latest checkpoint at or before ``start`` up to ``stop`` (exclusive)."""
         path = Path(path)
         if not path.is_dir():
             raise LogError(f"{path}: not a run directory; pass the golden run made by `sdc record`")
         ranks = list_ranks(path)
-        if ranks != [0]:
-            raise ValidationError(f"{path}: replay supports single-rank runs for now (found ranks {ranks})")
-        reader = LogReader(rank_dir(path, 0))
+        reader = LogReader(rank_dir(path, rank))
         header = reader.header
+        if ranks != list(range(header.world_size)):
+            raise ValidationError(
+                f"{path}: holds the logs of ranks {ranks}, but its world size is {header.world_size}; "
+                "replay needs every rank's log"
+            )
         if header.role != "train":
             raise ValidationError(f"{path}: is a {header.role!r} log; the golden side must be a recorded training run")
         if header.device.startswith("xla"):
@@ -58,7 +62,7 @@ class GoldenRun:
                 f"{path}: its header holds no sdctrace workload config ({exc}); replay rebuilds the reference "
                 "workload and needs a run made by `sdc record`"
             ) from exc
-        run = cls(path, header, config, list_checkpoints(path), last_step=-1)
+        run = cls(path, header, config, list_checkpoints(path, rank), last_step=-1, rank=rank)
         first = run.start_checkpoint = run.checkpoint_before(start)
         seen_sites: dict[str, None] = {}
         for rec in reader.records():
@@ -71,7 +75,8 @@ class GoldenRun:
             elif isinstance(rec, EventRecord) and rec.kind == "blob" and first <= rec.step < stop:
                 f = rec.fields
                 run.blobs[(rec.step, f["microbatch"], f["name"], Phase(f["phase"]))] = f["fingerprint"]
-        run.sites = list(seen_sites)
+        # The header names the traced modules; records also hold collectives, which are no lockstep sites.
+        run.sites = list(header.extra.get("sites", seen_sites))
         return run
 
     def checkpoint_before(self, step: int) -> int:

@@ -48,25 +48,38 @@ class Comparison:
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path) -> Comparison:
-    """Compare every tensor event of every rank, in recording order."""
+    """Compare every tensor event of every rank, in recording order.
+
+    The first difference reported is the earliest over all ranks: lowest step, then
+    lowest position within that step's records (ranks of one layout record the same
+    sequence), so a fault on one rank is reported on that rank, not on a rank it
+    reached through a collective.
+    """
     ranks_a, ranks_b = list_ranks(Path(run_a)), list_ranks(Path(run_b))
     if ranks_a != ranks_b:
         raise ValidationError(f"{run_a} has ranks {ranks_a} but {run_b} has ranks {ranks_b}; they cannot be compared")
     events = 0
     steps: set[int] = set()
+    firsts: list[tuple[tuple[int, int, int], Difference]] = []
     for rank in ranks_a:
         ra = (r for r in LogReader(rank_dir(Path(run_a), rank)).records() if isinstance(r, TensorRecord))
         rb = (r for r in LogReader(rank_dir(Path(run_b), rank)).records() if isinstance(r, TensorRecord))
+        position, current = 0, None
         for a in ra:
             b = next(rb, None)
             if b is None:
                 break
-            key_a = (a.step, a.microbatch, a.name, a.phase)
-            if key_a != (b.step, b.microbatch, b.name, b.phase):
+            position = position + 1 if a.step == current else 0
+            current = a.step
+            if (a.step, a.microbatch, a.name, a.phase) != (b.step, b.microbatch, b.name, b.phase):
                 first = a if (a.step, a.microbatch) <= (b.step, b.microbatch) else b
-                return Comparison(events, len(steps), Difference(rank, first.step, first.microbatch, first.name, first.phase, a, b))
-            if a.fingerprint != b.fingerprint:
-                return Comparison(events, len(steps), Difference(rank, a.step, a.microbatch, a.name, a.phase, a, b))
-            events += 1
-            steps.add(a.step)
-    return Comparison(events, len(steps), None)
+                diff = Difference(rank, first.step, first.microbatch, first.name, first.phase, a, b)
+            elif a.fingerprint != b.fingerprint:
+                diff = Difference(rank, a.step, a.microbatch, a.name, a.phase, a, b)
+            else:
+                events += 1
+                steps.add(a.step)
+                continue
+            firsts.append(((diff.step, position, rank), diff))
+            break
+    return Comparison(events, len(steps), min(firsts, key=lambda f: f[0])[1] if firsts else None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tracer.errors import ValidationError
 from tracer.log.records import RunHeader
+from tracer.parallel import LAYOUT_FIELDS, layout_of
 
 PAIRING_FIELDS = (
     "schema_version",
@@ -22,6 +23,11 @@ def pairing_differences(golden: RunHeader, suspect: RunHeader) -> list[str]:
         a, b = getattr(golden, name), getattr(suspect, name)
         if a != b:
             out.append(f"{name}: {a!r} vs {b!r}")
+    # Another split of the same model sums in another order: the layout must match field by field.
+    layout_g, layout_s = layout_of(golden.extra, golden.world_size), layout_of(suspect.extra, suspect.world_size)
+    for name in LAYOUT_FIELDS:
+        if layout_g.get(name) != layout_s.get(name):
+            out.append(f"parallel.{name}: {layout_g.get(name)!r} vs {layout_s.get(name)!r}")
     threads = ("intra_op_threads", golden.determinism.get("intra_op_threads"), suspect.determinism.get("intra_op_threads"))
     if threads[1] != threads[2]:
         out.append(f"determinism.intra_op_threads: {threads[1]!r} vs {threads[2]!r}")

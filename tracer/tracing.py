@@ -15,8 +15,10 @@ Works on any ``nn.Module`` and ``torch.optim.Optimizer``::
 
 Hooks record each site's forward output and the gradient w.r.t. its input;
 optimizer hooks record every gradient before the step and every parameter after
-it. Digests are computed inside the hook (no tensor is kept alive); records are
-framed in memory and written by an I/O thread (`tracer.background`). Every hook is
+it; collectives that report to `tracer.collectives` have their input and output
+recorded. Under ``torch.distributed`` each rank writes its own log (``rank-NNNNN``)
+and its header records the parallel layout (`tracer.parallel.Layout`). Digests are
+computed inside the hook (no tensor is kept alive); records are framed in memory and written by an I/O thread (`tracer.background`). Every hook is
 removed when the ``with`` block exits.
 
 On a lazy device (XLA) nothing is read mid-step: digests and losses join the step's
@@ -33,7 +35,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -46,6 +48,7 @@ from torch.utils.hooks import RemovableHandle
 from tracer.background import AsyncFile, IOThread
 from tracer.blobs import BlobStore
 from tracer.checkpoint import save_checkpoint
+from tracer.collectives import Stage, observing, record_name
 from tracer.determinism import determinism_settings
 from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
 from tracer.errors import CaptureError
@@ -54,6 +57,7 @@ from tracer.intercept import own_ops
 from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.writer import LogWriter
+from tracer.parallel import Layout
 from tracer.sites import SiteSpec, find_sites
 
 
@@ -133,6 +137,8 @@ class Tracer:
         max_pending_chunks: int = 64,
         extra: Mapping[str, Any] | None = None,
         sink: RecordSink | None = None,
+        parallel: Layout | None = None,
+        collectives: bool = True,
     ) -> None:
         if (out is None) == (sink is None):
             raise CaptureError("give the Tracer exactly one of out (a run directory) or sink")
@@ -151,6 +157,9 @@ class Tracer:
             self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         else:
             self.rank, self.world_size = 0, 1
+        self.layout = parallel or Layout(dp=self.world_size)
+        self.layout.check(self.world_size)
+        self._collectives = collectives
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
         config = dict(config or {})
@@ -172,10 +181,15 @@ class Tracer:
             created_unix=time.time(),
             # Full backward hooks add autograd nodes, which can change gradient summation
             # order: the traced sites are part of what makes two runs bit-comparable.
-            extra={**dict(extra or {}), "sites": [name for name, _ in self.sites]},
+            extra={
+                **dict(extra or {}),
+                "sites": [name for name, _ in self.sites],
+                "parallel": self.layout.header(self.rank),
+            },
         )
         self._names = {id(p): n for n, p in model.named_parameters()}
         self._handles: list[RemovableHandle] = []
+        self._observing: AbstractContextManager[None] | None = None
         self._io: IOThread | None = None
         self._log: RecordSink | None = None
         self.step_index = -1
@@ -209,6 +223,9 @@ class Tracer:
                     self._handles.append(self.optimizer.register_step_pre_hook(self._before_optimizer_step))
                 if self._parameters:
                     self._handles.append(self.optimizer.register_step_post_hook(self._after_optimizer_step))
+            if self._collectives:
+                self._observing = observing(self._collective)
+                self._observing.__enter__()
         except BaseException:
             self._remove_hooks()
             if self._log is not None:
@@ -252,6 +269,9 @@ class Tracer:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self._observing is not None:
+            self._observing.__exit__(None, None, None)
+            self._observing = None
 
     @property
     def log(self) -> RecordSink:
@@ -396,6 +416,9 @@ class Tracer:
                     self.record(name if i == 0 else f"{name}[{i}]", g, Phase.BACKWARD)
 
         return hook
+
+    def _collective(self, point: str, op: str, phase: Phase, stage: Stage, tensor: torch.Tensor) -> None:
+        self.record(record_name(point, op, stage), tensor, phase, microbatch=0 if phase == Phase.GRAD else None)
 
     def _param_name(self, group: int, index: int, p: torch.Tensor) -> str:
         return self._names.get(id(p), f"optimizer.group{group}.{index}")

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from typing import Any
+
+from tracer.errors import ConfigError
+from tracer.launch import launch
 from tracer.workload.config import Config, load_config, shipped_configs
 
 
@@ -34,8 +38,46 @@ def add_device_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_parallel_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("ranks (tensor-, sequence- and data-parallel, on this machine)")
+    g.add_argument("--nproc", type=int, metavar="N",
+                   help="ranks to launch, one process each on gloo; N = dp * tp (default: the config's layout, 1)")
+    g.add_argument("--tp", type=int, metavar="T", help="tensor-parallel ranks per replica (parallel.tp; default 1)")
+    g.add_argument("--sp", action="store_true", help="sequence parallelism inside each tensor-parallel group")
+    g.add_argument("--dp", type=int, metavar="D", help="data-parallel replicas (parallel.dp; default N / T)")
+    g.add_argument("--rank-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds a rank may wait in one collective before the job fails (default 300)")
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     overrides = list(args.overrides)
     if args.steps is not None:
         overrides.append(f"run.steps={args.steps}")
+    if any(getattr(args, k, None) not in (None, False) for k in ("nproc", "tp", "dp", "sp")):
+        overrides += _layout_overrides(args)
     return load_config(args.config, overrides)
+
+
+def _layout_overrides(args: argparse.Namespace) -> list[str]:
+    tp = args.tp if args.tp is not None else 1
+    n = args.nproc if args.nproc is not None else tp * (args.dp or 1)
+    if n < 1 or tp < 1:
+        raise ConfigError(f"--nproc {n} --tp {tp}: both must be >= 1")
+    if n % tp:
+        raise ConfigError(f"--nproc {n} is not a multiple of --tp {tp}; launch dp * tp ranks")
+    dp = args.dp if args.dp is not None else n // tp
+    if dp * tp != n:
+        raise ConfigError(f"--nproc {n} must equal --dp {dp} x --tp {tp}; change one of them")
+    if args.sp and tp == 1:
+        raise ConfigError("--sp splits the sequence over tensor-parallel ranks; give --tp 2 or more with it")
+    overrides = [f"parallel.dp={dp}", f"parallel.tp={tp}"]
+    return [*overrides, "parallel.sp=true"] if args.sp else overrides
+
+
+def ranks(cfg: Config) -> int:
+    return cfg.parallel.dp * cfg.parallel.tp
+
+
+def launch_ranks(args: argparse.Namespace, target: str, cfg: Config, job: dict[str, Any]) -> Any:
+    """Run ``target`` on every rank of the config's layout; rank 0's result."""
+    return launch(target, {"config": cfg.to_dict(), **job}, ranks(cfg), timeout_s=args.rank_timeout)[0]

@@ -6,11 +6,16 @@ import argparse
 import socket
 from pathlib import Path
 
-from sdc.commands._common import add_config_options, add_device_option, config_from_args
+from typing import Any
+
+from sdc.commands._common import (
+    add_config_options, add_device_option, add_parallel_options, config_from_args, launch_ranks, ranks,
+)
 from tracer.errors import ConfigError
 from tracer.faults import load_profile, shipped_profiles
 from tracer.tracing import CapturePolicy
-from tracer.workload.train import record_run
+from tracer.workload.config import Config
+from tracer.workload.train import prepare_out_dir, record_run
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -46,6 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--fault-seed", type=int, default=0, metavar="S", help="seed of the emulated faults, with the profile's own"
     )
     p.add_argument("--abft", action="store_true", help="check every matmul's checksums and log an abft event for each")
+    add_parallel_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
 
@@ -55,29 +61,38 @@ def run(args: argparse.Namespace) -> int:
         args.overrides.append(f"run.checkpoint_every={args.checkpoint_every}")
     cfg = config_from_args(args)
     profile = load_profile(args.fault_profile) if args.fault_profile is not None else None
-    capture = CapturePolicy(
-        steps=frozenset(_int_list(args.capture_steps)), every=args.capture_every, names=args.capture_names
-    )
-    summary = record_run(
-        cfg,
-        args.out,
-        node_label=args.node_label,
-        overwrite=args.overwrite,
-        sites=args.sites,
-        capture=capture,
-        progress=not args.quiet,
-        segment_bytes=args.segment_mb << 20,
-        fault_profile=profile,
-        fault_seed=args.fault_seed,
-        abft=args.abft,
-        device=args.device,
-    )
+    job = {
+        "out": str(args.out), "node_label": args.node_label, "overwrite": args.overwrite, "sites": args.sites,
+        "capture": [_int_list(args.capture_steps), args.capture_every, args.capture_names],
+        "progress": not args.quiet, "segment_bytes": args.segment_mb << 20,
+        "fault_profile": str(profile.path) if profile else None, "fault_seed": args.fault_seed, "abft": args.abft,
+        "device": args.device,
+    }
+    n = ranks(cfg)
+    if n == 1:
+        summary = record_rank(cfg, **job)
+    else:
+        prepare_out_dir(args.out, args.overwrite)  # before the ranks start, so a refusal is quick
+        summary = launch_ranks(args, "sdc.commands.record:record_rank", cfg, job)
+    steps = summary["steps"]
     print(
-        f"recorded {summary.steps} step{'' if summary.steps == 1 else 's'} to {summary.out} "
-        f"(final loss {summary.final_loss:.4f}, {summary.wall_s:.1f} s)\n"
-        f"next: sdc inspect {summary.out}"
+        f"recorded {steps} step{'' if steps == 1 else 's'} on {n} rank{'' if n == 1 else 's'} "
+        f"to {args.out} (final loss {summary['final_loss']:.4f}, {summary['wall_s']:.1f} s)\n"
+        f"next: sdc inspect {args.out}"
     )
     return 0
+
+
+def record_rank(config: Config | dict[str, Any], *, out: str, capture: list[Any], fault_profile: str | None,
+                **options: Any) -> dict[str, Any]:
+    """One rank of `sdc record` (all of it with --nproc 1): what the launcher runs in each process."""
+    cfg = config if isinstance(config, Config) else Config.from_dict(config, source="sdc record")
+    steps, every, names = capture
+    summary = record_run(
+        cfg, out, capture=CapturePolicy(steps=frozenset(steps), every=every, names=names),
+        fault_profile=load_profile(fault_profile) if fault_profile else None, **options,
+    )
+    return {"steps": summary.steps, "final_loss": summary.final_loss, "wall_s": summary.wall_s}
 
 
 def _int_list(text: str) -> list[int]:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 from replay.engine import MODES, Replayer, parse_steps, suspect_from_profile, suspect_from_run
 from tracer.compare import compare_runs
 from tracer.errors import UsageError
+from tracer.launch import launch
 from tracer.log import LogReader, rank_dir
+from tracer.workload.train import prepare_out_dir
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "or a fault profile given here. param-sync starts each step from the golden parameters and compares "
             "gradients (RQ2 noise-to-signal); lockstep also compares every site's output and input gradient with "
             "the golden one and overwrites it, isolating each site's own error (RQ1 mismatch frequency/severity). "
-            "The results are a replay log for `sdc diff --replay`."
+            "The results are a replay log for `sdc diff --replay`. A multi-rank golden run is replayed by as many "
+            "ranks on this machine, each with its own shard, checkpoints and log."
         ),
     )
     p.add_argument("--golden", required=True, type=Path, metavar="RUN", help="the healthy run (with checkpoints)")
@@ -45,6 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="golden tensors: captured blobs where present (auto), blobs only, or re-execution only",
     )
     p.add_argument("--overwrite", action="store_true", help="replace a replay already in --out")
+    p.add_argument("--rank-timeout", type=float, default=300.0, metavar="S",
+                   help="multi-rank runs: seconds a rank may wait in one collective before the replay fails")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
 
@@ -57,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         suspect = suspect_from_run(args.suspect, golden_header, args.golden)
     else:
         suspect = suspect_from_profile(args.fault_profile, args.fault_seed)
+    who = {"suspect": str(args.suspect) if args.suspect else None, "fault_profile": args.fault_profile,
+           "fault_seed": args.fault_seed}
     if args.at_first_divergence:
         if args.suspect is None or args.steps is not None:
             raise UsageError("--at-first-divergence needs --suspect RUN and no --steps")
@@ -70,18 +79,39 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give --steps A:B or --at-first-divergence")
     else:
         steps = parse_steps(args.steps)
-    replayer = Replayer(
-        args.golden, suspect, steps, args.mode, args.out,
-        golden_from=args.golden_from, overwrite=args.overwrite, progress=not args.quiet,
-        clip=args.at_first_divergence,
-    )
-    summary = replayer.run()
-    print(f"replayed {len(summary.steps)} step(s) in {args.mode} mode on {suspect.label} "
-          f"({summary.checked:,} golden fingerprints verified, {summary.wall_s:.1f} s) -> {summary.out}")
-    for r in summary.steps:
-        detail = (f"worst site mismatch frequency {r.worst_frequency:.3g}" if args.mode == "lockstep"
-                  else f"noise-to-signal {r.noise:.3g}")
-        print(f"  step {r.step:>5}: {detail}; loss golden {r.golden_loss:.6f} suspect {r.suspect_loss:.6f}; "
-              f"{r.faults} injected fault(s)")
-    print(f"next: sdc inspect {summary.out}")
+    job = {
+        "golden": str(args.golden), **who, "steps": [steps.start, steps.stop], "mode": args.mode, "out": str(args.out),
+        "golden_from": args.golden_from, "overwrite": args.overwrite, "progress": not args.quiet,
+        "clip": args.at_first_divergence,
+    }
+    n = golden_header.world_size
+    if n == 1:
+        results = [replay_rank(**job)]
+    else:
+        prepare_out_dir(args.out, args.overwrite)  # before the ranks start, so a refusal is quick
+        results = launch("sdc.commands.replay:replay_rank", job, n, timeout_s=args.rank_timeout)
+    checked = sum(r["checked"] for r in results)
+    print(f"replayed {len(results[0]['steps'])} step(s) in {args.mode} mode on {suspect.label}, {n} rank(s) "
+          f"({checked:,} golden fingerprints verified, {results[0]['wall_s']:.1f} s) -> {args.out}")
+    for rank, result in enumerate(results):
+        for r in result["steps"]:
+            detail = (f"worst site mismatch frequency {r['worst_frequency']:.3g}" if args.mode == "lockstep"
+                      else f"noise-to-signal {r['noise']:.3g}")
+            where = f"rank {rank} " if n > 1 else ""
+            print(f"  {where}step {r['step']:>5}: {detail}; loss golden {r['golden_loss']:.6f} "
+                  f"suspect {r['suspect_loss']:.6f}; {r['faults']} injected fault(s)")
+    print(f"next: sdc inspect {args.out}")
     return 0
+
+
+def replay_rank(*, golden: str, suspect: str | None, fault_profile: str | None, fault_seed: int, steps: list[int],
+                mode: str, out: str, **options: Any) -> dict[str, Any]:
+    """One rank of `sdc replay` (all of it for a single-rank run): what the launcher runs in each process."""
+    if suspect is not None:
+        header = LogReader(rank_dir(Path(golden), 0)).header
+        who = suspect_from_run(suspect, header, Path(golden))
+    else:
+        who = suspect_from_profile(fault_profile, fault_seed)
+    summary = Replayer(golden, who, range(*steps), mode, out, **options).run()
+    steps_done = [dataclasses.asdict(r) for r in summary.steps]
+    return {"steps": steps_done, "checked": summary.checked, "wall_s": summary.wall_s}

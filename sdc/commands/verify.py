@@ -6,9 +6,11 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from sdc.commands._common import add_config_options, add_device_option, config_from_args
+from sdc.commands._common import (
+    add_config_options, add_device_option, add_parallel_options, config_from_args, launch_ranks, ranks,
+)
+from sdc.commands.record import record_rank
 from tracer.compare import compare_runs
-from tracer.workload.train import record_run
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_config_options(p)
     add_device_option(p)
     p.add_argument("--keep", type=Path, metavar="DIR", help="keep the two runs in DIR/a and DIR/b")
+    add_parallel_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
 
@@ -33,12 +36,17 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="sdc-verify-") as tmp:
         root = args.keep or Path(tmp)
         for name in ("a", "b"):
-            record_run(
-                cfg, root / name, node_label=f"verify-{name}", overwrite=True, progress=not args.quiet, device=args.device
-            )
+            job = {"out": str(root / name), "node_label": f"verify-{name}", "overwrite": True,
+                   "capture": [[], 0, None], "progress": not args.quiet, "fault_profile": None, "device": args.device}
+            if ranks(cfg) == 1:
+                record_rank(cfg, **job)
+            else:
+                launch_ranks(args, "sdc.commands.record:record_rank", cfg, job)
         result = compare_runs(root / "a", root / "b")
     if result.first is None:
-        print(f"bit-identical: {result.events:,} tensor events over {result.steps} steps")
+        n = ranks(cfg)
+        print(f"bit-identical: {result.events:,} tensor events over {result.steps} steps"
+              + (f" on {n} ranks" if n > 1 else ""))
         return 0
     print(f"NOT deterministic: first difference at {result.first.describe()}")
     return 1

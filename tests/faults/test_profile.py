@@ -9,6 +9,7 @@ import pytest
 from tests.faults.support import SHIPPED
 from tracer.errors import ConfigError
 from tracer.faults import load_profile, shipped_profiles
+from tracer.faults.ops import resolve_collectives, resolve_ops
 
 
 def test_shipped_profiles_load_with_a_description_and_rules() -> None:
@@ -32,6 +33,14 @@ def test_a_profile_loads_by_path_with_defaults(write_profile) -> None:
 RULE = '[[fault]]\nops = ["matmul"]\nkind = "bitflip"\n'
 
 
+def test_a_rule_can_target_ranks_and_collectives(write_profile) -> None:
+    (rule,) = write_profile('[[fault]]\nops = ["reduce_scatter", "mm"]\nranks = [3, 1]\nkind = "bitflip"\n').faults
+    assert rule.ranks == (1, 3)
+    assert resolve_collectives(rule.ops) == {"reduce_scatter"} and len(resolve_ops(rule.ops)) == 1
+    assert resolve_collectives(["collective"]) == {"all_reduce", "reduce_scatter", "all_gather"}
+    assert write_profile(RULE).faults[0].ranks is None  # every rank
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -53,6 +62,8 @@ RULE = '[[fault]]\nops = ["matmul"]\nkind = "bitflip"\n'
         (RULE + 'sites = "layers.("\n', ["fault[0].sites = 'layers.('", "regular expression"]),
         (RULE + "start = 5\nstop = 5\n", ["fault[0].stop = 5", "greater than start = 5"]),
         (RULE + "steps = [1, -2]\n", ["fault[0].steps = [1, -2]", "integers >= 0"]),
+        (RULE + "ranks = []\n", ["fault[0].ranks = []", "non-empty array of ranks"]),
+        (RULE + 'ranks = ["1"]\n', ["fault[0].ranks = ['1']", "non-empty array of ranks"]),
         ("sed = 1\n" + RULE, ["unknown key sed", "did you mean seed?"]),
         ("seed = -1\n" + RULE, ["seed = -1", "an integer >= 0"]),
         ('fault = "all"\n', ["fault = 'all'", "[[fault]] sections"]),

@@ -19,14 +19,17 @@ SMALL_ARGS = [a for kv in SMALL if not kv.startswith("run.") for a in ("--set", 
 SURFACE = {
     "record": [
         "--abft", "--capture-every", "--capture-names", "--capture-steps", "--checkpoint-every", "--config",
-        "--device", "--fault-profile", "--fault-seed", "--node-label", "--out", "--overwrite", "--quiet", "--segment-mb",
-        "--set", "--sites", "--steps",
+        "--device", "--fault-profile", "--fault-seed", "--node-label", "--out", "--overwrite", "--quiet",
+        "--segment-mb", "--set", "--sites", "--steps", "--nproc", "--tp", "--sp", "--dp", "--rank-timeout",
     ],
     "inspect": ["--json", "--skip-corrupt"],
-    "verify-determinism": ["--config", "--device", "--keep", "--quiet", "--set", "--steps"],
+    "verify-determinism": [
+        "--config", "--device", "--keep", "--quiet", "--set", "--steps", "--nproc", "--tp", "--sp", "--dp",
+        "--rank-timeout",
+    ],
     "replay": [
         "--at-first-divergence", "--fault-profile", "--fault-seed", "--golden", "--golden-from", "--mode", "--out",
-        "--overwrite", "--quiet", "--steps", "--suspect", "--window",
+        "--overwrite", "--quiet", "--steps", "--suspect", "--window", "--rank-timeout",
     ],
     "faults": [],
     "diff": ["--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket", "--suspect"],

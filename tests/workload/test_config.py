@@ -114,7 +114,7 @@ def test_bad_override_names_override_and_key(override, needles):
 def test_to_dict_is_plain_json():
     d = Config().to_dict()
     assert json.loads(json.dumps(d)) == d
-    assert set(d) == {"model", "data", "optim", "train", "run"}
+    assert set(d) == {"model", "data", "optim", "train", "parallel", "run"}
 
 
 # A different valid value for every fingerprinted field; a new field must be added here.
@@ -149,6 +149,18 @@ def test_fingerprint_covers_every_field_but_run():
 
     longer = dataclasses.replace(base, run=dataclasses.replace(base.run, steps=200, checkpoint_every=0))
     assert config_fingerprint(longer) == fingerprint
+    # The layout is paired field by field (tracer.pairing), not through the fingerprint.
+    assert config_fingerprint(load_config(None, ["parallel.tp=2", "parallel.sp=true"])) == fingerprint
+
+
+@pytest.mark.parametrize("override, key", [
+    ("parallel.tp=3", "model.n_heads = 4 is not divisible by parallel.tp = 3"),
+    ("parallel.dp=3", "data.batch_size = 8 is not divisible by parallel.dp = 3"),
+    ("parallel.sp=1", "parallel.sp must be true or false"),
+    ("parallel.tp=0", "parallel.tp = 0 must be >= 1"),
+])
+def test_parallel_layout_must_fit_the_model(override, key):
+    assert key in config_error(None, [override])
 
 
 def test_lr_schedule_does_not_depend_on_run_length():

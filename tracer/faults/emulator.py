@@ -17,6 +17,10 @@ profile seed, ``seed``, and the (step, microbatch) the draw happens in, and are
 advanced in op-call order. The same profile and seed give the same faults, and a
 replay of one step gets that step's faults.
 
+Under torch.distributed a rule may name the ranks it applies to (one bad
+accelerator in a node), and rules naming collectives corrupt what a collective
+delivers, through `tracer.collectives`.
+
 With the ABFT checker, enter the emulator first: the checker, entered second,
 sees each op first and calls it through the emulator, so it checks the corrupted
 result as hardware-level detection would.
@@ -32,12 +36,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from tracer.collectives import Stage, observing
 from tracer.errors import ConfigError
 from tracer.faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
-from tracer.faults.ops import resolve_ops
+from tracer.faults.ops import resolve_collectives, resolve_ops
 from tracer.faults.profile import Corruption, FaultProfile
 from tracer.faults.schedule import BurstChain
 from tracer.intercept import Clock, Sink, in_own_ops, own_ops
+from tracer.log.records import Phase as RecordPhase
 from tracer.scope import ModuleScope, Phase, ScopedDispatchMode
 from tracer.sites import SiteSpec, find_sites
 
@@ -63,7 +69,12 @@ class FaultEmulator(ScopedDispatchMode):
         self._clock = clock
         self._sink = sink
         rules = profile.faults
-        self._ops = [resolve_ops(r.ops) for r in rules]
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        rank = torch.distributed.get_rank() if distributed else 0
+        # A rule for other ranks (one bad accelerator in a node) hits nothing here.
+        mine = [r.ranks is None or rank in r.ranks for r in rules]
+        self._ops = [resolve_ops(r.ops) if m else frozenset() for r, m in zip(rules, mine)]
+        self._collectives = [resolve_collectives(r.ops) if m else frozenset() for r, m in zip(rules, mine)]
         self._any_op = frozenset().union(*self._ops)
         self._patterns = [re.compile(r.sites) if r.sites is not None else None for r in rules]
         self._chains = [
@@ -74,7 +85,8 @@ class FaultEmulator(ScopedDispatchMode):
         hooked = {path for path, _ in traced}
         named = [(path, m) for path, m in model.named_modules() if path]
         for i, pattern in enumerate(self._patterns):
-            if pattern is None:
+            # Collectives are named by their observation point, which need not be a module.
+            if pattern is None or not self._ops[i]:
                 continue
             hits = {path for path, _ in named if pattern.fullmatch(path)}
             if not hits:
@@ -86,6 +98,40 @@ class FaultEmulator(ScopedDispatchMode):
         self.scope = ModuleScope([(path, m) for path, m in named if path in hooked])
         self._draws_key: tuple[int, int] | None = None
         self._draws = random.Random()
+
+    def __enter__(self) -> FaultEmulator:
+        super().__enter__()
+        self._observing = observing(self._collective)
+        self._observing.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._observing.__exit__(None, None, None)
+        finally:
+            super().__exit__(*exc)
+
+    def _collective(
+        self, point: str, op: str, phase: RecordPhase, stage: Stage, tensor: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Corrupt what a collective delivers (its output), as a faulty link or reduction would."""
+        if stage != "out" or in_own_ops():
+            return None
+        where: Phase = "forward" if phase == RecordPhase.FORWARD else "backward"
+        step, microbatch = self._clock()
+        hit = None
+        for i, rule in enumerate(self.profile.faults):
+            pattern = self._patterns[i]
+            if op not in self._collectives[i] or where not in rule.phases or not self._chains[i].armed(step):
+                continue
+            if pattern is not None and not pattern.fullmatch(point):
+                continue
+            rng = self._draws_for(step, microbatch)
+            if rng.random() < rule.p_call:
+                with own_ops():
+                    hit = tensor.clone() if hit is None else hit
+                    self._hit(i, hit, rng, point, op, where, microbatch)
+        return hit
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -143,6 +189,15 @@ class FaultEmulator(ScopedDispatchMode):
         target = outputs[j]
         if not func._schema.is_mutable and _aliases(target, args):
             target = target.clone()
+        self._hit(i, target, rng, site, str(func), phase, microbatch)
+        if target is outputs[j]:
+            return out
+        outputs[j] = target
+        return type(out)(outputs) if isinstance(out, (tuple, list)) else target
+
+    def _hit(self, i: int, target: torch.Tensor, rng: random.Random, site: str, op: str, phase: Phase,
+             microbatch: int) -> None:
+        """Corrupt elements of ``target`` in place as rule ``i`` says, and log the fault."""
         rule = self.profile.faults[i]
         n = target.numel()
         k = rule.elements if rule.elements is not None else max(1, round(rule.fraction * n))
@@ -160,7 +215,7 @@ class FaultEmulator(ScopedDispatchMode):
             {
                 "microbatch": microbatch,
                 "site": site,
-                "op": str(func),
+                "op": op,
                 "phase": phase,
                 "kind": rule.corruption.kind,
                 "elements": len(index),
@@ -170,10 +225,6 @@ class FaultEmulator(ScopedDispatchMode):
                 "detail": detail,
             },
         )
-        if target is outputs[j]:
-            return out
-        outputs[j] = target
-        return type(out)(outputs) if isinstance(out, (tuple, list)) else target
 
     def _apply(self, i: int, c: Corruption, values: torch.Tensor, rng: random.Random) -> tuple[torch.Tensor, dict]:
         dtype = values.dtype

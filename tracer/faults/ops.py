@@ -27,7 +27,10 @@ from collections.abc import Iterable
 import torch
 from torch._ops import OpOverloadPacket
 
+from tracer.collectives import OPS as COLLECTIVE_OPS
 from tracer.errors import ConfigError
+
+COLLECTIVE_FAMILY = "collective"  # every collective a model reports to `tracer.collectives`
 
 
 def _packets(*names: str) -> frozenset[OpOverloadPacket]:
@@ -66,10 +69,19 @@ FAMILIES: dict[str, frozenset[OpOverloadPacket]] = {
 
 
 def resolve_ops(names: Iterable[str]) -> frozenset[OpOverloadPacket]:
-    """Family names and aten op names (``mm`` or ``aten.mm``) to the packets they cover."""
+    """Family names and aten op names (``mm`` or ``aten.mm``) to the packets they cover; collectives apart."""
     out: set[OpOverloadPacket] = set()
     for name in names:
-        out |= FAMILIES.get(name) or {_aten(name)}
+        if name != COLLECTIVE_FAMILY and name not in COLLECTIVE_OPS:
+            out |= FAMILIES.get(name) or {_aten(name)}
+    return frozenset(out)
+
+
+def resolve_collectives(names: Iterable[str]) -> frozenset[str]:
+    """The collectives (``all_reduce``, ``reduce_scatter``, ``all_gather``) named directly or by ``collective``."""
+    out: set[str] = set()
+    for name in names:
+        out |= set(COLLECTIVE_OPS) if name == COLLECTIVE_FAMILY else {name} & set(COLLECTIVE_OPS)
     return frozenset(out)
 
 
@@ -78,6 +90,7 @@ def _aten(name: str) -> OpOverloadPacket:
     packet = getattr(torch.ops.aten, bare, None) if bare.isidentifier() else None
     if not isinstance(packet, OpOverloadPacket):
         raise ConfigError(
-            f"{name!r} is neither an op family ({', '.join(FAMILIES)}) nor an aten op of this torch build"
+            f"{name!r} is neither an op family ({', '.join([*FAMILIES, COLLECTIVE_FAMILY])}), a collective "
+            f"({', '.join(COLLECTIVE_OPS)}) nor an aten op of this torch build"
         )
     return packet

@@ -56,6 +56,7 @@ class FaultRule:
     elements: int | None = 1  # elements hit per call, or
     fraction: float | None = None  # the fraction of the result's elements hit
     schedule: Schedule = field(default_factory=Schedule)
+    ranks: tuple[int, ...] | None = None  # ranks of a multi-rank run the rule applies to; None: every rank
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ _TOP_KEYS = {
     "fault": "an array of tables, written as [[fault]] sections",
 }
 _RULE_KEYS = {
-    "ops": f"a non-empty array of op families ({', '.join(FAMILIES)}) or aten op names such as \"mm\"",
+    "ops": f"a non-empty array of op families ({', '.join(FAMILIES)}, collective), collectives "
+    "(all_reduce, reduce_scatter, all_gather) or aten op names such as \"mm\"",
     "sites": 'a regular expression that module paths must fully match, e.g. ".*_norm"',
     "phases": 'a non-empty array of "forward" and/or "backward"',
     "p_call": "a number in [0, 1]",
@@ -93,6 +95,7 @@ _RULE_KEYS = {
     "start": "an integer >= 0",
     "stop": "an integer greater than start",
     "steps": "an array of integers >= 0",
+    "ranks": "a non-empty array of ranks (integers >= 0)",
 }
 _KIND_KEYS = {"bits": "bitflip", "factor": "scale", "value": "stuck"}
 
@@ -175,6 +178,9 @@ class _Reader:
         if "elements" in t and "fraction" in t:
             raise ConfigError(f"{self.source}: {at}elements and {at}fraction both given; keep one of them")
         fraction = self.number(t, "fraction", at, None, lambda x: 0 < x <= 1)
+        ranks = t.get("ranks")
+        if ranks is not None and (not isinstance(ranks, list) or not ranks or not all(_is_int(r) and r >= 0 for r in ranks)):
+            raise self.error(at + "ranks", ranks, _RULE_KEYS["ranks"])
         return FaultRule(
             ops=tuple(ops),
             corruption=self.corruption(t, at),
@@ -184,6 +190,7 @@ class _Reader:
             elements=None if fraction is not None else self.integer(t, "elements", at + "elements", 1, 1),
             fraction=fraction,
             schedule=self.schedule(t, at),
+            ranks=tuple(sorted(set(ranks))) if ranks is not None else None,
         )
 
     def corruption(self, t: dict[str, Any], at: str) -> Corruption:

@@ -5,7 +5,9 @@
 One frozen dataclass per component, nested in `Config`. Everything except `run`
 decides the bits a training step produces, so it is what `config_fingerprint`
 hashes and what a pair of runs must agree on; `run` only says how long to train,
-so a 20-step and a 200-step run of the same config still pair.
+so a 20-step and a 200-step run of the same config still pair. `parallel` (the
+layout) decides the bits too, but pairing compares it field by field, so it stays
+out of the fingerprint and a refused pair names the field.
 
 Every mistake fails fast with a one-line `ConfigError` naming the file, the dotted
 key and the fix: a config that silently fell back to a default would make two
@@ -163,6 +165,24 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """How ranks split the work (`tracer.parallel.Layout`); world size = dp * tp.
+
+    Not part of `config_fingerprint`: pairing compares the layout field by field, so a
+    refused pair names the field that differs.
+    """
+
+    dp: int = 1  # data-parallel replicas; each takes batch_size / dp sequences of a microbatch
+    tp: int = 1  # tensor-parallel ranks: attention heads and feed-forward width split over them
+    sp: bool = False  # sequence parallelism: the residual stream split over the tp ranks by position
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp"):
+            value = getattr(self, name)
+            _check(value >= 1, f"parallel.{name}", f"parallel.{name} = {value} must be >= 1")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """How long and how a run executes; not part of the fingerprint."""
 
@@ -183,12 +203,21 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
         _check(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
                f"data.seq_len = {self.data.seq_len} exceeds model.max_seq_len = "
                f"{self.model.max_seq_len}; lower data.seq_len or raise model.max_seq_len")
+        p, m = self.parallel, self.model
+        _check(self.data.batch_size % p.dp == 0, "parallel.dp",
+               f"data.batch_size = {self.data.batch_size} is not divisible by parallel.dp = {p.dp}; "
+               "each replica takes an equal share of every microbatch")
+        for key, value in (("model.n_heads", m.n_heads), ("model.n_kv_heads", m.n_kv_heads),
+                           ("model.ffn_hidden", m.ffn_hidden)) + ((("data.seq_len", self.data.seq_len),) if p.sp else ()):
+            _check(value % p.tp == 0, "parallel.tp",
+                   f"{key} = {value} is not divisible by parallel.tp = {p.tp}; choose a tp that divides it")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain JSON-able dict (tuples become lists); what goes into every log header."""
@@ -201,8 +230,8 @@ class Config:
 
 
 def config_fingerprint(cfg: Config) -> str:
-    """sha256 of everything that decides the bits of a step (all but `run`)."""
-    fingerprinted = {k: v for k, v in cfg.to_dict().items() if k != "run"}
+    """sha256 of everything that decides the bits of a step on one rank (all but `run` and `parallel`)."""
+    fingerprinted = {k: v for k, v in cfg.to_dict().items() if k not in ("run", "parallel")}
     canonical = json.dumps(fingerprinted, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -313,6 +342,10 @@ def _coerce(value: Any, hint: Any, default: Any, key: str,
         if value not in choices:
             raise ConfigError(f"{origin(key)}: {key} = {value!r} is not one of "
                               f"{', '.join(map(repr, choices))}; pick one of them")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise wrong("true or false")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):

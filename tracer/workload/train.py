@@ -24,11 +24,13 @@ from tracer.device import is_lazy, mark_step, resolve_device, to_host
 from tracer.errors import UsageError
 from tracer.faults import FaultEmulator, FaultProfile
 from tracer.log import list_ranks
+from tracer.parallel import Layout
 from tracer.sites import SiteSpec
 from tracer.tracing import CapturePolicy, Tracer
 from tracer.workload.config import Config, config_fingerprint
 from tracer.workload.data import TokenData
 from tracer.workload.model import Transformer
+from tracer.workload.parallel import Groups, clip_grad_norm, process_groups, reduce_gradients
 
 
 @dataclass
@@ -39,6 +41,11 @@ class Workload:
     model: Transformer
     optimizer: torch.optim.Optimizer
     data: TokenData
+    groups: Groups
+
+    @property
+    def layout(self) -> Layout:
+        return self.groups.layout
 
 
 @dataclass
@@ -51,9 +58,11 @@ class RunSummary:
 
 
 def build(cfg: Config, device: str | torch.device = "cpu") -> Workload:
-    """Apply determinism settings, then build model (seeded init), optimizer and data."""
+    """Apply determinism settings, then build model (seeded init, this rank's shard), optimizer and data."""
     configure_determinism(cfg.train.seed, cfg.train.threads)
-    model = Transformer(cfg.model)
+    p = cfg.parallel
+    groups = process_groups(Layout(dp=p.dp, tp=p.tp, sp=p.sp))
+    model = Transformer(cfg.model, groups)
     model.init_weights(torch.Generator().manual_seed(cfg.train.seed))
     model.to(device)
     o = cfg.optim
@@ -65,7 +74,7 @@ def build(cfg: Config, device: str | torch.device = "cpu") -> Workload:
         optimizer = torch.optim.SGD(
             model.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, foreach=False
         )
-    return Workload(cfg, model, optimizer, TokenData(cfg.data))
+    return Workload(cfg, model, optimizer, TokenData(cfg.data), groups)
 
 
 class StepObserver(Protocol):
@@ -79,7 +88,9 @@ def train_step(w: Workload, step: int, tracer: StepObserver | None = None, *, up
     """One optimizer step over ``cfg.data.microbatches`` microbatches; returns the step's loss.
 
     With ``update=False`` the step stops before the optimizer, leaving the clipped
-    gradients in ``.grad`` (replay compares them and discards the step).
+    gradients in ``.grad`` (replay compares them and discards the step). On several
+    ranks each takes its replica's share of every microbatch (and its slice of the
+    sequence with sp); the loss returned is the whole model's, the same on every rank.
     """
     cfg, model, opt = w.cfg, w.model, w.optimizer
     device = next(model.parameters()).device
@@ -88,24 +99,48 @@ def train_step(w: Workload, step: int, tracer: StepObserver | None = None, *, up
     opt.zero_grad(set_to_none=True)
     k = cfg.data.microbatches
     losses: list[torch.Tensor] = []
+    layout = w.layout
     for mb in range(k):
         inputs, targets = w.data.batch(step, mb)
+        if layout.dp > 1:
+            share = inputs.shape[0] // layout.dp
+            inputs, targets = (t.narrow(0, w.groups.dp_rank * share, share) for t in (inputs, targets))
         inputs, targets = inputs.to(device), targets.to(device)
         if tracer is not None:
             tracer.microbatch(mb, inputs=inputs)
-        logits = model(inputs)  # (B, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1)) / k
+        logits = model(inputs)  # (B, T, V); (B, T / tp, V) with sp
+        if layout.sp and layout.tp > 1:
+            # This rank's tokens' share of the mean over the whole sequence: the shares sum to it.
+            local = model.sequence_shard(targets)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), local.reshape(-1), reduction="sum")
+            loss = loss / (targets.numel() * k)
+        else:
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1)) / k
         loss.backward()
         if tracer is not None:
             tracer.loss(loss)
         losses.append(loss.detach())
+    if layout.world_size > 1:
+        reduce_gradients(model, w.groups, {n for n, _ in model.named_parameters() if model.shard_dim(n) is None})
     if cfg.optim.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip, foreach=False)
+        if layout.tp > 1:
+            sharded = {n for n, _ in model.named_parameters() if model.shard_dim(n) is not None}
+            clip_grad_norm(model, w.groups, sharded, cfg.optim.grad_clip)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip, foreach=False)
     if update:
         opt.step()
     # The step's end: XLA runs the step's graph here, so reading the losses runs nothing more.
     mark_step(device)
-    return sum(v.item() for v in to_host(losses))
+    total = sum(v.item() for v in to_host(losses))
+    return _whole_loss(total, w.groups) if layout.world_size > 1 else total
+
+
+def _whole_loss(local: float, groups: Groups) -> float:
+    """Sum the sequence slices' losses over tp (each rank has its slice's with sp), average over replicas."""
+    t = torch.tensor([local], dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return float(t[0]) / groups.layout.dp / (1 if groups.layout.sp else groups.layout.tp)
 
 
 def prepare_out_dir(out: Path, overwrite: bool) -> None:
@@ -148,8 +183,11 @@ def record_run(
     dev = resolve_device(device)
     if is_lazy(dev) and (fault_profile is not None or abft):
         raise UsageError(f"--device {device}: the fault emulator and ABFT run on eager devices only (cpu, cuda)")
-    prepare_out_dir(out, overwrite)
     w = build(cfg, dev)
+    if w.groups.rank == 0:
+        prepare_out_dir(out, overwrite)
+    if w.layout.world_size > 1:
+        torch.distributed.barrier()  # no rank writes before rank 0 has cleared the directory
     extra = dict(extra or {})
     if fault_profile is not None:
         extra["fault_profile"] = fault_profile.header(fault_seed)
@@ -171,6 +209,7 @@ def record_run(
         capture=capture,
         extra=extra,
         segment_bytes=segment_bytes,
+        parallel=w.layout,
     )
 
     def clock() -> tuple[int, int]:
@@ -187,7 +226,7 @@ def record_run(
         )
     if abft:
         interceptors.append(AbftChecker(w.model, clock=clock, sink=sink, sites=sites))
-    bar = tqdm(range(cfg.run.steps), desc=f"record {out.name}", unit="step", disable=None if progress else True, leave=False)
+    bar = tqdm(range(cfg.run.steps), desc=f"record {out.name}", unit="step", disable=None if progress and w.groups.rank == 0 else True, leave=False)
     with tracer, ExitStack() as modes:
         for mode in interceptors:
             modes.enter_context(mode)

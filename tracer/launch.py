@@ -1,0 +1,121 @@
+"""Start the ranks of a job on this machine, as torchrun would, and report a failed rank in one line.
+
+    results = launch("sdc.commands.record:record_rank", {"config": cfg.to_dict(), ...}, nproc=4)
+
+Each rank is a fresh Python process (``python -m tracer.launch SPEC``) with torchrun's
+environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the code it
+runs is the code a user's own ``torchrun`` job runs. It joins a gloo process group and
+calls the target (``module:function``) with the spec's JSON arguments; what the
+target returns (JSON) comes back as one result per rank.
+
+A rank that fails writes its error to a file and exits; the launcher stops the
+other ranks (they would wait for it in their next collective) and raises one
+`SdcError` naming the rank. The first rank to fail is the one reported: the others
+usually fail only because it went away. ``timeout_s`` bounds every collective, so a
+hung rank ends the job instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from tracer import errors
+from tracer.errors import CaptureError, SdcError, UsageError
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(target: str, kwargs: Mapping[str, Any], nproc: int, *, timeout_s: float = 300.0) -> list[Any]:
+    """Run ``target(**kwargs)`` on ``nproc`` ranks; returns each rank's result, in rank order."""
+    if nproc < 1:
+        raise UsageError(f"--nproc {nproc}: need at least 1 rank")
+    with tempfile.TemporaryDirectory(prefix="sdc-launch-") as tmp:
+        folder = Path(tmp)
+        spec = folder / "spec.json"
+        spec.write_text(json.dumps({"target": target, "kwargs": dict(kwargs), "timeout_s": timeout_s}))
+        port = free_port()
+        procs = []
+        try:
+            for rank in range(nproc):
+                env = {
+                    **os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+                    "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                }
+                procs.append(subprocess.Popen([sys.executable, "-m", "tracer.launch", str(spec)], env=env))
+            failed = _wait(procs)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        if failed:
+            raise _error(folder, failed)
+        return [json.loads((folder / f"result-{r}.json").read_text()) for r in range(nproc)]
+
+
+def _wait(procs: list[subprocess.Popen]) -> list[int]:
+    """Wait for every rank; on the first failure return the failed ranks (first failures first)."""
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed or all(c == 0 for c in codes):
+            return failed
+        time.sleep(0.05)
+
+
+def _error(folder: Path, failed: list[int]) -> SdcError:
+    reports = []
+    for rank in failed:
+        path = folder / f"error-{rank}.json"
+        report = json.loads(path.read_text()) if path.is_file() else {"type": "", "message": "exited without a report"}
+        reports.append((rank, report))
+    # A user's mistake (an SdcError) explains the others' lost connections.
+    rank, report = next(((r, e) for r, e in reports if e.get("sdc")), reports[0])
+    cls = getattr(errors, report["type"], None)
+    if report.get("sdc") and isinstance(cls, type) and issubclass(cls, SdcError):
+        try:
+            return cls(f"rank {rank}: {report['message']}")
+        except TypeError:  # an error class with its own constructor
+            return SdcError(f"rank {rank}: {report['message']}")
+    return CaptureError(f"rank {rank} failed: {report['type']}: {report['message']}".replace(": :", ":"))
+
+
+def _main(spec_path: str) -> int:
+    import torch.distributed as dist
+
+    spec = json.loads(Path(spec_path).read_text())
+    folder, rank = Path(spec_path).parent, int(os.environ["RANK"])
+    try:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=spec["timeout_s"]))
+        module, _, name = spec["target"].partition(":")
+        result = getattr(importlib.import_module(module), name)(**spec["kwargs"])
+        (folder / f"result-{rank}.json").write_text(json.dumps(result))
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the launcher
+        if os.environ.get("SDC_DEBUG") == "1":
+            traceback.print_exc()
+        report = {"type": type(exc).__name__, "sdc": isinstance(exc, SdcError), "message": str(exc).splitlines()[0] if str(exc) else ""}
+        (folder / f"error-{rank}.json").write_text(json.dumps(report))
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1]))
