@@ -105,6 +105,8 @@ def _main(spec_path: str) -> int:
         module, _, name = spec["target"].partition(":")
         result = getattr(importlib.import_module(module), name)(**spec["kwargs"])
         (folder / f"result-{rank}.json").write_text(json.dumps(result))
+        # Tear down together: gloo aborts a rank whose peer closes its pairs while it still holds them.
+        dist.barrier()
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the launcher
         if os.environ.get("SDC_DEBUG") == "1":
