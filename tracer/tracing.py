@@ -177,6 +177,7 @@ class Tracer:
         self._losses: list[float] = []
         self._lrs: list[float] = []
         self._step_start = 0.0
+        self._paused = False
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
@@ -299,9 +300,19 @@ class Tracer:
         self.log.write_event(EventRecord("checkpoint", step, {"rank": self.rank}))
         return path
 
-    def event(self, kind: str, /, **fields: Any) -> None:
-        """Log a custom event at the current step."""
-        self.log.write_event(EventRecord(kind, self.step_index, fields))
+    def event(self, kind: str, /, *, at_step: int | None = None, **fields: Any) -> None:
+        """Log a custom event at the current step, or at ``at_step``."""
+        self.log.write_event(EventRecord(kind, self.step_index if at_step is None else at_step, fields))
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the forward and backward passes inside unrecorded: work on the model that is not a
+        training step, such as an evaluation between steps."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
 
     def record(self, name: str, tensor: torch.Tensor, phase: Phase, microbatch: int | None = None) -> None:
         """Fingerprint one tensor at the current step and microbatch (and capture it if asked)."""
@@ -323,6 +334,8 @@ class Tracer:
     # -- hooks -------------------------------------------------------------------------
     def _forward_hook(self, name: str):  # noqa: ANN202 - torch hook signature
         def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if self._paused:
+                return
             for suffix, t in _tensors(output):
                 self.record(name + suffix, t, Phase.FORWARD)
 
@@ -330,6 +343,8 @@ class Tracer:
 
     def _backward_hook(self, name: str):  # noqa: ANN202
         def hook(module: nn.Module, grad_input: tuple[Any, ...], grad_output: Any) -> None:
+            if self._paused:
+                return
             for i, g in enumerate(grad_input):
                 if isinstance(g, torch.Tensor):
                     self.record(name if i == 0 else f"{name}[{i}]", g, Phase.BACKWARD)

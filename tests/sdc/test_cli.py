@@ -29,7 +29,11 @@ SURFACE = {
         "--overwrite", "--quiet", "--steps", "--suspect", "--window",
     ],
     "faults": [],
-    "diff": ["--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket", "--suspect"],
+    "diff": ["--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket", "--suspect", "--twin"],
+    "finetune": [
+        "--fault-profile", "--fault-seed", "--from", "--node-label", "--out", "--overwrite", "--quiet", "--shuffle-seed",
+        "--steps", "--tasks",
+    ],
 }
 
 
