@@ -14,6 +14,7 @@ import pytest
 from pipelines.arguments import add_arguments
 from pipelines.run import diff
 from tests.pipelines.conftest import IN_MEMORY
+from tests.pipelines.test_end_to_end import query
 from tests.support import TINY_FINETUNE, events
 from tracer.errors import ValidationError
 from tracer.log import LogReader, rank_dir
@@ -64,14 +65,6 @@ def study(tuned: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> P
                                   "--db", str(db), *twin])
         diff(args, IN_MEMORY, echo=lambda line: None)
     return db
-
-
-def query(db: Path, sql: str, *params: object) -> list[tuple]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql, list(params)).fetchall()
-    finally:
-        con.close()
 
 
 def test_finetune_tables_hold_every_run_once(tuned: dict[str, Path], study: Path) -> None:

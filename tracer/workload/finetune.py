@@ -57,14 +57,14 @@ EVAL_BATCH = 256
 class FinetuneSettings:
     """Everything that decides a fine-tune's bits; all of it is the header config's ``finetune`` section."""
 
-    steps: int = 160
+    steps: int = 300
     batch_size: int = 32
     lr: float = 1e-3
     warmup_steps: int = 10
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    eval_every: int = 40  # steps between evaluations (and one before the first step and after the last)
-    checkpoint_every: int = 80  # steps between checkpoints (and one after the last)
+    eval_every: int = 50  # steps between evaluations (and one before the first step and after the last)
+    checkpoint_every: int = 100  # steps between checkpoints (and one after the last)
     train_per_task: int = 512
     test_per_task: int = 128
     task_seed: int = 0  # generates the tasks' examples
