@@ -3,9 +3,9 @@
     load_parquet("study.duckdb", "staging/", pair_id)
 
 Everything happens in one transaction: the pair's old rows (and the old rows of its
-runs, in the tables keyed by run) are deleted, the new ones inserted, so loading a pair again replaces it and a
-failed load leaves the database as it was. Many pairs and nodes share one database.
-This is the only place that opens the database read-write.
+runs, in the tables keyed by run) are deleted, the new ones inserted, so loading a
+pair again replaces it and a failed load leaves the database as it was. Many pairs and
+nodes share one database. This is the only place that opens the database read-write.
 """
 
 from __future__ import annotations
