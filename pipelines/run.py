@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib import metadata
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
@@ -316,10 +316,30 @@ def summarize(db: str | Path, pid: str) -> list[str]:
         (spikes,), = q("SELECT count(*) FROM loss_spikes WHERE pair_id = ?")
         lines.append(f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)" if drift is not None
                      else f"  no checkpoint pair for drift; {spikes} loss spike(s)")
+        lines += _finetune_lines(con, pid)
         lines.append(f"  tables: {db} (pair_id = '{pid}')")
         return lines
     finally:
         con.close()
+
+
+def _finetune_lines(con: duckdb.DuckDBPyConnection, pid: str) -> list[str]:
+    """Per task, for fine-tunes: the final accuracies, collapses, and suspect vs twin disagreement (RQ3)."""
+    named = lambda name: resources.files("analysis").joinpath("queries", f"{name}.sql").read_text()  # noqa: E731
+    collapsed = {task for (task,) in con.execute(
+        f"SELECT task FROM ({named('rq3_finetune_accuracy')}) WHERE collapsed AND run_id = "
+        "(SELECT suspect_run_id FROM pairs WHERE pair_id = ?)", [pid]).fetchall()}
+    lines = []
+    for task, golden, suspect, twin, disagreement, baseline in con.execute(
+        "SELECT task, golden_accuracy, suspect_accuracy, twin_accuracy, disagreement, baseline_disagreement "
+        f"FROM ({named('rq3_finetune_disagreement')}) WHERE pair_id = ? ORDER BY task", [pid]
+    ).fetchall():
+        twin_text = f", twin {twin:.0%}" if twin is not None else ""
+        base_text = f" (twin baseline {baseline:.0%})" if baseline is not None else " (no --twin, no baseline)"
+        lines.append(f"  fine-tune {task}: accuracy golden {golden:.0%}, suspect {suspect:.0%}"
+                     f"{' COLLAPSED' if task in collapsed else ''}{twin_text}; "
+                     f"answers differ on {disagreement:.0%}{base_text}")
+    return lines
 
 
 def run(argv: Sequence[str] | None = None) -> int:

@@ -63,8 +63,19 @@ def study(tuned: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> P
         add_arguments(parser)
         args = parser.parse_args(["--golden", str(tuned["golden"]), "--suspect", str(tuned[suspect]),
                                   "--db", str(db), *twin])
-        diff(args, IN_MEMORY, echo=lambda line: None)
+        lines: list[str] = []
+        diff(args, IN_MEMORY, echo=lines.append)
+        (db.parent / f"{suspect}.txt").write_text("\n".join(lines))
     return db
+
+
+def test_the_diff_summary_shows_fine_tune_accuracy_and_disagreement(study: Path) -> None:
+    for suspect in ("sick", "node"):
+        lines = [ln for ln in (study.parent / f"{suspect}.txt").read_text().splitlines() if "fine-tune" in ln]
+        assert [ln.split(":")[0] for ln in lines] == [f"  fine-tune {t}" for t in sorted(TINY_FINETUNE.tasks)]
+        assert all(("(twin baseline" in ln) == (suspect == "sick") for ln in lines)
+        if suspect == "node":
+            assert all("answers differ on 0%" in ln for ln in lines)
 
 
 def test_finetune_tables_hold_every_run_once(tuned: dict[str, Path], study: Path) -> None:
