@@ -234,12 +234,12 @@ def finetune_run(
     overrides = {"shuffle_seed": shuffle_seed, "steps": steps, "tasks": tuple(tasks) if tasks is not None else None}
     s = dataclasses.replace(settings or FinetuneSettings(), **{k: v for k, v in overrides.items() if v is not None})
     source, cfg, ckpt = load_pretrained(pretrained)
-    prepare_out_dir(out, overwrite)
     task_list = load_tasks(s.tasks, seed=s.task_seed, train=s.train_per_task, test=s.test_per_task)
     longest = max(len(ex.prompt) for t in task_list for ex in (*t.train, *t.test))
     if longest > cfg.model.max_seq_len:
         raise ConfigError(f"{pretrained}: model.max_seq_len = {cfg.model.max_seq_len} is shorter than the "
                           f"longest task prompt ({longest} bytes); fine-tune a model with a longer max_seq_len")
+    prepare_out_dir(out, overwrite)
 
     configure_determinism(cfg.train.seed, cfg.train.threads)
     model = Transformer(cfg.model)
@@ -258,7 +258,6 @@ def finetune_run(
     )
     node = emulated_node(tracer, model, fault_profile=fault_profile, fault_seed=fault_seed)
     losses: list[float] = []
-    final: list[TaskEval] = []
     start = time.perf_counter()
     bar = tqdm(range(s.steps), desc=f"finetune {out.name}", unit="step", disable=None if progress else True, leave=False)
     with tracer, node:
