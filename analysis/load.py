@@ -3,9 +3,9 @@
     load_parquet("study.duckdb", "staging/", pair_id)
 
 Everything happens in one transaction: the pair's old rows (and the old rows of its
-runs) are deleted, the new ones inserted, so loading a pair again replaces it and a
-failed load leaves the database as it was. Many pairs and nodes share one database.
-This is the only place that opens the database read-write.
+runs, in the tables keyed by run) are deleted, the new ones inserted, so loading a
+pair again replaces it and a failed load leaves the database as it was. Many pairs and
+nodes share one database. This is the only place that opens the database read-write.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import duckdb
 
 from tracer.errors import UsageError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Tables keyed by (run_id, rank), shared by every pair a run belongs to; the runs loaded are those in <staging>/runs.
+RUN_TABLES = ("runs", "finetune_eval", "finetune_predictions")
 # Tables holding a pair_id column, each loaded from <staging>/<table>/*.parquet.
 PAIR_TABLES = (
     "pairs",
@@ -35,7 +37,7 @@ PAIR_TABLES = (
     "detection_scores",
     "corruptions",
 )
-TABLES = ("runs", *PAIR_TABLES)
+TABLES = (*RUN_TABLES, *PAIR_TABLES)
 
 
 def schema_sql() -> str:
@@ -53,13 +55,13 @@ def load_parquet(db_path: str | Path, staging_dir: str | Path, pair_id: str) -> 
         con.execute("BEGIN TRANSACTION")
         _ensure_schema(con, db_path)
         counts = {}
-        if files["runs"]:
-            con.execute(
-                "DELETE FROM runs WHERE (run_id, rank) IN (SELECT (run_id, rank) FROM read_parquet(?))", [files["runs"]]
-            )
-            con.execute("INSERT INTO runs BY NAME SELECT * FROM read_parquet(?)", [files["runs"]])
-        counts["runs"] = _count(con, "runs", "(run_id, rank) IN (SELECT (run_id, rank) FROM read_parquet(?))",
-                                [files["runs"]]) if files["runs"] else 0
+        loaded = "(run_id, rank) IN (SELECT (run_id, rank) FROM read_parquet(?))"
+        for t in RUN_TABLES:
+            if files["runs"]:
+                con.execute(f"DELETE FROM {t} WHERE {loaded}", [files["runs"]])
+                if files[t]:
+                    con.execute(f"INSERT INTO {t} BY NAME SELECT * FROM read_parquet(?)", [files[t]])
+            counts[t] = _count(con, t, loaded, [files["runs"]]) if files["runs"] else 0
         for t in PAIR_TABLES:
             con.execute(f"DELETE FROM {t} WHERE pair_id = ?", [pair_id])
             if files[t]:

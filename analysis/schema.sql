@@ -1,8 +1,8 @@
 -- sdctrace study database: what `sdc diff` loads (analysis/load.py), one set of rows per pair.
 -- analysis/SCHEMA.md documents every column. Keys are documented, not declared: a pair
 -- is replaced by deleting its rows and inserting the new ones in one transaction.
--- Every table but `runs` carries the pair_id of `pairs`; `runs` is keyed by (run_id, rank)
--- and shared by every pair a run belongs to.
+-- Every table but `runs`, `finetune_eval` and `finetune_predictions` carries the pair_id of
+-- `pairs`; those three are keyed by (run_id, rank) and shared by every pair a run belongs to.
 
 CREATE TABLE IF NOT EXISTS sdctrace_schema (
     version INTEGER NOT NULL                  -- analysis.load.SCHEMA_VERSION that created the database
@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS pairs (
     suspect_run_id VARCHAR NOT NULL,
     replay_paths VARCHAR[],
     replay_run_ids VARCHAR[],
+    twin_run_id VARCHAR,                      -- the golden fine-tune's shuffle-seed twin (null: none)
     world_size INTEGER,
     ranks INTEGER,                            -- ranks compared
     steps_per_bucket INTEGER,                 -- pipeline setting the pair was diffed with
@@ -253,6 +254,31 @@ CREATE TABLE IF NOT EXISTS detection_scores (
     fn BIGINT NOT NULL,
     tn BIGINT NOT NULL,
     propagated BIGINT NOT NULL                -- fingerprint: differs downstream of a fault (0 for abft)
+);
+
+-- RQ3, fine-tuned accuracy: one row per `finetune_eval` event of every run loaded (golden,
+-- suspect, twin). Key: (run_id, rank, step, task); replaced whenever the run is loaded again.
+CREATE TABLE IF NOT EXISTS finetune_eval (
+    run_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,                     -- evaluated with the weights before this step (the last: after training)
+    task VARCHAR,
+    examples BIGINT,                          -- test examples
+    correct BIGINT,
+    accuracy DOUBLE,                          -- correct / examples
+    chance DOUBLE,                            -- accuracy of guessing: 1 / choices
+    collapsed BOOLEAN                         -- no better than chance (rule in SCHEMA.md)
+);
+
+-- RQ3, fine-tuned predictions: one row per `finetune_prediction` event. Key: (run_id, rank, step, task, example).
+CREATE TABLE IF NOT EXISTS finetune_predictions (
+    run_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,
+    task VARCHAR,
+    example BIGINT,                           -- index in the task's test split
+    predicted INTEGER,                        -- choice index the model named (0 = A)
+    answer INTEGER                            -- the right choice index
 );
 
 -- Corruption found while reading (only loaded with --skip-corrupt; otherwise the diff fails).

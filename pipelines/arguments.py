@@ -16,6 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suspect", required=True, metavar="RUN", help="the run to check against it")
     p.add_argument("--replay", action="append", default=[], metavar="RUN",
                    help="a replay log of this pair (lockstep: RQ1, parameter sync: RQ2); repeatable")
+    p.add_argument("--twin", metavar="RUN",
+                   help="the golden fine-tune's shuffle-seed twin (`sdc finetune --shuffle-seed`): its disagreement "
+                        "with --golden is the baseline suspect disagreement is compared with")
     p.add_argument("--db", required=True, type=Path, metavar="FILE", help="DuckDB study database to load into")
     p.add_argument("--staging", metavar="DIR",
                    help="an empty directory (a URL on a cluster) for the job's Parquet; default: a temporary "

@@ -3,7 +3,8 @@
 `RouteEvents` sends every batch of events (``((side, kind, rank), EventBatch)`` from
 `pipelines.source`) where it is used, in one step: faults and ABFT checks of the
 golden and suspect runs, their `step` events (the loss curves), and the RQ1/RQ2
-events of replay logs straight into their tables. The kinds and fields are those of
+events of replay logs and the fine-tune evaluations of every run (RQ3) straight into
+their tables. The kinds and fields are those of
 docs/log-format.md ("Event kinds"). Fields are read leniently: a missing or ill-typed
 field becomes null and is counted in the ``event_fields_unreadable`` metric, so no
 event is dropped for a field it lacks.
@@ -39,7 +40,7 @@ class Fields:
         value = self.fields.get(name)
         if value is None:
             return None
-        if isinstance(value, kind) and not isinstance(value, bool):
+        if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
             return float(value) if kind == NUMBER else value
         if self.unreadable is not None:
             self.unreadable.inc()
@@ -156,25 +157,48 @@ def grad_noise_row(run_id: str, row: EventRow, unreadable: Any = None) -> dict[s
     }
 
 
-_REPLAY_ROWS = {SITE_MISMATCH: site_mismatch_row, GRAD_NOISE: grad_noise_row}
+def finetune_eval_row(run_id: str, row: EventRow, unreadable: Any = None) -> dict[str, Any]:
+    f = Fields(row.fields, unreadable)
+    return {
+        "run_id": run_id, "rank": row.rank, "step": row.step, "task": f.get("task", str),
+        "examples": f.get("examples", int), "correct": f.get("correct", int), "accuracy": f.get("accuracy", NUMBER),
+        "chance": f.get("chance", NUMBER), "collapsed": f.get("collapsed", bool),
+    }
+
+
+def finetune_prediction_row(run_id: str, row: EventRow, unreadable: Any = None) -> dict[str, Any]:
+    f = Fields(row.fields, unreadable)
+    return {
+        "run_id": run_id, "rank": row.rank, "step": row.step, "task": f.get("task", str),
+        "example": f.get("example", int), "predicted": f.get("predicted", int), "answer": f.get("answer", int),
+    }
+
+
+# Event kind -> (table, row maker): events of any run that become rows of their own table.
+_ROWS = {
+    SITE_MISMATCH: (SITE_MISMATCH, site_mismatch_row),
+    GRAD_NOISE: (GRAD_NOISE, grad_noise_row),
+    "finetune_eval": ("finetune_eval", finetune_eval_row),
+    "finetune_prediction": ("finetune_predictions", finetune_prediction_row),
+}
 
 
 class RouteEvents(beam.PTransform):
     """((side, kind, rank), EventBatch) -> {FAULTS: Fault, CHECKS: AbftCheck, STEPS: (rank, (side, batch)),
-    TABLES: the replay logs' site_mismatch and grad_noise rows}."""
+    TABLES: the rows of site_mismatch, grad_noise, finetune_eval and finetune_predictions}."""
 
-    def __init__(self, replay_run_ids: Mapping[tuple[str, int], str]) -> None:
+    def __init__(self, run_ids: Mapping[tuple[str, int], str]) -> None:
         super().__init__()
-        self.replay_run_ids = dict(replay_run_ids)  # (side, rank) -> run id, of replay logs
+        self.run_ids = dict(run_ids)  # (side, rank) -> run id, of every run
 
     def expand(self, events: beam.PCollection) -> dict[str, beam.PCollection]:
-        routed = events | "Route" >> beam.ParDo(_Route(self.replay_run_ids))
+        routed = events | "Route" >> beam.ParDo(_Route(self.run_ids))
         return split(routed, (FAULTS, CHECKS, STEPS, TABLES), "Routed")
 
 
 class _Route(beam.DoFn):
-    def __init__(self, replay_run_ids: dict[tuple[str, int], str]) -> None:
-        self.replay_run_ids = replay_run_ids
+    def __init__(self, run_ids: dict[tuple[str, int], str]) -> None:
+        self.run_ids = run_ids
 
     def setup(self) -> None:
         self.unreadable = Metrics.counter(NAMESPACE, "event_fields_unreadable")
@@ -190,6 +214,6 @@ class _Route(beam.DoFn):
                     yield CHECKS, parse_abft(side, row, self.unreadable)
             elif kind == "step":
                 yield STEPS, (rank, (side, batch))
-        elif kind in _REPLAY_ROWS:
-            to_row, run_id = _REPLAY_ROWS[kind], self.replay_run_ids[side, rank]
-            yield TABLES, named(kind, (to_row(run_id, r, self.unreadable) for r in batch.rows))
+        if kind in _ROWS:
+            (name, to_row), run_id = _ROWS[kind], self.run_ids[side, rank]
+            yield TABLES, named(name, (to_row(run_id, r, self.unreadable) for r in batch.rows))

@@ -3,13 +3,14 @@
 Two runs pair when every header field that decides the bits of a training step
 agrees (`tracer.pairing.PAIRING_FIELDS`, rank by rank) and they have the same ranks. Their length
 may differ: per rank, the comparison stops at the last step both runs completed
-(`ComparisonBounds`). A replay log must also match the golden run, and say it is one.
+(`ComparisonBounds`). A replay log must also match the golden run, and say it is one. A
+fine-tune's twin must match the golden fine-tune in everything but the shuffle seed.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -18,25 +19,28 @@ from pipelines.source import RankInfo, RunLayout
 from pipelines.tables import TABLES, named
 from pipelines.tags import split
 from tracer.errors import ValidationError
-from tracer.pairing import pairing_differences
+from tracer.log import RunHeader
+from tracer.pairing import pairing_differences, twin_differences
 
 BOUNDS = "bounds"
 
 
-def differences(a: RunLayout, b: RunLayout, *, subset: bool = False) -> list[str]:
+def differences(a: RunLayout, b: RunLayout, *, subset: bool = False,
+                compare: Callable[[RunHeader, RunHeader], list[str]] = pairing_differences) -> list[str]:
     """Every field that stops `a` and `b` from pairing, as ``field: a-value vs b-value`` (any rank).
 
-    `subset`: `b` may hold fewer ranks than `a` (a replay log of some ranks).
+    `subset`: `b` may hold fewer ranks than `a` (a replay log of some ranks). `compare`: the header check.
     """
     out: list[str] = []
     if sorted(a.ranks) != sorted(b.ranks) and not (subset and set(b.ranks) <= set(a.ranks)):
         out.append(f"ranks: {sorted(a.ranks)} vs {sorted(b.ranks)}")
     for rank in sorted(set(a.ranks) & set(b.ranks)):
-        out += [d for d in pairing_differences(a.ranks[rank].header, b.ranks[rank].header) if d not in out]
+        out += [d for d in compare(a.ranks[rank].header, b.ranks[rank].header) if d not in out]
     return out
 
 
-def validate_pair(golden: RunLayout, suspect: RunLayout, replays: Iterable[RunLayout] = ()) -> None:
+def validate_pair(golden: RunLayout, suspect: RunLayout, replays: Iterable[RunLayout] = (),
+                  twin: RunLayout | None = None) -> None:
     """Raise one ValidationError listing every differing field of every run that does not fit."""
     problems = []
     diffs = differences(golden, suspect)
@@ -49,10 +53,15 @@ def validate_pair(golden: RunLayout, suspect: RunLayout, replays: Iterable[RunLa
             diffs.append(f"role: expected 'replay', found {', '.join(map(repr, roles))}")
         if diffs:
             problems.append(f"replay log {replay.path} does not fit golden {golden.path}: " + "; ".join(diffs))
+    if twin is not None:
+        diffs = differences(golden, twin, compare=twin_differences)
+        if diffs:
+            problems.append(f"twin {twin.path} is not the shuffle-seed twin of golden {golden.path}: " + "; ".join(diffs))
     if problems:
         raise ValidationError(
             " | ".join(problems) + ". Record the runs with the same config, seed and data order "
-            "(only run.steps may differ) and pass replay logs written from this pair."
+            "(only run.steps may differ), pass replay logs written from this pair, and a twin fine-tuned from "
+            "the same run with the same settings but --shuffle-seed."
         )
 
 

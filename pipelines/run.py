@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib import metadata
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +67,11 @@ class DiffPlan:
     pair_id: str
     steps_per_bucket: int
     drift: tuple[metrics.DriftTask, ...]
+    twin: RunLayout | None = None
 
     def sides(self) -> dict[str, RunLayout]:
         return {"golden": self.golden, "suspect": self.suspect,
+                **({source.TWIN: self.twin} if self.twin is not None else {}),
                 **{f"replay{i}": r for i, r in enumerate(self.replays)}}
 
     def run_ids(self) -> dict[tuple[str, int], str]:
@@ -85,13 +87,15 @@ class DiffReport:
     pipeline_s: float = 0.0
 
 
-def plan_diff(golden: str, suspect: str, replays: Sequence[str] = (), steps_per_bucket: int = DEFAULT_STEPS_PER_BUCKET) -> DiffPlan:
-    """Describe the runs, validate the pair and find the checkpoints both hold."""
+def plan_diff(golden: str, suspect: str, replays: Sequence[str] = (), steps_per_bucket: int = DEFAULT_STEPS_PER_BUCKET,
+              twin: str | None = None) -> DiffPlan:
+    """Describe the runs, validate the pair (and twin) and find the checkpoints both hold."""
     if steps_per_bucket < 1:
         raise UsageError(f"--steps-per-bucket must be >= 1, got {steps_per_bucket}")
     g, s = source.describe_run(golden), source.describe_run(suspect)
     rs = tuple(source.describe_run(r) for r in replays)
-    validate_pair(g, s, rs)
+    t = source.describe_run(twin) if twin is not None else None
+    validate_pair(g, s, rs, t)
     g_ckpt, s_ckpt = source.list_checkpoints(golden), source.list_checkpoints(suspect)
     tasks = []
     for rank in sorted(g.ranks):
@@ -101,7 +105,7 @@ def plan_diff(golden: str, suspect: str, replays: Sequence[str] = (), steps_per_
                 rank, step, tuple(_join(golden, f) for f in rel), tuple(_join(suspect, f) for f in rel),
                 (g.ranks[rank].header.run_id, s.ranks[rank].header.run_id),
             ))
-    return DiffPlan(g, s, rs, pair_id(g, s), steps_per_bucket, tuple(tasks))
+    return DiffPlan(g, s, rs, pair_id(g, s), steps_per_bucket, tuple(tasks), t)
 
 
 def _join(run: str, relpath: str) -> str:
@@ -114,8 +118,7 @@ def build_pipeline(p: beam.Pipeline, plan: DiffPlan, staging: str) -> None:
     read = p | "Read runs" >> source.ReadRuns(sides, plan.steps_per_bucket)
     ranks = read[SEGMENTS] | "Summarise ranks" >> source.SummariseRanks(sides)
     bounds = ranks[source.RANKS] | "Compared steps" >> ComparisonBounds(plan.run_ids())
-    replay_ids = {k: v for k, v in plan.run_ids().items() if k[0] not in source.DIFFED}
-    events = read[EVENTS] | "Route events" >> events_mod.RouteEvents(replay_ids)
+    events = read[EVENTS] | "Route events" >> events_mod.RouteEvents(plan.run_ids())
     faults = events[events_mod.FAULTS]
     diffs = read[TENSORS] | "Diff tensors" >> tensor_diff.DiffTensors(bounds[BOUNDS], faults)
     tables = (
@@ -137,6 +140,7 @@ def _pair_row(plan: DiffPlan) -> dict[str, Any]:
         "golden_path": plan.golden.path, "suspect_path": plan.suspect.path,
         "golden_run_id": plan.golden.header.run_id, "suspect_run_id": plan.suspect.header.run_id,
         "replay_paths": [r.path for r in plan.replays], "replay_run_ids": [r.header.run_id for r in plan.replays],
+        "twin_run_id": plan.twin.header.run_id if plan.twin is not None else None,
         "world_size": plan.golden.header.world_size, "ranks": len(plan.golden.ranks),
         "steps_per_bucket": plan.steps_per_bucket, "created_unix": time.time(),
         "sdctrace_version": _version(),
@@ -181,7 +185,7 @@ def diff(args: argparse.Namespace, beam_args: Sequence[str], echo: Echo = print)
     """`sdc diff`: plan, run the Beam job, check what it found, load into DuckDB, summarise."""
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     echo("reading run headers ...")
-    plan = plan_diff(args.golden, args.suspect, args.replay, args.steps_per_bucket)
+    plan = plan_diff(args.golden, args.suspect, args.replay, args.steps_per_bucket, args.twin)
     for side, run in plan.sides().items():
         h = run.header
         segments = sum(len(r.segments) for r in run.ranks.values())
@@ -312,10 +316,30 @@ def summarize(db: str | Path, pid: str) -> list[str]:
         (spikes,), = q("SELECT count(*) FROM loss_spikes WHERE pair_id = ?")
         lines.append(f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)" if drift is not None
                      else f"  no checkpoint pair for drift; {spikes} loss spike(s)")
+        lines += _finetune_lines(con, pid)
         lines.append(f"  tables: {db} (pair_id = '{pid}')")
         return lines
     finally:
         con.close()
+
+
+def _finetune_lines(con: duckdb.DuckDBPyConnection, pid: str) -> list[str]:
+    """Per task, for fine-tunes: the final accuracies, collapses, and suspect vs twin disagreement (RQ3)."""
+    named = lambda name: resources.files("analysis").joinpath("queries", f"{name}.sql").read_text()  # noqa: E731
+    collapsed = {task for (task,) in con.execute(
+        f"SELECT task FROM ({named('rq3_finetune_accuracy')}) WHERE collapsed AND run_id = "
+        "(SELECT suspect_run_id FROM pairs WHERE pair_id = ?)", [pid]).fetchall()}
+    lines = []
+    for task, golden, suspect, twin, disagreement, baseline in con.execute(
+        "SELECT task, golden_accuracy, suspect_accuracy, twin_accuracy, disagreement, baseline_disagreement "
+        f"FROM ({named('rq3_finetune_disagreement')}) WHERE pair_id = ? ORDER BY task", [pid]
+    ).fetchall():
+        twin_text = f", twin {twin:.0%}" if twin is not None else ""
+        base_text = f" (twin baseline {baseline:.0%})" if baseline is not None else " (no --twin, no baseline)"
+        lines.append(f"  fine-tune {task}: accuracy golden {golden:.0%}, suspect {suspect:.0%}"
+                     f"{' COLLAPSED' if task in collapsed else ''}{twin_text}; "
+                     f"answers differ on {disagreement:.0%}{base_text}")
+    return lines
 
 
 def run(argv: Sequence[str] | None = None) -> int:

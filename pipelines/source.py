@@ -52,9 +52,11 @@ from tracer.log.columns import TensorColumns
 
 NAMESPACE = "sdctrace"
 TENSORS, EVENTS, SEGMENTS, RANKS = "tensors", "events", "segments", "ranks"
-DIFFED = ("golden", "suspect")  # the sides whose tensor records are joined; replay logs give events only
+DIFFED = ("golden", "suspect")  # the sides whose tensor records are joined; replay logs and the twin give events only
+TWIN = "twin"  # a fine-tune's shuffle-seed twin (`sdc diff --twin`)
 # Event kinds some table is made of; others are counted (events_of_unused_kinds), not kept.
-DIFFED_KINDS = frozenset({"step", "fault", "abft"})
+FINETUNE_KINDS = frozenset({"finetune_eval", "finetune_prediction"})
+DIFFED_KINDS = frozenset({"step", "fault", "abft"}) | FINETUNE_KINDS
 REPLAY_KINDS = frozenset({"site_mismatch", "grad_noise"})
 
 TENSOR_SCHEMA = pa.schema([
@@ -244,7 +246,7 @@ class ReadRuns(beam.PTransform):
 
 def used(side: str, kind: str) -> bool:
     """Whether some table is made of this event kind of this run."""
-    return kind in (DIFFED_KINDS if side in DIFFED else REPLAY_KINDS)
+    return kind in (DIFFED_KINDS if side in DIFFED else FINETUNE_KINDS if side == TWIN else REPLAY_KINDS)
 
 
 class DecodeSegment(beam.DoFn):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import small_config
+from tests.support import SCALE_AT_1, TINY_FINETUNE, small_config
 from tracer.workload.config import Config
 
 
@@ -27,3 +27,35 @@ def run_factory(tmp_path: Path):
         return out
 
     return make
+
+
+@pytest.fixture(scope="session")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small pretraining run, finished, with its final checkpoint."""
+    from tracer.workload.train import record_run
+
+    out = tmp_path_factory.mktemp("pretrained") / "golden"
+    record_run(small_config(), out, node_label="golden", progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tuned(pretrained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """TINY_FINETUNE fine-tunes of `pretrained`: ``golden``, the same on ``node``, the golden's shuffle-seed
+    ``twin``, and ``sick``, a node whose SCALE_AT_1 faults hit step 1."""
+    import dataclasses
+
+    from tracer.faults import load_profile
+    from tracer.workload.finetune import finetune_run
+
+    root = tmp_path_factory.mktemp("tuned")
+    (root / "scale.toml").write_text(SCALE_AT_1, encoding="utf-8")
+    runs = {
+        "golden": {},
+        "node": {},
+        "twin": {"settings": dataclasses.replace(TINY_FINETUNE, shuffle_seed=1)},
+        "sick": {"fault_profile": load_profile(root / "scale.toml"), "fault_seed": 2},
+    }
+    for name, kwargs in runs.items():
+        finetune_run(pretrained, root / name, node_label=name, progress=False, **{"settings": TINY_FINETUNE, **kwargs})
+    return {name: root / name for name in runs}

@@ -7,6 +7,7 @@ from pathlib import Path
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
 from tracer.workload.config import Config, load_config
+from tracer.workload.finetune import FinetuneSettings
 
 # A 2-layer model with short sequences and a handful of steps: real, but quick.
 SMALL = ["model.n_layers=2", "data.batch_size=2", "data.seq_len=32", "run.steps=4", "run.checkpoint_every=2"]
@@ -34,4 +35,23 @@ p_call = 1.0
 elements = 1
 kind = "bitflip"
 bits = "exponent"
+"""
+
+# A fine-tune of a few steps on a few examples of two tasks: real, but quick.
+TINY_FINETUNE = FinetuneSettings(steps=4, batch_size=8, eval_every=2, checkpoint_every=2, train_per_task=16,
+                                 test_per_task=8, tasks=("copy", "add"))
+
+# Scales a few elements of each forward matmul of layers.0.feed_forward by 8 at (fine-tune) step 1: several,
+# and before the last layer, so that they reach the answer position of some prompt and change training.
+SCALE_AT_1 = """
+description = "a few elements of layers.0.feed_forward's forward matmuls scaled by 8 at step 1"
+seed = 7
+[[fault]]
+ops = ["matmul"]
+sites = "layers\\\\.0\\\\.feed_forward"
+phases = ["forward"]
+steps = [1]
+elements = 16
+kind = "scale"
+factor = 8.0
 """

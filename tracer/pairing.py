@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from tracer.errors import ValidationError
 from tracer.log.records import RunHeader
 from tracer.parallel import LAYOUT_FIELDS, layout_of
@@ -16,10 +19,10 @@ PAIRING_FIELDS = (
 )
 
 
-def pairing_differences(golden: RunHeader, suspect: RunHeader) -> list[str]:
+def pairing_differences(golden: RunHeader, suspect: RunHeader, fields: Sequence[str] = PAIRING_FIELDS) -> list[str]:
     """Every pairing field that differs, as ``field: golden-value vs suspect-value``."""
     out = []
-    for name in PAIRING_FIELDS:
+    for name in fields:
         a, b = getattr(golden, name), getattr(suspect, name)
         if a != b:
             out.append(f"{name}: {a!r} vs {b!r}")
@@ -46,3 +49,34 @@ def check_pair(golden: RunHeader, suspect: RunHeader, golden_name: str, suspect_
             f"{golden_name} and {suspect_name} do not pair (record both with the same config, seed and "
             f"software settings): " + "; ".join(diffs)
         )
+
+
+TWIN_SEED = "finetune.shuffle_seed"
+
+
+def twin_differences(golden: RunHeader, twin: RunHeader) -> list[str]:
+    """Why `twin` is not `golden`'s shuffle-seed twin: two fine-tunes (role ``finetune``) of the same
+    pretraining run that differ in the config's `TWIN_SEED` and nothing else. Their config and data-order
+    fingerprints differ by construction; every config value is compared instead."""
+    shared = [f for f in PAIRING_FIELDS if f not in ("config_fingerprint", "data_order_fingerprint")]
+    out = pairing_differences(golden, twin, shared)
+    if (golden.role, twin.role) != ("finetune", "finetune"):
+        out.append(f"role: {golden.role!r} vs {twin.role!r} (both must be fine-tunes)")
+    for key in ("finetune_of", "tasks"):
+        if golden.extra.get(key) != twin.extra.get(key):
+            out.append(f"extra.{key}: {golden.extra.get(key)!r} vs {twin.extra.get(key)!r}")
+    g, t = _flat(golden.config), _flat(twin.config)
+    out += [f"config.{k}: {g.get(k)!r} vs {t.get(k)!r}" for k in sorted(set(g) | set(t)) if k != TWIN_SEED and g.get(k) != t.get(k)]
+    if TWIN_SEED in g and g.get(TWIN_SEED) == t.get(TWIN_SEED):
+        out.append(f"config.{TWIN_SEED}: both {g[TWIN_SEED]!r} (a twin must differ here)")
+    return out
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

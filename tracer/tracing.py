@@ -199,6 +199,7 @@ class Tracer:
         self._step_start = 0.0
         # Lazy devices: what the step has recorded but not read yet, in log order.
         self._pending: list[tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], None]]] = []
+        self._paused = False
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
@@ -347,13 +348,22 @@ class Tracer:
         self.log.write_event(EventRecord("checkpoint", step, {"rank": self.rank}))
         return path
 
-    def event(self, kind: str, /, **fields: Any) -> None:
-        """Log a custom event at the current step."""
-        rec, log = EventRecord(kind, self.step_index, fields), self.log
+    def event(self, kind: str, /, *, at_step: int | None = None, **fields: Any) -> None:
+        """Log a custom event at the current step, or at ``at_step``."""
+        rec, log = EventRecord(kind, self.step_index if at_step is None else at_step, fields), self.log
         if self._pending:  # keep log order
             self._pending.append(([], lambda host: log.write_event(rec)))
         else:
             log.write_event(rec)
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the forward and backward passes inside unrecorded: work on the model that is not a
+        training step, such as an evaluation between steps."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
 
     def record(self, name: str, tensor: torch.Tensor, phase: Phase, microbatch: int | None = None) -> None:
         """Fingerprint one tensor at the current step and microbatch (and capture it if asked)."""
@@ -404,6 +414,8 @@ class Tracer:
     # -- hooks -------------------------------------------------------------------------
     def _forward_hook(self, name: str):  # noqa: ANN202 - torch hook signature
         def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if self._paused:
+                return
             for suffix, t in _tensors(output):
                 self.record(name + suffix, t, Phase.FORWARD)
 
@@ -411,6 +423,8 @@ class Tracer:
 
     def _backward_hook(self, name: str):  # noqa: ANN202
         def hook(module: nn.Module, grad_input: tuple[Any, ...], grad_output: Any) -> None:
+            if self._paused:
+                return
             for i, g in enumerate(grad_input):
                 if isinstance(g, torch.Tensor):
                     self.record(name if i == 0 else f"{name}[{i}]", g, Phase.BACKWARD)

@@ -1,5 +1,5 @@
 """Sub-commands of ``sdc``; each module has ``add_parser(subparsers)``."""
 
-from sdc.commands import demo, diff, faults, inspect, query, record, replay, report, study, verify
+from sdc.commands import demo, diff, faults, finetune, inspect, query, record, replay, report, study, verify
 
-ALL = [record, inspect, verify, replay, faults, diff, query, report, study, demo]
+ALL = [record, inspect, verify, replay, faults, diff, finetune, query, report, study, demo]

@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from analysis.load import RUN_TABLES
 from tests.pipelines.conftest import IN_MEMORY
 
 distributed = pytest.importorskip("dask.distributed", reason="install the test extra: pip install -e '.[test]'")
@@ -29,10 +30,11 @@ def tables(db: Path, pair_id: str) -> dict[str, list[tuple]]:
             columns = [c for (c,) in con.execute(
                 "SELECT column_name FROM duckdb_columns() WHERE table_name = ? ORDER BY column_index", [name]
             ).fetchall() if c not in VOLATILE.get(name, [])]
-            where = "" if name == "runs" else "WHERE pair_id = ?"
+            keyed_by_run = name in RUN_TABLES
+            where = "" if keyed_by_run else "WHERE pair_id = ?"
             select = ", ".join(f'"{c}"' for c in columns)
             out[name] = sorted(
-                con.execute(f"SELECT {select} FROM {name} {where}", [] if name == "runs" else [pair_id]).fetchall(),
+                con.execute(f"SELECT {select} FROM {name} {where}", [] if keyed_by_run else [pair_id]).fetchall(),
                 key=repr,
             )
         return out

@@ -186,3 +186,21 @@ def test_bucket_batches_split_by_step_and_copy(steps_per_bucket: int) -> None:
     assert sorted(b for b, _ in batches) == sorted({s // steps_per_bucket for s in range(5)})
     assert sum(batch.num_rows for _, batch in batches) == 6
     assert all(set(batch.column("segment").to_pylist()) == {7} for _, batch in batches)
+
+
+def test_route_events_keeps_fine_tune_rows_of_every_run_even_with_unreadable_fields() -> None:
+    evaluation = {"task": "copy", "examples": 8, "correct": 6, "accuracy": 0.75, "chance": 0.25, "collapsed": False}
+    elements = [
+        (("golden", "finetune_eval", 0), _batch("finetune_eval", 0, (4, evaluation))),
+        (("twin", "finetune_prediction", 0), _batch("finetune_prediction", 0,
+                                                     (4, {"task": "add", "example": 3, "predicted": 1, "answer": 2}),
+                                                     (4, {"task": "add", "example": "three", "predicted": 1.5}))),
+    ]
+    with test_pipeline.TestPipeline() as p:
+        out = p | beam.Create(elements) | RouteEvents({("golden", 0): "g", ("twin", 0): "t"})
+        rows = out[TABLES] | beam.FlatMap(lambda t: [(t[0], tuple(r.values())) for r in t[1].to_pylist()])
+        assert_that(rows, equal_to([
+            ("finetune_eval", ("g", 0, 4, "copy", 8, 6, 0.75, 0.25, False)),
+            ("finetune_predictions", ("t", 0, 4, "add", 3, 1, 2)),
+            ("finetune_predictions", ("t", 0, 4, "add", None, None, None)),  # unreadable: counted, kept as nulls
+        ]))

@@ -32,7 +32,11 @@ SURFACE = {
         "--overwrite", "--quiet", "--steps", "--suspect", "--window", "--rank-timeout",
     ],
     "faults": [],
-    "diff": ["--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket", "--suspect"],
+    "diff": ["--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket", "--suspect", "--twin"],
+    "finetune": [
+        "--fault-profile", "--fault-seed", "--from", "--node-label", "--out", "--overwrite", "--quiet", "--shuffle-seed",
+        "--steps", "--tasks",
+    ],
     "query": ["--db", "--format", "--list", "--sql"],
     "report": ["--db", "--out", "--quiet"],
     "study": ["--out", "--overwrite", "--quiet", "--resume", "--set"],
@@ -121,3 +125,17 @@ def test_overwrite_replaces_a_run(run_factory, capsys: pytest.CaptureFixture[str
     assert main(["record", "--out", str(run), "--overwrite", "--steps", "1", "--quiet", *SMALL_ARGS]) == 0
     assert main(["inspect", str(run)]) == 0
     assert "steps        0..0 (1 step)" in capsys.readouterr().out
+
+
+def test_finetune_prints_accuracy_per_task(pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ft"
+    args = ["finetune", "--from", str(pretrained), "--out", str(out), "--node-label", "n", "--steps", "2",
+            "--tasks", "copy,max", "--shuffle-seed", "3", "--quiet"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"fine-tuned 2 steps to {out}")
+    assert [ln.split()[0] for ln in lines[1:]] == ["copy", "max"] and all("/128, chance 25%)" in ln for ln in lines[1:])
+    result = sdc(*args)  # the run exists now
+    assert result.returncode == 1 and "pass --overwrite" in result.stderr and "Traceback" not in result.stderr
+    result = sdc("finetune", "--from", str(pretrained), "--out", str(tmp_path / "x"), "--tasks", "copy,nope")
+    assert result.returncode == 1 and "nope" in result.stderr and "Traceback" not in result.stderr

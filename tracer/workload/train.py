@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Mapping
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,7 +27,7 @@ from tracer.log import list_ranks
 from tracer.parallel import Layout
 from tracer.sites import SiteSpec
 from tracer.tracing import CapturePolicy, Tracer
-from tracer.workload.config import Config, config_fingerprint
+from tracer.workload.config import Config, OptimConfig, config_fingerprint
 from tracer.workload.data import TokenData
 from tracer.workload.model import Transformer
 from tracer.workload.parallel import Groups, clip_grad_norm, process_groups, reduce_gradients
@@ -65,16 +65,16 @@ def build(cfg: Config, device: str | torch.device = "cpu") -> Workload:
     model = Transformer(cfg.model, groups)
     model.init_weights(torch.Generator().manual_seed(cfg.train.seed))
     model.to(device)
-    o = cfg.optim
+    return Workload(cfg, model, make_optimizer(model, cfg.optim), TokenData(cfg.data), groups)
+
+
+def make_optimizer(model: torch.nn.Module, o: OptimConfig) -> torch.optim.Optimizer:
+    """The optimizer `o` names (per-parameter loops, not foreach: the same kernels on every device)."""
     if o.name == "adamw":
-        optimizer: torch.optim.Optimizer = torch.optim.AdamW(
+        return torch.optim.AdamW(
             model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, foreach=False
         )
-    else:
-        optimizer = torch.optim.SGD(
-            model.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, foreach=False
-        )
-    return Workload(cfg, model, optimizer, TokenData(cfg.data), groups)
+    return torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, foreach=False)
 
 
 class StepObserver(Protocol):
@@ -188,11 +188,7 @@ def record_run(
         prepare_out_dir(out, overwrite)
     if w.layout.world_size > 1:
         torch.distributed.barrier()  # no rank writes before rank 0 has cleared the directory
-    extra = dict(extra or {})
-    if fault_profile is not None:
-        extra["fault_profile"] = fault_profile.header(fault_seed)
-    if abft:
-        extra["abft"] = True
+    extra = {**dict(extra or {}), **node_header(fault_profile, fault_seed, abft)}
     every = cfg.run.checkpoint_every
     losses: list[float] = []
     start = time.perf_counter()
@@ -211,25 +207,9 @@ def record_run(
         segment_bytes=segment_bytes,
         parallel=w.layout,
     )
-
-    def clock() -> tuple[int, int]:
-        return tracer.step_index, tracer.microbatch_index
-
-    def sink(kind: str, fields: dict[str, Any]) -> None:
-        tracer.event(kind, **fields)
-
-    # Emulator first, checker second: the checker then sees the corrupted results.
-    interceptors: list[FaultEmulator | AbftChecker] = []
-    if fault_profile is not None:
-        interceptors.append(
-            FaultEmulator(fault_profile, w.model, clock=clock, sink=sink, seed=fault_seed, sites=sites)
-        )
-    if abft:
-        interceptors.append(AbftChecker(w.model, clock=clock, sink=sink, sites=sites))
     bar = tqdm(range(cfg.run.steps), desc=f"record {out.name}", unit="step", disable=None if progress and w.groups.rank == 0 else True, leave=False)
-    with tracer, ExitStack() as modes:
-        for mode in interceptors:
-            modes.enter_context(mode)
+    node = emulated_node(tracer, w.model, fault_profile=fault_profile, fault_seed=fault_seed, abft=abft, sites=sites)
+    with tracer, node:
         for step in bar:
             if every and step % every == 0:
                 tracer.checkpoint(step, data={"step": step})
@@ -242,3 +222,51 @@ def record_run(
         if every:
             tracer.checkpoint(cfg.run.steps, data={"step": cfg.run.steps})
     return RunSummary(out, cfg.run.steps, losses[-1], time.perf_counter() - start, losses)
+
+
+def node_header(fault_profile: FaultProfile | None, fault_seed: int, abft: bool) -> dict[str, Any]:
+    """What a run header's ``extra`` says about the node's emulated faults and ABFT checks."""
+    extra: dict[str, Any] = {}
+    if fault_profile is not None:
+        extra["fault_profile"] = fault_profile.header(fault_seed)
+    if abft:
+        extra["abft"] = True
+    return extra
+
+
+def emulated_node(
+    tracer: Tracer,
+    model: torch.nn.Module,
+    *,
+    fault_profile: FaultProfile | None = None,
+    fault_seed: int = 0,
+    abft: bool = False,
+    sites: SiteSpec = None,
+) -> AbstractContextManager[None]:
+    """A context in which this node plays an unhealthy one (`tracer.faults`) and/or checks every matmul
+    (`tracer.abft`), logging fault and abft events through `tracer` (enter it first) at its current step.
+
+    Built now, entered later: a profile that does not fit the model fails before anything is recorded.
+    """
+
+    def clock() -> tuple[int, int]:
+        return tracer.step_index, tracer.microbatch_index
+
+    def sink(kind: str, fields: dict[str, Any]) -> None:
+        tracer.event(kind, **fields)
+
+    # Emulator first, checker second: the checker then sees the corrupted results.
+    modes: list[FaultEmulator | AbftChecker] = []
+    if fault_profile is not None:
+        modes.append(FaultEmulator(fault_profile, model, clock=clock, sink=sink, seed=fault_seed, sites=sites))
+    if abft:
+        modes.append(AbftChecker(model, clock=clock, sink=sink, sites=sites))
+    return _entered(modes)
+
+
+@contextmanager
+def _entered(modes: list[FaultEmulator | AbftChecker]) -> Iterator[None]:
+    with ExitStack() as stack:
+        for mode in modes:
+            stack.enter_context(mode)
+        yield
