@@ -152,8 +152,44 @@ def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tup
         jobs.append(Job(f"diff:{n.label}", f"diff {golden} vs {n.label}",
                         lambda n=n, replays=replays: _diff(paths.run(golden), paths.run(n.label), replays,
                                                            paths.db, beam_args)))
+    if study.finetune is not None:
+        jobs += _finetune_jobs(study, paths, progress=progress, beam_args=beam_args)
     jobs.append(Job("report", "report", lambda: _report(paths, progress)))
     return jobs
+
+
+def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tuple[str, ...]) -> list[Job]:
+    """RQ3b: fine-tune golden, its shuffle-seed twin and every node, then diff each against golden."""
+    ft, golden = study.finetune, study.golden
+    assert ft is not None
+    twin = f"{golden}-twin"
+    runs = [(golden, golden, None, 0, None), (twin, golden, None, 0, ft.twin_shuffle_seed)]
+    runs += [(n.label, n.label, n.profile, n.fault_seed, None) for n in study.nodes]
+    jobs = []
+    for label, source, profile, seed, shuffle in runs:
+        what = f"{profile}, " if profile else ("shuffle seed " + str(shuffle) + ", " if shuffle is not None else "")
+        jobs.append(Job(f"finetune:{label}", f"fine-tune {label} ({what}{ft.steps or 'default'} steps)",
+                        lambda label=label, source=source, profile=profile, seed=seed, shuffle=shuffle: _finetune(
+                            study, paths.run(source), paths.finetune(label), label, profile, seed, shuffle, progress)))
+    for n in study.nodes:
+        jobs.append(Job(f"diff-finetune:{n.label}", f"diff fine-tuned {golden} vs {n.label} (twin baseline)",
+                        lambda n=n: _diff(paths.finetune(golden), paths.finetune(n.label), [], paths.db, beam_args,
+                                          ("--twin", str(paths.finetune(twin))))))
+    return jobs
+
+
+def _finetune(study: Study, pretrained: Path, out: Path, label: str, profile: str | None, seed: int,
+              shuffle: int | None, progress: bool) -> str:
+    from tracer.workload.finetune import finetune_run
+
+    ft = study.finetune
+    assert ft is not None
+    summary = finetune_run(
+        pretrained, out, node_label=label, shuffle_seed=shuffle, steps=ft.steps, tasks=ft.tasks or None,
+        fault_profile=load_profile(profile) if profile else None, fault_seed=seed, overwrite=True, progress=progress,
+    )
+    accuracy = ", ".join(f"{e.task} {e.accuracy:.0%}" for e in summary.final)
+    return f"{summary.steps} steps; test accuracy {accuracy}"
 
 
 def summary_tables(db: Path) -> list[tuple[str, str]]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from analysis.queries import LIBRARY
 from sdc.cli import main
 from sdc.study import load_study, shipped_studies
 from tests.support import ONE_FLIP, SMALL
@@ -94,10 +95,11 @@ def test_study_without_checkpoints_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_small_study_end_to_end_then_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path, out = study_file(tmp_path), tmp_path / "out"
+    path, out = study_file(tmp_path, finetune='steps = 2\ntasks = ["copy"]'), tmp_path / "out"
     assert main(["study", str(path), "--out", str(out), "--quiet"]) == 0
     text = capsys.readouterr().out
-    for job in ("record golden", "record twin", "record flip", "replay flip lockstep 2:5", "diff golden vs flip"):
+    for job in ("record golden", "record twin", "record flip", "replay flip lockstep 2:5", "diff golden vs flip",
+                "fine-tune golden-twin (shuffle seed 1, 2 steps)", "diff fine-tuned golden vs flip"):
         assert job in text
     assert (out / "runs" / "flip" / "rank-00000").is_dir() and (out / "replays" / "twin-param-sync").is_dir()
     assert "Beam job" in (out / "study.log").read_text()  # the jobs' own output, kept out of the terminal
@@ -111,13 +113,20 @@ def test_small_study_end_to_end_then_resume(tmp_path: Path, capsys: pytest.Captu
         noise = dict(con.execute(
             "SELECT r.node_label, max(g.ratio) FROM grad_noise g JOIN pairs p USING (pair_id) "
             "JOIN runs r ON r.run_id = p.suspect_run_id WHERE g.name = '*' GROUP BY 1").fetchall())
+        finetuned = dict(con.execute(
+            "SELECT r.node_label, count(*) FROM finetune_eval e JOIN runs r USING (run_id) GROUP BY 1").fetchall())
+        baseline = set(con.execute(
+            "SELECT suspect_node, baseline_disagreement IS NOT NULL FROM (" + LIBRARY.sql("rq3_finetune_disagreement")
+            + ")").fetchall())
     finally:
         con.close()
     assert rows["twin"] == 0 and rows["flip"] > 0  # the fault fires at step 3
     assert noise["twin"] == 0 and noise["flip"] > 0
+    assert set(finetuned) == {"golden", "golden-twin", "twin", "flip"}
+    assert baseline == {("twin", True), ("flip", True)}  # both fine-tune pairs carry the shuffle-seed baseline
 
     state = json.loads((out / "study-state.json").read_text())
-    assert len(state["finished"]) == 3 + 2 * 2 + 2 + 1  # records, replays, diffs, report
+    assert len(state["finished"]) == 3 + 2 * 2 + 2 + 4 + 2 + 1  # records, replays, diffs, fine-tunes, their diffs, report
     assert main(["study", str(path), "--out", str(out), "--quiet"]) == 1
     assert "already holds a study; pass --overwrite" in capsys.readouterr().err
 
