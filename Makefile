@@ -18,20 +18,10 @@ venv: $(STAMP)
 
 SDC    := $(VENV)/bin/sdc
 
-# Record a golden run and an emulated unhealthy node, replay around their first
-# divergence in both modes, diff everything into one DuckDB database, query it and report.
+# The whole study on the embedded default (sdc/study/studies/demo.toml): record a golden
+# node and four emulated ones, replay, diff into DuckDB, fine-tune, print the tables, report.
 demo: $(STAMP)
-	$(SDC) record --out $(DEMO)/golden --node-label golden --overwrite
-	$(SDC) inspect $(DEMO)/golden
-	$(SDC) record --out $(DEMO)/node-7 --node-label node-7 --fault-profile bursty-mismatch --abft --overwrite
-	$(SDC) replay --golden $(DEMO)/golden --suspect $(DEMO)/node-7 --at-first-divergence \
-		--mode lockstep --out $(DEMO)/node-7-lockstep --overwrite
-	$(SDC) replay --golden $(DEMO)/golden --suspect $(DEMO)/node-7 --at-first-divergence \
-		--mode param-sync --out $(DEMO)/node-7-param-sync --overwrite
-	$(SDC) diff --golden $(DEMO)/golden --suspect $(DEMO)/node-7 --db $(DEMO)/study.duckdb \
-		--replay $(DEMO)/node-7-lockstep --replay $(DEMO)/node-7-param-sync
-	$(SDC) query summary --db $(DEMO)/study.duckdb
-	$(SDC) report --db $(DEMO)/study.duckdb --out $(DEMO)/report
+	$(SDC) demo --out $(DEMO) --overwrite
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -291,3 +291,12 @@ CREATE TABLE IF NOT EXISTS corruptions (
     "offset" BIGINT NOT NULL,                 -- byte offset of the bad frame (0: whole file, e.g. missing)
     reason VARCHAR NOT NULL
 );
+
+-- Node labels of each pair's two runs (their lowest rank, as pairs records them), for the
+-- named queries. Key: pair_id.
+CREATE VIEW IF NOT EXISTS pair_nodes AS
+SELECT
+    p.pair_id,
+    (SELECT min(node_label) FROM runs WHERE run_id = p.golden_run_id) AS golden_node,
+    (SELECT min(node_label) FROM runs WHERE run_id = p.suspect_run_id) AS suspect_node
+FROM pairs AS p;

@@ -4,12 +4,7 @@
 WITH
 
 nodes AS (
-    -- node labels of the pair's two runs (their lowest rank, as pairs records them)
-    SELECT
-        p.pair_id,
-        (SELECT min(node_label) FROM runs WHERE run_id = p.golden_run_id) AS golden_node,
-        (SELECT min(node_label) FROM runs WHERE run_id = p.suspect_run_id) AS suspect_node
-    FROM pairs AS p
+    SELECT pair_id, golden_node, suspect_node FROM pair_nodes
 ),
 
 mismatching AS (

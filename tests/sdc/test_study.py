@@ -104,7 +104,8 @@ def test_small_study_end_to_end_then_resume(tmp_path: Path, capsys: pytest.Captu
     assert (out / "runs" / "flip" / "rank-00000").is_dir() and (out / "replays" / "twin-param-sync").is_dir()
     assert "Beam job" in (out / "study.log").read_text()  # the jobs' own output, kept out of the terminal
     assert "summary: Overview" in text and "rq2_noise_worst" in text and "sdc query --sql" in text
-    assert 'src="' in (out / "report" / "index.html").read_text()
+    page = (out / "report" / "index.html").read_text()
+    assert 'src="rq1_frequency.png"' in page and 'src="rq3_finetune.png"' in page  # every section had data
     con = duckdb.connect(str(out / "study.duckdb"), read_only=True)
     try:
         rows = dict(con.execute(
