@@ -132,6 +132,9 @@ def _build(raw: Mapping[str, Any], path: Path, overrides: tuple[str, ...]) -> St
     spec = train.get("config", str, "tiny")
     sets = train.strings("set") + tuple(overrides)
     cfg = load_config(spec if spec in shipped_configs() else _relative(path, spec), sets)
+    if cfg.parallel.dp * cfg.parallel.tp > 1:
+        raise train.error("set", "studies run single-rank for now; record and replay multi-rank runs with "
+                                 "`sdc record --nproc` and `sdc replay` (docs/parallel.md)")
     if cfg.run.checkpoint_every == 0:
         raise train.error("set", "run.checkpoint_every is 0; replay, drift and fine-tuning need checkpoints")
 

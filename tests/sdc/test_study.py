@@ -87,10 +87,12 @@ def test_replay_window_and_mode_are_checked(tmp_path: Path) -> None:
         load_study(path)
 
 
-def test_study_without_checkpoints_is_refused(tmp_path: Path) -> None:
+def test_study_without_checkpoints_or_on_many_ranks_is_refused(tmp_path: Path) -> None:
     path = study_file(tmp_path)
     with pytest.raises(ConfigError, match="need checkpoints"):
         load_study(path, ("run.checkpoint_every=0",))
+    with pytest.raises(ConfigError, match="studies run single-rank"):
+        load_study(path, ("parallel.tp=2",))
 
 
 @pytest.mark.slow
