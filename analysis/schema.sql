@@ -298,5 +298,6 @@ CREATE VIEW IF NOT EXISTS pair_nodes AS
 SELECT
     p.pair_id,
     (SELECT min(node_label) FROM runs WHERE run_id = p.golden_run_id) AS golden_node,
-    (SELECT min(node_label) FROM runs WHERE run_id = p.suspect_run_id) AS suspect_node
+    (SELECT min(node_label) FROM runs WHERE run_id = p.suspect_run_id) AS suspect_node,
+    (SELECT min(role) FROM runs WHERE run_id = p.suspect_run_id) AS role       -- train or finetune
 FROM pairs AS p;

@@ -4,6 +4,7 @@
 -- Empty (null) where the pair has no such data: RQ1 needs a lockstep replay, RQ2 a
 -- parameter-sync replay, drift two checkpoints of the same step.
 --   compared_through        last step both runs hold (max over ranks)
+--   role                    train (a pretraining pair) or finetune (a pair of fine-tunes, `sdc diff --twin`)
 --   first_step, first_site  the earliest first divergence over ranks (site and phase)
 --   mismatch_frequency, mismatch_severity, mismatching_steps, lockstep_steps   RQ1
 --   worst_noise             RQ2: the largest noise-to-signal ratio of any step
@@ -13,7 +14,7 @@
 WITH
 
 nodes AS (
-    SELECT pair_id, golden_node, suspect_node FROM pair_nodes
+    SELECT pair_id, golden_node, suspect_node, role FROM pair_nodes
 ),
 
 compared AS (
@@ -79,6 +80,7 @@ injected AS (
 
 SELECT
     n.suspect_node AS node_label,
+    n.role,
     n.golden_node,
     n.pair_id,
     c.compared_through,
@@ -103,4 +105,4 @@ LEFT JOIN rq2_noise AS q USING (pair_id)
 LEFT JOIN rq3_drift AS d USING (pair_id)
 LEFT JOIN rq3_spikes AS k USING (pair_id)
 LEFT JOIN injected AS i USING (pair_id)
-ORDER BY node_label, n.pair_id
+ORDER BY node_label, n.role DESC, n.pair_id
