@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from pipelines.arguments import add_arguments
 
@@ -31,12 +33,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     beam_args = args.beam_args[1:] if args.beam_args[:1] == ["--"] else args.beam_args
+    diff_job()(args, beam_args)
+    return 0
+
+
+def diff_job() -> Callable[..., Any]:
+    """`pipelines.run.diff`, imported without the warnings importing Beam prints about Google Cloud clients."""
     root = logging.getLogger()
     level = root.level
-    root.setLevel(logging.ERROR)  # importing Beam warns about optional Google Cloud clients
+    root.setLevel(logging.ERROR)
     try:
         from pipelines.run import diff
     finally:
         root.setLevel(level)
-    diff(args, beam_args)
-    return 0
+    return diff

@@ -42,7 +42,6 @@ from tracer.workload.train import record_run
 
 STATE = "study-state.json"
 LOG = "study.log"
-Echo = Callable[[str], None]
 # Printed at the end of a study, in this order (named queries in analysis/queries).
 SUMMARY_QUERIES = ("summary", "rq1_mismatch_by_node", "rq1_mismatch_bursts", "rq1_abft_by_fault_kind",
                    "rq2_noise_worst", "rq3_finetune_accuracy", "rq3_finetune_disagreement")
@@ -101,7 +100,6 @@ def run_study(
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = True,
-    echo: Echo = print,
     beam_args: tuple[str, ...] = (),
 ) -> StudyResult:
     """Run every job of `study` into `out`; see the module docstring for the layout."""
@@ -117,7 +115,7 @@ def run_study(
             prefix = f"[{i:>2}/{len(jobs)}] {job.describe}"
             if job.name in finished:
                 result.skipped.append(job.name)
-                _say(echo, bar, f"{prefix}: done before, skipped (--resume)")
+                bar.write(f"{prefix}: done before, skipped (--resume)")
                 continue
             bar.set_postfix_str(job.describe)
             t0 = time.perf_counter()
@@ -125,7 +123,7 @@ def run_study(
             log.flush()
             with _output_to(log):
                 line = job.action()
-            _say(echo, bar, f"{prefix}: {line} ({time.perf_counter() - t0:.1f} s)")
+            bar.write(f"{prefix}: {line} ({time.perf_counter() - t0:.1f} s)")
             finished.append(job.name)
             result.done.append(job.name)
             _save_state(paths, study, finished)
@@ -230,14 +228,15 @@ def _replay(paths: StudyPaths, golden: str, label: str, profile: str, mode: str,
 
 def _diff(golden: Path, suspect: Path, replays: list[Path], db: Path, beam_args: tuple[str, ...],
           extra: tuple[str, ...] = ()) -> str:
-    from pipelines.run import diff  # imports Beam: only when a diff runs
+    from sdc.commands.diff import diff_job  # imports Beam: only when a diff runs
 
+    diff = diff_job()
     parser = argparse.ArgumentParser()
     add_diff_arguments(parser)
     argv = ["--golden", str(golden), "--suspect", str(suspect), "--db", str(db), *extra]
     for r in replays:
         argv += ["--replay", str(r)]
-    report = diff(parser.parse_args(argv), list(beam_args), echo=print)
+    report = diff(parser.parse_args(argv), list(beam_args))
     return f"{report.rows.get('event_diffs', 0):,} events compared into {db.name}"
 
 
@@ -282,13 +281,6 @@ def _save_state(paths: StudyPaths, study: Study, finished: list[str]) -> None:
     tmp.write_text(json.dumps({"study": study_fingerprint(study), "name": study.name, "finished": finished},
                               indent=1), encoding="utf-8")
     os.replace(tmp, paths.out / STATE)
-
-
-def _say(echo: Echo, bar: tqdm, line: str) -> None:
-    if echo is print:
-        bar.write(line)
-    else:
-        echo(line)
 
 
 @contextlib.contextmanager
