@@ -254,8 +254,11 @@ def _finetune(study: _Study) -> Section:
         return s
     fig = Figure(figsize=(12, 4.2), layout="constrained")
     acc_ax, dis_ax = fig.subplots(1, 2)
-    _accuracy_bars(acc_ax, accuracy)
-    _disagreement_bars(dis_ax, disagreement)
+    # One colour per node in both panels, so a node's accuracy and disagreement read together.
+    labels = sorted({r["node_label"] for r in accuracy.records()} | {r["suspect_node"] for r in disagreement.records()})
+    colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    _accuracy_bars(acc_ax, accuracy, colors)
+    _disagreement_bars(dis_ax, disagreement, colors)
     s.figures.append((study.save(fig, "rq3_finetune.png"),
                       "Left: accuracy at each run's last evaluated step (hatched: collapsed; black bars: chance). "
                       "Right: disagreement with the golden model's predictions, per suspect node and the "
@@ -264,7 +267,7 @@ def _finetune(study: _Study) -> Section:
     return s
 
 
-def _accuracy_bars(ax: Axes, accuracy: Result) -> None:
+def _accuracy_bars(ax: Axes, accuracy: Result, colors: dict[str, str]) -> None:
     last: dict[tuple[str, str, str, str], dict] = {}
     for r in accuracy.records():  # the query orders by step: the last row of a run and task wins
         key = (r["node_label"], r["role"], r["run_id"], r["task"])
@@ -284,7 +287,7 @@ def _accuracy_bars(ax: Axes, accuracy: Result) -> None:
                 xs.append(i - 0.4 + width * (j + 0.5))
                 ys.append(r["accuracy"])
                 hatches.append("//" if r["collapsed"] else "")
-        bars = ax.bar(xs, ys, width, label=f"{run[0]} ({run[1]})")
+        bars = ax.bar(xs, ys, width, label=f"{run[0]} ({run[1]})", color=colors.get(run[0]))
         for bar, hatch in zip(bars, hatches):
             bar.set_hatch(hatch)
     for i, task in enumerate(tasks):
@@ -296,7 +299,7 @@ def _accuracy_bars(ax: Axes, accuracy: Result) -> None:
     ax.legend(fontsize=8, loc="upper center", ncols=3)  # above the bars: accuracy is at most 1
 
 
-def _disagreement_bars(ax: Axes, disagreement: Result) -> None:
+def _disagreement_bars(ax: Axes, disagreement: Result, colors: dict[str, str]) -> None:
     rows = disagreement.records()
     tasks = sorted({r["task"] for r in rows})
     nodes = sorted({r["suspect_node"] for r in rows})
@@ -316,7 +319,7 @@ def _disagreement_bars(ax: Axes, disagreement: Result) -> None:
             if values:
                 xs.append(i - 0.4 + width * (j + 0.5))
                 ys.append(sum(values) / len(values))
-        ax.bar(xs, ys, width, label=name, color="lightgrey" if j == len(nodes) else None, edgecolor="black")
+        ax.bar(xs, ys, width, label=name, color="lightgrey" if j == len(nodes) else colors.get(name), edgecolor="black")
     ax.set_xticks(range(len(tasks)), tasks)
     ax.set(ylabel="share of predictions that differ from golden", title="Prediction disagreement vs baseline")
     ax.legend(fontsize=8)
