@@ -18,8 +18,9 @@ optimizer hooks record every gradient before the step and every parameter after
 it; collectives that report to `tracer.collectives` have their input and output
 recorded. Under ``torch.distributed`` each rank writes its own log (``rank-NNNNN``)
 and its header records the parallel layout (`tracer.parallel.Layout`). Digests are
-computed inside the hook (no tensor is kept alive); records are framed in memory and written by an I/O thread (`tracer.background`). Every hook is
-removed when the ``with`` block exits.
+computed inside the hook (no tensor is kept alive); records are framed in memory
+and written by an I/O thread (`tracer.background`). Every hook is removed when the
+``with`` block exits.
 
 On a lazy device (XLA) nothing is read mid-step: digests and losses join the step's
 graph, and at the step's end the Tracer marks the step (``torch_xla.sync()``, a no-op

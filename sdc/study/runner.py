@@ -26,15 +26,15 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 from pipelines.arguments import add_arguments as add_diff_arguments
 from replay.engine import Replayer, suspect_from_run
-from sdc.study.config import Study
+from sdc.study.config import Finetune, Study
 from tracer.errors import UsageError
 from tracer.faults import load_profile
 from tracer.log import LogReader, rank_dir
@@ -81,8 +81,6 @@ class Job:
 @dataclass
 class StudyResult:
     paths: StudyPaths
-    done: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
 
@@ -114,18 +112,16 @@ def run_study(
         for i, job in enumerate(bar, 1):
             prefix = f"[{i:>2}/{len(jobs)}] {job.describe}"
             if job.name in finished:
-                result.skipped.append(job.name)
                 bar.write(f"{prefix}: done before, skipped (--resume)")
                 continue
             bar.set_postfix_str(job.describe)
             t0 = time.perf_counter()
             log.write(f"\n== {job.describe} ==\n")
             log.flush()
-            with _output_to(log):
+            with contextlib.redirect_stdout(log):  # the terminal gets one line per job
                 line = job.action()
             bar.write(f"{prefix}: {line} ({time.perf_counter() - t0:.1f} s)")
             finished.append(job.name)
-            result.done.append(job.name)
             _save_state(paths, study, finished)
     result.wall_s = time.perf_counter() - start
     return result
@@ -165,10 +161,11 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
     runs += [(n.label, n.label, n.profile, n.fault_seed, None) for n in study.nodes]
     jobs = []
     for label, source, profile, seed, shuffle in runs:
-        what = f"{profile}, " if profile else ("shuffle seed " + str(shuffle) + ", " if shuffle is not None else "")
-        jobs.append(Job(f"finetune:{label}", f"fine-tune {label} ({what}{ft.steps or 'default'} steps)",
+        detail = profile or (f"shuffle seed {shuffle}" if shuffle is not None else "")
+        describe = f"fine-tune {label} ({detail + ', ' if detail else ''}{ft.steps or 'default'} steps)"
+        jobs.append(Job(f"finetune:{label}", describe,
                         lambda label=label, source=source, profile=profile, seed=seed, shuffle=shuffle: _finetune(
-                            study, paths.run(source), paths.finetune(label), label, profile, seed, shuffle, progress)))
+                            ft, paths.run(source), paths.finetune(label), label, profile, seed, shuffle, progress)))
     for n in study.nodes:
         jobs.append(Job(f"diff-finetune:{n.label}", f"diff fine-tuned {golden} vs {n.label} (twin baseline)",
                         lambda n=n: _diff(paths.finetune(golden), paths.finetune(n.label), [], paths.db, beam_args,
@@ -176,12 +173,10 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
     return jobs
 
 
-def _finetune(study: Study, pretrained: Path, out: Path, label: str, profile: str | None, seed: int,
+def _finetune(ft: Finetune, pretrained: Path, out: Path, label: str, profile: str | None, seed: int,
               shuffle: int | None, progress: bool) -> str:
     from tracer.workload.finetune import finetune_run
 
-    ft = study.finetune
-    assert ft is not None
     summary = finetune_run(
         pretrained, out, node_label=label, shuffle_seed=shuffle, steps=ft.steps, tasks=ft.tasks or None,
         fault_profile=load_profile(profile) if profile else None, fault_seed=seed, overwrite=True, progress=progress,
@@ -281,10 +276,3 @@ def _save_state(paths: StudyPaths, study: Study, finished: list[str]) -> None:
     tmp.write_text(json.dumps({"study": study_fingerprint(study), "name": study.name, "finished": finished},
                               indent=1), encoding="utf-8")
     os.replace(tmp, paths.out / STATE)
-
-
-@contextlib.contextmanager
-def _output_to(log) -> Iterator[None]:  # noqa: ANN001 - a text file
-    """Jobs print their details; in a study they go to study.log, the terminal gets one line per job."""
-    with contextlib.redirect_stdout(log):
-        yield

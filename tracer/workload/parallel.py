@@ -21,6 +21,7 @@ NCCL on GPUs; results are deterministic for a fixed layout, not across layouts.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,7 +138,7 @@ class Collective(nn.Module):
         return f"forward={self.ops[0]}, backward={self.ops[1]}"
 
 
-def reduce_gradients(model: nn.Module, groups: Groups, replicated: set[str]) -> None:
+def reduce_gradients(model: nn.Module, groups: Groups, replicated: AbstractSet[str]) -> None:
     """Complete the gradients before the optimizer: sum partial ones over the sequence shards, average over replicas.
 
     With sequence parallelism each tensor-parallel rank sees a slice of the sequence,
@@ -166,7 +167,7 @@ def _all_reduce_bucket(params: list[nn.Parameter], group: Any, point: str, divid
             offset += p.grad.numel()
 
 
-def clip_grad_norm(model: nn.Module, groups: Groups, sharded: set[str], max_norm: float) -> None:
+def clip_grad_norm(model: nn.Module, groups: Groups, sharded: AbstractSet[str], max_norm: float) -> None:
     """`torch.nn.utils.clip_grad_norm_` over the whole (unsharded) model: sharded parameters' squares summed over tp."""
     with own_ops(), torch.no_grad():
         grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]

@@ -6,6 +6,7 @@ out so a replayer can rebuild the same objects and re-execute any one step.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -46,6 +47,15 @@ class Workload:
     @property
     def layout(self) -> Layout:
         return self.groups.layout
+
+    @functools.cached_property
+    def sharded(self) -> frozenset[str]:
+        """Parameters split across tensor-parallel ranks; the others are whole on every rank."""
+        return frozenset(n for n, _ in self.model.named_parameters() if self.model.shard_dim(n) is not None)
+
+    @functools.cached_property
+    def replicated(self) -> frozenset[str]:
+        return frozenset(n for n, _ in self.model.named_parameters()) - self.sharded
 
 
 @dataclass
@@ -121,11 +131,10 @@ def train_step(w: Workload, step: int, tracer: StepObserver | None = None, *, up
             tracer.loss(loss)
         losses.append(loss.detach())
     if layout.world_size > 1:
-        reduce_gradients(model, w.groups, {n for n, _ in model.named_parameters() if model.shard_dim(n) is None})
+        reduce_gradients(model, w.groups, w.replicated)
     if cfg.optim.grad_clip > 0:
         if layout.tp > 1:
-            sharded = {n for n, _ in model.named_parameters() if model.shard_dim(n) is not None}
-            clip_grad_norm(model, w.groups, sharded, cfg.optim.grad_clip)
+            clip_grad_norm(model, w.groups, w.sharded, cfg.optim.grad_clip)
         else:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip, foreach=False)
     if update:
