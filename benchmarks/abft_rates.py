@@ -25,13 +25,13 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tracer.abft import AbftChecker
-from tracer.faults import FaultEmulator, FaultProfile, load_profile
+from faults.abft import AbftChecker
+from faults import FaultEmulator, FaultProfile, load_profile
 from tracer.intercept import own_ops
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
-from tracer.workload.config import load_config
-from tracer.workload.train import build, record_run, train_step
+from workload.config import load_config
+from workload.train import build, record_run, train_step
 
 KINDS = {
     "bitflip, sign bit": 'kind = "bitflip"\nbits = "sign"',

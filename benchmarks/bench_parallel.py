@@ -19,8 +19,8 @@ from typing import Any
 from timing import side_by_side, warmup
 from tracer.launch import launch
 from tracer.tracing import Tracer
-from tracer.workload.config import Config, config_fingerprint, load_config
-from tracer.workload.train import build
+from workload.config import Config, config_fingerprint, load_config
+from workload.train import build
 
 LAYOUT = ["parallel.dp=2", "parallel.tp=2", "parallel.sp=true", "train.threads=1"]
 

@@ -24,8 +24,8 @@ import torch_xla  # noqa: E402
 import torch_xla.debug.metrics as met  # noqa: E402
 
 from tracer.tracing import Tracer  # noqa: E402
-from tracer.workload.config import config_fingerprint, load_config  # noqa: E402
-from tracer.workload.train import build, train_step  # noqa: E402
+from workload.config import config_fingerprint, load_config  # noqa: E402
+from workload.train import build, train_step  # noqa: E402
 
 
 def counts() -> tuple[int, int, int, float]:

@@ -26,14 +26,14 @@ import bench_diff
 from bench_parallel import bench_parallel
 from bench_replay import bench_replay
 from timing import side_by_side, warmup
-from tracer.abft import AbftChecker
-from tracer.faults import FaultEmulator, load_profile
+from faults.abft import AbftChecker
+from faults import FaultEmulator, load_profile
 from tracer.log import rank_dir
 from tracer.log.reader import LogReader
 from tracer.log.records import TensorRecord
 from tracer.tracing import Tracer
-from tracer.workload.config import config_fingerprint, load_config
-from tracer.workload.train import build, train_step
+from workload.config import config_fingerprint, load_config
+from workload.train import build, train_step
 
 
 def bench_tracing_overhead(steps: int, config: str | None) -> tuple[float, float]:

@@ -6,7 +6,7 @@ import statistics
 import time
 
 from tracer.tracing import Tracer
-from tracer.workload.train import Workload, train_step
+from workload.train import Workload, train_step
 
 
 def warmup(steps: int) -> int:

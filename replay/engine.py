@@ -46,13 +46,13 @@ from tracer.checkpoint import load_checkpoint
 from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ConfigError, ValidationError
-from tracer.faults import FaultEmulator, FaultProfile, load_profile, shipped_profiles
+from faults import FaultEmulator, FaultProfile, load_profile, shipped_profiles
 from tracer.intercept import own_ops
 from tracer.log import LogReader, LogWriter, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
 from tracer.pairing import check_pair
 from tracer.tracing import Tracer, software_versions
-from tracer.workload.train import Workload, build, prepare_out_dir, train_step
+from workload.train import Workload, build, prepare_out_dir, train_step
 
 Mode = Literal["param-sync", "lockstep"]
 MODES: tuple[Mode, ...] = ("param-sync", "lockstep")

@@ -14,7 +14,7 @@ from tracer.checkpoint import list_checkpoints
 from tracer.errors import LogError, ValidationError
 from tracer.log import LogReader, list_ranks, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord
-from tracer.workload.config import Config
+from workload.config import Config
 
 Key = tuple[int, int, str, Phase]  # step, microbatch, name, phase
 

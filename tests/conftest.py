@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import SCALE_AT_1, TINY_FINETUNE, small_config
-from tracer.workload.config import Config
+from workload.config import Config
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def small_cfg() -> Config:
 @pytest.fixture
 def run_factory(tmp_path: Path):
     """Record small real runs by name: ``run_factory("golden", "train.seed=1")``."""
-    from tracer.workload.train import record_run
+    from workload.train import record_run
 
     def make(name: str, *overrides: str, **kwargs) -> Path:
         out = tmp_path / name
@@ -32,7 +32,7 @@ def run_factory(tmp_path: Path):
 @pytest.fixture(scope="session")
 def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small pretraining run, finished, with its final checkpoint."""
-    from tracer.workload.train import record_run
+    from workload.train import record_run
 
     out = tmp_path_factory.mktemp("pretrained") / "golden"
     record_run(small_config(), out, node_label="golden", progress=False)
@@ -45,8 +45,8 @@ def tuned(pretrained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     ``twin``, and ``sick``, a node whose SCALE_AT_1 faults hit step 1."""
     import dataclasses
 
-    from tracer.faults import load_profile
-    from tracer.workload.finetune import finetune_run
+    from faults import load_profile
+    from workload.finetune import finetune_run
 
     root = tmp_path_factory.mktemp("tuned")
     (root / "scale.toml").write_text(SCALE_AT_1, encoding="utf-8")

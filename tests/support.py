@@ -6,8 +6,8 @@ from pathlib import Path
 
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
-from tracer.workload.config import Config, load_config
-from tracer.workload.finetune import FinetuneSettings
+from workload.config import Config, load_config
+from workload.finetune import FinetuneSettings
 
 # A 2-layer model with short sequences and a handful of steps: real, but quick.
 SMALL = ["model.n_layers=2", "data.batch_size=2", "data.seq_len=32", "run.steps=4", "run.checkpoint_every=2"]

@@ -1,6 +1,6 @@
 """Build the embedded training corpus from the Python standard library's docstrings.
 
-    python tools/build_corpus.py            # rewrites tracer/workload/corpus/
+    python tools/build_corpus.py            # rewrites workload/corpus/
 
 The workload must see the same bytes on every machine and Python version, with no
 download, so the corpus is built once, committed, and only read at run time. This
@@ -40,7 +40,7 @@ MODULES = sorted([
     "wave", "weakref", "wsgiref", "xml", "xmlrpc", "zipfile", "zipimport",
 ])
 MAX_BYTES = 2_000_000  # keep the committed file small; cut at a docstring boundary
-OUT_DIR = Path(__file__).resolve().parent.parent / "tracer" / "workload" / "corpus"
+OUT_DIR = Path(__file__).resolve().parent.parent / "workload" / "corpus"
 CORPUS_NAME = "stdlib-docstrings.txt.gz"
 
 

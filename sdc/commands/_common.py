@@ -8,7 +8,7 @@ from typing import Any
 
 from tracer.errors import ConfigError
 from tracer.launch import launch
-from tracer.workload.config import Config, load_config, shipped_configs
+from workload.config import Config, load_config, shipped_configs
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:

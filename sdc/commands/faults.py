@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tracer.faults import load_profile, shipped_profiles
+from faults import load_profile, shipped_profiles
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

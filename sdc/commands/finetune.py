@@ -6,9 +6,9 @@ import argparse
 import socket
 from pathlib import Path
 
-from tracer.faults import load_profile, shipped_profiles
-from tracer.workload.finetune import FinetuneSettings, finetune_run
-from tracer.workload.tasks import TASK_NAMES
+from faults import load_profile, shipped_profiles
+from workload.finetune import FinetuneSettings, finetune_run
+from workload.tasks import TASK_NAMES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

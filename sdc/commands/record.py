@@ -12,10 +12,10 @@ from sdc.commands._common import (
     add_config_options, add_device_option, add_parallel_options, config_from_args, launch_ranks, ranks,
 )
 from tracer.errors import ConfigError
-from tracer.faults import load_profile, shipped_profiles
+from faults import load_profile, shipped_profiles
 from tracer.tracing import CapturePolicy
-from tracer.workload.config import Config
-from tracer.workload.train import prepare_out_dir, record_run
+from workload.config import Config
+from workload.train import prepare_out_dir, record_run
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

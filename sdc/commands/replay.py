@@ -12,7 +12,7 @@ from tracer.compare import compare_runs
 from tracer.errors import UsageError
 from tracer.launch import launch
 from tracer.log import LogReader, rank_dir
-from tracer.workload.train import prepare_out_dir
+from workload.train import prepare_out_dir
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -22,8 +22,8 @@ from typing import Any
 
 from replay.engine import MODES, parse_steps
 from tracer.errors import ConfigError
-from tracer.faults import load_profile
-from tracer.workload.config import Config, load_config, shipped_configs
+from faults import load_profile
+from workload.config import Config, load_config, shipped_configs
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 

@@ -36,9 +36,9 @@ from pipelines.arguments import add_arguments as add_diff_arguments
 from replay.engine import Replayer, suspect_from_run
 from sdc.study.config import Finetune, Study
 from tracer.errors import UsageError
-from tracer.faults import load_profile
+from faults import load_profile
 from tracer.log import LogReader, rank_dir
-from tracer.workload.train import record_run
+from workload.train import record_run
 
 STATE = "study-state.json"
 LOG = "study.log"
@@ -175,7 +175,7 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
 
 def _finetune(ft: Finetune, pretrained: Path, out: Path, label: str, profile: str | None, seed: int,
               shuffle: int | None, progress: bool) -> str:
-    from tracer.workload.finetune import finetune_run
+    from workload.finetune import finetune_run
 
     summary = finetune_run(
         pretrained, out, node_label=label, shuffle_seed=shuffle, steps=ft.steps, tasks=ft.tasks or None,

@@ -22,8 +22,8 @@ import pytest
 from replay.engine import Replayer, parse_steps, suspect_from_profile
 from sdc.cli import main
 from tests.support import small_config
-from tracer.faults import load_profile
-from tracer.workload.train import record_run
+from faults import load_profile
+from workload.train import record_run
 
 NODE_7 = """
 description = "test node: a burst of scaled results (steps 1-2), a last-bit flip (step 4), a blown-up LM head (step 5)"

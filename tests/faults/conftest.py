@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import small_config
-from tracer.faults import FaultProfile, load_profile
-from tracer.workload.train import record_run
+from faults import FaultProfile, load_profile
+from workload.train import record_run
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from sdc.cli import main
 from tests.faults.support import SHIPPED, events
 from tests.support import SMALL
-from tracer.faults import load_profile
+from faults import load_profile
 
 SMALL_ARGS = [a for kv in SMALL if not kv.startswith("run.") for a in ("--set", kv)]
 

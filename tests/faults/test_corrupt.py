@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tracer.faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
+from faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
 
 DTYPES = list(LAYOUTS)
 

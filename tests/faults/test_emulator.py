@@ -11,7 +11,7 @@ from torch import nn
 from tests.faults.support import events
 from tracer.compare import compare_runs
 from tracer.errors import ConfigError
-from tracer.faults import FaultEmulator, load_profile
+from faults import FaultEmulator, load_profile
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase
 from tracer.pairing import pairing_differences

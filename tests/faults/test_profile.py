@@ -8,8 +8,8 @@ import pytest
 
 from tests.faults.support import SHIPPED
 from tracer.errors import ConfigError
-from tracer.faults import load_profile, shipped_profiles
-from tracer.faults.ops import resolve_collectives, resolve_ops
+from faults import load_profile, shipped_profiles
+from faults.ops import resolve_collectives, resolve_ops
 
 
 def test_shipped_profiles_load_with_a_description_and_rules() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracer.faults.schedule import BurstChain, Schedule
+from faults.schedule import BurstChain, Schedule
 
 BURSTY = Schedule(p_enter=0.1, p_exit=0.5)
 

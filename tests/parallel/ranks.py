@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracer.workload.config import Config
-from tracer.workload.train import build, train_step
+from workload.config import Config
+from workload.train import build, train_step
 
 
 def train_and_report(config: dict[str, Any], steps: int) -> dict[str, Any]:

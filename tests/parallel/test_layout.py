@@ -6,7 +6,7 @@ import pytest
 
 from tests.support import small_config
 from tracer.launch import launch
-from tracer.workload.train import build, train_step
+from workload.train import build, train_step
 
 STEPS = 2
 TIMEOUT = 120  # seconds a rank may wait in one collective: a hung rank fails the test

@@ -21,11 +21,11 @@ import torch
 from pipelines.arguments import add_arguments
 from pipelines.run import DiffReport, diff
 from tests.support import ONE_FLIP, small_config
-from tracer.faults import load_profile
+from faults import load_profile
 from tracer.log import EventRecord, LogReader, LogWriter, rank_dir
 from tracer.tracing import Tracer
-from tracer.workload.config import Config, config_fingerprint
-from tracer.workload.train import build, record_run, train_step
+from workload.config import Config, config_fingerprint
+from workload.train import build, record_run, train_step
 
 FAULT_STEP, FAULT_MICROBATCH, FAULT_SITE = 2, 1, "layers.1.attention"
 IN_MEMORY = ["--direct_running_mode=in_memory"]

@@ -12,10 +12,10 @@ from replay.engine import Replayer, parse_steps, suspect_from_profile, suspect_f
 from tests.support import ONE_FLIP, events, small_config
 from tracer.checkpoint import load_checkpoint
 from tracer.errors import ConfigError, ValidationError
-from tracer.faults import FaultEmulator, load_profile
+from faults import FaultEmulator, load_profile
 from tracer.log import LogReader, LogWriter, rank_dir
 from tracer.log.records import Phase, TensorRecord
-from tracer.workload.train import build, train_step
+from workload.train import build, train_step
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from tracer.errors import LogError
 from tracer.fingerprint import fingerprint
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase, TensorRecord
-from tracer.workload.train import build, train_step
+from workload.train import build, train_step
 
 
 def test_resuming_from_a_checkpoint_reproduces_the_log(run_factory, small_cfg) -> None:

@@ -15,7 +15,7 @@ from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord, Phase, TensorRecord
 from tracer.sites import find_sites
 from tracer.tracing import CapturePolicy, Tracer
-from tracer.workload.model import Transformer
+from workload.model import Transformer
 
 
 def tensor_records(run: Path) -> list[TensorRecord]:
@@ -71,7 +71,7 @@ def test_every_step_records_what_the_issue_lists(run_factory, small_cfg) -> None
 
 
 def test_header_carries_pairing_and_determinism_fields(run_factory, small_cfg) -> None:
-    from tracer.workload.config import config_fingerprint
+    from workload.config import config_fingerprint
 
     h = LogReader(rank_dir(run_factory("golden"), 0)).header
     assert h.node_label == "golden" and h.role == "train" and (h.world_size, h.rank) == (1, 0)

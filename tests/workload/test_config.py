@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tracer.errors import ConfigError
-from tracer.workload.config import (
+from workload.config import (
     Config,
     config_fingerprint,
     load_config,

@@ -9,15 +9,15 @@ from importlib import resources
 import pytest
 import torch
 
-from tracer.workload.config import DataConfig
-from tracer.workload.data import TokenData, load_corpus
+from workload.config import DataConfig
+from workload.data import TokenData, load_corpus
 
 
 def test_corpus_is_embedded_licensed_and_large_enough():
     corpus = load_corpus()
     assert len(corpus) >= 1_000_000
     corpus.decode("utf-8")  # text, not noise
-    notice = (resources.files("tracer.workload") / "corpus" / "LICENSE").read_text()
+    notice = (resources.files("workload") / "corpus" / "LICENSE").read_text()
     assert "LICENSE AGREEMENT is between the Python Software Foundation" in notice
     assert hashlib.sha256(corpus).hexdigest() in notice  # the notice describes these bytes
 

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from tracer.determinism import configure_determinism
-from tracer.workload.config import Config, load_config
-from tracer.workload.data import TokenData
-from tracer.workload.model import Transformer
+from workload.config import Config, load_config
+from workload.data import TokenData
+from workload.model import Transformer
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,8 @@ from tracer.compare import compare_runs
 from tracer.errors import ConfigError, UsageError
 from tracer.log import LogReader, Phase, TensorRecord, rank_dir
 from tracer.pairing import pairing_differences, twin_differences
-from tracer.workload.finetune import FinetuneSettings, collapsed, finetune_run
-from tracer.workload.tasks import CHOICES, MAX_PROMPT, TASK_NAMES, load_tasks, make_task
+from workload.finetune import FinetuneSettings, collapsed, finetune_run
+from workload.tasks import CHOICES, MAX_PROMPT, TASK_NAMES, load_tasks, make_task
 
 def header(run: Path):
     return LogReader(rank_dir(run, 0)).header

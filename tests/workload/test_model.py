@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from tracer.workload.config import ModelConfig, load_config, shipped_configs
-from tracer.workload.model import Transformer, apply_rotary, rotary_tables
+from workload.config import ModelConfig, load_config, shipped_configs
+from workload.model import Transformer, apply_rotary, rotary_tables
 
 
 def built(cfg: ModelConfig, seed: int = 0) -> Transformer:

@@ -38,13 +38,13 @@ from torch import nn
 
 from tracer.collectives import Stage, observing
 from tracer.errors import ConfigError
-from tracer.faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
-from tracer.faults.ops import resolve_collectives, resolve_ops
-from tracer.faults.profile import Corruption, FaultProfile
-from tracer.faults.schedule import BurstChain
+from faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
+from faults.ops import resolve_collectives, resolve_ops
+from faults.profile import Corruption, FaultProfile
+from faults.schedule import BurstChain
 from tracer.intercept import Clock, Sink, in_own_ops, own_ops
 from tracer.log.records import Phase as RecordPhase
-from tracer.scope import ModuleScope, Phase, ScopedDispatchMode
+from faults.scope import ModuleScope, Phase, ScopedDispatchMode
 from tracer.sites import SiteSpec, find_sites
 
 SHOWN = 8  # values and indices a fault event lists

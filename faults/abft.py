@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from tracer.intercept import Clock, Sink, in_own_ops, own_ops
-from tracer.scope import ModuleScope, ScopedDispatchMode
+from faults.scope import ModuleScope, ScopedDispatchMode
 from tracer.sites import SiteSpec, find_sites
 
 aten = torch.ops.aten

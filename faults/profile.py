@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tracer.errors import ConfigError
-from tracer.faults.corrupt import FIELDS
-from tracer.faults.ops import FAMILIES, resolve_ops
-from tracer.faults.schedule import Schedule
+from faults.corrupt import FIELDS
+from faults.ops import FAMILIES, resolve_ops
+from faults.schedule import Schedule
 
 PHASES = ("forward", "backward")
 KINDS = ("bitflip", "scale", "stuck")
@@ -102,7 +102,7 @@ _KIND_KEYS = {"bits": "bitflip", "factor": "scale", "value": "stuck"}
 
 def shipped_profiles() -> dict[str, Path]:
     """Name -> path of every profile that ships with the package."""
-    folder = resources.files("tracer.faults") / "profiles"
+    folder = resources.files("faults") / "profiles"
     return {
         p.name.removesuffix(".toml"): Path(str(p))
         for p in sorted(folder.iterdir(), key=lambda p: p.name)

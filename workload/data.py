@@ -22,7 +22,7 @@ from importlib import resources
 import torch
 
 from tracer.errors import ConfigError
-from tracer.workload.config import DataConfig
+from workload.config import DataConfig
 
 CORPUS_FILE = "stdlib-docstrings.txt.gz"
 # Names the windowing and shuffling scheme; change it whenever either changes, so
@@ -32,7 +32,7 @@ ORDER_ALGORITHM = "bytes/windows-stride-seq_len/torch-randperm-per-epoch/sha256-
 
 def load_corpus() -> bytes:
     """The embedded corpus, uncompressed."""
-    packed = (resources.files("tracer.workload") / "corpus" / CORPUS_FILE).read_bytes()
+    packed = (resources.files("workload") / "corpus" / CORPUS_FILE).read_bytes()
     return gzip.decompress(packed)
 
 

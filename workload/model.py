@@ -8,7 +8,7 @@ RMSNorm, rotary position embeddings, grouped-query attention and a SwiGLU
 feed-forward, in pre-norm residual blocks. Module paths are part of the contract:
 the tracer finds its sites at `layers.{i}.attention` and `layers.{i}.feed_forward`,
 and each of those takes one tensor and returns one, so a replay can swap in golden
-inputs. With tensor parallelism (`tracer.workload.parallel`) each rank holds a shard
+inputs. With tensor parallelism (`workload.model_parallel`) each rank holds a shard
 of every attention and feed-forward weight, those sites return the rank's partial
 output, and `Collective` modules around them combine it. Rotary embeddings use
 real arithmetic (no complex tensors) so that XLA can compile them, and attention
@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tracer.workload.config import ModelConfig
-from tracer.workload.parallel import ENTER, LEAVE, SINGLE, Collective, Groups
+from workload.config import ModelConfig
+from workload.model_parallel import ENTER, LEAVE, SINGLE, Collective, Groups
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

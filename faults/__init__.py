@@ -1,6 +1,6 @@
 """Emulated unhealthy nodes: fault profiles and the operator-level fault emulator."""
 
-from tracer.faults.emulator import FaultEmulator
-from tracer.faults.profile import Corruption, FaultProfile, FaultRule, load_profile, shipped_profiles
+from faults.emulator import FaultEmulator
+from faults.profile import Corruption, FaultProfile, FaultRule, load_profile, shipped_profiles
 
 __all__ = ["Corruption", "FaultEmulator", "FaultProfile", "FaultRule", "load_profile", "shipped_profiles"]

@@ -19,19 +19,19 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from tracer.abft import AbftChecker
+from faults.abft import AbftChecker
 from tracer.determinism import configure_determinism
 from tracer.device import is_lazy, mark_step, resolve_device, to_host
 from tracer.errors import UsageError
-from tracer.faults import FaultEmulator, FaultProfile
+from faults import FaultEmulator, FaultProfile
 from tracer.log import list_ranks
 from tracer.parallel import Layout
 from tracer.sites import SiteSpec
 from tracer.tracing import CapturePolicy, Tracer
-from tracer.workload.config import Config, OptimConfig, config_fingerprint
-from tracer.workload.data import TokenData
-from tracer.workload.model import Transformer
-from tracer.workload.parallel import Groups, clip_grad_norm, process_groups, reduce_gradients
+from workload.config import Config, OptimConfig, config_fingerprint
+from workload.data import TokenData
+from workload.model import Transformer
+from workload.model_parallel import Groups, clip_grad_norm, process_groups, reduce_gradients
 
 
 @dataclass
@@ -184,8 +184,8 @@ def record_run(
 ) -> RunSummary:
     """Train ``cfg.run.steps`` steps under a Tracer, checkpointing every ``cfg.run.checkpoint_every``.
 
-    ``fault_profile`` plays an unhealthy node (`tracer.faults`) and ``abft`` checks every
-    matmul (`tracer.abft`); the header's ``extra`` records both, its pairing fields
+    ``fault_profile`` plays an unhealthy node (`faults`) and ``abft`` checks every
+    matmul (`faults.abft`); the header's ``extra`` records both, its pairing fields
     stay those of the healthy twin. ``device`` is ``cpu``, ``cuda[:N]`` or ``xla[:N]``.
     """
     out = Path(out)
@@ -252,8 +252,8 @@ def emulated_node(
     abft: bool = False,
     sites: SiteSpec = None,
 ) -> AbstractContextManager[None]:
-    """A context in which this node plays an unhealthy one (`tracer.faults`) and/or checks every matmul
-    (`tracer.abft`), logging fault and abft events through `tracer` (enter it first) at its current step.
+    """A context in which this node plays an unhealthy one (`faults`) and/or checks every matmul
+    (`faults.abft`), logging fault and abft events through `tracer` (enter it first) at its current step.
 
     Built now, entered later: a profile that does not fit the model fails before anything is recorded.
     """

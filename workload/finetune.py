@@ -38,14 +38,14 @@ from tqdm import tqdm
 from tracer.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
 from tracer.determinism import configure_determinism
 from tracer.errors import ConfigError, UsageError
-from tracer.faults import FaultProfile
+from faults import FaultProfile
 from tracer.intercept import own_ops
 from tracer.log import LogReader, RunHeader, rank_dir
 from tracer.tracing import Tracer, config_fingerprint
-from tracer.workload.config import Config, OptimConfig
-from tracer.workload.model import Transformer
-from tracer.workload.tasks import LETTERS, TASK_NAMES, Example, Task, load_tasks
-from tracer.workload.train import emulated_node, make_optimizer, node_header, prepare_out_dir
+from workload.config import Config, OptimConfig
+from workload.model import Transformer
+from workload.tasks import LETTERS, TASK_NAMES, Example, Task, load_tasks
+from workload.train import emulated_node, make_optimizer, node_header, prepare_out_dir
 
 ROLE = "finetune"
 ORDER_ALGORITHM = "mcqa-examples/torch-randperm-per-epoch/sha256-seed/v1"

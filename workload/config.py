@@ -238,7 +238,7 @@ def config_fingerprint(cfg: Config) -> str:
 
 def shipped_configs() -> dict[str, Path]:
     """Name -> path of every config that ships with the package."""
-    folder = resources.files("tracer.workload") / "configs"
+    folder = resources.files("workload") / "configs"
     return {p.name.removesuffix(".toml"): Path(str(p))
             for p in sorted(folder.iterdir(), key=lambda p: p.name) if p.name.endswith(".toml")}
 
