@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from faults.abft import AbftChecker
 from faults import FaultEmulator, FaultProfile, load_profile
+from faults.abft import AbftChecker
 from tracer.intercept import own_ops
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from timing import side_by_side, warmup
+
 from tracer.launch import launch
 from tracer.tracing import Tracer
-from workload.config import Config, config_fingerprint, load_config
+from workload.config import Config, load_config
 from workload.train import build
 
 LAYOUT = ["parallel.dp=2", "parallel.tp=2", "parallel.sp=true", "train.threads=1"]
@@ -30,7 +31,7 @@ def steps_side_by_side(config: dict[str, Any], steps: int, out: str) -> dict[str
     cfg = Config.from_dict(config)
     plain, traced = build(cfg), build(cfg)
     with Tracer(traced.model, traced.optimizer, out=out, node_label="bench", config=cfg.to_dict(),
-                config_fp=config_fingerprint(cfg), parallel=traced.layout) as tracer:
+                parallel=traced.layout) as tracer:
         plain_s, traced_s = side_by_side(plain, traced, tracer, steps)
     return {"plain": plain_s, "traced": traced_s}
 

@@ -24,7 +24,7 @@ import torch_xla  # noqa: E402
 import torch_xla.debug.metrics as met  # noqa: E402
 
 from tracer.tracing import Tracer  # noqa: E402
-from workload.config import config_fingerprint, load_config  # noqa: E402
+from workload.config import load_config  # noqa: E402
 from workload.train import build, train_step  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tracers = {
             n: Tracer(w.model, w.optimizer, out=Path(tmp) / n.replace(" ", "-"), node_label="bench",
-                      config=cfg.to_dict(), config_fp=config_fingerprint(cfg))
+                      config=cfg.to_dict())
             for n, w in zip(names, workloads) if n.endswith("traced")
         }
         for tracer in tracers.values():

@@ -26,13 +26,14 @@ import bench_diff
 from bench_parallel import bench_parallel
 from bench_replay import bench_replay
 from timing import side_by_side, warmup
-from faults.abft import AbftChecker
+
 from faults import FaultEmulator, load_profile
+from faults.abft import AbftChecker
 from tracer.log import rank_dir
 from tracer.log.reader import LogReader
 from tracer.log.records import TensorRecord
 from tracer.tracing import Tracer
-from workload.config import config_fingerprint, load_config
+from workload.config import load_config
 from workload.train import build, train_step
 
 
@@ -44,7 +45,7 @@ def bench_tracing_overhead(steps: int, config: str | None) -> tuple[float, float
         out = Path(tmp) / "run"
         with Tracer(
             traced.model, traced.optimizer, out=out, node_label="bench",
-            config=cfg.to_dict(), config_fp=config_fingerprint(cfg),
+            config=cfg.to_dict(),
         ) as tracer:
             plain_s, traced_s = side_by_side(plain, traced, tracer, steps)
         ratio = traced_s / plain_s
@@ -67,7 +68,7 @@ def bench_interceptor_overhead(steps: int, config: str | None) -> tuple[float, f
         tracers = [
             stack.enter_context(Tracer(
                 w.model, w.optimizer, out=Path(tmp) / name, node_label="bench",
-                config=cfg.to_dict(), config_fp=config_fingerprint(cfg),
+                config=cfg.to_dict(),
             ))
             for w, name in zip(workloads, names)
         ]

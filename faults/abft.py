@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tracer.intercept import Clock, Sink, in_own_ops, own_ops
 from faults.scope import ModuleScope, ScopedDispatchMode
+from tracer.intercept import Clock, Sink, in_own_ops, own_ops
 from tracer.sites import SiteSpec, find_sites
 
 aten = torch.ops.aten
@@ -157,7 +157,7 @@ class AbftChecker(ScopedDispatchMode):
                 "microbatch": self._clock()[1],
                 "site": stack[-1] if stack else "",
                 "op": str(func),
-                "phase": phase,
+                "phase": phase.name.lower(),
                 "shape": list(result.shape),
                 "residual": result.residual,
                 "bound": result.bound,

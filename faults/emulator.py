@@ -36,15 +36,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from tracer.collectives import Stage, observing
-from tracer.errors import ConfigError
 from faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
 from faults.ops import resolve_collectives, resolve_ops
 from faults.profile import Corruption, FaultProfile
 from faults.schedule import BurstChain
+from faults.scope import ModuleScope, ScopedDispatchMode
+from tracer.collectives import Stage, observing
+from tracer.errors import ConfigError
 from tracer.intercept import Clock, Sink, in_own_ops, own_ops
-from tracer.log.records import Phase as RecordPhase
-from faults.scope import ModuleScope, Phase, ScopedDispatchMode
+from tracer.log.records import Phase
 from tracer.sites import SiteSpec, find_sites
 
 SHOWN = 8  # values and indices a fault event lists
@@ -112,12 +112,12 @@ class FaultEmulator(ScopedDispatchMode):
             super().__exit__(*exc)
 
     def _collective(
-        self, point: str, op: str, phase: RecordPhase, stage: Stage, tensor: torch.Tensor
+        self, point: str, op: str, phase: Phase, stage: Stage, tensor: torch.Tensor
     ) -> torch.Tensor | None:
         """Corrupt what a collective delivers (its output), as a faulty link or reduction would."""
         if stage != "out" or in_own_ops():
             return None
-        where: Phase = "forward" if phase == RecordPhase.FORWARD else "backward"
+        where = Phase.FORWARD if phase == Phase.FORWARD else Phase.BACKWARD
         step, microbatch = self._clock()
         hit = None
         for i, rule in enumerate(self.profile.faults):
@@ -185,7 +185,7 @@ class FaultEmulator(ScopedDispatchMode):
             return out
         # Forward ops' first output is the result (the rest is saved for backward);
         # a backward op's outputs are gradients of equal standing.
-        j = candidates[0] if phase == "forward" or len(candidates) == 1 else rng.choice(candidates)
+        j = candidates[0] if phase == Phase.FORWARD or len(candidates) == 1 else rng.choice(candidates)
         target = outputs[j]
         if not func._schema.is_mutable and _aliases(target, args):
             target = target.clone()
@@ -216,7 +216,7 @@ class FaultEmulator(ScopedDispatchMode):
                 "microbatch": microbatch,
                 "site": site,
                 "op": op,
-                "phase": phase,
+                "phase": phase.name.lower(),
                 "kind": rule.corruption.kind,
                 "elements": len(index),
                 "index": index[:SHOWN],

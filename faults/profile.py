@@ -25,10 +25,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from tracer.errors import ConfigError
 from faults.corrupt import FIELDS
 from faults.ops import FAMILIES, resolve_ops
 from faults.schedule import Schedule
+from tracer.errors import ConfigError
+from tracer.log.records import Phase
 
 PHASES = ("forward", "backward")
 KINDS = ("bitflip", "scale", "stuck")
@@ -51,7 +52,7 @@ class FaultRule:
     ops: tuple[str, ...]  # op families or aten op names
     corruption: Corruption
     sites: str | None = None  # regex a module path must fully match; None: anywhere
-    phases: tuple[str, ...] = PHASES
+    phases: tuple[Phase, ...] = (Phase.FORWARD, Phase.BACKWARD)
     p_call: float = 1.0  # probability that an eligible call on an armed step is hit
     elements: int | None = 1  # elements hit per call, or
     fraction: float | None = None  # the fraction of the result's elements hit
@@ -185,7 +186,7 @@ class _Reader:
             ops=tuple(ops),
             corruption=self.corruption(t, at),
             sites=sites,
-            phases=tuple(p for p in PHASES if p in phases),
+            phases=tuple(Phase[p.upper()] for p in PHASES if p in phases),
             p_call=self.number(t, "p_call", at, 1.0, lambda x: 0 <= x <= 1),
             elements=None if fraction is not None else self.integer(t, "elements", at + "elements", 1, 1),
             fraction=fraction,

@@ -16,7 +16,7 @@ change how gradients are summed, i.e. the bits of training; metadata does not.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,19 +24,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
 
-Phase = Literal["forward", "backward"]
+from tracer.log.records import Phase
 
 _KEY = "sdctrace.scope"
 
 
 def current_phase(forward_active: bool) -> Phase | None:
-    """"backward" inside the autograd engine, "forward" inside a hooked module or with
+    """BACKWARD inside the autograd engine, FORWARD inside a hooked module or with
     grad enabled, None otherwise (optimizer step, gradient clipping, bookkeeping)."""
     # torch.utils.checkpoint relies on this too: -1 unless the engine runs a graph task.
     if torch._C._current_graph_task_id() != -1:
-        return "backward"
+        return Phase.BACKWARD
     if forward_active or torch.is_grad_enabled():
-        return "forward"
+        return Phase.FORWARD
     return None
 
 
@@ -67,7 +67,7 @@ class ModuleScope:
 
     def stack(self, phase: Phase) -> tuple[str, ...]:
         """Paths of the hooked modules the current op belongs to, outermost first."""
-        if phase == "forward":
+        if phase == Phase.FORWARD:
             return tuple(self._forward)
         node = torch._C._current_autograd_node()
         return node.metadata.get(_KEY, ()) if node is not None else ()

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from faults import FaultEmulator, FaultProfile, load_profile, shipped_profiles
 from replay.golden import GoldenRun, Key, VerifyingSink
 from replay.metrics import TOTAL, Mismatch, gradient_noise, mismatch
 from tracer.blobs import BlobStore
@@ -46,13 +47,12 @@ from tracer.checkpoint import load_checkpoint
 from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ConfigError, ValidationError
-from faults import FaultEmulator, FaultProfile, load_profile, shipped_profiles
 from tracer.intercept import own_ops
-from tracer.log import LogReader, LogWriter, rank_dir
+from tracer.log import LogReader, LogWriter, prepare_out_dir, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
 from tracer.pairing import check_pair
 from tracer.tracing import Tracer, software_versions
-from workload.train import Workload, build, prepare_out_dir, train_step
+from workload.train import Workload, build, train_step
 
 Mode = Literal["param-sync", "lockstep"]
 MODES: tuple[Mode, ...] = ("param-sync", "lockstep")

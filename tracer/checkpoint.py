@@ -23,8 +23,8 @@ from safetensors.torch import load, save_file
 
 from tracer.errors import LogError
 from tracer.fingerprint import fingerprint
+from tracer.log.layout import CHECKPOINT_DIR
 
-CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_GLOB = f"{CHECKPOINT_DIR}/step-*/rank-*.msgpack"  # every complete checkpoint's manifest (renamed in last)
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 _MANIFEST = re.compile(r"step-(\d{6,})/rank-(\d{5,})\.msgpack$")

@@ -34,6 +34,7 @@ from typing import Any
 from tracer import errors
 from tracer.errors import CaptureError, SdcError, UsageError
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -29,8 +29,6 @@ if the loop already did) and reads all of them in one transfer (docs/xla.md).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import platform
 import re
 import time
@@ -50,6 +48,7 @@ from tracer.background import AsyncFile, IOThread
 from tracer.blobs import BlobStore
 from tracer.checkpoint import save_checkpoint
 from tracer.collectives import Stage, observing, record_name
+from tracer.config import config_fingerprint, header_config
 from tracer.determinism import determinism_settings
 from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
 from tracer.errors import CaptureError
@@ -93,12 +92,6 @@ class CapturePolicy:
         return bool(self.steps) or self.every > 0
 
 
-def config_fingerprint(config: Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON of a config dict: equal configs, equal fingerprints."""
-    canon = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canon.encode()).hexdigest()
-
-
 def software_versions() -> dict[str, str]:
     versions = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.machine()}
     for dist in ("sdctrace", "msgpack", "safetensors"):
@@ -124,7 +117,6 @@ class Tracer:
         out: str | Path | None,
         node_label: str,
         config: Mapping[str, Any] | None = None,
-        config_fp: str | None = None,
         seed: int = 0,
         data_order_fingerprint: str = "",
         role: str = "train",
@@ -163,7 +155,7 @@ class Tracer:
         self._collectives = collectives
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
-        config = dict(config or {})
+        config = header_config(config)
         self.header = RunHeader(
             schema_version=SCHEMA_VERSION,
             run_id=run_id or uuid.uuid4().hex,
@@ -172,7 +164,7 @@ class Tracer:
             world_size=self.world_size,
             rank=self.rank,
             config=config,
-            config_fingerprint=config_fp or config_fingerprint(config),
+            config_fingerprint=config_fingerprint(config),
             seed=seed,
             data_order_fingerprint=data_order_fingerprint,
             fingerprint_algorithm=ALGORITHM,

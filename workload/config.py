@@ -3,7 +3,7 @@
     cfg = load_config("tiny", overrides=["model.dim=256", "optim.name=sgd"])
 
 One frozen dataclass per component, nested in `Config`. Everything except `run`
-decides the bits a training step produces, so it is what `config_fingerprint`
+decides the bits a training step produces, so it is what `tracer.config.config_fingerprint`
 hashes and what a pair of runs must agree on; `run` only says how long to train,
 so a 20-step and a 200-step run of the same config still pair. `parallel` (the
 layout) decides the bits too, but pairing compares it field by field, so it stays
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
 import json
 import math
 import tomllib
@@ -228,12 +227,6 @@ class Config:
         """Build and validate from a parsed TOML/JSON dict; errors name `source`."""
         return _build(d, lambda key: source)
 
-
-def config_fingerprint(cfg: Config) -> str:
-    """sha256 of everything that decides the bits of a step on one rank (all but `run` and `parallel`)."""
-    fingerprinted = {k: v for k, v in cfg.to_dict().items() if k not in ("run", "parallel")}
-    canonical = json.dumps(fingerprinted, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def shipped_configs() -> dict[str, Path]:

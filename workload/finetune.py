@@ -35,17 +35,17 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from faults import FaultProfile
 from tracer.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
 from tracer.determinism import configure_determinism
 from tracer.errors import ConfigError, UsageError
-from faults import FaultProfile
 from tracer.intercept import own_ops
-from tracer.log import LogReader, RunHeader, rank_dir
-from tracer.tracing import Tracer, config_fingerprint
+from tracer.log import LogReader, RunHeader, prepare_out_dir, rank_dir
+from tracer.tracing import Tracer
 from workload.config import Config, OptimConfig
 from workload.model import Transformer
 from workload.tasks import LETTERS, TASK_NAMES, Example, Task, load_tasks
-from workload.train import emulated_node, make_optimizer, node_header, prepare_out_dir
+from workload.train import emulated_node, make_optimizer, node_header
 
 ROLE = "finetune"
 ORDER_ALGORITHM = "mcqa-examples/torch-randperm-per-epoch/sha256-seed/v1"
@@ -251,7 +251,6 @@ def finetune_run(
     tracer = Tracer(
         model, optimizer, out=out, node_label=node_label, role=ROLE, config=config,
         # Like pretraining, everything but [run] (the pretraining length) decides the bits.
-        config_fp=config_fingerprint({k: v for k, v in config.items() if k != "run"}),
         seed=cfg.train.seed, data_order_fingerprint=data_order_fingerprint(s, task_list),
         extra={"finetune_of": source.run_id, "finetune": s.to_dict(),
                "tasks": {t.name: t.fingerprint for t in task_list}, **node_header(fault_profile, fault_seed, False)},

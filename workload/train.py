@@ -7,7 +7,6 @@ out so a replayer can rebuild the same objects and re-execute any one step.
 from __future__ import annotations
 
 import functools
-import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -19,16 +18,16 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from faults import FaultEmulator, FaultProfile
 from faults.abft import AbftChecker
 from tracer.determinism import configure_determinism
 from tracer.device import is_lazy, mark_step, resolve_device, to_host
 from tracer.errors import UsageError
-from faults import FaultEmulator, FaultProfile
-from tracer.log import list_ranks
+from tracer.log import prepare_out_dir
 from tracer.parallel import Layout
 from tracer.sites import SiteSpec
 from tracer.tracing import CapturePolicy, Tracer
-from workload.config import Config, OptimConfig, config_fingerprint
+from workload.config import Config, OptimConfig
 from workload.data import TokenData
 from workload.model import Transformer
 from workload.model_parallel import Groups, clip_grad_norm, process_groups, reduce_gradients
@@ -152,18 +151,6 @@ def _whole_loss(local: float, groups: Groups) -> float:
     return float(t[0]) / groups.layout.dp / (1 if groups.layout.sp else groups.layout.tp)
 
 
-def prepare_out_dir(out: Path, overwrite: bool) -> None:
-    """Refuse to mix two runs in one directory; with ``overwrite``, replace an old run."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: exists and is not a directory; choose another --out")
-    if not out.exists() or not any(out.iterdir()):
-        return
-    if not list_ranks(out) and not (out / "checkpoints").exists():
-        raise UsageError(f"{out}: directory is not empty and holds no sdctrace run; choose another --out")
-    if not overwrite:
-        raise UsageError(f"{out}: already holds a run; pass --overwrite to replace it or choose another --out")
-    shutil.rmtree(out)
-
 
 def record_run(
     cfg: Config,
@@ -207,7 +194,6 @@ def record_run(
         out=out,
         node_label=node_label,
         config=cfg.to_dict(),
-        config_fp=config_fingerprint(cfg),
         seed=cfg.train.seed,
         data_order_fingerprint=w.data.fingerprint,
         sites=sites,

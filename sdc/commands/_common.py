@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-
 from typing import Any
 
 from tracer.errors import ConfigError

@@ -5,17 +5,22 @@ from __future__ import annotations
 import argparse
 import socket
 from pathlib import Path
-
 from typing import Any
 
+from faults import load_profile, shipped_profiles
 from sdc.commands._common import (
-    add_config_options, add_device_option, add_parallel_options, config_from_args, launch_ranks, ranks,
+    add_config_options,
+    add_device_option,
+    add_parallel_options,
+    config_from_args,
+    launch_ranks,
+    ranks,
 )
 from tracer.errors import ConfigError
-from faults import load_profile, shipped_profiles
+from tracer.log import prepare_out_dir
 from tracer.tracing import CapturePolicy
 from workload.config import Config
-from workload.train import prepare_out_dir, record_run
+from workload.train import record_run
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -11,8 +11,7 @@ from replay.engine import MODES, Replayer, parse_steps, suspect_from_profile, su
 from tracer.compare import compare_runs
 from tracer.errors import UsageError
 from tracer.launch import launch
-from tracer.log import LogReader, rank_dir
-from workload.train import prepare_out_dir
+from tracer.log import LogReader, prepare_out_dir, rank_dir
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

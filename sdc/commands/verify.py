@@ -7,7 +7,12 @@ import tempfile
 from pathlib import Path
 
 from sdc.commands._common import (
-    add_config_options, add_device_option, add_parallel_options, config_from_args, launch_ranks, ranks,
+    add_config_options,
+    add_device_option,
+    add_parallel_options,
+    config_from_args,
+    launch_ranks,
+    ranks,
 )
 from sdc.commands.record import record_rank
 from tracer.compare import compare_runs

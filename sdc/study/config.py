@@ -20,9 +20,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from faults import load_profile
 from replay.engine import MODES, parse_steps
 from tracer.errors import ConfigError
-from faults import load_profile
 from workload.config import Config, load_config, shipped_configs
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

@@ -32,11 +32,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from faults import load_profile
 from pipelines.arguments import add_arguments as add_diff_arguments
 from replay.engine import Replayer, suspect_from_run
 from sdc.study.config import Finetune, Study
 from tracer.errors import UsageError
-from faults import load_profile
 from tracer.log import LogReader, rank_dir
 from workload.train import record_run
 

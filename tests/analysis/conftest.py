@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from faults import load_profile
 from replay.engine import Replayer, parse_steps, suspect_from_profile
 from sdc.cli import main
 from tests.support import small_config
-from faults import load_profile
 from workload.train import record_run
 
 NODE_7 = """

@@ -15,6 +15,7 @@ from analysis.report import build_report
 from sdc.cli import main
 from tests.analysis.conftest import Study
 
+
 def images(page: str) -> list[str]:
     return re.findall(r'<img src="([^"]+)"', page)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import small_config
 from faults import FaultProfile, load_profile
+from tests.support import small_config
 from workload.train import record_run
 
 

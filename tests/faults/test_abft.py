@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.faults.support import events
-from faults.abft import AbftChecker, check_matmul, error_factor
 from faults import FaultEmulator, load_profile
+from faults.abft import AbftChecker, check_matmul, error_factor
+from tests.faults.support import events
 
 aten = torch.ops.aten
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]

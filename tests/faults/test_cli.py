@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from faults import load_profile
 from sdc.cli import main
 from tests.faults.support import SHIPPED, events
 from tests.support import SMALL
-from faults import load_profile
 
 SMALL_ARGS = [a for kv in SMALL if not kv.startswith("run.") for a in ("--set", kv)]
 

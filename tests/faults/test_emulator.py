@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from faults import FaultEmulator, load_profile
 from tests.faults.support import events
 from tracer.compare import compare_runs
 from tracer.errors import ConfigError
-from faults import FaultEmulator, load_profile
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase
 from tracer.pairing import pairing_differences

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.support import SHIPPED
-from tracer.errors import ConfigError
 from faults import load_profile, shipped_profiles
 from faults.ops import resolve_collectives, resolve_ops
+from tests.faults.support import SHIPPED
+from tracer.errors import ConfigError
+from tracer.log.records import Phase
 
 
 def test_shipped_profiles_load_with_a_description_and_rules() -> None:
@@ -25,7 +26,7 @@ def test_a_profile_loads_by_path_with_defaults(write_profile) -> None:
     profile = write_profile('[[fault]]\nops = ["mm", "aten.bmm", "softmax"]\nkind = "stuck"\nvalue = nan\n')
     (rule,) = profile.faults
     assert profile.name == "test-node" and profile.seed == 0
-    assert rule.phases == ("forward", "backward") and rule.p_call == 1.0 and rule.elements == 1
+    assert rule.phases == (Phase.FORWARD, Phase.BACKWARD) and rule.p_call == 1.0 and rule.elements == 1
     assert rule.corruption.kind == "stuck" and rule.corruption.value != rule.corruption.value  # nan
     assert rule.schedule.p_enter == 1.0 and rule.schedule.p_exit == 0.0 and rule.schedule.stop is None
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from faults import load_profile
 from pipelines.arguments import add_arguments
 from pipelines.run import DiffReport, diff
 from tests.support import ONE_FLIP, small_config
-from faults import load_profile
 from tracer.log import EventRecord, LogReader, LogWriter, rank_dir
 from tracer.tracing import Tracer
-from workload.config import Config, config_fingerprint
+from workload.config import Config
 from workload.train import build, record_run, train_step
 
 FAULT_STEP, FAULT_MICROBATCH, FAULT_SITE = 2, 1, "layers.1.attention"
@@ -43,7 +43,7 @@ def record_hooked(cfg: Config, out: Path) -> None:
     w = build(cfg)
     site = dict(w.model.named_modules())[FAULT_SITE]
     tracer = Tracer(
-        w.model, w.optimizer, out=out, node_label="hooked", config=cfg.to_dict(), config_fp=config_fingerprint(cfg),
+        w.model, w.optimizer, out=out, node_label="hooked", config=cfg.to_dict(),
         seed=cfg.train.seed, data_order_fingerprint=w.data.fingerprint,
     )
 

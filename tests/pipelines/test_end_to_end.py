@@ -11,13 +11,7 @@ import pytest
 
 from pipelines.run import run as run_module
 from sdc.cli import main
-from tests.pipelines.conftest import (
-    FAULT_MICROBATCH,
-    FAULT_SITE,
-    FAULT_STEP,
-    GRAD_NOISE,
-    SITE_MISMATCH,
-)
+from tests.pipelines.conftest import FAULT_MICROBATCH, FAULT_SITE, FAULT_STEP, GRAD_NOISE, SITE_MISMATCH
 from tracer.errors import LogCorruptionError, UsageError, ValidationError
 from tracer.log import EventRecord, LogReader, LogWriter, Phase, TensorRecord, rank_dir
 

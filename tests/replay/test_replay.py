@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from faults import FaultEmulator, load_profile
 from replay.engine import Replayer, parse_steps, suspect_from_profile, suspect_from_run
 from tests.support import ONE_FLIP, events, small_config
 from tracer.checkpoint import load_checkpoint
 from tracer.errors import ConfigError, ValidationError
-from faults import FaultEmulator, load_profile
 from tracer.log import LogReader, LogWriter, rank_dir
 from tracer.log.records import Phase, TensorRecord
 from workload.train import build, train_step

@@ -71,11 +71,11 @@ def test_every_step_records_what_the_issue_lists(run_factory, small_cfg) -> None
 
 
 def test_header_carries_pairing_and_determinism_fields(run_factory, small_cfg) -> None:
-    from workload.config import config_fingerprint
+    from tracer.config import config_fingerprint
 
     h = LogReader(rank_dir(run_factory("golden"), 0)).header
     assert h.node_label == "golden" and h.role == "train" and (h.world_size, h.rank) == (1, 0)
-    assert h.config == small_cfg.to_dict() and h.config_fingerprint == config_fingerprint(small_cfg)
+    assert h.config == small_cfg.to_dict() and h.config_fingerprint == config_fingerprint(small_cfg.to_dict())
     assert h.fingerprint_algorithm == "lanes64-v1" and h.seed == small_cfg.train.seed
     assert h.determinism["intra_op_threads"] == small_cfg.train.threads
     assert h.determinism["deterministic_algorithms"] is True

@@ -8,13 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tracer.config import config_fingerprint
 from tracer.errors import ConfigError
-from workload.config import (
-    Config,
-    config_fingerprint,
-    load_config,
-    shipped_configs,
-)
+from workload.config import Config, load_config, shipped_configs
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -133,8 +129,8 @@ SINGLE_CHOICE = {"data.corpus"}  # nothing else to change it to (yet)
 
 def test_fingerprint_covers_every_field_but_run():
     base = Config()
-    fingerprint = config_fingerprint(base)
-    assert fingerprint == config_fingerprint(load_config("tiny"))
+    fingerprint = config_fingerprint(base.to_dict())
+    assert fingerprint == config_fingerprint(load_config("tiny").to_dict())
     assert len(fingerprint) == 64 and int(fingerprint, 16) >= 0
 
     for section in ("model", "data", "optim", "train"):
@@ -145,12 +141,12 @@ def test_fingerprint_covers_every_field_but_run():
         for key, value in ALTERNATIVES[section].items():
             changed = dataclasses.replace(
                 base, **{section: dataclasses.replace(getattr(base, section), **{key: value})})
-            assert config_fingerprint(changed) != fingerprint, f"{section}.{key} not fingerprinted"
+            assert config_fingerprint(changed.to_dict()) != fingerprint, f"{section}.{key} not fingerprinted"
 
     longer = dataclasses.replace(base, run=dataclasses.replace(base.run, steps=200, checkpoint_every=0))
-    assert config_fingerprint(longer) == fingerprint
+    assert config_fingerprint(longer.to_dict()) == fingerprint
     # The layout is paired field by field (tracer.pairing), not through the fingerprint.
-    assert config_fingerprint(load_config(None, ["parallel.tp=2", "parallel.sp=true"])) == fingerprint
+    assert config_fingerprint(load_config(None, ["parallel.tp=2", "parallel.sp=true"]).to_dict()) == fingerprint
 
 
 @pytest.mark.parametrize("override, key", [

@@ -17,6 +17,7 @@ from tracer.pairing import pairing_differences, twin_differences
 from workload.finetune import FinetuneSettings, collapsed, finetune_run
 from workload.tasks import CHOICES, MAX_PROMPT, TASK_NAMES, load_tasks, make_task
 
+
 def header(run: Path):
     return LogReader(rank_dir(run, 0)).header
 

@@ -11,7 +11,15 @@ docs/log-format.md is the byte-level specification.
 
 from tracer.log.columns import SegmentColumns, SegmentSummary, TensorColumns, check_chain, read_segment_columns
 from tracer.log.framing import FORMAT_VERSION, RecordType
-from tracer.log.layout import SEGMENT_GLOB, list_ranks, parse_segment_path, rank_dir, rank_dir_name, segment_name
+from tracer.log.layout import (
+    SEGMENT_GLOB,
+    list_ranks,
+    parse_segment_path,
+    prepare_out_dir,
+    rank_dir,
+    rank_dir_name,
+    segment_name,
+)
 from tracer.log.reader import Entry, LogReader, LogStatus, TornTailWarning, read_segment
 from tracer.log.records import SCHEMA_VERSION, EndRecord, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.writer import LogWriter
@@ -37,6 +45,7 @@ __all__ = [
     "check_chain",
     "list_ranks",
     "parse_segment_path",
+    "prepare_out_dir",
     "rank_dir",
     "rank_dir_name",
     "read_segment",

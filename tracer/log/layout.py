@@ -1,4 +1,4 @@
-"""Names inside a run directory, so no other module spells them out.
+"""Names inside a run directory, so no other module spells them out, and the one way to claim one.
 
     <run>/rank-00000/000000.sdclog, 000001.sdclog, ...   one log (a directory of segments) per rank
 """
@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 from tracer.errors import UsageError
 
 SEGMENT_SUFFIX = ".sdclog"
 SEGMENT_GLOB = "rank-*/*" + SEGMENT_SUFFIX  # every segment of every rank, relative to the run
+CHECKPOINT_DIR = "checkpoints"
 _RANK_DIR = re.compile(r"rank-(\d{5,})")
 _SEGMENT = re.compile(r"(\d{6,})" + re.escape(SEGMENT_SUFFIX))
 
@@ -58,3 +60,16 @@ def parse_segment_path(path: str) -> tuple[int, int] | None:
 def segment_name(index: int) -> str:
     """File name of segment `index` inside its rank directory."""
     return f"{index:06d}{SEGMENT_SUFFIX}"
+
+
+def prepare_out_dir(out: Path, overwrite: bool) -> None:
+    """Refuse to mix two runs in one directory; with ``overwrite``, replace an old run."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: exists and is not a directory; choose another --out")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not list_ranks(out) and not (out / CHECKPOINT_DIR).exists():
+        raise UsageError(f"{out}: directory is not empty and holds no sdctrace run; choose another --out")
+    if not overwrite:
+        raise UsageError(f"{out}: already holds a run; pass --overwrite to replace it or choose another --out")
+    shutil.rmtree(out)

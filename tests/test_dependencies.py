@@ -1,0 +1,66 @@
+"""Dependencies between the top-level packages run one way (README, Architecture).
+
+Every ``import`` and ``from ... import`` in every module is checked, including those
+inside functions, so a lazy import cannot slip a forbidden edge past the rules.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("tracer", "faults", "workload", "replay", "pipelines", "analysis", "sdc")
+
+# package -> the project packages it must never import
+FORBIDDEN: dict[str, frozenset[str]] = {
+    "tracer": frozenset(PACKAGES) - {"tracer"},
+    "faults": frozenset({"workload", "replay", "pipelines", "analysis", "sdc"}),
+    "workload": frozenset({"replay", "pipelines", "analysis", "sdc"}),
+    "replay": frozenset({"pipelines", "analysis", "sdc"}),
+    "pipelines": frozenset({"replay", "workload", "faults", "sdc"}),
+    "analysis": frozenset({"replay", "workload", "faults", "pipelines", "sdc"}),
+    "sdc": frozenset(),
+}
+
+
+def imported_packages(source: str, path: Path) -> set[tuple[str, int]]:
+    """(top-level project package, line) of every import in ``source``, at any depth."""
+    found = set()
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found.update((n.split(".")[0], node.lineno) for n in names if n.split(".")[0] in PACKAGES)
+    return found
+
+
+def violations(package: str, root: Path = ROOT) -> list[str]:
+    bad = []
+    for path in sorted((root / package).rglob("*.py")):
+        for imported, line in sorted(imported_packages(path.read_text(encoding="utf-8"), path), key=lambda x: x[1]):
+            if imported in FORBIDDEN[package]:
+                bad.append(f"{path.relative_to(root)}:{line} imports {imported}")
+    return bad
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_package_imports_follow_the_rules(package: str) -> None:
+    assert (ROOT / package / "__init__.py").is_file(), f"{package}/ is not a package"
+    assert violations(package) == []
+
+
+def test_a_forbidden_import_inside_a_function_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "tracer").mkdir()
+    (tmp_path / "tracer" / "sneaky.py").write_text(
+        "import torch\n\ndef later():\n    from workload.train import build\n    import replay.engine as e\n"
+    )
+    assert violations("tracer", tmp_path) == [
+        "tracer/sneaky.py:4 imports workload",
+        "tracer/sneaky.py:5 imports replay",
+    ]
