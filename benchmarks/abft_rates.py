@@ -31,7 +31,9 @@ from tracer.intercept import own_ops
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
 from workload.config import load_config
-from workload.train import build, record_run, train_step
+from workload.protocol import run_step
+from workload.record import record_run
+from workload.reference import build
 
 KINDS = {
     "bitflip, sign bit": 'kind = "bitflip"\nbits = "sign"',
@@ -79,7 +81,7 @@ def scored_faults(cfg_name: str | None, overrides: list[str], profile: FaultProf
     hooks = {"clock": lambda: (step[0], 0), "sink": lambda kind, fields: log.append((kind, fields))}
     with FaultEmulator(profile, w.model, **hooks), AbftChecker(w.model, **hooks), Undo(log):
         for step[0] in range(w.cfg.run.steps):
-            train_step(w, step[0])
+            run_step(w, step[0])
     scored, pending = [], []
     for kind, fields in log:  # a call's fault events come just before its abft event
         if kind == "fault":

@@ -25,7 +25,8 @@ import torch_xla.debug.metrics as met  # noqa: E402
 
 from tracer.tracing import Tracer  # noqa: E402
 from workload.config import load_config  # noqa: E402
-from workload.train import build, train_step  # noqa: E402
+from workload.protocol import run_step
+from workload.reference import build  # noqa: E402
 
 
 def counts() -> tuple[int, int, int, float]:
@@ -63,10 +64,10 @@ def main(argv: list[str] | None = None) -> int:
                     before = counts()  # also waits: no XLA work overlaps the next step
                     s = time.perf_counter()
                     if tracer is None:
-                        train_step(w, step)
+                        run_step(w, step)
                     else:
                         with tracer.step(step):
-                            train_step(w, step, tracer)
+                            run_step(w, step, tracer)
                     times[name].append(time.perf_counter() - s)
                     if name == "xla traced":
                         after = counts()

@@ -34,7 +34,8 @@ from tracer.log.reader import LogReader
 from tracer.log.records import TensorRecord
 from tracer.tracing import Tracer
 from workload.config import load_config
-from workload.train import build, train_step
+from workload.protocol import run_step
+from workload.reference import build
 
 
 def bench_tracing_overhead(steps: int, config: str | None) -> tuple[float, float]:
@@ -88,7 +89,7 @@ def bench_interceptor_overhead(steps: int, config: str | None) -> tuple[float, f
                 with mode:
                     s = time.perf_counter()
                     with tracer.step(step):
-                        train_step(w, step, tracer)
+                        run_step(w, step, tracer)
                     t.append(time.perf_counter() - s)
     warm = max(1, steps // 5)
     plain, emulator, abft = (statistics.median(t[warm:]) for t in times)

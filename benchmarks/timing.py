@@ -6,7 +6,7 @@ import statistics
 import time
 
 from tracer.tracing import Tracer
-from workload.train import Workload, train_step
+from workload.protocol import Workload, run_step
 
 
 def warmup(steps: int) -> int:
@@ -19,11 +19,11 @@ def side_by_side(plain: Workload, traced: Workload, tracer: Tracer, steps: int) 
     t_plain, t_traced = [], []
     for step in range(steps):
         s = time.perf_counter()
-        train_step(plain, step)
+        run_step(plain, step)
         t_plain.append(time.perf_counter() - s)
         s = time.perf_counter()
         with tracer.step(step):
-            train_step(traced, step, tracer)
+            run_step(traced, step, tracer)
         t_traced.append(time.perf_counter() - s)
     warm = warmup(steps)
     return statistics.median(t_plain[warm:]), statistics.median(t_traced[warm:])

@@ -27,6 +27,7 @@ rank it happened on.
 from __future__ import annotations
 
 import re
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -52,7 +53,8 @@ from tracer.log import LogReader, LogWriter, prepare_out_dir, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
 from tracer.pairing import check_pair
 from tracer.tracing import Tracer, software_versions
-from workload.train import Workload, build, train_step
+from workload.config import Config
+from workload.protocol import REFERENCE, Workload, build_workload, run_step
 
 Mode = Literal["param-sync", "lockstep"]
 MODES: tuple[Mode, ...] = ("param-sync", "lockstep")
@@ -98,6 +100,32 @@ def suspect_from_run(
             "profile here; pass it with --fault-profile PATH instead of --suspect"
         )
     return Suspect(header.node_label, profile, int(recorded.get("seed", 0)), {**source, "fault_profile": recorded})
+
+
+def workload_entry(golden: GoldenRun, named: str | None) -> str:
+    """The factory that rebuilds ``golden``: the one the user named, or the reference workload when the
+    run says it was recorded with it. A run's header never makes replay import code by itself."""
+    recorded = golden.header.extra.get("workload")
+    if named is not None:
+        if recorded is not None and recorded != named:
+            print(f"note: {golden.path} was recorded with --workload {recorded}; replaying with {named}",
+                  file=sys.stderr)
+        return named
+    if recorded == REFERENCE or (recorded is None and _is_reference_config(golden.header.config)):
+        return REFERENCE
+    if recorded is not None:
+        raise ConfigError(f"{golden.path}: was recorded with workload {recorded!r}; replay imports only code you "
+                          f"name, so pass --workload {recorded} if you trust it")
+    raise ConfigError(f"{golden.path}: was recorded by a training loop of your own; pass --workload "
+                      "package.module:factory naming a factory that rebuilds it (README: Your own training)")
+
+
+def _is_reference_config(config: dict[str, Any]) -> bool:
+    try:
+        Config.from_dict(config)
+    except ConfigError:
+        return False
+    return True
 
 
 def parse_steps(text: str) -> range:
@@ -148,7 +176,7 @@ class _Overwrite(torch.autograd.Function):
 
 
 class _Clock:
-    """The step/microbatch bookkeeping `train_step` and the fault emulator need, without a log."""
+    """The step/microbatch bookkeeping `run_step` and the fault emulator need, without a log."""
 
     def __init__(self, step: int) -> None:
         self.step_index = step
@@ -158,7 +186,7 @@ class _Clock:
         self.microbatch_index = index
 
     def loss(self, value: torch.Tensor | float) -> None:
-        pass  # `train_step` returns the step's loss
+        pass  # `run_step` returns the step's loss
 
 
 class Replayer:
@@ -173,6 +201,7 @@ class Replayer:
         out: str | Path,
         *,
         golden_from: GoldenFrom = "auto",
+        workload: str | None = None,
         overwrite: bool = False,
         progress: bool = True,
         clip: bool = False,
@@ -189,6 +218,7 @@ class Replayer:
             raise ValidationError(
                 f"{g.path}: steps {steps.start}:{steps.stop} reach beyond the recorded steps 0..{g.last_step}"
             )
+        self.workload = workload_entry(g, workload)
         self.suspect = suspect
         self.steps = steps
         self.mode = mode
@@ -204,14 +234,15 @@ class Replayer:
     def run(self) -> ReplaySummary:
         summary = ReplaySummary(self.out, self.mode)
         start = time.perf_counter()
-        cfg = self.golden.config
-        golden_w, suspect_w = build(cfg), build(cfg)
+        device = torch.device("cpu")
+        config = self.golden.header.config
+        golden_w, suspect_w = (build_workload(self.workload, config, device) for _ in range(2))
         if self.rank == 0:
             prepare_out_dir(self.out, self.overwrite)
         if golden_w.layout.world_size > 1:
             torch.distributed.barrier()  # no rank writes before rank 0 has cleared the directory
         checkpoint = load_checkpoint(self.golden.path, self.golden.start_checkpoint, self.rank)
-        checkpoint.restore(golden_w.model, golden_w.optimizer)
+        checkpoint.restore(golden_w.model, golden_w.optimizer, golden_w.states())
         self._log = LogWriter(rank_dir(self.out, self.rank), self._header(str(next(golden_w.model.parameters()).device)))
         total = self.steps.stop - self.golden.start_checkpoint
         show = self.progress and self.rank == 0
@@ -280,6 +311,7 @@ class Replayer:
                     "golden": {"path": str(self.golden.path), "run_id": g.run_id, "node_label": g.node_label},
                     "suspect": self.suspect.source,
                     "golden_from": self.golden_from,
+                    "workload": self.workload,
                 }
             },
         )
@@ -311,13 +343,13 @@ class Replayer:
             if keep:
                 stack.enter_context(_keep_tensors(tracer, kept, sites=self.mode == "lockstep"))
             with tracer.step(step):
-                loss = train_step(w, step, tracer, update=False)
+                loss = run_step(w, step, tracer, update=False)
                 if between is not None:
                     if keep and self.golden_from != "reexec":
                         self._substitute_blobs(step, kept)
                     with unobserved():  # the suspect's collectives are not the golden run's
                         between(kept)
-                w.optimizer.step()
+                w.update(step)
         summary.checked += sink.checked
         if sink.divergences:
             assert self._log is not None
@@ -377,7 +409,7 @@ class Replayer:
             if self.mode == "lockstep":
                 stack.enter_context(_lockstep(sites, golden, clock, lambda mb, site, ph, m: self._site(step, mb, site, ph, m, result)))
             # The suspect's own update is never used: the next step syncs from golden again.
-            result.suspect_loss = train_step(w, step, clock, update=False)
+            result.suspect_loss = run_step(w, step, clock, update=False)
         result.faults = faults
         return result
 

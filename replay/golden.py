@@ -14,7 +14,6 @@ from tracer.checkpoint import list_checkpoints
 from tracer.errors import LogError, ValidationError
 from tracer.log import LogReader, list_ranks, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord
-from workload.config import Config
 
 Key = tuple[int, int, str, Phase]  # step, microbatch, name, phase
 
@@ -25,7 +24,6 @@ class GoldenRun:
 
     path: Path
     header: RunHeader
-    config: Config
     checkpoints: list[int]
     last_step: int
     rank: int = 0
@@ -55,14 +53,7 @@ class GoldenRun:
                 f"{path}: recorded on {header.device}; replay re-executes on the CPU, whose arithmetic is not XLA's, "
                 "so it cannot rebuild this run (docs/xla.md)"
             )
-        try:
-            config = Config.from_dict(header.config, source=f"{path} (run header)")
-        except Exception as exc:  # a run recorded by a user's own loop has no workload config
-            raise ValidationError(
-                f"{path}: its header holds no sdctrace workload config ({exc}); replay rebuilds the reference "
-                "workload and needs a run made by `sdc record`"
-            ) from exc
-        run = cls(path, header, config, list_checkpoints(path, rank), last_step=-1, rank=rank)
+        run = cls(path, header, list_checkpoints(path, rank), last_step=-1, rank=rank)
         first = run.start_checkpoint = run.checkpoint_before(start)
         seen_sites: dict[str, None] = {}
         for rec in reader.records():

@@ -1,8 +1,9 @@
 """Checkpoints that let a later process resume a step bit for bit.
 
 A checkpoint for step ``k`` is the state *before* step ``k`` runs: model and
-optimizer tensors (safetensors), optimizer scalars, every RNG state and the data
-cursor (msgpack). Every tensor's fingerprint is stored beside it and checked on
+optimizer tensors (safetensors), optimizer scalars, every RNG state, the data
+cursor, and the ``state_dict`` of any other stateful object the training names
+(an LR scheduler, a sampler): their tensors in safetensors, the rest in msgpack. Every tensor's fingerprint is stored beside it and checked on
 load, so a checkpoint damaged on disk or in transit is refused rather than
 silently replayed. No pickle anywhere.
 """
@@ -12,9 +13,11 @@ from __future__ import annotations
 import os
 import random
 import re
-from dataclasses import dataclass
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import torch
@@ -39,13 +42,29 @@ class Checkpoint:
     optimizer: dict[str, Any] | None
     rng: dict[str, Any]
     data: dict[str, Any]
+    states: dict[str, Any] = field(default_factory=dict)  # name -> state_dict of another stateful object
 
-    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
-        """Load model, optimizer and RNG state (the data cursor is the caller's)."""
+    def restore(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        states: Mapping[str, Stateful] | None = None,
+    ) -> None:
+        """Load model, optimizer, the named objects' and RNG state (the data cursor is the caller's)."""
         model.load_state_dict(self.model, strict=True)
         if optimizer is not None and self.optimizer is not None:
             optimizer.load_state_dict(self.optimizer)
+        for name, obj in (states or {}).items():
+            if name not in self.states:
+                raise LogError(f"checkpoint of step {self.step} holds no state for {name!r} "
+                               f"(it has {sorted(self.states) or 'none'}); was the run recorded with it?")
+            obj.load_state_dict(self.states[name])
         _set_rng(self.rng)
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+    def load_state_dict(self, state: Any) -> Any: ...
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
@@ -72,6 +91,7 @@ def save_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     data: dict[str, Any],
+    states: Mapping[str, Stateful] | None = None,
 ) -> Path:
     """Write the state before ``step``; the manifest is renamed into place last."""
     d = checkpoint_dir(run_dir, step)
@@ -94,6 +114,9 @@ def save_checkpoint(
         optim_meta = {"param_groups": sd["param_groups"], "state": state_meta}
     rng, rng_tensors = _get_rng()
     tensors.update(rng_tensors)
+    plain_states = {}
+    for name, obj in (states or {}).items():
+        plain_states[name] = _split(obj.state_dict(), f"state/{name}", tensors)
     manifest = {
         "step": step,
         "rank": rank,
@@ -101,6 +124,7 @@ def save_checkpoint(
         "optimizer": optim_meta,
         "rng": rng,
         "data": data,
+        "states": plain_states,
     }
     base = d / f"rank-{rank:05d}"
     tmp_st = base.with_suffix(".safetensors.tmp")
@@ -167,12 +191,48 @@ def decode_checkpoint(manifest_bytes: bytes, tensor_bytes: bytes, source: str) -
     rng = dict(manifest["rng"])
     rng["torch"] = tensors.get("rng/torch")
     rng["cuda"] = [tensors[k] for k in sorted(tensors) if k.startswith("rng/cuda/")]
-    return Checkpoint(step=manifest["step"], model=model, optimizer=optimizer, rng=rng, data=manifest["data"])
+    states = {name: _join(plain, tensors) for name, plain in manifest.get("states", {}).items()}
+    return Checkpoint(step=manifest["step"], model=model, optimizer=optimizer, rng=rng, data=manifest["data"],
+                      states=states)
+
+
+_TENSOR_REF = "__sdctrace_tensor__"
+
+
+def _split(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """``value`` with every tensor moved into ``tensors`` (under ``path``) and replaced by a reference."""
+    if isinstance(value, torch.Tensor):
+        tensors[path] = value.detach().to("cpu", copy=True).contiguous()
+        return {_TENSOR_REF: path}
+    if isinstance(value, Mapping):
+        return {k: _split(v, f"{path}/{k}", tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_split(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    raise LogError(f"checkpoint state {path!r}: cannot store a {type(value).__name__} without pickle; "
+                   "keep state_dict() to tensors, numbers, strings, lists and dicts")
+
+
+def _join(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {_TENSOR_REF}:
+            ref = value[_TENSOR_REF]
+            if ref not in tensors:
+                raise LogError(f"checkpoint state refers to a tensor {ref!r} that it does not hold")
+            return tensors[ref]
+        return {k: _join(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_join(v, tensors) for v in value]
+    return value
 
 
 def _get_rng() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     version, mt_state, gauss = random.getstate()
     plain: dict[str, Any] = {"python": [version, list(mt_state), gauss]}
+    if "numpy" in sys.modules:  # data pipelines draw from it (HF Trainer seeds it too)
+        name, keys, pos, has_gauss, cached = sys.modules["numpy"].random.get_state()
+        plain["numpy"] = [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
     tensors = {"rng/torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
@@ -183,6 +243,11 @@ def _get_rng() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
 def _set_rng(rng: dict[str, Any]) -> None:
     version, mt_state, gauss = rng["python"]
     random.setstate((version, tuple(mt_state), gauss))
+    if rng.get("numpy") is not None:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = rng["numpy"]
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     if rng.get("torch") is not None:
         torch.set_rng_state(rng["torch"])
     if rng.get("cuda"):

@@ -46,7 +46,7 @@ from torch.utils.hooks import RemovableHandle
 
 from tracer.background import AsyncFile, IOThread
 from tracer.blobs import BlobStore
-from tracer.checkpoint import save_checkpoint
+from tracer.checkpoint import Stateful, save_checkpoint
 from tracer.collectives import Stage, observing, record_name
 from tracer.config import config_fingerprint, header_config
 from tracer.determinism import determinism_settings
@@ -331,13 +331,16 @@ class Tracer:
         else:
             write(float(value.detach().item() if isinstance(value, torch.Tensor) else value))
 
-    def checkpoint(self, step: int, data: Mapping[str, Any] | None = None) -> Path:
-        """Save the state before ``step`` (model, optimizer, RNG, data cursor) for replay."""
+    def checkpoint(
+        self, step: int, data: Mapping[str, Any] | None = None, states: Mapping[str, Stateful] | None = None
+    ) -> Path:
+        """Save the state before ``step`` for replay: model, optimizer, RNG, the data cursor ``data``, and
+        the ``state_dict`` of every object in ``states`` (an LR scheduler, a sampler), by name."""
         if self.out is None:
             raise CaptureError("this Tracer writes to a sink, not a run directory: it cannot checkpoint")
         self._read_pending()
         with own_ops():
-            path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}))
+            path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}), states)
         self.log.write_event(EventRecord("checkpoint", step, {"rank": self.rank}))
         return path
 

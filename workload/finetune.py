@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from faults import FaultProfile
+from faults.node import emulated_node, node_header
 from tracer.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
 from tracer.determinism import configure_determinism
 from tracer.errors import ConfigError, UsageError
@@ -44,8 +45,8 @@ from tracer.log import LogReader, RunHeader, prepare_out_dir, rank_dir
 from tracer.tracing import Tracer
 from workload.config import Config, OptimConfig
 from workload.model import Transformer
+from workload.reference import make_optimizer
 from workload.tasks import LETTERS, TASK_NAMES, Example, Task, load_tasks
-from workload.train import emulated_node, make_optimizer, node_header
 
 ROLE = "finetune"
 ORDER_ALGORITHM = "mcqa-examples/torch-randperm-per-epoch/sha256-seed/v1"

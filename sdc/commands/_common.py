@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from tracer.errors import ConfigError
-from tracer.launch import launch
 from workload.config import Config, load_config, shipped_configs
+from workload.protocol import load_workload_config
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:
@@ -26,6 +26,23 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
         help="override one config value, e.g. --set model.n_layers=2 (repeatable)",
     )
     p.add_argument("--steps", type=int, metavar="N", help="optimizer steps to run (overrides run.steps)")
+
+
+def add_workload_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workload",
+        metavar="MODULE:FACTORY",
+        help="your own training as package.module:factory (workload.protocol; README: Your own training); "
+        "--config is then a TOML file handed to the factory as a dict. Default: the reference workload",
+    )
+
+
+def workload_config_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """A user workload's config: the --config TOML file (or empty) with --set and --steps applied."""
+    overrides = list(args.overrides)
+    if args.steps is not None:
+        overrides.append(f"run.steps={args.steps}")
+    return load_workload_config(args.config, overrides)
 
 
 def add_device_option(p: argparse.ArgumentParser) -> None:
@@ -75,8 +92,3 @@ def _layout_overrides(args: argparse.Namespace) -> list[str]:
 
 def ranks(cfg: Config) -> int:
     return cfg.parallel.dp * cfg.parallel.tp
-
-
-def launch_ranks(args: argparse.Namespace, target: str, cfg: Config, job: dict[str, Any]) -> Any:
-    """Run ``target`` on every rank of the config's layout; rank 0's result."""
-    return launch(target, {"config": cfg.to_dict(), **job}, ranks(cfg), timeout_s=args.rank_timeout)[0]

@@ -1,4 +1,4 @@
-"""``sdc record``: train the reference workload under a Tracer into a run directory."""
+"""``sdc record``: train a workload (the reference one by default) under a Tracer into a run directory."""
 
 from __future__ import annotations
 
@@ -12,15 +12,17 @@ from sdc.commands._common import (
     add_config_options,
     add_device_option,
     add_parallel_options,
+    add_workload_option,
     config_from_args,
-    launch_ranks,
     ranks,
+    workload_config_from_args,
 )
 from tracer.errors import ConfigError
+from tracer.launch import launch
 from tracer.log import prepare_out_dir
 from tracer.tracing import CapturePolicy
-from workload.config import Config
-from workload.train import record_run
+from workload.protocol import REFERENCE
+from workload.record import RecordRequest, record
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,11 +30,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "record",
         help="train and record a fingerprinted run",
         description=(
-            "Train the reference LLaMA-style workload deterministically and record, every step, "
+            "Train a workload deterministically (the reference LLaMA-style one, or yours with --workload) "
+            "and record, every step, "
             "fingerprints of each attention/feed-forward output and input gradient, every parameter "
             "gradient and every parameter, plus losses, learning rates and checkpoints."
         ),
     )
+    add_workload_option(p)
     add_config_options(p)
     add_device_option(p)
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="run directory to create, e.g. runs/golden")
@@ -64,21 +68,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.checkpoint_every is not None:
         args.overrides.append(f"run.checkpoint_every={args.checkpoint_every}")
-    cfg = config_from_args(args)
-    profile = load_profile(args.fault_profile) if args.fault_profile is not None else None
-    job = {
-        "out": str(args.out), "node_label": args.node_label, "overwrite": args.overwrite, "sites": args.sites,
-        "capture": [_int_list(args.capture_steps), args.capture_every, args.capture_names],
-        "progress": not args.quiet, "segment_bytes": args.segment_mb << 20,
-        "fault_profile": str(profile.path) if profile else None, "fault_seed": args.fault_seed, "abft": args.abft,
-        "device": args.device,
-    }
-    n = ranks(cfg)
-    if n == 1:
-        summary = record_rank(cfg, **job)
-    else:
+    request = RecordRequest(
+        out=args.out, node_label=args.node_label, workload=args.workload or REFERENCE, overwrite=args.overwrite,
+        sites=args.sites, capture=CapturePolicy(steps=frozenset(_int_list(args.capture_steps)),
+                                                every=args.capture_every, names=args.capture_names),
+        progress=not args.quiet, segment_bytes=args.segment_mb << 20,
+        fault_profile=load_profile(args.fault_profile) if args.fault_profile is not None else None,
+        fault_seed=args.fault_seed, abft=args.abft, device=args.device,
+    )
+    config, n = config_and_ranks(args)
+    if n > 1:
         prepare_out_dir(args.out, args.overwrite)  # before the ranks start, so a refusal is quick
-        summary = launch_ranks(args, "sdc.commands.record:record_rank", cfg, job)
+    summary = record_on_ranks(config, request, n, args.rank_timeout)
     steps = summary["steps"]
     print(
         f"recorded {steps} step{'' if steps == 1 else 's'} on {n} rank{'' if n == 1 else 's'} "
@@ -88,15 +89,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def record_rank(config: Config | dict[str, Any], *, out: str, capture: list[Any], fault_profile: str | None,
-                **options: Any) -> dict[str, Any]:
+def config_and_ranks(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+    """The config the workload is built from, and how many ranks record it."""
+    if args.workload is None:
+        cfg = config_from_args(args)
+        return cfg.to_dict(), ranks(cfg)
+    return workload_config_from_args(args), args.nproc or 1
+
+
+def record_on_ranks(config: dict[str, Any], request: RecordRequest, n: int, rank_timeout: float) -> dict[str, Any]:
+    """Record on ``n`` ranks (in this process when ``n`` is 1); rank 0's summary."""
+    if n == 1:
+        return record_rank(config, request.to_json())
+    job = {"config": config, "request": request.to_json()}
+    return launch("sdc.commands.record:record_rank", job, n, timeout_s=rank_timeout)[0]
+
+
+def record_rank(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
     """One rank of `sdc record` (all of it with --nproc 1): what the launcher runs in each process."""
-    cfg = config if isinstance(config, Config) else Config.from_dict(config, source="sdc record")
-    steps, every, names = capture
-    summary = record_run(
-        cfg, out, capture=CapturePolicy(steps=frozenset(steps), every=every, names=names),
-        fault_profile=load_profile(fault_profile) if fault_profile else None, **options,
-    )
+    summary = record(config, RecordRequest.from_json(request))
     return {"steps": summary.steps, "final_loss": summary.final_loss, "wall_s": summary.wall_s}
 
 

@@ -48,6 +48,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="golden tensors: captured blobs where present (auto), blobs only, or re-execution only",
     )
+    p.add_argument(
+        "--workload",
+        metavar="MODULE:FACTORY",
+        help="the factory that rebuilds the golden run (package.module:function; README: Your own training); "
+        "needed for runs not recorded with the reference workload. Code is imported only from what you name here",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a replay already in --out")
     p.add_argument("--rank-timeout", type=float, default=300.0, metavar="S",
                    help="multi-rank runs: seconds a rank may wait in one collective before the replay fails")
@@ -80,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         steps = parse_steps(args.steps)
     job = {
         "golden": str(args.golden), **who, "steps": [steps.start, steps.stop], "mode": args.mode, "out": str(args.out),
-        "golden_from": args.golden_from, "overwrite": args.overwrite, "progress": not args.quiet,
+        "golden_from": args.golden_from, "workload": args.workload, "overwrite": args.overwrite, "progress": not args.quiet,
         "clip": args.at_first_divergence,
     }
     n = golden_header.world_size

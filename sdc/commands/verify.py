@@ -6,16 +6,11 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from sdc.commands._common import (
-    add_config_options,
-    add_device_option,
-    add_parallel_options,
-    config_from_args,
-    launch_ranks,
-    ranks,
-)
-from sdc.commands.record import record_rank
+from sdc.commands._common import add_config_options, add_device_option, add_parallel_options, add_workload_option
+from sdc.commands.record import config_and_ranks, record_on_ranks
 from tracer.compare import compare_runs
+from workload.protocol import REFERENCE
+from workload.record import RecordRequest
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,11 +18,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "verify-determinism",
         help="run a config twice and check the two runs are bit-identical",
         description=(
-            "Record the same config twice in this environment and compare every fingerprint. "
+            "Record the same config (of the reference workload or yours, with --workload) twice in this environment and compare every fingerprint. "
             "Run it before trusting a pair of runs: SDC detection assumes healthy runs are identical. "
             "Exit status 0: bit-identical; 1: the first differing event is printed."
         ),
     )
+    add_workload_option(p)
     add_config_options(p)
     add_device_option(p)
     p.add_argument("--keep", type=Path, metavar="DIR", help="keep the two runs in DIR/a and DIR/b")
@@ -37,19 +33,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
+    config, n = config_and_ranks(args)
     with tempfile.TemporaryDirectory(prefix="sdc-verify-") as tmp:
         root = args.keep or Path(tmp)
         for name in ("a", "b"):
-            job = {"out": str(root / name), "node_label": f"verify-{name}", "overwrite": True,
-                   "capture": [[], 0, None], "progress": not args.quiet, "fault_profile": None, "device": args.device}
-            if ranks(cfg) == 1:
-                record_rank(cfg, **job)
-            else:
-                launch_ranks(args, "sdc.commands.record:record_rank", cfg, job)
+            request = RecordRequest(out=root / name, node_label=f"verify-{name}", workload=args.workload or REFERENCE,
+                                    overwrite=True, progress=not args.quiet, device=args.device)
+            record_on_ranks(config, request, n, args.rank_timeout)
         result = compare_runs(root / "a", root / "b")
     if result.first is None:
-        n = ranks(cfg)
         print(f"bit-identical: {result.events:,} tensor events over {result.steps} steps"
               + (f" on {n} ranks" if n > 1 else ""))
         return 0

@@ -38,7 +38,7 @@ from replay.engine import Replayer, suspect_from_run
 from sdc.study.config import Finetune, Study
 from tracer.errors import UsageError
 from tracer.log import LogReader, rank_dir
-from workload.train import record_run
+from workload.record import record_run
 
 STATE = "study-state.json"
 LOG = "study.log"

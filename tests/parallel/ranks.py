@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from workload.config import Config
-from workload.train import build, train_step
+from workload.protocol import run_step
+from workload.reference import build
 
 
 def train_and_report(config: dict[str, Any], steps: int) -> dict[str, Any]:
     """Train ``steps`` steps; the losses and each parameter's squared L2 norm (of this rank's shard)."""
     w = build(Config.from_dict(config))
-    losses = [train_step(w, step) for step in range(steps)]
+    losses = [run_step(w, step) for step in range(steps)]
     squares = {n: float(p.detach().double().pow(2).sum()) for n, p in w.model.named_parameters()}
     sharded = [n for n, _ in w.model.named_parameters() if w.model.shard_dim(n) is not None]
     return {"losses": losses, "squares": squares, "sharded": sharded, "coords": w.layout.coords(w.groups.rank)}

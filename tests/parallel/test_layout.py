@@ -6,7 +6,8 @@ import pytest
 
 from tests.support import small_config
 from tracer.launch import launch
-from workload.train import build, train_step
+from workload.protocol import run_step
+from workload.reference import build
 
 STEPS = 2
 TIMEOUT = 120  # seconds a rank may wait in one collective: a hung rank fails the test
@@ -14,7 +15,7 @@ TIMEOUT = 120  # seconds a rank may wait in one collective: a hung rank fails th
 
 def single_rank(cfg) -> tuple[list[float], dict[str, float]]:
     w = build(cfg)
-    losses = [train_step(w, step) for step in range(STEPS)]
+    losses = [run_step(w, step) for step in range(STEPS)]
     return losses, {n: float(p.detach().double().pow(2).sum()) for n, p in w.model.named_parameters()}
 
 

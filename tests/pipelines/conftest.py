@@ -25,7 +25,9 @@ from tests.support import ONE_FLIP, small_config
 from tracer.log import EventRecord, LogReader, LogWriter, rank_dir
 from tracer.tracing import Tracer
 from workload.config import Config
-from workload.train import build, record_run, train_step
+from workload.protocol import run_step
+from workload.record import record_run
+from workload.reference import build
 
 FAULT_STEP, FAULT_MICROBATCH, FAULT_SITE = 2, 1, "layers.1.attention"
 IN_MEMORY = ["--direct_running_mode=in_memory"]
@@ -59,7 +61,7 @@ def record_hooked(cfg: Config, out: Path) -> None:
                 if step % cfg.run.checkpoint_every == 0:
                     tracer.checkpoint(step, data={"step": step})
                 with tracer.step(step):
-                    train_step(w, step, tracer)
+                    run_step(w, step, tracer)
             tracer.checkpoint(cfg.run.steps, data={"step": cfg.run.steps})
     finally:
         handle.remove()

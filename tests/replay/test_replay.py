@@ -15,7 +15,8 @@ from tracer.checkpoint import load_checkpoint
 from tracer.errors import ConfigError, ValidationError
 from tracer.log import LogReader, LogWriter, rank_dir
 from tracer.log.records import Phase, TensorRecord
-from workload.train import build, train_step
+from workload.protocol import run_step
+from workload.reference import build
 
 
 @pytest.fixture
@@ -91,10 +92,10 @@ def test_noise_to_signal_equals_an_independent_computation(run_factory, one_site
 
         clock = Clock()
         if profile is None:
-            train_step(w, 3, clock)
+            run_step(w, 3, clock)
         else:
             with FaultEmulator(profile, w.model, clock=lambda: (3, clock.microbatch_index), sink=lambda k, f: None):
-                train_step(w, 3, clock)
+                run_step(w, 3, clock)
         return grads
 
     g_h, g_s = gradients(), gradients(load_profile(one_site_profile))

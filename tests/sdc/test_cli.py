@@ -21,15 +21,16 @@ SURFACE = {
         "--abft", "--capture-every", "--capture-names", "--capture-steps", "--checkpoint-every", "--config",
         "--device", "--fault-profile", "--fault-seed", "--node-label", "--out", "--overwrite", "--quiet",
         "--segment-mb", "--set", "--sites", "--steps", "--nproc", "--tp", "--sp", "--dp", "--rank-timeout",
+        "--workload",
     ],
     "inspect": ["--json", "--skip-corrupt"],
     "verify-determinism": [
         "--config", "--device", "--keep", "--quiet", "--set", "--steps", "--nproc", "--tp", "--sp", "--dp",
-        "--rank-timeout",
+        "--rank-timeout", "--workload",
     ],
     "replay": [
         "--at-first-divergence", "--fault-profile", "--fault-seed", "--golden", "--golden-from", "--mode", "--out",
-        "--overwrite", "--quiet", "--steps", "--suspect", "--window", "--rank-timeout",
+        "--overwrite", "--quiet", "--steps", "--suspect", "--window", "--rank-timeout", "--workload",
     ],
     "faults": [],
     "diff": ["--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket", "--suspect", "--twin"],

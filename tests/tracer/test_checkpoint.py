@@ -13,7 +13,8 @@ from tracer.errors import LogError
 from tracer.fingerprint import fingerprint
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase, TensorRecord
-from workload.train import build, train_step
+from workload.protocol import run_step
+from workload.reference import build
 
 
 def test_resuming_from_a_checkpoint_reproduces_the_log(run_factory, small_cfg) -> None:
@@ -24,7 +25,7 @@ def test_resuming_from_a_checkpoint_reproduces_the_log(run_factory, small_cfg) -
     assert ckpt.step == 2 and ckpt.data == {"step": 2}
     ckpt.restore(w.model, w.optimizer)
     for step in (2, 3):
-        train_step(w, step)
+        run_step(w, step)
     logged = {
         r.name: r.fingerprint
         for r in LogReader(rank_dir(run, 0)).records()

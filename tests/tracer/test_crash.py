@@ -17,7 +17,7 @@ from tracer.summary import summarize_run
 SCRIPT = """
 import sys
 from workload.config import load_config
-from workload.train import record_run
+from workload.record import record_run
 cfg = load_config(None, ["model.n_layers=2", "data.batch_size=2", "data.seq_len=32", "run.steps=100000"])
 record_run(cfg, sys.argv[1], node_label="doomed", progress=False)
 """

@@ -1,0 +1,64 @@
+"""An emulated unhealthy node around a traced training loop: the fault emulator and/or the ABFT
+checker, logging their events through the run's Tracer at its current step and microbatch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any
+
+from torch import nn
+
+from faults.abft import AbftChecker
+from faults.emulator import FaultEmulator
+from faults.profile import FaultProfile
+from tracer.sites import SiteSpec
+from tracer.tracing import Tracer
+
+
+def node_header(fault_profile: FaultProfile | None, fault_seed: int, abft: bool) -> dict[str, Any]:
+    """What a run header's ``extra`` says about the node's emulated faults and ABFT checks."""
+    extra: dict[str, Any] = {}
+    if fault_profile is not None:
+        extra["fault_profile"] = fault_profile.header(fault_seed)
+    if abft:
+        extra["abft"] = True
+    return extra
+
+
+def emulated_node(
+    tracer: Tracer,
+    model: nn.Module,
+    *,
+    fault_profile: FaultProfile | None = None,
+    fault_seed: int = 0,
+    abft: bool = False,
+    sites: SiteSpec = None,
+) -> AbstractContextManager[None]:
+    """A context in which this node plays an unhealthy one and/or checks every matmul, logging
+    ``fault`` and ``abft`` events through ``tracer`` (enter the tracer first).
+
+    Built now, entered later: a profile that does not fit the model fails before anything is recorded.
+    """
+
+    def clock() -> tuple[int, int]:
+        return tracer.step_index, tracer.microbatch_index
+
+    def sink(kind: str, fields: dict[str, Any]) -> None:
+        tracer.event(kind, **fields)
+
+    # Emulator first, checker second: the checker then sees the corrupted results.
+    modes: list[FaultEmulator | AbftChecker] = []
+    if fault_profile is not None:
+        modes.append(FaultEmulator(fault_profile, model, clock=clock, sink=sink, seed=fault_seed, sites=sites))
+    if abft:
+        modes.append(AbftChecker(model, clock=clock, sink=sink, sites=sites))
+    return _entered(modes)
+
+
+@contextmanager
+def _entered(modes: list[FaultEmulator | AbftChecker]) -> Iterator[None]:
+    with ExitStack() as stack:
+        for mode in modes:
+            stack.enter_context(mode)
+        yield

@@ -1,0 +1,226 @@
+"""The workload protocol: how to rebuild a training run, step by step, on any node.
+
+Replay re-runs recorded steps with golden state injected, so it must be able to
+rebuild *the user's* training, not only sdctrace's reference model. A workload is
+what a factory returns::
+
+    def build(config: Mapping[str, Any], device: torch.device) -> Workload: ...
+
+named on the command line as ``package.module:build`` (``sdc record --workload``,
+``sdc replay --workload``). The factory receives the config the run header records
+(the ``--config`` TOML file as a dict) and builds model, optimizer and scheduler
+deterministically: it calls `tracer.determinism.configure_determinism` first and
+seeds the model's initialisation from the config.
+
+A workload's ``microbatches(step)`` is a pure function of the step (and the
+config's seeds), so replay can jump to any step after restoring a checkpoint; the
+rest of a step is split where sdctrace needs to see it (`run_step`):
+
+    zero_grad -> start_step -> for each microbatch: loss -> backward -> finish_backward
+              -> (the Tracer records gradients) -> update -> (the Tracer records parameters)
+
+`Workload` gives defaults for everything but ``microbatches`` and ``loss``;
+`workload.reference` is the reference LLaMA-style implementation and needs no
+special case anywhere.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from tracer.device import mark_step, to_host
+from tracer.errors import ConfigError
+from tracer.parallel import Layout
+
+ENTRY_POINT = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
+REFERENCE = "workload.reference:build"
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How long a run trains and how often it checkpoints: the config's ``[run]`` section,
+    which the config fingerprint leaves out (`tracer.config`)."""
+
+    steps: int = 30
+    checkpoint_every: int = 10  # optimizer steps between checkpoints; 0 = never
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> RunSettings:
+        run = config.get("run", {})
+        if not isinstance(run, Mapping):
+            raise ConfigError(f"[run] must be a table with steps and checkpoint_every, found {run!r}")
+        unknown = set(run) - {"steps", "checkpoint_every"}
+        if unknown:
+            raise ConfigError(f"unknown key run.{sorted(unknown)[0]}; [run] takes steps and checkpoint_every")
+        settings = cls(**{k: run[k] for k in ("steps", "checkpoint_every") if k in run})
+        for name in ("steps", "checkpoint_every"):
+            value = getattr(settings, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "steps" else 0):
+                raise ConfigError(f"run.{name} = {value!r} must be an integer >= {1 if name == 'steps' else 0}")
+        return settings
+
+
+class StepObserver(Protocol):
+    """What `run_step` reports to: a `tracer.tracing.Tracer`, or replay's lighter bookkeeping."""
+
+    def microbatch(self, index: int, inputs: Any = None) -> None: ...
+    def loss(self, value: torch.Tensor | float) -> None: ...
+
+
+@dataclass
+class Workload:
+    """One training process's objects and the steps of its training.
+
+    Subclass it and implement `microbatches` and `loss`; override the other methods
+    where your training differs (gradient clipping, a learning-rate schedule set per
+    step, multi-rank gradient reduction).
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    config: Mapping[str, Any]
+    scheduler: Any = None  # a torch LR scheduler (anything with state_dict/load_state_dict and step)
+    seed: int = 0
+    data_order_fingerprint: str = ""  # changes whenever the data or its order would
+    layout: Layout = field(default_factory=Layout)
+    grad_clip: float = 0.0  # max global gradient norm; 0 = off
+
+    @property
+    def run(self) -> RunSettings:
+        return RunSettings.of(self.config)
+
+    def microbatches(self, step: int) -> Sequence[Any]:
+        """This rank's microbatches of optimizer step ``step``: a pure function of the step."""
+        raise NotImplementedError
+
+    def loss(self, step: int, batch: Any) -> torch.Tensor:
+        """Forward ``batch`` and return its loss as it contributes to the step (already divided
+        by the number of microbatches), ready for ``backward()``."""
+        raise NotImplementedError
+
+    def inputs(self, batch: Any) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
+        """The tensors of ``batch`` the Tracer fingerprints as the step's input."""
+        if isinstance(batch, torch.Tensor):
+            return batch
+        if isinstance(batch, Mapping):
+            return tuple(v for v in batch.values() if isinstance(v, torch.Tensor)) or None
+        if isinstance(batch, (tuple, list)):
+            return tuple(v for v in batch if isinstance(v, torch.Tensor)) or None
+        return None
+
+    def start_step(self, step: int) -> None:
+        """Before the step's first forward, after ``zero_grad``."""
+
+    def finish_backward(self, step: int) -> None:
+        """After the last backward, before the optimizer sees the gradients: reduce, clip."""
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=False)
+
+    def update(self, step: int) -> None:
+        """The optimizer step, then the scheduler's."""
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def step_loss(self, losses: Sequence[float]) -> float:
+        """The whole step's loss from this rank's microbatch losses."""
+        return float(sum(losses))
+
+    def states(self) -> dict[str, Any]:
+        """Stateful objects a checkpoint saves beside model and optimizer (``state_dict`` /
+        ``load_state_dict``), by name."""
+        return {"scheduler": self.scheduler} if self.scheduler is not None else {}
+
+
+Factory = Callable[[Mapping[str, Any], torch.device], Workload]
+
+
+def run_step(w: Workload, step: int, observer: StepObserver | None = None, *, update: bool = True) -> float:
+    """One optimizer step of ``w``; returns the step's loss.
+
+    With ``update=False`` the step stops before the optimizer, leaving the final
+    gradients in ``.grad`` (replay compares them and discards the step).
+    """
+    w.optimizer.zero_grad(set_to_none=True)
+    w.start_step(step)
+    losses: list[torch.Tensor] = []
+    device = next(w.model.parameters()).device
+    for index, batch in enumerate(w.microbatches(step)):
+        if observer is not None:
+            observer.microbatch(index, inputs=w.inputs(batch))
+        loss = w.loss(step, batch)
+        loss.backward()
+        if observer is not None:
+            observer.loss(loss)
+        losses.append(loss.detach())
+    w.finish_backward(step)
+    if update:
+        w.update(step)
+    # The step's end: a lazy device (XLA) runs the step's graph here, so reading the losses runs nothing more.
+    mark_step(device)
+    return w.step_loss([v.item() for v in to_host(losses)])
+
+
+def load_workload_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """A TOML file as the dict a factory receives (empty without a file), with ``section.key=value``
+    overrides applied (the value parsed as TOML, a bare word as a string)."""
+    config: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        try:
+            config = tomllib.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"--config {file}: no such file; pass the TOML file your workload reads") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{file}: not a valid UTF-8 TOML file ({exc}); fix that line") from None
+    for override in overrides:
+        dotted, sep, text = override.partition("=")
+        keys = dotted.strip().split(".")
+        if not sep or not all(keys):
+            raise ConfigError(f"--set {override!r} must look like section.key=value, e.g. run.steps=10")
+        try:
+            value = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()
+        table = config
+        for key in keys[:-1]:
+            table = table.setdefault(key, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"--set {override!r}: {key} is a value in the config, not a table")
+        table[keys[-1]] = value
+    return config
+
+
+def load_factory(entry: str) -> Factory:
+    """Import ``package.module:function``: only ever an entry point the user named, never one read from a log."""
+    if not ENTRY_POINT.fullmatch(entry):
+        raise ConfigError(f"--workload {entry!r}: expected package.module:factory, e.g. {REFERENCE}")
+    module_name, _, name = entry.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--workload {entry}: cannot import {module_name} ({exc}); is it on PYTHONPATH?") from exc
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise ConfigError(f"--workload {entry}: {module_name} has no function {name!r}")
+    return factory
+
+
+def build_workload(entry: str, config: Mapping[str, Any], device: torch.device) -> Workload:
+    """Call the factory ``entry`` names and check that it returned a `Workload`."""
+    w = load_factory(entry)(config, device)
+    if not isinstance(w, Workload):
+        raise ConfigError(
+            f"--workload {entry}: returned {type(w).__name__}, not a workload.protocol.Workload; "
+            "subclass Workload and implement microbatches() and loss()"
+        )
+    return w
