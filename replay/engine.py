@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -100,6 +100,47 @@ def suspect_from_run(
             "profile here; pass it with --fault-profile PATH instead of --suspect"
         )
     return Suspect(header.node_label, profile, int(recorded.get("seed", 0)), {**source, "fault_profile": recorded})
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """One replay, as `sdc replay` and `sdc study` ask for it; the same on every rank."""
+
+    golden: Path
+    out: Path
+    steps: range  # stop exclusive
+    mode: Mode = "lockstep"
+    suspect: Path | None = None  # the suspect's recorded run; its fault profile, if any, is emulated again
+    fault_profile: str | None = None  # or: emulate this profile (a shipped name or a TOML path)
+    fault_seed: int = 0
+    golden_from: GoldenFrom = "auto"
+    workload: str | None = None  # the factory that rebuilds the golden run (None: the reference workload)
+    overwrite: bool = False
+    progress: bool = True
+    clip: bool = False  # cut ``steps`` at the run's last step instead of refusing
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for the launcher, which hands the request to every rank's process."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "golden": str(self.golden),
+                "out": str(self.out), "steps": [self.steps.start, self.steps.stop],
+                "suspect": str(self.suspect) if self.suspect is not None else None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ReplayRequest:
+        paths = {k: Path(data[k]) if data[k] is not None else None for k in ("golden", "out", "suspect")}
+        return cls(**{**data, **paths, "steps": range(*data["steps"])})
+
+
+def replay(request: ReplayRequest) -> ReplaySummary:
+    """Replay ``request`` on this rank: the suspect is its recorded run's node or an emulated profile."""
+    if (request.suspect is None) == (request.fault_profile is None):
+        raise ConfigError("a replay needs exactly one of --suspect RUN or --fault-profile PROFILE")
+    if request.suspect is not None:
+        header = LogReader(rank_dir(request.golden, 0)).header
+        suspect = suspect_from_run(request.suspect, header, request.golden)
+    else:
+        suspect = suspect_from_profile(request.fault_profile, request.fault_seed)
+    return Replayer(request, suspect).run()
 
 
 def workload_entry(golden: GoldenRun, named: str | None) -> str:
@@ -192,40 +233,28 @@ class _Clock:
 class Replayer:
     """Replays ``steps`` of ``golden`` on ``suspect`` and writes the replay log to ``out``."""
 
-    def __init__(
-        self,
-        golden_path: str | Path,
-        suspect: Suspect,
-        steps: range,
-        mode: Mode,
-        out: str | Path,
-        *,
-        golden_from: GoldenFrom = "auto",
-        workload: str | None = None,
-        overwrite: bool = False,
-        progress: bool = True,
-        clip: bool = False,
-    ) -> None:
-        if mode not in MODES:
-            raise ConfigError(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
+    def __init__(self, request: ReplayRequest, suspect: Suspect) -> None:
+        if request.mode not in MODES:
+            raise ConfigError(f"--mode {request.mode!r}: choose one of {', '.join(MODES)}")
         dist = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.rank = torch.distributed.get_rank() if dist else 0
-        self.golden = GoldenRun.open(golden_path, steps.start, steps.stop, self.rank)
+        steps = request.steps
+        self.golden = GoldenRun.open(request.golden, steps.start, steps.stop, self.rank)
         g = self.golden
-        if clip:  # a window around a divergence may run past the end of the run
+        if request.clip:  # a window around a divergence may run past the end of the run
             steps = range(steps.start, min(steps.stop, g.last_step + 1))
         if steps.stop - 1 > g.last_step:
             raise ValidationError(
                 f"{g.path}: steps {steps.start}:{steps.stop} reach beyond the recorded steps 0..{g.last_step}"
             )
-        self.workload = workload_entry(g, workload)
+        self.workload = workload_entry(g, request.workload)
         self.suspect = suspect
         self.steps = steps
-        self.mode = mode
-        self.out = Path(out)
-        self.golden_from = golden_from
-        self.overwrite = overwrite
-        self.progress = progress
+        self.mode = request.mode
+        self.out = request.out
+        self.golden_from = request.golden_from
+        self.overwrite = request.overwrite
+        self.progress = request.progress
         names = sorted({re.sub(r"\[.*\]$", "", s) for s in g.sites})
         self.site_pattern = "|".join(re.escape(n) for n in names) if names else None
         self._log: LogWriter | None = None

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from replay.engine import MODES, Replayer, parse_steps, suspect_from_profile, suspect_from_run
+from replay.engine import MODES, ReplayRequest, parse_steps, replay, suspect_from_profile, suspect_from_run
 from tracer.compare import compare_runs
 from tracer.errors import UsageError
 from tracer.launch import launch
@@ -69,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
         suspect = suspect_from_run(args.suspect, golden_header, args.golden)
     else:
         suspect = suspect_from_profile(args.fault_profile, args.fault_seed)
-    who = {"suspect": str(args.suspect) if args.suspect else None, "fault_profile": args.fault_profile,
-           "fault_seed": args.fault_seed}
     if args.at_first_divergence:
         if args.suspect is None or args.steps is not None:
             raise UsageError("--at-first-divergence needs --suspect RUN and no --steps")
@@ -84,17 +82,19 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give --steps A:B or --at-first-divergence")
     else:
         steps = parse_steps(args.steps)
-    job = {
-        "golden": str(args.golden), **who, "steps": [steps.start, steps.stop], "mode": args.mode, "out": str(args.out),
-        "golden_from": args.golden_from, "workload": args.workload, "overwrite": args.overwrite, "progress": not args.quiet,
-        "clip": args.at_first_divergence,
-    }
+    request = ReplayRequest(
+        golden=args.golden, out=args.out, steps=steps, mode=args.mode, suspect=args.suspect,
+        fault_profile=None if args.suspect is not None else args.fault_profile, fault_seed=args.fault_seed,
+        golden_from=args.golden_from, workload=args.workload, overwrite=args.overwrite, progress=not args.quiet,
+        clip=args.at_first_divergence,
+    )
     n = golden_header.world_size
     if n == 1:
-        results = [replay_rank(**job)]
+        results = [replay_rank(request.to_json())]
     else:
         prepare_out_dir(args.out, args.overwrite)  # before the ranks start, so a refusal is quick
-        results = launch("sdc.commands.replay:replay_rank", job, n, timeout_s=args.rank_timeout)
+        results = launch("sdc.commands.replay:replay_rank", {"request": request.to_json()}, n,
+                         timeout_s=args.rank_timeout)
     checked = sum(r["checked"] for r in results)
     print(f"replayed {len(results[0]['steps'])} step(s) in {args.mode} mode on {suspect.label}, {n} rank(s) "
           f"({checked:,} golden fingerprints verified, {results[0]['wall_s']:.1f} s) -> {args.out}")
@@ -109,14 +109,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def replay_rank(*, golden: str, suspect: str | None, fault_profile: str | None, fault_seed: int, steps: list[int],
-                mode: str, out: str, **options: Any) -> dict[str, Any]:
+def replay_rank(request: dict[str, Any]) -> dict[str, Any]:
     """One rank of `sdc replay` (all of it for a single-rank run): what the launcher runs in each process."""
-    if suspect is not None:
-        header = LogReader(rank_dir(Path(golden), 0)).header
-        who = suspect_from_run(suspect, header, Path(golden))
-    else:
-        who = suspect_from_profile(fault_profile, fault_seed)
-    summary = Replayer(golden, who, range(*steps), mode, out, **options).run()
+    summary = replay(ReplayRequest.from_json(request))
     steps_done = [dataclasses.asdict(r) for r in summary.steps]
     return {"steps": steps_done, "checked": summary.checked, "wall_s": summary.wall_s}

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from faults import load_profile
 from pipelines.arguments import add_arguments as add_diff_arguments
-from replay.engine import Replayer, suspect_from_run
+from replay.engine import Replayer, ReplayRequest, suspect_from_run
 from sdc.study.config import Finetune, Study
 from tracer.errors import UsageError
 from tracer.log import LogReader, rank_dir
@@ -212,8 +212,9 @@ def _replay(paths: StudyPaths, golden: str, label: str, profile: str, mode: str,
     golden_path = paths.run(golden)
     header = LogReader(rank_dir(golden_path, 0)).header
     suspect = suspect_from_run(paths.run(label), header, golden_path, load_profile(profile))
-    summary = Replayer(golden_path, suspect, steps, mode, paths.replay(label, mode),
-                       overwrite=True, progress=progress).run()
+    request = ReplayRequest(golden=golden_path, out=paths.replay(label, mode), steps=steps, mode=mode,
+                            suspect=paths.run(label), overwrite=True, progress=progress)
+    summary = Replayer(request, suspect).run()
     if mode == "lockstep":
         worst = max((r.worst_frequency for r in summary.steps), default=0.0)
         return f"worst site mismatch frequency {worst:.3g}"

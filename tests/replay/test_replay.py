@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from faults import FaultEmulator, load_profile
-from replay.engine import Replayer, parse_steps, suspect_from_profile, suspect_from_run
+from replay.engine import Replayer, ReplayRequest, parse_steps, suspect_from_profile, suspect_from_run
 from tests.support import ONE_FLIP, events, small_config
 from tracer.checkpoint import load_checkpoint
 from tracer.errors import ConfigError, ValidationError
@@ -27,7 +27,7 @@ def one_site_profile(tmp_path: Path) -> Path:
 
 
 def replay(golden: Path, suspect, steps: str, mode: str, out: Path, **kw) -> Path:
-    Replayer(golden, suspect, parse_steps(steps), mode, out, progress=False, **kw).run()
+    Replayer(ReplayRequest(golden, out, parse_steps(steps), mode, progress=False, **kw), suspect).run()
     return out
 
 
@@ -136,9 +136,9 @@ def test_bad_input_is_named(run_factory, tmp_path: Path) -> None:
         suspect_from_run(other, header, golden)
     no_ckpt = run_factory("no-ckpt", "run.steps=3", "run.checkpoint_every=0")
     with pytest.raises(ValidationError, match="no checkpoint at or before step 1"):
-        Replayer(no_ckpt, suspect_from_profile("healthy-node"), parse_steps("1:2"), "lockstep", tmp_path / "x")
+        Replayer(ReplayRequest(no_ckpt, tmp_path / "x", parse_steps("1:2")), suspect_from_profile("healthy-node"))
     with pytest.raises(ValidationError, match="reach beyond the recorded steps 0..3"):
-        Replayer(golden, suspect_from_profile("healthy-node"), parse_steps("2:9"), "lockstep", tmp_path / "x")
+        Replayer(ReplayRequest(golden, tmp_path / "x", parse_steps("2:9")), suspect_from_profile("healthy-node"))
     with pytest.raises(ValidationError, match="no captured tensor for step 2"):
         replay(golden, suspect_from_profile("healthy-node"), "2:3", "lockstep", tmp_path / "y", golden_from="blobs")
     for bad in ("x", "5:5", "3:1"):
