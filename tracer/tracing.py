@@ -13,7 +13,8 @@ Works on any ``nn.Module`` and ``torch.optim.Optimizer``::
                 optimizer.step()
                 optimizer.zero_grad()
 
-Hooks record each site's forward output and the gradient w.r.t. its input;
+Hooks record each site's forward output and the gradient w.r.t. its input, whatever
+the site's calling convention (`tracer.site_hooks` says which tensors those are);
 optimizer hooks record every gradient before the step and every parameter after
 it; collectives that report to `tracer.collectives` have their input and output
 recorded. Under ``torch.distributed`` each rank writes its own log (``rank-NNNNN``)
@@ -29,10 +30,12 @@ if the loop already did) and reads all of them in one transfer (docs/xla.md).
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import re
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -51,13 +54,14 @@ from tracer.collectives import Stage, observing, record_name
 from tracer.config import config_fingerprint, header_config
 from tracer.determinism import determinism_settings
 from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
-from tracer.errors import CaptureError
+from tracer.errors import CaptureError, TraceWarning
 from tracer.fingerprint import ALGORITHM, TensorDigest, digest, lazy_digest
 from tracer.intercept import own_ops
 from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
-from tracer.log.writer import LogWriter
+from tracer.log.writer import HeaderAtFirstFlush
 from tracer.parallel import Layout
+from tracer.site_hooks import SiteHooks
 from tracer.sites import SiteSpec, find_sites
 
 
@@ -172,8 +176,8 @@ class Tracer:
             device=str(device),
             determinism={**determinism_settings(), **device_determinism(device)},
             created_unix=time.time(),
-            # Full backward hooks add autograd nodes, which can change gradient summation
-            # order: the traced sites are part of what makes two runs bit-comparable.
+            # Site hooks add autograd nodes, which can change gradient summation order:
+            # the traced sites are part of what makes two runs bit-comparable.
             extra={
                 **dict(extra or {}),
                 "sites": [name for name, _ in self.sites],
@@ -182,6 +186,8 @@ class Tracer:
         )
         self._names = {id(p): n for n, p in model.named_parameters()}
         self._handles: list[RemovableHandle] = []
+        self._site_hooks: SiteHooks | None = None
+        self.sites_without_backward: dict[str, str] = {}  # site -> why it records no BACKWARD
         self._observing: AbstractContextManager[None] | None = None
         self._io: IOThread | None = None
         self._log: RecordSink | None = None
@@ -202,16 +208,21 @@ class Tracer:
                 self._log = self._sink
             else:
                 assert self.out is not None
-                self._log = LogWriter(
+                # The header is written at the first flush (the end of the first step), so that it can
+                # name the sites found at their first forward to give no input gradient.
+                self._log = HeaderAtFirstFlush(
                     rank_dir(self.out, self.rank),
-                    self.header,
+                    self._final_header,
                     segment_bytes=self._segment_bytes,
                     open_file=lambda path: AsyncFile(path, io),
                 )
             self._io = io
-            for name, module in self.sites:
-                self._handles.append(module.register_forward_hook(self._forward_hook(name)))
-                self._handles.append(module.register_full_backward_hook(self._backward_hook(name)))
+            self._site_hooks = SiteHooks(
+                self.sites,
+                on_output=self._site_output,
+                on_input_grad=self._site_input_grad,
+                on_unrecordable=self._site_without_backward,
+            ).__enter__()
             if self.optimizer is not None:
                 if self._gradients:
                     self._handles.append(self.optimizer.register_step_pre_hook(self._before_optimizer_step))
@@ -263,6 +274,9 @@ class Tracer:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self._site_hooks is not None:
+            self._site_hooks.remove()
+            self._site_hooks = None
         if self._observing is not None:
             self._observing.__exit__(None, None, None)
             self._observing = None
@@ -405,24 +419,32 @@ class Tracer:
             finish([next(host) for _ in ts])
 
     # -- hooks -------------------------------------------------------------------------
-    def _forward_hook(self, name: str):  # noqa: ANN202 - torch hook signature
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self._paused:
-                return
-            for suffix, t in _tensors(output):
-                self.record(name + suffix, t, Phase.FORWARD)
+    def _site_output(self, name: str, output: torch.Tensor) -> None:
+        if self._paused:
+            return
+        self.record(name, output, Phase.FORWARD)
 
-        return hook
+    def _site_input_grad(self, name: str, grad: torch.Tensor) -> None:
+        if self._paused:
+            return
+        self.record(name, grad, Phase.BACKWARD)
 
-    def _backward_hook(self, name: str):  # noqa: ANN202
-        def hook(module: nn.Module, grad_input: tuple[Any, ...], grad_output: Any) -> None:
-            if self._paused:
-                return
-            for i, g in enumerate(grad_input):
-                if isinstance(g, torch.Tensor):
-                    self.record(name if i == 0 else f"{name}[{i}]", g, Phase.BACKWARD)
+    def _site_without_backward(self, name: str, reason: str) -> None:
+        self.sites_without_backward[name] = reason
+        warnings.warn(
+            f"site {name} records no backward (gradient) fingerprint: {reason}; "
+            "choose sites whose input is a floating-point tensor (Tracer sites=...) to record one",
+            TraceWarning,
+            stacklevel=2,
+        )
 
-        return hook
+    def _final_header(self) -> RunHeader:
+        """The header as the log stores it: with the sites that turned out to give no input gradient."""
+        if not self.sites_without_backward:
+            return self.header
+        extra = {**self.header.extra, "sites_without_backward": dict(self.sites_without_backward)}
+        self.header = dataclasses.replace(self.header, extra=extra)
+        return self.header
 
     def _collective(self, point: str, op: str, phase: Phase, stage: Stage, tensor: torch.Tensor) -> None:
         self.record(record_name(point, op, stage), tensor, phase, microbatch=0 if phase == Phase.GRAD else None)
@@ -441,14 +463,3 @@ class Tracer:
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
                 self.record(self._param_name(gi, pi, p), p, Phase.PARAM, microbatch=0)
-
-
-def _tensors(output: Any) -> list[tuple[str, torch.Tensor]]:
-    """The tensors in a module's output, with a suffix naming their position."""
-    if isinstance(output, torch.Tensor):
-        return [("", output)]
-    if isinstance(output, (tuple, list)):
-        return [(f"[{i}]", t) for i, t in enumerate(output) if isinstance(t, torch.Tensor)]
-    if isinstance(output, Mapping):
-        return [(f"[{k}]", t) for k, t in output.items() if isinstance(t, torch.Tensor)]
-    return []

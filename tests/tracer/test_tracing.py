@@ -126,7 +126,7 @@ def test_traces_a_user_model_with_other_names_and_sgd(tmp_path: Path) -> None:
     assert Counter(r.phase for r in recs)[Phase.GRAD] == 3 * len(list(model.parameters()))
     # Every hook is gone after the with-block.
     for m in model.modules():
-        assert not m._forward_hooks and not m._backward_hooks
+        assert not m._forward_hooks and not m._forward_pre_hooks and not m._backward_hooks
     # The final parameters in the log are the model's final parameters, bit for bit.
     from tracer.fingerprint import fingerprint
 
@@ -177,8 +177,9 @@ def test_a_failing_disk_surfaces_in_the_training_thread(tmp_path: Path) -> None:
     model = Mixer()
     with pytest.raises(CaptureError, match="I/O thread"):
         with Tracer(model, None, out=tmp_path / "run", node_label="x") as tr:
+            tr.sync()  # the log file opens at the first flush
             # Pull the real file out from under the I/O thread, as a vanished disk would.
-            tr.log._file._box["f"].close()
+            tr.log.writer._file._box["f"].close()
             for step in range(50):
                 with tr.step(step):
                     model(torch.randn(2, 16))

@@ -1,0 +1,103 @@
+"""The Tracer on models as users write them: every site records a forward and a backward fingerprint,
+and two identical runs record identical fingerprints."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tests.tracer.user_models import SEQ, VOCAB, tiny_gpt, tiny_llama, tiny_sequential
+from tracer.compare import compare_runs
+from tracer.log import LogReader, rank_dir
+from tracer.log.records import Phase, TensorRecord
+from tracer.summary import summarize_run
+from tracer.tracing import Tracer
+
+STEPS, MICROBATCHES = 2, 2
+
+Batch = Callable[[nn.Module, torch.Generator], tuple[torch.Tensor, torch.Tensor]]  # -> (inputs, loss)
+
+
+def hf_lm_loss(model: nn.Module, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.randint(0, VOCAB, (2, SEQ), generator=g)
+    return tokens, model(input_ids=tokens, labels=tokens).loss
+
+
+def lm_loss(model: nn.Module, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.randint(0, VOCAB, (2, SEQ), generator=g)
+    logits = model(tokens)  # (B, T, V)
+    return tokens, F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def regression_loss(model: nn.Module, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(4, 8, generator=g)
+    return x, (model(x) - x.flip(-1)).pow(2).mean()
+
+
+def train(model: nn.Module, batch: Batch, out: Path, **tracer_options) -> Path:
+    """A plain loop of our own: STEPS optimizer steps of MICROBATCHES accumulated microbatches."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.Generator().manual_seed(1)
+    with Tracer(model, opt, out=out, node_label=out.name, config={"model": type(model).__name__}, **tracer_options) as tr:
+        for step in range(STEPS):
+            with tr.step(step):
+                for mb in range(MICROBATCHES):
+                    inputs, loss = batch(model, data)
+                    tr.microbatch(mb, inputs=inputs)
+                    (loss / MICROBATCHES).backward()
+                    tr.loss(loss / MICROBATCHES)
+                opt.step()
+                opt.zero_grad()
+    return out
+
+
+MODELS = {
+    "hf-llama": (tiny_llama, hf_lm_loss, {}, ["model.layers.0.self_attn", "model.layers.0.mlp", "model.layers.1.self_attn", "model.layers.1.mlp"]),
+    "gpt2-style": (tiny_gpt, lm_loss, {}, ["h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp"]),
+    "sequential": (tiny_sequential, regression_loss, {"sites": r"0|2"}, ["0", "2"]),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_site_records_forward_and_backward_and_identical_runs_agree(name: str, tmp_path: Path) -> None:
+    make, batch, options, sites = MODELS[name]
+    a = train(make(), batch, tmp_path / "a", **options)
+    b = train(make(), batch, tmp_path / "b", **options)
+    (summary,) = summarize_run(a)
+    assert summary.sites == sites and summary.header.extra["sites"] == sites
+    per_pass = STEPS * MICROBATCHES * len(sites)
+    assert summary.tensors["forward"] == summary.tensors["backward"] == per_pass
+    assert "sites_without_backward" not in summary.header.extra
+    records = [r for r in LogReader(rank_dir(a, 0)).records() if isinstance(r, TensorRecord)]
+    # Each microbatch is labelled as such, and backward visits the sites in reverse.
+    by_mb = Counter((r.step, r.microbatch) for r in records if r.phase == Phase.BACKWARD)
+    assert by_mb == {(s, mb): len(sites) for s in range(STEPS) for mb in range(MICROBATCHES)}
+    bwd = [r.name for r in records if (r.step, r.microbatch, r.phase) == (1, 1, Phase.BACKWARD)]
+    assert bwd == sites[::-1]
+    result = compare_runs(a, b)
+    assert result.first is None and result.events == len(records)
+
+
+def test_a_site_that_cannot_record_a_gradient_is_named_once_on_stderr_and_in_the_header(tmp_path: Path) -> None:
+    from tracer.errors import TraceWarning
+
+    model = tiny_gpt()
+    with pytest.warns(TraceWarning) as caught:
+        run = train(model, lm_loss, tmp_path / "run", sites=[model.wte, model.h[0].mlp])
+    assert [str(w.message) for w in caught] == [
+        (
+            "site wte records no backward (gradient) fingerprint: it has no floating-point tensor input (positional "
+            "or keyword); choose sites whose input is a floating-point tensor (Tracer sites=...) to record one"
+        )
+    ]
+    (summary,) = summarize_run(run)
+    assert summary.header.extra["sites_without_backward"] == {
+        "wte": "it has no floating-point tensor input (positional or keyword)"
+    }
+    assert summary.tensors["forward"] == 2 * summary.tensors["backward"]
