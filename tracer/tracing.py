@@ -54,7 +54,7 @@ from tracer.collectives import Stage, observing, record_name
 from tracer.config import config_fingerprint, header_config
 from tracer.determinism import determinism_settings
 from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
-from tracer.errors import CaptureError, TraceWarning
+from tracer.errors import CaptureError, ConfigError, TraceWarning
 from tracer.fingerprint import ALGORITHM, TensorDigest, digest, lazy_digest
 from tracer.intercept import own_ops
 from tracer.log import rank_dir
@@ -62,7 +62,7 @@ from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, Te
 from tracer.log.writer import HeaderAtFirstFlush
 from tracer.parallel import Layout
 from tracer.site_hooks import SiteHooks
-from tracer.sites import SiteSpec, find_sites
+from tracer.sites import SiteSpec, find_sites, module_path, module_tree
 
 
 class RecordSink(Protocol):
@@ -144,6 +144,8 @@ class Tracer:
         self.out = Path(out) if out is not None else None
         self._sink = sink
         self.sites = find_sites(model, sites) if activations else []
+        if activations and sites is None and not self.sites:
+            raise ConfigError(_no_default_sites(model))
         self.capture = capture or CapturePolicy()
         self.blobs = BlobStore(self.out) if self.out is not None else None
         self._gradients = gradients
@@ -184,7 +186,7 @@ class Tracer:
                 "parallel": self.layout.header(self.rank),
             },
         )
-        self._names = {id(p): n for n, p in model.named_parameters()}
+        self._names = {id(p): module_path(n) for n, p in model.named_parameters()}
         self._handles: list[RemovableHandle] = []
         self._site_hooks: SiteHooks | None = None
         self.sites_without_backward: dict[str, str] = {}  # site -> why it records no BACKWARD
@@ -463,3 +465,14 @@ class Tracer:
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
                 self.record(self._param_name(gi, pi, p), p, Phase.PARAM, microbatch=0)
+
+
+def _no_default_sites(model: nn.Module) -> str:
+    weighted = [module_path(n) for n, m in model.named_modules() if n and next(m.parameters(recurse=False), None) is not None]
+    example = "|".join(re.escape(n) for n in weighted[:2]) or ".*"
+    return (
+        f"the Tracer found no default sites in {type(model).__name__} (no attention or MLP submodule of a "
+        f"numbered block, by path or class name): pass sites= a regex over the module paths below "
+        f"(e.g. sites=r\"{example}\") or a list of modules, or activations=False to trace only gradients "
+        f"and parameters. The model's modules:\n{module_tree(model)}"
+    )

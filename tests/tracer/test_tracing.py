@@ -100,6 +100,9 @@ class Mixer(nn.Module):
         return self.head(x)
 
 
+MIXER_SITES = r"blocks\.\d+\.(token_mix|channel_mix)"
+
+
 def train_mixer(out: Path, sites, steps: int = 3) -> Mixer:
     torch.manual_seed(0)
     model = Mixer()
@@ -118,7 +121,7 @@ def train_mixer(out: Path, sites, steps: int = 3) -> Mixer:
 
 
 def test_traces_a_user_model_with_other_names_and_sgd(tmp_path: Path) -> None:
-    model = train_mixer(tmp_path / "run", sites=r"blocks\.\d+\.(token_mix|channel_mix)")
+    model = train_mixer(tmp_path / "run", sites=MIXER_SITES)
     recs = tensor_records(tmp_path / "run")
     fwd = {r.name for r in recs if r.phase == Phase.FORWARD}
     assert fwd == {f"blocks.{i}.{k}" for i in range(2) for k in ("token_mix", "channel_mix")}
@@ -158,11 +161,39 @@ def test_sites_by_list_of_modules_and_by_class_name(tmp_path: Path) -> None:
         find_sites(net, [nn.Linear(1, 1)])
 
 
+def test_a_model_without_default_sites_is_a_clear_error_that_shows_its_modules(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+    with pytest.raises(ConfigError) as err:
+        Tracer(model, None, out=tmp_path / "run", node_label="x")
+    message = str(err.value)
+    assert "found no default sites in Sequential" in message and "activations=False" in message
+    assert 'sites=r"0|2"' in message
+    assert message.endswith("modules:\nSequential\n  0 Linear\n  1 GELU\n  2 Linear")
+    assert not (tmp_path / "run").exists()
+    # Either way out works.
+    Tracer(model, None, out=tmp_path / "a", node_label="x", sites=r"0|2")
+    Tracer(model, None, out=tmp_path / "b", node_label="x", activations=False)
+
+
+def test_a_compiled_model_records_the_names_of_the_eager_one(tmp_path: Path) -> None:
+    from tests.tracer.test_user_models import lm_loss, train
+    from tests.tracer.user_models import tiny_gpt
+    from tracer.pairing import pairing_differences
+
+    eager = train(tiny_gpt(), lm_loss, tmp_path / "eager")
+    compiled = train(torch.compile(tiny_gpt(), backend="eager"), lm_loss, tmp_path / "compiled")
+    ha, hb = LogReader(rank_dir(eager, 0)).header, LogReader(rank_dir(compiled, 0)).header
+    assert hb.extra["sites"] == ["h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp"]
+    assert pairing_differences(ha, hb) == []
+    names = [[(r.name, r.phase) for r in tensor_records(run)] for run in (eager, compiled)]
+    assert names[0] == names[1] and not any("_orig_mod" in n for n, _ in names[1])
+
+
 def test_a_training_error_closes_the_log_as_failed(tmp_path: Path) -> None:
     model = Mixer()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(RuntimeError, match="boom"):
-        with Tracer(model, opt, out=tmp_path / "run", node_label="x") as tr:
+        with Tracer(model, opt, out=tmp_path / "run", node_label="x", sites=MIXER_SITES) as tr:
             with tr.step(0):
                 model(torch.randn(2, 16)).sum().backward()
                 raise RuntimeError("boom")
@@ -176,7 +207,7 @@ def test_a_training_error_closes_the_log_as_failed(tmp_path: Path) -> None:
 def test_a_failing_disk_surfaces_in_the_training_thread(tmp_path: Path) -> None:
     model = Mixer()
     with pytest.raises(CaptureError, match="I/O thread"):
-        with Tracer(model, None, out=tmp_path / "run", node_label="x") as tr:
+        with Tracer(model, None, out=tmp_path / "run", node_label="x", sites=MIXER_SITES) as tr:
             tr.sync()  # the log file opens at the first flush
             # Pull the real file out from under the I/O thread, as a vanished disk would.
             tr.log.writer._file._box["f"].close()
@@ -209,7 +240,7 @@ def test_capture_policy_stores_full_tensors_by_fingerprint(tmp_path: Path) -> No
 
 
 def test_tracer_outside_with_block_is_a_clear_error(tmp_path: Path) -> None:
-    tr = Tracer(Mixer(), None, out=tmp_path / "run", node_label="x")
+    tr = Tracer(Mixer(), None, out=tmp_path / "run", node_label="x", sites=MIXER_SITES)
     with pytest.raises(CaptureError, match="not active"):
         tr.event("note")
 

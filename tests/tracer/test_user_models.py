@@ -44,7 +44,7 @@ def train(model: nn.Module, batch: Batch, out: Path, **tracer_options) -> Path:
     """A plain loop of our own: STEPS optimizer steps of MICROBATCHES accumulated microbatches."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = torch.Generator().manual_seed(1)
-    with Tracer(model, opt, out=out, node_label=out.name, config={"model": type(model).__name__}, **tracer_options) as tr:
+    with Tracer(model, opt, out=out, node_label=out.name, config={"steps": STEPS, "microbatches": MICROBATCHES}, **tracer_options) as tr:
         for step in range(STEPS):
             with tr.step(step):
                 for mb in range(MICROBATCHES):
