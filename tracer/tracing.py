@@ -190,6 +190,11 @@ class Tracer:
         self._handles: list[RemovableHandle] = []
         self._site_hooks: SiteHooks | None = None
         self.sites_without_backward: dict[str, str] = {}  # site -> why it records no BACKWARD
+        # Telling microbatches apart: backward passes begun since the last microbatch() or step(), and
+        # whether the last site record (recomputations aside) was a forward one.
+        self._backward_passes = 0
+        self._after_forward = False
+        self._warned_microbatches = False
         self._observing: AbstractContextManager[None] | None = None
         self._io: IOThread | None = None
         self._log: RecordSink | None = None
@@ -302,6 +307,7 @@ class Tracer:
         """Bracket one optimizer step; its wall time, losses and learning rates are logged."""
         self.step_index = step
         self.microbatch_index = 0
+        self._backward_passes = 0
         self._losses = []
         self._lrs = []
         self._step_start = time.perf_counter()
@@ -328,6 +334,7 @@ class Tracer:
     def microbatch(self, index: int, inputs: torch.Tensor | tuple[torch.Tensor, ...] | None = None) -> None:
         """Start microbatch ``index`` (gradient accumulation) and fingerprint its inputs."""
         self.microbatch_index = index
+        self._backward_passes = 0
         if inputs is None:
             return
         tensors = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
@@ -424,11 +431,25 @@ class Tracer:
     def _site_output(self, name: str, output: torch.Tensor) -> None:
         if self._paused:
             return
+        if not _in_backward():  # activation checkpointing recomputes forwards inside the backward pass
+            self._after_forward = True
         self.record(name, output, Phase.FORWARD)
 
     def _site_input_grad(self, name: str, grad: torch.Tensor) -> None:
         if self._paused:
             return
+        if self._after_forward:  # a backward pass begins
+            self._after_forward = False
+            self._backward_passes += 1
+            if self._backward_passes == 2 and not self._warned_microbatches:
+                self._warned_microbatches = True
+                warnings.warn(
+                    f"step {self.step_index}: a second backward pass began without tracer.microbatch() in "
+                    f"between, so both are recorded as microbatch {self.microbatch_index}; call "
+                    "tracer.microbatch(i) before each microbatch's forward pass",
+                    TraceWarning,
+                    stacklevel=2,
+                )
         self.record(name, grad, Phase.BACKWARD)
 
     def _site_without_backward(self, name: str, reason: str) -> None:
@@ -476,3 +497,8 @@ def _no_default_sites(model: nn.Module) -> str:
         f"(e.g. sites=r\"{example}\") or a list of modules, or activations=False to trace only gradients "
         f"and parameters. The model's modules:\n{module_tree(model)}"
     )
+
+
+def _in_backward() -> bool:
+    """True while the autograd engine runs a backward pass (torch.autograd.graph asks the same way)."""
+    return torch._C._current_graph_task_id() != -1

@@ -64,6 +64,7 @@ MODELS = {
 }
 
 
+@pytest.mark.filterwarnings("error::tracer.errors.TraceWarning")
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_site_records_forward_and_backward_and_identical_runs_agree(name: str, tmp_path: Path) -> None:
     make, batch, options, sites = MODELS[name]
@@ -101,3 +102,39 @@ def test_a_site_that_cannot_record_a_gradient_is_named_once_on_stderr_and_in_the
         "wte": "it has no floating-point tensor input (positional or keyword)"
     }
     assert summary.tensors["forward"] == 2 * summary.tensors["backward"]
+
+
+def test_a_step_with_more_backward_passes_than_microbatch_calls_warns_once(tmp_path: Path) -> None:
+    from tracer.errors import TraceWarning
+
+    model = tiny_gpt()
+    data = torch.Generator().manual_seed(1)
+    with pytest.warns(TraceWarning, match=r"second backward pass began without tracer.microbatch\(\)") as caught:
+        with Tracer(model, None, out=tmp_path / "run", node_label="x") as tr:
+            for step in range(2):
+                with tr.step(step):
+                    tr.microbatch(0)
+                    for _ in range(3):  # three microbatches, one microbatch() call
+                        lm_loss(model, data)[1].backward()
+    assert len(caught) == 1 and str(caught[0].message).startswith("step 0:")
+
+
+@pytest.mark.filterwarnings("error::tracer.errors.TraceWarning")
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_is_not_taken_for_another_microbatch(tmp_path: Path, reentrant: bool) -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    model = tiny_gpt()
+    for block in model.h:
+        block.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=reentrant))(block.forward)
+    data = torch.Generator().manual_seed(1)
+    with Tracer(model, None, out=tmp_path / "run", node_label="x") as tr, tr.step(0):
+        for mb in range(2):
+            tr.microbatch(mb)
+            lm_loss(model, data)[1].backward()
+    backward = [r for r in tensor_records(tmp_path / "run") if r.phase == Phase.BACKWARD]
+    assert Counter(r.microbatch for r in backward) == {0: 4, 1: 4}
+
+
+def tensor_records(run: Path) -> list[TensorRecord]:
+    return [r for r in LogReader(rank_dir(run, 0)).records() if isinstance(r, TensorRecord)]
