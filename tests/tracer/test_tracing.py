@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -252,4 +253,14 @@ def test_runs_traced_at_other_sites_do_not_pair(run_factory) -> None:
     b = LogReader(rank_dir(run_factory("b", "run.steps=1", sites=r"layers\.\d+\.attention"), 0)).header
     assert a.extra["sites"] == ["layers.0.attention", "layers.0.feed_forward", "layers.1.attention", "layers.1.feed_forward"]
     assert pairing_differences(a, a) == []
-    assert pairing_differences(a, b) == ["extra.sites: 4 traced sites vs 2 (record both with the same --sites)"]
+    fix = "(trace both at the same sites: Tracer(..., sites=...) in Python, --sites with sdc record)"
+    assert pairing_differences(a, b) == [
+        f"extra.sites: 4 traced sites vs 2, only in the first: layers.0.feed_forward, layers.1.feed_forward {fix}"
+    ]
+    many = dataclasses.replace(b, extra={**b.extra, "sites": [*b.extra["sites"], *(f"extra.{i}" for i in range(5))]})
+    assert pairing_differences(a, many) == [
+        "extra.sites: 4 traced sites vs 7, only in the first: layers.0.feed_forward, layers.1.feed_forward; "
+        f"only in the second: extra.0, extra.1, extra.2 and 2 more {fix}"
+    ]
+    swapped = dataclasses.replace(a, extra={**a.extra, "sites": a.extra["sites"][::-1]})
+    assert pairing_differences(a, swapped) == [f"extra.sites: 4 traced sites vs 4, the same in another order {fix}"]
