@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.tracer.user_models import SEQ, VOCAB, tiny_gpt, tiny_llama, tiny_sequential
+from tests.tracer.user_models import SEQ, VOCAB, tiny_gpt, tiny_llama, tiny_llama_config, tiny_sequential
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase, TensorRecord
@@ -40,12 +40,13 @@ def regression_loss(model: nn.Module, g: torch.Generator) -> tuple[torch.Tensor,
     return x, (model(x) - x.flip(-1)).pow(2).mean()
 
 
-def train(model: nn.Module, batch: Batch, out: Path, **tracer_options) -> Path:
-    """A plain loop of our own: STEPS optimizer steps of MICROBATCHES accumulated microbatches."""
+def train(model: nn.Module, batch: Batch, out: Path, steps: int = STEPS, config: dict | None = None, **tracer_options) -> Path:
+    """A plain loop of our own: ``steps`` optimizer steps of MICROBATCHES accumulated microbatches."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = torch.Generator().manual_seed(1)
-    with Tracer(model, opt, out=out, node_label=out.name, config={"steps": STEPS, "microbatches": MICROBATCHES}, **tracer_options) as tr:
-        for step in range(STEPS):
+    config = config if config is not None else {"microbatches": MICROBATCHES}
+    with Tracer(model, opt, out=out, node_label=out.name, config=config, **tracer_options) as tr:
+        for step in range(steps):
             with tr.step(step):
                 for mb in range(MICROBATCHES):
                     inputs, loss = batch(model, data)
@@ -138,3 +139,17 @@ def test_activation_checkpointing_is_not_taken_for_another_microbatch(tmp_path: 
 
 def tensor_records(run: Path) -> list[TensorRecord]:
     return [r for r in LogReader(rank_dir(run, 0)).records() if isinstance(r, TensorRecord)]
+
+
+def test_a_hugging_face_config_dict_is_the_run_config_and_its_fingerprint_is_stable(tmp_path: Path) -> None:
+    from tracer.config import config_fingerprint, header_config
+    from tracer.pairing import pairing_differences
+
+    config = tiny_llama_config().to_dict()
+    assert 0 in config["id2label"]  # integer keys: not storable as they are
+    a = train(tiny_llama(), hf_lm_loss, tmp_path / "a", steps=1, config=config)
+    b = train(tiny_llama(), hf_lm_loss, tmp_path / "b", steps=1, config=tiny_llama_config().to_dict())
+    ha, hb = (LogReader(rank_dir(run, 0)).header for run in (a, b))
+    assert ha.config["id2label"] == {"0": "no", "1": "yes"} and ha.config["hidden_size"] == 16
+    assert ha.config_fingerprint == hb.config_fingerprint == config_fingerprint(header_config(config))
+    assert pairing_differences(ha, hb) == [] and compare_runs(a, b).first is None
