@@ -47,7 +47,7 @@ def _sites_difference(a: list[str], b: list[str], shown: int = 3) -> str:
     parts = [f"only in the {which}: {_few(names, shown)}" for which, names in (("first", only_a), ("second", only_b)) if names]
     return (
         f"extra.sites: {len(a)} traced sites vs {len(b)}, {'; '.join(parts) or 'the same in another order'} "
-        "(trace both at the same sites: Tracer(..., sites=...) in Python, --sites with sdc record)"
+        "(trace both at the same sites: TraceOptions(sites=...) in Python, --sites with sdc record)"
     )
 
 

@@ -2,7 +2,7 @@
 
 Works on any ``nn.Module`` and ``torch.optim.Optimizer``::
 
-    with Tracer(model, optimizer, out="runs/a", node_label="node-7", config=cfg) as tr:
+    with Tracer(model, optimizer, out="runs/a", run=RunInfo("node-7", config=cfg)) as tr:
         for step in range(steps):
             with tr.step(step):
                 for mb, (x, y) in enumerate(microbatches):
@@ -38,7 +38,6 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,9 +59,10 @@ from tracer.intercept import own_ops
 from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.writer import HeaderAtFirstFlush
+from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
 from tracer.site_hooks import SiteHooks
-from tracer.sites import SiteSpec, find_sites, module_path, module_tree
+from tracer.sites import find_sites, module_path, module_tree
 
 
 class RecordSink(Protocol):
@@ -73,27 +73,6 @@ class RecordSink(Protocol):
     def flush(self) -> None: ...
     def close(self, status: str = "complete", detail: str = "") -> None: ...
     def abandon(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class CapturePolicy:
-    """Which full tensors to keep in the blob store; fingerprints are always recorded."""
-
-    steps: frozenset[int] = frozenset()
-    every: int = 0  # also every N-th step (0: only ``steps``)
-    names: str | None = None  # regex that a site or parameter name must fully match
-    phases: frozenset[Phase] = field(default_factory=lambda: frozenset(Phase))
-
-    def wants(self, step: int, name: str, phase: Phase) -> bool:
-        if not (step in self.steps or (self.every > 0 and step % self.every == 0)):
-            return False
-        if phase not in self.phases:
-            return False
-        return self.names is None or re.fullmatch(self.names, name) is not None
-
-    @property
-    def active(self) -> bool:
-        return bool(self.steps) or self.every > 0
 
 
 def software_versions() -> dict[str, str]:
@@ -109,8 +88,10 @@ def software_versions() -> dict[str, str]:
 class Tracer:
     """Record fingerprints of one training process into ``out/rank-NNNNN``.
 
-    With ``sink`` instead of ``out``, records go to that sink (no files are written):
-    replay uses this to check a re-execution against a recorded log.
+    ``run`` names the run (`RunInfo`), ``options`` say what to record (`TraceOptions`;
+    the default records everything). With ``sink`` instead of ``out``, records go to
+    that sink (no files are written): replay uses this to check a re-execution against
+    a recorded log. ``parallel`` is the rank layout of a multi-rank run.
     """
 
     def __init__(
@@ -118,61 +99,47 @@ class Tracer:
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None = None,
         *,
-        out: str | Path | None,
-        node_label: str,
-        config: Mapping[str, Any] | None = None,
-        seed: int = 0,
-        data_order_fingerprint: str = "",
-        role: str = "train",
-        run_id: str | None = None,
-        sites: SiteSpec = None,
-        capture: CapturePolicy | None = None,
-        activations: bool = True,
-        gradients: bool = True,
-        parameters: bool = True,
-        segment_bytes: int = 64 << 20,
-        max_pending_chunks: int = 64,
-        extra: Mapping[str, Any] | None = None,
+        run: RunInfo,
+        out: str | Path | None = None,
+        options: TraceOptions | None = None,
         sink: RecordSink | None = None,
         parallel: Layout | None = None,
-        collectives: bool = True,
     ) -> None:
         if (out is None) == (sink is None):
             raise CaptureError("give the Tracer exactly one of out (a run directory) or sink")
+        if not isinstance(run, RunInfo):
+            raise ConfigError(f"Tracer(run=...) takes a RunInfo, found {type(run).__name__}; e.g. run=RunInfo(\"node-7\")")
         self.model = model
         self.optimizer = optimizer
         self.out = Path(out) if out is not None else None
         self._sink = sink
-        self.sites = find_sites(model, sites) if activations else []
-        if activations and sites is None and not self.sites:
+        self.run_info = run
+        self.options = options = options or TraceOptions()
+        self.sites = find_sites(model, options.sites) if options.activations else []
+        if options.activations and options.sites is None and not self.sites:
             raise ConfigError(_no_default_sites(model))
-        self.capture = capture or CapturePolicy()
+        self.capture = options.capture
         self.blobs = BlobStore(self.out) if self.out is not None else None
-        self._gradients = gradients
-        self._parameters = parameters
-        self._segment_bytes = segment_bytes
-        self._max_pending_chunks = max_pending_chunks
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         else:
             self.rank, self.world_size = 0, 1
         self.layout = parallel or Layout(dp=self.world_size)
         self.layout.check(self.world_size)
-        self._collectives = collectives
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
-        config = header_config(config)
+        config = header_config(run.config)
         self.header = RunHeader(
             schema_version=SCHEMA_VERSION,
-            run_id=run_id or uuid.uuid4().hex,
-            node_label=node_label,
-            role=role,
+            run_id=run.run_id or uuid.uuid4().hex,
+            node_label=run.node_label,
+            role=run.role,
             world_size=self.world_size,
             rank=self.rank,
             config=config,
             config_fingerprint=config_fingerprint(config),
-            seed=seed,
-            data_order_fingerprint=data_order_fingerprint,
+            seed=run.seed,
+            data_order_fingerprint=run.data_order_fingerprint,
             fingerprint_algorithm=ALGORITHM,
             versions={**software_versions(), **device_versions(device)},
             device=str(device),
@@ -181,7 +148,7 @@ class Tracer:
             # Site hooks add autograd nodes, which can change gradient summation order:
             # the traced sites are part of what makes two runs bit-comparable.
             extra={
-                **dict(extra or {}),
+                **dict(run.extra),
                 "sites": [name for name, _ in self.sites],
                 "parallel": self.layout.header(self.rank),
             },
@@ -209,7 +176,7 @@ class Tracer:
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
-        io = IOThread(max_pending=self._max_pending_chunks) if self._sink is None else None
+        io = IOThread(max_pending=self.options.max_pending_chunks) if self._sink is None else None
         try:
             if io is None:
                 self._log = self._sink
@@ -220,7 +187,7 @@ class Tracer:
                 self._log = HeaderAtFirstFlush(
                     rank_dir(self.out, self.rank),
                     self._final_header,
-                    segment_bytes=self._segment_bytes,
+                    segment_bytes=self.options.segment_bytes,
                     open_file=lambda path: AsyncFile(path, io),
                 )
             self._io = io
@@ -231,11 +198,11 @@ class Tracer:
                 on_unrecordable=self._site_without_backward,
             ).__enter__()
             if self.optimizer is not None:
-                if self._gradients:
+                if self.options.gradients:
                     self._handles.append(self.optimizer.register_step_pre_hook(self._before_optimizer_step))
-                if self._parameters:
+                if self.options.parameters:
                     self._handles.append(self.optimizer.register_step_post_hook(self._after_optimizer_step))
-            if self._collectives:
+            if self.options.collectives:
                 self._observing = observing(self._collective)
                 self._observing.__enter__()
         except BaseException:
@@ -456,7 +423,7 @@ class Tracer:
         self.sites_without_backward[name] = reason
         warnings.warn(
             f"site {name} records no backward (gradient) fingerprint: {reason}; "
-            "choose sites whose input is a floating-point tensor (Tracer sites=...) to record one",
+            "choose sites whose input is a floating-point tensor (TraceOptions(sites=...)) to record one",
             TraceWarning,
             stacklevel=2,
         )
@@ -493,9 +460,9 @@ def _no_default_sites(model: nn.Module) -> str:
     example = "|".join(re.escape(n) for n in weighted[:2]) or ".*"
     return (
         f"the Tracer found no default sites in {type(model).__name__} (no attention or MLP submodule of a "
-        f"numbered block, by path or class name): pass sites= a regex over the module paths below "
-        f"(e.g. sites=r\"{example}\") or a list of modules, or activations=False to trace only gradients "
-        f"and parameters. The model's modules:\n{module_tree(model)}"
+        f"numbered block, by path or class name): pass TraceOptions(sites=...) a regex over the module paths "
+        f"below (e.g. sites=r\"{example}\") or a list of modules, or TraceOptions(activations=False) to trace "
+        f"only gradients and parameters. The model's modules:\n{module_tree(model)}"
     )
 
 

@@ -24,9 +24,10 @@ from tracer.determinism import configure_determinism
 from tracer.device import is_lazy, mark_step, resolve_device, to_host
 from tracer.errors import UsageError
 from tracer.log import prepare_out_dir
+from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
 from tracer.sites import SiteSpec
-from tracer.tracing import CapturePolicy, Tracer
+from tracer.tracing import Tracer
 from workload.config import Config, OptimConfig
 from workload.data import TokenData
 from workload.model import Transformer
@@ -158,11 +159,9 @@ def record_run(
     *,
     node_label: str,
     overwrite: bool = False,
-    sites: SiteSpec = None,
-    capture: CapturePolicy | None = None,
+    options: TraceOptions | None = None,
     progress: bool = True,
     extra: Mapping[str, Any] | None = None,
-    segment_bytes: int = 64 << 20,
     on_step: Callable[[int, float], None] | None = None,
     fault_profile: FaultProfile | None = None,
     fault_seed: int = 0,
@@ -171,10 +170,12 @@ def record_run(
 ) -> RunSummary:
     """Train ``cfg.run.steps`` steps under a Tracer, checkpointing every ``cfg.run.checkpoint_every``.
 
+    ``options`` are the Tracer's (`TraceOptions`: sites, captured tensors, segment size).
     ``fault_profile`` plays an unhealthy node (`faults`) and ``abft`` checks every
     matmul (`faults.abft`); the header's ``extra`` records both, its pairing fields
     stay those of the healthy twin. ``device`` is ``cpu``, ``cuda[:N]`` or ``xla[:N]``.
     """
+    options = options or TraceOptions()
     out = Path(out)
     dev = resolve_device(device)
     if is_lazy(dev) and (fault_profile is not None or abft):
@@ -188,22 +189,10 @@ def record_run(
     every = cfg.run.checkpoint_every
     losses: list[float] = []
     start = time.perf_counter()
-    tracer = Tracer(
-        w.model,
-        w.optimizer,
-        out=out,
-        node_label=node_label,
-        config=cfg.to_dict(),
-        seed=cfg.train.seed,
-        data_order_fingerprint=w.data.fingerprint,
-        sites=sites,
-        capture=capture,
-        extra=extra,
-        segment_bytes=segment_bytes,
-        parallel=w.layout,
-    )
+    run = RunInfo(node_label, config=cfg.to_dict(), seed=cfg.train.seed, data_order_fingerprint=w.data.fingerprint, extra=extra)
+    tracer = Tracer(w.model, w.optimizer, out=out, run=run, options=options, parallel=w.layout)
     bar = tqdm(range(cfg.run.steps), desc=f"record {out.name}", unit="step", disable=None if progress and w.groups.rank == 0 else True, leave=False)
-    node = emulated_node(tracer, w.model, fault_profile=fault_profile, fault_seed=fault_seed, abft=abft, sites=sites)
+    node = emulated_node(tracer, w.model, fault_profile=fault_profile, fault_seed=fault_seed, abft=abft, sites=options.sites)
     with tracer, node:
         for step in bar:
             if every and step % every == 0:

@@ -18,7 +18,7 @@ from sdc.commands._common import (
 )
 from tracer.errors import ConfigError
 from tracer.log import prepare_out_dir
-from tracer.tracing import CapturePolicy
+from tracer.options import CapturePolicy, TraceOptions
 from workload.config import Config
 from workload.train import record_run
 
@@ -66,10 +66,15 @@ def run(args: argparse.Namespace) -> int:
         args.overrides.append(f"run.checkpoint_every={args.checkpoint_every}")
     cfg = config_from_args(args)
     profile = load_profile(args.fault_profile) if args.fault_profile is not None else None
+    trace = TraceOptions(
+        sites=args.sites, segment_bytes=args.segment_mb << 20,
+        capture=CapturePolicy(
+            steps=frozenset(_int_list(args.capture_steps)), every=args.capture_every, names=args.capture_names
+        ),
+    )
     job = {
-        "out": str(args.out), "node_label": args.node_label, "overwrite": args.overwrite, "sites": args.sites,
-        "capture": [_int_list(args.capture_steps), args.capture_every, args.capture_names],
-        "progress": not args.quiet, "segment_bytes": args.segment_mb << 20,
+        "out": str(args.out), "node_label": args.node_label, "overwrite": args.overwrite, "trace": trace.to_dict(),
+        "progress": not args.quiet,
         "fault_profile": str(profile.path) if profile else None, "fault_seed": args.fault_seed, "abft": args.abft,
         "device": args.device,
     }
@@ -88,13 +93,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def record_rank(config: Config | dict[str, Any], *, out: str, capture: list[Any], fault_profile: str | None,
+def record_rank(config: Config | dict[str, Any], *, out: str, trace: dict[str, Any], fault_profile: str | None,
                 **options: Any) -> dict[str, Any]:
     """One rank of `sdc record` (all of it with --nproc 1): what the launcher runs in each process."""
     cfg = config if isinstance(config, Config) else Config.from_dict(config, source="sdc record")
-    steps, every, names = capture
     summary = record_run(
-        cfg, out, capture=CapturePolicy(steps=frozenset(steps), every=every, names=names),
+        cfg, out, options=TraceOptions.from_dict(trace, source="sdc record"),
         fault_profile=load_profile(fault_profile) if fault_profile else None, **options,
     )
     return {"steps": summary.steps, "final_loss": summary.final_loss, "wall_s": summary.wall_s}

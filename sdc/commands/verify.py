@@ -16,6 +16,7 @@ from sdc.commands._common import (
 )
 from sdc.commands.record import record_rank
 from tracer.compare import compare_runs
+from tracer.options import TraceOptions
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         root = args.keep or Path(tmp)
         for name in ("a", "b"):
             job = {"out": str(root / name), "node_label": f"verify-{name}", "overwrite": True,
-                   "capture": [[], 0, None], "progress": not args.quiet, "fault_profile": None, "device": args.device}
+                   "trace": TraceOptions().to_dict(), "progress": not args.quiet, "fault_profile": None, "device": args.device}
             if ranks(cfg) == 1:
                 record_rank(cfg, **job)
             else:

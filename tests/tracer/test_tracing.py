@@ -14,8 +14,9 @@ from tracer.compare import compare_runs
 from tracer.errors import CaptureError, ConfigError
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord, Phase, TensorRecord
+from tracer.options import CapturePolicy, RunInfo, TraceOptions
 from tracer.sites import find_sites
-from tracer.tracing import CapturePolicy, Tracer
+from tracer.tracing import Tracer
 from workload.model import Transformer
 
 
@@ -102,13 +103,14 @@ class Mixer(nn.Module):
 
 
 MIXER_SITES = r"blocks\.\d+\.(token_mix|channel_mix)"
+MIXER = TraceOptions(sites=MIXER_SITES)
 
 
 def train_mixer(out: Path, sites, steps: int = 3) -> Mixer:
     torch.manual_seed(0)
     model = Mixer()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    with Tracer(model, opt, out=out, node_label="user", sites=sites, config={"lr": 0.1}) as tr:
+    with Tracer(model, opt, out=out, run=RunInfo("user", config={"lr": 0.1}), options=TraceOptions(sites=sites)) as tr:
         for step in range(steps):
             with tr.step(step):
                 x = torch.randn(5, 16, generator=torch.Generator().manual_seed(step))
@@ -165,15 +167,15 @@ def test_sites_by_list_of_modules_and_by_class_name(tmp_path: Path) -> None:
 def test_a_model_without_default_sites_is_a_clear_error_that_shows_its_modules(tmp_path: Path) -> None:
     model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
     with pytest.raises(ConfigError) as err:
-        Tracer(model, None, out=tmp_path / "run", node_label="x")
+        Tracer(model, None, out=tmp_path / "run", run=RunInfo("x"))
     message = str(err.value)
     assert "found no default sites in Sequential" in message and "activations=False" in message
     assert 'sites=r"0|2"' in message
     assert message.endswith("modules:\nSequential\n  0 Linear\n  1 GELU\n  2 Linear")
     assert not (tmp_path / "run").exists()
     # Either way out works.
-    Tracer(model, None, out=tmp_path / "a", node_label="x", sites=r"0|2")
-    Tracer(model, None, out=tmp_path / "b", node_label="x", activations=False)
+    Tracer(model, None, out=tmp_path / "a", run=RunInfo("x"), options=TraceOptions(sites=r"0|2"))
+    Tracer(model, None, out=tmp_path / "b", run=RunInfo("x"), options=TraceOptions(activations=False))
 
 
 def test_a_compiled_model_records_the_names_of_the_eager_one(tmp_path: Path) -> None:
@@ -194,7 +196,7 @@ def test_a_training_error_closes_the_log_as_failed(tmp_path: Path) -> None:
     model = Mixer()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(RuntimeError, match="boom"):
-        with Tracer(model, opt, out=tmp_path / "run", node_label="x", sites=MIXER_SITES) as tr:
+        with Tracer(model, opt, out=tmp_path / "run", run=RunInfo("x"), options=MIXER) as tr:
             with tr.step(0):
                 model(torch.randn(2, 16)).sum().backward()
                 raise RuntimeError("boom")
@@ -208,7 +210,7 @@ def test_a_training_error_closes_the_log_as_failed(tmp_path: Path) -> None:
 def test_a_failing_disk_surfaces_in_the_training_thread(tmp_path: Path) -> None:
     model = Mixer()
     with pytest.raises(CaptureError, match="I/O thread"):
-        with Tracer(model, None, out=tmp_path / "run", node_label="x", sites=MIXER_SITES) as tr:
+        with Tracer(model, None, out=tmp_path / "run", run=RunInfo("x"), options=MIXER) as tr:
             tr.sync()  # the log file opens at the first flush
             # Pull the real file out from under the I/O thread, as a vanished disk would.
             tr.log.writer._file._box["f"].close()
@@ -226,7 +228,7 @@ def test_capture_policy_stores_full_tensors_by_fingerprint(tmp_path: Path) -> No
     seen: dict[str, torch.Tensor] = {}
     model.blocks[0]["token_mix"].register_forward_hook(lambda m, a, o: seen.__setitem__("out", o.detach().clone()))
     sites = r"blocks\.\d\.token_mix"
-    with Tracer(model, opt, out=tmp_path / "run", node_label="x", capture=policy, sites=sites) as tr:
+    with Tracer(model, opt, out=tmp_path / "run", run=RunInfo("x"), options=TraceOptions(sites, capture=policy)) as tr:
         for step in range(2):
             with tr.step(step):
                 model(torch.randn(3, 16)).sum().backward()
@@ -241,7 +243,7 @@ def test_capture_policy_stores_full_tensors_by_fingerprint(tmp_path: Path) -> No
 
 
 def test_tracer_outside_with_block_is_a_clear_error(tmp_path: Path) -> None:
-    tr = Tracer(Mixer(), None, out=tmp_path / "run", node_label="x", sites=MIXER_SITES)
+    tr = Tracer(Mixer(), None, out=tmp_path / "run", run=RunInfo("x"), options=MIXER)
     with pytest.raises(CaptureError, match="not active"):
         tr.event("note")
 
@@ -250,10 +252,10 @@ def test_runs_traced_at_other_sites_do_not_pair(run_factory) -> None:
     from tracer.pairing import pairing_differences
 
     a = LogReader(rank_dir(run_factory("a", "run.steps=1"), 0)).header
-    b = LogReader(rank_dir(run_factory("b", "run.steps=1", sites=r"layers\.\d+\.attention"), 0)).header
+    b = LogReader(rank_dir(run_factory("b", "run.steps=1", options=TraceOptions(sites=r"layers\.\d+\.attention")), 0)).header
     assert a.extra["sites"] == ["layers.0.attention", "layers.0.feed_forward", "layers.1.attention", "layers.1.feed_forward"]
     assert pairing_differences(a, a) == []
-    fix = "(trace both at the same sites: Tracer(..., sites=...) in Python, --sites with sdc record)"
+    fix = "(trace both at the same sites: TraceOptions(sites=...) in Python, --sites with sdc record)"
     assert pairing_differences(a, b) == [
         f"extra.sites: 4 traced sites vs 2, only in the first: layers.0.feed_forward, layers.1.feed_forward {fix}"
     ]

@@ -16,6 +16,7 @@ from tests.tracer.user_models import SEQ, VOCAB, tiny_gpt, tiny_llama, tiny_llam
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase, TensorRecord
+from tracer.options import RunInfo, TraceOptions
 from tracer.summary import summarize_run
 from tracer.tracing import Tracer
 
@@ -40,12 +41,12 @@ def regression_loss(model: nn.Module, g: torch.Generator) -> tuple[torch.Tensor,
     return x, (model(x) - x.flip(-1)).pow(2).mean()
 
 
-def train(model: nn.Module, batch: Batch, out: Path, steps: int = STEPS, config: dict | None = None, **tracer_options) -> Path:
+def train(model: nn.Module, batch: Batch, out: Path, steps: int = STEPS, config: dict | None = None, **options) -> Path:
     """A plain loop of our own: ``steps`` optimizer steps of MICROBATCHES accumulated microbatches."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = torch.Generator().manual_seed(1)
-    config = config if config is not None else {"microbatches": MICROBATCHES}
-    with Tracer(model, opt, out=out, node_label=out.name, config=config, **tracer_options) as tr:
+    run = RunInfo(out.name, config=config if config is not None else {"microbatches": MICROBATCHES})
+    with Tracer(model, opt, out=out, run=run, options=TraceOptions(**options)) as tr:
         for step in range(steps):
             with tr.step(step):
                 for mb in range(MICROBATCHES):
@@ -95,7 +96,7 @@ def test_a_site_that_cannot_record_a_gradient_is_named_once_on_stderr_and_in_the
     assert [str(w.message) for w in caught] == [
         (
             "site wte records no backward (gradient) fingerprint: it has no floating-point tensor input (positional "
-            "or keyword); choose sites whose input is a floating-point tensor (Tracer sites=...) to record one"
+            "or keyword); choose sites whose input is a floating-point tensor (TraceOptions(sites=...)) to record one"
         )
     ]
     (summary,) = summarize_run(run)
@@ -111,7 +112,7 @@ def test_a_step_with_more_backward_passes_than_microbatch_calls_warns_once(tmp_p
     model = tiny_gpt()
     data = torch.Generator().manual_seed(1)
     with pytest.warns(TraceWarning, match=r"second backward pass began without tracer.microbatch\(\)") as caught:
-        with Tracer(model, None, out=tmp_path / "run", node_label="x") as tr:
+        with Tracer(model, None, out=tmp_path / "run", run=RunInfo("x")) as tr:
             for step in range(2):
                 with tr.step(step):
                     tr.microbatch(0)
@@ -129,7 +130,7 @@ def test_activation_checkpointing_is_not_taken_for_another_microbatch(tmp_path: 
     for block in model.h:
         block.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=reentrant))(block.forward)
     data = torch.Generator().manual_seed(1)
-    with Tracer(model, None, out=tmp_path / "run", node_label="x") as tr, tr.step(0):
+    with Tracer(model, None, out=tmp_path / "run", run=RunInfo("x")) as tr, tr.step(0):
         for mb in range(2):
             tr.microbatch(mb)
             lm_loss(model, data)[1].backward()
