@@ -94,7 +94,8 @@ class TraceOptions:
         if self.sites is not None and not isinstance(self.sites, str):
             raise ConfigError("TraceOptions.sites: only a regex (or None) can be passed on as JSON, not modules")
         c = self.capture
-        capture = {"steps": sorted(c.steps), "every": c.every, "names": c.names, "phases": sorted(p.name.lower() for p in c.phases)}
+        phases = sorted(p.name.lower() for p in c.phases)
+        capture = {"steps": sorted(c.steps), "every": c.every, "names": c.names, "phases": phases}
         return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "capture"}, "capture": capture}
 
     @classmethod
@@ -103,7 +104,9 @@ class TraceOptions:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ConfigError(f"{source}: unknown trace option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"{source}: unknown trace option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
         values = dict(d)
         if "capture" in values:
             c = dict(values["capture"])
@@ -114,7 +117,8 @@ class TraceOptions:
                     phases=frozenset(Phase) if phases is None else frozenset(Phase[p.upper()] for p in phases),
                 )
             except KeyError as e:
-                raise ConfigError(f"{source}: capture phase {e} is not one of {[p.name.lower() for p in Phase]}") from None
+                names = [p.name.lower() for p in Phase]
+                raise ConfigError(f"{source}: capture phase {e} is not one of {names}") from None
         return cls(**values)
 
 
@@ -124,4 +128,5 @@ def _check_types(obj: Any, types: Mapping[str, type | tuple[type, ...]]) -> None
         wrong_bool = type(value) is bool and expected is int
         if not isinstance(value, expected) or wrong_bool:
             want = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
-            raise ConfigError(f"{type(obj).__name__}.{name} = {value!r:.60}: must be {want}, found {type(value).__name__}")
+            found = type(value).__name__
+            raise ConfigError(f"{type(obj).__name__}.{name} = {value!r:.60}: must be {want}, found {found}")

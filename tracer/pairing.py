@@ -44,7 +44,8 @@ def pairing_differences(golden: RunHeader, suspect: RunHeader, fields: Sequence[
 def _sites_difference(a: list[str], b: list[str], shown: int = 3) -> str:
     """Which sites only one run traced, a few by name."""
     only_a, only_b = [s for s in a if s not in set(b)], [s for s in b if s not in set(a)]
-    parts = [f"only in the {which}: {_few(names, shown)}" for which, names in (("first", only_a), ("second", only_b)) if names]
+    sides = (("first", only_a), ("second", only_b))
+    parts = [f"only in the {which}: {_few(names, shown)}" for which, names in sides if names]
     return (
         f"extra.sites: {len(a)} traced sites vs {len(b)}, {'; '.join(parts) or 'the same in another order'} "
         "(trace both at the same sites: TraceOptions(sites=...) in Python, --sites with sdc record)"

@@ -108,7 +108,8 @@ class Tracer:
         if (out is None) == (sink is None):
             raise CaptureError("give the Tracer exactly one of out (a run directory) or sink")
         if not isinstance(run, RunInfo):
-            raise ConfigError(f"Tracer(run=...) takes a RunInfo, found {type(run).__name__}; e.g. run=RunInfo(\"node-7\")")
+            found = type(run).__name__
+            raise ConfigError(f'Tracer(run=...) takes a RunInfo, found {found}; e.g. run=RunInfo("node-7")')
         self.model = model
         self.optimizer = optimizer
         self.out = Path(out) if out is not None else None
@@ -456,7 +457,7 @@ class Tracer:
 
 
 def _no_default_sites(model: nn.Module) -> str:
-    weighted = [module_path(n) for n, m in model.named_modules() if n and next(m.parameters(recurse=False), None) is not None]
+    weighted = [module_path(n) for n, m in model.named_modules() if n and list(m.parameters(recurse=False))]
     example = "|".join(re.escape(n) for n in weighted[:2]) or ".*"
     return (
         f"the Tracer found no default sites in {type(model).__name__} (no attention or MLP submodule of a "

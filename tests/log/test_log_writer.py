@@ -126,7 +126,9 @@ def test_header_at_first_flush_writes_the_header_as_it_stands_then(tmp_path: Pat
     assert reader.header.extra["sites_without_backward"] == {"emb": "no float input"}
 
 
-def test_header_at_first_flush_refuses_a_taken_directory_or_bad_header_at_once(make_log, header: RunHeader, tmp_path: Path) -> None:
+def test_header_at_first_flush_refuses_a_taken_directory_or_bad_header_at_once(
+    make_log, header: RunHeader, tmp_path: Path
+) -> None:
     from tracer.log.writer import HeaderAtFirstFlush
 
     with pytest.raises(UsageError, match="already holds a log"):

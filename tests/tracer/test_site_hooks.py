@@ -204,7 +204,9 @@ def test_a_site_whose_output_does_not_depend_on_its_input_is_reported() -> None:
 
 def test_a_replacement_of_the_wrong_shape_is_a_clear_error() -> None:
     net, x = net_and_input()
-    with SiteHooks(sites(net), on_output=lambda s, t: torch.zeros(2)), pytest.raises(CaptureError, match=r"site first: .*shape"):
-        net(x)
-    with SiteHooks(sites(net), on_input_grad=lambda s, g: g[:1]), pytest.raises(CaptureError, match=r"site attn: .*input gradient"):
-        net(x).sum().backward()
+    with SiteHooks(sites(net), on_output=lambda s, t: torch.zeros(2)):
+        with pytest.raises(CaptureError, match=r"site first: .*shape"):
+            net(x)
+    with SiteHooks(sites(net), on_input_grad=lambda s, g: g[:1]):
+        with pytest.raises(CaptureError, match=r"site attn: .*input gradient"):
+            net(x).sum().backward()

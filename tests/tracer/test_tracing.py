@@ -252,7 +252,8 @@ def test_runs_traced_at_other_sites_do_not_pair(run_factory) -> None:
     from tracer.pairing import pairing_differences
 
     a = LogReader(rank_dir(run_factory("a", "run.steps=1"), 0)).header
-    b = LogReader(rank_dir(run_factory("b", "run.steps=1", options=TraceOptions(sites=r"layers\.\d+\.attention")), 0)).header
+    attention_only = TraceOptions(sites=r"layers\.\d+\.attention")
+    b = LogReader(rank_dir(run_factory("b", "run.steps=1", options=attention_only), 0)).header
     assert a.extra["sites"] == ["layers.0.attention", "layers.0.feed_forward", "layers.1.attention", "layers.1.feed_forward"]
     assert pairing_differences(a, a) == []
     fix = "(trace both at the same sites: TraceOptions(sites=...) in Python, --sites with sdc record)"

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.tracer.user_models import SEQ, VOCAB, tiny_gpt, tiny_llama, tiny_llama_config, tiny_sequential
+from tests.tracer.user_models import SEQ, VOCAB, tiny_gpt, tiny_hf_gpt2, tiny_llama, tiny_llama_config, tiny_sequential
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase, TensorRecord
@@ -59,9 +59,14 @@ def train(model: nn.Module, batch: Batch, out: Path, steps: int = STEPS, config:
     return out
 
 
-MODELS = {
-    "hf-llama": (tiny_llama, hf_lm_loss, {}, ["model.layers.0.self_attn", "model.layers.0.mlp", "model.layers.1.self_attn", "model.layers.1.mlp"]),
-    "gpt2-style": (tiny_gpt, lm_loss, {}, ["h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp"]),
+def blocks(prefix: str, attn: str) -> list[str]:
+    return [f"{prefix}{i}.{site}" for i in range(2) for site in (attn, "mlp")]
+
+
+MODELS = {  # name: (model, batch and loss, trace options, its sites)
+    "hf-llama": (tiny_llama, hf_lm_loss, {}, blocks("model.layers.", "self_attn")),
+    "hf-gpt2": (tiny_hf_gpt2, hf_lm_loss, {}, blocks("transformer.h.", "attn")),
+    "gpt2-style": (tiny_gpt, lm_loss, {}, blocks("h.", "attn")),
     "sequential": (tiny_sequential, regression_loss, {"sites": r"0|2"}, ["0", "2"]),
 }
 

@@ -28,6 +28,13 @@ def tiny_llama() -> nn.Module:
     return LlamaForCausalLM(tiny_llama_config())
 
 
+def tiny_hf_gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=2, n_head=2))
+
+
 class CausalSelfAttention(nn.Module):
     """GPT-2's attention: one fused qkv projection; returns ``(output, present)`` as GPT-2 does."""
 
