@@ -28,6 +28,13 @@ gradients are summed: trace a healthy and a suspect run at the same sites.
 A site that can still not give an input gradient (its only tensor input is an
 integer tensor, or its output does not depend on its input differentiably) is
 reported once through ``on_unrecordable`` at its first forward under autograd.
+As with torch's full backward hooks, a site must not modify its input in place
+(``nn.ReLU(inplace=True)`` as a site): autograd refuses that on the tapped input.
+
+The callbacks know nothing of steps or microbatches: read those from your own
+clock (the Tracer's ``step_index`` and ``microbatch_index``). ``on_input_grad``
+runs inside the backward pass, ``on_output`` inside the forward; sdctrace's own
+tensor work here runs in `tracer.intercept.own_ops`, which fault emulators skip.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tracer.errors import CaptureError
+from tracer.intercept import own_ops
 
 OutputCallback = Callable[[str, torch.Tensor], torch.Tensor | None]
 """``(site, output) -> replacement or None``: runs after the site's forward.
@@ -119,8 +127,9 @@ class SiteHooks:
             if x is None:
                 self._unrecordable(name, "it has no floating-point tensor input (positional or keyword)")
                 return None
-            anchor = None if x.requires_grad else self._anchor(x.device)
-            tapped = _InputGrad.apply(x, anchor, report)
+            with own_ops():
+                anchor = None if x.requires_grad else self._anchor(x.device)
+                tapped = _InputGrad.apply(x, anchor, report)
             if isinstance(key, int):
                 return (*args[:key], tapped, *args[key + 1 :]), kwargs
             return args, {**kwargs, key: tapped}
@@ -157,7 +166,10 @@ class SiteHooks:
             if new is None:
                 return None
             _check_replacement(name, "output", out, new)
-            return _rebuilt(output, key, _Substitute.apply(out, new) if out.requires_grad else new)
+            if out.requires_grad:
+                with own_ops():
+                    new = _Substitute.apply(out, new)
+            return _rebuilt(output, key, new)
 
         return hook
 
