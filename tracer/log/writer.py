@@ -2,7 +2,8 @@
 
 Writes are buffered (the caller flushes per batch), so a crash loses or tears only
 the tail, which the reader recognises. A full segment is fsynced before the next one
-is created: only the last segment can ever end torn.
+is created: only the last segment can ever end torn. `HeaderAtFirstFlush` opens a
+LogWriter late, for a header that is final only once recording has begun.
 """
 
 from __future__ import annotations
@@ -52,11 +53,7 @@ class LogWriter:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         open_file: Callable[[Path], BinaryIO] | None = None,
     ) -> None:
-        if segment_bytes <= 0:
-            raise UsageError(f"segment_bytes must be > 0, got {segment_bytes}")
-        self.directory = Path(directory)
-        check_header(header)
-        claim_directory(self.directory)
+        self.directory = _claim(directory, header, segment_bytes)
         self._header = header
         self._open_file = open_file or (lambda path: open(path, "xb", buffering=_BUFFER_BYTES))
         self._segment_bytes = segment_bytes
@@ -183,8 +180,11 @@ class LogWriter:
         return UsageError(f"the log writer for {self.directory} is closed; open a new run to write more")
 
 
-def check_header(header: RunHeader) -> None:
-    """Refuse a header that would not read back as written."""
+def _claim(directory: Path, header: RunHeader, segment_bytes: int) -> Path:
+    """Check a new log's segment size and header (it must read back as written), then create its
+    directory; refuse one that already holds a log."""
+    if segment_bytes <= 0:
+        raise UsageError(f"segment_bytes must be > 0, got {segment_bytes}")
     try:
         decode_header(encode_header(header, 0), source="the RunHeader given to LogWriter")
     except LogFormatError as e:
@@ -194,10 +194,7 @@ def check_header(header: RunHeader) -> None:
             f"the run header cannot be stored ({e}): config, versions, determinism and extra "
             "must hold only None, bool, int, float, str, bytes, lists and str-keyed dicts"
         ) from e
-
-
-def claim_directory(directory: Path) -> None:
-    """Create ``directory`` for a new log; refuse one that already holds a log."""
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     existing = list_segments(directory)
     if existing:
@@ -205,6 +202,7 @@ def claim_directory(directory: Path) -> None:
             f"{directory}: already holds a log ({len(existing)} segment(s)); a log is written "
             "once: choose a new run directory or delete this one"
         )
+    return directory
 
 
 class HeaderAtFirstFlush:
@@ -226,11 +224,7 @@ class HeaderAtFirstFlush:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         open_file: Callable[[Path], BinaryIO] | None = None,
     ) -> None:
-        if segment_bytes <= 0:
-            raise UsageError(f"segment_bytes must be > 0, got {segment_bytes}")
-        self.directory = Path(directory)
-        check_header(header())
-        claim_directory(self.directory)
+        self.directory = _claim(directory, header(), segment_bytes)
         self._header = header
         self._segment_bytes = segment_bytes
         self._open_file = open_file
