@@ -19,6 +19,7 @@ from typing import Any
 from timing import side_by_side, warmup
 
 from tracer.launch import launch
+from tracer.options import RunInfo
 from tracer.tracing import Tracer
 from workload.config import Config, load_config
 from workload.reference import build
@@ -30,7 +31,7 @@ def steps_side_by_side(config: dict[str, Any], steps: int, out: str) -> dict[str
     """One rank: alternate untraced and traced steps; median step times."""
     cfg = Config.from_dict(config)
     plain, traced = build(cfg), build(cfg)
-    with Tracer(traced.model, traced.optimizer, out=out, node_label="bench", config=cfg.to_dict(),
+    with Tracer(traced.model, traced.optimizer, out=out, run=RunInfo("bench", config=cfg.to_dict()),
                 parallel=traced.layout) as tracer:
         plain_s, traced_s = side_by_side(plain, traced, tracer, steps)
     return {"plain": plain_s, "traced": traced_s}

@@ -23,6 +23,7 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 import torch_xla  # noqa: E402
 import torch_xla.debug.metrics as met  # noqa: E402
 
+from tracer.options import RunInfo  # noqa: E402
 from tracer.tracing import Tracer  # noqa: E402
 from workload.config import load_config  # noqa: E402
 from workload.protocol import run_step
@@ -51,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     per_step: list[tuple[int, int, int, int]] = []  # traced XLA steps: step, graphs, reads, compilations
     with tempfile.TemporaryDirectory() as tmp:
         tracers = {
-            n: Tracer(w.model, w.optimizer, out=Path(tmp) / n.replace(" ", "-"), node_label="bench",
-                      config=cfg.to_dict())
+            n: Tracer(w.model, w.optimizer, out=Path(tmp) / n.replace(" ", "-"),
+                      run=RunInfo("bench", config=cfg.to_dict()))
             for n, w in zip(names, workloads) if n.endswith("traced")
         }
         for tracer in tracers.values():

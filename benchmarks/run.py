@@ -32,6 +32,7 @@ from faults.abft import AbftChecker
 from tracer.log import rank_dir
 from tracer.log.reader import LogReader
 from tracer.log.records import TensorRecord
+from tracer.options import RunInfo
 from tracer.tracing import Tracer
 from workload.config import load_config
 from workload.protocol import run_step
@@ -44,10 +45,7 @@ def bench_tracing_overhead(steps: int, config: str | None) -> tuple[float, float
     plain, traced = build(cfg), build(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        with Tracer(
-            traced.model, traced.optimizer, out=out, node_label="bench",
-            config=cfg.to_dict(),
-        ) as tracer:
+        with Tracer(traced.model, traced.optimizer, out=out, run=RunInfo("bench", config=cfg.to_dict())) as tracer:
             plain_s, traced_s = side_by_side(plain, traced, tracer, steps)
         ratio = traced_s / plain_s
         per_event = _tensor_event_bytes(out)
@@ -67,10 +65,9 @@ def bench_interceptor_overhead(steps: int, config: str | None) -> tuple[float, f
     workloads = [build(cfg) for _ in names]
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         tracers = [
-            stack.enter_context(Tracer(
-                w.model, w.optimizer, out=Path(tmp) / name, node_label="bench",
-                config=cfg.to_dict(),
-            ))
+            stack.enter_context(
+                Tracer(w.model, w.optimizer, out=Path(tmp) / name, run=RunInfo("bench", config=cfg.to_dict()))
+            )
             for w, name in zip(workloads, names)
         ]
         hooks = [

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tracer.determinism import configure_determinism
+from tracer.options import RunInfo, TraceOptions
 from tracer.tracing import Tracer
 
 
@@ -49,8 +50,8 @@ def main() -> None:
     data = torch.Generator().manual_seed(1000 + rank)  # each replica its own shard of the data
     config = {"example": "torchrun_ddp", "width": args.width, **settings}
     try:
-        with Tracer(ddp, optimizer, out=args.out, node_label=f"example-rank{rank}", config=config,
-                    sites=r"module\.\d+\.mlp") as tracer:
+        run = RunInfo(f"example-rank{rank}", config=config)
+        with Tracer(ddp, optimizer, out=args.out, run=run, options=TraceOptions(sites=r"module\.\d+\.mlp")) as tracer:
             for step in range(args.steps):
                 with tracer.step(step):
                     x = torch.randn(16, args.width, generator=data)  # (B, C)

@@ -51,6 +51,7 @@ from tracer.errors import ConfigError, ValidationError
 from tracer.intercept import own_ops
 from tracer.log import LogReader, LogWriter, prepare_out_dir, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
+from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import check_pair
 from tracer.tracing import Tracer, software_versions
 from workload.config import Config
@@ -363,8 +364,8 @@ class Replayer:
         """
         sink = VerifyingSink(self.golden.expected)
         tracer = Tracer(
-            w.model, w.optimizer, out=None, sink=sink, node_label="golden-reexecution",
-            sites=self.site_pattern, config=self.golden.header.config, parallel=w.layout,
+            w.model, w.optimizer, sink=sink, run=RunInfo("golden-reexecution", config=self.golden.header.config),
+            options=TraceOptions(sites=self.site_pattern), parallel=w.layout,
         )
         kept: dict[Key, torch.Tensor] = {}
         with ExitStack() as stack:

@@ -46,3 +46,8 @@ class LogCorruptionError(LogError):
 
 class ValidationError(SdcError):
     """Two runs, or a run and a request, do not fit together (pairing, steps, blobs)."""
+
+
+class TraceWarning(UserWarning):
+    """Something is recorded less completely than asked (a site with no gradient, microbatches
+    logged as one); training goes on."""

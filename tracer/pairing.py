@@ -37,8 +37,24 @@ def pairing_differences(golden: RunHeader, suspect: RunHeader, fields: Sequence[
     # Traced sites change the autograd graph (see Tracer); replay logs carry none.
     sites_g, sites_s = golden.extra.get("sites"), suspect.extra.get("sites")
     if sites_g is not None and sites_s is not None and sites_g != sites_s:
-        out.append(f"extra.sites: {len(sites_g)} traced sites vs {len(sites_s)} (record both with the same --sites)")
+        out.append(_sites_difference(sites_g, sites_s))
     return out
+
+
+def _sites_difference(a: list[str], b: list[str], shown: int = 3) -> str:
+    """Which sites only one run traced, a few by name."""
+    only_a, only_b = [s for s in a if s not in set(b)], [s for s in b if s not in set(a)]
+    sides = (("first", only_a), ("second", only_b))
+    parts = [f"only in the {which}: {_few(names, shown)}" for which, names in sides if names]
+    return (
+        f"extra.sites: {len(a)} traced sites vs {len(b)}, {'; '.join(parts) or 'the same in another order'} "
+        "(trace both at the same sites: TraceOptions(sites=...) in Python, --sites with sdc record)"
+    )
+
+
+def _few(names: list[str], shown: int) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def check_pair(golden: RunHeader, suspect: RunHeader, golden_name: str, suspect_name: str) -> None:

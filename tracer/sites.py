@@ -4,6 +4,10 @@ The reference study compared each block's attention and feed-forward submodule,
 so those are the defaults, found by name first (``layers.3.attention``,
 ``h.0.mlp``, ...) and by class name as a fallback. Users override with a regex
 over module paths or an explicit list of modules.
+
+Paths are those of the model as written: ``torch.compile`` wraps a model as
+``_orig_mod``, and those segments are left out of every site and parameter name
+(`module_path`), so a compiled and an eager run pair.
 """
 
 from __future__ import annotations
@@ -21,9 +25,17 @@ DEFAULT_CLASS_PATTERN = r"(Attention|MLP|FeedForward|FFN)$"
 SiteSpec = str | Sequence[nn.Module] | None
 
 
+_COMPILED = re.compile(r"(?:^|(?<=\.))_orig_mod(?:\.|$)")
+
+
+def module_path(name: str) -> str:
+    """``name`` without torch.compile's ``_orig_mod`` segments: ``_orig_mod.h.0.attn`` -> ``h.0.attn``."""
+    return _COMPILED.sub("", name).rstrip(".") if "_orig_mod" in name else name
+
+
 def find_sites(model: nn.Module, spec: SiteSpec = None) -> list[tuple[str, nn.Module]]:
     """Resolve ``spec`` to ``(path, module)`` pairs in the model's registration order."""
-    named = [(n, m) for n, m in model.named_modules() if n]
+    named = [(p, m) for n, m in model.named_modules() if (p := module_path(n))]
     if spec is None:
         by_name = [(n, m) for n, m in named if re.search(DEFAULT_NAME_PATTERN, n)]
         if by_name:
@@ -58,3 +70,14 @@ def _outermost(pairs: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]
         if not any(n.startswith(k + ".") for k, _ in keep):
             keep.append((n, m))
     return keep
+
+
+def module_tree(model: nn.Module, lines: int = 8) -> str:
+    """The top of the model's module tree, one indented ``path ClassName`` per line, for error messages."""
+    rows = [f"{type(model).__name__}"]
+    named = [(p, m) for n, m in model.named_modules() if (p := module_path(n))]
+    for path, m in named[: lines - 1]:
+        rows.append(f"{'  ' * (path.count('.') + 1)}{path} {type(m).__name__}")
+    if len(named) > lines - 1:
+        rows.append(f"  ... and {len(named) - (lines - 1)} more modules")
+    return "\n".join(rows)

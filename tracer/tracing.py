@@ -2,7 +2,7 @@
 
 Works on any ``nn.Module`` and ``torch.optim.Optimizer``::
 
-    with Tracer(model, optimizer, out="runs/a", node_label="node-7", config=cfg) as tr:
+    with Tracer(model, optimizer, out="runs/a", run=RunInfo("node-7", config=cfg)) as tr:
         for step in range(steps):
             with tr.step(step):
                 for mb, (x, y) in enumerate(microbatches):
@@ -13,7 +13,8 @@ Works on any ``nn.Module`` and ``torch.optim.Optimizer``::
                 optimizer.step()
                 optimizer.zero_grad()
 
-Hooks record each site's forward output and the gradient w.r.t. its input;
+Hooks record each site's forward output and the gradient w.r.t. its input, whatever
+the site's calling convention (`tracer.site_hooks` says which tensors those are);
 optimizer hooks record every gradient before the step and every parameter after
 it; collectives that report to `tracer.collectives` have their input and output
 recorded. Under ``torch.distributed`` each rank writes its own log (``rank-NNNNN``)
@@ -29,13 +30,14 @@ if the loop already did) and reads all of them in one transfer (docs/xla.md).
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import re
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,14 +53,16 @@ from tracer.collectives import Stage, observing, record_name
 from tracer.config import config_fingerprint, header_config
 from tracer.determinism import determinism_settings
 from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
-from tracer.errors import CaptureError
+from tracer.errors import CaptureError, ConfigError, TraceWarning
 from tracer.fingerprint import ALGORITHM, TensorDigest, digest, lazy_digest
 from tracer.intercept import own_ops
 from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
-from tracer.log.writer import LogWriter
+from tracer.log.writer import HeaderAtFirstFlush
+from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
-from tracer.sites import SiteSpec, find_sites
+from tracer.site_hooks import SiteHooks
+from tracer.sites import find_sites, module_path, module_tree
 
 
 class RecordSink(Protocol):
@@ -69,27 +73,6 @@ class RecordSink(Protocol):
     def flush(self) -> None: ...
     def close(self, status: str = "complete", detail: str = "") -> None: ...
     def abandon(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class CapturePolicy:
-    """Which full tensors to keep in the blob store; fingerprints are always recorded."""
-
-    steps: frozenset[int] = frozenset()
-    every: int = 0  # also every N-th step (0: only ``steps``)
-    names: str | None = None  # regex that a site or parameter name must fully match
-    phases: frozenset[Phase] = field(default_factory=lambda: frozenset(Phase))
-
-    def wants(self, step: int, name: str, phase: Phase) -> bool:
-        if not (step in self.steps or (self.every > 0 and step % self.every == 0)):
-            return False
-        if phase not in self.phases:
-            return False
-        return self.names is None or re.fullmatch(self.names, name) is not None
-
-    @property
-    def active(self) -> bool:
-        return bool(self.steps) or self.every > 0
 
 
 def software_versions() -> dict[str, str]:
@@ -105,8 +88,10 @@ def software_versions() -> dict[str, str]:
 class Tracer:
     """Record fingerprints of one training process into ``out/rank-NNNNN``.
 
-    With ``sink`` instead of ``out``, records go to that sink (no files are written):
-    replay uses this to check a re-execution against a recorded log.
+    ``run`` names the run (`RunInfo`), ``options`` say what to record (`TraceOptions`;
+    the default records everything). With ``sink`` instead of ``out``, records go to
+    that sink (no files are written): replay uses this to check a re-execution against
+    a recorded log. ``parallel`` is the rank layout of a multi-rank run.
     """
 
     def __init__(
@@ -114,74 +99,70 @@ class Tracer:
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None = None,
         *,
-        out: str | Path | None,
-        node_label: str,
-        config: Mapping[str, Any] | None = None,
-        seed: int = 0,
-        data_order_fingerprint: str = "",
-        role: str = "train",
-        run_id: str | None = None,
-        sites: SiteSpec = None,
-        capture: CapturePolicy | None = None,
-        activations: bool = True,
-        gradients: bool = True,
-        parameters: bool = True,
-        segment_bytes: int = 64 << 20,
-        max_pending_chunks: int = 64,
-        extra: Mapping[str, Any] | None = None,
+        run: RunInfo,
+        out: str | Path | None = None,
+        options: TraceOptions | None = None,
         sink: RecordSink | None = None,
         parallel: Layout | None = None,
-        collectives: bool = True,
     ) -> None:
         if (out is None) == (sink is None):
             raise CaptureError("give the Tracer exactly one of out (a run directory) or sink")
+        if not isinstance(run, RunInfo):
+            found = type(run).__name__
+            raise ConfigError(f'Tracer(run=...) takes a RunInfo, found {found}; e.g. run=RunInfo("node-7")')
         self.model = model
         self.optimizer = optimizer
         self.out = Path(out) if out is not None else None
         self._sink = sink
-        self.sites = find_sites(model, sites) if activations else []
-        self.capture = capture or CapturePolicy()
+        self.run_info = run
+        self.options = options = options or TraceOptions()
+        self.sites = find_sites(model, options.sites) if options.activations else []
+        if options.activations and options.sites is None and not self.sites:
+            raise ConfigError(_no_default_sites(model))
+        self.capture = options.capture
         self.blobs = BlobStore(self.out) if self.out is not None else None
-        self._gradients = gradients
-        self._parameters = parameters
-        self._segment_bytes = segment_bytes
-        self._max_pending_chunks = max_pending_chunks
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         else:
             self.rank, self.world_size = 0, 1
         self.layout = parallel or Layout(dp=self.world_size)
         self.layout.check(self.world_size)
-        self._collectives = collectives
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
-        config = header_config(config)
+        config = header_config(run.config)
         self.header = RunHeader(
             schema_version=SCHEMA_VERSION,
-            run_id=run_id or uuid.uuid4().hex,
-            node_label=node_label,
-            role=role,
+            run_id=run.run_id or uuid.uuid4().hex,
+            node_label=run.node_label,
+            role=run.role,
             world_size=self.world_size,
             rank=self.rank,
             config=config,
             config_fingerprint=config_fingerprint(config),
-            seed=seed,
-            data_order_fingerprint=data_order_fingerprint,
+            seed=run.seed,
+            data_order_fingerprint=run.data_order_fingerprint,
             fingerprint_algorithm=ALGORITHM,
             versions={**software_versions(), **device_versions(device)},
             device=str(device),
             determinism={**determinism_settings(), **device_determinism(device)},
             created_unix=time.time(),
-            # Full backward hooks add autograd nodes, which can change gradient summation
-            # order: the traced sites are part of what makes two runs bit-comparable.
+            # Site hooks add autograd nodes, which can change gradient summation order:
+            # the traced sites are part of what makes two runs bit-comparable.
             extra={
-                **dict(extra or {}),
+                **dict(run.extra),
                 "sites": [name for name, _ in self.sites],
                 "parallel": self.layout.header(self.rank),
             },
         )
-        self._names = {id(p): n for n, p in model.named_parameters()}
+        self._names = {id(p): module_path(n) for n, p in model.named_parameters()}
         self._handles: list[RemovableHandle] = []
+        self._site_hooks: SiteHooks | None = None
+        self.sites_without_backward: dict[str, str] = {}  # site -> why it records no BACKWARD
+        # Telling microbatches apart: backward passes begun since the last microbatch() or step(), and
+        # whether the last site record (recomputations aside) was a forward one.
+        self._backward_passes = 0
+        self._after_forward = False
+        self._warned_microbatches = False
         self._observing: AbstractContextManager[None] | None = None
         self._io: IOThread | None = None
         self._log: RecordSink | None = None
@@ -196,28 +177,33 @@ class Tracer:
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
-        io = IOThread(max_pending=self._max_pending_chunks) if self._sink is None else None
+        io = IOThread(max_pending=self.options.max_pending_chunks) if self._sink is None else None
         try:
             if io is None:
                 self._log = self._sink
             else:
                 assert self.out is not None
-                self._log = LogWriter(
+                # The header is written at the first flush (the end of the first step), so that it can
+                # name the sites found at their first forward to give no input gradient.
+                self._log = HeaderAtFirstFlush(
                     rank_dir(self.out, self.rank),
-                    self.header,
-                    segment_bytes=self._segment_bytes,
+                    self._final_header,
+                    segment_bytes=self.options.segment_bytes,
                     open_file=lambda path: AsyncFile(path, io),
                 )
             self._io = io
-            for name, module in self.sites:
-                self._handles.append(module.register_forward_hook(self._forward_hook(name)))
-                self._handles.append(module.register_full_backward_hook(self._backward_hook(name)))
+            self._site_hooks = SiteHooks(
+                self.sites,
+                on_output=self._site_output,
+                on_input_grad=self._site_input_grad,
+                on_unrecordable=self._site_without_backward,
+            ).__enter__()
             if self.optimizer is not None:
-                if self._gradients:
+                if self.options.gradients:
                     self._handles.append(self.optimizer.register_step_pre_hook(self._before_optimizer_step))
-                if self._parameters:
+                if self.options.parameters:
                     self._handles.append(self.optimizer.register_step_post_hook(self._after_optimizer_step))
-            if self._collectives:
+            if self.options.collectives:
                 self._observing = observing(self._collective)
                 self._observing.__enter__()
         except BaseException:
@@ -263,6 +249,9 @@ class Tracer:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self._site_hooks is not None:
+            self._site_hooks.remove()
+            self._site_hooks = None
         if self._observing is not None:
             self._observing.__exit__(None, None, None)
             self._observing = None
@@ -286,6 +275,7 @@ class Tracer:
         """Bracket one optimizer step; its wall time, losses and learning rates are logged."""
         self.step_index = step
         self.microbatch_index = 0
+        self._backward_passes = 0
         self._losses = []
         self._lrs = []
         self._step_start = time.perf_counter()
@@ -312,6 +302,7 @@ class Tracer:
     def microbatch(self, index: int, inputs: torch.Tensor | tuple[torch.Tensor, ...] | None = None) -> None:
         """Start microbatch ``index`` (gradient accumulation) and fingerprint its inputs."""
         self.microbatch_index = index
+        self._backward_passes = 0
         if inputs is None:
             return
         tensors = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
@@ -408,24 +399,46 @@ class Tracer:
             finish([next(host) for _ in ts])
 
     # -- hooks -------------------------------------------------------------------------
-    def _forward_hook(self, name: str):  # noqa: ANN202 - torch hook signature
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self._paused:
-                return
-            for suffix, t in _tensors(output):
-                self.record(name + suffix, t, Phase.FORWARD)
+    def _site_output(self, name: str, output: torch.Tensor) -> None:
+        if self._paused:
+            return
+        if not _in_backward():  # activation checkpointing recomputes forwards inside the backward pass
+            self._after_forward = True
+        self.record(name, output, Phase.FORWARD)
 
-        return hook
+    def _site_input_grad(self, name: str, grad: torch.Tensor) -> None:
+        if self._paused:
+            return
+        if self._after_forward:  # a backward pass begins
+            self._after_forward = False
+            self._backward_passes += 1
+            if self._backward_passes == 2 and not self._warned_microbatches:
+                self._warned_microbatches = True
+                warnings.warn(
+                    f"step {self.step_index}: a second backward pass began without tracer.microbatch() in "
+                    f"between, so both are recorded as microbatch {self.microbatch_index}; call "
+                    "tracer.microbatch(i) before each microbatch's forward pass",
+                    TraceWarning,
+                    stacklevel=2,
+                )
+        self.record(name, grad, Phase.BACKWARD)
 
-    def _backward_hook(self, name: str):  # noqa: ANN202
-        def hook(module: nn.Module, grad_input: tuple[Any, ...], grad_output: Any) -> None:
-            if self._paused:
-                return
-            for i, g in enumerate(grad_input):
-                if isinstance(g, torch.Tensor):
-                    self.record(name if i == 0 else f"{name}[{i}]", g, Phase.BACKWARD)
+    def _site_without_backward(self, name: str, reason: str) -> None:
+        self.sites_without_backward[name] = reason
+        warnings.warn(
+            f"site {name} records no backward (gradient) fingerprint: {reason}; "
+            "choose sites whose input is a floating-point tensor (TraceOptions(sites=...)) to record one",
+            TraceWarning,
+            stacklevel=2,
+        )
 
-        return hook
+    def _final_header(self) -> RunHeader:
+        """The header as the log stores it: with the sites that turned out to give no input gradient."""
+        if not self.sites_without_backward:
+            return self.header
+        extra = {**self.header.extra, "sites_without_backward": dict(self.sites_without_backward)}
+        self.header = dataclasses.replace(self.header, extra=extra)
+        return self.header
 
     def _collective(self, point: str, op: str, phase: Phase, stage: Stage, tensor: torch.Tensor) -> None:
         self.record(record_name(point, op, stage), tensor, phase, microbatch=0 if phase == Phase.GRAD else None)
@@ -446,12 +459,17 @@ class Tracer:
                 self.record(self._param_name(gi, pi, p), p, Phase.PARAM, microbatch=0)
 
 
-def _tensors(output: Any) -> list[tuple[str, torch.Tensor]]:
-    """The tensors in a module's output, with a suffix naming their position."""
-    if isinstance(output, torch.Tensor):
-        return [("", output)]
-    if isinstance(output, (tuple, list)):
-        return [(f"[{i}]", t) for i, t in enumerate(output) if isinstance(t, torch.Tensor)]
-    if isinstance(output, Mapping):
-        return [(f"[{k}]", t) for k, t in output.items() if isinstance(t, torch.Tensor)]
-    return []
+def _no_default_sites(model: nn.Module) -> str:
+    weighted = [module_path(n) for n, m in model.named_modules() if n and list(m.parameters(recurse=False))]
+    example = "|".join(re.escape(n) for n in weighted[:2]) or ".*"
+    return (
+        f"the Tracer found no default sites in {type(model).__name__} (no attention or MLP submodule of a "
+        f"numbered block, by path or class name): pass TraceOptions(sites=...) a regex over the module paths "
+        f"below (e.g. sites=r\"{example}\") or a list of modules, or TraceOptions(activations=False) to trace "
+        f"only gradients and parameters. The model's modules:\n{module_tree(model)}"
+    )
+
+
+def _in_backward() -> bool:
+    """True while the autograd engine runs a backward pass (torch.autograd.graph asks the same way)."""
+    return torch._C._current_graph_task_id() != -1

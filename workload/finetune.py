@@ -42,6 +42,7 @@ from tracer.determinism import configure_determinism
 from tracer.errors import ConfigError, UsageError
 from tracer.intercept import own_ops
 from tracer.log import LogReader, RunHeader, prepare_out_dir, rank_dir
+from tracer.options import RunInfo
 from tracer.tracing import Tracer
 from workload.config import Config, OptimConfig
 from workload.model import Transformer
@@ -249,13 +250,14 @@ def finetune_run(
     optimizer = make_optimizer(model, optim)
     train = ExampleBatches([ex for t in task_list for ex in t.train])
     config = {**cfg.to_dict(), "finetune": s.to_dict()}
-    tracer = Tracer(
-        model, optimizer, out=out, node_label=node_label, role=ROLE, config=config,
+    run = RunInfo(
+        node_label, role=ROLE, config=config,
         # Like pretraining, everything but [run] (the pretraining length) decides the bits.
         seed=cfg.train.seed, data_order_fingerprint=data_order_fingerprint(s, task_list),
         extra={"finetune_of": source.run_id, "finetune": s.to_dict(),
                "tasks": {t.name: t.fingerprint for t in task_list}, **node_header(fault_profile, fault_seed, False)},
     )
+    tracer = Tracer(model, optimizer, out=out, run=run)
     node = emulated_node(tracer, model, fault_profile=fault_profile, fault_seed=fault_seed)
     losses: list[float] = []
     start = time.perf_counter()

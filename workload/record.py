@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,9 @@ from faults import FaultProfile, load_profile
 from faults.node import emulated_node, node_header
 from tracer.device import is_lazy, resolve_device
 from tracer.errors import UsageError
-from tracer.log import Phase, prepare_out_dir
-from tracer.tracing import CapturePolicy, Tracer
+from tracer.log import prepare_out_dir
+from tracer.options import RunInfo, TraceOptions
+from tracer.tracing import Tracer
 from workload.config import Config
 from workload.protocol import REFERENCE, build_workload, run_step
 
@@ -38,10 +39,8 @@ class RecordRequest:
     node_label: str
     workload: str = REFERENCE  # the factory's entry point, package.module:function
     overwrite: bool = False
-    sites: str | None = None  # regex over module paths; None: the default attention/feed-forward sites
-    capture: CapturePolicy = field(default_factory=CapturePolicy)
+    trace: TraceOptions = TraceOptions()  # what the Tracer records: sites, captured tensors, segment size
     progress: bool = True
-    segment_bytes: int = 64 << 20
     fault_profile: FaultProfile | None = None
     fault_seed: int = 0
     abft: bool = False
@@ -49,25 +48,17 @@ class RecordRequest:
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the launcher, which hands the request to every rank's process."""
-        c = self.capture
         return {
-            "out": str(self.out), "node_label": self.node_label, "workload": self.workload,
-            "overwrite": self.overwrite, "sites": self.sites,
-            "capture": {"steps": sorted(c.steps), "every": c.every, "names": c.names,
-                        "phases": sorted(int(p) for p in c.phases)},
-            "progress": self.progress, "segment_bytes": self.segment_bytes,
+            **{f.name: getattr(self, f.name) for f in fields(self)}, "out": str(self.out),
+            "trace": self.trace.to_dict(),
             "fault_profile": str(self.fault_profile.path) if self.fault_profile is not None else None,
-            "fault_seed": self.fault_seed, "abft": self.abft, "device": self.device,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RecordRequest:
-        c = data["capture"]
-        capture = CapturePolicy(steps=frozenset(c["steps"]), every=c["every"], names=c["names"],
-                                phases=frozenset(Phase(p) for p in c["phases"]))
         profile = load_profile(data["fault_profile"]) if data["fault_profile"] else None
-        plain = {k: v for k, v in data.items() if k not in ("out", "capture", "fault_profile")}
-        return cls(out=Path(data["out"]), capture=capture, fault_profile=profile, **plain)
+        trace = TraceOptions.from_dict(data["trace"], source="sdc record")
+        return cls(**{**data, "out": Path(data["out"]), "trace": trace, "fault_profile": profile})
 
 
 @dataclass
@@ -98,22 +89,11 @@ def record(
     if w.layout.world_size > 1:
         torch.distributed.barrier()  # no rank writes before rank 0 has cleared the directory
     extra = {"workload": request.workload, **node_header(request.fault_profile, request.fault_seed, request.abft)}
-    tracer = Tracer(
-        w.model,
-        w.optimizer,
-        out=request.out,
-        node_label=request.node_label,
-        config=w.config,
-        seed=w.seed,
-        data_order_fingerprint=w.data_order_fingerprint,
-        sites=request.sites,
-        capture=request.capture,
-        extra=extra,
-        segment_bytes=request.segment_bytes,
-        parallel=w.layout,
-    )
+    run_info = RunInfo(request.node_label, config=w.config, seed=w.seed,
+                       data_order_fingerprint=w.data_order_fingerprint, extra=extra)
+    tracer = Tracer(w.model, w.optimizer, out=request.out, run=run_info, options=request.trace, parallel=w.layout)
     node = emulated_node(tracer, w.model, fault_profile=request.fault_profile, fault_seed=request.fault_seed,
-                         abft=request.abft, sites=request.sites)
+                         abft=request.abft, sites=request.trace.sites)
     losses: list[float] = []
     start = time.perf_counter()
     every = run.checkpoint_every

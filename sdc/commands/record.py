@@ -20,7 +20,7 @@ from sdc.commands._common import (
 from tracer.errors import ConfigError
 from tracer.launch import launch
 from tracer.log import prepare_out_dir
-from tracer.tracing import CapturePolicy
+from tracer.options import CapturePolicy, TraceOptions
 from workload.protocol import REFERENCE
 from workload.record import RecordRequest, record
 
@@ -70,9 +70,13 @@ def run(args: argparse.Namespace) -> int:
         args.overrides.append(f"run.checkpoint_every={args.checkpoint_every}")
     request = RecordRequest(
         out=args.out, node_label=args.node_label, workload=args.workload or REFERENCE, overwrite=args.overwrite,
-        sites=args.sites, capture=CapturePolicy(steps=frozenset(_int_list(args.capture_steps)),
-                                                every=args.capture_every, names=args.capture_names),
-        progress=not args.quiet, segment_bytes=args.segment_mb << 20,
+        trace=TraceOptions(
+            sites=args.sites, segment_bytes=args.segment_mb << 20,
+            capture=CapturePolicy(
+                steps=frozenset(_int_list(args.capture_steps)), every=args.capture_every, names=args.capture_names
+            ),
+        ),
+        progress=not args.quiet,
         fault_profile=load_profile(args.fault_profile) if args.fault_profile is not None else None,
         fault_seed=args.fault_seed, abft=args.abft, device=args.device,
     )

@@ -106,3 +106,36 @@ def test_counts_what_it_wrote(tmp_path: Path, header: RunHeader) -> None:
     assert w.records_written == 101
     assert w.segment_index == len(reader.segments) - 1 > 0
     assert w.bytes_written == sum(p.stat().st_size for p in reader.segments)
+
+
+def test_header_at_first_flush_writes_the_header_as_it_stands_then(tmp_path: Path, header: RunHeader) -> None:
+    from tracer.log.writer import HeaderAtFirstFlush
+
+    extra: dict = {}
+    w = HeaderAtFirstFlush(tmp_path / "r", lambda: dataclasses.replace(header, extra={**header.extra, **extra}))
+    w.write_tensor(T)
+    with pytest.raises(UsageError, match="cannot be stored"):  # a bad event fails where it is written
+        w.write_event(EventRecord("loss", 1, {"loss": object()}))
+    assert (tmp_path / "r").is_dir() and not any((tmp_path / "r").iterdir())  # nothing written before the flush
+    extra["sites_without_backward"] = {"emb": "no float input"}
+    w.flush()
+    w.write_event(EventRecord("step", 1, {}))
+    w.close()
+    reader = LogReader(tmp_path / "r")
+    assert list(reader.records()) == [T, EventRecord("step", 1, {})] and reader.status.complete
+    assert reader.header.extra["sites_without_backward"] == {"emb": "no float input"}
+
+
+def test_header_at_first_flush_refuses_a_taken_directory_or_bad_header_at_once(
+    make_log, header: RunHeader, tmp_path: Path
+) -> None:
+    from tracer.log.writer import HeaderAtFirstFlush
+
+    with pytest.raises(UsageError, match="already holds a log"):
+        HeaderAtFirstFlush(make_log(5), lambda: header)
+    with pytest.raises(UsageError, match="cannot be stored"):
+        HeaderAtFirstFlush(tmp_path / "new", lambda: dataclasses.replace(header, config={0: "int key"}))
+    w = HeaderAtFirstFlush(tmp_path / "abandoned", lambda: header)
+    w.write_tensor(T)
+    w.abandon()  # before the first flush: no log is left
+    assert not any((tmp_path / "abandoned").iterdir())

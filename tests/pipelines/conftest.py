@@ -23,6 +23,7 @@ from pipelines.arguments import add_arguments
 from pipelines.run import DiffReport, diff
 from tests.support import ONE_FLIP, small_config
 from tracer.log import EventRecord, LogReader, LogWriter, rank_dir
+from tracer.options import RunInfo
 from tracer.tracing import Tracer
 from workload.config import Config
 from workload.protocol import run_step
@@ -44,10 +45,8 @@ def record_hooked(cfg: Config, out: Path) -> None:
     """Record like `record_run`, with FAULT_SITE's output perturbed once, before the Tracer sees it."""
     w = build(cfg)
     site = dict(w.model.named_modules())[FAULT_SITE]
-    tracer = Tracer(
-        w.model, w.optimizer, out=out, node_label="hooked", config=cfg.to_dict(),
-        seed=cfg.train.seed, data_order_fingerprint=w.data.fingerprint,
-    )
+    run = RunInfo("hooked", config=cfg.to_dict(), seed=cfg.train.seed, data_order_fingerprint=w.data.fingerprint)
+    tracer = Tracer(w.model, w.optimizer, out=out, run=run)
 
     def perturb(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
         if (tracer.step_index, tracer.microbatch_index) == (FAULT_STEP, FAULT_MICROBATCH):

@@ -147,15 +147,15 @@ def test_bad_input_is_named(run_factory, tmp_path: Path) -> None:
 
 
 def test_golden_blobs_are_used_when_captured(run_factory, tmp_path: Path) -> None:
-    golden = run_factory("golden", "run.steps=4", "run.checkpoint_every=2", capture=_capture_step(2))
+    golden = run_factory("golden", "run.steps=4", "run.checkpoint_every=2", trace=_capture_step(2))
     out = replay(golden, suspect_from_profile("healthy-node"), "2:3", "lockstep", tmp_path / "r", golden_from="blobs")
     assert all(e.fields["mismatched"] == 0 for e in events(out, "site_mismatch"))
 
 
 def _capture_step(step: int):
-    from tracer.tracing import CapturePolicy
+    from tracer.options import CapturePolicy, TraceOptions
 
-    return CapturePolicy(steps=frozenset({step}))
+    return TraceOptions(capture=CapturePolicy(steps=frozenset({step})))
 
 
 def test_replay_cli_at_first_divergence(run_factory, one_site_profile: Path, tmp_path: Path, capsys) -> None:

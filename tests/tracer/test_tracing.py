@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -13,8 +14,9 @@ from tracer.compare import compare_runs
 from tracer.errors import CaptureError, ConfigError
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord, Phase, TensorRecord
+from tracer.options import CapturePolicy, RunInfo, TraceOptions
 from tracer.sites import find_sites
-from tracer.tracing import CapturePolicy, Tracer
+from tracer.tracing import Tracer
 from workload.model import Transformer
 
 
@@ -100,11 +102,15 @@ class Mixer(nn.Module):
         return self.head(x)
 
 
+MIXER_SITES = r"blocks\.\d+\.(token_mix|channel_mix)"
+MIXER = TraceOptions(sites=MIXER_SITES)
+
+
 def train_mixer(out: Path, sites, steps: int = 3) -> Mixer:
     torch.manual_seed(0)
     model = Mixer()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    with Tracer(model, opt, out=out, node_label="user", sites=sites, config={"lr": 0.1}) as tr:
+    with Tracer(model, opt, out=out, run=RunInfo("user", config={"lr": 0.1}), options=TraceOptions(sites=sites)) as tr:
         for step in range(steps):
             with tr.step(step):
                 x = torch.randn(5, 16, generator=torch.Generator().manual_seed(step))
@@ -118,7 +124,7 @@ def train_mixer(out: Path, sites, steps: int = 3) -> Mixer:
 
 
 def test_traces_a_user_model_with_other_names_and_sgd(tmp_path: Path) -> None:
-    model = train_mixer(tmp_path / "run", sites=r"blocks\.\d+\.(token_mix|channel_mix)")
+    model = train_mixer(tmp_path / "run", sites=MIXER_SITES)
     recs = tensor_records(tmp_path / "run")
     fwd = {r.name for r in recs if r.phase == Phase.FORWARD}
     assert fwd == {f"blocks.{i}.{k}" for i in range(2) for k in ("token_mix", "channel_mix")}
@@ -126,7 +132,7 @@ def test_traces_a_user_model_with_other_names_and_sgd(tmp_path: Path) -> None:
     assert Counter(r.phase for r in recs)[Phase.GRAD] == 3 * len(list(model.parameters()))
     # Every hook is gone after the with-block.
     for m in model.modules():
-        assert not m._forward_hooks and not m._backward_hooks
+        assert not m._forward_hooks and not m._forward_pre_hooks and not m._backward_hooks
     # The final parameters in the log are the model's final parameters, bit for bit.
     from tracer.fingerprint import fingerprint
 
@@ -158,11 +164,39 @@ def test_sites_by_list_of_modules_and_by_class_name(tmp_path: Path) -> None:
         find_sites(net, [nn.Linear(1, 1)])
 
 
+def test_a_model_without_default_sites_is_a_clear_error_that_shows_its_modules(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+    with pytest.raises(ConfigError) as err:
+        Tracer(model, None, out=tmp_path / "run", run=RunInfo("x"))
+    message = str(err.value)
+    assert "found no default sites in Sequential" in message and "activations=False" in message
+    assert 'sites=r"0|2"' in message
+    assert message.endswith("modules:\nSequential\n  0 Linear\n  1 GELU\n  2 Linear")
+    assert not (tmp_path / "run").exists()
+    # Either way out works.
+    Tracer(model, None, out=tmp_path / "a", run=RunInfo("x"), options=TraceOptions(sites=r"0|2"))
+    Tracer(model, None, out=tmp_path / "b", run=RunInfo("x"), options=TraceOptions(activations=False))
+
+
+def test_a_compiled_model_records_the_names_of_the_eager_one(tmp_path: Path) -> None:
+    from tests.tracer.test_user_models import lm_loss, train
+    from tests.tracer.user_models import tiny_gpt
+    from tracer.pairing import pairing_differences
+
+    eager = train(tiny_gpt(), lm_loss, tmp_path / "eager")
+    compiled = train(torch.compile(tiny_gpt(), backend="eager"), lm_loss, tmp_path / "compiled")
+    ha, hb = LogReader(rank_dir(eager, 0)).header, LogReader(rank_dir(compiled, 0)).header
+    assert hb.extra["sites"] == ["h.0.attn", "h.0.mlp", "h.1.attn", "h.1.mlp"]
+    assert pairing_differences(ha, hb) == []
+    names = [[(r.name, r.phase) for r in tensor_records(run)] for run in (eager, compiled)]
+    assert names[0] == names[1] and not any("_orig_mod" in n for n, _ in names[1])
+
+
 def test_a_training_error_closes_the_log_as_failed(tmp_path: Path) -> None:
     model = Mixer()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(RuntimeError, match="boom"):
-        with Tracer(model, opt, out=tmp_path / "run", node_label="x") as tr:
+        with Tracer(model, opt, out=tmp_path / "run", run=RunInfo("x"), options=MIXER) as tr:
             with tr.step(0):
                 model(torch.randn(2, 16)).sum().backward()
                 raise RuntimeError("boom")
@@ -176,9 +210,10 @@ def test_a_training_error_closes_the_log_as_failed(tmp_path: Path) -> None:
 def test_a_failing_disk_surfaces_in_the_training_thread(tmp_path: Path) -> None:
     model = Mixer()
     with pytest.raises(CaptureError, match="I/O thread"):
-        with Tracer(model, None, out=tmp_path / "run", node_label="x") as tr:
+        with Tracer(model, None, out=tmp_path / "run", run=RunInfo("x"), options=MIXER) as tr:
+            tr.sync()  # the log file opens at the first flush
             # Pull the real file out from under the I/O thread, as a vanished disk would.
-            tr.log._file._box["f"].close()
+            tr.log.writer._file._box["f"].close()
             for step in range(50):
                 with tr.step(step):
                     model(torch.randn(2, 16))
@@ -193,7 +228,7 @@ def test_capture_policy_stores_full_tensors_by_fingerprint(tmp_path: Path) -> No
     seen: dict[str, torch.Tensor] = {}
     model.blocks[0]["token_mix"].register_forward_hook(lambda m, a, o: seen.__setitem__("out", o.detach().clone()))
     sites = r"blocks\.\d\.token_mix"
-    with Tracer(model, opt, out=tmp_path / "run", node_label="x", capture=policy, sites=sites) as tr:
+    with Tracer(model, opt, out=tmp_path / "run", run=RunInfo("x"), options=TraceOptions(sites, capture=policy)) as tr:
         for step in range(2):
             with tr.step(step):
                 model(torch.randn(3, 16)).sum().backward()
@@ -208,7 +243,7 @@ def test_capture_policy_stores_full_tensors_by_fingerprint(tmp_path: Path) -> No
 
 
 def test_tracer_outside_with_block_is_a_clear_error(tmp_path: Path) -> None:
-    tr = Tracer(Mixer(), None, out=tmp_path / "run", node_label="x")
+    tr = Tracer(Mixer(), None, out=tmp_path / "run", run=RunInfo("x"), options=MIXER)
     with pytest.raises(CaptureError, match="not active"):
         tr.event("note")
 
@@ -217,7 +252,18 @@ def test_runs_traced_at_other_sites_do_not_pair(run_factory) -> None:
     from tracer.pairing import pairing_differences
 
     a = LogReader(rank_dir(run_factory("a", "run.steps=1"), 0)).header
-    b = LogReader(rank_dir(run_factory("b", "run.steps=1", sites=r"layers\.\d+\.attention"), 0)).header
+    attention_only = TraceOptions(sites=r"layers\.\d+\.attention")
+    b = LogReader(rank_dir(run_factory("b", "run.steps=1", trace=attention_only), 0)).header
     assert a.extra["sites"] == ["layers.0.attention", "layers.0.feed_forward", "layers.1.attention", "layers.1.feed_forward"]
     assert pairing_differences(a, a) == []
-    assert pairing_differences(a, b) == ["extra.sites: 4 traced sites vs 2 (record both with the same --sites)"]
+    fix = "(trace both at the same sites: TraceOptions(sites=...) in Python, --sites with sdc record)"
+    assert pairing_differences(a, b) == [
+        f"extra.sites: 4 traced sites vs 2, only in the first: layers.0.feed_forward, layers.1.feed_forward {fix}"
+    ]
+    many = dataclasses.replace(b, extra={**b.extra, "sites": [*b.extra["sites"], *(f"extra.{i}" for i in range(5))]})
+    assert pairing_differences(a, many) == [
+        "extra.sites: 4 traced sites vs 7, only in the first: layers.0.feed_forward, layers.1.feed_forward; "
+        f"only in the second: extra.0, extra.1, extra.2 and 2 more {fix}"
+    ]
+    swapped = dataclasses.replace(a, extra={**a.extra, "sites": a.extra["sites"][::-1]})
+    assert pairing_differences(a, swapped) == [f"extra.sites: 4 traced sites vs 4, the same in another order {fix}"]

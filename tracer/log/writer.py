@@ -2,7 +2,8 @@
 
 Writes are buffered (the caller flushes per batch), so a crash loses or tears only
 the tail, which the reader recognises. A full segment is fsynced before the next one
-is created: only the last segment can ever end torn.
+is created: only the last segment can ever end torn. `HeaderAtFirstFlush` opens a
+LogWriter late, for a header that is final only once recording has begun.
 """
 
 from __future__ import annotations
@@ -52,25 +53,7 @@ class LogWriter:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         open_file: Callable[[Path], BinaryIO] | None = None,
     ) -> None:
-        if segment_bytes <= 0:
-            raise UsageError(f"segment_bytes must be > 0, got {segment_bytes}")
-        self.directory = Path(directory)
-        try:
-            decode_header(encode_header(header, 0), source="the RunHeader given to LogWriter")
-        except LogFormatError as e:
-            raise UsageError(str(e)) from e
-        except _ENCODE_ERRORS as e:
-            raise UsageError(
-                f"the run header cannot be stored ({e}): config, versions, determinism and extra "
-                "must hold only None, bool, int, float, str, bytes, lists and str-keyed dicts"
-            ) from e
-        self.directory.mkdir(parents=True, exist_ok=True)
-        existing = list_segments(self.directory)
-        if existing:
-            raise UsageError(
-                f"{self.directory}: already holds a log ({len(existing)} segment(s)); a log is written "
-                "once: choose a new run directory or delete this one"
-            )
+        self.directory = _claim(directory, header, segment_bytes)
         self._header = header
         self._open_file = open_file or (lambda path: open(path, "xb", buffering=_BUFFER_BYTES))
         self._segment_bytes = segment_bytes
@@ -108,15 +91,7 @@ class LogWriter:
             raise self._closed_error()
         if self._segment_size >= self._segment_bytes:
             self._roll()
-        try:
-            payload = encode_event(rec)
-            decode_event(payload)
-        except _ENCODE_ERRORS as e:
-            raise UsageError(
-                f"event {rec.kind!r} at step {rec.step} cannot be stored ({e}): kind must be str, step int, "
-                "and fields a dict of None, bool, int, float, str, bytes, lists and str-keyed dicts"
-            ) from e
-        self._write(RecordType.EVENT, payload)
+        self._write(RecordType.EVENT, _encoded_event(rec))
         self.records_written += 1
 
     # -- lifecycle -------------------------------------------------------------------
@@ -203,6 +178,105 @@ class LogWriter:
 
     def _closed_error(self) -> UsageError:
         return UsageError(f"the log writer for {self.directory} is closed; open a new run to write more")
+
+
+def _claim(directory: Path, header: RunHeader, segment_bytes: int) -> Path:
+    """Check a new log's segment size and header (it must read back as written), then create its
+    directory; refuse one that already holds a log."""
+    if segment_bytes <= 0:
+        raise UsageError(f"segment_bytes must be > 0, got {segment_bytes}")
+    try:
+        decode_header(encode_header(header, 0), source="the RunHeader given to LogWriter")
+    except LogFormatError as e:
+        raise UsageError(str(e)) from e
+    except _ENCODE_ERRORS as e:
+        raise UsageError(
+            f"the run header cannot be stored ({e}): config, versions, determinism and extra "
+            "must hold only None, bool, int, float, str, bytes, lists and str-keyed dicts"
+        ) from e
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    existing = list_segments(directory)
+    if existing:
+        raise UsageError(
+            f"{directory}: already holds a log ({len(existing)} segment(s)); a log is written "
+            "once: choose a new run directory or delete this one"
+        )
+    return directory
+
+
+class HeaderAtFirstFlush:
+    """A `LogWriter` opened at the first ``flush`` or ``close``, with the header ``header()`` returns then.
+
+    For a header that holds facts learned only once recording has begun (the Tracer's
+    sites that give no input gradient, found at their first forward). Crash safety is
+    the LogWriter's: records reach the OS only at a flush in either case, so a crash
+    before the first flush loses the same records; it leaves an empty rank directory
+    instead of an empty segment file. The directory is claimed and the first header
+    checked here, so a taken directory or an unstorable config fails at once.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        header: Callable[[], RunHeader],
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        open_file: Callable[[Path], BinaryIO] | None = None,
+    ) -> None:
+        self.directory = _claim(directory, header(), segment_bytes)
+        self._header = header
+        self._segment_bytes = segment_bytes
+        self._open_file = open_file
+        self._held: list[TensorRecord | EventRecord] = []
+        self.writer: LogWriter | None = None
+
+    def write_tensor(self, rec: TensorRecord) -> None:
+        self._held.append(rec)
+
+    def write_event(self, rec: EventRecord) -> None:
+        _encoded_event(rec)  # a bad event fails where it is logged, not at the flush
+        self._held.append(rec)
+
+    def flush(self, fsync: bool = False) -> None:
+        self._open().flush(fsync)
+
+    def close(self, status: EndStatus = "complete", detail: str = "") -> None:
+        self._open().close(status, detail)
+
+    def abandon(self) -> None:
+        """Stop without an END marker; before the first flush there is no log to leave."""
+        if self.writer is not None:
+            self.writer.abandon()
+
+    def _open(self) -> LogWriter:
+        if self.writer is not None:
+            return self.writer
+        w = LogWriter(self.directory, self._header(), segment_bytes=self._segment_bytes, open_file=self._open_file)
+        self.writer = w
+        held, self._held = self._held, []
+        for rec in held:
+            if isinstance(rec, TensorRecord):
+                w.write_tensor(rec)
+            else:
+                w.write_event(rec)
+        # From now on every call goes straight to the writer: no indirection on the hot path.
+        self.write_tensor, self.write_event = w.write_tensor, w.write_event  # type: ignore[method-assign]
+        self.flush, self.close, self.abandon = w.flush, w.close, w.abandon  # type: ignore[method-assign]
+        return w
+
+
+def _encoded_event(rec: EventRecord) -> bytes:
+    """``rec``'s payload; refuses fields that would not read back."""
+    try:
+        payload = encode_event(rec)
+        decode_event(payload)
+    except _ENCODE_ERRORS as e:
+        raise UsageError(
+            f"event {rec.kind!r} at step {rec.step} cannot be stored ({e}): kind must be str, step int, "
+            "and fields a dict of None, bool, int, float, str, bytes, lists and str-keyed dicts"
+        ) from e
+    return payload
 
 
 def _fsync(f: Any) -> None:

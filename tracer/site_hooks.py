@@ -1,0 +1,276 @@
+"""Per-site hooks that see every site's output and input gradient, whatever its calling convention.
+
+    def on_output(site: str, output: torch.Tensor) -> torch.Tensor | None: ...      # None: keep it
+    def on_input_grad(site: str, grad: torch.Tensor) -> torch.Tensor | None: ...    # None: keep it
+    with SiteHooks(find_sites(model), on_output=on_output, on_input_grad=on_input_grad):
+        model(x).sum().backward()
+
+The Tracer records through it, and replay's lockstep overwrites each site's tensors
+with the golden ones through the same two callbacks. What a site's tensors are:
+
+- its *input* is the first floating-point tensor among the positional arguments,
+  else the first among the keyword arguments in call order (Hugging Face decoder
+  layers call ``self_attn(hidden_states=...)``). Other arguments are not tapped.
+- its *output* is the tensor that flows on: the output itself, the first tensor of a
+  tuple or list, the first tensor field of a dataclass (Hugging Face ``ModelOutput``),
+  or the first tensor value of a mapping. A replacement is put back into a copy of
+  the same structure.
+
+Why not ``register_full_backward_hook``: it sees only positional inputs, and only
+those that require grad, so keyword-called attention and a first layer fed raw data
+would record no gradient. Here a forward pre-hook passes the site input through an
+identity autograd function whose backward reports (and may replace) the gradient;
+when the input does not require grad, a scalar "anchor" that does is passed along,
+so autograd computes the site's input gradient anyway.
+
+Like any hook that adds autograd nodes, this can change the order in which
+gradients are summed: trace a healthy and a suspect run at the same sites.
+A site that can still not give an input gradient (its only tensor input is an
+integer tensor, or its output does not depend on its input differentiably) is
+reported once through ``on_unrecordable`` at its first forward under autograd.
+As with torch's full backward hooks, a site must not modify its input in place
+(``nn.ReLU(inplace=True)`` as a site): autograd refuses that on the tapped input.
+
+The callbacks know nothing of steps or microbatches: read those from your own
+clock (the Tracer's ``step_index`` and ``microbatch_index``). ``on_input_grad``
+runs inside the backward pass, ``on_output`` inside the forward; sdctrace's own
+tensor work here runs in `tracer.intercept.own_ops`, which fault emulators skip.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from tracer.errors import CaptureError
+from tracer.intercept import own_ops
+
+OutputCallback = Callable[[str, torch.Tensor], torch.Tensor | None]
+"""``(site, output) -> replacement or None``: runs after the site's forward.
+
+A replacement must have the output's shape, dtype and device. Its values flow on;
+gradients flow back into the site as if the site had produced them (never into the
+replacement's own graph)."""
+
+InputGradCallback = Callable[[str, torch.Tensor], torch.Tensor | None]
+"""``(site, grad) -> replacement or None``: runs in the backward pass once the gradient
+w.r.t. the site input is complete. A replacement (same shape, dtype, device) is what
+flows on to the layers before the site."""
+
+UnrecordableCallback = Callable[[str, str], None]
+"""``(site, reason)``: called once per site that cannot give an input gradient."""
+
+# Where the primary tensor sits in an argument list or output: an index, a keyword or field name, or
+# () for a bare tensor.
+_Key = int | str | tuple[()]
+
+
+class SiteHooks:
+    """Install the callbacks on ``sites`` (``(path, module)`` pairs) while the ``with`` block runs.
+
+    Hooks go after any the modules already have, so ``on_output`` sees the output
+    that earlier forward hooks left. ``on_input_grad=None`` adds no autograd node.
+    """
+
+    def __init__(
+        self,
+        sites: Sequence[tuple[str, nn.Module]],
+        *,
+        on_output: OutputCallback | None = None,
+        on_input_grad: InputGradCallback | None = None,
+        on_unrecordable: UnrecordableCallback | None = None,
+    ) -> None:
+        self.sites = list(sites)
+        self._on_output = on_output
+        self._on_input_grad = on_input_grad
+        self._on_unrecordable = on_unrecordable
+        self.unrecordable: dict[str, str] = {}  # site -> why it gives no input gradient
+        self._checked: set[str] = set()  # sites whose first forward under autograd has been seen
+        self._anchors: dict[torch.device, torch.Tensor] = {}
+        self._handles: list[RemovableHandle] = []
+
+    def __enter__(self) -> SiteHooks:
+        try:
+            for name, module in self.sites:
+                if self._on_input_grad is not None:
+                    self._handles.append(module.register_forward_pre_hook(self._tap_input(name), with_kwargs=True))
+                if self._on_output is not None or self._on_input_grad is not None:
+                    self._handles.append(module.register_forward_hook(self._take_output(name)))
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        """Remove every hook (harmless twice)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    # -- hooks -------------------------------------------------------------------------
+    def _tap_input(self, name: str):  # noqa: ANN202 - torch hook signature
+        report = self._input_grad_reporter(name)
+
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if not torch.is_grad_enabled():
+                return None
+            key, x = site_input(args, kwargs)
+            if x is None:
+                self._unrecordable(name, "it has no floating-point tensor input (positional or keyword)")
+                return None
+            with own_ops():
+                anchor = None if x.requires_grad else self._anchor(x.device)
+                tapped = _InputGrad.apply(x, anchor, report)
+            if isinstance(key, int):
+                return (*args[:key], tapped, *args[key + 1 :]), kwargs
+            return args, {**kwargs, key: tapped}
+
+        return hook
+
+    def _input_grad_reporter(self, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        callback = self._on_input_grad
+
+        def report(grad: torch.Tensor) -> torch.Tensor:
+            assert callback is not None
+            new = callback(name, grad)
+            if new is None:
+                return grad
+            _check_replacement(name, "input gradient", grad, new)
+            return new
+
+        return report
+
+    def _take_output(self, name: str):  # noqa: ANN202
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+            key, out = site_output(output)
+            if out is None:
+                if torch.is_grad_enabled():
+                    self._unrecordable(name, f"its output ({type(output).__name__}) holds no tensor")
+                return None
+            if self._on_input_grad is not None and torch.is_grad_enabled() and name not in self._checked:
+                self._checked.add(name)
+                if not out.requires_grad and name not in self.unrecordable:
+                    self._unrecordable(name, "its output does not depend differentiably on its input")
+            if self._on_output is None:
+                return None
+            new = self._on_output(name, out)
+            if new is None:
+                return None
+            _check_replacement(name, "output", out, new)
+            if out.requires_grad:
+                with own_ops():
+                    new = _Substitute.apply(out, new)
+            return _rebuilt(output, key, new)
+
+        return hook
+
+    def _unrecordable(self, name: str, reason: str) -> None:
+        if name in self.unrecordable:
+            return
+        self.unrecordable[name] = reason
+        if self._on_unrecordable is not None:
+            self._on_unrecordable(name, reason)
+
+    def _anchor(self, device: torch.device) -> torch.Tensor:
+        anchor = self._anchors.get(device)
+        if anchor is None:
+            anchor = self._anchors[device] = torch.zeros((), device=device, requires_grad=True)
+        return anchor
+
+
+def site_input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[_Key, torch.Tensor | None]:
+    """The site input: the first floating-point tensor among ``args``, else among ``kwargs`` in call order."""
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return i, a
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            return k, v
+    return (), None
+
+
+def site_output(output: Any) -> tuple[_Key, torch.Tensor | None]:
+    """The tensor that flows on from a site's output, and where it sits (see the module docstring)."""
+    if isinstance(output, torch.Tensor):
+        return (), output
+    if dataclasses.is_dataclass(output) and not isinstance(output, type):
+        for f in dataclasses.fields(output):
+            v = getattr(output, f.name)
+            if isinstance(v, torch.Tensor):
+                return f.name, v
+        return (), None
+    if isinstance(output, Mapping):
+        for k, v in output.items():
+            if isinstance(v, torch.Tensor):
+                return k, v
+        return (), None
+    if isinstance(output, (tuple, list)):
+        for i, v in enumerate(output):
+            if isinstance(v, torch.Tensor):
+                return i, v
+    return (), None
+
+
+def _rebuilt(output: Any, key: _Key, new: torch.Tensor) -> Any:
+    """A copy of ``output`` with ``new`` at ``key``; the original structure is left alone."""
+    if key == ():
+        return new
+    if dataclasses.is_dataclass(output):
+        assert isinstance(key, str)
+        return dataclasses.replace(output, **{key: new})
+    if isinstance(output, Mapping):
+        out = copy.copy(output)
+        out[key] = new
+        return out
+    assert isinstance(key, int)
+    items = [new if i == key else v for i, v in enumerate(output)]
+    if isinstance(output, list):
+        return items
+    return type(output)(*items) if hasattr(output, "_fields") else type(output)(items)  # namedtuple or tuple
+
+
+def _check_replacement(site: str, what: str, old: torch.Tensor, new: Any) -> None:
+    if not isinstance(new, torch.Tensor):
+        raise CaptureError(f"site {site}: the {what} callback returned {type(new).__name__}; return a tensor or None")
+    found, expected = (tuple(new.shape), new.dtype, new.device), (tuple(old.shape), old.dtype, old.device)
+    if found != expected:
+        raise CaptureError(
+            f"site {site}: the {what} callback returned shape, dtype, device {found} where the site has "
+            f"{expected}; return a tensor like the one it was given, or None to keep it"
+        )
+
+
+class _InputGrad(torch.autograd.Function):
+    """Identity on the site input; its backward hands the input gradient to ``report`` and passes on
+    what ``report`` returns. ``anchor`` (a scalar leaf that requires grad, or None) makes autograd
+    compute the gradient of an input that does not require grad itself."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor | None, report: Callable) -> torch.Tensor:
+        ctx.report = report
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return ctx.report(grad), None, None
+
+
+class _Substitute(torch.autograd.Function):
+    """Forward: the replacement's values. Backward: the gradient goes to the site's own output."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        return new.detach().clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
