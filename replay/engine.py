@@ -26,12 +26,13 @@ rank it happened on.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -53,6 +54,8 @@ from tracer.log import LogReader, LogWriter, prepare_out_dir, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
 from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import check_pair
+from tracer.site_hooks import SiteHooks
+from tracer.sites import find_sites
 from tracer.tracing import Tracer, software_versions
 from workload.config import Config
 from workload.protocol import REFERENCE, Workload, build_workload, run_step
@@ -205,18 +208,6 @@ class ReplaySummary:
     wall_s: float = 0.0
 
 
-class _Overwrite(torch.autograd.Function):
-    """Forward: the golden value, exactly. Backward: the gradient passes through untouched."""
-
-    @staticmethod
-    def forward(ctx: Any, suspect: torch.Tensor, golden: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
-        return golden.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
-
-
 class _Clock:
     """The step/microbatch bookkeeping `run_step` and the fault emulator need, without a log."""
 
@@ -363,23 +354,21 @@ class Replayer:
         suspect runs there, with the golden site tensors at hand.
         """
         sink = VerifyingSink(self.golden.expected)
-        tracer = Tracer(
+        kept: dict[Key, torch.Tensor] = {}
+        phases = {Phase.GRAD} | ({Phase.FORWARD, Phase.BACKWARD} if self.mode == "lockstep" else set())
+        tracer = _KeepingTracer(
             w.model, w.optimizer, sink=sink, run=RunInfo("golden-reexecution", config=self.golden.header.config),
             options=TraceOptions(sites=self.site_pattern), parallel=w.layout,
         )
-        kept: dict[Key, torch.Tensor] = {}
-        with ExitStack() as stack:
-            stack.enter_context(tracer)
-            if keep:
-                stack.enter_context(_keep_tensors(tracer, kept, sites=self.mode == "lockstep"))
-            with tracer.step(step):
-                loss = run_step(w, step, tracer, update=False)
-                if between is not None:
-                    if keep and self.golden_from != "reexec":
-                        self._substitute_blobs(step, kept)
-                    with unobserved():  # the suspect's collectives are not the golden run's
-                        between(kept)
-                w.update(step)
+        tracer.keep(kept if keep else None, phases)
+        with tracer, tracer.step(step):
+            loss = run_step(w, step, tracer, update=False)
+            if between is not None:
+                if keep and self.golden_from != "reexec":
+                    self._substitute_blobs(step, kept)
+                with unobserved():  # the suspect's collectives are not the golden run's
+                    between(kept)
+            w.update(step)
         summary.checked += sink.checked
         if sink.divergences:
             assert self._log is not None
@@ -428,7 +417,6 @@ class Replayer:
 
         result = StepResult(step, 0.0, 0.0)
         with ExitStack() as stack:
-            sites = _site_modules(w.model, self.site_pattern)
             if self.suspect.profile is not None:
                 stack.enter_context(
                     FaultEmulator(
@@ -436,8 +424,13 @@ class Replayer:
                         sink=sink, seed=self.suspect.fault_seed, sites=self.site_pattern,
                     )
                 )
+            # The same site hooks as the golden re-execution's Tracer, so both sum gradients in the same order.
+            sites = find_sites(w.model, self.site_pattern) if self.site_pattern else []
             if self.mode == "lockstep":
-                stack.enter_context(_lockstep(sites, golden, clock, lambda mb, site, ph, m: self._site(step, mb, site, ph, m, result)))
+                report = functools.partial(self._site, step, result=result)
+                stack.enter_context(_lockstep(sites, golden, clock, report))
+            else:
+                stack.enter_context(SiteHooks(sites, on_output=_unchanged, on_input_grad=_unchanged))
             # The suspect's own update is never used: the next step syncs from golden again.
             result.suspect_loss = run_step(w, step, clock, update=False)
         result.faults = faults
@@ -455,18 +448,11 @@ class Replayer:
             if noise.name == TOTAL:
                 result.noise = noise.ratio
 
-    def _site(self, step: int, mb: int, site: str, phase: Phase, m: Mismatch, result: StepResult) -> None:
+    def _site(self, step: int, mb: int, site: str, phase: Phase, m: Mismatch, *, result: StepResult) -> None:
         assert self._log is not None
         fields = {"microbatch": mb, "site": site, "phase": phase.name.lower(), **m.fields()}
         self._log.write_event(EventRecord("site_mismatch", step, fields))
         result.worst_frequency = max(result.worst_frequency, m.frequency)
-
-
-def _site_modules(model: nn.Module, pattern: str | None) -> list[tuple[str, nn.Module]]:
-    if pattern is None:
-        return []
-    rx = re.compile(pattern)
-    return [(n, m) for n, m in model.named_modules() if n and rx.fullmatch(n)]
 
 
 def _sync_parameters(golden: nn.Module, suspect: nn.Module) -> None:
@@ -476,83 +462,46 @@ def _sync_parameters(golden: nn.Module, suspect: nn.Module) -> None:
             s.copy_(g)
 
 
-@contextmanager
-def _keep_tensors(tracer: Tracer, kept: dict[Key, torch.Tensor], *, sites: bool) -> Iterator[None]:
-    """Keep the golden step's parameter gradients and, with ``sites``, its site outputs and input gradients."""
-    handles = []
-    names = {id(p): n for n, p in tracer.model.named_parameters()}
+class _KeepingTracer(Tracer):
+    """The golden re-execution's Tracer, which also keeps the tensors the suspect is compared with: the
+    same hooks that recorded the golden run, so re-execution builds the very same autograd graph."""
 
-    def fwd(name: str) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any, out: torch.Tensor) -> None:
+    _kept: dict[Key, torch.Tensor] | None = None
+    _phases: frozenset[Phase] = frozenset()
+
+    def keep(self, kept: dict[Key, torch.Tensor] | None, phases: set[Phase]) -> None:
+        self._kept, self._phases = kept, frozenset(phases)
+        self._params = frozenset(self._names.values())
+
+    def record(self, name: str, tensor: torch.Tensor, phase: Phase, microbatch: int | None = None) -> None:
+        super().record(name, tensor, phase, microbatch)
+        # Collectives record GRAD-phase tensors too; the suspect is compared on parameter gradients only.
+        if self._kept is not None and phase in self._phases and (phase != Phase.GRAD or name in self._params):
+            mb = self.microbatch_index if microbatch is None else microbatch
             with own_ops():
-                kept[(tracer.step_index, tracer.microbatch_index, name, Phase.FORWARD)] = out.detach().clone()
-
-        return hook
-
-    def bwd(name: str) -> Callable[..., None]:
-        def hook(module: nn.Module, grad_input: tuple[Any, ...], grad_output: Any) -> None:
-            if isinstance(grad_input[0], torch.Tensor):
-                with own_ops():
-                    kept[(tracer.step_index, tracer.microbatch_index, name, Phase.BACKWARD)] = grad_input[0].detach().clone()
-
-        return hook
-
-    def grads(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        with own_ops():
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        kept[(tracer.step_index, 0, names[id(p)], Phase.GRAD)] = p.grad.detach().clone()
-
-    try:
-        for name, module in tracer.sites if sites else []:
-            handles.append(module.register_forward_hook(fwd(name)))
-            handles.append(module.register_full_backward_hook(bwd(name)))
-        assert tracer.optimizer is not None
-        handles.append(tracer.optimizer.register_step_pre_hook(grads))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+                self._kept[(self.step_index, mb, name, phase)] = tensor.detach().clone()
 
 
-@contextmanager
+def _unchanged(site: str, tensor: torch.Tensor) -> None:
+    return None
+
+
 def _lockstep(
     sites: list[tuple[str, nn.Module]],
     golden: dict[Key, torch.Tensor],
     clock: _Clock,
     report: Callable[[int, str, Phase, Mismatch], None],
-) -> Iterator[None]:
-    """Compare each site's result with the golden one, report it, and continue with the golden one."""
-    handles = []
+) -> SiteHooks:
+    """Compare each site's output and input gradient with the golden one, report it, and go on with the golden one."""
 
-    def fwd(name: str) -> Callable[..., torch.Tensor]:
-        def hook(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+    def overwrite(phase: Phase) -> Callable[[str, torch.Tensor], torch.Tensor]:
+        def callback(site: str, suspect: torch.Tensor) -> torch.Tensor:
             mb = clock.microbatch_index
-            g = golden[(clock.step_index, mb, name, Phase.FORWARD)]
+            g = golden[(clock.step_index, mb, site, phase)]
             with own_ops():
-                report(mb, name, Phase.FORWARD, mismatch(out, g))
-                return _Overwrite.apply(out, g)
+                report(mb, site, phase, mismatch(suspect, g))
+                return g.clone()
 
-        return hook
+        return callback
 
-    def bwd(name: str) -> Callable[..., tuple[Any, ...]]:
-        def hook(module: nn.Module, grad_input: tuple[Any, ...], grad_output: Any) -> tuple[Any, ...] | None:
-            if not isinstance(grad_input[0], torch.Tensor):
-                return None
-            mb = clock.microbatch_index
-            g = golden[(clock.step_index, mb, name, Phase.BACKWARD)]
-            with own_ops():
-                report(mb, name, Phase.BACKWARD, mismatch(grad_input[0], g))
-                return (g.clone(), *grad_input[1:])
-
-        return hook
-
-    try:
-        for name, module in sites:
-            handles.append(module.register_forward_hook(fwd(name)))
-            handles.append(module.register_full_backward_hook(bwd(name)))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    return SiteHooks(sites, on_output=overwrite(Phase.FORWARD), on_input_grad=overwrite(Phase.BACKWARD))
