@@ -1,0 +1,73 @@
+"""A tiny ``LlamaForCausalLM`` trained by ``transformers.Trainer``: the run the HF end-to-end tests record, and
+its replay factory (``--workload tests.integrations.hf_tiny:build``).
+
+Ten sequences in batches of two are five batches an epoch; two batches a step makes steps 0 and 1 of an
+epoch two microbatches each and step 2 the epoch's last batch alone, so a fault at step 2 names its
+microbatch. Five steps cross into the second epoch; checkpoints at steps 0, 2, 4 and 5.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+from tracer.determinism import configure_determinism
+from tracer.integrations.hf import SdcTraceCallback
+from workload.hf import TrainerWorkload
+
+SEED = 0
+MODEL = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32}
+SITES = r"model\.layers\.\d+\.mlp"  # called positionally, so their backward is hooked too
+STEPS, SAVE_STEPS = 5, 2
+FAULT_STEP, FAULT_SITE = 2, "model.layers.1.mlp"  # step 2 has one microbatch
+WORKLOAD = "tests.integrations.hf_tiny:build"
+
+# Scales a few elements of model.layers.1.mlp's forward matmuls at step 2.
+FAULT_PROFILE = """
+description = "a few elements of model.layers.1.mlp's forward matmuls scaled by 8 at step 2"
+seed = 7
+[[fault]]
+ops = ["matmul"]
+sites = "model\\\\.layers\\\\.1\\\\.mlp"
+phases = ["forward"]
+steps = [2]
+elements = 4
+kind = "scale"
+factor = 8.0
+"""
+
+
+def dataset() -> list[dict[str, torch.Tensor]]:
+    ids = torch.randint(0, MODEL["vocab_size"], (10, 16), generator=torch.Generator().manual_seed(1234))
+    return [{"input_ids": row, "labels": row.clone()} for row in ids]
+
+
+def make_trainer(output_dir: Path, callbacks: Sequence[TrainerCallback] = ()) -> Trainer:
+    configure_determinism(SEED, threads=1)
+    model = LlamaForCausalLM(LlamaConfig(**MODEL))
+    args = TrainingArguments(
+        output_dir=str(output_dir), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=STEPS,
+        learning_rate=1e-3, warmup_steps=0, max_grad_norm=1.0, save_strategy="steps", save_steps=SAVE_STEPS,
+        save_only_model=True, logging_strategy="no", report_to="none", use_cpu=True, seed=SEED, disable_tqdm=True,
+    )
+    return Trainer(model=model, args=args, train_dataset=dataset(), callbacks=list(callbacks))
+
+
+def record(out: Path, label: str, **callback: Any) -> Path:
+    """Train with the callback into ``out``; the Trainer's own output directory is a sibling."""
+    cb = SdcTraceCallback(out, label, sites=SITES, **callback)
+    trainer = make_trainer(out.with_name(out.name + "-hf"), [cb])
+    with cb:
+        trainer.train()
+    return out
+
+
+def build(config: Mapping[str, Any], device: torch.device) -> TrainerWorkload:
+    """The replay factory: the same Trainer, never trained (its output directory stays unwritten)."""
+    return TrainerWorkload.of(make_trainer(Path(tempfile.gettempdir()) / "sdctrace-hf-replay"))
