@@ -48,7 +48,9 @@ def dataset() -> list[dict[str, torch.Tensor]]:
     return [{"input_ids": row, "labels": row.clone()} for row in ids]
 
 
-def make_trainer(output_dir: Path, callbacks: Sequence[TrainerCallback] = ()) -> Trainer:
+def make_trainer(output_dir: Path, callbacks: Sequence[TrainerCallback] = (), *, loss_kwargs: bool = True) -> Trainer:
+    """The Trainer; ``loss_kwargs=False`` makes it treat the model as one that takes no ``num_items_in_batch``,
+    so it divides each microbatch's mean loss by the step's microbatches instead."""
     configure_determinism(SEED, threads=1)
     model = LlamaForCausalLM(LlamaConfig(**MODEL))
     args = TrainingArguments(
@@ -56,13 +58,15 @@ def make_trainer(output_dir: Path, callbacks: Sequence[TrainerCallback] = ()) ->
         learning_rate=1e-3, warmup_steps=0, max_grad_norm=1.0, save_strategy="steps", save_steps=SAVE_STEPS,
         save_only_model=True, logging_strategy="no", report_to="none", use_cpu=True, seed=SEED, disable_tqdm=True,
     )
-    return Trainer(model=model, args=args, train_dataset=dataset(), callbacks=list(callbacks))
+    trainer = Trainer(model=model, args=args, train_dataset=dataset(), callbacks=list(callbacks))
+    trainer.model_accepts_loss_kwargs = loss_kwargs
+    return trainer
 
 
 def record(out: Path, label: str, **callback: Any) -> Path:
     """Train with the callback into ``out``; the Trainer's own output directory is a sibling."""
     cb = SdcTraceCallback(out, label, sites=SITES, **callback)
-    trainer = make_trainer(out.with_name(out.name + "-hf"), [cb])
+    trainer = make_trainer(out.with_name(out.name + "-hf"), [cb], loss_kwargs=loss_kwargs(cb.options.config))
     with cb:
         trainer.train()
     return out
@@ -70,4 +74,10 @@ def record(out: Path, label: str, **callback: Any) -> Path:
 
 def build(config: Mapping[str, Any], device: torch.device) -> TrainerWorkload:
     """The replay factory: the same Trainer, never trained (its output directory stays unwritten)."""
-    return TrainerWorkload.of(make_trainer(Path(tempfile.gettempdir()) / "sdctrace-hf-replay"))
+    return TrainerWorkload.of(make_trainer(Path(tempfile.gettempdir()) / "sdctrace-hf-replay",
+                                           loss_kwargs=loss_kwargs(config)))
+
+
+def loss_kwargs(config: Mapping[str, Any]) -> bool:
+    """The test's own config section, which the header keeps: ``variant.loss_kwargs`` (default true)."""
+    return bool(config.get("variant", {}).get("loss_kwargs", True))

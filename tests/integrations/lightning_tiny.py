@@ -25,7 +25,7 @@ from workload.lightning import LightningWorkload
 
 SEED, DATA_SEED = 0, 1234
 SITES = r"blocks\.\d+\.mlp"
-STEPS, CHECKPOINT_EVERY = 5, 2
+STEPS, CHECKPOINT_EVERY, CLIP = 5, 2, 0.5
 FAULT_STEP, FAULT_SITE = 2, "blocks.1.mlp"  # step 2 has one microbatch
 WORKLOAD = "tests.integrations.lightning_tiny:build"
 
@@ -90,7 +90,7 @@ def make(root_dir: Path, callbacks: Sequence[pl.Callback] = ()) -> tuple[TinyLM,
     configure_determinism(SEED, threads=1)
     module = TinyLM()
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=STEPS, accumulate_grad_batches=2, gradient_clip_val=1.0,
+        accelerator="cpu", devices=1, max_steps=STEPS, accumulate_grad_batches=2, gradient_clip_val=CLIP,
         deterministic=True, enable_checkpointing=False, logger=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(root_dir), callbacks=list(callbacks),
     )
