@@ -35,6 +35,7 @@ import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.data import _set_sampler_epoch
 from pytorch_lightning.core.optimizer import _configure_optimizers, _configure_schedulers_automatic_opt
+from pytorch_lightning.utilities import GradClipAlgorithmType
 from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
 from pytorch_lightning.utilities.types import LRSchedulerConfig
 from torch.utils.data import DataLoader
@@ -131,9 +132,9 @@ class LightningWorkload(Workload):
 
     def finish_backward(self, step: int) -> None:
         trainer, _ = self._parts
-        if trainer.gradient_clip_val:
-            trainer.precision_plugin.clip_gradients(self.optimizer, trainer.gradient_clip_val,
-                                                    trainer.gradient_clip_algorithm)
+        if trainer.gradient_clip_val:  # the algorithm defaults as LightningModule.clip_gradients defaults it
+            algorithm = GradClipAlgorithmType(trainer.gradient_clip_algorithm or "norm")
+            trainer.precision_plugin.clip_gradients(self.optimizer, trainer.gradient_clip_val, algorithm)
 
     def update(self, step: int) -> None:
         _, batches = self._parts

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 
 from faults import load_profile
-from faults.node import emulated_node, node_header
+from faults.node import node_options
 from tracer.log import Phase
 from tracer.tracing import CapturePolicy
 
@@ -40,15 +40,11 @@ def recorded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     root = tmp_path_factory.mktemp(request.param)
     path = root / "fault.toml"
     path.write_text(fw.FAULT_PROFILE, encoding="utf-8")
-    profile = load_profile(path)
     grads = CapturePolicy(steps=frozenset({fw.FAULT_STEP}), phases=frozenset({Phase.GRAD}))
     return Recorded(
         framework=fw,
         golden=fw.record(root / "golden", "golden", capture=grads),
         twin=fw.record(root / "twin", "twin"),
-        sick=fw.record(
-            root / "sick", "sick", capture=grads, extra=node_header(profile, 0, False),
-            around=lambda tracer, model: emulated_node(tracer, model, fault_profile=profile, sites=fw.SITES),
-        ),
+        sick=fw.record(root / "sick", "sick", capture=grads, **node_options(load_profile(path), sites=fw.SITES)),
         profile=path,
     )

@@ -34,6 +34,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import GradClipAlgorithmType
 from pytorch_lightning.utilities.types import LRSchedulerConfig
 
 from tracer.checkpoint import Stateful
@@ -55,7 +56,7 @@ def module_config(module: pl.LightningModule, trainer: pl.Trainer, batches_per_e
         "trainer": {
             "accumulate_grad_batches": trainer.accumulate_grad_batches,
             "gradient_clip_val": trainer.gradient_clip_val,
-            "gradient_clip_algorithm": str(trainer.gradient_clip_algorithm),
+            "gradient_clip_algorithm": GradClipAlgorithmType(trainer.gradient_clip_algorithm or "norm").value,
             "precision": str(trainer.precision),
             "max_steps": trainer.max_steps,
             "max_epochs": trainer.max_epochs,
