@@ -1,7 +1,8 @@
 """Trace a Hugging Face ``Trainer`` run with sdctrace, then diff and replay it: a runnable example.
 
 A tiny GPT-2 (random init: 2 layers, width 32) learns token sequences generated from a seed: 6 optimizer steps
-of two accumulated microbatches, on the CPU, in seconds. From the repository root::
+of two accumulated microbatches, on the CPU, in seconds. From the repository root, with it on the import path
+(``export PYTHONPATH=.``, so that replay can import ``examples.hf_trainer``)::
 
     python examples/hf_trainer.py --out runs/hf-golden --node-label node-a
     python examples/hf_trainer.py --out runs/hf-sick --node-label node-b --fault-profile bursty-mismatch --fault-seed 1
@@ -40,8 +41,9 @@ from workload.hf import TrainerWorkload
 SEED = 0
 # No dropout: a replayed step must draw the same random numbers as the recorded one, and replay does not
 # keep the global RNG in step with the recording (docs/integrations.md, limits).
-MODEL = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
-                   attn_pdrop=0.0)
+# (A dict, not a config object: saving a checkpoint writes into the model's config, and the run header records it.)
+MODEL = {"vocab_size": 64, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 4, "resid_pdrop": 0.0,
+         "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 # The MLPs: GPT-2's attention returns a tuple, whose lockstep overwrite replay does not support yet.
 SITES = r"transformer\.h\.\d+\.mlp"
 
@@ -61,7 +63,8 @@ def make_trainer(output_dir: str | Path, callbacks: Sequence[TrainerCallback] = 
         learning_rate=3e-3, max_grad_norm=1.0, save_strategy="steps", save_steps=2, save_only_model=True,
         logging_strategy="no", report_to="none", use_cpu=True, seed=SEED, disable_tqdm=True,
     )
-    return Trainer(model=GPT2LMHeadModel(MODEL), args=args, train_dataset=dataset(), callbacks=list(callbacks))
+    model = GPT2LMHeadModel(GPT2Config(**MODEL))
+    return Trainer(model=model, args=args, train_dataset=dataset(), callbacks=list(callbacks))
 
 
 def build(config: Mapping[str, Any], device: torch.device) -> TrainerWorkload:

@@ -1,7 +1,8 @@
 """Trace a PyTorch Lightning fit with sdctrace, then diff and replay it: a runnable example.
 
 A small residual-MLP classifier learns which of three random directions a point lies along: 8 optimizer steps
-of two accumulated batches over 3 epochs of a seeded dataset, on the CPU, in seconds. From the repository root::
+of two accumulated batches over 3 epochs of a seeded dataset, on the CPU, in seconds. From the repository root,
+with it on the import path (``export PYTHONPATH=.``, so that replay can import ``examples.lightning_module``)::
 
     python examples/lightning_module.py --out runs/pl-golden --node-label node-a
     python examples/lightning_module.py --out runs/pl-sick --node-label node-b --fault-profile bursty-mismatch --fault-seed 1

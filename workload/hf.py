@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from transformers import Trainer
+from transformers.trainer_utils import has_length
 
 from tracer.errors import ConfigError
 from tracer.integrations.hf import trainer_config
@@ -68,8 +69,13 @@ class TrainerWorkload(Workload):
             raise ConfigError(f"the Trainer runs on {trainer.args.world_size} processes; TrainerWorkload rebuilds "
                               "single-process runs only")
         loader = trainer.get_train_dataloader()
+        if not has_length(loader):
+            raise ConfigError("the train dataset has no length (an IterableDataset): its steps cannot be found "
+                              "from a step number, so TrainerWorkload cannot rebuild them")
         _, _, _, _, _, batches_per_epoch, max_steps = trainer.set_initial_training_values(trainer.args, loader)
         trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
+        if isinstance(trainer.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            raise ConfigError("ReduceLROnPlateau steps on an evaluation metric, which replay does not compute")
 
         def open_epoch(epoch: int) -> Iterator[Any]:
             # As Trainer._run_epoch: the loader's epoch, and the batch sampler's inside accelerate's shard.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
 
 from replay.engine import Replayer, parse_steps, suspect_from_profile
 from tests.integrations import hf_tiny
@@ -64,7 +64,7 @@ def test_a_model_without_loss_kwargs_logs_losses_divided_by_the_steps_microbatch
 
 
 class Boom(TrainerCallback):
-    def on_step_end(self, args, state, control, **kwargs) -> None:  # noqa: ANN001
+    def on_step_end(self, args: object, state: TrainerState, control: object, **kwargs: object) -> None:
         if state.global_step == 2:
             raise RuntimeError("boom")
 

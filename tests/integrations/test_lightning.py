@@ -48,7 +48,7 @@ def test_one_tracer_step_per_optimizer_step_with_the_losses_backward_got(tmp_pat
 
 def test_an_exception_in_fit_closes_the_log_as_failed(tmp_path: Path) -> None:
     class Boom(lightning_tiny.pl.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        def on_train_batch_end(self, trainer: lightning_tiny.pl.Trainer, *args: object) -> None:
             if trainer.global_step == 2:
                 raise RuntimeError("boom")
 

@@ -33,7 +33,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import torch
 import transformers
@@ -116,7 +116,7 @@ class SdcTraceCallback(TrainerCallback):
         self._microbatches = 1  # in the current optimizer step
 
     # -- closing on failure ---------------------------------------------------------------
-    def __enter__(self) -> SdcTraceCallback:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

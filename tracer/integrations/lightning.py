@@ -107,7 +107,7 @@ class SdcTraceCallback(pl.Callback):
             raise ConfigError("SdcTraceCallback traces automatic optimization with one optimizer; "
                               f"this module has automatic_optimization={pl_module.automatic_optimization} and "
                               f"{len(trainer.optimizers)} optimizers")
-        seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", "0"))
         self.run.open(
             pl_module, trainer.optimizers[0], seed=seed, states=scheduler_states(trainer.lr_scheduler_configs),
             config=module_config(pl_module, trainer, trainer.num_training_batches, self.checkpoint_every),
