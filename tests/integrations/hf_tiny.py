@@ -28,19 +28,6 @@ STEPS, SAVE_STEPS = 5, 2
 FAULT_STEP, FAULT_SITE = 2, "model.layers.1.mlp"  # step 2 has one microbatch
 WORKLOAD = "tests.integrations.hf_tiny:build"
 
-# Scales a few elements of model.layers.1.mlp's forward matmuls at step 2.
-FAULT_PROFILE = """
-description = "a few elements of model.layers.1.mlp's forward matmuls scaled by 8 at step 2"
-seed = 7
-[[fault]]
-ops = ["matmul"]
-sites = "model\\\\.layers\\\\.1\\\\.mlp"
-phases = ["forward"]
-steps = [2]
-elements = 4
-kind = "scale"
-factor = 8.0
-"""
 
 
 def dataset() -> list[dict[str, torch.Tensor]]:

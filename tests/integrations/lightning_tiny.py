@@ -29,19 +29,6 @@ STEPS, CHECKPOINT_EVERY, CLIP = 5, 2, 0.5
 FAULT_STEP, FAULT_SITE = 2, "blocks.1.mlp"  # step 2 has one microbatch
 WORKLOAD = "tests.integrations.lightning_tiny:build"
 
-# Scales a few elements of blocks.1.mlp's forward matmuls at step 2.
-FAULT_PROFILE = """
-description = "a few elements of blocks.1.mlp's forward matmuls scaled by 8 at step 2"
-seed = 7
-[[fault]]
-ops = ["matmul"]
-sites = "blocks\\\\.1\\\\.mlp"
-phases = ["forward"]
-steps = [2]
-elements = 4
-kind = "scale"
-factor = 8.0
-"""
 
 
 class Block(nn.Module):

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import torch
 from torch import nn
@@ -148,3 +149,34 @@ class TracedRun:
         if self.tracer is None:
             raise CaptureError("no traced run is open: training has not begun, or it has ended")
         return self.tracer
+
+
+class TracingCallback:
+    """What each framework's callback is besides its framework's callback class: the Tracer's settings
+    (`TraceOptions`), one `TracedRun`, and ``with callback:`` closing the log as failed if training raises."""
+
+    def __init__(
+        self,
+        out: str | Path,
+        node_label: str,
+        *,
+        sites: str | None = None,
+        capture: CapturePolicy | None = None,
+        config: Mapping[str, Any] | None = None,
+        data_order_fingerprint: str = "",
+        extra: Mapping[str, Any] | None = None,
+        around: Around | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        self.options = TraceOptions(
+            out=Path(out), node_label=node_label, sites=sites, capture=capture or CapturePolicy(),
+            config=dict(config or {}), data_order_fingerprint=data_order_fingerprint, extra=dict(extra or {}),
+            around=around, overwrite=overwrite,
+        )
+        self.run = TracedRun(self.options)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.run.close(exc)

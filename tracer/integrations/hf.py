@@ -31,9 +31,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import torch
 import transformers
@@ -41,8 +39,7 @@ from accelerate.optimizer import AcceleratedOptimizer
 from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from tracer.integrations.common import Around, TracedRun, TraceOptions
-from tracer.tracing import CapturePolicy
+from tracer.integrations.common import TracingCallback
 
 # The TrainingArguments that can change the bits of a step: data order and batching, optimizer and schedule,
 # clipping, precision, loss scaling, compilation. (Logging, saving and hub fields cannot.)
@@ -89,38 +86,15 @@ def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
     return optimizer
 
 
-class SdcTraceCallback(TrainerCallback):
-    """Records a ``transformers.Trainer`` run into ``out`` (a run directory); see the module docstring."""
+class SdcTraceCallback(TracingCallback, TrainerCallback):
+    """Records a ``transformers.Trainer`` run into ``out`` (a run directory); see the module docstring.
 
-    def __init__(
-        self,
-        out: str | Path,
-        node_label: str,
-        *,
-        sites: str | None = None,
-        capture: CapturePolicy | None = None,
-        config: Mapping[str, Any] | None = None,
-        data_order_fingerprint: str = "",
-        extra: Mapping[str, Any] | None = None,
-        around: Around | None = None,
-        overwrite: bool = False,
-    ) -> None:
-        self.options = TraceOptions(
-            out=Path(out), node_label=node_label, sites=sites, capture=capture or CapturePolicy(),
-            config=dict(config or {}), data_order_fingerprint=data_order_fingerprint, extra=dict(extra or {}),
-            around=around, overwrite=overwrite,
-        )
-        self.run = TracedRun(self.options)
-        self._accumulation = 1
-        self._batches_per_epoch: int | None = None
-        self._microbatches = 1  # in the current optimizer step
+    ``SdcTraceCallback(out, node_label, *, sites, capture, config, data_order_fingerprint, extra, around,
+    overwrite)``, as `tracer.integrations.common.TracingCallback` takes them."""
 
-    # -- closing on failure ---------------------------------------------------------------
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.run.close(exc)
+    _accumulation = 1  # gradient_accumulation_steps
+    _batches_per_epoch: int | None = None
+    _microbatches = 1  # in the current optimizer step
 
     # -- Trainer events -------------------------------------------------------------------
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

@@ -39,8 +39,7 @@ from pytorch_lightning.utilities.types import LRSchedulerConfig
 
 from tracer.checkpoint import Stateful
 from tracer.errors import ConfigError
-from tracer.integrations.common import Around, TracedRun, TraceOptions
-from tracer.tracing import CapturePolicy
+from tracer.integrations.common import TracingCallback
 
 
 def module_config(module: pl.LightningModule, trainer: pl.Trainer, batches_per_epoch: float,
@@ -73,7 +72,7 @@ def scheduler_states(configs: Sequence[LRSchedulerConfig]) -> dict[str, Stateful
     return {f"scheduler.{i}": c.scheduler for i, c in enumerate(configs)}
 
 
-class SdcTraceCallback(pl.Callback):
+class SdcTraceCallback(TracingCallback, pl.Callback):
     """Records a ``pytorch_lightning.Trainer`` fit into ``out`` (a run directory); see the module docstring."""
 
     def __init__(
@@ -83,24 +82,13 @@ class SdcTraceCallback(pl.Callback):
         *,
         checkpoint_every: int = 10,  # optimizer steps between checkpoints; 0: none (nothing can be replayed)
         seed: int | None = None,  # the run's seed for the header; default: seed_everything's (PL_GLOBAL_SEED) or 0
-        sites: str | None = None,
-        capture: CapturePolicy | None = None,
-        config: Mapping[str, Any] | None = None,
-        data_order_fingerprint: str = "",
-        extra: Mapping[str, Any] | None = None,
-        around: Around | None = None,
-        overwrite: bool = False,
+        **options: Any,  # sites, capture, config, data_order_fingerprint, extra, around, overwrite: TracingCallback's
     ) -> None:
         if checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every = {checkpoint_every} must be >= 0 (0: no checkpoints)")
-        self.options = TraceOptions(
-            out=Path(out), node_label=node_label, sites=sites, capture=capture or CapturePolicy(),
-            config=dict(config or {}), data_order_fingerprint=data_order_fingerprint, extra=dict(extra or {}),
-            around=around, overwrite=overwrite,
-        )
+        super().__init__(out, node_label, **options)
         self.checkpoint_every = checkpoint_every
         self.seed = seed
-        self.run = TracedRun(self.options)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not pl_module.automatic_optimization or len(trainer.optimizers) != 1:
