@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned exactly: pip then takes the local CPU build instead of a multi-GB CUDA one.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,hf,lightning]'
 	touch $(STAMP)
 
 venv: $(STAMP)

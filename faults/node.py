@@ -1,5 +1,9 @@
 """An emulated unhealthy node around a traced training loop: the fault emulator and/or the ABFT
-checker, logging their events through the run's Tracer at its current step and microbatch."""
+checker, logging their events through the run's Tracer at its current step and microbatch.
+
+Around a loop of your own, enter `emulated_node` inside the Tracer; a framework callback
+(`tracer.integrations`) takes `node_options` instead, since it opens the Tracer itself.
+"""
 
 from __future__ import annotations
 
@@ -54,6 +58,22 @@ def emulated_node(
     if abft:
         modes.append(AbftChecker(model, clock=clock, sink=sink, sites=sites))
     return _entered(modes)
+
+
+def node_options(
+    fault_profile: FaultProfile | None,
+    fault_seed: int = 0,
+    *,
+    abft: bool = False,
+    sites: SiteSpec = None,
+) -> dict[str, Any]:
+    """The ``around`` and ``extra`` keyword arguments of a framework callback (`tracer.integrations`) that make
+    its run play this node: ``SdcTraceCallback(out, label, **node_options(profile, 3, sites=...))``."""
+
+    def around(tracer: Tracer, model: nn.Module) -> AbstractContextManager[None]:
+        return emulated_node(tracer, model, fault_profile=fault_profile, fault_seed=fault_seed, abft=abft, sites=sites)
+
+    return {"around": around, "extra": node_header(fault_profile, fault_seed, abft)}
 
 
 @contextmanager

@@ -7,6 +7,8 @@ inside functions, so a lazy import cannot slip a forbidden edge past the rules.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,19 @@ def test_a_forbidden_import_inside_a_function_is_caught(tmp_path: Path) -> None:
         "tracer/sneaky.py:4 imports workload",
         "tracer/sneaky.py:5 imports replay",
     ]
+
+
+# The extras' frameworks: only the integration modules that adapt to them may import them.
+FRAMEWORKS = ("transformers", "accelerate", "pytorch_lightning", "lightning", "lightning_fabric")
+INTEGRATIONS = ("tracer.integrations.hf", "tracer.integrations.lightning")
+
+
+def test_importing_tracer_imports_no_training_framework() -> None:
+    code = (
+        "import importlib, pkgutil, sys, tracer\n"
+        "for m in pkgutil.walk_packages(tracer.__path__, 'tracer.'):\n"
+        f"    if m.name not in {INTEGRATIONS!r}: importlib.import_module(m.name)\n"
+        f"print(sorted(set({FRAMEWORKS!r}) & set(sys.modules)))\n"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert found.stdout.strip() == "[]"

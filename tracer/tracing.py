@@ -446,8 +446,24 @@ class Tracer:
     def _param_name(self, group: int, index: int, p: torch.Tensor) -> str:
         return self._names.get(id(p), f"optimizer.group{group}.{index}")
 
-    def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         self._lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0] is the optimizer
+        if closure is None:
+            self._record_gradients(optimizer)
+            return None
+        # A step with a closure (Lightning, LBFGS) computes the gradients inside the step, and a framework may
+        # clip them there too: record them when the closure returns, i.e. what the update itself reads.
+        def traced() -> Any:
+            loss = closure()
+            self._record_gradients(optimizer)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": traced}
+        return (args[0], traced, *args[2:]), kwargs
+
+    def _record_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
                 if p.grad is not None:
@@ -457,6 +473,19 @@ class Tracer:
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
                 self.record(self._param_name(gi, pi, p), p, Phase.PARAM, microbatch=0)
+
+
+def batch_tensors(batch: Any) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
+    """The tensors of a microbatch that `Tracer.microbatch` fingerprints as its input: the batch itself, or the
+    tensors among a mapping's values or a sequence's items, in order. Every integration and workload uses this
+    one rule, so a recording and its replay name the same inputs."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, Mapping):
+        return tuple(v for v in batch.values() if isinstance(v, torch.Tensor)) or None
+    if isinstance(batch, (tuple, list)):
+        return tuple(v for v in batch if isinstance(v, torch.Tensor)) or None
+    return None
 
 
 def _no_default_sites(model: nn.Module) -> str:

@@ -40,6 +40,7 @@ from torch import nn
 from tracer.device import mark_step, to_host
 from tracer.errors import ConfigError
 from tracer.parallel import Layout
+from tracer.tracing import batch_tensors
 
 ENTRY_POINT = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 REFERENCE = "workload.reference:build"
@@ -109,13 +110,7 @@ class Workload:
 
     def inputs(self, batch: Any) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
         """The tensors of ``batch`` the Tracer fingerprints as the step's input."""
-        if isinstance(batch, torch.Tensor):
-            return batch
-        if isinstance(batch, Mapping):
-            return tuple(v for v in batch.values() if isinstance(v, torch.Tensor)) or None
-        if isinstance(batch, (tuple, list)):
-            return tuple(v for v in batch if isinstance(v, torch.Tensor)) or None
-        return None
+        return batch_tensors(batch)
 
     def start_step(self, step: int) -> None:
         """Before the step's first forward, after ``zero_grad``."""

@@ -207,6 +207,34 @@ def test_a_training_error_closes_the_log_as_failed(tmp_path: Path) -> None:
     assert not any(m._forward_hooks for m in model.modules())
 
 
+def test_a_step_with_a_closure_records_the_gradients_the_closure_leaves(tmp_path: Path) -> None:
+    """Lightning and LBFGS compute (and Lightning clips) the gradients inside ``optimizer.step(closure)``."""
+    torch.manual_seed(0)
+    model = Mixer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 16)
+    seen: dict[str, torch.Tensor] = {}
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(x).sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        seen.update({n: p.grad.clone() for n, p in model.named_parameters()})
+        return loss
+
+    with Tracer(model, opt, out=tmp_path / "run", node_label="x") as tr:
+        with tr.step(0):
+            opt.step(closure)
+        with tr.step(1):
+            opt.step(closure=closure)
+    grads = [r for r in tensor_records(tmp_path / "run") if r.phase == Phase.GRAD]
+    from tracer.fingerprint import fingerprint
+
+    assert {r.step for r in grads} == {0, 1}
+    assert {r.name: r.fingerprint for r in grads if r.step == 1} == {n: fingerprint(g) for n, g in seen.items()}
+
+
 def test_a_failing_disk_surfaces_in_the_training_thread(tmp_path: Path) -> None:
     model = Mixer()
     with pytest.raises(CaptureError, match="I/O thread"):

@@ -1,0 +1,71 @@
+"""A tiny ``LlamaForCausalLM`` trained by ``transformers.Trainer``: the run the HF end-to-end tests record, and
+its replay factory (``--workload tests.integrations.hf_tiny:build``).
+
+Ten sequences in batches of two are five batches an epoch; two batches a step makes steps 0 and 1 of an
+epoch two microbatches each and step 2 the epoch's last batch alone, so a fault at step 2 names its
+microbatch. Five steps cross into the second epoch; checkpoints at steps 0, 2, 4 and 5.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+from tracer.determinism import configure_determinism
+from tracer.integrations.hf import SdcTraceCallback
+from tracer.options import CapturePolicy, TraceOptions
+from workload.hf import TrainerWorkload
+
+SEED = 0
+MODEL = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32}
+SITES = r"model\.layers\.\d+\.mlp"  # called positionally, so their backward is hooked too
+STEPS, SAVE_STEPS = 5, 2
+FAULT_STEP, FAULT_SITE = 2, "model.layers.1.mlp"  # step 2 has one microbatch
+WORKLOAD = "tests.integrations.hf_tiny:build"
+
+
+
+def dataset() -> list[dict[str, torch.Tensor]]:
+    ids = torch.randint(0, MODEL["vocab_size"], (10, 16), generator=torch.Generator().manual_seed(1234))
+    return [{"input_ids": row, "labels": row.clone()} for row in ids]
+
+
+def make_trainer(output_dir: Path, callbacks: Sequence[TrainerCallback] = (), *, loss_kwargs: bool = True) -> Trainer:
+    """The Trainer; ``loss_kwargs=False`` makes it treat the model as one that takes no ``num_items_in_batch``,
+    so it divides each microbatch's mean loss by the step's microbatches instead."""
+    configure_determinism(SEED, threads=1)
+    model = LlamaForCausalLM(LlamaConfig(**MODEL))
+    args = TrainingArguments(
+        output_dir=str(output_dir), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=STEPS,
+        learning_rate=1e-3, warmup_steps=0, max_grad_norm=1.0, save_strategy="steps", save_steps=SAVE_STEPS,
+        save_only_model=True, logging_strategy="no", report_to="none", use_cpu=True, seed=SEED, disable_tqdm=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=dataset(), callbacks=list(callbacks))
+    trainer.model_accepts_loss_kwargs = loss_kwargs
+    return trainer
+
+
+def record(out: Path, label: str, capture: CapturePolicy = CapturePolicy(), **callback: Any) -> Path:
+    """Train with the callback into ``out``; the Trainer's own output directory is a sibling."""
+    cb = SdcTraceCallback(out, label, options=TraceOptions(sites=SITES, capture=capture), **callback)
+    trainer = make_trainer(out.with_name(out.name + "-hf"), [cb], loss_kwargs=loss_kwargs(cb.settings.config))
+    with cb:
+        trainer.train()
+    return out
+
+
+def build(config: Mapping[str, Any], device: torch.device) -> TrainerWorkload:
+    """The replay factory: the same Trainer, never trained (its output directory stays unwritten)."""
+    return TrainerWorkload.of(make_trainer(Path(tempfile.gettempdir()) / "sdctrace-hf-replay",
+                                           loss_kwargs=loss_kwargs(config)))
+
+
+def loss_kwargs(config: Mapping[str, Any]) -> bool:
+    """The test's own config section, which the header keeps: ``variant.loss_kwargs`` (default true)."""
+    return bool(config.get("variant", {}).get("loss_kwargs", True))

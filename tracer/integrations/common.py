@@ -1,0 +1,177 @@
+"""What the framework callbacks share: the Tracer's settings, and one traced run driven by training events.
+
+A callback translates its framework's events into these calls and adds no tracing logic of its own::
+
+    open (train begin) -> checkpoint -> begin_step -> (microbatch, loss) ... next_microbatch ... -> end_step
+                       -> ... -> close (train end, or the exception that ended training)
+
+Everything on the Tracer is the Tracer's: site hooks, optimizer hooks (gradients before the update, after
+any clipping; parameters after it), checkpoints, the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import torch
+from torch import nn
+
+from tracer.checkpoint import Stateful
+from tracer.errors import CaptureError, ConfigError
+from tracer.log import prepare_out_dir
+from tracer.options import RunInfo, TraceOptions
+from tracer.tracing import Tracer, batch_tensors
+
+# Builds the context a traced run trains in, from its open Tracer and model: e.g. an emulated unhealthy node,
+# ``lambda tracer, model: faults.node.emulated_node(tracer, model, fault_profile=...)``.
+Around = Callable[[Tracer, nn.Module], AbstractContextManager[Any]]
+
+
+@dataclass(frozen=True)
+class CallbackSettings:
+    """Where a callback records and what: the `Tracer`'s options, plus what the framework cannot tell it."""
+
+    out: Path
+    node_label: str
+    trace: TraceOptions = TraceOptions()  # sites, captured tensors, ...: the Tracer's own options
+    config: Mapping[str, Any] = field(default_factory=dict)  # your own sections of the header config (dataset, ...)
+    data_order_fingerprint: str = ""  # set it to something that changes whenever the data or its order would
+    extra: Mapping[str, Any] = field(default_factory=dict)  # header extra, e.g. faults.node.node_header(...)
+    around: Around | None = None
+    overwrite: bool = False  # replace a run already in ``out``
+
+
+class TracedRun:
+    """One Tracer opened when training begins and closed when it ends, bracketed into steps and microbatches
+    by a framework's events."""
+
+    def __init__(self, settings: CallbackSettings) -> None:
+        self.settings = settings
+        self.tracer: Tracer | None = None
+        self._stack: ExitStack | None = None
+        self._step: AbstractContextManager[None] | None = None
+        self._states: Mapping[str, Stateful] = {}
+        self._announced = False
+        self.microbatch_index = 0
+
+    @property
+    def in_step(self) -> bool:
+        return self._step is not None
+
+    def open(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        *,
+        config: Mapping[str, Any],
+        seed: int,
+        states: Mapping[str, Stateful],
+        extra: Mapping[str, Any],
+    ) -> Tracer:
+        """Start the log in ``settings.out`` (refusing to mix runs) and enter the Tracer, then ``around``."""
+        if self.tracer is not None:
+            raise CaptureError(f"{self.settings.out}: this callback is already tracing a run; use one callback per run")
+        o = self.settings
+        clash = sorted(set(o.config) & set(config))
+        if clash:
+            raise ConfigError(f"config section {clash[0]!r} is the framework's; name your own sections otherwise")
+        prepare_out_dir(o.out, o.overwrite)
+        run = RunInfo(o.node_label, config={**config, **o.config}, seed=seed,
+                      data_order_fingerprint=o.data_order_fingerprint, extra={**extra, **o.extra})
+        tracer = Tracer(model, optimizer, out=o.out, run=run, options=o.trace)
+        stack = ExitStack()
+        stack.enter_context(tracer)
+        try:
+            if o.around is not None:
+                stack.enter_context(o.around(tracer, model))
+        except BaseException as exc:
+            stack.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self.tracer, self._stack, self._states = tracer, stack, dict(states)
+        return tracer
+
+    def on_close(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` when the run closes, before the Tracer closes (remove a callback's own hooks)."""
+        assert self._stack is not None
+        self._stack.callback(fn)
+
+    def checkpoint(self, step: int) -> None:
+        """Save the state before ``step`` (model, optimizer, RNG and the named states, e.g. the LR scheduler)."""
+        self._active.checkpoint(step, data={"step": step}, states=self._states)
+
+    def begin_step(self, step: int) -> None:
+        if self._step is not None:
+            raise CaptureError(f"step {self._active.step_index} is still open when step {step} begins; "
+                               "the framework's step events are out of order")
+        self._step = self._active.step(step)
+        self._step.__enter__()
+        self.microbatch_index, self._announced = 0, False
+
+    def microbatch(self, batch: Any) -> None:
+        """Announce the current microbatch and fingerprint its input tensors, once per microbatch."""
+        if not self._announced:
+            self._announced = True
+            self._active.microbatch(self.microbatch_index, inputs=batch_tensors(batch))
+
+    def next_microbatch(self) -> None:
+        self.microbatch_index, self._announced = self.microbatch_index + 1, False
+
+    def loss(self, value: torch.Tensor | float) -> None:
+        """This microbatch's loss as it went into ``backward()``."""
+        self._active.loss(value)
+
+    def end_step(self) -> None:
+        step, self._step = self._step, None
+        if step is not None:
+            step.__exit__(None, None, None)
+
+    def close(self, exc: BaseException | None = None) -> None:
+        """Close the log: complete, or failed with ``exc``. Closing a closed run does nothing."""
+        stack = self._stack
+        self.tracer, self._stack, self._step = None, None, None  # an unfinished step is not logged
+        if stack is None:
+            return
+        if exc is None:
+            stack.close()
+        else:
+            stack.__exit__(type(exc), exc, exc.__traceback__)
+
+    @property
+    def _active(self) -> Tracer:
+        if self.tracer is None:
+            raise CaptureError("no traced run is open: training has not begun, or it has ended")
+        return self.tracer
+
+
+class TracingCallback:
+    """What each framework's callback is besides its framework's callback class: its settings
+    (`CallbackSettings`), one `TracedRun`, and ``with callback:`` closing the log as failed if training raises."""
+
+    def __init__(
+        self,
+        out: str | Path,
+        node_label: str,
+        *,
+        options: TraceOptions | None = None,
+        config: Mapping[str, Any] | None = None,
+        data_order_fingerprint: str = "",
+        extra: Mapping[str, Any] | None = None,
+        around: Around | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        self.settings = CallbackSettings(
+            out=Path(out), node_label=node_label, trace=options or TraceOptions(), config=dict(config or {}),
+            data_order_fingerprint=data_order_fingerprint, extra=dict(extra or {}), around=around, overwrite=overwrite,
+        )
+        self.run = TracedRun(self.settings)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.run.close(exc)
