@@ -36,7 +36,6 @@ from faults import load_profile
 from faults.node import node_options
 from tracer.determinism import configure_determinism
 from tracer.integrations.hf import SdcTraceCallback
-from tracer.options import TraceOptions
 from workload.hf import TrainerWorkload
 
 SEED = 0
@@ -45,8 +44,6 @@ SEED = 0
 # (A dict, not a config object: saving a checkpoint writes into the model's config, and the run header records it.)
 MODEL = {"vocab_size": 64, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 4, "resid_pdrop": 0.0,
          "embd_pdrop": 0.0, "attn_pdrop": 0.0}
-# The MLPs: GPT-2's attention returns a tuple, whose lockstep overwrite replay does not support yet.
-SITES = r"transformer\.h\.\d+\.mlp"
 
 
 def dataset(n: int = 24, length: int = 16) -> list[dict[str, torch.Tensor]]:
@@ -81,8 +78,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--fault-seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     args = p.parse_args(argv)
-    node = node_options(load_profile(args.fault_profile), args.fault_seed, sites=SITES) if args.fault_profile else {}
-    callback = SdcTraceCallback(args.out, args.node_label, options=TraceOptions(sites=SITES), overwrite=args.overwrite, **node)
+    node = node_options(load_profile(args.fault_profile), args.fault_seed) if args.fault_profile else {}
+    callback = SdcTraceCallback(args.out, args.node_label, overwrite=args.overwrite, **node)  # default sites
     with tempfile.TemporaryDirectory(prefix="hf-trainer-") as trainer_dir, callback:
         make_trainer(trainer_dir, [callback]).train()
     print(f"recorded {args.out}; next: sdc inspect {args.out}")

@@ -24,7 +24,8 @@ from workload.hf import TrainerWorkload
 SEED = 0
 MODEL = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32}
-SITES = r"model\.layers\.\d+\.mlp"  # called positionally, so their backward is hooked too
+SITES = None  # the defaults: every layer's self_attn (called with keyword arguments, tuple output) and mlp
+SITE_COUNT = 4
 STEPS, SAVE_STEPS = 5, 2
 FAULT_STEP, FAULT_SITE = 2, "model.layers.1.mlp"  # step 2 has one microbatch
 WORKLOAD = "tests.integrations.hf_tiny:build"

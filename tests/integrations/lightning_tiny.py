@@ -26,6 +26,7 @@ from workload.lightning import LightningWorkload
 
 SEED, DATA_SEED = 0, 1234
 SITES = r"blocks\.\d+\.mlp"
+SITE_COUNT = 2
 STEPS, CHECKPOINT_EVERY, CLIP = 5, 2, 0.5
 FAULT_STEP, FAULT_SITE = 2, "blocks.1.mlp"  # step 2 has one microbatch
 WORKLOAD = "tests.integrations.lightning_tiny:build"

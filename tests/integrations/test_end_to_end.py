@@ -21,6 +21,7 @@ from tracer.blobs import BlobStore
 from tracer.compare import compare_runs
 from tracer.log import LogReader, Phase, rank_dir
 from tracer.pairing import check_pair
+from tracer.summary import summarize_run
 
 
 def header(run: Path):
@@ -41,7 +42,12 @@ def test_two_healthy_runs_are_identical_by_fingerprint(recorded: Recorded) -> No
     assert result.first is None and result.steps == fw.STEPS and result.events > 0
     check_pair(header(recorded.golden), header(recorded.twin), "golden", "twin")
     sites = header(recorded.golden).extra["sites"]
-    assert len(sites) == 2 and fw.FAULT_SITE in sites and all(re.fullmatch(fw.SITES, s) for s in sites)
+    assert len(sites) == fw.SITE_COUNT and fw.FAULT_SITE in sites
+    assert fw.SITES is None or all(re.fullmatch(fw.SITES, s) for s in sites)
+    # Every site gives a backward record for each forward one, keyword-called HF attention included.
+    (summary,) = summarize_run(recorded.golden)
+    assert summary.tensors["forward"] == summary.tensors["backward"] > 0
+    assert "sites_without_backward" not in summary.header.extra
 
 
 def test_sdc_diff_finds_the_emulated_fault_as_the_first_divergence(recorded: Recorded, tmp_path: Path) -> None:
@@ -67,7 +73,7 @@ def test_lockstep_replay_isolates_the_faulty_site(recorded: Recorded, tmp_path: 
     out = replay(recorded, "lockstep", f"{k}:{k + 2}", tmp_path / "lock")
     sites = events(out, "site_mismatch")
     assert {(e.step, e.fields["microbatch"]) for e in sites} == {(k, 0), (k + 1, 0), (k + 1, 1)}
-    assert len(sites) == 3 * 2 * 2  # (step, microbatch) x sites x phases
+    assert len(sites) == 3 * fw.SITE_COUNT * 2  # (step, microbatch) x sites x phases
     hit = {(e.step, e.fields["site"], e.fields["phase"]) for e in sites if e.fields["mismatched"]}
     # The faulty site only: downstream sites computed on its golden output. Its own backward may differ too
     # (it reuses its corrupted activations); nothing else may.
