@@ -42,7 +42,7 @@ from analysis.load import load_parquet
 from pipelines import detections, metrics, source
 from pipelines import diff as tensor_diff
 from pipelines import events as events_mod
-from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET, add_arguments
+from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET, DiffRequest, add_arguments
 from pipelines.pairing import BOUNDS, ComparisonBounds, pair_id, validate_pair
 from pipelines.sink import WriteTables
 from pipelines.source import EVENTS, SEGMENTS, TENSORS, RunLayout
@@ -181,11 +181,11 @@ def describe_runner(opts: PipelineOptions) -> str:
     return f"DirectRunner ({d.direct_running_mode}, {d.direct_num_workers or os.cpu_count()} workers)"
 
 
-def diff(args: argparse.Namespace, beam_args: Sequence[str], echo: Echo = print) -> DiffReport:
+def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
     """`sdc diff`: plan, run the Beam job, check what it found, load into DuckDB, summarise."""
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     echo("reading run headers ...")
-    plan = plan_diff(args.golden, args.suspect, args.replay, args.steps_per_bucket, args.twin)
+    plan = plan_diff(request.golden, request.suspect, request.replays, request.steps_per_bucket, request.twin)
     for side, run in plan.sides().items():
         h = run.header
         segments = sum(len(r.segments) for r in run.ranks.values())
@@ -194,13 +194,13 @@ def diff(args: argparse.Namespace, beam_args: Sequence[str], echo: Echo = print)
     h = plan.golden.header
     echo(f"[1/3] pair {plan.pair_id}: headers match (config {h.config_fingerprint[:12]}, seed {h.seed}, "
          f"world size {h.world_size}); {len(plan.drift)} checkpoint pair(s) for drift")
-    opts = pipeline_options(beam_args, sum(run.bytes for run in plan.sides().values()))
-    keep = args.staging is not None
-    if keep and FileSystems.match([FileSystems.join(args.staging, "**")])[0].metadata_list:
-        raise UsageError(f"--staging {args.staging}: not empty; give an empty or new directory (all its Parquet "
-                         "is loaded as this pair's)")
-    Path(args.db).resolve().parent.mkdir(parents=True, exist_ok=True)
-    staging = args.staging or tempfile.mkdtemp(prefix="sdc-diff-", dir=Path(args.db).resolve().parent)
+    opts = pipeline_options(request.beam_args, sum(run.bytes for run in plan.sides().values()))
+    keep = request.staging is not None
+    if keep and FileSystems.match([FileSystems.join(request.staging, "**")])[0].metadata_list:
+        raise UsageError(f"--staging {request.staging}: not empty; give an empty or new directory (all its "
+                         "Parquet is loaded as this pair's)")
+    request.db.resolve().parent.mkdir(parents=True, exist_ok=True)
+    staging = request.staging or tempfile.mkdtemp(prefix="sdc-diff-", dir=request.db.resolve().parent)
     report = DiffReport(plan.pair_id, staging)
     try:
         echo(f"[2/3] Beam job on {describe_runner(opts)}, Parquet to {staging} ...")
@@ -220,13 +220,13 @@ def diff(args: argparse.Namespace, beam_args: Sequence[str], echo: Echo = print)
                   f"{c.get('events_compared', 0):,} events compared") if c else " (this runner reports no metrics)"
         echo(f"      done in {report.pipeline_s:.1f} s{counts}")
         with _local(staging) as local:
-            _check_problems(local, args.skip_corrupt, echo)
-            echo(f"[3/3] loading into {args.db} ...")
-            report.rows = load_parquet(args.db, local, plan.pair_id)
+            _check_problems(local, request.skip_corrupt, echo)
+            echo(f"[3/3] loading into {request.db} ...")
+            report.rows = load_parquet(request.db, local, plan.pair_id)
     finally:
         if not keep:
             shutil.rmtree(staging, ignore_errors=True)
-    for line in summarize(args.db, plan.pair_id):
+    for line in summarize(request.db, plan.pair_id):
         echo(line)
     return report
 
@@ -347,7 +347,7 @@ def run(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     known, beam_args = parser.parse_known_args(argv)
-    diff(known, beam_args)
+    diff(DiffRequest.from_args(known, beam_args))
     return 0
 
 

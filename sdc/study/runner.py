@@ -19,7 +19,6 @@ skips what finished and redoes the rest, refusing if the study file changed sinc
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -33,7 +32,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from faults import load_profile
-from pipelines.arguments import add_arguments as add_diff_arguments
+from pipelines.arguments import DiffRequest
 from replay.engine import Replayer, suspect_from_run
 from sdc.study.config import Finetune, Study
 from tracer.errors import UsageError
@@ -169,7 +168,7 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
     for n in study.nodes:
         jobs.append(Job(f"diff-finetune:{n.label}", f"diff fine-tuned {golden} vs {n.label} (twin baseline)",
                         lambda n=n: _diff(paths.finetune(golden), paths.finetune(n.label), [], paths.db, beam_args,
-                                          ("--twin", str(paths.finetune(twin))))))
+                                          twin=paths.finetune(twin))))
     return jobs
 
 
@@ -222,16 +221,12 @@ def _replay(paths: StudyPaths, golden: str, label: str, profile: str, mode: str,
 
 
 def _diff(golden: Path, suspect: Path, replays: list[Path], db: Path, beam_args: tuple[str, ...],
-          extra: tuple[str, ...] = ()) -> str:
+          twin: Path | None = None) -> str:
     from sdc.commands.diff import diff_job  # imports Beam: only when a diff runs
 
-    diff = diff_job()
-    parser = argparse.ArgumentParser()
-    add_diff_arguments(parser)
-    argv = ["--golden", str(golden), "--suspect", str(suspect), "--db", str(db), *extra]
-    for r in replays:
-        argv += ["--replay", str(r)]
-    report = diff(parser.parse_args(argv), list(beam_args))
+    request = DiffRequest(golden=str(golden), suspect=str(suspect), db=db, replays=tuple(map(str, replays)),
+                          twin=str(twin) if twin is not None else None, beam_args=beam_args)
+    report = diff_job()(request)
     return f"{report.rows.get('event_diffs', 0):,} events compared into {db.name}"
 
 

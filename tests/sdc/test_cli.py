@@ -56,6 +56,22 @@ def test_public_surface_is_deliberate() -> None:
     assert surface(build_parser()) == {name: sorted(options) for name, options in SURFACE.items()}
 
 
+
+def test_sdc_diff_builds_one_typed_request() -> None:
+    from pipelines.arguments import DiffRequest
+    from sdc.commands.diff import request
+
+    args = build_parser().parse_args([
+        "diff", "--golden", "runs/A", "--suspect", "gs://bucket/B", "--db", "study.duckdb", "--replay", "runs/R1",
+        "--replay", "runs/R2", "--twin", "runs/T", "--skip-corrupt", "--steps-per-bucket", "8",
+        "--", "--runner=DirectRunner", "--direct_num_workers=2"])
+    assert request(args) == DiffRequest(
+        golden="runs/A", suspect="gs://bucket/B", db=Path("study.duckdb"), replays=("runs/R1", "runs/R2"),
+        twin="runs/T", skip_corrupt=True, steps_per_bucket=8,
+        beam_args=("--runner=DirectRunner", "--direct_num_workers=2"))
+    defaults = request(build_parser().parse_args(["diff", "--golden", "A", "--suspect", "B", "--db", "s.duckdb"]))
+    assert defaults == DiffRequest(golden="A", suspect="B", db=Path("s.duckdb"))
+
 def sdc(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sdc.cli", *args], capture_output=True, text=True, timeout=300)
 
