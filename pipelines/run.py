@@ -27,17 +27,17 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib import metadata, resources
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
-import duckdb
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.runner import PipelineState
 
+from analysis import queries
 from analysis.load import load_parquet
 from pipelines import detections, metrics, source
 from pipelines import diff as tensor_diff
@@ -301,45 +301,41 @@ def _read(staging: Path, name: str) -> list[dict[str, Any]]:
 
 
 def summarize(db: str | Path, pid: str) -> list[str]:
-    """A few lines on what the pair's tables say (the database opened read-only)."""
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        q = lambda sql: con.execute(sql, [pid]).fetchall()  # noqa: E731
-        (events, differing), = q("SELECT count(*), count(*) FILTER (NOT equal) FROM event_diffs WHERE pair_id = ?")
-        (through,), = q("SELECT max(compared_through) FROM pair_ranks WHERE pair_id = ?")
-        lines = [f"result: {events:,} events compared through step {through}; {differing:,} differ"]
-        for rank, step, mb, phase, name in q(
-            "SELECT rank, step, microbatch, phase, name FROM first_divergence WHERE pair_id = ? ORDER BY rank"
-        ):
-            lines.append(f"  first divergence: rank {rank}, step {step}, microbatch {mb}, {phase} {name}")
-        (drift,), = q("SELECT max(drift) FROM param_drift WHERE pair_id = ? AND \"group\" = '*'")
-        (spikes,), = q("SELECT count(*) FROM loss_spikes WHERE pair_id = ?")
-        lines.append(f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)" if drift is not None
-                     else f"  no checkpoint pair for drift; {spikes} loss spike(s)")
-        lines += _finetune_lines(con, pid)
-        lines.append(f"  tables: {db} (pair_id = '{pid}')")
-        return lines
-    finally:
-        con.close()
+    """A few lines on what the pair's tables say, from the named queries (the database opened read-only)."""
+    (totals,) = _pair_rows(db, "summary_totals", pid)
+    result = (f"result: {totals['events_compared']:,} events compared through step {totals['compared_through']}; "
+              f"{totals['events_differing']:,} differ")
+    lines = [result]
+    for r in _pair_rows(db, "rq3_first_divergence", pid):
+        if r["step"] is not None:
+            lines.append(f"  first divergence: rank {r['rank']}, step {r['step']}, microbatch {r['microbatch']}, "
+                         f"{r['phase']} {r['name']}")
+    drift, spikes = totals["max_drift"], totals["loss_spikes"]
+    lines.append(f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)" if drift is not None
+                 else f"  no checkpoint pair for drift; {spikes} loss spike(s)")
+    lines += _finetune_lines(db, pid, totals["suspect_run_id"])
+    lines.append(f"  tables: {db} (pair_id = '{pid}')")
+    return lines
 
 
-def _finetune_lines(con: duckdb.DuckDBPyConnection, pid: str) -> list[str]:
+def _finetune_lines(db: str | Path, pid: str, suspect_run_id: str) -> list[str]:
     """Per task, for fine-tunes: the final accuracies, collapses, and suspect vs twin disagreement (RQ3)."""
-    named = lambda name: resources.files("analysis").joinpath("queries", f"{name}.sql").read_text()  # noqa: E731
-    collapsed = {task for (task,) in con.execute(
-        f"SELECT task FROM ({named('rq3_finetune_accuracy')}) WHERE collapsed AND run_id = "
-        "(SELECT suspect_run_id FROM pairs WHERE pair_id = ?)", [pid]).fetchall()}
+    collapsed = {r["task"] for r in queries.run(db, "rq3_finetune_accuracy").records()
+                 if r["collapsed"] and r["run_id"] == suspect_run_id}
     lines = []
-    for task, golden, suspect, twin, disagreement, baseline in con.execute(
-        "SELECT task, golden_accuracy, suspect_accuracy, twin_accuracy, disagreement, baseline_disagreement "
-        f"FROM ({named('rq3_finetune_disagreement')}) WHERE pair_id = ? ORDER BY task", [pid]
-    ).fetchall():
+    for r in sorted(_pair_rows(db, "rq3_finetune_disagreement", pid), key=lambda r: r["task"]):
+        task, twin, baseline = r["task"], r["twin_accuracy"], r["baseline_disagreement"]
         twin_text = f", twin {twin:.0%}" if twin is not None else ""
         base_text = f" (twin baseline {baseline:.0%})" if baseline is not None else " (no --twin, no baseline)"
-        lines.append(f"  fine-tune {task}: accuracy golden {golden:.0%}, suspect {suspect:.0%}"
-                     f"{' COLLAPSED' if task in collapsed else ''}{twin_text}; "
-                     f"answers differ on {disagreement:.0%}{base_text}")
+        lines.append(f"  fine-tune {task}: accuracy golden {r['golden_accuracy']:.0%}, "
+                     f"suspect {r['suspect_accuracy']:.0%}{' COLLAPSED' if task in collapsed else ''}{twin_text}; "
+                     f"answers differ on {r['disagreement']:.0%}{base_text}")
     return lines
+
+
+def _pair_rows(db: str | Path, query: str, pid: str) -> list[dict[str, Any]]:
+    """The rows of a named query (they cover every pair) that belong to pair `pid`."""
+    return [r for r in queries.run(db, query).records() if r["pair_id"] == pid]
 
 
 def run(argv: Sequence[str] | None = None) -> int:

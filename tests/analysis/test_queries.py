@@ -7,6 +7,7 @@ the database the queries read.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import defaultdict
@@ -91,6 +92,22 @@ def fingerprints(run: Path) -> dict[tuple, int]:
     return out
 
 
+
+def records(run: Path) -> dict[tuple, int]:
+    """Every tensor record's fingerprint by (step, microbatch, name, phase, occurrence in log order)."""
+    out: dict[tuple, int] = {}
+    seen: dict[tuple, int] = defaultdict(int)
+    for r in LogReader(rank_dir(run, 0)).records():
+        if isinstance(r, TensorRecord):
+            key = (r.step, r.microbatch, r.name, r.phase)
+            out[(*key, seen[key])] = r.fingerprint
+            seen[key] += 1
+    return out
+
+
+def run_id(run: Path) -> str:
+    return LogReader(rank_dir(run, 0)).header.run_id
+
 def losses(run: Path) -> dict[int, float]:
     return {e.step: e.fields["loss"] for e in events(run, "step")}
 
@@ -106,6 +123,7 @@ def spikes(loss: dict[int, float]) -> dict[int, tuple[float, float | None]]:
     return out
 
 
+@functools.cache  # several tests ask; each call loads every checkpoint
 def drift(golden: Path, suspect: Path) -> dict[int, float]:
     out = {}
     for step in sorted(set(list_checkpoints(golden)) & set(list_checkpoints(suspect))):
@@ -154,6 +172,19 @@ def test_every_named_query_runs_and_is_deterministic(study: Study) -> None:
         if name not in NOT_IN_THIS_STUDY:
             assert first.rows, f"{name}: no rows on a study with lockstep, param-sync, faults and ABFT"
 
+
+
+def test_summary_totals_are_what_sdc_diff_prints(study: Study) -> None:
+    for node, suspect in (("node-7", study.node7), ("node-3", study.node3)):
+        g, s = records(study.golden), records(suspect)
+        last = min(max(k[0] for k in g), max(k[0] for k in s))
+        compared = {k for k in g.keys() | s.keys() if k[0] <= last}
+        assert_matches(only(study, "summary_totals", node), {
+            "golden_node": "golden", "golden_run_id": run_id(study.golden), "suspect_run_id": run_id(suspect),
+            "events_compared": len(compared), "events_differing": sum(g.get(k) != s.get(k) for k in compared),
+            "compared_through": last, "max_drift": max(drift(study.golden, suspect).values()),
+            "loss_spikes": len(spikes(losses(study.golden))) + len(spikes(losses(suspect))),
+        })
 
 # -- RQ1 --------------------------------------------------------------------------------
 def test_mismatch_by_node_site_step_and_calls(study: Study) -> None:

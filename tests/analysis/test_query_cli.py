@@ -111,7 +111,7 @@ def test_sql_that_writes_is_refused_and_changes_nothing(study: Study, tmp_path: 
 @pytest.mark.parametrize("args, message", [
     (["summary", "--db", "{tmp}/missing.duckdb"], "no such study database"),
     (["summary", "--db", "{tmp}/junk.duckdb"], "cannot open as a DuckDB study database"),
-    (["sumary", "--db", "{db}"], "did you mean summary?"),
+    (["sumary", "--db", "{db}"], "did you mean summary,"),
     (["--sql", "SELECT * FROM no_such_table", "--db", "{db}"], "Table with name no_such_table does not exist"),
     (["--sql", "SELEC 1", "--db", "{db}"], "does not parse"),
     (["summary"], "--db FILE is required"),
