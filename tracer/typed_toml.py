@@ -7,7 +7,7 @@ A dataclass is a table: each field a key, its type hint what the value must be (
 bool, str, Literal, an Enum by lower-case member name, tuple and list, ``X | None`` and other
 unions, a nested dataclass as a table, a tuple of dataclasses as an array of tables). A
 `toml_field` can describe valid values for the errors, or take a nested dataclass's keys from
-the enclosing table (``inline``). Values are checked by the dataclasses' own ``__post_init__``,
+the enclosing table (`INLINE`). Values are checked by the dataclasses' own ``__post_init__``,
 which raises `InvalidValue` with the key; the loader adds where that key sits and where its
 value came from.
 
@@ -57,7 +57,7 @@ def check(ok: bool, key: str, message: Callable[[str], str]) -> None:
 def require(ok: bool, key: str, value: Any, expected: str) -> None:
     """Refuse ``key = value`` unless ``ok``, saying what it must be (``>= 1``, ``a number in [0, 1]``)."""
     if not ok:
-        raise InvalidValue(key, lambda at: f"{at}{key} = {toml_value(value)} must be {expected}")
+        raise InvalidValue(key, lambda at: f"{at}{key} = {shown(value)} must be {expected}")
 
 
 def expected(cls: type, key: str) -> str:
@@ -65,12 +65,13 @@ def expected(cls: type, key: str) -> str:
     return _fields(cls)[key].metadata.get("expected") or _describe(typing.get_type_hints(cls)[key], key)
 
 
-def toml_field(default: Any = dataclasses.MISSING, *, expected: str | None = None, inline: bool = False,
-               default_factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field with what its type hint cannot say: ``expected`` describes valid values in
-    errors; ``inline`` reads a nested dataclass's keys from the enclosing table instead of a sub-table."""
-    return dataclasses.field(default=default, default_factory=default_factory,
-                             metadata={"expected": expected, "inline": inline})
+def toml_field(default: Any = dataclasses.MISSING, *, expected: str) -> Any:
+    """A dataclass field whose valid values its type hint cannot say: ``expected`` says them in errors."""
+    return dataclasses.field(default=default, metadata={"expected": expected})
+
+
+# Field metadata of a nested dataclass whose keys sit in the enclosing table, not in a sub-table.
+INLINE = types.MappingProxyType({"inline": True})
 
 
 def shipped(package: str, folder: str) -> dict[str, Path]:
@@ -218,7 +219,7 @@ def _value(hint: Any, value: Any, key: str, f: dataclasses.Field | None, origin:
     wanted = (f.metadata.get("expected") if f is not None else None) or _describe(hint, key)
     default = f.default if f is not None else dataclasses.MISSING
     example = f"; write e.g. {key} = {toml_value(default)}" \
-        if default is not dataclasses.MISSING and default is not None else ""
+        if default not in (dataclasses.MISSING, None) and not _is_tables(hint) else ""
     raise ConfigError(f"{origin(key)}: {key} must be {wanted}, found {_kind(value)} {value!r}{example}")
 
 
@@ -241,7 +242,7 @@ def _coerce(hint: Any, value: Any) -> Any:
     elif kind in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(hint):
             return None
-        for option in typing.get_args(hint):
+        for option in (a for a in typing.get_args(hint) if a is not type(None)):
             try:
                 return _coerce(option, value)
             except _WrongType:
@@ -302,6 +303,16 @@ def toml_value(value: Any) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     return json.dumps(value)
+
+
+def shown(value: Any) -> str:
+    """``value`` as an error quotes what was found: as parsed (tuples as lists, enums by lower-case name)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, enum.Enum):
+            return v.name.lower()
+        return [plain(x) for x in v] if isinstance(v, (tuple, list)) else v
+
+    return repr(plain(value))
 
 
 def _kind(value: Any) -> str:

@@ -45,18 +45,18 @@ def test_a_rule_can_target_ranks_and_collectives(write_profile) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (RULE + "bitz = 3\n", ["unknown key fault[0].bitz", "did you mean fault[0].bits?", "allowed keys: ops, sites"]),
+        (RULE + "bitz = 3\n", ["unknown key fault[0].bitz", "did you mean fault[0].bits?", "allowed keys in [[fault]]: ops, sites"]),
         (RULE + 'bits = "exp"\n', ["fault[0].bits = 'exp'", '"sign", "exponent", "mantissa", "random" or a bit index']),
         (RULE + "bits = 64\n", ["fault[0].bits = 64", "bit index 0..63"]),
-        ('[[fault]]\nops = ["matmul"]\n', ["fault[0].kind = None", '"bitflip", "scale", "stuck"']),
+        ('[[fault]]\nops = ["matmul"]\n', ["fault[0].kind is missing", "'bitflip', 'scale', 'stuck'"]),
         ('[[fault]]\nops = ["matmull"]\nkind = "bitflip"\n', ["fault[0].ops", "'matmull'", "matmul, attention, softmax"]),
         ('[[fault]]\nops = []\nkind = "bitflip"\n', ["fault[0].ops = []", "non-empty array of op families"]),
         (RULE + "p_call = 1.5\n", ["fault[0].p_call = 1.5", "a number in [0, 1]"]),
-        (RULE + 'p_exit = "often"\n', ["fault[0].p_exit = 'often'", "a number in [0, 1]"]),
+        (RULE + 'p_exit = "often"\n', ["fault[0].p_exit must be a number in [0, 1], found string 'often'"]),
         (RULE + 'phases = ["sideways"]\n', ["fault[0].phases", '"forward" and/or "backward"']),
         (RULE + "factor = 10\n", ['fault[0].factor applies only to kind = "scale"']),
-        ('[[fault]]\nops = ["mm"]\nkind = "scale"\nfactor = [10, 1]\n', ["fault[0].factor = [10, 1]", "0 < low <= high"]),
-        ('[[fault]]\nops = ["mm"]\nkind = "stuck"\n', ["fault[0].value = None", "a number"]),
+        ('[[fault]]\nops = ["mm"]\nkind = "scale"\nfactor = [10, 1]\n', ["fault[0].factor = [10.0, 1.0]", "0 < low <= high"]),
+        ('[[fault]]\nops = ["mm"]\nkind = "stuck"\n', ["fault[0].value is missing", "a number"]),
         (RULE + "elements = 2\nfraction = 0.5\n", ["fault[0].elements and fault[0].fraction both given"]),
         (RULE + "elements = 0\n", ["fault[0].elements = 0", "an integer >= 1"]),
         (RULE + "fraction = 0\n", ["fault[0].fraction = 0", "(0, 1]"]),
@@ -64,10 +64,10 @@ def test_a_rule_can_target_ranks_and_collectives(write_profile) -> None:
         (RULE + "start = 5\nstop = 5\n", ["fault[0].stop = 5", "greater than start = 5"]),
         (RULE + "steps = [1, -2]\n", ["fault[0].steps = [1, -2]", "integers >= 0"]),
         (RULE + "ranks = []\n", ["fault[0].ranks = []", "non-empty array of ranks"]),
-        (RULE + 'ranks = ["1"]\n', ["fault[0].ranks = ['1']", "non-empty array of ranks"]),
+        (RULE + 'ranks = ["1"]\n', ["fault[0].ranks must be", "non-empty array of ranks", "found array ['1']"]),
         ("sed = 1\n" + RULE, ["unknown key sed", "did you mean seed?"]),
         ("seed = -1\n" + RULE, ["seed = -1", "an integer >= 0"]),
-        ('fault = "all"\n', ["fault = 'all'", "[[fault]] sections"]),
+        ('fault = "all"\n', ["fault must be an array of tables", "[[fault]] sections", "found string 'all'"]),
         (RULE + "kind = 2\n", ["TOML"]),
     ],
 )
@@ -85,5 +85,5 @@ def test_a_malformed_profile_names_file_key_and_allowed_values(
 
 
 def test_an_unknown_profile_lists_the_shipped_ones() -> None:
-    with pytest.raises(ConfigError, match="not a shipped profile.*bursty-mismatch, healthy-node"):
+    with pytest.raises(ConfigError, match="not a shipped fault profile.*bursty-mismatch, healthy-node"):
         load_profile("flaky-node")
