@@ -127,11 +127,11 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
             if part not in table:
                 origins[".".join(parts[: i + 1])] = f"override {override!r}"
             table = table.setdefault(part, {})
-            if not isinstance(table, dict):  # e.g. `model = 1` in the file: the loader reports it
-                break
-        else:
-            table[parts[-1]] = value
-            origins[".".join(parts)] = f"override {override!r}"
+            if not isinstance(table, dict):
+                raise ConfigError(f"override {override!r}: {'.'.join(parts[: i + 1])} is {_kind(table)} "
+                                  f"{table!r}, not a table; override a key of a table")
+        table[parts[-1]] = value
+        origins[".".join(parts)] = f"override {override!r}"
     return origins
 
 
