@@ -197,7 +197,7 @@ def _build(cls: type[T], raw: Mapping[str, Any], path: str, origin: Origin) -> T
         raise ConfigError(f"{origin(at + e.key)}: {e.message(at)}") from None
 
 
-def _value(hint: Any, value: Any, key: str, f: dataclasses.Field | None, origin: Origin) -> Any:
+def _value(hint: Any, value: Any, key: str, f: dataclasses.Field, origin: Origin) -> Any:
     """``value`` as the field's type, or a one-line error: expected vs found, and what to write."""
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, Mapping):
@@ -216,10 +216,9 @@ def _value(hint: Any, value: Any, key: str, f: dataclasses.Field | None, origin:
             return _coerce(hint, value)
         except _WrongType:
             pass
-    wanted = (f.metadata.get("expected") if f is not None else None) or _describe(hint, key)
-    default = f.default if f is not None else dataclasses.MISSING
-    example = f"; write e.g. {key} = {toml_value(default)}" \
-        if default not in (dataclasses.MISSING, None) and not _is_tables(hint) else ""
+    wanted = f.metadata.get("expected") or _describe(hint, key)
+    known = f.default is not dataclasses.MISSING and f.default is not None and not _is_tables(hint)
+    example = f"; write e.g. {key} = {toml_value(f.default)}" if known else ""
     raise ConfigError(f"{origin(key)}: {key} must be {wanted}, found {_kind(value)} {value!r}{example}")
 
 
