@@ -16,8 +16,10 @@ look healthy.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +28,7 @@ from faults.corrupt import FIELDS
 from faults.ops import FAMILIES, resolve_ops
 from faults.schedule import PROBABILITY, Schedule
 from tracer import typed_toml
-from tracer.errors import ConfigError
+from tracer.errors import ConfigError, ValidationError
 from tracer.log.records import Phase
 from tracer.typed_toml import INLINE, InvalidValue, check, require, toml_field
 
@@ -86,6 +88,8 @@ class FaultRule:
     schedule: Schedule = field(default_factory=Schedule, metadata=INLINE)
     ranks: tuple[int, ...] | None = toml_field(  # ranks of a multi-rank run the rule applies to; None: every rank
         None, expected="a non-empty array of ranks (integers >= 0)")
+    microbatches: tuple[int, ...] | None = toml_field(  # microbatches of a step it fires in; None: every one
+        None, expected="a non-empty array of microbatch indices (integers >= 0)")
 
     def __post_init__(self) -> None:
         _require(self, bool(self.ops), "ops")
@@ -108,9 +112,11 @@ class FaultRule:
         _require(self, self.fraction is None or 0 < self.fraction <= 1, "fraction")
         if self.elements is None and self.fraction is None:
             object.__setattr__(self, "elements", 1)
-        if self.ranks is not None:
-            _require(self, bool(self.ranks) and min(self.ranks) >= 0, "ranks")
-            object.__setattr__(self, "ranks", tuple(sorted(set(self.ranks))))
+        for key in ("ranks", "microbatches"):
+            indices = getattr(self, key)
+            if indices is not None:
+                _require(self, bool(indices) and min(indices) >= 0, key)
+                object.__setattr__(self, key, tuple(sorted(set(indices))))
 
 
 def _require(rule: Any, ok: bool, key: str) -> None:
@@ -135,12 +141,14 @@ class FaultProfile:
     description: str
     seed: int
     faults: tuple[FaultRule, ...]
-    path: str
-    sha256: str  # of the file's bytes: the run header says exactly which profile ran
+    path: str = field(compare=False)  # where it was read from: a file, or a run header
+    data: dict[str, Any] = field(repr=False)  # the parsed TOML, which a run header records whole
+    sha256: str  # of `data`'s canonical JSON: the run header says exactly which profile ran
 
     def header(self, fault_seed: int) -> dict[str, Any]:
-        """What a run header's ``extra["fault_profile"]`` records."""
-        return {"name": self.name, "sha256": self.sha256, "seed": fault_seed}
+        """What a run header's ``extra["fault_profile"]`` records: enough to run the profile again
+        (`profile_from_header`), wherever its file went."""
+        return {"name": self.name, "sha256": self.sha256, "seed": fault_seed, "profile": self.data}
 
 
 def shipped_profiles() -> dict[str, Path]:
@@ -151,6 +159,27 @@ def shipped_profiles() -> dict[str, Path]:
 def load_profile(spec: str | Path) -> FaultProfile:
     """Load a shipped profile by name, or a TOML file by path, and validate all of it."""
     path = typed_toml.resolve(spec, shipped_profiles(), "fault profile")
-    read = typed_toml.from_dict(_ProfileFile, typed_toml.read(path), str(path))
-    return FaultProfile(path.stem, read.description, read.seed, read.fault, str(path),
-                        hashlib.sha256(path.read_bytes()).hexdigest())
+    return _profile(path.stem, typed_toml.read(path), str(path))
+
+
+def profile_from_header(recorded: Mapping[str, Any]) -> FaultProfile:
+    """The profile a run header's ``extra["fault_profile"]`` recorded, rebuilt and validated, so that a
+    run recorded with a profile of the user's own can be emulated again without its file."""
+    name, data = recorded.get("name"), recorded.get("profile")
+    source = f"fault profile {name!r} in the run header"
+    if not isinstance(name, str) or not isinstance(data, Mapping):
+        raise ValidationError(f"{source}: fault_profile.profile is missing (recorded before run headers held "
+                              "the whole profile); pass the profile's file instead")
+    profile = _profile(name, data, source)
+    if recorded.get("sha256") != profile.sha256:
+        raise ValidationError(f"{source}: fault_profile.sha256 = {str(recorded.get('sha256'))[:12]}... does not "
+                              f"match the recorded profile (sha256 {profile.sha256[:12]}...); the header was "
+                              "altered: pass the profile's file instead")
+    return profile
+
+
+def _profile(name: str, data: Mapping[str, Any], source: str) -> FaultProfile:
+    read = typed_toml.from_dict(_ProfileFile, data, source)
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return FaultProfile(name, read.description, read.seed, read.fault, source, dict(data),
+                        hashlib.sha256(canonical.encode("utf-8")).hexdigest())
