@@ -164,6 +164,7 @@ def test_every_sql_file_is_a_named_query_with_a_description() -> None:
 NOT_IN_THIS_STUDY = {"rq3_loss_spikes", "rq3_finetune_accuracy", "rq3_finetune_disagreement"}
 
 
+@pytest.mark.slow
 def test_every_named_query_runs_and_is_deterministic(study: Study) -> None:
     for name in queries.names():
         first, again = queries.run(study.db, name), queries.run(study.db, name)
@@ -174,6 +175,7 @@ def test_every_named_query_runs_and_is_deterministic(study: Study) -> None:
 
 
 
+@pytest.mark.slow
 def test_summary_totals_are_what_sdc_diff_prints(study: Study) -> None:
     for node, suspect in (("node-7", study.node7), ("node-3", study.node3)):
         g, s = records(study.golden), records(suspect)
@@ -186,6 +188,7 @@ def test_summary_totals_are_what_sdc_diff_prints(study: Study) -> None:
             "loss_spikes": len(spikes(losses(study.golden))) + len(spikes(losses(suspect))),
         })
 
+@pytest.mark.slow
 # -- RQ1 --------------------------------------------------------------------------------
 def test_mismatch_by_node_site_step_and_calls(study: Study) -> None:
     calls = site_calls(study)
@@ -210,6 +213,7 @@ def test_mismatch_by_node_site_step_and_calls(study: Study) -> None:
     assert [(r["step"], r["microbatch"], r["site"], r["phase"], r["severity"]) for r in differing] == expected
 
 
+@pytest.mark.slow
 def test_mismatch_bursts(study: Study) -> None:
     calls = site_calls(study)
     mismatching = sorted({c["step"] for c in calls if c["mismatched"] > 0})
@@ -223,6 +227,7 @@ def test_mismatch_bursts(study: Study) -> None:
     })
 
 
+@pytest.mark.slow
 def test_abft_detection_rate_by_fault_kind(study: Study) -> None:
     faults, checks = fault_units(study.node7)
     golden, suspect = fingerprints(study.golden), fingerprints(study.node7)
@@ -249,6 +254,7 @@ def test_abft_detection_rate_by_fault_kind(study: Study) -> None:
     assert found["suspect", "bitflip"]["fingerprint_rate"] == 1.0  # fingerprints see every bit
 
 
+@pytest.mark.slow
 def test_detection_scores_of_abft(study: Study) -> None:
     faults, checks = fault_units(study.node7)
     faulted = {f["unit"] for f in faults}
@@ -266,6 +272,7 @@ def test_detection_scores_of_abft(study: Study) -> None:
             assert r["recall"] is None  # node-3: nothing injected, nothing to recall
 
 
+@pytest.mark.slow
 # -- RQ2 --------------------------------------------------------------------------------
 def test_noise_to_signal_per_step_and_worst_case(study: Study) -> None:
     noise = events(study.param_sync, "grad_noise")
@@ -288,6 +295,7 @@ def test_noise_to_signal_per_step_and_worst_case(study: Study) -> None:
     })
 
 
+@pytest.mark.slow
 # -- RQ3 --------------------------------------------------------------------------------
 def test_drift_beside_both_loss_curves(study: Study) -> None:
     for node, suspect, checkpoints in (("node-7", study.node7, [0, 2, 4, 6]), ("node-3", study.node3, [0, 2])):
@@ -309,6 +317,7 @@ def test_drift_beside_both_loss_curves(study: Study) -> None:
         assert (node == "node-3") == all(v == 0.0 for v in d.values())
 
 
+@pytest.mark.slow
 def test_loss_spikes(study: Study) -> None:
     g, s = losses(study.golden), losses(study.node7)
     expected = spikes(s)
@@ -320,6 +329,7 @@ def test_loss_spikes(study: Study) -> None:
                               "golden_loss": g[5], "suspect_loss": s[5]})
 
 
+@pytest.mark.slow
 def test_first_divergence(study: Study) -> None:
     found = {r["node_label"]: r for r in rows(study, "rq3_first_divergence")}
     step, mb, name, phase = first_divergence(study.golden, study.node7)
@@ -331,6 +341,7 @@ def test_first_divergence(study: Study) -> None:
     assert found["node-3"]["compared_through"] == 2 and found["node-3"]["step"] is None
 
 
+@pytest.mark.slow
 def test_summary_has_the_headline_numbers(study: Study) -> None:
     summary = {r["node_label"]: r for r in rows(study, "summary")}
     assert list(summary) == ["node-3", "node-7"]

@@ -45,6 +45,7 @@ def test_an_exponent_flip_at_one_step_and_op_is_the_first_difference(
         assert f.fields["elements"] == 1 and f.fields["original"] != f.fields["corrupted"]
 
 
+@pytest.mark.slow
 def test_the_same_profile_and_seed_reproduce_faults_and_fingerprints(healthy_run, run_factory) -> None:
     profile = load_profile("bursty-mismatch")
     a = run_factory("a", fault_profile=profile, fault_seed=5)
@@ -57,6 +58,7 @@ def test_the_same_profile_and_seed_reproduce_faults_and_fingerprints(healthy_run
     assert compare_runs(a, healthy_run).first is not None
 
 
+@pytest.mark.slow
 def test_an_emulator_that_never_fires_changes_nothing(run_factory, write_profile) -> None:
     """Hooks on extra sites and every per-call draw leave training bit for bit as it was."""
     healthy = run_factory("healthy")
@@ -120,6 +122,7 @@ def test_a_site_pattern_that_matches_no_module_is_an_error(write_profile) -> Non
         FaultEmulator(profile, nn.Sequential(nn.Linear(2, 2)), clock=lambda: (0, 0), sink=lambda k, f: None)
 
 
+@pytest.mark.slow
 def test_the_loss_spike_profile_spikes_the_training_loss(run_factory) -> None:
     def losses(run) -> list[float]:
         return [e.fields["loss"] for e in events(run, "step")]

@@ -8,6 +8,8 @@ from tests.support import small_config
 from tracer.launch import launch
 from workload.train import build, train_step
 
+pytestmark = pytest.mark.slow  # every test launches ranks as processes
+
 STEPS = 2
 TIMEOUT = 120  # seconds a rank may wait in one collective: a hung rank fails the test
 

@@ -15,6 +15,8 @@ import pytest
 from analysis.load import RUN_TABLES
 from tests.pipelines.conftest import IN_MEMORY
 
+pytestmark = pytest.mark.slow  # a Dask cluster and two Beam jobs
+
 distributed = pytest.importorskip("dask.distributed", reason="install the test extra: pip install -e '.[test]'")
 
 DASK = "apache_beam.runners.dask.dask_runner.DaskRunner"

@@ -15,6 +15,8 @@ from tests.pipelines.conftest import FAULT_MICROBATCH, FAULT_SITE, FAULT_STEP, G
 from tracer.errors import LogCorruptionError, UsageError, ValidationError
 from tracer.log import EventRecord, LogReader, LogWriter, Phase, TensorRecord, rank_dir
 
+pytestmark = pytest.mark.slow  # every test runs a Beam job on runs recorded by a session fixture
+
 
 def query(db: Path, sql: str, *params: object) -> list[tuple]:
     con = duckdb.connect(str(db), read_only=True)

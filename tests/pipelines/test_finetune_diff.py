@@ -18,6 +18,8 @@ from tests.support import TINY_FINETUNE, events
 from tracer.errors import ValidationError
 from tracer.log import LogReader, rank_dir
 
+pytestmark = pytest.mark.slow  # every test reads fine-tunes (the tuned fixture) diffed by Beam
+
 QUERIES = Path(__file__).resolve().parents[2] / "analysis" / "queries"
 
 

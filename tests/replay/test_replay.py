@@ -30,6 +30,7 @@ def replay(golden: Path, suspect, steps: str, mode: str, out: Path, **kw) -> Pat
     return out
 
 
+@pytest.mark.slow
 def test_healthy_pair_gives_exactly_zero_in_both_modes(run_factory, tmp_path: Path) -> None:
     golden, twin = run_factory("golden", "run.steps=5"), run_factory("twin", "run.steps=5")
     header = LogReader(rank_dir(golden, 0)).header
@@ -127,6 +128,7 @@ def test_reconstruction_catches_an_altered_fingerprint(run_factory, tmp_path: Pa
     assert (div.step, div.fields["name"], div.fields["phase"]) == (4, "layers.0.feed_forward", int(Phase.BACKWARD))
 
 
+@pytest.mark.slow
 def test_bad_input_is_named(run_factory, tmp_path: Path) -> None:
     golden = run_factory("golden", "run.steps=4", "run.checkpoint_every=2")
     other = run_factory("other", "run.steps=4", "train.seed=5", "data.shuffle_seed=3")
