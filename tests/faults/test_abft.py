@@ -75,6 +75,7 @@ def test_a_healthy_run_is_never_flagged(run_factory, dtype: str) -> None:
     assert {c["step"] for c in checks} == {0, 1, 2, 3}
 
 
+@pytest.mark.slow
 def test_a_large_matmul_fault_is_flagged_where_it_was_injected(run_factory, write_profile) -> None:
     profile = write_profile(
         '[[fault]]\nops = ["mm"]\nsites = "layers\\\\.0\\\\.feed_forward"\nkind = "bitflip"\nbits = 30\n'

@@ -29,6 +29,7 @@ def test_faults_show_prints_the_commented_file(capsys: pytest.CaptureFixture[str
     assert out.startswith("# rare-huge:") and "[[fault]]" in out
 
 
+@pytest.mark.slow
 def test_record_with_a_profile_and_abft(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "suspect"
     args = ["record", "--out", str(out), "--steps", "2", "--quiet", "--fault-profile", "bursty-mismatch",
