@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.sdctrace-installed
 DEMO   ?= demo
 
-.PHONY: demo test test-xla bench bench-xla venv clean
+.PHONY: demo test test-fast test-xla bench bench-xla venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The tests not marked slow (pyproject.toml): no recorded study, Beam job on recorded runs or multi-rank
+# launch; under a minute on 2 cores. `make test` runs these and the slow ones.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 # XLA: torch-xla's wheel works with one torch release only, which its metadata does not
 # say; it gets its own environment with that torch (PyPI's build, about 7 GB), and the

@@ -122,7 +122,7 @@ class FaultEmulator(ScopedDispatchMode):
         hit = None
         for i, rule in enumerate(self.profile.faults):
             pattern = self._patterns[i]
-            if op not in self._collectives[i] or where not in rule.phases or not self._chains[i].armed(step):
+            if op not in self._collectives[i] or where not in rule.phases or not self._armed(i, step, microbatch):
                 continue
             if pattern is not None and not pattern.fullmatch(point):
                 continue
@@ -146,7 +146,7 @@ class FaultEmulator(ScopedDispatchMode):
             return out
         step, microbatch = self._clock()
         for i, rule in enumerate(self.profile.faults):
-            if func.overloadpacket not in self._ops[i] or phase not in rule.phases or not self._chains[i].armed(step):
+            if func.overloadpacket not in self._ops[i] or phase not in rule.phases or not self._armed(i, step, microbatch):
                 continue
             site = self._site(i, phase)
             if site is None:
@@ -156,6 +156,11 @@ class FaultEmulator(ScopedDispatchMode):
                 with own_ops():
                     out = self._corrupt(i, func, args, out, rng, site, phase, microbatch)
         return out
+
+    def _armed(self, rule: int, step: int, microbatch: int) -> bool:
+        """The rule may fire in this step (its schedule) and microbatch (its ``microbatches``, if any)."""
+        only = self.profile.faults[rule].microbatches
+        return (only is None or microbatch in only) and self._chains[rule].armed(step)
 
     def _site(self, rule: int, phase: Phase) -> str | None:
         """Deepest module on the stack the rule's pattern matches (None: rule does not apply here);

@@ -13,16 +13,30 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from tracer.typed_toml import check, require, toml_field
+
+PROBABILITY = "a number in [0, 1]"
+
 
 @dataclass(frozen=True)
 class Schedule:
-    """Which steps a rule is armed on; every condition must hold."""
+    """Which steps a rule is armed on; every condition must hold. Its keys sit in the rule's table."""
 
-    p_enter: float = 1.0  # healthy -> burst, per step (1.0 with p_exit 0.0: always armed)
-    p_exit: float = 0.0  # burst -> healthy, per step
-    start: int = 0  # first step of the window
-    stop: int | None = None  # first step after the window (None: open-ended)
-    steps: tuple[int, ...] = ()  # if not empty, only these steps
+    p_enter: float = toml_field(1.0, expected=PROBABILITY)  # healthy -> burst, per step (1.0, p_exit 0.0: always)
+    p_exit: float = toml_field(0.0, expected=PROBABILITY)  # burst -> healthy, per step
+    start: int = toml_field(0, expected="an integer >= 0")  # first step of the window
+    stop: int | None = toml_field(None, expected="an integer greater than start")  # first step after it (None: open)
+    steps: tuple[int, ...] = toml_field((), expected="an array of integers >= 0")  # if not empty, only these steps
+
+    def __post_init__(self) -> None:
+        require(0 <= self.p_enter <= 1, "p_enter", self.p_enter, PROBABILITY)
+        require(0 <= self.p_exit <= 1, "p_exit", self.p_exit, PROBABILITY)
+        require(self.start >= 0, "start", self.start, "an integer >= 0")
+        stop, start = self.stop, self.start
+        check(stop is None or stop > start, "stop",
+              lambda at: f"{at}stop = {stop} must be an integer greater than start = {start}")
+        require(all(s >= 0 for s in self.steps), "steps", self.steps, "an array of integers >= 0")
+        object.__setattr__(self, "steps", tuple(sorted(set(self.steps))))
 
 
 class BurstChain:

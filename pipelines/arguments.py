@@ -1,4 +1,5 @@
-"""The diff job's own options, shared by ``python -m pipelines.run`` and ``sdc diff``.
+"""The diff job's request: its options as ``python -m pipelines.run`` and ``sdc diff`` spell them, and as
+the typed `DiffRequest` that `pipelines.run.diff` takes from them (and ``sdc study`` builds directly).
 
 Kept apart from `pipelines.run` so that building the ``sdc`` parser does not import Beam.
 """
@@ -6,9 +7,36 @@ Kept apart from `pipelines.run` so that building the ``sdc`` parser does not imp
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_STEPS_PER_BUCKET = 64
+
+
+@dataclass(frozen=True)
+class DiffRequest:
+    """One diff: which runs, where the tables go, and how the Beam job runs.
+
+    Runs are strings, not paths: on a cluster they are URLs that only Beam's file systems read.
+    """
+
+    golden: str  # the healthy run's directory
+    suspect: str  # the run checked against it
+    db: Path  # the DuckDB study database the tables are loaded into
+    replays: tuple[str, ...] = ()  # replay logs of this pair (lockstep: RQ1, parameter sync: RQ2)
+    twin: str | None = None  # the golden fine-tune's shuffle-seed twin: the disagreement baseline
+    staging: str | None = None  # an empty directory for the job's Parquet; None: a temporary one beside db
+    skip_corrupt: bool = False  # load what is readable and list corrupt records, instead of failing
+    steps_per_bucket: int = DEFAULT_STEPS_PER_BUCKET  # steps per joined batch
+    beam_args: tuple[str, ...] = ()  # Beam pipeline options, passed through untouched (--runner=...)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, beam_args: Sequence[str]) -> DiffRequest:
+        """From a parser that `add_arguments` set up, and the arguments it left for Beam."""
+        return cls(golden=args.golden, suspect=args.suspect, db=args.db, replays=tuple(args.replay), twin=args.twin,
+                   staging=args.staging, skip_corrupt=args.skip_corrupt, steps_per_bucket=args.steps_per_bucket,
+                   beam_args=tuple(beam_args))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -27,22 +27,22 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib import metadata, resources
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
-import duckdb
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.runner import PipelineState
 
+from analysis import queries
 from analysis.load import load_parquet
 from pipelines import detections, metrics, source
 from pipelines import diff as tensor_diff
 from pipelines import events as events_mod
-from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET, add_arguments
+from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET, DiffRequest, add_arguments
 from pipelines.pairing import BOUNDS, ComparisonBounds, pair_id, validate_pair
 from pipelines.sink import WriteTables
 from pipelines.source import EVENTS, SEGMENTS, TENSORS, RunLayout
@@ -181,11 +181,11 @@ def describe_runner(opts: PipelineOptions) -> str:
     return f"DirectRunner ({d.direct_running_mode}, {d.direct_num_workers or os.cpu_count()} workers)"
 
 
-def diff(args: argparse.Namespace, beam_args: Sequence[str], echo: Echo = print) -> DiffReport:
+def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
     """`sdc diff`: plan, run the Beam job, check what it found, load into DuckDB, summarise."""
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     echo("reading run headers ...")
-    plan = plan_diff(args.golden, args.suspect, args.replay, args.steps_per_bucket, args.twin)
+    plan = plan_diff(request.golden, request.suspect, request.replays, request.steps_per_bucket, request.twin)
     for side, run in plan.sides().items():
         h = run.header
         segments = sum(len(r.segments) for r in run.ranks.values())
@@ -194,13 +194,13 @@ def diff(args: argparse.Namespace, beam_args: Sequence[str], echo: Echo = print)
     h = plan.golden.header
     echo(f"[1/3] pair {plan.pair_id}: headers match (config {h.config_fingerprint[:12]}, seed {h.seed}, "
          f"world size {h.world_size}); {len(plan.drift)} checkpoint pair(s) for drift")
-    opts = pipeline_options(beam_args, sum(run.bytes for run in plan.sides().values()))
-    keep = args.staging is not None
-    if keep and FileSystems.match([FileSystems.join(args.staging, "**")])[0].metadata_list:
-        raise UsageError(f"--staging {args.staging}: not empty; give an empty or new directory (all its Parquet "
-                         "is loaded as this pair's)")
-    Path(args.db).resolve().parent.mkdir(parents=True, exist_ok=True)
-    staging = args.staging or tempfile.mkdtemp(prefix="sdc-diff-", dir=Path(args.db).resolve().parent)
+    opts = pipeline_options(request.beam_args, sum(run.bytes for run in plan.sides().values()))
+    keep = request.staging is not None
+    if keep and FileSystems.match([FileSystems.join(request.staging, "**")])[0].metadata_list:
+        raise UsageError(f"--staging {request.staging}: not empty; give an empty or new directory (all its "
+                         "Parquet is loaded as this pair's)")
+    request.db.resolve().parent.mkdir(parents=True, exist_ok=True)
+    staging = request.staging or tempfile.mkdtemp(prefix="sdc-diff-", dir=request.db.resolve().parent)
     report = DiffReport(plan.pair_id, staging)
     try:
         echo(f"[2/3] Beam job on {describe_runner(opts)}, Parquet to {staging} ...")
@@ -220,13 +220,13 @@ def diff(args: argparse.Namespace, beam_args: Sequence[str], echo: Echo = print)
                   f"{c.get('events_compared', 0):,} events compared") if c else " (this runner reports no metrics)"
         echo(f"      done in {report.pipeline_s:.1f} s{counts}")
         with _local(staging) as local:
-            _check_problems(local, args.skip_corrupt, echo)
-            echo(f"[3/3] loading into {args.db} ...")
-            report.rows = load_parquet(args.db, local, plan.pair_id)
+            _check_problems(local, request.skip_corrupt, echo)
+            echo(f"[3/3] loading into {request.db} ...")
+            report.rows = load_parquet(request.db, local, plan.pair_id)
     finally:
         if not keep:
             shutil.rmtree(staging, ignore_errors=True)
-    for line in summarize(args.db, plan.pair_id):
+    for line in summarize(request.db, plan.pair_id):
         echo(line)
     return report
 
@@ -301,45 +301,41 @@ def _read(staging: Path, name: str) -> list[dict[str, Any]]:
 
 
 def summarize(db: str | Path, pid: str) -> list[str]:
-    """A few lines on what the pair's tables say (the database opened read-only)."""
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        q = lambda sql: con.execute(sql, [pid]).fetchall()  # noqa: E731
-        (events, differing), = q("SELECT count(*), count(*) FILTER (NOT equal) FROM event_diffs WHERE pair_id = ?")
-        (through,), = q("SELECT max(compared_through) FROM pair_ranks WHERE pair_id = ?")
-        lines = [f"result: {events:,} events compared through step {through}; {differing:,} differ"]
-        for rank, step, mb, phase, name in q(
-            "SELECT rank, step, microbatch, phase, name FROM first_divergence WHERE pair_id = ? ORDER BY rank"
-        ):
-            lines.append(f"  first divergence: rank {rank}, step {step}, microbatch {mb}, {phase} {name}")
-        (drift,), = q("SELECT max(drift) FROM param_drift WHERE pair_id = ? AND \"group\" = '*'")
-        (spikes,), = q("SELECT count(*) FROM loss_spikes WHERE pair_id = ?")
-        lines.append(f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)" if drift is not None
-                     else f"  no checkpoint pair for drift; {spikes} loss spike(s)")
-        lines += _finetune_lines(con, pid)
-        lines.append(f"  tables: {db} (pair_id = '{pid}')")
-        return lines
-    finally:
-        con.close()
+    """A few lines on what the pair's tables say, from the named queries (the database opened read-only)."""
+    (totals,) = _pair_rows(db, "summary_totals", pid)
+    result = (f"result: {totals['events_compared']:,} events compared through step {totals['compared_through']}; "
+              f"{totals['events_differing']:,} differ")
+    lines = [result]
+    for r in _pair_rows(db, "rq3_first_divergence", pid):
+        if r["step"] is not None:
+            lines.append(f"  first divergence: rank {r['rank']}, step {r['step']}, microbatch {r['microbatch']}, "
+                         f"{r['phase']} {r['name']}")
+    drift, spikes = totals["max_drift"], totals["loss_spikes"]
+    lines.append(f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)" if drift is not None
+                 else f"  no checkpoint pair for drift; {spikes} loss spike(s)")
+    lines += _finetune_lines(db, pid, totals["suspect_run_id"])
+    lines.append(f"  tables: {db} (pair_id = '{pid}')")
+    return lines
 
 
-def _finetune_lines(con: duckdb.DuckDBPyConnection, pid: str) -> list[str]:
+def _finetune_lines(db: str | Path, pid: str, suspect_run_id: str) -> list[str]:
     """Per task, for fine-tunes: the final accuracies, collapses, and suspect vs twin disagreement (RQ3)."""
-    named = lambda name: resources.files("analysis").joinpath("queries", f"{name}.sql").read_text()  # noqa: E731
-    collapsed = {task for (task,) in con.execute(
-        f"SELECT task FROM ({named('rq3_finetune_accuracy')}) WHERE collapsed AND run_id = "
-        "(SELECT suspect_run_id FROM pairs WHERE pair_id = ?)", [pid]).fetchall()}
+    collapsed = {r["task"] for r in queries.run(db, "rq3_finetune_accuracy").records()
+                 if r["collapsed"] and r["run_id"] == suspect_run_id}
     lines = []
-    for task, golden, suspect, twin, disagreement, baseline in con.execute(
-        "SELECT task, golden_accuracy, suspect_accuracy, twin_accuracy, disagreement, baseline_disagreement "
-        f"FROM ({named('rq3_finetune_disagreement')}) WHERE pair_id = ? ORDER BY task", [pid]
-    ).fetchall():
+    for r in sorted(_pair_rows(db, "rq3_finetune_disagreement", pid), key=lambda r: r["task"]):
+        task, twin, baseline = r["task"], r["twin_accuracy"], r["baseline_disagreement"]
         twin_text = f", twin {twin:.0%}" if twin is not None else ""
         base_text = f" (twin baseline {baseline:.0%})" if baseline is not None else " (no --twin, no baseline)"
-        lines.append(f"  fine-tune {task}: accuracy golden {golden:.0%}, suspect {suspect:.0%}"
-                     f"{' COLLAPSED' if task in collapsed else ''}{twin_text}; "
-                     f"answers differ on {disagreement:.0%}{base_text}")
+        lines.append(f"  fine-tune {task}: accuracy golden {r['golden_accuracy']:.0%}, "
+                     f"suspect {r['suspect_accuracy']:.0%}{' COLLAPSED' if task in collapsed else ''}{twin_text}; "
+                     f"answers differ on {r['disagreement']:.0%}{base_text}")
     return lines
+
+
+def _pair_rows(db: str | Path, query: str, pid: str) -> list[dict[str, Any]]:
+    """The rows of a named query (they cover every pair) that belong to pair `pid`."""
+    return [r for r in queries.run(db, query).records() if r["pair_id"] == pid]
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -347,7 +343,7 @@ def run(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     known, beam_args = parser.parse_known_args(argv)
-    diff(known, beam_args)
+    diff(DiffRequest.from_args(known, beam_args))
     return 0
 
 

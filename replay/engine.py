@@ -41,14 +41,14 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from faults import FaultEmulator, FaultProfile, load_profile, shipped_profiles
+from faults import FaultEmulator, FaultProfile, load_profile, profile_from_header
 from replay.golden import GoldenRun, Key, VerifyingSink
 from replay.metrics import TOTAL, Mismatch, gradient_noise, mismatch
 from tracer.blobs import BlobStore
 from tracer.checkpoint import load_checkpoint
 from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
-from tracer.errors import ConfigError, ValidationError
+from tracer.errors import ConfigError, SdcError, ValidationError
 from tracer.intercept import own_ops
 from tracer.log import LogReader, LogWriter, prepare_out_dir, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
@@ -80,14 +80,9 @@ def suspect_from_profile(spec: str, fault_seed: int = 0) -> Suspect:
     return Suspect(f"emulated:{profile.name}", profile, fault_seed, {"kind": "profile", **profile.header(fault_seed)})
 
 
-def suspect_from_run(
-    path: str | Path, golden: RunHeader, golden_path: Path, profile: FaultProfile | None = None
-) -> Suspect:
-    """The node that recorded ``path``; its fault profile, if it ran one, is emulated again.
-
-    ``profile`` supplies that profile when it is not a shipped one (it must be the very
-    profile the run recorded, checked by its sha256).
-    """
+def suspect_from_run(path: str | Path, golden: RunHeader, golden_path: Path) -> Suspect:
+    """The node that recorded ``path``; the fault profile it ran, if any, is emulated again from the run's
+    header, which holds the whole profile (profiles are data: nothing is imported)."""
     path = Path(path)
     header = LogReader(rank_dir(path, 0)).header
     check_pair(golden, header, str(golden_path), str(path))
@@ -95,15 +90,17 @@ def suspect_from_run(
     recorded = header.extra.get("fault_profile")
     if not recorded:
         return Suspect(header.node_label, None, 0, source)
-    name, sha = recorded.get("name"), recorded.get("sha256")
-    if profile is None and name in shipped_profiles():
-        profile = load_profile(name)
-    if profile is None or profile.sha256 != sha:
-        raise ValidationError(
-            f"{path}: was recorded with fault profile {name!r} (sha256 {str(sha)[:12]}...), which is not a shipped "
-            "profile here; pass it with --fault-profile PATH instead of --suspect"
-        )
-    return Suspect(header.node_label, profile, int(recorded.get("seed", 0)), {**source, "fault_profile": recorded})
+    if not isinstance(recorded, dict):
+        raise ValidationError(f"{path}: its header's fault_profile is not a table; the run header is damaged")
+    try:
+        profile = profile_from_header(recorded)
+    except SdcError as exc:
+        raise ValidationError(f"{path}: {exc}; or replay with --fault-profile FILE --fault-seed "
+                              f"{recorded.get('seed', 0)} instead of --suspect") from None
+    seed = recorded.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValidationError(f"{path}: its header's fault_profile.seed = {seed!r} is not an integer")
+    return Suspect(header.node_label, profile, seed, {**source, "fault_profile": recorded})
 
 
 @dataclass(frozen=True)

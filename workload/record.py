@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from faults import FaultProfile, load_profile
+from faults import FaultProfile, profile_from_header
 from faults.node import emulated_node, node_header
 from tracer.device import is_lazy, resolve_device
 from tracer.errors import UsageError
@@ -51,12 +51,12 @@ class RecordRequest:
         return {
             **{f.name: getattr(self, f.name) for f in fields(self)}, "out": str(self.out),
             "trace": self.trace.to_dict(),
-            "fault_profile": str(self.fault_profile.path) if self.fault_profile is not None else None,
+            "fault_profile": self.fault_profile.header(self.fault_seed) if self.fault_profile is not None else None,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RecordRequest:
-        profile = load_profile(data["fault_profile"]) if data["fault_profile"] else None
+        profile = profile_from_header(data["fault_profile"]) if data["fault_profile"] else None
         trace = TraceOptions.from_dict(data["trace"], source="sdc record")
         return cls(**{**data, "out": Path(data["out"]), "trace": trace, "fault_profile": profile})
 

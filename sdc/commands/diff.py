@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pipelines.arguments import add_arguments
+from pipelines.arguments import DiffRequest, add_arguments
+
+if TYPE_CHECKING:
+    from pipelines.run import DiffReport
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,12 +35,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    beam_args = args.beam_args[1:] if args.beam_args[:1] == ["--"] else args.beam_args
-    diff_job()(args, beam_args)
+    diff_job()(request(args))
     return 0
 
 
-def diff_job() -> Callable[..., Any]:
+def request(args: argparse.Namespace) -> DiffRequest:
+    """The typed request of a parsed command line; Beam's options are what follows `--`."""
+    beam_args = args.beam_args[1:] if args.beam_args[:1] == ["--"] else args.beam_args
+    return DiffRequest.from_args(args, beam_args)
+
+
+def diff_job() -> Callable[[DiffRequest], DiffReport]:
     """`pipelines.run.diff`, imported without the warnings importing Beam prints about Google Cloud clients."""
     root = logging.getLogger()
     level = root.level

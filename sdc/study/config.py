@@ -11,31 +11,37 @@ before anything runs, with a `ConfigError` naming the file, the key and the fix.
 
 from __future__ import annotations
 
-import difflib
 import re
-import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from faults import load_profile
 from replay.engine import MODES, parse_steps
+from tracer import typed_toml
 from tracer.errors import ConfigError
+from tracer.typed_toml import check, require, toml_field
 from workload.config import Config, load_config, shipped_configs
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_LABEL = "letters, digits, '.', '_' or '-', not ending in -twin, -lockstep or -param-sync (they name derived runs)"
+
+
+def _check_label(label: str, key: str) -> None:
+    require(bool(LABEL.fullmatch(label)) and not label.endswith(("-twin", "-lockstep", "-param-sync")),
+            key, label, _LABEL)
 
 
 @dataclass(frozen=True)
 class Node:
     """One emulated node: a label, the fault profile that plays it, and its checks."""
 
-    label: str
-    profile: str
+    label: str = toml_field(expected=_LABEL)
+    profile: str = toml_field(expected="a shipped fault profile's name or a path to a profile file")
     fault_seed: int = 0
     abft: bool = False
+
+    def __post_init__(self) -> None:
+        _check_label(self.label, "label")
 
 
 @dataclass(frozen=True)
@@ -70,147 +76,127 @@ class Study:
     config_overrides: tuple[str, ...] = field(default=())
 
 
+# -- the file as written; `_build` resolves it into a `Study` ---------------------------------------
+
+
+@dataclass(frozen=True)
+class _Train:
+    config: str = "tiny"  # a shipped workload config, or a path relative to the study file
+    set: tuple[str, ...] = ()  # section.key=value overrides
+
+
+@dataclass(frozen=True)
+class _Golden:
+    label: str = toml_field("golden", expected=_LABEL)
+    abft: bool = False
+
+    def __post_init__(self) -> None:
+        _check_label(self.label, "label")
+
+
+@dataclass(frozen=True)
+class _Replay:
+    steps: str | None = None  # "start:stop"; None: the first 8 recorded steps
+    modes: tuple[str, ...] = MODES
+
+    def __post_init__(self) -> None:
+        for m in self.modes:
+            _check_mode(m)
+
+
+def _check_mode(mode: str) -> None:
+    check(mode in MODES, "modes", lambda at: f"{at}modes: {mode!r} is not a replay mode; use {', '.join(MODES)}")
+
+
+@dataclass(frozen=True)
+class _Finetune:
+    enabled: bool = True
+    steps: int | None = None  # None: the fine-tuning default
+    tasks: tuple[str, ...] = ()
+    twin_shuffle_seed: int = 1
+
+    def __post_init__(self) -> None:
+        steps = self.steps
+        check(steps is None or steps >= 1, "steps",
+              lambda at: f"{at}steps: {steps} must be >= 1 (set enabled = false to skip fine-tuning)")
+
+
+@dataclass(frozen=True)
+class _StudyFile:
+    description: str = ""
+    train: _Train = field(default_factory=_Train)
+    golden: _Golden = field(default_factory=_Golden)
+    node: tuple[Node, ...] = ()
+    replay: _Replay = field(default_factory=_Replay)
+    finetune: _Finetune = field(default_factory=_Finetune)
+
+
 def shipped_studies() -> dict[str, Path]:
     """Name -> path of every study file that ships with sdctrace."""
-    folder = resources.files("sdc.study") / "studies"
-    return {p.name.removesuffix(".toml"): Path(str(p))
-            for p in sorted(folder.iterdir(), key=lambda p: p.name) if p.name.endswith(".toml")}
+    return typed_toml.shipped("sdc.study", "studies")
 
 
 def load_study(spec: str | Path, overrides: tuple[str, ...] = ()) -> Study:
     """Load a shipped study by name or a study file by path; `overrides` go to its training config."""
-    shipped = shipped_studies()
-    path = shipped[spec] if isinstance(spec, str) and spec in shipped else Path(spec)
-    if not path.is_file():
-        raise ConfigError(f"study {str(spec)!r} not found: no such file, and not a shipped study; "
-                          f"pass a path to a study TOML file or one of: {', '.join(shipped)}")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: TOML syntax error: {e}; fix that line") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text ({e}); save it as UTF-8") from None
-    return _build(raw, path, overrides)
+    path = typed_toml.resolve(spec, shipped_studies(), "study")
+    return _build(typed_toml.from_dict(_StudyFile, typed_toml.read(path), str(path)), path, overrides)
 
 
-class _Table:
-    """Typed access to one TOML table that reports unknown and mistyped keys by name."""
+def _build(f: _StudyFile, path: Path, overrides: tuple[str, ...]) -> Study:
+    """The study the file describes, checked against what it names: the config, the profiles, the steps."""
+    def error(key: str, message: str) -> ConfigError:
+        return ConfigError(f"{path}: {key}: {message}")
 
-    def __init__(self, raw: Any, where: str, path: Path, allowed: tuple[str, ...]) -> None:
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"{path}: [{where}] must be a table of keys, found {type(raw).__name__}")
-        for key in raw:
-            if key not in allowed:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f" (did you mean {close[0]}?)" if close else ""
-                raise ConfigError(f"{path}: unknown key {where}.{key}{hint}; allowed keys: {', '.join(allowed)}")
-        self.raw, self.where, self.path = raw, where, path
-
-    def get(self, key: str, kind: type, default: Any) -> Any:
-        value = self.raw.get(key, default)
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if value is not None and not ok:
-            raise ConfigError(f"{self.path}: {self.where}.{key} must be {_KINDS[kind]}, found {value!r}")
-        return value
-
-    def strings(self, key: str) -> tuple[str, ...]:
-        value = self.raw.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{self.path}: {self.where}.{key} must be an array of strings, found {value!r}")
-        return tuple(value)
-
-    def error(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.path}: {self.where}.{key}: {message}")
-
-
-_KINDS = {str: "a string", int: "an integer", bool: "true or false"}
-
-
-def _build(raw: Mapping[str, Any], path: Path, overrides: tuple[str, ...]) -> Study:
-    top = _Table(raw, "study", path, ("description", "train", "golden", "node", "replay", "finetune"))
-    train = _Table(raw.get("train", {}), "train", path, ("config", "set"))
-    spec = train.get("config", str, "tiny")
-    sets = train.strings("set") + tuple(overrides)
+    spec = f.train.config
+    sets = f.train.set + tuple(overrides)
     cfg = load_config(spec if spec in shipped_configs() else _relative(path, spec), sets)
     if cfg.parallel.dp * cfg.parallel.tp > 1:
-        raise train.error("set", "studies run single-rank for now; record and replay multi-rank runs with "
+        raise error("train.set", "studies run single-rank for now; record and replay multi-rank runs with "
                                  "`sdc record --nproc` and `sdc replay` (docs/parallel.md)")
     if cfg.run.checkpoint_every == 0:
-        raise train.error("set", "run.checkpoint_every is 0; replay, drift and fine-tuning need checkpoints")
-
-    golden_t = _Table(raw.get("golden", {}), "golden", path, ("label", "abft"))
-    golden = golden_t.get("label", str, "golden")
-    nodes = tuple(_node(n, i, path) for i, n in enumerate(_array(raw.get("node", []), "node", path)))
-    if not nodes:
+        raise error("train.set", "run.checkpoint_every is 0; replay, drift and fine-tuning need checkpoints")
+    if not f.node:
         raise ConfigError(f"{path}: no [[node]] tables; add at least one emulated node "
                           "(label = \"node-1\", profile = \"bursty-mismatch\")")
-    labels = [golden, *(n.label for n in nodes)]
-    for label in labels:
-        if not LABEL.fullmatch(label) or label.endswith(("-twin", "-lockstep", "-param-sync")):
-            raise ConfigError(f"{path}: node label {label!r} must be letters, digits, '.', '_' or '-' "
-                              "and not end in -twin, -lockstep or -param-sync (they name derived runs)")
+    labels = [f.golden.label, *(n.label for n in f.node)]
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:
         raise ConfigError(f"{path}: node label(s) {', '.join(dupes)} used twice; give every node its own label")
+    nodes = []
+    for i, n in enumerate(f.node):
+        profile = n.profile if "/" not in n.profile and not n.profile.endswith(".toml") \
+            else str(_relative(path, n.profile))
+        try:
+            load_profile(profile)
+        except ConfigError as e:
+            raise error(f"node[{i}].profile", str(e)) from None
+        nodes.append(Node(n.label, profile, n.fault_seed, n.abft))
 
-    replay_t = _Table(raw.get("replay", {}), "replay", path, ("steps", "modes"))
-    text = replay_t.get("steps", str, f"0:{min(cfg.run.steps, 8)}")
+    text = f.replay.steps or f"0:{min(cfg.run.steps, 8)}"
     try:
         steps = parse_steps(text)
     except ConfigError as e:
-        raise replay_t.error("steps", str(e)) from None
+        raise error("replay.steps", str(e)) from None
     if steps.stop > cfg.run.steps:
-        raise replay_t.error("steps", f"{text!r} reaches past the {cfg.run.steps} recorded steps; "
-                                      f"end it at {cfg.run.steps} or less")
-    modes = replay_t.strings("modes") or tuple(MODES)
-    for m in modes:
-        if m not in MODES:
-            raise replay_t.error("modes", f"{m!r} is not a replay mode; use {', '.join(MODES)}")
-
-    ft_t = _Table(raw.get("finetune", {}), "finetune", path, ("enabled", "steps", "tasks", "twin_shuffle_seed"))
-    finetune = None
-    if ft_t.get("enabled", bool, True):
-        ft_steps = ft_t.get("steps", int, None)
-        if ft_steps is not None and ft_steps < 1:
-            raise ft_t.error("steps", f"{ft_steps} must be >= 1 (set enabled = false to skip fine-tuning)")
-        seed = ft_t.get("twin_shuffle_seed", int, 1)
-        finetune = Finetune(ft_steps, ft_t.strings("tasks"), seed)
+        raise error("replay.steps", f"{text!r} reaches past the {cfg.run.steps} recorded steps; "
+                                    f"end it at {cfg.run.steps} or less")
+    ft = f.finetune
     return Study(
         name=path.name.removesuffix(".toml"),
         source=path,
-        description=top.get("description", str, ""),
+        description=f.description,
         train=cfg,
-        golden=golden,
-        abft_golden=golden_t.get("abft", bool, False),
-        nodes=nodes,
-        replay=Replay(steps, modes),
-        finetune=finetune,
+        golden=f.golden.label,
+        abft_golden=f.golden.abft,
+        nodes=tuple(nodes),
+        replay=Replay(steps, f.replay.modes or MODES),
+        finetune=Finetune(ft.steps, ft.tasks, ft.twin_shuffle_seed) if ft.enabled else None,
         config_spec=spec,
         config_overrides=sets,
     )
-
-
-def _node(raw: Any, index: int, path: Path) -> Node:
-    t = _Table(raw, f"node[{index}]", path, ("label", "profile", "fault_seed", "abft"))
-    label, profile = t.get("label", str, None), t.get("profile", str, None)
-    if label is None or profile is None:
-        raise ConfigError(f"{path}: [[node]] number {index + 1} needs both label and profile")
-    spec = profile if "/" not in profile and not profile.endswith(".toml") else str(_relative(path, profile))
-    try:
-        load_profile(spec)
-    except ConfigError as e:
-        raise t.error("profile", str(e)) from None
-    return Node(label, spec, t.get("fault_seed", int, 0), t.get("abft", bool, False))
-
-
-def _array(raw: Any, key: str, path: Path) -> list[Any]:
-    if not isinstance(raw, list):
-        raise ConfigError(f"{path}: {key} must be an array of tables ([[{key}]]), found {type(raw).__name__}")
-    return raw
 
 
 def _relative(study: Path, spec: str) -> Path:
     """Paths inside a study file are relative to the file, so a study folder can move."""
     p = Path(spec)
     return p if p.is_absolute() else study.parent / p
-

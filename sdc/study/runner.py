@@ -19,7 +19,6 @@ skips what finished and redoes the rest, refusing if the study file changed sinc
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -33,11 +32,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from faults import load_profile
-from pipelines.arguments import add_arguments as add_diff_arguments
-from replay.engine import Replayer, ReplayRequest, suspect_from_run
+from pipelines.arguments import DiffRequest
+from replay.engine import ReplayRequest, replay
 from sdc.study.config import Finetune, Study
 from tracer.errors import UsageError
-from tracer.log import LogReader, rank_dir
 from workload.record import record_run
 
 STATE = "study-state.json"
@@ -140,7 +138,7 @@ def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tup
     for n in study.nodes:
         for mode in study.replay.modes:
             jobs.append(Job(f"replay:{n.label}:{mode}", f"replay {n.label} {mode} {steps.start}:{steps.stop}",
-                            lambda n=n, mode=mode: _replay(paths, golden, n.label, n.profile, mode, steps, progress)))
+                            lambda n=n, mode=mode: _replay(paths, golden, n.label, mode, steps, progress)))
     for n in study.nodes:
         replays = [paths.replay(n.label, m) for m in study.replay.modes]
         jobs.append(Job(f"diff:{n.label}", f"diff {golden} vs {n.label}",
@@ -169,7 +167,7 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
     for n in study.nodes:
         jobs.append(Job(f"diff-finetune:{n.label}", f"diff fine-tuned {golden} vs {n.label} (twin baseline)",
                         lambda n=n: _diff(paths.finetune(golden), paths.finetune(n.label), [], paths.db, beam_args,
-                                          ("--twin", str(paths.finetune(twin))))))
+                                          twin=paths.finetune(twin))))
     return jobs
 
 
@@ -207,14 +205,10 @@ def _record(study: Study, out: Path, label: str, profile: str | None, seed: int,
     return f"{summary.steps} steps, final loss {summary.final_loss:.4f}"
 
 
-def _replay(paths: StudyPaths, golden: str, label: str, profile: str, mode: str, steps: range,
+def _replay(paths: StudyPaths, golden: str, label: str, mode: str, steps: range,
             progress: bool) -> str:
-    golden_path = paths.run(golden)
-    header = LogReader(rank_dir(golden_path, 0)).header
-    suspect = suspect_from_run(paths.run(label), header, golden_path, load_profile(profile))
-    request = ReplayRequest(golden=golden_path, out=paths.replay(label, mode), steps=steps, mode=mode,
-                            suspect=paths.run(label), overwrite=True, progress=progress)
-    summary = Replayer(request, suspect).run()
+    summary = replay(ReplayRequest(golden=paths.run(golden), out=paths.replay(label, mode), steps=steps, mode=mode,
+                                   suspect=paths.run(label), overwrite=True, progress=progress))
     if mode == "lockstep":
         worst = max((r.worst_frequency for r in summary.steps), default=0.0)
         return f"worst site mismatch frequency {worst:.3g}"
@@ -223,16 +217,12 @@ def _replay(paths: StudyPaths, golden: str, label: str, profile: str, mode: str,
 
 
 def _diff(golden: Path, suspect: Path, replays: list[Path], db: Path, beam_args: tuple[str, ...],
-          extra: tuple[str, ...] = ()) -> str:
+          twin: Path | None = None) -> str:
     from sdc.commands.diff import diff_job  # imports Beam: only when a diff runs
 
-    diff = diff_job()
-    parser = argparse.ArgumentParser()
-    add_diff_arguments(parser)
-    argv = ["--golden", str(golden), "--suspect", str(suspect), "--db", str(db), *extra]
-    for r in replays:
-        argv += ["--replay", str(r)]
-    report = diff(parser.parse_args(argv), list(beam_args))
+    request = DiffRequest(golden=str(golden), suspect=str(suspect), db=db, replays=tuple(map(str, replays)),
+                          twin=str(twin) if twin is not None else None, beam_args=beam_args)
+    report = diff_job()(request)
     return f"{report.rows.get('event_diffs', 0):,} events compared into {db.name}"
 
 

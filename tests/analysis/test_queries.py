@@ -7,6 +7,7 @@ the database the queries read.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import defaultdict
@@ -91,6 +92,22 @@ def fingerprints(run: Path) -> dict[tuple, int]:
     return out
 
 
+
+def records(run: Path) -> dict[tuple, int]:
+    """Every tensor record's fingerprint by (step, microbatch, name, phase, occurrence in log order)."""
+    out: dict[tuple, int] = {}
+    seen: dict[tuple, int] = defaultdict(int)
+    for r in LogReader(rank_dir(run, 0)).records():
+        if isinstance(r, TensorRecord):
+            key = (r.step, r.microbatch, r.name, r.phase)
+            out[(*key, seen[key])] = r.fingerprint
+            seen[key] += 1
+    return out
+
+
+def run_id(run: Path) -> str:
+    return LogReader(rank_dir(run, 0)).header.run_id
+
 def losses(run: Path) -> dict[int, float]:
     return {e.step: e.fields["loss"] for e in events(run, "step")}
 
@@ -106,6 +123,7 @@ def spikes(loss: dict[int, float]) -> dict[int, tuple[float, float | None]]:
     return out
 
 
+@functools.cache  # several tests ask; each call loads every checkpoint
 def drift(golden: Path, suspect: Path) -> dict[int, float]:
     out = {}
     for step in sorted(set(list_checkpoints(golden)) & set(list_checkpoints(suspect))):
@@ -146,6 +164,7 @@ def test_every_sql_file_is_a_named_query_with_a_description() -> None:
 NOT_IN_THIS_STUDY = {"rq3_loss_spikes", "rq3_finetune_accuracy", "rq3_finetune_disagreement"}
 
 
+@pytest.mark.slow
 def test_every_named_query_runs_and_is_deterministic(study: Study) -> None:
     for name in queries.names():
         first, again = queries.run(study.db, name), queries.run(study.db, name)
@@ -155,6 +174,21 @@ def test_every_named_query_runs_and_is_deterministic(study: Study) -> None:
             assert first.rows, f"{name}: no rows on a study with lockstep, param-sync, faults and ABFT"
 
 
+
+@pytest.mark.slow
+def test_summary_totals_are_what_sdc_diff_prints(study: Study) -> None:
+    for node, suspect in (("node-7", study.node7), ("node-3", study.node3)):
+        g, s = records(study.golden), records(suspect)
+        last = min(max(k[0] for k in g), max(k[0] for k in s))
+        compared = {k for k in g.keys() | s.keys() if k[0] <= last}
+        assert_matches(only(study, "summary_totals", node), {
+            "golden_node": "golden", "golden_run_id": run_id(study.golden), "suspect_run_id": run_id(suspect),
+            "events_compared": len(compared), "events_differing": sum(g.get(k) != s.get(k) for k in compared),
+            "compared_through": last, "max_drift": max(drift(study.golden, suspect).values()),
+            "loss_spikes": len(spikes(losses(study.golden))) + len(spikes(losses(suspect))),
+        })
+
+@pytest.mark.slow
 # -- RQ1 --------------------------------------------------------------------------------
 def test_mismatch_by_node_site_step_and_calls(study: Study) -> None:
     calls = site_calls(study)
@@ -179,6 +213,7 @@ def test_mismatch_by_node_site_step_and_calls(study: Study) -> None:
     assert [(r["step"], r["microbatch"], r["site"], r["phase"], r["severity"]) for r in differing] == expected
 
 
+@pytest.mark.slow
 def test_mismatch_bursts(study: Study) -> None:
     calls = site_calls(study)
     mismatching = sorted({c["step"] for c in calls if c["mismatched"] > 0})
@@ -192,6 +227,7 @@ def test_mismatch_bursts(study: Study) -> None:
     })
 
 
+@pytest.mark.slow
 def test_abft_detection_rate_by_fault_kind(study: Study) -> None:
     faults, checks = fault_units(study.node7)
     golden, suspect = fingerprints(study.golden), fingerprints(study.node7)
@@ -218,6 +254,7 @@ def test_abft_detection_rate_by_fault_kind(study: Study) -> None:
     assert found["suspect", "bitflip"]["fingerprint_rate"] == 1.0  # fingerprints see every bit
 
 
+@pytest.mark.slow
 def test_detection_scores_of_abft(study: Study) -> None:
     faults, checks = fault_units(study.node7)
     faulted = {f["unit"] for f in faults}
@@ -235,6 +272,7 @@ def test_detection_scores_of_abft(study: Study) -> None:
             assert r["recall"] is None  # node-3: nothing injected, nothing to recall
 
 
+@pytest.mark.slow
 # -- RQ2 --------------------------------------------------------------------------------
 def test_noise_to_signal_per_step_and_worst_case(study: Study) -> None:
     noise = events(study.param_sync, "grad_noise")
@@ -257,6 +295,7 @@ def test_noise_to_signal_per_step_and_worst_case(study: Study) -> None:
     })
 
 
+@pytest.mark.slow
 # -- RQ3 --------------------------------------------------------------------------------
 def test_drift_beside_both_loss_curves(study: Study) -> None:
     for node, suspect, checkpoints in (("node-7", study.node7, [0, 2, 4, 6]), ("node-3", study.node3, [0, 2])):
@@ -278,6 +317,7 @@ def test_drift_beside_both_loss_curves(study: Study) -> None:
         assert (node == "node-3") == all(v == 0.0 for v in d.values())
 
 
+@pytest.mark.slow
 def test_loss_spikes(study: Study) -> None:
     g, s = losses(study.golden), losses(study.node7)
     expected = spikes(s)
@@ -289,6 +329,7 @@ def test_loss_spikes(study: Study) -> None:
                               "golden_loss": g[5], "suspect_loss": s[5]})
 
 
+@pytest.mark.slow
 def test_first_divergence(study: Study) -> None:
     found = {r["node_label"]: r for r in rows(study, "rq3_first_divergence")}
     step, mb, name, phase = first_divergence(study.golden, study.node7)
@@ -300,6 +341,7 @@ def test_first_divergence(study: Study) -> None:
     assert found["node-3"]["compared_through"] == 2 and found["node-3"]["step"] is None
 
 
+@pytest.mark.slow
 def test_summary_has_the_headline_numbers(study: Study) -> None:
     summary = {r["node_label"]: r for r in rows(study, "summary")}
     assert list(summary) == ["node-3", "node-7"]

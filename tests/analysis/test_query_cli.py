@@ -35,6 +35,7 @@ def test_list_shows_every_query_file(capsys: pytest.CaptureFixture[str]) -> None
     assert all(listed[name].strip() == queries.description(name) for name in files)
 
 
+@pytest.mark.slow
 def test_formats_agree_with_the_query(study: Study, capsys: pytest.CaptureFixture[str]) -> None:
     expected = queries.run(study.db, "rq1_mismatch_by_step")
     assert main(["query", "rq1_mismatch_by_step", "--db", str(study.db), "--format", "csv"]) == 0
@@ -67,6 +68,7 @@ def test_cell_and_json_spell_out_what_text_cannot() -> None:
     assert formats.json_text(Result(["x"], [])) == "[]\n"
 
 
+@pytest.mark.slow
 def test_sql_reads(study: Study, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["query", "--sql", "SELECT count(*) AS n FROM pairs", "--db", str(study.db), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == [{"n": 2}]
@@ -95,6 +97,7 @@ WRITES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("statement", WRITES)
 def test_sql_that_writes_is_refused_and_changes_nothing(study: Study, tmp_path: Path, statement: str,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -108,10 +111,11 @@ def test_sql_that_writes_is_refused_and_changes_nothing(study: Study, tmp_path: 
     assert not list(tmp_path.iterdir())  # nothing written beside it either
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["summary", "--db", "{tmp}/missing.duckdb"], "no such study database"),
     (["summary", "--db", "{tmp}/junk.duckdb"], "cannot open as a DuckDB study database"),
-    (["sumary", "--db", "{db}"], "did you mean summary?"),
+    (["sumary", "--db", "{db}"], "did you mean summary,"),
     (["--sql", "SELECT * FROM no_such_table", "--db", "{db}"], "Table with name no_such_table does not exist"),
     (["--sql", "SELEC 1", "--db", "{db}"], "does not parse"),
     (["summary"], "--db FILE is required"),
@@ -125,6 +129,7 @@ def test_user_errors_are_one_line(study: Study, tmp_path: Path, args: list[str],
     assert message in line, line
 
 
+@pytest.mark.slow
 def test_a_refused_write_is_one_line_from_the_shell(study: Study) -> None:
     result = subprocess.run([sys.executable, "-m", "sdc.cli", "query", "--sql", "DELETE FROM loss", "--db", str(study.db)],
                             capture_output=True, text=True, timeout=120)

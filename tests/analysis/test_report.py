@@ -20,6 +20,7 @@ def images(page: str) -> list[str]:
     return re.findall(r'<img src="([^"]+)"', page)
 
 
+@pytest.mark.slow
 def test_report_writes_every_plot_and_the_page_shows_each(study: Study, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
@@ -38,6 +39,7 @@ def test_report_writes_every_plot_and_the_page_shows_each(study: Study, tmp_path
         assert f"sdc query {name}" in page
 
 
+@pytest.mark.slow
 def test_tables_are_the_named_queries(study: Study, tmp_path: Path) -> None:
     report = build_report(study.db, tmp_path, progress=False)
     shown = {name: result for s in report.sections for name, result, _ in s.tables}
@@ -46,6 +48,7 @@ def test_tables_are_the_named_queries(study: Study, tmp_path: Path) -> None:
         assert result == queries.run(study.db, name), name
 
 
+@pytest.mark.slow
 def test_text_from_the_database_is_escaped(study: Study, tmp_path: Path) -> None:
     db = tmp_path / "study.duckdb"
     shutil.copy(study.db, db)
@@ -67,6 +70,7 @@ def test_an_empty_database_says_what_is_missing(tmp_path: Path) -> None:
     assert "No parameter-sync replay is loaded" in page
 
 
+@pytest.mark.slow
 def test_refuses_an_out_that_is_a_file(study: Study, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "file").write_text("x")
     assert main(["report", "--db", str(study.db), "--out", str(tmp_path / "file"), "--quiet"]) == 1

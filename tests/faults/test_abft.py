@@ -64,6 +64,7 @@ def verdicts(run) -> list[dict]:
     return [e.fields | {"step": e.step} for e in events(run, "abft")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_healthy_run_is_never_flagged(run_factory, dtype: str) -> None:
     checks = verdicts(run_factory("healthy", f"model.dtype={dtype}", abft=True))
@@ -74,6 +75,7 @@ def test_a_healthy_run_is_never_flagged(run_factory, dtype: str) -> None:
     assert {c["step"] for c in checks} == {0, 1, 2, 3}
 
 
+@pytest.mark.slow
 def test_a_large_matmul_fault_is_flagged_where_it_was_injected(run_factory, write_profile) -> None:
     profile = write_profile(
         '[[fault]]\nops = ["mm"]\nsites = "layers\\\\.0\\\\.feed_forward"\nkind = "bitflip"\nbits = 30\n'
@@ -88,6 +90,7 @@ def test_a_large_matmul_fault_is_flagged_where_it_was_injected(run_factory, writ
     assert all(c["residual"] > 1000 * c["bound"] for c in flags)
 
 
+@pytest.mark.slow
 def test_abft_cannot_see_faults_in_softmax_or_normalisation(run_factory) -> None:
     run = run_factory("faulty", fault_profile=load_profile("softmax-norm"), abft=True)
     faults = events(run, "fault")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from faults import FaultEmulator, load_profile
+from faults import FaultEmulator, load_profile, profile_from_header
 from tests.faults.support import events
 from tracer.compare import compare_runs
 from tracer.errors import ConfigError
@@ -45,6 +45,7 @@ def test_an_exponent_flip_at_one_step_and_op_is_the_first_difference(
         assert f.fields["elements"] == 1 and f.fields["original"] != f.fields["corrupted"]
 
 
+@pytest.mark.slow
 def test_the_same_profile_and_seed_reproduce_faults_and_fingerprints(healthy_run, run_factory) -> None:
     profile = load_profile("bursty-mismatch")
     a = run_factory("a", fault_profile=profile, fault_seed=5)
@@ -57,6 +58,7 @@ def test_the_same_profile_and_seed_reproduce_faults_and_fingerprints(healthy_run
     assert compare_runs(a, healthy_run).first is not None
 
 
+@pytest.mark.slow
 def test_an_emulator_that_never_fires_changes_nothing(run_factory, write_profile) -> None:
     """Hooks on extra sites and every per-call draw leave training bit for bit as it was."""
     healthy = run_factory("healthy")
@@ -76,13 +78,23 @@ def test_the_header_records_the_profile_and_still_pairs(healthy_run, run_factory
     profile = load_profile("rare-huge")
     healthy = LogReader(rank_dir(healthy_run, 0)).header
     faulty = LogReader(rank_dir(run_factory("faulty", fault_profile=profile, fault_seed=9, abft=True), 0)).header
-    assert faulty.extra["fault_profile"] == {"name": "rare-huge", "sha256": profile.sha256, "seed": 9}
+    assert faulty.extra["fault_profile"] == {"name": "rare-huge", "sha256": profile.sha256, "seed": 9,
+                                             "profile": profile.data}
+    assert profile_from_header(faulty.extra["fault_profile"]) == profile
     assert faulty.extra["abft"] is True and faulty.extra["sites"] == healthy.extra["sites"]
     for field in ("schema_version", "config", "config_fingerprint", "seed", "data_order_fingerprint",
                   "fingerprint_algorithm", "world_size"):
         assert getattr(faulty, field) == getattr(healthy, field), field
     assert pairing_differences(healthy, faulty) == []
 
+
+
+def test_a_rule_naming_microbatches_fires_only_in_them(run_factory, write_profile) -> None:
+    profile = write_profile('[[fault]]\nops = ["mm"]\nphases = ["forward"]\nsteps = [1]\nmicrobatches = [1]\n'
+                            'kind = "bitflip"\n')
+    run = run_factory("second-microbatch", "run.steps=2", "data.microbatches=2", fault_profile=profile)
+    faults = events(run, "fault")
+    assert faults and {(f.step, f.fields["microbatch"]) for f in faults} == {(1, 1)}
 
 def test_it_corrupts_any_model_and_logs_what_it_did(write_profile) -> None:
     profile = write_profile('seed = 1\n[[fault]]\nops = ["addmm"]\nsites = "1"\nelements = 3\nkind = "stuck"\nvalue = 7.0\n')
@@ -110,6 +122,7 @@ def test_a_site_pattern_that_matches_no_module_is_an_error(write_profile) -> Non
         FaultEmulator(profile, nn.Sequential(nn.Linear(2, 2)), clock=lambda: (0, 0), sink=lambda k, f: None)
 
 
+@pytest.mark.slow
 def test_the_loss_spike_profile_spikes_the_training_loss(run_factory) -> None:
     def losses(run) -> list[float]:
         return [e.fields["loss"] for e in events(run, "step")]

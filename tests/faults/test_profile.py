@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from faults import load_profile, shipped_profiles
+from faults import load_profile, profile_from_header, shipped_profiles
 from faults.ops import resolve_collectives, resolve_ops
 from tests.faults.support import SHIPPED
-from tracer.errors import ConfigError
+from tracer.errors import ConfigError, ValidationError
+from tracer.log import SCHEMA_VERSION, LogReader, LogWriter, RunHeader, rank_dir
 from tracer.log.records import Phase
 
 
@@ -19,7 +20,7 @@ def test_shipped_profiles_load_with_a_description_and_rules() -> None:
         profile = load_profile(name)
         assert profile.name == name and profile.description and profile.faults
         assert len(profile.sha256) == 64
-        assert profile.header(7) == {"name": name, "sha256": profile.sha256, "seed": 7}
+        assert profile.header(7) == {"name": name, "sha256": profile.sha256, "seed": 7, "profile": profile.data}
 
 
 def test_a_profile_loads_by_path_with_defaults(write_profile) -> None:
@@ -42,21 +43,89 @@ def test_a_rule_can_target_ranks_and_collectives(write_profile) -> None:
     assert write_profile(RULE).faults[0].ranks is None  # every rank
 
 
+def test_a_rule_can_name_microbatches(write_profile) -> None:
+    assert write_profile(RULE + "microbatches = [2, 0, 2]\n").faults[0].microbatches == (0, 2)
+    assert write_profile(RULE).faults[0].microbatches is None  # every microbatch
+
+
+# Every key a rule may hold, with values other than the defaults.
+CUSTOM = """
+description = "every key"
+seed = 11
+[[fault]]
+ops = ["mm", "softmax"]
+sites = "layers\\\\.0\\\\..*"
+phases = ["backward"]
+p_call = 0.25
+fraction = 0.5
+kind = "scale"
+factor = [2, 8.5]
+p_enter = 0.5
+p_exit = 0.75
+start = 1
+stop = 9
+steps = [3, 2]
+ranks = [1]
+microbatches = [1, 0]
+[[fault]]
+ops = ["collective"]
+elements = 3
+kind = "stuck"
+value = -inf
+[[fault]]
+ops = ["matmul"]
+kind = "bitflip"
+bits = 7
+"""
+
+
+def through_a_log(tmp_path: Path, recorded: dict) -> dict:
+    """``recorded`` as a run header's extra["fault_profile"] stores it: written to a real log and read back."""
+    header = RunHeader(SCHEMA_VERSION, "run-1", "node", "train", 1, 0, {}, "cfg", 0, "data", "fp", {}, "cpu", {}, 0.0,
+                       {"fault_profile": recorded})
+    out = rank_dir(tmp_path / recorded["name"], 0)
+    LogWriter(out, header).close()
+    return LogReader(out).header.extra["fault_profile"]
+
+
+def test_a_header_rebuilds_the_profile_it_records(tmp_path: Path, write_profile) -> None:
+    profiles = [load_profile(name) for name in sorted(SHIPPED)] + [write_profile(CUSTOM, name="my-node")]
+    for profile in profiles:
+        rebuilt = profile_from_header(through_a_log(tmp_path, profile.header(3)))
+        assert rebuilt == profile and rebuilt.faults == profile.faults, profile.name
+        assert rebuilt.path == "fault profile 'my-node' in the run header" or profile.name != "my-node"
+    assert profiles[-1].faults[0].microbatches == (0, 1) and profiles[-1].faults[2].corruption.bits == 7
+
+
+def test_a_tampered_header_is_refused(write_profile) -> None:
+    recorded = write_profile(CUSTOM, name="my-node").header(0)
+    changed = {**recorded, "profile": {**recorded["profile"], "seed": 12}}
+    with pytest.raises(ValidationError, match=r"^fault profile 'my-node' in the run header: fault_profile.sha256 = "):
+        profile_from_header(changed)
+    with pytest.raises(ValidationError, match="fault_profile.sha256"):
+        profile_from_header({**recorded, "sha256": "0" * 64})
+    with pytest.raises(ValidationError, match="fault_profile.profile is missing"):
+        profile_from_header({k: v for k, v in recorded.items() if k != "profile"})
+    broken = {**recorded, "profile": {**recorded["profile"], "sed": 1}}
+    with pytest.raises(ConfigError, match="^fault profile 'my-node' in the run header: unknown key sed"):
+        profile_from_header(broken)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (RULE + "bitz = 3\n", ["unknown key fault[0].bitz", "did you mean fault[0].bits?", "allowed keys: ops, sites"]),
+        (RULE + "bitz = 3\n", ["unknown key fault[0].bitz", "did you mean fault[0].bits?", "allowed keys in [[fault]]: ops, sites"]),
         (RULE + 'bits = "exp"\n', ["fault[0].bits = 'exp'", '"sign", "exponent", "mantissa", "random" or a bit index']),
         (RULE + "bits = 64\n", ["fault[0].bits = 64", "bit index 0..63"]),
-        ('[[fault]]\nops = ["matmul"]\n', ["fault[0].kind = None", '"bitflip", "scale", "stuck"']),
+        ('[[fault]]\nops = ["matmul"]\n', ["fault[0].kind is missing", "'bitflip', 'scale', 'stuck'"]),
         ('[[fault]]\nops = ["matmull"]\nkind = "bitflip"\n', ["fault[0].ops", "'matmull'", "matmul, attention, softmax"]),
         ('[[fault]]\nops = []\nkind = "bitflip"\n', ["fault[0].ops = []", "non-empty array of op families"]),
         (RULE + "p_call = 1.5\n", ["fault[0].p_call = 1.5", "a number in [0, 1]"]),
-        (RULE + 'p_exit = "often"\n', ["fault[0].p_exit = 'often'", "a number in [0, 1]"]),
+        (RULE + 'p_exit = "often"\n', ["fault[0].p_exit must be a number in [0, 1], found string 'often'"]),
         (RULE + 'phases = ["sideways"]\n', ["fault[0].phases", '"forward" and/or "backward"']),
         (RULE + "factor = 10\n", ['fault[0].factor applies only to kind = "scale"']),
-        ('[[fault]]\nops = ["mm"]\nkind = "scale"\nfactor = [10, 1]\n', ["fault[0].factor = [10, 1]", "0 < low <= high"]),
-        ('[[fault]]\nops = ["mm"]\nkind = "stuck"\n', ["fault[0].value = None", "a number"]),
+        ('[[fault]]\nops = ["mm"]\nkind = "scale"\nfactor = [10, 1]\n', ["fault[0].factor = [10.0, 1.0]", "0 < low <= high"]),
+        ('[[fault]]\nops = ["mm"]\nkind = "stuck"\n', ["fault[0].value is missing", "a number"]),
         (RULE + "elements = 2\nfraction = 0.5\n", ["fault[0].elements and fault[0].fraction both given"]),
         (RULE + "elements = 0\n", ["fault[0].elements = 0", "an integer >= 1"]),
         (RULE + "fraction = 0\n", ["fault[0].fraction = 0", "(0, 1]"]),
@@ -64,10 +133,11 @@ def test_a_rule_can_target_ranks_and_collectives(write_profile) -> None:
         (RULE + "start = 5\nstop = 5\n", ["fault[0].stop = 5", "greater than start = 5"]),
         (RULE + "steps = [1, -2]\n", ["fault[0].steps = [1, -2]", "integers >= 0"]),
         (RULE + "ranks = []\n", ["fault[0].ranks = []", "non-empty array of ranks"]),
-        (RULE + 'ranks = ["1"]\n', ["fault[0].ranks = ['1']", "non-empty array of ranks"]),
+        (RULE + "microbatches = []\n", ["fault[0].microbatches = []", "non-empty array of microbatch indices"]),
+        (RULE + 'ranks = ["1"]\n', ["fault[0].ranks must be", "non-empty array of ranks", "found array ['1']"]),
         ("sed = 1\n" + RULE, ["unknown key sed", "did you mean seed?"]),
         ("seed = -1\n" + RULE, ["seed = -1", "an integer >= 0"]),
-        ('fault = "all"\n', ["fault = 'all'", "[[fault]] sections"]),
+        ('fault = "all"\n', ["fault must be an array of tables", "[[fault]] sections", "found string 'all'"]),
         (RULE + "kind = 2\n", ["TOML"]),
     ],
 )
@@ -85,5 +155,5 @@ def test_a_malformed_profile_names_file_key_and_allowed_values(
 
 
 def test_an_unknown_profile_lists_the_shipped_ones() -> None:
-    with pytest.raises(ConfigError, match="not a shipped profile.*bursty-mismatch, healthy-node"):
+    with pytest.raises(ConfigError, match="not a shipped fault profile.*bursty-mismatch, healthy-node"):
         load_profile("flaky-node")

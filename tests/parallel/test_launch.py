@@ -7,6 +7,8 @@ import pytest
 from tracer.errors import CaptureError
 from tracer.launch import launch
 
+pytestmark = pytest.mark.slow  # launches ranks and waits out a collective timeout
+
 
 def test_a_hung_rank_fails_the_job_after_the_collective_timeout() -> None:
     with pytest.raises(CaptureError, match=r"^rank 0 failed: RuntimeError: .*[Tt]imed out") as err:

@@ -9,6 +9,8 @@ from tracer.launch import launch
 from workload.protocol import run_step
 from workload.reference import build
 
+pytestmark = pytest.mark.slow  # every test launches ranks as processes
+
 STEPS = 2
 TIMEOUT = 120  # seconds a rank may wait in one collective: a hung rank fails the test
 

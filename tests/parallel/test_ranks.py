@@ -19,6 +19,8 @@ from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord, TensorRecord
 
+pytestmark = pytest.mark.slow  # every test launches ranks as processes
+
 QUERY = Path(__file__).resolve().parents[2] / "analysis" / "queries" / "rq1_first_divergence_by_rank.sql"
 COMMON = ["--set", "model.n_layers=2", "--set", "data.batch_size=2", "--set", "data.seq_len=32",
           "--set", "train.threads=1", "--quiet", "--rank-timeout", "120"]

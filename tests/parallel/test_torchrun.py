@@ -6,8 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tracer.log import LogReader, list_ranks, rank_dir
 from tracer.log.records import Phase, TensorRecord
+
+pytestmark = pytest.mark.slow  # torchrun launches ranks as processes
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torchrun_ddp.py"
 

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 from faults import load_profile
-from pipelines.arguments import add_arguments
+from pipelines.arguments import DiffRequest
 from pipelines.run import DiffReport, diff
 from tests.support import ONE_FLIP, small_config
 from tracer.log import EventRecord, LogReader, LogWriter, rank_dir
@@ -104,15 +103,14 @@ def emulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture
 def run_diff(tmp_path: Path) -> Callable[..., tuple[DiffReport, list[str]]]:
-    """Diff two runs into ``tmp_path/study.duckdb`` (or `db`): (report, progress lines)."""
+    """Diff two runs into ``tmp_path/study.duckdb`` (or `db`): (report, progress lines). Keyword options are
+    `DiffRequest`'s."""
 
-    def run(golden: Path, suspect: Path, *options: str, beam: list[str] = IN_MEMORY,
-            db: Path | None = None) -> tuple[DiffReport, list[str]]:
-        parser = argparse.ArgumentParser()
-        add_arguments(parser)
-        args = parser.parse_args(["--golden", str(golden), "--suspect", str(suspect),
-                                  "--db", str(db or tmp_path / "study.duckdb"), *options])
+    def run(golden: Path, suspect: Path, *, beam: list[str] = IN_MEMORY, db: Path | None = None,
+            **options: object) -> tuple[DiffReport, list[str]]:
+        request = DiffRequest(golden=str(golden), suspect=str(suspect), db=db or tmp_path / "study.duckdb",
+                              beam_args=tuple(beam), **options)
         lines: list[str] = []
-        return diff(args, beam, echo=lines.append), lines
+        return diff(request, echo=lines.append), lines
 
     return run

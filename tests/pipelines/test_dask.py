@@ -15,6 +15,8 @@ import pytest
 from analysis.load import RUN_TABLES
 from tests.pipelines.conftest import IN_MEMORY
 
+pytestmark = pytest.mark.slow  # a Dask cluster and two Beam jobs
+
 distributed = pytest.importorskip("dask.distributed", reason="install the test extra: pip install -e '.[test]'")
 
 DASK = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -43,11 +45,11 @@ def tables(db: Path, pair_id: str) -> dict[str, list[tuple]]:
 
 
 def test_dask_cluster_gives_the_directrunner_tables(runs, run_diff, tmp_path: Path) -> None:
-    replay = ("--replay", str(runs["replay"]))
-    direct, _ = run_diff(runs["golden"], runs["hooked"], *replay, beam=IN_MEMORY, db=tmp_path / "direct.duckdb")
+    replays = (str(runs["replay"]),)
+    direct, _ = run_diff(runs["golden"], runs["hooked"], replays=replays, beam=IN_MEMORY, db=tmp_path / "direct.duckdb")
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
                                   dashboard_address=None) as cluster:
-        dask, lines = run_diff(runs["golden"], runs["hooked"], *replay, db=tmp_path / "dask.duckdb",
+        dask, lines = run_diff(runs["golden"], runs["hooked"], replays=replays, db=tmp_path / "dask.duckdb",
                                beam=["--runner", DASK, f"--dask_client_address={cluster.scheduler_address}"])
     assert any("Beam job on DaskRunner" in line for line in lines)
     expected, got = tables(tmp_path / "direct.duckdb", direct.pair_id), tables(tmp_path / "dask.duckdb", dask.pair_id)

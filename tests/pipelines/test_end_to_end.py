@@ -15,6 +15,8 @@ from tests.pipelines.conftest import FAULT_MICROBATCH, FAULT_SITE, FAULT_STEP, G
 from tracer.errors import LogCorruptionError, UsageError, ValidationError
 from tracer.log import EventRecord, LogReader, LogWriter, Phase, TensorRecord, rank_dir
 
+pytestmark = pytest.mark.slow  # every test runs a Beam job on runs recorded by a session fixture
+
 
 def query(db: Path, sql: str, *params: object) -> list[tuple]:
     con = duckdb.connect(str(db), read_only=True)
@@ -83,7 +85,7 @@ def test_emulated_faults_are_scored_against_fingerprints_and_abft(emulated, run_
 
 
 def test_replay_logs_fill_the_rq1_and_rq2_tables(runs, run_diff, tmp_path: Path) -> None:
-    run_diff(runs["golden"], runs["twin"], "--replay", str(runs["replay"]))
+    run_diff(runs["golden"], runs["twin"], replays=(str(runs["replay"]),))
     db = tmp_path / "study.duckdb"
     assert query(db, "SELECT step, microbatch, site, phase, elements, mismatched, severity FROM site_mismatch "
                      "ORDER BY step, site") == SITE_MISMATCH
@@ -131,7 +133,7 @@ def test_corrupt_segment_is_reported_with_file_and_offset(runs, run_diff, tmp_pa
     with pytest.raises(LogCorruptionError) as err:
         run_diff(runs["golden"], suspect)
     assert (err.value.path, err.value.offset, err.value.reason) == (path, offset, reason)
-    report, lines = run_diff(runs["golden"], suspect, "--skip-corrupt")
+    report, lines = run_diff(runs["golden"], suspect, skip_corrupt=True)
     db = tmp_path / "study.duckdb"
     assert query(db, "SELECT side, path, \"offset\", reason FROM corruptions") == [("suspect", path, offset, reason)]
     assert any(f"at byte {offset}" in line for line in lines) and report.rows["event_diffs"] > 0
@@ -143,13 +145,13 @@ def test_crashed_run_and_kept_staging(runs, run_diff, tmp_path: Path) -> None:
     seg = rank_dir(suspect, 0) / "000000.sdclog"
     seg.write_bytes(seg.read_bytes()[:-30])  # the END record and part of the last record: a crash mid-write
     staging = tmp_path / "staging"
-    report, _ = run_diff(runs["golden"], suspect, "--staging", str(staging))
+    report, _ = run_diff(runs["golden"], suspect, staging=str(staging))
     db = tmp_path / "study.duckdb"
     assert query(db, "SELECT complete, torn_tail FROM runs WHERE node_label = 'twin'") == [(False, True)]
     assert query(db, "SELECT count(*) FROM corruptions") == [(0,)] and report.rows["event_diffs"] > 0
     assert sorted(p.name for p in staging.iterdir()) == sorted(t for t, n in report.rows.items() if n)
     with pytest.raises(UsageError, match="not empty"):
-        run_diff(runs["golden"], suspect, "--staging", str(staging))
+        run_diff(runs["golden"], suspect, staging=str(staging))
 
 
 def test_cli_runs_the_diff_and_errors_in_one_line(runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -185,7 +187,7 @@ def test_ranks_are_compared_and_bounded_one_by_one(runs, run_diff, tmp_path: Pat
     header = LogReader(rank_dir(runs["golden"], 0)).header
     write_two_ranks(tmp_path / "g2", header, {0: 6, 1: 6})
     write_two_ranks(tmp_path / "s2", header, {0: 6, 1: 4}, changed=(1, 2))
-    report, _ = run_diff(tmp_path / "g2", tmp_path / "s2", "--steps-per-bucket", "2")
+    report, _ = run_diff(tmp_path / "g2", tmp_path / "s2", steps_per_bucket=2)
     db = tmp_path / "study.duckdb"
     assert query(db, "SELECT rank, compared_through FROM pair_ranks ORDER BY rank") == [(0, 5), (1, 3)]
     assert query(db, "SELECT rank, step, microbatch, name FROM first_divergence") == [(1, 2, 0, "layers.0.attention")]

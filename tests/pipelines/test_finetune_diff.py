@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -11,13 +10,15 @@ import duckdb
 import numpy as np
 import pytest
 
-from pipelines.arguments import add_arguments
+from pipelines.arguments import DiffRequest
 from pipelines.run import diff
 from tests.pipelines.conftest import IN_MEMORY
 from tests.pipelines.test_end_to_end import query
 from tests.support import TINY_FINETUNE, events
 from tracer.errors import ValidationError
 from tracer.log import LogReader, rank_dir
+
+pytestmark = pytest.mark.slow  # every test reads fine-tunes (the tuned fixture) diffed by Beam
 
 QUERIES = Path(__file__).resolve().parents[2] / "analysis" / "queries"
 
@@ -58,13 +59,11 @@ def run_id(run: Path) -> str:
 def study(tuned: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sick node against golden with its twin, and the healthy node against golden without one."""
     db = tmp_path_factory.mktemp("study") / "study.duckdb"
-    for suspect, twin in (("sick", ["--twin", str(tuned["twin"])]), ("node", [])):
-        parser = argparse.ArgumentParser()
-        add_arguments(parser)
-        args = parser.parse_args(["--golden", str(tuned["golden"]), "--suspect", str(tuned[suspect]),
-                                  "--db", str(db), *twin])
+    for suspect, twin in (("sick", str(tuned["twin"])), ("node", None)):
+        request = DiffRequest(golden=str(tuned["golden"]), suspect=str(tuned[suspect]), db=db, twin=twin,
+                              beam_args=tuple(IN_MEMORY))
         lines: list[str] = []
-        diff(args, IN_MEMORY, echo=lines.append)
+        diff(request, echo=lines.append)
         (db.parent / f"{suspect}.txt").write_text("\n".join(lines))
     return db
 
@@ -145,4 +144,4 @@ def test_a_run_that_is_not_a_twin_is_refused(tuned: dict[str, Path], pretrained:
                                              message: str) -> None:
     path = pretrained if twin == "pretrained" else tuned[twin]
     with pytest.raises(ValidationError, match=f"twin {re.escape(str(path))} is not the shuffle-seed twin of golden .*{re.escape(message)}"):
-        run_diff(tuned["golden"], tuned["sick"], "--twin", str(path))
+        run_diff(tuned["golden"], tuned["sick"], twin=str(path))

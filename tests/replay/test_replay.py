@@ -31,6 +31,7 @@ def replay(golden: Path, suspect, steps: str, mode: str, out: Path, **kw) -> Pat
     return out
 
 
+@pytest.mark.slow
 def test_healthy_pair_gives_exactly_zero_in_both_modes(run_factory, tmp_path: Path) -> None:
     golden, twin = run_factory("golden", "run.steps=5"), run_factory("twin", "run.steps=5")
     header = LogReader(rank_dir(golden, 0)).header
@@ -49,6 +50,7 @@ def test_healthy_pair_gives_exactly_zero_in_both_modes(run_factory, tmp_path: Pa
     assert h.extra["replay"]["mode"] == "param-sync" and h.extra["replay"]["steps"] == [1, 4]
 
 
+@pytest.mark.slow
 def test_lockstep_isolates_the_faulty_site(run_factory, one_site_profile: Path, tmp_path: Path) -> None:
     golden = run_factory("golden", "run.steps=5", "run.checkpoint_every=2")
     out = replay(golden, suspect_from_profile(str(one_site_profile)), "2:5", "lockstep", tmp_path / "lock")
@@ -63,6 +65,7 @@ def test_lockstep_isolates_the_faulty_site(run_factory, one_site_profile: Path, 
     assert worst > 0
 
 
+@pytest.mark.slow
 def test_noise_to_signal_equals_an_independent_computation(run_factory, one_site_profile: Path, tmp_path: Path) -> None:
     golden = run_factory("golden", "run.steps=5", "run.checkpoint_every=3")
     out = replay(golden, suspect_from_profile(str(one_site_profile)), "3:4", "param-sync", tmp_path / "sync")
@@ -107,6 +110,7 @@ def test_noise_to_signal_equals_an_independent_computation(run_factory, one_site
     assert per_param[name] == pytest.approx(np.linalg.norm(g_s[name] - g_h[name]) / np.linalg.norm(g_h[name]), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_reconstruction_catches_an_altered_fingerprint(run_factory, tmp_path: Path) -> None:
     golden = run_factory("golden", "run.steps=6", "run.checkpoint_every=3")
     forged = tmp_path / "forged"
@@ -128,6 +132,7 @@ def test_reconstruction_catches_an_altered_fingerprint(run_factory, tmp_path: Pa
     assert (div.step, div.fields["name"], div.fields["phase"]) == (4, "layers.0.feed_forward", int(Phase.BACKWARD))
 
 
+@pytest.mark.slow
 def test_bad_input_is_named(run_factory, tmp_path: Path) -> None:
     golden = run_factory("golden", "run.steps=4", "run.checkpoint_every=2")
     other = run_factory("other", "run.steps=4", "train.seed=5", "data.shuffle_seed=3")
@@ -158,6 +163,7 @@ def _capture_step(step: int):
     return TraceOptions(capture=CapturePolicy(steps=frozenset({step})))
 
 
+@pytest.mark.slow
 def test_replay_cli_at_first_divergence(run_factory, one_site_profile: Path, tmp_path: Path, capsys) -> None:
     from sdc.cli import main
 

@@ -60,12 +60,12 @@ def test_paths_in_a_study_are_relative_to_its_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("[extra]\nx = 1", "unknown key study.extra"),
+        ("[extra]\nx = 1", "unknown key extra"),
         ("[replay.more]\n", "unknown key replay.more"),
         ("[golden]\nlabel = \"twin\"", "used twice"),
-        ("[golden]\nlabl = \"g\"", "did you mean label?"),
+        ("[golden]\nlabl = \"g\"", r"did you mean golden\.label\?"),
         ("[[node]]\nlabel = \"x\"\nprofile = \"no-such-profile\"", r"node\[2\]\.profile: fault profile .no-such-profile. not found"),
-        ("[[node]]\nlabel = \"x\"", "needs both label and profile"),
+        ("[[node]]\nlabel = \"x\"", r"node\[2\]\.profile is missing"),
         ("[[node]]\nlabel = \"x-twin\"\nprofile = \"healthy-node\"", "must be letters"),
         ("[[node]]\nlabel = \"x\"\nprofile = \"healthy-node\"\nabft = \"yes\"", "abft must be true or false"),
     ],

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tracer.background import AsyncFile, IOThread
 from tracer.errors import CaptureError
+
+
+def eventually(condition: Callable[[], bool], deadline_s: float = 30.0) -> bool:
+    """Poll ``condition`` until it holds or a deadline far beyond any scheduling delay passes."""
+    end = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def test_operations_run_in_order_and_a_full_queue_blocks_instead_of_dropping() -> None:
@@ -23,8 +34,8 @@ def test_operations_run_in_order_and_a_full_queue_blocks_instead_of_dropping() -
             io.submit(lambda i=i: done.append(i))
         blocked = threading.Thread(target=lambda: io.submit(lambda: done.append(2)), daemon=True)
         blocked.start()
-        time.sleep(0.2)
-        assert blocked.is_alive() and io.stalls == 1  # backpressure, not a drop
+        assert eventually(lambda: io.stalls == 1)  # the third submit found the queue full ...
+        assert blocked.is_alive() and done == []  # ... and waits while the disk hangs: backpressure, not a drop
     finally:
         gate.set()
     blocked.join(5)

@@ -10,9 +10,13 @@ import time
 import warnings
 from pathlib import Path
 
+import pytest
+
 from tracer.log import LogReader, TornTailWarning, rank_dir
 from tracer.log.records import EventRecord
 from tracer.summary import summarize_run
+
+pytestmark = pytest.mark.slow  # records a run in a subprocess and kills it
 
 SCRIPT = """
 import sys

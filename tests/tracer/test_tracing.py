@@ -12,6 +12,7 @@ from torch import nn
 
 from tracer.compare import compare_runs
 from tracer.errors import CaptureError, ConfigError
+from tracer.fingerprint import fingerprint
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord, Phase, TensorRecord
 from tracer.options import CapturePolicy, RunInfo, TraceOptions
@@ -134,7 +135,6 @@ def test_traces_a_user_model_with_other_names_and_sgd(tmp_path: Path) -> None:
     for m in model.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks and not m._backward_hooks
     # The final parameters in the log are the model's final parameters, bit for bit.
-    from tracer.fingerprint import fingerprint
 
     last = {r.name: r.fingerprint for r in recs if r.phase == Phase.PARAM and r.step == 2}
     assert last == {n: fingerprint(p) for n, p in model.named_parameters()}
@@ -223,14 +223,12 @@ def test_a_step_with_a_closure_records_the_gradients_the_closure_leaves(tmp_path
         seen.update({n: p.grad.clone() for n, p in model.named_parameters()})
         return loss
 
-    with Tracer(model, opt, out=tmp_path / "run", node_label="x") as tr:
+    with Tracer(model, opt, out=tmp_path / "run", run=RunInfo("x"), options=TraceOptions(sites=r"blocks\.\d+\.token_mix")) as tr:
         with tr.step(0):
             opt.step(closure)
         with tr.step(1):
             opt.step(closure=closure)
     grads = [r for r in tensor_records(tmp_path / "run") if r.phase == Phase.GRAD]
-    from tracer.fingerprint import fingerprint
-
     assert {r.step for r in grads} == {0, 1}
     assert {r.name: r.fingerprint for r in grads if r.step == 1} == {n: fingerprint(g) for n, g in seen.items()}
 

@@ -55,6 +55,7 @@ def test_collapse_rule() -> None:
     assert collapsed(0.5, 0.25, 8)  # eight examples: half right is still within a guesser's reach
 
 
+@pytest.mark.slow
 def test_finetune_logs_evaluations_and_is_bit_exact(pretrained: Path, tuned: dict[str, Path]) -> None:
     a, b = tuned["golden"], tuned["node"]
     assert compare_runs(a, b).first is None
@@ -88,6 +89,7 @@ def test_finetune_logs_evaluations_and_is_bit_exact(pretrained: Path, tuned: dic
         "step-000000", "step-000002", "step-000004"]
 
 
+@pytest.mark.slow
 def test_nodes_pair_and_a_shuffle_twin_is_a_twin_not_a_pair(pretrained: Path, tuned: dict[str, Path]) -> None:
     golden, node, twin = (header(tuned[name]) for name in ("golden", "node", "twin"))
     assert pairing_differences(golden, node) == []
@@ -101,6 +103,7 @@ def test_nodes_pair_and_a_shuffle_twin_is_a_twin_not_a_pair(pretrained: Path, tu
     assert "role: 'train' vs 'finetune'" in " ".join(twin_differences(header(pretrained), twin))
 
 
+@pytest.mark.slow
 def test_an_unhealthy_node_fine_tunes_with_its_faults(tuned: dict[str, Path]) -> None:
     faults = events(tuned["sick"], "fault")
     assert faults and all(f.step == 1 and f.fields["phase"] == "forward" for f in faults)
@@ -112,6 +115,7 @@ def test_an_unhealthy_node_fine_tunes_with_its_faults(tuned: dict[str, Path]) ->
     assert sick.extra["fault_profile"]["seed"] == 2
 
 
+@pytest.mark.slow
 def test_fine_tune_errors_name_the_run_and_the_fix(pretrained: Path, tuned: dict[str, Path], run_factory,
                                                    tmp_path: Path) -> None:
     no_final = run_factory("no-final", "run.checkpoint_every=0")
