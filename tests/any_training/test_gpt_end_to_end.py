@@ -133,3 +133,11 @@ def test_param_sync_noise_equals_one_from_full_gradient_tensors(runs: Runs) -> N
     diff = np.sqrt(sum(np.sum((sick[n] - golden[n]) ** 2) for n in golden))
     norm = np.sqrt(sum(np.sum(golden[n] ** 2) for n in golden))
     assert diff > 0 and total.fields["ratio"] == pytest.approx(diff / norm, rel=1e-6)
+
+
+def test_replay_imports_only_the_workload_you_name(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["replay", "--golden", str(runs.golden), "--fault-profile", "healthy-node", "--steps", "2:3",
+                 "--out", str(runs.root / "unnamed"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code != 0 and err.count("\n") == 1 and f"pass --workload {WORKLOAD}" in err
+    assert not (runs.root / "unnamed").exists()

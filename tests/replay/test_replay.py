@@ -169,10 +169,12 @@ def test_replay_cli_at_first_divergence(run_factory, one_site_profile: Path, tmp
 
     golden = run_factory("golden", "run.steps=5", "run.checkpoint_every=2")
     suspect = run_factory("suspect", "run.steps=5", "run.checkpoint_every=2", fault_profile=load_profile(one_site_profile))
-    # The suspect ran a profile that is not shipped: replay asks for it explicitly.
+    # The suspect ran a profile that is not shipped: replay re-creates it from the suspect's run header.
     code = main(["replay", "--golden", str(golden), "--suspect", str(suspect), "--at-first-divergence",
-                 "--out", str(tmp_path / "r"), "--quiet"])
-    assert code == 1 and "not a shipped profile" in capsys.readouterr().err
+                 "--out", str(tmp_path / "around"), "--quiet"])
+    text = capsys.readouterr().out
+    assert code == 0 and "replaying steps 2:5" in text
+    assert {e.step for e in events(tmp_path / "around", "fault")} == {3}
     code = main(["replay", "--golden", str(golden), "--fault-profile", str(one_site_profile), "--steps", "3:4",
                  "--mode", "lockstep", "--out", str(tmp_path / "r"), "--quiet"])
     text = capsys.readouterr().out

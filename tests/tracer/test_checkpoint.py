@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tracer.blobs import BlobStore
-from tracer.checkpoint import checkpoint_dir, list_checkpoints, load_checkpoint
+from tracer.checkpoint import checkpoint_dir, list_checkpoints, load_checkpoint, save_checkpoint
 from tracer.errors import LogError
 from tracer.fingerprint import fingerprint
 from tracer.log import LogReader, rank_dir
@@ -68,3 +68,48 @@ def test_blob_store_round_trip_and_integrity(tmp_path: Path) -> None:
         store.get(fp)
     with pytest.raises(LogError, match="is missing"):
         store.get(fp ^ 1)
+
+
+def test_any_state_dict_is_kept_without_pickle_and_restored(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5**step)
+    for _ in range(3):
+        opt.step()
+        sched.step()
+
+    class Cursor:  # a data cursor with a tensor in its state
+        def __init__(self) -> None:
+            self.position, self.order = 0, torch.arange(3)
+
+        def state_dict(self) -> dict:
+            return {"position": self.position, "order": self.order, "nested": [{"k": 1.5}]}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.position, self.order = state["position"], state["order"]
+
+    cursor = Cursor()
+    cursor.position, cursor.order = 7, torch.tensor([2, 0, 1])
+    save_checkpoint(tmp_path, 3, 0, model, opt, {"step": 3}, states={"scheduler": sched, "cursor": cursor})
+
+    fresh_opt = torch.optim.AdamW(model.parameters(), lr=1.0)
+    fresh_sched = torch.optim.lr_scheduler.LambdaLR(fresh_opt, lambda step: 0.5**step)
+    fresh_cursor = Cursor()
+    load_checkpoint(tmp_path, 3).restore(model, fresh_opt, {"scheduler": fresh_sched, "cursor": fresh_cursor})
+    assert fresh_sched.last_epoch == 3 and fresh_sched.get_last_lr() == sched.get_last_lr()
+    assert fresh_cursor.position == 7 and torch.equal(fresh_cursor.order, torch.tensor([2, 0, 1]))
+    with pytest.raises(LogError, match="holds no state for 'sampler'"):
+        load_checkpoint(tmp_path, 3).restore(model, fresh_opt, {"sampler": fresh_cursor})
+
+
+def test_a_state_that_needs_pickle_is_refused_naming_it(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 2)
+
+    class Odd:
+        def state_dict(self) -> dict:
+            return {"fn": object()}
+
+        def load_state_dict(self, state: dict) -> None: ...
+
+    with pytest.raises(LogError, match=r"'state/odd/fn': cannot store a object without pickle"):
+        save_checkpoint(tmp_path, 0, 0, model, None, {}, states={"odd": Odd()})
