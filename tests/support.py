@@ -55,3 +55,19 @@ elements = 16
 kind = "scale"
 factor = 8.0
 """
+
+
+def diff_first_divergence(golden: Path, suspect: Path, db: Path) -> list[tuple]:
+    """`sdc diff` the pair (in process, Beam in memory), then the first_divergence rows:
+    (step, microbatch, phase, name, status)."""
+    import duckdb
+
+    from sdc.cli import main
+
+    assert main(["diff", "--golden", str(golden), "--suspect", str(suspect), "--db", str(db),
+                 "--", "--direct_running_mode=in_memory"]) == 0
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute("SELECT step, microbatch, phase, name, status FROM first_divergence").fetchall()
+    finally:
+        con.close()

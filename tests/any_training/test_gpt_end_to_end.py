@@ -7,12 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pytest
 
 from sdc.cli import main
-from tests.support import events
+from tests.support import diff_first_divergence, events
 from tracer.blobs import BlobStore
 from tracer.compare import compare_runs
 from tracer.log import LogReader, Phase, rank_dir
@@ -88,14 +87,7 @@ def test_the_fault_is_the_first_divergence_in_sdc_diff(runs: Runs) -> None:
     faults = events(runs.sick, "fault")
     assert faults and {(f.step, f.fields["microbatch"], f.fields["site"], f.fields["phase"]) for f in faults} == {
         (STEP, MICROBATCH, SITE, "forward")}
-    db = runs.root / "study.duckdb"
-    assert main(["diff", "--golden", str(runs.golden), "--suspect", str(runs.sick), "--db", str(db),
-                 "--", "--direct_running_mode=in_memory"]) == 0
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        first = con.execute("SELECT step, microbatch, phase, name, status FROM first_divergence").fetchall()
-    finally:
-        con.close()
+    first = diff_first_divergence(runs.golden, runs.sick, runs.root / "study.duckdb")
     assert first == [(STEP, MICROBATCH, "forward", SITE, "differ")]
 
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pytest
 
 from sdc.cli import main
 from tests.integrations.conftest import Recorded
-from tests.support import events
+from tests.support import diff_first_divergence, events
 from tracer.blobs import BlobStore
 from tracer.compare import compare_runs
 from tracer.log import LogReader, Phase, rank_dir
@@ -55,14 +54,7 @@ def test_sdc_diff_finds_the_emulated_fault_as_the_first_divergence(recorded: Rec
     faults = events(recorded.sick, "fault")
     assert faults and {(f.step, f.fields["microbatch"], f.fields["site"], f.fields["phase"]) for f in faults} == {
         (fw.FAULT_STEP, 0, fw.FAULT_SITE, "forward")}
-    db = tmp_path / "study.duckdb"
-    assert main(["diff", "--golden", str(recorded.golden), "--suspect", str(recorded.sick), "--db", str(db),
-                 "--", "--direct_running_mode=in_memory"]) == 0
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        first = con.execute("SELECT step, microbatch, phase, name, status FROM first_divergence").fetchall()
-    finally:
-        con.close()
+    first = diff_first_divergence(recorded.golden, recorded.sick, tmp_path / "study.duckdb")
     assert first == [(fw.FAULT_STEP, 0, "forward", fw.FAULT_SITE, "differ")]
 
 
