@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from tracer import typed_toml
 from tracer.device import mark_step, to_host
 from tracer.errors import ConfigError
 from tracer.parallel import Layout
@@ -168,30 +168,10 @@ def run_step(w: Workload, step: int, observer: StepObserver | None = None, *, up
 def load_workload_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """A TOML file as the dict a factory receives (empty without a file), with ``section.key=value``
     overrides applied (the value parsed as TOML, a bare word as a string)."""
-    config: dict[str, Any] = {}
-    if path is not None:
-        file = Path(path)
-        try:
-            config = tomllib.loads(file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"--config {file}: no such file; pass the TOML file your workload reads") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{file}: not a valid UTF-8 TOML file ({exc}); fix that line") from None
-    for override in overrides:
-        dotted, sep, text = override.partition("=")
-        keys = dotted.strip().split(".")
-        if not sep or not all(keys):
-            raise ConfigError(f"--set {override!r} must look like section.key=value, e.g. run.steps=10")
-        try:
-            value = tomllib.loads(f"v = {text.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text.strip()
-        table = config
-        for key in keys[:-1]:
-            table = table.setdefault(key, {})
-            if not isinstance(table, dict):
-                raise ConfigError(f"--set {override!r}: {key} is a value in the config, not a table")
-        table[keys[-1]] = value
+    if path is not None and not Path(path).is_file():
+        raise ConfigError(f"--config {path}: no such file; pass the TOML file your workload reads")
+    config = typed_toml.read(Path(path)) if path is not None else {}
+    typed_toml.apply_overrides(config, overrides)
     return config
 
 
