@@ -19,7 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "replay",
         help="replay steps of a golden run on a suspect executor (param-sync or lockstep)",
         description=(
-            "Rebuild steps of a recorded golden run from its checkpoints (verifying every fingerprint) and run "
+            "Rebuild steps of a recorded golden run (the reference workload's, or any other through --workload) "
+            "from its checkpoints (verifying every fingerprint) and run "
             "them on the suspect executor: this machine, emulating the suspect run's fault profile if it had one, "
             "or a fault profile given here. param-sync starts each step from the golden parameters and compares "
             "gradients (RQ2 noise-to-signal); lockstep also compares every site's output and input gradient with "
