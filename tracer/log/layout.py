@@ -81,6 +81,6 @@ _WRITTEN = (
 def written_by_sdctrace(parts: tuple[str, ...], is_dir: bool) -> bool:
     """Whether ``<run>/<parts...>`` (a directory if ``is_dir``) is a name sdctrace writes in a run directory."""
     for levels in _WRITTEN:
-        if 0 < len(parts) <= len(levels) and all(p.fullmatch(x) for p, x in zip(levels, parts)):
+        if 0 < len(parts) <= len(levels) and all(p.fullmatch(x) for p, x in zip(levels, parts, strict=False)):
             return is_dir == (len(parts) < len(levels))
     return False
