@@ -32,7 +32,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -50,7 +50,7 @@ from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ConfigError, SdcError, ValidationError
 from tracer.intercept import own_ops
-from tracer.log import LogReader, LogWriter, prepare_out_dir, rank_dir
+from tracer.log import LogReader, LogWriter, claim_out_dir, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
 from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import check_pair
@@ -241,6 +241,7 @@ class Replayer:
         self.steps = steps
         self.mode = request.mode
         self.out = request.out
+        self.inputs = (request.golden, request.suspect)
         self.golden_from = request.golden_from
         self.overwrite = request.overwrite
         self.progress = request.progress
@@ -250,13 +251,17 @@ class Replayer:
 
     # -- the whole replay -------------------------------------------------------------
     def run(self) -> ReplaySummary:
+        claim = self.rank == 0  # the other ranks wait for rank 0 to clear the directory
+        lock = claim_out_dir(self.out, role="replay", overwrite=self.overwrite, inputs=self.inputs) if claim else None
+        with lock or nullcontext():
+            return self._run()
+
+    def _run(self) -> ReplaySummary:
         summary = ReplaySummary(self.out, self.mode)
         start = time.perf_counter()
         device = torch.device("cpu")
         config = self.golden.header.config
         golden_w, suspect_w = (build_workload(self.workload, config, device) for _ in range(2))
-        if self.rank == 0:
-            prepare_out_dir(self.out, self.overwrite)
         if golden_w.layout.world_size > 1:
             torch.distributed.barrier()  # no rank writes before rank 0 has cleared the directory
         checkpoint = load_checkpoint(self.golden.path, self.golden.start_checkpoint, self.rank)

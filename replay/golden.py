@@ -18,6 +18,17 @@ from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord
 Key = tuple[int, int, str, Phase]  # step, microbatch, name, phase
 
 
+def check_rank_logs(path: Path, world_size: int) -> None:
+    """Refuse a golden run that does not hold exactly the logs rank-00000 .. of its header's ``world_size``."""
+    ranks = list_ranks(path)
+    if ranks != list(range(len(ranks))) or len(ranks) != world_size:  # never list range(world_size): it is read
+        held = f"ranks {ranks[:8]}".replace("]", ", ...]" if len(ranks) > 8 else "]")
+        raise ValidationError(
+            f"{path}: holds the logs of {held}, but its header's world_size is {world_size}; "
+            "replay needs every rank's log, rank-00000 to the last: copy the missing rank-NNNNN folders"
+        )
+
+
 @dataclass
 class GoldenRun:
     """A recorded healthy run, indexed for the steps a replay needs."""
@@ -38,14 +49,9 @@ class GoldenRun:
         path = Path(path)
         if not path.is_dir():
             raise LogError(f"{path}: not a run directory; pass the golden run made by `sdc record`")
-        ranks = list_ranks(path)
         reader = LogReader(rank_dir(path, rank))
         header = reader.header
-        if ranks != list(range(header.world_size)):
-            raise ValidationError(
-                f"{path}: holds the logs of ranks {ranks}, but its world size is {header.world_size}; "
-                "replay needs every rank's log"
-            )
+        check_rank_logs(path, header.world_size)
         if header.role != "train":
             raise ValidationError(f"{path}: is a {header.role!r} log; the golden side must be a recorded training run")
         if header.device.startswith("xla"):

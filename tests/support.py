@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
-from tracer.log import LogReader, rank_dir
-from tracer.log.records import EventRecord
+from tracer.log import LogReader, LogWriter, rank_dir
+from tracer.log.records import EventRecord, TensorRecord
 from workload.config import Config, load_config
 from workload.finetune import FinetuneSettings
 
@@ -20,6 +25,35 @@ def small_config(*overrides: str) -> Config:
 def events(run: Path, kind: str) -> list[EventRecord]:
     """Rank 0's events of one kind, in log order."""
     return [r for r in LogReader(rank_dir(run, 0)).records() if isinstance(r, EventRecord) and r.kind == kind]
+
+
+def rewrite_header(run: Path, **changes: Any) -> None:
+    """Write rank 0's log again, record for record, under a header with ``changes`` (a crafted run)."""
+    reader = LogReader(rank_dir(run, 0))
+    header, records = dataclasses.replace(reader.header, **changes), list(reader.records())
+    shutil.rmtree(rank_dir(run, 0))
+    with LogWriter(rank_dir(run, 0), header) as w:
+        for r in records:
+            w.write_tensor(r) if isinstance(r, TensorRecord) else w.write_event(r)
+
+
+# A process that claims a run directory and holds it until its stdin closes: another writer, for lock tests.
+_HOLDER = """
+import sys
+from pathlib import Path
+from tracer.log import claim_out_dir
+with claim_out_dir(Path(sys.argv[1]), role="train", overwrite=False):
+    print("claimed", flush=True)
+    sys.stdin.read()
+"""
+
+
+def hold_run_dir(out: Path) -> subprocess.Popen[str]:
+    """Start a process that holds ``out``'s writer lock; returns once it holds it (close its stdin to end it)."""
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "claimed\n"
+    return holder
 
 
 # A fault profile that flips one exponent bit in each forward matmul of one site at one step.

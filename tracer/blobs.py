@@ -16,8 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from tracer.errors import LogError
 from tracer.fingerprint import fingerprint
-
-BLOB_DIR = "blobs"
+from tracer.log.layout import BLOB_DIR
 
 
 class BlobStore:

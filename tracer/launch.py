@@ -13,6 +13,10 @@ other ranks (they would wait for it in their next collective) and raises one
 `SdcError` naming the rank. The first rank to fail is the one reported: the others
 usually fail only because it went away. ``timeout_s`` bounds every collective, so a
 hung rank ends the job instead of hanging it.
+
+A job starts at most `max_local_ranks` processes (``RANKS_PER_CPU`` per CPU core), so
+a rank count read from a file can never start an unbounded number of them. With
+``lock`` (the run directory's `RunLock`), every rank inherits the writer lock.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from typing import Any
 
 from tracer import errors
 from tracer.errors import CaptureError, SdcError, UsageError
+from tracer.log.runlock import RunLock
+
+RANKS_PER_CPU = 8  # more ranks than this per core is no job for one machine
 
 
 def free_port() -> int:
@@ -41,10 +48,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(target: str, kwargs: Mapping[str, Any], nproc: int, *, timeout_s: float = 300.0) -> list[Any]:
+def max_local_ranks() -> int:
+    """The most ranks `launch` starts on this machine."""
+    return RANKS_PER_CPU * (os.cpu_count() or 1)
+
+
+def launch(target: str, kwargs: Mapping[str, Any], nproc: int, *, timeout_s: float = 300.0,
+           lock: RunLock | None = None) -> list[Any]:
     """Run ``target(**kwargs)`` on ``nproc`` ranks; returns each rank's result, in rank order."""
     if nproc < 1:
         raise UsageError(f"--nproc {nproc}: need at least 1 rank")
+    if nproc > max_local_ranks():
+        raise UsageError(f"{nproc} ranks: this machine runs at most {max_local_ranks()} "
+                         f"({RANKS_PER_CPU} per CPU core); use fewer ranks")
+    lock_env, lock_fds = lock.inherit() if lock is not None else ({}, ())
     with tempfile.TemporaryDirectory(prefix="sdc-launch-") as tmp:
         folder = Path(tmp)
         spec = folder / "spec.json"
@@ -56,8 +73,10 @@ def launch(target: str, kwargs: Mapping[str, Any], nproc: int, *, timeout_s: flo
                 env = {
                     **os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
                     "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                    **lock_env,
                 }
-                procs.append(subprocess.Popen([sys.executable, "-m", "tracer.launch", str(spec)], env=env))
+                procs.append(subprocess.Popen([sys.executable, "-m", "tracer.launch", str(spec)], env=env,
+                                              pass_fds=lock_fds))
             failed = _wait(procs)
         finally:
             for p in procs:

@@ -41,7 +41,7 @@ from tracer.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
 from tracer.determinism import configure_determinism
 from tracer.errors import ConfigError, UsageError
 from tracer.intercept import own_ops
-from tracer.log import LogReader, RunHeader, prepare_out_dir, rank_dir
+from tracer.log import LogReader, RunHeader, claim_out_dir, rank_dir
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
 from workload.config import Config, OptimConfig
@@ -241,39 +241,40 @@ def finetune_run(
     if longest > cfg.model.max_seq_len:
         raise ConfigError(f"{pretrained}: model.max_seq_len = {cfg.model.max_seq_len} is shorter than the "
                           f"longest task prompt ({longest} bytes); fine-tune a model with a longer max_seq_len")
-    prepare_out_dir(out, overwrite)
-
-    configure_determinism(cfg.train.seed, cfg.train.threads)
-    model = Transformer(cfg.model)
-    model.load_state_dict(ckpt.model, strict=True)
-    optim = s.optim()
-    optimizer = make_optimizer(model, optim)
-    train = ExampleBatches([ex for t in task_list for ex in t.train])
-    config = {**cfg.to_dict(), "finetune": s.to_dict()}
-    run = RunInfo(
-        node_label, role=ROLE, config=config,
-        # Like pretraining, everything but [run] (the pretraining length) decides the bits.
-        seed=cfg.train.seed, data_order_fingerprint=data_order_fingerprint(s, task_list),
-        extra={"finetune_of": source.run_id, "finetune": s.to_dict(),
-               "tasks": {t.name: t.fingerprint for t in task_list}, **node_header(fault_profile, fault_seed, False)},
-    )
-    tracer = Tracer(model, optimizer, out=out, run=run)
-    node = emulated_node(tracer, model, fault_profile=fault_profile, fault_seed=fault_seed)
-    losses: list[float] = []
-    start = time.perf_counter()
-    bar = tqdm(range(s.steps), desc=f"finetune {out.name}", unit="step", disable=None if progress else True, leave=False)
-    with tracer, node:
-        for step in bar:
-            if step % s.eval_every == 0:
-                _evaluate(tracer, model, task_list, step)
-            if step % s.checkpoint_every == 0:
-                tracer.checkpoint(step, data={"step": step})
-            with tracer.step(step):
-                losses.append(_train_step(tracer, model, optimizer, optim, train, s, step))
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-        final = _evaluate(tracer, model, task_list, s.steps)
-        tracer.checkpoint(s.steps, data={"step": s.steps})
-    return FinetuneSummary(out, s.steps, time.perf_counter() - start, losses, final)
+    with claim_out_dir(out, role=ROLE, overwrite=overwrite, inputs=(pretrained,)):
+        configure_determinism(cfg.train.seed, cfg.train.threads)
+        model = Transformer(cfg.model)
+        model.load_state_dict(ckpt.model, strict=True)
+        optim = s.optim()
+        optimizer = make_optimizer(model, optim)
+        train = ExampleBatches([ex for t in task_list for ex in t.train])
+        config = {**cfg.to_dict(), "finetune": s.to_dict()}
+        run = RunInfo(
+            node_label, role=ROLE, config=config,
+            # Like pretraining, everything but [run] (the pretraining length) decides the bits.
+            seed=cfg.train.seed, data_order_fingerprint=data_order_fingerprint(s, task_list),
+            extra={"finetune_of": source.run_id, "finetune": s.to_dict(),
+                   "tasks": {t.name: t.fingerprint for t in task_list},
+                   **node_header(fault_profile, fault_seed, False)},
+        )
+        tracer = Tracer(model, optimizer, out=out, run=run)
+        node = emulated_node(tracer, model, fault_profile=fault_profile, fault_seed=fault_seed)
+        losses: list[float] = []
+        start = time.perf_counter()
+        bar = tqdm(range(s.steps), desc=f"finetune {out.name}", unit="step", disable=None if progress else True,
+                   leave=False)
+        with tracer, node:
+            for step in bar:
+                if step % s.eval_every == 0:
+                    _evaluate(tracer, model, task_list, step)
+                if step % s.checkpoint_every == 0:
+                    tracer.checkpoint(step, data={"step": step})
+                with tracer.step(step):
+                    losses.append(_train_step(tracer, model, optimizer, optim, train, s, step))
+                bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            final = _evaluate(tracer, model, task_list, s.steps)
+            tracer.checkpoint(s.steps, data={"step": s.steps})
+        return FinetuneSummary(out, s.steps, time.perf_counter() - start, losses, final)
 
 
 def _train_step(tracer: Tracer, model: torch.nn.Module, optimizer: torch.optim.Optimizer, optim: OptimConfig,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,11 @@ from faults import FaultProfile, profile_from_header
 from faults.node import emulated_node, node_header
 from tracer.device import is_lazy, resolve_device
 from tracer.errors import UsageError
-from tracer.log import prepare_out_dir
+from tracer.log import claim_out_dir
 from tracer.options import RunInfo, TraceOptions
 from tracer.tracing import Tracer
 from workload.config import Config
-from workload.protocol import REFERENCE, build_workload, run_step
+from workload.protocol import REFERENCE, Workload, build_workload, run_step
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,15 @@ def record(
     if is_lazy(dev) and (request.fault_profile is not None or request.abft):
         raise UsageError(f"--device {request.device}: the fault emulator and ABFT run on eager devices only (cpu, cuda)")
     w = build_workload(request.workload, config, dev)
-    run = w.run
     rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
-    if rank == 0:
-        prepare_out_dir(request.out, request.overwrite)
+    lock = claim_out_dir(request.out, role="train", overwrite=request.overwrite) if rank == 0 else None
+    with lock or nullcontext():
+        return _record(w, request, rank, on_step)
+
+
+def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[int, float], None] | None) -> RunSummary:
+    """Train and trace into the claimed ``request.out``."""
+    run = w.run
     if w.layout.world_size > 1:
         torch.distributed.barrier()  # no rank writes before rank 0 has cleared the directory
     extra = {"workload": request.workload, **node_header(request.fault_profile, request.fault_seed, request.abft)}
@@ -111,6 +117,8 @@ def record(
                 on_step(step, loss)
         if every:
             tracer.checkpoint(run.steps, data={"step": run.steps}, states=w.states())
+    if w.layout.world_size > 1:
+        torch.distributed.barrier()  # rank 0 holds the writer lock until every rank has closed its log
     return RunSummary(request.out, run.steps, losses[-1], time.perf_counter() - start, losses)
 
 

@@ -19,7 +19,7 @@ from sdc.commands._common import (
 )
 from tracer.errors import ConfigError
 from tracer.launch import launch
-from tracer.log import prepare_out_dir
+from tracer.log import claim_out_dir
 from tracer.options import CapturePolicy, TraceOptions
 from workload.protocol import REFERENCE
 from workload.record import RecordRequest, record
@@ -81,8 +81,6 @@ def run(args: argparse.Namespace) -> int:
         fault_seed=args.fault_seed, abft=args.abft, device=args.device,
     )
     config, n = config_and_ranks(args)
-    if n > 1:
-        prepare_out_dir(args.out, args.overwrite)  # before the ranks start, so a refusal is quick
     summary = record_on_ranks(config, request, n, args.rank_timeout)
     steps = summary["steps"]
     print(
@@ -106,7 +104,9 @@ def record_on_ranks(config: dict[str, Any], request: RecordRequest, n: int, rank
     if n == 1:
         return record_rank(config, request.to_json())
     job = {"config": config, "request": request.to_json()}
-    return launch("sdc.commands.record:record_rank", job, n, timeout_s=rank_timeout)[0]
+    # Claimed before the ranks start, so a refusal is quick; every rank inherits the lock.
+    with claim_out_dir(request.out, role="train", overwrite=request.overwrite) as lock:
+        return launch("sdc.commands.record:record_rank", job, n, timeout_s=rank_timeout, lock=lock)[0]
 
 
 def record_rank(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from replay.engine import MODES, ReplayRequest, parse_steps, replay, suspect_from_profile, suspect_from_run
+from replay.golden import check_rank_logs
 from tracer.compare import compare_runs
 from tracer.errors import UsageError
-from tracer.launch import launch
-from tracer.log import LogReader, prepare_out_dir, rank_dir
+from tracer.launch import launch, max_local_ranks
+from tracer.log import LogReader, claim_out_dir, rank_dir
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -66,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
     golden_header = LogReader(rank_dir(args.golden, 0)).header if args.golden.is_dir() else None
     if golden_header is None:
         raise UsageError(f"{args.golden}: not a run directory; pass the golden run made by `sdc record`")
+    n = golden_header.world_size  # read from a file: checked against the disk and this machine before any launch
+    check_rank_logs(args.golden, n)
+    if n > max_local_ranks():
+        raise UsageError(f"{args.golden}: a replay runs all {n} of its ranks on this machine, which runs at most "
+                         f"{max_local_ranks()}; replay it on a machine with more CPU cores")
     if args.suspect is not None:
         suspect = suspect_from_run(args.suspect, golden_header, args.golden)
     else:
@@ -89,13 +95,13 @@ def run(args: argparse.Namespace) -> int:
         golden_from=args.golden_from, workload=args.workload, overwrite=args.overwrite, progress=not args.quiet,
         clip=args.at_first_divergence,
     )
-    n = golden_header.world_size
     if n == 1:
         results = [replay_rank(request.to_json())]
-    else:
-        prepare_out_dir(args.out, args.overwrite)  # before the ranks start, so a refusal is quick
-        results = launch("sdc.commands.replay:replay_rank", {"request": request.to_json()}, n,
-                         timeout_s=args.rank_timeout)
+    else:  # claimed before the ranks start, so a refusal is quick; every rank inherits the lock
+        inputs = (args.golden, args.suspect)
+        with claim_out_dir(args.out, role="replay", overwrite=args.overwrite, inputs=inputs) as lock:
+            results = launch("sdc.commands.replay:replay_rank", {"request": request.to_json()}, n,
+                             timeout_s=args.rank_timeout, lock=lock)
     checked = sum(r["checked"] for r in results)
     print(f"replayed {len(results[0]['steps'])} step(s) in {args.mode} mode on {suspect.label}, {n} rank(s) "
           f"({checked:,} golden fingerprints verified, {results[0]['wall_s']:.1f} s) -> {args.out}")

@@ -27,3 +27,17 @@ def hang_on_rank_1() -> None:
     if dist.get_rank() == 1:
         time.sleep(600)
     dist.barrier()
+
+
+def claim_on_rank_0(out: str) -> str:
+    """Claim ``out`` on rank 0, as the ranks of `sdc record` do."""
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from tracer.log import claim_out_dir
+
+    if dist.get_rank() == 0:
+        with claim_out_dir(Path(out), role="train", overwrite=False):
+            pass
+    return "claimed"

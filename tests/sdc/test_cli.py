@@ -105,6 +105,7 @@ def test_verify_determinism_reports_bit_identical(capsys: pytest.CaptureFixture[
         (["inspect", "{tmp}/file.txt"], "not a directory"),
         (["inspect", "{tmp}"], "holds no rank-NNNNN"),
         (["record", "--out", "{tmp}/file.txt"], "is not a directory"),
+        (["record", "--out", "{tmp}/file.txt/run"], "file.txt is a file, not a directory"),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path: Path, args: list[str], message: str,

@@ -23,7 +23,7 @@ from torch import nn
 
 from tracer.checkpoint import Stateful
 from tracer.errors import CaptureError, ConfigError
-from tracer.log import prepare_out_dir
+from tracer.log import claim_out_dir
 from tracer.options import RunInfo, TraceOptions
 from tracer.tracing import Tracer, batch_tensors
 
@@ -80,13 +80,13 @@ class TracedRun:
         clash = sorted(set(o.config) & set(config))
         if clash:
             raise ConfigError(f"config section {clash[0]!r} is the framework's; name your own sections otherwise")
-        prepare_out_dir(o.out, o.overwrite)
-        run = RunInfo(o.node_label, config={**config, **o.config}, seed=seed,
-                      data_order_fingerprint=o.data_order_fingerprint, extra={**extra, **o.extra})
-        tracer = Tracer(model, optimizer, out=o.out, run=run, options=o.trace)
         stack = ExitStack()
-        stack.enter_context(tracer)
+        stack.enter_context(claim_out_dir(o.out, role="train", overwrite=o.overwrite))  # released last, at close
         try:
+            run = RunInfo(o.node_label, config={**config, **o.config}, seed=seed,
+                          data_order_fingerprint=o.data_order_fingerprint, extra={**extra, **o.extra})
+            tracer = Tracer(model, optimizer, out=o.out, run=run, options=o.trace)
+            stack.enter_context(tracer)
             if o.around is not None:
                 stack.enter_context(o.around(tracer, model))
         except BaseException as exc:

@@ -9,19 +9,13 @@
 docs/log-format.md is the byte-level specification.
 """
 
+from tracer.log.claim import claim_out_dir
 from tracer.log.columns import SegmentColumns, SegmentSummary, TensorColumns, check_chain, read_segment_columns
 from tracer.log.framing import FORMAT_VERSION, RecordType
-from tracer.log.layout import (
-    SEGMENT_GLOB,
-    list_ranks,
-    parse_segment_path,
-    prepare_out_dir,
-    rank_dir,
-    rank_dir_name,
-    segment_name,
-)
+from tracer.log.layout import SEGMENT_GLOB, list_ranks, parse_segment_path, rank_dir, rank_dir_name, segment_name
 from tracer.log.reader import Entry, LogReader, LogStatus, TornTailWarning, read_segment
 from tracer.log.records import SCHEMA_VERSION, EndRecord, EventRecord, Phase, RunHeader, TensorRecord
+from tracer.log.runlock import RunLock
 from tracer.log.writer import LogWriter
 
 __all__ = [
@@ -36,6 +30,7 @@ __all__ = [
     "Phase",
     "RecordType",
     "RunHeader",
+    "RunLock",
     "SEGMENT_GLOB",
     "SegmentColumns",
     "SegmentSummary",
@@ -43,9 +38,9 @@ __all__ = [
     "TensorRecord",
     "TornTailWarning",
     "check_chain",
+    "claim_out_dir",
     "list_ranks",
     "parse_segment_path",
-    "prepare_out_dir",
     "rank_dir",
     "rank_dir_name",
     "read_segment",

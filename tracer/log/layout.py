@@ -1,12 +1,17 @@
-"""Names inside a run directory, so no other module spells them out, and the one way to claim one.
+"""Names inside a run directory, so no other module spells them out.
+
+Everything sdctrace writes in a run directory, and nothing else (`written_by_sdctrace`):
 
     <run>/rank-00000/000000.sdclog, 000001.sdclog, ...   one log (a directory of segments) per rank
+    <run>/checkpoints/step-000010/rank-00000.msgpack     a checkpoint's manifest (renamed in last) ...
+    <run>/checkpoints/step-000010/rank-00000.safetensors ... and its tensors (each first written as *.tmp)
+    <run>/blobs/3f/3fa4...e1.safetensors                 captured full tensors (first written as *.tmp<pid>)
+    <run>/.sdctrace-lock                                 the writer lock (`tracer.log.runlock`)
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 from tracer.errors import UsageError
@@ -14,6 +19,8 @@ from tracer.errors import UsageError
 SEGMENT_SUFFIX = ".sdclog"
 SEGMENT_GLOB = "rank-*/*" + SEGMENT_SUFFIX  # every segment of every rank, relative to the run
 CHECKPOINT_DIR = "checkpoints"
+BLOB_DIR = "blobs"
+LOCK_FILE = ".sdctrace-lock"
 _RANK_DIR = re.compile(r"rank-(\d{5,})")
 _SEGMENT = re.compile(r"(\d{6,})" + re.escape(SEGMENT_SUFFIX))
 
@@ -62,14 +69,18 @@ def segment_name(index: int) -> str:
     return f"{index:06d}{SEGMENT_SUFFIX}"
 
 
-def prepare_out_dir(out: Path, overwrite: bool) -> None:
-    """Refuse to mix two runs in one directory; with ``overwrite``, replace an old run."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: exists and is not a directory; choose another --out")
-    if not out.exists() or not any(out.iterdir()):
-        return
-    if not list_ranks(out) and not (out / CHECKPOINT_DIR).exists():
-        raise UsageError(f"{out}: directory is not empty and holds no sdctrace run; choose another --out")
-    if not overwrite:
-        raise UsageError(f"{out}: already holds a run; pass --overwrite to replace it or choose another --out")
-    shutil.rmtree(out)
+# Each tree sdctrace writes, as the pattern of every level below the run: the last level's are files.
+_WRITTEN = (
+    (_RANK_DIR, _SEGMENT),
+    (re.compile(CHECKPOINT_DIR), re.compile(r"step-\d{6,}"), re.compile(r"rank-\d{5,}\.(msgpack|safetensors)(\.tmp)?")),
+    (re.compile(BLOB_DIR), re.compile(r"[0-9a-f]{2}"), re.compile(r"[0-9a-f]{16}\.(safetensors|tmp\d+)")),
+    (re.compile(re.escape(LOCK_FILE)),),
+)
+
+
+def written_by_sdctrace(parts: tuple[str, ...], is_dir: bool) -> bool:
+    """Whether ``<run>/<parts...>`` (a directory if ``is_dir``) is a name sdctrace writes in a run directory."""
+    for levels in _WRITTEN:
+        if 0 < len(parts) <= len(levels) and all(p.fullmatch(x) for p, x in zip(levels, parts, strict=False)):
+            return is_dir == (len(parts) < len(levels))
+    return False

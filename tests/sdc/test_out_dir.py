@@ -1,0 +1,83 @@
+"""`sdc` never destroys data it was not asked to: its own inputs, files it did not write, another kind of run,
+a run another process is writing; and a header cannot make it start an unbounded number of processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sdc.cli import main
+from tests.sdc.test_cli import SMALL_ARGS
+from tests.support import hold_run_dir, rewrite_header
+from tracer.checkpoint import list_checkpoints
+from tracer.log import LogReader, list_ranks, rank_dir
+
+
+def _error(capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line a refused command printed."""
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("sdc: error: "), lines
+    return lines[0]
+
+
+def _recording(run: Path) -> bool:
+    """``run`` still holds the recording it held: every rank's log and its checkpoints."""
+    return list_ranks(run) == [0] and LogReader(rank_dir(run, 0)).header.role == "train" and bool(list_checkpoints(run))
+
+
+@pytest.mark.parametrize("side", ["golden", "suspect"])
+def test_replay_never_writes_over_its_own_input(run_factory, side: str, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = {"golden": run_factory("golden"), "suspect": run_factory("suspect")}
+    args = ["replay", "--golden", str(runs["golden"]), "--suspect", str(runs["suspect"]), "--steps", "1",
+            "--out", str(runs[side]), "--overwrite", "--quiet"]
+    assert main(args) == 1
+    assert f"is the input run {runs[side]}" in _error(capsys) and _recording(runs[side])
+
+
+def test_finetune_never_writes_over_the_run_it_starts_from(run_factory, capsys: pytest.CaptureFixture[str]) -> None:
+    golden = run_factory("golden")
+    args = ["finetune", "--from", str(golden), "--out", str(golden), "--overwrite", "--steps", "1", "--tasks", "copy",
+            "--quiet"]
+    assert main(args) == 1
+    assert "is the input run" in _error(capsys) and _recording(golden)
+
+
+def test_replay_does_not_replace_a_recording(run_factory, capsys: pytest.CaptureFixture[str]) -> None:
+    golden, other = run_factory("golden"), run_factory("other")
+    args = ["replay", "--golden", str(golden), "--fault-profile", "healthy-node", "--steps", "1", "--out", str(other),
+            "--overwrite", "--quiet"]
+    assert main(args) == 1
+    assert "holds a recording, and this command writes a replay log" in _error(capsys) and _recording(other)
+
+
+def test_overwrite_refuses_a_folder_with_files_sdctrace_did_not_write(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "thesis"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "thesis.tex").write_text("years of work")
+    assert main(["record", "--out", str(out), "--overwrite", "--steps", "1", "--quiet", *SMALL_ARGS]) == 1
+    assert "holds thesis.tex, which sdctrace did not write; nothing was deleted" in _error(capsys)
+    assert (out / "thesis.tex").read_text() == "years of work" and (out / "checkpoints").is_dir()
+
+
+def test_a_second_writer_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    holder = hold_run_dir(out)
+    try:
+        assert main(["record", "--out", str(out), "--overwrite", "--steps", "1", "--quiet", *SMALL_ARGS]) == 1
+        assert f"{out}: another process (pid {holder.pid}) is writing this run" in _error(capsys)
+        assert list_ranks(out) == []
+    finally:
+        holder.communicate("")
+
+
+def test_replay_refuses_a_header_that_claims_ranks_the_run_does_not_hold(run_factory, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    golden = run_factory("golden")
+    rewrite_header(golden, world_size=10**12)
+    args = ["replay", "--golden", str(golden), "--fault-profile", "healthy-node", "--steps", "1",
+            "--out", str(tmp_path / "replay"), "--quiet"]
+    assert main(args) == 1  # before any rank is launched: the launcher would start them one by one
+    assert "holds the logs of ranks [0], but its header's world_size is 1000000000000" in _error(capsys)
+    assert not (tmp_path / "replay").exists()

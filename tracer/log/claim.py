@@ -1,0 +1,155 @@
+"""The one way to claim a run directory for writing, so that no command destroys data it was not asked to.
+
+    with claim_out_dir(out, role="replay", overwrite=args.overwrite, inputs=(golden, suspect)):
+        ...write the run...
+
+Before anything is deleted it refuses an ``out`` that is, holds or lies inside one of
+the command's inputs, one that holds anything sdctrace does not write
+(`layout.written_by_sdctrace`), and one that holds another kind of run (the header's
+role: a recording, a replay log, a fine-tune). It then takes the writer lock
+(`RunLock`), so a second writer, with or without ``--overwrite``, is refused, and
+only then replaces an old run of the same kind, file by sdctrace file, keeping the lock.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracer.errors import LogError, UsageError
+from tracer.log.layout import LOCK_FILE, list_ranks, list_segments, rank_dir, written_by_sdctrace
+from tracer.log.reader import LogReader
+from tracer.log.runlock import RunLock
+
+_KINDS = {"train": "a recording", "replay": "a replay log", "finetune": "a fine-tune"}
+
+
+@dataclass(frozen=True)
+class RunContents:
+    """What a directory holds, sorted into what sdctrace wrote there and what it did not."""
+
+    entries: tuple[str, ...]  # sdctrace's top-level entries, the lock file aside
+    files: int  # sdctrace's files below them: the data an overwrite deletes
+    foreign: tuple[str, ...]  # relative paths sdctrace did not write (not descended into)
+
+    @classmethod
+    def scan(cls, out: Path) -> RunContents:
+        entries, foreign, files = [], [], 0
+        stack = [(out, ())]
+        while stack:
+            folder, parts = stack.pop()
+            for p in sorted(folder.iterdir()):
+                rel = (*parts, p.name)
+                is_dir = p.is_dir() and not p.is_symlink()
+                if p.is_symlink() or not written_by_sdctrace(rel, is_dir):
+                    foreign.append("/".join(rel) + ("/" if is_dir else ""))
+                elif is_dir:
+                    stack.append((p, rel))
+                elif rel != (LOCK_FILE,):
+                    files += 1
+                if not parts and rel != (LOCK_FILE,) and written_by_sdctrace(rel, is_dir):
+                    entries.append(p.name)
+        return cls(tuple(entries), files, tuple(sorted(foreign)))
+
+
+def claim_out_dir(out: Path, *, role: str, overwrite: bool, inputs: Sequence[Path | None] = ()) -> RunLock:
+    """Make ``out`` ready for a new run of ``role`` and lock it; the caller holds the lock while it writes.
+
+    With ``overwrite`` an old run of the same role in ``out`` is deleted; without, it is refused.
+    """
+    out = Path(out)
+    _refuse_inputs(out, [Path(i) for i in inputs if i is not None])
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: exists and is not a directory; choose another --out")
+    if out.is_dir():
+        _refuse_foreign(out, _scan(out))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{out}: cannot create the run directory ({_why(out, exc)}); choose another --out") from exc
+    lock = RunLock.acquire(out)
+    try:
+        found = _scan(out)  # again, now that no other sdctrace process can change it
+        _refuse_foreign(out, found)
+        if found.files:
+            _refuse_other_kind(out, role)
+            if not overwrite:
+                raise UsageError(f"{out}: already holds a run; pass --overwrite to replace it or choose another --out")
+        for name in found.entries:
+            p = out / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _refuse_inputs(out: Path, inputs: list[Path]) -> None:
+    target = out.resolve()
+    for given in inputs:
+        source = given.resolve()
+        if target == source:
+            how = "is"
+        elif source in target.parents:
+            how = "lies inside"
+        elif target in source.parents:
+            how = "holds"
+        else:
+            continue
+        raise UsageError(f"--out {out} {how} the input run {given}, which this command reads; "
+                         "nothing was deleted: choose another --out")
+
+
+def _scan(out: Path) -> RunContents:
+    try:
+        return RunContents.scan(out)
+    except OSError as exc:
+        raise UsageError(f"{out}: cannot list what it holds ({_why(out, exc)}); choose another --out") from exc
+
+
+def _refuse_foreign(out: Path, found: RunContents) -> None:
+    if found.foreign:
+        more = f" and {len(found.foreign) - 1} more" if len(found.foreign) > 1 else ""
+        raise UsageError(f"{out}: holds {found.foreign[0]}{more}, which sdctrace did not write; nothing was deleted: "
+                         "move it away or choose another --out")
+
+
+def _refuse_other_kind(out: Path, role: str) -> None:
+    for rank in list_ranks(out):
+        if not list_segments(rank_dir(out, rank)):
+            continue
+        try:
+            found = LogReader(rank_dir(out, rank)).header.role
+        except LogError as exc:
+            raise UsageError(f"{out}: holds a run whose header cannot be read ({exc}); nothing was deleted: "
+                             "delete it yourself or choose another --out") from exc
+        if found != role:
+            raise UsageError(f"{out}: holds {_kind(found)}, and this command writes {_kind(role)}; "
+                             "nothing was deleted: choose another --out")
+        return
+    raise UsageError(f"{out}: holds checkpoints or blobs but no log that says which kind of run they belong to; "
+                     "nothing was deleted: delete them yourself or choose another --out")
+
+
+def _kind(role: str) -> str:
+    return _KINDS.get(role, f"a {role!r} run")
+
+
+def _why(out: Path, exc: OSError) -> str:
+    """The cause of a failed write under ``out``, in words: a file in the way, or permission."""
+    for parent in (out, *out.parents):
+        if parent.exists() and not parent.is_dir():
+            return f"{parent} is a file, not a directory"
+    if isinstance(exc, PermissionError) or not os.access(_existing(out), os.W_OK):
+        return f"no permission to write in {_existing(out)}"
+    return exc.strerror or str(exc)
+
+
+def _existing(path: Path) -> Path:
+    return next(p for p in (path, *path.parents) if p.exists())
