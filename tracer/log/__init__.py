@@ -9,7 +9,14 @@
 docs/log-format.md is the byte-level specification.
 """
 
-from tracer.log.columns import SegmentColumns, SegmentSummary, TensorColumns, check_chain, read_segment_columns
+from tracer.log.columns import (
+    SegmentColumns,
+    SegmentSummary,
+    TensorColumns,
+    chain_lost,
+    check_chain,
+    read_segment_columns,
+)
 from tracer.log.framing import FORMAT_VERSION, RecordType
 from tracer.log.layout import (
     SEGMENT_GLOB,
@@ -20,7 +27,7 @@ from tracer.log.layout import (
     rank_dir_name,
     segment_name,
 )
-from tracer.log.reader import Entry, LogReader, LogStatus, TornTailWarning, read_segment
+from tracer.log.reader import Entry, LogReader, LogStatus, LostRange, TornTailWarning, read_segment
 from tracer.log.records import SCHEMA_VERSION, EndRecord, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.writer import LogWriter
 
@@ -32,6 +39,7 @@ __all__ = [
     "EventRecord",
     "LogReader",
     "LogStatus",
+    "LostRange",
     "LogWriter",
     "Phase",
     "RecordType",
@@ -42,6 +50,7 @@ __all__ = [
     "TensorColumns",
     "TensorRecord",
     "TornTailWarning",
+    "chain_lost",
     "check_chain",
     "list_ranks",
     "parse_segment_path",
