@@ -321,3 +321,30 @@ def test_garbage_after_a_clean_close_is_corruption_not_a_torn_tail(make_log) -> 
     entries, status = read_all(directory, on_corruption="skip")
     assert len(entries) == 66 and not status.torn_tail and status.skipped_bytes == 8 and status.lost == []
     assert [c[:2] for c in status.corruptions] == [(str(path), size)]
+
+
+def test_inspect_reports_a_mid_log_cut_as_lost_steps_not_a_clean_close(make_log, frames, capsys) -> None:
+    from sdc.cli import main
+
+    directory = make_log(120)
+    (path,) = LogReader(directory).segments
+    tensors = [f for f in frames(path) if f[1] == RecordType.TENSOR]
+    data = path.read_bytes()
+    path.write_bytes(data[: tensors[30][0] + 12] + data[tensors[70][0] + 5 :])
+
+    assert main(["inspect", str(directory.parent), "--skip-corrupt"]) == 0
+    state = next(line for line in capsys.readouterr().out.splitlines() if "state" in line)
+    assert "clean close" not in state and "DAMAGED" in state
+    assert "lost: " in state and "at least 45 records, steps 2..5 incomplete" in state
+
+
+def test_inspect_does_not_call_garbage_after_end_a_clean_close(make_log, capsys) -> None:
+    from sdc.cli import main
+
+    directory = make_log(60)
+    with open(LogReader(directory).segments[0], "ab") as f:
+        f.write(b"\x07garbage")
+
+    assert main(["inspect", str(directory.parent), "--skip-corrupt"]) == 0
+    state = next(line for line in capsys.readouterr().out.splitlines() if "state" in line)
+    assert "clean close" not in state and "trailing garbage after a clean close" in state
