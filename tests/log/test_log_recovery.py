@@ -347,4 +347,4 @@ def test_inspect_does_not_call_garbage_after_end_a_clean_close(make_log, capsys)
 
     assert main(["inspect", str(directory.parent), "--skip-corrupt"]) == 0
     state = next(line for line in capsys.readouterr().out.splitlines() if "state" in line)
-    assert "clean close" not in state and "trailing garbage after a clean close" in state
+    assert "DAMAGED" in state and "trailing garbage after a clean close" in state
