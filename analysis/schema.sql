@@ -320,3 +320,14 @@ SELECT
     (SELECT min(node_label) FROM runs WHERE run_id = p.suspect_run_id) AS suspect_node,
     (SELECT min(role) FROM runs WHERE run_id = p.suspect_run_id) AS role       -- train or finetune
 FROM pairs AS p;
+
+-- Each pair's runs as a whole: the worst status over ranks (corrupt > crashed > failed > complete)
+-- and the compared steps corruption made unknown, over ranks. Key: pair_id.
+CREATE VIEW IF NOT EXISTS pair_status AS
+SELECT
+    pair_id,
+    arg_max(golden_status, list_position(['complete', 'failed', 'crashed', 'corrupt'], golden_status)) AS golden_status,
+    arg_max(suspect_status, list_position(['complete', 'failed', 'crashed', 'corrupt'], suspect_status)) AS suspect_status,
+    sum(lost_steps) AS lost_steps
+FROM pair_ranks
+GROUP BY pair_id;

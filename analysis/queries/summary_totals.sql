@@ -36,16 +36,7 @@ drift AS (
 ),
 
 statuses AS (
-    -- worst over ranks: corrupt > crashed > failed > complete; lost_steps: compared steps corruption made unknown
-    SELECT
-        pair_id,
-        arg_max(golden_status, list_position(['complete', 'failed', 'crashed', 'corrupt'], golden_status))
-            AS golden_status,
-        arg_max(suspect_status, list_position(['complete', 'failed', 'crashed', 'corrupt'], suspect_status))
-            AS suspect_status,
-        sum(lost_steps) AS lost_steps
-    FROM pair_ranks
-    GROUP BY pair_id
+    SELECT pair_id, golden_status, suspect_status, lost_steps FROM pair_status
 ),
 
 spikes AS (

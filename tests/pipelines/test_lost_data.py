@@ -9,6 +9,7 @@ from pathlib import Path
 import duckdb
 
 from analysis import queries
+from tests.pipelines.conftest import flipped_copy
 from tracer.log import LogReader, rank_dir
 
 
@@ -19,11 +20,7 @@ def query(db: Path, sql: str) -> list[tuple]:
 
 def test_a_flipped_byte_is_lost_steps_not_a_divergence(runs, run_diff, tmp_path: Path) -> None:
     suspect = tmp_path / "flipped"
-    shutil.copytree(runs["twin"], suspect)  # golden's config for 4 steps: no genuine divergence
-    seg = rank_dir(suspect, 0) / "000000.sdclog"
-    data = bytearray(seg.read_bytes())
-    data[len(data) // 2] ^= 0x10
-    seg.write_bytes(bytes(data))
+    flipped_copy(runs["twin"], suspect)  # golden's config for 4 steps: no genuine divergence
     reader = LogReader(rank_dir(suspect, 0), on_corruption="skip")
     list(reader.records())
     (lost,) = reader.status.lost
