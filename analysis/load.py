@@ -17,7 +17,7 @@ import duckdb
 
 from tracer.errors import UsageError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Tables keyed by (run_id, rank), shared by every pair a run belongs to; the runs loaded are those in <staging>/runs.
 RUN_TABLES = ("runs", "finetune_eval", "finetune_predictions")
 # Tables holding a pair_id column, each loaded from <staging>/<table>/*.parquet.
@@ -36,6 +36,7 @@ PAIR_TABLES = (
     "abft",
     "detection_scores",
     "corruptions",
+    "lost_ranges",
 )
 TABLES = (*RUN_TABLES, *PAIR_TABLES)
 

@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS runs (
     records BIGINT,                           -- TENSOR and EVENT records read
     complete BOOLEAN,                         -- the log ends with an END record (clean close)
     torn_tail BOOLEAN,                        -- the log ends inside a record (crash mid-write)
-    last_step BIGINT                          -- last completed step (last `step` event)
+    last_step BIGINT,                         -- last completed step (last `step` event)
+    status VARCHAR                            -- complete, failed, crashed (no END record) or corrupt
 );
 
 -- One row per pair. Key: pair_id.
@@ -59,7 +60,10 @@ CREATE TABLE IF NOT EXISTS pair_ranks (
     suspect_run_id VARCHAR,
     golden_last_step BIGINT,
     suspect_last_step BIGINT,
-    compared_through BIGINT                   -- min of the two: later steps are not compared
+    compared_through BIGINT,                  -- min of the two: later steps are not compared
+    golden_status VARCHAR,                    -- complete, failed, crashed (no END record) or corrupt
+    suspect_status VARCHAR,
+    lost_steps BIGINT                         -- compared steps corruption made unknown (lost_ranges)
 );
 
 -- Every tensor record of both runs up to compared_through, joined.
@@ -292,6 +296,21 @@ CREATE TABLE IF NOT EXISTS corruptions (
     reason VARCHAR NOT NULL
 );
 
+-- What corruption hid, per range skipped while reading (only with --skip-corrupt). Key: (pair_id, path, "offset").
+-- No difference is reported for a record the other side lost here, and no first divergence lies in these steps.
+CREATE TABLE IF NOT EXISTS lost_ranges (
+    pair_id VARCHAR NOT NULL,
+    run_id VARCHAR,
+    side VARCHAR NOT NULL,
+    rank INTEGER,
+    path VARCHAR NOT NULL,                    -- file (a missing segment file: bytes 0)
+    "offset" BIGINT NOT NULL,                 -- first byte skipped
+    bytes BIGINT NOT NULL,                    -- bytes skipped
+    records BIGINT NOT NULL,                  -- records lost, at least
+    first_step BIGINT,                        -- first step missing or incomplete (null: from the start)
+    last_step BIGINT                          -- last one (null: through the end of the log)
+);
+
 -- Node labels of each pair's two runs (their lowest rank, as pairs records them), for the
 -- named queries. Key: pair_id.
 CREATE VIEW IF NOT EXISTS pair_nodes AS
@@ -301,3 +320,14 @@ SELECT
     (SELECT min(node_label) FROM runs WHERE run_id = p.suspect_run_id) AS suspect_node,
     (SELECT min(role) FROM runs WHERE run_id = p.suspect_run_id) AS role       -- train or finetune
 FROM pairs AS p;
+
+-- Each pair's runs as a whole: the worst status over ranks (corrupt > crashed > failed > complete)
+-- and the compared steps corruption made unknown, over ranks. Key: pair_id.
+CREATE VIEW IF NOT EXISTS pair_status AS
+SELECT
+    pair_id,
+    arg_max(golden_status, list_position(['complete', 'failed', 'crashed', 'corrupt'], golden_status)) AS golden_status,
+    arg_max(suspect_status, list_position(['complete', 'failed', 'crashed', 'corrupt'], suspect_status)) AS suspect_status,
+    sum(lost_steps) AS lost_steps
+FROM pair_ranks
+GROUP BY pair_id;

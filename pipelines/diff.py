@@ -23,6 +23,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from pipelines.events import Fault, fault_units
+from pipelines.pairing import in_lost_steps
 from pipelines.source import NAMESPACE
 from pipelines.tables import PHASES, SCHEMAS, STATUSES, TABLES
 from pipelines.tags import split
@@ -62,18 +63,22 @@ class BucketDiff:
 class DiffTensors(beam.PTransform):
     """((rank, bucket), (side, batch)) -> {TABLES: event_diffs, divergence_steps; FINDINGS: (rank, findings)}.
 
-    Side inputs: `bounds`, (rank, last compared step); `faults`, every `Fault` of both runs.
+    Side inputs: `bounds`, (rank, last compared step); `faults`, every `Fault` of both runs; `lost`, (rank,
+    step ranges corruption made unknown).
     """
 
-    def __init__(self, bounds: beam.PCollection, faults: beam.PCollection) -> None:
+    def __init__(self, bounds: beam.PCollection, faults: beam.PCollection, lost: beam.PCollection | None = None) -> None:
         super().__init__()
-        self.bounds, self.faults = bounds, faults
+        self.bounds, self.faults, self.lost = bounds, faults, lost
 
     def expand(self, batches: beam.PCollection) -> dict[str, beam.PCollection]:
         diffs = (
             batches
             | "Join buckets" >> beam.GroupByKey()
-            | "Diff buckets" >> beam.ParDo(_DiffBucket(), beam.pvalue.AsDict(self.bounds), beam.pvalue.AsList(self.faults))
+            | "Diff buckets" >> beam.ParDo(
+                _DiffBucket(), beam.pvalue.AsDict(self.bounds), beam.pvalue.AsList(self.faults),
+                beam.pvalue.AsDict(self.lost) if self.lost is not None else {},
+            )
         )
         return split(diffs, (TABLES, FINDINGS), "Diffs")
 
@@ -88,7 +93,7 @@ class _DiffBucket(beam.DoFn):
         self.compared = Metrics.counter(NAMESPACE, "events_compared")
         self.differing = Metrics.counter(NAMESPACE, "events_differing")
 
-    def process(self, element: Any, bounds: dict[int, int], faults: list[Fault]) -> Iterator[Any]:
+    def process(self, element: Any, bounds: dict[int, int], faults: list[Fault], lost: dict[int, Any]) -> Iterator[Any]:
         (rank, _), batches = element
         bound = bounds.get(rank)
         if bound is None:
@@ -96,7 +101,7 @@ class _DiffBucket(beam.DoFn):
         sides: dict[str, list[pa.RecordBatch]] = {"golden": [], "suspect": []}
         for side, batch in batches:
             sides[side].append(batch)
-        result = diff_bucket(rank, sides["golden"], sides["suspect"], bound, faults)
+        result = diff_bucket(rank, sides["golden"], sides["suspect"], bound, faults, lost.get(rank, ()))
         if result is None:
             return
         n = result.event_diffs.num_rows
@@ -140,15 +145,22 @@ class _Side:
 
 def diff_bucket(
     rank: int, golden: Iterable[pa.RecordBatch], suspect: Iterable[pa.RecordBatch], bound: int,
-    faults: Sequence[Fault] = (),
+    faults: Sequence[Fault] = (), lost: Sequence[tuple[int | None, int | None]] = (),
 ) -> BucketDiff | None:
-    """Join one bucket's records of both runs (steps <= `bound`) and derive its rows of every diff table."""
+    """Join one bucket's records of both runs (steps <= `bound`) and derive its rows of every diff table.
+
+    `lost`: step ranges corruption made unknown on either side. Corruption is never data: a record
+    one side lacks there is not a difference (no row), and no difference there is a first divergence.
+    """
     names: dict[str, int] = {}
     metas: dict[str, int] = {}
     g, s = _Side(golden, bound, names, metas), _Side(suspect, bound, names, metas)
     if g.n + s.n == 0:
         return None
     gi, si, occurrence = _match(g, s, len(names))
+    if lost:
+        unknown = in_lost_steps(_pick(g["step"], s["step"], gi, si), lost) & ((gi < 0) | (si < 0))
+        gi, si, occurrence = gi[~unknown], si[~unknown], occurrence[~unknown]
     order_cols = {k: _pick(g[k], s[k], gi, si) for k in ("step", "microbatch", "name", "phase")}
     position = _pick(g.position, s.position, gi, si)
     phase = order_cols["phase"].astype(np.intp)
@@ -183,8 +195,9 @@ def diff_bucket(
     )
     differ = status != EQUAL
     first = None
-    if differ.any():
-        i = int(np.argmax(differ))
+    candidates = differ & ~in_lost_steps(step, lost) if lost else differ
+    if candidates.any():
+        i = int(np.argmax(candidates))
         key = (int(step[i]), int(_STEP_LEVEL[phase[i]]), int(mb[i]), int(_PHASE_ORDER[phase[i]]), int(position[i]))
         first = (key, table.slice(i, 1).to_pylist()[0])
     steps = _divergence_steps(rank, step, mb, name, phase, differ, list(names))

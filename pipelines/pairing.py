@@ -23,6 +23,7 @@ from tracer.log import RunHeader
 from tracer.pairing import pairing_differences, twin_differences
 
 BOUNDS = "bounds"
+LOST = "lost"  # (rank, ((first, last) step, ...)): steps corruption made unknown on either side
 
 
 def differences(a: RunLayout, b: RunLayout, *, subset: bool = False,
@@ -81,7 +82,8 @@ def last_compared_step(golden: RankInfo, suspect: RankInfo) -> int | None:
 
 
 class ComparisonBounds(beam.PTransform):
-    """RankInfo of both runs -> {BOUNDS: (rank, last compared step), TABLES: pair_ranks}."""
+    """RankInfo of both runs -> {BOUNDS: (rank, last compared step), LOST: (rank, lost step ranges of either
+    side), TABLES: pair_ranks}."""
 
     def __init__(self, run_ids: dict[tuple[str, int], str]) -> None:
         super().__init__()
@@ -95,7 +97,7 @@ class ComparisonBounds(beam.PTransform):
             | "Group ranks" >> beam.GroupByKey()
             | "Bounds" >> beam.ParDo(_Bounds(self.run_ids))
         )
-        return split(bounds, (BOUNDS, TABLES), "Compared")
+        return split(bounds, (BOUNDS, LOST, TABLES), "Compared")
 
 
 class _Bounds(beam.DoFn):
@@ -109,6 +111,9 @@ class _Bounds(beam.DoFn):
         bound = last_compared_step(golden, suspect) if golden and suspect else None
         if bound is not None:
             yield BOUNDS, (rank, bound)
+        lost = tuple(r for i in (golden, suspect) if i is not None for r in i.lost_steps)
+        if lost:
+            yield LOST, (rank, lost)
         yield TABLES, named("pair_ranks", [{
             "rank": rank,
             "golden_run_id": self.run_ids.get(("golden", rank)),
@@ -116,4 +121,20 @@ class _Bounds(beam.DoFn):
             "golden_last_step": golden.last_step if golden else None,
             "suspect_last_step": suspect.last_step if suspect else None,
             "compared_through": bound,
+            "golden_status": golden.status if golden else None,
+            "suspect_status": suspect.status if suspect else None,
+            "lost_steps": None if bound is None else lost_step_count(lost, bound),
         }])
+
+
+def in_lost_steps(step: Any, lost: Iterable[tuple[int | None, int | None]]) -> Any:
+    """Whether each step (an int or a numpy array) lies in a lost range; None bounds are open."""
+    hit = step != step
+    for lo, hi in lost:
+        hit = hit | (((step >= lo) if lo is not None else True) & ((step <= hi) if hi is not None else True))
+    return hit
+
+
+def lost_step_count(lost: Iterable[tuple[int | None, int | None]], bound: int) -> int:
+    """How many of the compared steps 0..bound corruption made unknown."""
+    return sum(bool(in_lost_steps(step, lost)) for step in range(bound + 1))

@@ -43,7 +43,7 @@ from pipelines import detections, metrics, source
 from pipelines import diff as tensor_diff
 from pipelines import events as events_mod
 from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET, DiffRequest, add_arguments
-from pipelines.pairing import BOUNDS, ComparisonBounds, pair_id, validate_pair
+from pipelines.pairing import BOUNDS, LOST, ComparisonBounds, pair_id, validate_pair
 from pipelines.sink import WriteTables
 from pipelines.source import EVENTS, SEGMENTS, TENSORS, RunLayout
 from pipelines.tables import SCHEMAS, TABLES, named
@@ -120,7 +120,7 @@ def build_pipeline(p: beam.Pipeline, plan: DiffPlan, staging: str) -> None:
     bounds = ranks[source.RANKS] | "Compared steps" >> ComparisonBounds(plan.run_ids())
     events = read[EVENTS] | "Route events" >> events_mod.RouteEvents(plan.run_ids())
     faults = events[events_mod.FAULTS]
-    diffs = read[TENSORS] | "Diff tensors" >> tensor_diff.DiffTensors(bounds[BOUNDS], faults)
+    diffs = read[TENSORS] | "Diff tensors" >> tensor_diff.DiffTensors(bounds[BOUNDS], faults, bounds[LOST])
     tables = (
         read[TABLES],
         ranks[TABLES],
@@ -221,6 +221,7 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
         echo(f"      done in {report.pipeline_s:.1f} s{counts}")
         with _local(staging) as local:
             _check_problems(local, request.skip_corrupt, echo)
+            _report_runs(local, plan, echo)
             echo(f"[3/3] loading into {request.db} ...")
             report.rows = load_parquet(request.db, local, plan.pair_id)
     finally:
@@ -293,11 +294,33 @@ def _check_problems(staging: Path, skip_corrupt: bool, echo: Echo) -> None:
         echo(f"  warning: skipped corrupt data in {c['path']} at byte {c['offset']}: {c['reason']}")
 
 
+def _report_runs(staging: Path, plan: DiffPlan, echo: Echo) -> None:
+    """One line per rank of a run that did not close cleanly: crashed, failed, or read past corruption."""
+    sides = {run_id: side for (side, _), run_id in plan.run_ids().items()}
+    lost: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in _read(staging, "lost_ranges"):
+        lost.setdefault((r["run_id"], r["rank"]), []).append(r)
+    for r in sorted(_read(staging, "runs"), key=lambda r: (sides.get(r["run_id"], ""), r["rank"])):
+        side, status = sides.get(r["run_id"], "run"), r["status"]
+        where = f"{side} run {r['path']} rank {r['rank']}"
+        step = "no step" if r["last_step"] is None else f"step {r['last_step']}"
+        if status == "crashed":
+            echo(f"  warning: {where} crashed at {step}: no END record (its records stop there)")
+        elif status == "failed":
+            echo(f"  warning: {where} failed at {step}: training raised, the log was closed")
+        elif status == "corrupt":
+            ranges = lost.get((r["run_id"], r["rank"]), [])
+            steps = ", ".join(f"{'?' if x['first_step'] is None else x['first_step']}.."
+                              f"{'end' if x['last_step'] is None else x['last_step']}" for x in ranges)
+            echo(f"  warning: {where} is corrupt: at least {sum(x['records'] for x in ranges)} records lost, "
+                 f"steps {steps or 'none'} unknown (not compared as differences)")
+
+
 def _read(staging: Path, name: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for f in sorted((staging / name).glob("*.parquet")):
         rows += pq.read_table(f).to_pylist()
-    return sorted(rows, key=lambda r: (r["path"], r.get("offset", 0)))
+    return sorted(rows, key=lambda r: (r["path"], r.get("offset") or 0))
 
 
 def summarize(db: str | Path, pid: str) -> list[str]:
@@ -306,6 +329,11 @@ def summarize(db: str | Path, pid: str) -> list[str]:
     result = (f"result: {totals['events_compared']:,} events compared through step {totals['compared_through']}; "
               f"{totals['events_differing']:,} differ")
     lines = [result]
+    if totals["lost_steps"]:
+        lines.append(f"  {totals['lost_steps']} compared step(s) lost to corruption (golden {totals['golden_status']}, "
+                     f"suspect {totals['suspect_status']}): no divergence is reported there; see table lost_ranges")
+    elif (totals["golden_status"], totals["suspect_status"]) != ("complete", "complete"):
+        lines.append(f"  runs: golden {totals['golden_status']}, suspect {totals['suspect_status']}")
     for r in _pair_rows(db, "rq3_first_divergence", pid):
         if r["step"] is not None:
             lines.append(f"  first divergence: rank {r['rank']}, step {r['step']}, microbatch {r['microbatch']}, "

@@ -40,7 +40,9 @@ from tracer.errors import LogError, LogFormatError, UsageError
 from tracer.log import (
     SEGMENT_GLOB,
     RunHeader,
+    LostRange,
     SegmentSummary,
+    chain_lost,
     check_chain,
     parse_segment_path,
     rank_dir_name,
@@ -136,6 +138,8 @@ class SegmentInfo(NamedTuple):
     torn_tail: bool
     last_step_event: int | None  # largest step with a `step` event (a completed step)
     last_tensor_step: int | None
+    corrupt: bool = False  # reading it found corruption
+    end_status: str | None = None  # its END record's status (None: no END)
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,22 @@ class RankInfo:
     complete: bool
     torn_tail: bool
     last_step: int | None  # last completed step: from `step` events, else the last tensor's
+    lost: tuple[LostRange, ...] = ()  # what corruption hid (`tracer.log.chain_lost`)
+    status: str = "complete"  # see `run_status`
+
+    @property
+    def lost_steps(self) -> tuple[tuple[int | None, int | None], ...]:
+        """(first, last) steps corruption made unknown; None: from the start, through the end."""
+        return tuple((r.first_step, r.last_step) for r in self.lost)
+
+
+RUN_STATUSES = ("complete", "failed", "crashed", "corrupt")
+
+
+def run_status(statuses: Iterable[str]) -> str:
+    """A run's (or rank's) status: its worst; corrupt (corruption was skipped) > crashed (no END record) >
+    failed (END says training raised) > complete."""
+    return max(statuses, key=RUN_STATUSES.index, default="complete")
 
 
 def describe_run(path: str) -> RunLayout:
@@ -305,12 +325,14 @@ class DecodeSegment(beam.DoFn):
         yield SEGMENTS, SegmentInfo(
             task.side,
             task.rank,
-            SegmentSummary(task.index, task.path, seg.index, status.first_record, seg.data_records, seg.lost),
+            seg.summary(task.index, task.path),
             status.records,
             status.complete,
             status.torn_tail,
             max(steps) if steps else None,
             int(seg.tensors.step.max()) if len(seg.tensors) else None,
+            bool(status.corruptions),
+            status.end.status if status.end is not None else None,
         )
 
 
@@ -382,16 +404,23 @@ class _SummariseRank(beam.DoFn):
         run = self.runs[side]
         header = run.ranks[rank].header
         directory = infos[0].summary.path.rsplit("/", 1)[0]
-        problems = check_chain([i.summary for i in infos], lambda i: f"{directory}/{segment_name(i)}")
+        missing = lambda i: f"{directory}/{segment_name(i)}"  # noqa: E731
+        problems = check_chain([i.summary for i in infos], missing)
+        lost = tuple(chain_lost([i.summary for i in infos], missing))
+        if lost:
+            yield TABLES, named("lost_ranges", [lost_row(header.run_id, side, rank, r) for r in lost])
         if problems:
             self.corrupt.inc(len(problems))
             rows = [corruption_row(header.run_id, side, rank, *p) for p in problems]
             yield TABLES, named("corruptions", rows)
         step_events = [i.last_step_event for i in infos if i.last_step_event is not None]
         tensor_steps = [i.last_tensor_step for i in infos if i.last_tensor_step is not None]
+        last = infos[-1]
+        status = "corrupt" if problems or lost or any(i.corrupt for i in infos) else "crashed" if not last.complete \
+            else "failed" if last.end_status == "failed" else "complete"
         info = RankInfo(
-            side, rank, len(infos), sum(i.records for i in infos), infos[-1].complete, infos[-1].torn_tail,
-            max(step_events) if step_events else max(tensor_steps) if tensor_steps else None,
+            side, rank, len(infos), sum(i.records for i in infos), last.complete, last.torn_tail,
+            max(step_events) if step_events else max(tensor_steps) if tensor_steps else None, lost, status,
         )
         yield RANKS, info
         yield TABLES, named("runs", [_run_row(run.path, header, info)])
@@ -406,5 +435,10 @@ def _run_row(path: str, h: RunHeader, info: RankInfo) -> dict[str, Any]:
         "fingerprint_algorithm": h.fingerprint_algorithm, "device": h.device, "created_unix": h.created_unix,
         "config": as_json(h.config), "versions": as_json(h.versions), "determinism": as_json(h.determinism),
         "extra": as_json(h.extra), "segments": info.segments, "records": info.records, "complete": info.complete,
-        "torn_tail": info.torn_tail, "last_step": info.last_step,
+        "torn_tail": info.torn_tail, "last_step": info.last_step, "status": info.status,
     }
+
+
+def lost_row(run_id: str, side: str, rank: int, r: LostRange) -> dict[str, Any]:
+    return {"run_id": run_id, "side": side, "rank": rank, "path": r.file, "offset": r.start, "bytes": r.bytes,
+            "records": r.records, "first_step": r.first_step, "last_step": r.last_step}

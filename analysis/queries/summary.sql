@@ -5,7 +5,10 @@
 -- parameter-sync replay, drift two checkpoints of the same step.
 --   compared_through        last step both runs hold (max over ranks)
 --   role                    train (a pretraining pair) or finetune (a pair of fine-tunes, `sdc diff --twin`)
---   first_step, first_site  the earliest first divergence over ranks (site and phase)
+--   first_step, first_site  the earliest first divergence over ranks (site and phase); never inside a step
+--                           corruption made unknown (lost_ranges): corruption on disk is not SDC
+--   golden_status, suspect_status   complete, failed, crashed (no END record) or corrupt
+--   lost_steps              compared steps corruption made unknown, over ranks: no divergence is reported there
 --   mismatch_frequency, mismatch_severity, mismatching_steps, lockstep_steps   RQ1
 --   worst_noise             RQ2: the largest noise-to-signal ratio of any step
 --   final_drift, max_drift  RQ3: drift at the last checkpoint both runs hold, and its maximum
@@ -25,8 +28,17 @@ compared AS (
 
 first_divergence_per_pair AS (
     SELECT pair_id, step AS first_step, name || ' ' || phase AS first_site
-    FROM first_divergence
+    FROM first_divergence AS f
+    WHERE NOT EXISTS (
+        SELECT 1 FROM lost_ranges AS l
+        WHERE l.pair_id = f.pair_id AND l.rank = f.rank
+          AND (l.first_step IS NULL OR f.step >= l.first_step) AND (l.last_step IS NULL OR f.step <= l.last_step)
+    )
     QUALIFY row_number() OVER (PARTITION BY pair_id ORDER BY step, rank) = 1
+),
+
+statuses AS (
+    SELECT pair_id, golden_status, suspect_status, lost_steps FROM pair_status
 ),
 
 rq1_mismatch AS (
@@ -86,6 +98,9 @@ SELECT
     c.compared_through,
     f.first_step,
     f.first_site,
+    st.golden_status,
+    st.suspect_status,
+    coalesce(st.lost_steps, 0) AS lost_steps,
     m.mismatch_frequency,
     m.mismatch_severity,
     s.mismatching_steps,
@@ -99,6 +114,7 @@ SELECT
 FROM nodes AS n
 LEFT JOIN compared AS c USING (pair_id)
 LEFT JOIN first_divergence_per_pair AS f USING (pair_id)
+LEFT JOIN statuses AS st USING (pair_id)
 LEFT JOIN rq1_mismatch AS m USING (pair_id)
 LEFT JOIN rq1_steps AS s USING (pair_id)
 LEFT JOIN rq2_noise AS q USING (pair_id)

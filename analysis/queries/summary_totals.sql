@@ -6,6 +6,8 @@
 --   compared_through                    last step both runs hold (max over ranks; null: no rank compared)
 --   max_drift                           largest parameter drift (group *) at a common checkpoint (null: none)
 --   loss_spikes                         loss spikes of either run
+--   golden_status, suspect_status       complete, failed, crashed (no END) or corrupt (read past corruption)
+--   lost_steps                          compared steps corruption made unknown (table lost_ranges)
 WITH
 
 nodes AS (
@@ -33,6 +35,10 @@ drift AS (
     GROUP BY pair_id
 ),
 
+statuses AS (
+    SELECT pair_id, golden_status, suspect_status, lost_steps FROM pair_status
+),
+
 spikes AS (
     SELECT pair_id, count(*) AS loss_spikes
     FROM loss_spikes
@@ -49,10 +55,14 @@ SELECT
     coalesce(e.events_differing, 0) AS events_differing,
     c.compared_through,
     d.max_drift,
-    coalesce(s.loss_spikes, 0) AS loss_spikes
+    coalesce(s.loss_spikes, 0) AS loss_spikes,
+    st.golden_status,
+    st.suspect_status,
+    coalesce(st.lost_steps, 0) AS lost_steps
 FROM nodes AS n
 LEFT JOIN events AS e USING (pair_id)
 LEFT JOIN compared AS c USING (pair_id)
 LEFT JOIN drift AS d USING (pair_id)
 LEFT JOIN spikes AS s USING (pair_id)
+LEFT JOIN statuses AS st USING (pair_id)
 ORDER BY node_label, n.pair_id

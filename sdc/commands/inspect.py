@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
@@ -38,12 +39,24 @@ def run(args: argparse.Namespace) -> int:
 
 def _state(s: RankSummary) -> str:
     st = s.status
+    damaged = bool(st.corruptions)
     if st.complete and st.end is not None:
-        state = "clean close" if st.end.status == "complete" else f"closed after a failure ({st.end.detail})"
+        if st.end.status != "complete":
+            state = f"closed after a failure ({st.end.detail})"
+        else:
+            state = "END record found, but the log is DAMAGED" if damaged else "clean close"
     else:
         state = "CRASHED: no end marker" + (" (torn final record)" if st.torn_tail else "")
-    if st.skipped_records or st.corruptions:
-        state += f"; skipped {st.skipped_records} corrupt records / {st.skipped_bytes} bytes"
+    if st.lost:
+        steps = st.lost_steps
+        first = "?" if steps is None or steps[0] is None else steps[0]
+        last = "end" if steps is None or steps[1] is None else steps[1]
+        state += (f"; skipped corrupt data: lost: {st.lost_bytes} bytes, at least {st.lost_records} records, "
+                  f"steps {first}..{last} incomplete")
+    others = [c for c in st.corruptions if not any(r.file == c[0] and r.start == c[1] for r in st.lost)]
+    if others:
+        more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
+        state += f"; corrupt: {others[0][0]} at byte {others[0][1]}: {others[0][2]}{more}"
     return state
 
 
@@ -56,6 +69,7 @@ def _as_dict(s: RankSummary) -> dict:
         "complete": s.status.complete,
         "torn_tail": s.status.torn_tail,
         "corruptions": s.status.corruptions,
+        "lost": [dataclasses.asdict(r) for r in s.status.lost],
         "segments": s.segments,
         "bytes": s.bytes,
         "records": s.records,

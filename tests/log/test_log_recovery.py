@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tracer.errors import LogCorruptionError
-from tracer.log import EventRecord, LogReader, RecordType, TornTailWarning
+from tracer.log import EventRecord, LogReader, LostRange, RecordType, TornTailWarning
 
 
 def read_all(directory: Path, **kw):
@@ -272,3 +272,79 @@ def test_lost_header_is_taken_from_the_next_segment(make_log, frames, header) ->
     reader = LogReader(directory, on_corruption="skip")
     assert reader.header == header
     assert list(reader.entries()) == intact and len(reader.status.corruptions) == 1
+
+
+def test_bytes_cut_out_of_the_middle_are_counted_as_lost_records_and_steps(make_log, frames) -> None:
+    # Bytes removed mid-log: the frame at the cut fails its CRC and reading resumes past whole steps; END's
+    # count says how many records went, the records around the gap which steps they belonged to.
+    directory = make_log(120)
+    (path,) = LogReader(directory).segments
+    intact, _ = read_all(directory)
+    tensors = [f for f in frames(path) if f[1] == RecordType.TENSOR]
+    cut, resume = tensors[30][0] + 12, tensors[70][0] + 5
+    data = path.read_bytes()
+    path.write_bytes(data[:cut] + data[resume:])
+
+    entries, status = read_all(directory, on_corruption="skip")
+    kept = {e.offset for e in entries}
+    lost = len(intact) - len(entries)
+    (gap,) = status.lost
+    assert gap.records == status.lost_records == lost > 40 and gap.start == tensors[30][0]
+    before = max(e.record.step for e in intact if e.offset < tensors[30][0])
+    after = min(e.record.step for e in entries if e.offset > gap.start)
+    assert (gap.first_step, gap.last_step) == (before, after) == (30 // 12, 71 // 12) and after - before >= 3
+    assert status.lost_bytes == gap.stop - gap.start and kept
+
+
+def test_flipped_record_is_one_lost_record_between_its_neighbours_steps(make_log, frames) -> None:
+    directory = make_log(60)
+    (path,) = LogReader(directory).segments
+    tensors = [f for f in frames(path) if f[1] == RecordType.TENSOR]
+    offset, _, length = tensors[30]
+    flip(path, offset + 9 + length // 2)
+
+    _, status = read_all(directory, on_corruption="skip")
+    assert status.lost == [LostRange(str(path), offset, offset + 9 + length, 1, 30 // 12, 31 // 12)]
+
+
+def test_garbage_after_a_clean_close_is_corruption_not_a_torn_tail(make_log) -> None:
+    directory = make_log(60)
+    (path,) = LogReader(directory).segments
+    size = path.stat().st_size
+    with open(path, "ab") as f:
+        f.write(b"\x07garbage")
+
+    with pytest.raises(LogCorruptionError, match="trailing garbage after a clean close: 8 bytes") as err:
+        read_all(directory)
+    assert err.value.offset == size
+
+    entries, status = read_all(directory, on_corruption="skip")
+    assert len(entries) == 66 and not status.torn_tail and status.skipped_bytes == 8 and status.lost == []
+    assert [c[:2] for c in status.corruptions] == [(str(path), size)]
+
+
+def test_inspect_reports_a_mid_log_cut_as_lost_steps_not_a_clean_close(make_log, frames, capsys) -> None:
+    from sdc.cli import main
+
+    directory = make_log(120)
+    (path,) = LogReader(directory).segments
+    tensors = [f for f in frames(path) if f[1] == RecordType.TENSOR]
+    data = path.read_bytes()
+    path.write_bytes(data[: tensors[30][0] + 12] + data[tensors[70][0] + 5 :])
+
+    assert main(["inspect", str(directory.parent), "--skip-corrupt"]) == 0
+    state = next(line for line in capsys.readouterr().out.splitlines() if "state" in line)
+    assert "clean close" not in state and "DAMAGED" in state
+    assert "lost: " in state and "at least 45 records, steps 2..5 incomplete" in state
+
+
+def test_inspect_does_not_call_garbage_after_end_a_clean_close(make_log, capsys) -> None:
+    from sdc.cli import main
+
+    directory = make_log(60)
+    with open(LogReader(directory).segments[0], "ab") as f:
+        f.write(b"\x07garbage")
+
+    assert main(["inspect", str(directory.parent), "--skip-corrupt"]) == 0
+    state = next(line for line in capsys.readouterr().out.splitlines() if "state" in line)
+    assert "DAMAGED" in state and "trailing garbage after a clean close" in state

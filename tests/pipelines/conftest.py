@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,3 +115,13 @@ def run_diff(tmp_path: Path) -> Callable[..., tuple[DiffReport, list[str]]]:
         return diff(request, echo=lines.append), lines
 
     return run
+
+
+def flipped_copy(run: Path, out: Path) -> Path:
+    """A copy of `run` with one bit flipped in the middle of rank 0's first segment."""
+    shutil.copytree(run, out)
+    seg = rank_dir(out, 0) / "000000.sdclog"
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    seg.write_bytes(bytes(data))
+    return seg

@@ -11,7 +11,7 @@ import pytest
 
 from pipelines.run import run as run_module
 from sdc.cli import main
-from tests.pipelines.conftest import FAULT_MICROBATCH, FAULT_SITE, FAULT_STEP, GRAD_NOISE, SITE_MISMATCH
+from tests.pipelines.conftest import FAULT_MICROBATCH, FAULT_SITE, FAULT_STEP, GRAD_NOISE, SITE_MISMATCH, flipped_copy
 from tracer.errors import LogCorruptionError, UsageError, ValidationError
 from tracer.log import EventRecord, LogReader, LogWriter, Phase, TensorRecord, rank_dir
 
@@ -122,11 +122,7 @@ def test_mismatched_pair_fails_listing_every_differing_field(runs, run_diff, tmp
 
 def test_corrupt_segment_is_reported_with_file_and_offset(runs, run_diff, tmp_path: Path) -> None:
     suspect = tmp_path / "corrupt"
-    shutil.copytree(runs["twin"], suspect)
-    seg = rank_dir(suspect, 0) / "000000.sdclog"
-    data = bytearray(seg.read_bytes())
-    data[len(data) // 2] ^= 0x10
-    seg.write_bytes(bytes(data))
+    flipped_copy(runs["twin"], suspect)
     expected = LogReader(rank_dir(suspect, 0), on_corruption="skip")
     list(expected.records())
     (path, offset, reason), = expected.status.corruptions

@@ -10,10 +10,17 @@ docs/log-format.md is the byte-level specification.
 """
 
 from tracer.log.claim import claim_out_dir
-from tracer.log.columns import SegmentColumns, SegmentSummary, TensorColumns, check_chain, read_segment_columns
+from tracer.log.columns import (
+    SegmentColumns,
+    SegmentSummary,
+    TensorColumns,
+    chain_lost,
+    check_chain,
+    read_segment_columns,
+)
 from tracer.log.framing import FORMAT_VERSION, RecordType
 from tracer.log.layout import SEGMENT_GLOB, list_ranks, parse_segment_path, rank_dir, rank_dir_name, segment_name
-from tracer.log.reader import Entry, LogReader, LogStatus, TornTailWarning, read_segment
+from tracer.log.reader import Entry, LogReader, LogStatus, LostRange, TornTailWarning, read_segment
 from tracer.log.records import SCHEMA_VERSION, EndRecord, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.runlock import RunLock
 from tracer.log.writer import LogWriter
@@ -26,6 +33,7 @@ __all__ = [
     "EventRecord",
     "LogReader",
     "LogStatus",
+    "LostRange",
     "LogWriter",
     "Phase",
     "RecordType",
@@ -37,6 +45,7 @@ __all__ = [
     "TensorColumns",
     "TensorRecord",
     "TornTailWarning",
+    "chain_lost",
     "check_chain",
     "claim_out_dir",
     "list_ranks",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import msgpack
@@ -23,7 +23,7 @@ import numpy as np
 
 from tracer.log.codec import PayloadError, decode_end, decode_event, decode_string
 from tracer.log.framing import FRAME_SIZE, HEADER_SIZE, MAX_RECORD_BYTES, RecordType
-from tracer.log.reader import Entry, LogStatus, OnCorruption, _report, _Segment, _skip_mode
+from tracer.log.reader import Entry, LogStatus, LostRange, OnCorruption, _report, _Segment, _skip_mode
 from tracer.log.records import EndRecord, EventRecord, Phase, RunHeader, TensorRecord
 
 _HEADER, _STRING, _TENSOR, _EVENT, _END = (int(t) for t in RecordType)
@@ -68,10 +68,26 @@ class SegmentColumns:
     status: LogStatus
     data_records: int  # TENSOR and EVENT frames with a valid CRC, decodable or not
     lost: bool  # a bad region hid an unknown number of records
+    region_records: int = 0  # records the bad regions' lost ranges claim
+
+    def summary(self, index: int, path: str) -> SegmentSummary:
+        """What `check_chain` and `chain_lost` need; `index` and `path` name the file."""
+        positions = [(int(self.tensors.offset[0]), int(self.tensors.step[0]), False)] if len(self.tensors) else []
+        positions += [(int(self.tensors.offset[-1]), int(self.tensors.step[-1]), False)] if len(self.tensors) else []
+        if self.events:
+            first, last = self.events[0], self.events[-1]
+            positions += [(first.offset, first.record.step, first.record.kind == "step"),
+                          (last.offset, last.record.step, last.record.kind == "step")]
+        head, tail = (min(positions), max(positions)) if positions else (None, None)
+        return SegmentSummary(
+            index, path, self.index, self.status.first_record, self.data_records, self.lost,
+            tuple(self.status.lost), head[1] if head else None, tail[1] if tail else None,
+            bool(tail and tail[2]), self.region_records,
+        )
 
 
 class SegmentSummary(NamedTuple):
-    """What `check_chain` needs to know about one decoded segment."""
+    """What `check_chain` and `chain_lost` need to know about one decoded segment."""
 
     index: int  # from the file name
     path: str
@@ -79,6 +95,11 @@ class SegmentSummary(NamedTuple):
     first_record: int | None  # from the HEADER record
     data_records: int
     lost: bool
+    lost_ranges: tuple[LostRange, ...] = ()  # the segment's own `LogStatus.lost`, read alone
+    first_step: int | None = None  # step of its first data record
+    last_step: int | None = None  # step of its last data record
+    last_is_marker: bool = False  # that record is a `step` event (its step is complete)
+    region_records: int = 0
 
 
 def read_segment_columns(data: Any, name: str, *, last: bool, on_corruption: OnCorruption = "raise") -> SegmentColumns:
@@ -101,7 +122,7 @@ def read_segment_columns(data: Any, name: str, *, last: bool, on_corruption: OnC
         seg.data_records = status.records = len(tensors) + len(events)
         if end is not None:
             status.complete, status.end = True, end
-    return SegmentColumns(seg.header, seg.index, tensors, events, status, seg.data_records, seg.lost)
+    return SegmentColumns(seg.header, seg.index, tensors, events, status, seg.data_records, seg.lost, seg.region_records)
 
 
 def check_chain(segments: Iterable[SegmentSummary], missing_path: Callable[[int], str]) -> list[tuple[str, int, str]]:
@@ -127,6 +148,42 @@ def check_chain(segments: Iterable[SegmentSummary], missing_path: Callable[[int]
         expected_index = s.index + 1
         expected_first = None if s.lost or s.first_record is None else s.first_record + s.data_records
     return problems
+
+
+def chain_lost(segments: Iterable[SegmentSummary], missing_path: Callable[[int], str]) -> list[LostRange]:
+    """The `LogStatus.lost` that `LogReader` would report for one rank, from its segments decoded apart.
+
+    A segment read alone does not know the steps before its first record or after its last: the
+    neighbouring segments do. A missing segment file is a gap of unknown bytes; the next segment's
+    HEADER counts the records it and the previous segment's bad regions hid.
+    """
+    out: list[LostRange] = []
+    prev: SegmentSummary | None = None
+    expected_index, last_step, marker = 0, None, False
+    for s in sorted(segments, key=lambda s: s.index):
+        before = None if last_step is None else last_step + 1 if marker else last_step
+        gap = None
+        if s.index != expected_index:
+            gap = missing_path(expected_index)
+            out.append(LostRange(gap, 0, 0, 0, before, None))
+        if s.first_step is not None:
+            out = [replace(r, last_step=s.first_step) if r.last_step is None else r for r in out]
+        if prev is not None and prev.first_record is not None and s.first_record is not None:
+            missing = s.first_record - prev.first_record - prev.data_records
+            if gap is not None:
+                _attribute(out, gap, missing - (prev.region_records if prev.lost else 0), 0)
+            elif prev.lost:
+                _attribute(out, prev.path, missing, prev.region_records)
+        out += [replace(r, first_step=before) if r.first_step is None else r for r in s.lost_ranges]
+        if s.last_step is not None:
+            last_step, marker = s.last_step, s.last_is_marker
+        prev, expected_index = s, s.index + 1
+    return out
+
+
+def _attribute(ranges: list[LostRange], file: str, missing: int, counted: int) -> None:
+    status = LogStatus(lost=ranges)
+    status._attribute(file, missing, counted)
 
 
 # -- the reference path ------------------------------------------------------------------------

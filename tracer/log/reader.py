@@ -14,7 +14,7 @@ import os
 import warnings
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -54,6 +54,29 @@ class Entry(NamedTuple):
     record: TensorRecord | EventRecord
 
 
+@dataclass(frozen=True)
+class LostRange:
+    """Bytes a skip-mode reader passed over, and what they held as far as the framing tells.
+
+    Corruption is never data: a reader that skips it says what was lost, so that no one
+    reads the gap as a difference between runs.
+    """
+
+    file: str
+    start: int  # byte offset of the first byte skipped
+    stop: int  # byte offset where reading resumed (the next valid frame, or the end of the file)
+    records: int  # TENSOR and EVENT records lost here, at least (exact when END or the next HEADER counts them)
+    # Steps missing or incomplete, a best estimate from the records around the gap (every step ends
+    # with a `step` event). first_step None: no record before the gap in what was read (the previous
+    # segment knows); last_step None: no record after it (the gap runs to the end of what was read).
+    first_step: int | None
+    last_step: int | None
+
+    @property
+    def bytes(self) -> int:
+        return self.stop - self.start
+
+
 @dataclass
 class LogStatus:
     """What reading found; filled while iterating, final once iteration ends."""
@@ -68,6 +91,61 @@ class LogStatus:
     # Records written before this segment, from its HEADER (None if that was lost); with
     # `records` it lets a parallel reader check that consecutive segments chain. 0 for a log.
     first_record: int | None = 0
+    lost: list[LostRange] = field(default_factory=list)  # what skipped corruption hid, in log order
+    # Where reading stands, for the step estimates of `lost`: the last data record's step, whether it
+    # was a `step` event (the step's end marker), and how many trailing `lost` ranges await a next record.
+    _last_step: int | None = field(default=None, repr=False)
+    _after_marker: bool = field(default=False, repr=False)
+    _open: int = field(default=0, repr=False)
+
+    @property
+    def lost_bytes(self) -> int:
+        return sum(r.bytes for r in self.lost)
+
+    @property
+    def lost_records(self) -> int:
+        """Records lost to corruption, at least."""
+        return sum(r.records for r in self.lost)
+
+    @property
+    def lost_steps(self) -> tuple[int | None, int | None] | None:
+        """(first, last) step missing or incomplete over every lost range (None: unknown, or open-ended); None if
+        nothing was lost."""
+        if not self.lost:
+            return None
+        firsts = [r.first_step for r in self.lost]
+        lasts = [r.last_step for r in self.lost]
+        return (None if None in firsts else min(firsts),  # type: ignore[type-var]
+                None if None in lasts else max(lasts))  # type: ignore[type-var]
+
+    def _lose(self, file: str, start: int, stop: int, records: int) -> LostRange:
+        """Add a gap; one that starts where the previous open one stopped extends it."""
+        if self._open and self.lost[-1].file == file and self.lost[-1].stop == start:
+            last = self.lost[-1]
+            self.lost[-1] = replace(last, stop=stop, records=last.records + records)
+            return self.lost[-1]
+        first = None if self._last_step is None else self._last_step + 1 if self._after_marker else self._last_step
+        self.lost.append(LostRange(file, start, stop, records, first, None))
+        self._open += 1
+        return self.lost[-1]
+
+    def _resume(self, step: int, marker: bool) -> None:
+        """A data record was read: it closes the open gaps (its step is the last one they touch)."""
+        if self._open:
+            for i in range(len(self.lost) - self._open, len(self.lost)):
+                self.lost[i] = replace(self.lost[i], last_step=step)
+            self._open = 0
+        self._last_step, self._after_marker = step, marker
+
+    def _attribute(self, file: str, missing: int, counted: int) -> None:
+        """`missing` records of `file` are known lost (from a count), `counted` of them are in its ranges: the
+        rest went with its last range."""
+        if missing <= counted:
+            return
+        for i in range(len(self.lost) - 1, -1, -1):
+            if self.lost[i].file == file:
+                self.lost[i] = replace(self.lost[i], records=self.lost[i].records + missing - counted)
+                return
 
 
 def read_segment(
@@ -116,15 +194,26 @@ class LogReader:
         status = self.status = LogStatus()
         expected_index, expected_first = 0, 0  # expected_first: None once records went missing unseen
         last = len(self._indexed) - 1
+        prev: _Segment | None = None
         for i, (index, path) in enumerate(self._indexed):
             name = str(path)
+            gap = None
             if index != expected_index:
+                gap = str(segment_path(self.directory, expected_index))
                 _report(
-                    status, self._skip, str(segment_path(self.directory, expected_index)), 0,
+                    status, self._skip, gap, 0,
                     f"segment file missing: expected segment {expected_index}, the next file is segment {index}",
                 )
+                status._lose(gap, 0, 0, 0)
                 expected_first = None
             seg = _Segment(_load(path), name, last=i == last, skip=self._skip, status=status)
+            if prev is not None and prev.first_record is not None and seg.first_record is not None:
+                # The HEADER counts the records before it: what the gap or the bad regions hid.
+                missing = seg.first_record - prev.first_record - prev.data_records
+                if gap is not None:
+                    status._attribute(gap, missing - (prev.region_records if prev.lost else 0), 0)
+                elif prev.lost:
+                    status._attribute(prev.name, missing, prev.region_records)
             if seg.header is not None:
                 self._check_same_run(seg.header, name)
             if seg.index is not None and seg.index != index:
@@ -137,6 +226,7 @@ class LogReader:
                     "records are missing from the end of the previous segment",
                 )
             yield from seg.entries
+            prev = seg
             expected_index = index + 1
             expected_first = None if seg.lost or seg.first_record is None else seg.first_record + seg.data_records
 
@@ -178,6 +268,8 @@ class _Segment:
         self.first_record: int | None = None
         self.data_records = 0  # TENSOR and EVENT frames with a valid CRC, decodable or not
         self.lost = False  # a bad region hid an unknown number of records
+        self.region_records = 0  # records the lost ranges of bad regions claim (at least one each)
+        self._ended = False  # the END record was read: any bad byte after it is trailing garbage
         self.entries = self._decode()
         next(self.entries)  # runs up to the first `yield`: the head
 
@@ -219,15 +311,18 @@ class _Segment:
                         self._bad_record(pos, payload, "END record in a segment that is not the log's last")
                     else:
                         self._end(pos, decode_end(payload))
-                        ended = True
+                        ended = self._ended = True
                     continue
                 else:
                     self._bad_record(pos, payload, "HEADER record after the first record")
                     continue
             except PayloadError as e:
                 self._bad_record(pos, payload, str(e))
+                if rtype in (_TENSOR, _EVENT):  # a data record, framed but unreadable: lost
+                    status._lose(self.name, pos, pos + FRAME_SIZE + len(payload), 1)
                 continue
             status.records += 1
+            status._resume(rec.step, rtype == _EVENT and rec.kind == "step")
             yield Entry(index, pos, rec)
 
     def _file_header_ok(self) -> bool:
@@ -285,6 +380,11 @@ class _Segment:
                     pos = stop
                     continue
             resume = next_frame(view, pos + 1)
+            if self._ended:  # close() fsyncs after END: nothing can follow it but corruption
+                self._report(pos, f"trailing garbage after a clean close: {end - pos} bytes after the END record "
+                             f"({reason})")
+                self._status.skipped_bytes += end - pos
+                return
             # A crash can only cut the log short (or leave zeros where the file system had
             # not written data yet); a valid frame after the problem means it is not the tail.
             if self._last and resume == end and (truncated or _all_zero(view[pos:])):
@@ -294,6 +394,8 @@ class _Segment:
             pos = resume
 
     def _end(self, pos: int, end: EndRecord) -> None:
+        if self.first_record is not None and self.lost:  # END counts what the bad regions hid
+            self._status._attribute(self.name, end.records - self.first_record - self.data_records, self.region_records)
         if self.first_record is not None and not self.lost and end.records != self.first_record + self.data_records:
             self._report(
                 pos,
@@ -315,6 +417,9 @@ class _Segment:
         self.lost = True
         self._status.skipped_records += 1
         self._status.skipped_bytes += resume - pos
+        records = 1 if pos > HEADER_SIZE else 0  # at the head, the bytes held the HEADER at least
+        self.region_records += records
+        self._status._lose(self.name, pos, resume, records)
 
     def _bad_record(self, pos: int, payload: memoryview, reason: str) -> None:
         self._report(pos, reason)
