@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
 from tracer.errors import LogError
+from tracer.files import read_regular
 from tracer.fingerprint import fingerprint
 from tracer.log.layout import CHECKPOINT_DIR
 
@@ -140,16 +141,13 @@ def load_checkpoint(run_dir: str | Path, step: int, rank: int = 0) -> Checkpoint
     """Read and verify the checkpoint of ``step``; errors name the file and what to do."""
     base = checkpoint_dir(run_dir, step) / f"rank-{rank:05d}"
     mp, st = base.with_suffix(".msgpack"), base.with_suffix(".safetensors")
-    if not mp.is_file() or not st.is_file():
+    if not os.path.lexists(mp) or not os.path.lexists(st):
         have = list_checkpoints(run_dir, rank)
         raise LogError(
             f"{base}: no complete checkpoint for step {step}, rank {rank} "
             f"(checkpoints at steps {have or 'none'}; record with a smaller checkpoint interval)"
         )
-    try:
-        manifest, tensors = mp.read_bytes(), st.read_bytes()
-    except OSError as exc:
-        raise LogError(f"{base}: unreadable checkpoint ({exc})") from exc
+    manifest, tensors = read_regular(mp, "checkpoint manifest"), read_regular(st, "checkpoint tensors")
     return decode_checkpoint(manifest, tensors, str(base))
 
 
