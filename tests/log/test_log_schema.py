@@ -20,19 +20,9 @@ from tracer.errors import LogCorruptionError, LogError, LogFormatError
 from tracer.log import LogReader, RecordType, rank_dir
 
 
-@pytest.fixture(scope="module")
-def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.support import small_config
-    from workload.record import record_run
-
-    out = tmp_path_factory.mktemp("schema") / "golden"
-    record_run(small_config(), out, node_label="golden", progress=False)
-    return out
-
-
 @pytest.fixture
-def run(golden: Path, tmp_path: Path) -> Path:
-    shutil.copytree(golden, tmp_path / "run")
+def run(pretrained: Path, tmp_path: Path) -> Path:
+    shutil.copytree(pretrained, tmp_path / "run")
     return tmp_path / "run"
 
 

@@ -23,14 +23,10 @@ def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     return err
 
 
-@pytest.fixture(scope="module")
-def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.support import small_config
-    from workload.record import record_run
-
-    out = tmp_path_factory.mktemp("env") / "golden"
-    record_run(small_config(), out, node_label="golden", progress=False)
-    return out
+@pytest.fixture
+def golden(pretrained: Path) -> Path:
+    """A small real run (shared, read only)."""
+    return pretrained
 
 
 def diff_args(golden: Path, db: Path) -> list[str]:

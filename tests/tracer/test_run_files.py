@@ -49,22 +49,12 @@ def sdc(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=TIMEOUT_S, env=env, cwd=ROOT)
 
 
-@pytest.fixture(scope="module")
-def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.support import small_config
-    from workload.record import record_run
-
-    out = tmp_path_factory.mktemp("files") / "golden"
-    record_run(small_config(), out, node_label="golden", progress=False)
-    return out
-
-
 @pytest.fixture
-def run(golden: Path, tmp_path: Path) -> Path:
+def run(pretrained: Path, tmp_path: Path) -> Path:
     import shutil
 
     copy = tmp_path / "run"
-    shutil.copytree(golden, copy)
+    shutil.copytree(pretrained, copy)
     return copy
 
 
