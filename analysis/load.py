@@ -45,13 +45,27 @@ def schema_sql() -> str:
     return resources.files("analysis").joinpath("schema.sql").read_text()
 
 
+def connect_writable(db_path: str | Path) -> duckdb.DuckDBPyConnection:
+    """A read-write connection to the study database; a directory, a file that is no DuckDB database or a database
+    another process holds are one-line UsageErrors naming --db and the fix."""
+    from analysis.queries import open_error
+
+    path = Path(db_path)
+    if path.is_dir():
+        raise UsageError(f"--db {path}: is a directory, not a study database; give a .duckdb file path")
+    try:
+        return duckdb.connect(str(path))
+    except duckdb.Error as exc:
+        raise open_error(path, exc) from None
+
+
 def load_parquet(db_path: str | Path, staging_dir: str | Path, pair_id: str) -> dict[str, int]:
     """Replace `pair_id`'s rows with those in `staging_dir`; rows loaded per table."""
     staging = Path(staging_dir)
     files = {t: sorted(str(p) for p in (staging / t).glob("*.parquet")) for t in TABLES}
     if not files["pairs"]:
         raise UsageError(f"{staging}: holds no pairs/*.parquet; expected the staging directory of one `sdc diff` run")
-    con = duckdb.connect(str(db_path))
+    con = connect_writable(db_path)
     try:
         con.execute("BEGIN TRANSACTION")
         _ensure_schema(con, db_path)

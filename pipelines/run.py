@@ -35,10 +35,10 @@ import apache_beam as beam
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
-from apache_beam.runners.runner import PipelineState
+from apache_beam.runners.runner import PipelineState, create_runner
 
 from analysis import queries
-from analysis.load import load_parquet
+from analysis.load import connect_writable, load_parquet
 from pipelines import detections, metrics, source
 from pipelines import diff as tensor_diff
 from pipelines import events as events_mod
@@ -166,6 +166,15 @@ def pipeline_options(beam_args: Sequence[str], input_bytes: int) -> PipelineOpti
         if "--direct_num_workers" not in given and mode != "in_memory":
             defaults.append("--direct_num_workers=0")  # 0: one worker per CPU
         args = defaults + args
+    runner = PipelineOptions(args).view_as(StandardOptions).runner
+    try:
+        create_runner(runner)
+    except (ValueError, ImportError) as exc:
+        raise UsageError(
+            f"Beam option --runner {runner}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; "
+            "give a runner Beam knows (DirectRunner, or a module path such as "
+            "apache_beam.runners.dask.dask_runner.DaskRunner) after `--`"
+        ) from None
     if "--default_sdk_harness_log_level" not in given:
         args.append("--default_sdk_harness_log_level=WARNING")  # workers' INFO lines would drown the progress
     return PipelineOptions(args)
@@ -200,6 +209,7 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
         raise UsageError(f"--staging {request.staging}: not empty; give an empty or new directory (all its "
                          "Parquet is loaded as this pair's)")
     request.db.resolve().parent.mkdir(parents=True, exist_ok=True)
+    connect_writable(request.db).close()  # a bad or locked --db fails now, not after the Beam job
     staging = request.staging or tempfile.mkdtemp(prefix="sdc-diff-", dir=request.db.resolve().parent)
     report = DiffReport(plan.pair_id, staging)
     try:

@@ -37,6 +37,7 @@ from pipelines.tables import TABLES, named
 from pipelines.tags import split
 from tracer.checkpoint import CHECKPOINT_GLOB, parse_checkpoint_path
 from tracer.errors import LogError, LogFormatError, UsageError
+from tracer.files import open_regular, read_regular
 from tracer.log import (
     SEGMENT_GLOB,
     RunHeader,
@@ -206,9 +207,22 @@ def list_checkpoints(path: str) -> dict[int, set[int]]:
     return found
 
 
-def read_file(path: str) -> bytes:
+def read_file(path: str, limit: int | None = None) -> bytes:
+    """A file's bytes (at most `limit`), bounded by its size: a local path must be a regular file (a FIFO
+    would block, /dev/zero never end, tracer.files); any other file system reads at most its listed size."""
+    if FileSystems.get_scheme(path) in (None, "file"):
+        local = path.removeprefix("file://")
+        if limit is None:
+            return read_regular(local, "run file")
+        f, size = open_regular(local, "run file")
+        with f:
+            return f.read(min(size, limit))
+    try:
+        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    except (IndexError, ValueError, OSError) as e:
+        raise LogError(f"{path}: cannot read ({e})") from None
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read()
+        return f.read(size if limit is None else min(size, limit))
 
 
 def _first_header(segments: list[tuple[int, str]], where: str) -> RunHeader:
@@ -224,13 +238,12 @@ def _first_header(segments: list[tuple[int, str]], where: str) -> RunHeader:
 
 
 def _read_header(path: str) -> RunHeader | None:
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        data = f.read(_HEAD_BYTES)
-        if len(data) == _HEAD_BYTES:
-            head, _, _ = _quiet_head(data, path)
-            if head is not None:
-                return head
-            data += f.read()
+    data = read_file(path, _HEAD_BYTES)
+    if len(data) == _HEAD_BYTES:
+        head, _, _ = _quiet_head(data, path)
+        if head is not None:
+            return head
+        data = read_file(path)
     return _quiet_head(data, path)[0]
 
 

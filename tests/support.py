@@ -105,3 +105,15 @@ def diff_first_divergence(golden: Path, suspect: Path, db: Path) -> list[tuple]:
         return con.execute("SELECT step, microbatch, phase, name, status FROM first_divergence").fetchall()
     finally:
         con.close()
+
+
+def reframe(path: Path, offset: int, payload: bytes) -> None:
+    """Replace the payload of the record at `offset` in a segment file, framed the way the spec says (length, CRC of
+    type byte + payload): the record passes its CRC and reaches the content check. The records after it move."""
+    import struct
+    import zlib
+
+    data = path.read_bytes()
+    length, _crc, rtype = struct.unpack_from("<IIB", data, offset)
+    frame = struct.pack("<IIB", len(payload), zlib.crc32(bytes([rtype]) + payload), rtype) + payload
+    path.write_bytes(data[:offset] + frame + data[offset + 9 + length:])

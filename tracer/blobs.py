@@ -12,9 +12,10 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
 from tracer.errors import LogError
+from tracer.files import read_regular
 from tracer.fingerprint import fingerprint
 from tracer.log.layout import BLOB_DIR
 
@@ -46,13 +47,14 @@ class BlobStore:
     def get(self, fp: int, *, verify: bool = True) -> torch.Tensor:
         """Load the tensor stored under ``fp``; with ``verify``, prove it still has those bits."""
         src = self.path(fp)
-        if not src.is_file():
+        if not os.path.lexists(src):
             raise LogError(
                 f"{src}: blob {fp:016x} is missing; copy the run's {BLOB_DIR}/ directory "
                 "along with its logs, or record again with a capture policy that includes it"
             )
+        data = read_regular(src, "blob")  # a FIFO or /dev/zero in its place: an error, not a hang
         try:
-            tensor = load_file(str(src))["tensor"]
+            tensor = load(data)["tensor"]
         except (SafetensorError, KeyError, OSError) as exc:
             raise LogError(f"{src}: unreadable blob ({exc}); delete it and capture again") from exc
         if verify and fingerprint(tensor) != fp:

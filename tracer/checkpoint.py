@@ -10,6 +10,7 @@ silently replayed. No pickle anywhere.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -25,8 +26,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
 from tracer.errors import LogError
+from tracer.files import read_regular
 from tracer.fingerprint import fingerprint
 from tracer.log.layout import CHECKPOINT_DIR
+from tracer.log.records import MAX_DEPTH, MAX_STEP, MAX_WORLD_SIZE, nesting_depth_over
 
 CHECKPOINT_GLOB = f"{CHECKPOINT_DIR}/step-*/rank-*.msgpack"  # every complete checkpoint's manifest (renamed in last)
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
@@ -140,17 +143,18 @@ def load_checkpoint(run_dir: str | Path, step: int, rank: int = 0) -> Checkpoint
     """Read and verify the checkpoint of ``step``; errors name the file and what to do."""
     base = checkpoint_dir(run_dir, step) / f"rank-{rank:05d}"
     mp, st = base.with_suffix(".msgpack"), base.with_suffix(".safetensors")
-    if not mp.is_file() or not st.is_file():
+    if not os.path.lexists(mp) or not os.path.lexists(st):
         have = list_checkpoints(run_dir, rank)
         raise LogError(
             f"{base}: no complete checkpoint for step {step}, rank {rank} "
             f"(checkpoints at steps {have or 'none'}; record with a smaller checkpoint interval)"
         )
-    try:
-        manifest, tensors = mp.read_bytes(), st.read_bytes()
-    except OSError as exc:
-        raise LogError(f"{base}: unreadable checkpoint ({exc})") from exc
-    return decode_checkpoint(manifest, tensors, str(base))
+    manifest, tensors = read_regular(mp, "checkpoint manifest"), read_regular(st, "checkpoint tensors")
+    ckpt = decode_checkpoint(manifest, tensors, str(base))
+    if ckpt.step != step:
+        raise LogError(f"{mp}: checkpoint manifest field 'step' is {ckpt.step}, but the file is that of step {step}: "
+                       "a checkpoint was copied into the wrong folder; record it again")
+    return ckpt
 
 
 def checkpoint_files(step: int, rank: int) -> tuple[str, str]:
@@ -170,9 +174,12 @@ def decode_checkpoint(manifest_bytes: bytes, tensor_bytes: bytes, source: str) -
     try:
         manifest = msgpack.unpackb(manifest_bytes, raw=False, strict_map_key=False)
         tensors = load(tensor_bytes)
-    except (ValueError, msgpack.ExtraData, SafetensorError) as exc:
-        raise LogError(f"{source}: unreadable checkpoint ({exc})") from exc
-    expected = manifest.get("fingerprints", {})
+    except (ValueError, TypeError, msgpack.UnpackException, SafetensorError) as exc:
+        raise LogError(f"{source}: unreadable checkpoint ({exc})") from None
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise LogError(f"{source}: checkpoint manifest field {problem}: the checkpoint is damaged; record it again")
+    expected = manifest["fingerprints"]
     if set(expected) != set(tensors):
         raise LogError(f"{source}: tensors do not match the manifest (an incomplete copy?)")
     for key, t in tensors.items():
@@ -185,8 +192,10 @@ def decode_checkpoint(manifest_bytes: bytes, tensor_bytes: bytes, source: str) -
         state: dict[int, dict[str, Any]] = {int(pid): dict(vals) for pid, vals in meta["state"].items()}
         for k, v in tensors.items():
             if k.startswith("optim/"):
-                _, pid, key = k.split("/", 2)
-                state.setdefault(int(pid), {})[key] = v
+                _, pid, key = (k + "//").split("/", 2)
+                if not pid.isdigit() or len(pid) > 10 or not key.strip("/"):
+                    raise LogError(f"{source}: checkpoint tensor {k!r:.80} must be named optim/<parameter id>/<key>")
+                state.setdefault(int(pid), {})[key.removesuffix("//")] = v
         optimizer = {"state": state, "param_groups": meta["param_groups"]}
     rng = dict(manifest["rng"])
     rng["torch"] = tensors.get("rng/torch")
@@ -196,6 +205,67 @@ def decode_checkpoint(manifest_bytes: bytes, tensor_bytes: bytes, source: str) -
                       states=states)
 
 
+_MANIFEST_KEYS = ("step", "rank", "fingerprints", "optimizer", "rng", "data", "states")
+
+
+def _manifest_problem(m: Any) -> str | None:
+    """What is missing, ill-typed or out of range in a decoded manifest; None if it has the shape save_checkpoint
+    writes. Checked before any value is used."""
+    if not isinstance(m, dict):
+        return f"(the whole manifest) must be a map, found {type(m).__name__}"
+    missing = [k for k in _MANIFEST_KEYS if k not in m]
+    if missing:
+        return f"{missing[0]!r} is missing"
+    step, rank = m["step"], m["rank"]
+    if not (type(step) is int and 0 <= step <= MAX_STEP):
+        return f"'step' must be an int in 0..{MAX_STEP}, found {step!r:.80}"
+    if not (type(rank) is int and 0 <= rank < MAX_WORLD_SIZE):
+        return f"'rank' must be an int in 0..{MAX_WORLD_SIZE - 1}, found {rank!r:.80}"
+    fps = m["fingerprints"]
+    if not (isinstance(fps, dict) and all(isinstance(k, str) and isinstance(v, str) and _HEX16.fullmatch(v)
+                                          for k, v in fps.items())):
+        return f"'fingerprints' must map tensor name to 16 hex digits, found {fps!r:.80}"
+    for name in ("data", "states"):
+        if not isinstance(m[name], dict) or nesting_depth_over(m[name]):
+            return f"{name!r} must be a map nested at most {MAX_DEPTH} deep, found {type(m[name]).__name__}"
+    rng = m["rng"]
+    if not (isinstance(rng, dict) and isinstance(rng.get("python"), list) and len(rng["python"]) == 3
+            and type(rng["python"][0]) is int and isinstance(rng["python"][1], list) and len(rng["python"][1]) == 625
+            and all(type(x) is int and 0 <= x < 1 << 32 for x in rng["python"][1])
+            and rng["python"][1][-1] <= 624 and (rng["python"][2] is None or isinstance(rng["python"][2], float))):
+        return "'rng.python' must be [version, 625 ints < 2**32 (the last <= 624), float or nil] (random.getstate())"
+    numpy_state = rng.get("numpy")
+    if numpy_state is not None and not (
+            isinstance(numpy_state, list) and len(numpy_state) == 5 and isinstance(numpy_state[0], str)
+            and isinstance(numpy_state[1], list) and len(numpy_state[1]) == 624
+            and all(type(x) is int and 0 <= x < 1 << 32 for x in numpy_state[1])
+            and type(numpy_state[2]) is int and 0 <= numpy_state[2] <= 624 and type(numpy_state[3]) is int
+            and isinstance(numpy_state[4], float)):
+        return "'rng.numpy' must be [name, 624 ints < 2**32, pos 0..624, has_gauss, float] (numpy.random.get_state())"
+    return _optimizer_problem(m["optimizer"])
+
+
+def _optimizer_problem(opt: Any) -> str | None:
+    if opt is None:
+        return None
+    if not (isinstance(opt, dict) and isinstance(opt.get("param_groups"), list) and isinstance(opt.get("state"), dict)):
+        return f"'optimizer' must be nil or {{param_groups: list, state: map}}, found {opt!r:.80}"
+    for i, group in enumerate(opt["param_groups"]):
+        if not isinstance(group, dict) or nesting_depth_over(group):
+            return f"'optimizer.param_groups[{i}]' must be a map, found {type(group).__name__}"
+        lr = group.get("lr")
+        if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr >= 0):
+            return f"'optimizer.param_groups[{i}].lr' must be a finite number >= 0, found {lr!r:.80}"
+        params = group.get("params")
+        if not (isinstance(params, list) and all(type(p) is int and 0 <= p < 1 << 32 for p in params)):
+            return f"'optimizer.param_groups[{i}].params' must be a list of parameter ids, found {params!r:.80}"
+    for pid, vals in opt["state"].items():
+        if not (isinstance(pid, str) and pid.isdigit() and len(pid) <= 10 and isinstance(vals, dict)):
+            return f"'optimizer.state' must map parameter id (digits) to a map, found {pid!r:.40}: {vals!r:.40}"
+    return None
+
+
+_HEX16 = re.compile(r"[0-9a-f]{16}")
 _TENSOR_REF = "__sdctrace_tensor__"
 
 

@@ -26,8 +26,12 @@ from typing import Any, Literal
 
 from tracer import typed_toml
 from tracer.typed_toml import check, require
+from tracer.log.records import MAX_STEP
 
 DEFAULT_CONFIG = "tiny"
+# Largest model the reference workload builds (a llama3-style 8B is 8e9): a typo such as dim=1048576 is refused
+# before torch tries to allocate terabytes.
+MAX_PARAMETERS = 10_000_000_000
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,18 @@ class ModelConfig:
         for name in ("norm_eps", "rope_theta", "init_std"):
             value = getattr(self, name)
             require(value > 0, name, value, "> 0")
+        check(self.parameters <= MAX_PARAMETERS, "dim",
+              lambda at: f"the model would have {self.parameters:,} parameters ({at}dim = {self.dim}, "
+                         f"{at}n_layers = {self.n_layers}, {at}ffn_hidden = {self.ffn_hidden}, "
+                         f"{at}vocab_size = {self.vocab_size}), over the {MAX_PARAMETERS:,} this reference workload "
+                         "builds; make them smaller, or trace your own model with --workload")
+
+    @property
+    def parameters(self) -> int:
+        """Parameters of the decoder, computed before anything is allocated (norms, biases-free projections)."""
+        kv = self.dim // self.n_heads * self.n_kv_heads
+        layer = self.dim * (2 * self.dim + 2 * kv) + 3 * self.dim * self.ffn_hidden + 2 * self.dim
+        return 2 * self.vocab_size * self.dim + self.n_layers * layer + self.dim
 
     @property
     def head_dim(self) -> int:
@@ -170,7 +186,8 @@ class RunConfig:
     checkpoint_every: int = 10  # optimizer steps between checkpoints; 0 = never
 
     def __post_init__(self) -> None:
-        check(self.steps >= 1, "steps", lambda at: f"{at}steps = {self.steps} must be >= 1")
+        check(1 <= self.steps <= MAX_STEP, "steps",
+              lambda at: f"{at}steps = {self.steps} must be in 1..{MAX_STEP} (the largest step a log records)")
         check(self.checkpoint_every >= 0, "checkpoint_every",
               lambda at: f"{at}checkpoint_every = {self.checkpoint_every} must be >= 0 (0 = never)")
 

@@ -94,12 +94,28 @@ class QueryLibrary:
 def connect(db_path: str | Path) -> duckdb.DuckDBPyConnection:
     """A read-only connection without file system access, its configuration locked."""
     path = Path(db_path)
+    if path.is_dir():
+        raise UsageError(f"--db {path}: is a directory, not a study database; name the .duckdb file `sdc diff` wrote")
     if not path.is_file():
         raise UsageError(f"{path}: no such study database; create it with `sdc diff ... --db {path}`")
     try:
         return duckdb.connect(str(path), read_only=True, config=dict(_LOCKED))
     except duckdb.Error as exc:
-        raise UsageError(f"{path}: cannot open as a DuckDB study database: {_one_line(exc)}") from None
+        raise open_error(path, exc) from None
+
+
+def open_error(path: Path, exc: BaseException) -> UsageError:
+    """The one-line error for a study database DuckDB cannot open: locked by another process, or not a database."""
+    text = _one_line(exc)
+    if "lock" in text.lower():
+        return UsageError(
+            f"--db {path}: locked by another process that has it open for writing ({text}); wait for that `sdc diff` "
+            "or other DuckDB writer to finish (or close it), or use another --db"
+        )
+    return UsageError(
+        f"--db {path}: cannot open as a DuckDB study database ({text}); give the .duckdb file `sdc diff` wrote, "
+        "or a new path"
+    )
 
 
 def _check_read_only(con: duckdb.DuckDBPyConnection, text: str) -> None:

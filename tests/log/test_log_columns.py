@@ -7,6 +7,7 @@ import random
 import warnings
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from tracer.errors import LogCorruptionError
@@ -15,6 +16,7 @@ from tracer.log import (
     LogReader,
     LogWriter,
     Phase,
+    RecordType,
     RunHeader,
     SegmentSummary,
     LostRange,
@@ -25,6 +27,8 @@ from tracer.log import (
     read_segment_columns,
 )
 from tracer.log.layout import list_segments, segment_path
+from tracer.log.records import MAX_MICROBATCH, MAX_STEP
+from tests.support import reframe
 
 
 def columnar(directory: Path, mode: str = "skip") -> tuple[list[tuple], list[tuple], list[tuple], bool, bool]:
@@ -115,14 +119,15 @@ def test_clean_multi_segment_log_matches_the_reference(make_log) -> None:
 
 
 def test_every_encoding_the_writer_can_produce(tmp_path: Path, header: RunHeader) -> None:
-    """Negative and 32-bit steps, tiny and huge fingerprints, special floats, repeated and unicode names."""
+    """32- and 64-bit steps and counts up to their bounds, tiny and huge fingerprints, special floats, repeated and
+    unicode names."""
     rng = random.Random(3)
     values = [0, 1, 127, 128, 255, 256, 65_535, 65_536, 2**32 - 1, 2**32, 2**63 - 1]
     with LogWriter(tmp_path / "rank-00000", header) as w:
         for i in range(2000):
             w.write_tensor(TensorRecord(
-                step=rng.choice(values + [-1, -32, -33, -129, -2**40]),
-                microbatch=rng.choice(values),
+                step=rng.choice([v for v in values if v <= MAX_STEP] + [MAX_STEP]),
+                microbatch=rng.choice([v for v in values if v <= MAX_MICROBATCH] + [MAX_MICROBATCH]),
                 name=rng.choice(["layers.0.attention", "ünïcode.site", "x" * 300]),
                 phase=Phase(rng.randrange(5)),
                 fingerprint=rng.choice(values + [2**64 - 1, rng.getrandbits(64)]),
@@ -181,15 +186,18 @@ def test_missing_and_truncated_segments_are_found_between_segments(make_log, fra
     assert "segment file missing" in reasons and "records are missing from the end" in reasons
 
 
-def test_values_beyond_the_columns_are_reported(tmp_path: Path, header: RunHeader) -> None:
+def test_values_beyond_the_bounds_are_reported_by_both_readers(tmp_path: Path, header: RunHeader, frames) -> None:
     with LogWriter(tmp_path / "rank-00000", header) as w:
-        w.write_tensor(TensorRecord(2**63, 0, "a", Phase.FORWARD, 1, 0.0, 0.0, 0, 0, "m"))
-        w.write_tensor(TensorRecord(1, 0, "a", Phase.FORWARD, -1, 0.0, 0.0, 0, 0, "m"))
-        w.write_tensor(TensorRecord(1, 0, "a", Phase.FORWARD, 5, 0.0, 0.0, 0, 0, "m"))
+        for fp in (1, 2, 5):
+            w.write_tensor(TensorRecord(1, 0, "a", Phase.FORWARD, fp, 0.0, 0.0, 0, 0, "m"))
     path = tmp_path / "rank-00000" / "000000.sdclog"
+    first, second = [f[0] for f in frames(path) if f[1] == RecordType.TENSOR][:2]
+    reframe(path, second, msgpack.packb([1, 0, 0, 0, -1, 0.0, 0.0, 0, 0, 1], use_single_float=True))
+    reframe(path, first, msgpack.packb([2**63, 0, 0, 0, 1, 0.0, 0.0, 0, 0, 1], use_single_float=True))
     seg = read_segment_columns(path.read_bytes(), str(path), last=True, on_corruption="skip")
     assert len(seg.tensors) == 1 and int(seg.tensors.fingerprint[0]) == 5
-    assert [reason for _, _, reason in seg.status.corruptions] == ["TENSOR value out of range: step, microbatch, "
-                                                                   "nan and inf must fit int64 and the fingerprint uint64"] * 2
-    header_, entries, _ = read_segment(path.read_bytes(), str(path), last=True)
-    assert len(list(entries)) == 3  # the reference reader keeps them: only the columns cannot
+    reasons = [reason for _, _, reason in seg.status.corruptions]
+    assert reasons[0].startswith(f"TENSOR field 'step' must be an int in 0..{MAX_STEP}, found int 9223372036854775808")
+    assert reasons[1].startswith("TENSOR field 'fingerprint' must be an unsigned 64-bit int, found int -1")
+    _, entries, status = read_segment(path.read_bytes(), str(path), last=True, on_corruption="skip")
+    assert len(list(entries)) == 1 and [r for _, _, r in status.corruptions] == reasons

@@ -21,10 +21,19 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
-from tracer.log.codec import PayloadError, decode_end, decode_event, decode_string
+from tracer.log.codec import PayloadError, check_event, decode_end, decode_event, decode_string
 from tracer.log.framing import FRAME_SIZE, HEADER_SIZE, MAX_RECORD_BYTES, RecordType
 from tracer.log.reader import Entry, LogStatus, LostRange, OnCorruption, _report, _Segment, _skip_mode
-from tracer.log.records import EndRecord, EventRecord, Phase, RunHeader, TensorRecord
+from tracer.log.records import (
+    MAX_ELEMENTS,
+    MAX_MICROBATCH,
+    MAX_STEP,
+    EndRecord,
+    EventRecord,
+    Phase,
+    RunHeader,
+    TensorRecord,
+)
 
 _HEADER, _STRING, _TENSOR, _EVENT, _END = (int(t) for t in RecordType)
 _I64 = np.iinfo(np.int64)
@@ -280,6 +289,7 @@ def _event(payload: memoryview) -> EventRecord:
         m = None
     if type(m) is dict and len(m) == 3 and type(m.get("kind")) is str and type(m.get("step")) is int \
             and type(m.get("fields")) is dict:
+        check_event(m["kind"], m["step"], m["fields"])  # the schema: ranges and known kinds' fields
         return EventRecord(m["kind"], m["step"], m["fields"])
     return decode_event(payload)  # raises the PayloadError that says what is wrong
 
@@ -419,6 +429,10 @@ def _tensors(
     step, microbatch, name_id, phase, fingerprint, l2, absmax, nan, inf, meta_id = fields
     if len(phase) and not ((phase >= 0) & (phase <= max(Phase))).all():
         return None
+    # codec.decode_tensor's ranges; a record outside them goes through it for the error that names the field
+    for values, hi in ((step, MAX_STEP), (microbatch, MAX_MICROBATCH), (nan, MAX_ELEMENTS), (inf, MAX_ELEMENTS)):
+        if len(values) and not ((values >= 0) & (values <= hi)).all():
+            return None
     ids = np.concatenate([name_id, meta_id])
     if len(ids) and not ((ids >= 0) & (ids < len(position))).all():
         return None

@@ -10,7 +10,6 @@ in `LogStatus`. `read_segment` decodes one segment alone, for parallel readers.
 from __future__ import annotations
 
 import mmap
-import os
 import warnings
 import zlib
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from tracer.errors import LogCorruptionError, LogFormatError, UsageError
+from tracer.files import open_regular
 from tracer.log.codec import PayloadError, decode_end, decode_event, decode_header, decode_string, decode_tensor
 from tracer.log.framing import (
     FILE_HEADER,
@@ -452,8 +452,10 @@ def _all_zero(view: memoryview) -> bool:
 
 
 def _load(path: Path) -> Any:
-    """The segment's bytes, memory-mapped: opening a log reads only what is decoded."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
+    """The segment's bytes, memory-mapped: opening a log reads only what is decoded. Only a regular
+    file is a segment (a FIFO would block, /dev/zero never end); the mapping is its stat'ed size."""
+    f, size = open_regular(path, "log segment")
+    with f:
+        if size == 0:
             return b""
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)

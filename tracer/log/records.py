@@ -9,6 +9,7 @@ schema.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from enum import IntEnum
 from typing import Any, Literal, get_origin, get_type_hints
@@ -18,6 +19,18 @@ from tracer.errors import LogFormatError
 # Version of what the records mean (header fields, event kinds). The byte layout has
 # its own FORMAT_VERSION in framing.py; see docs/log-format.md for when each moves.
 SCHEMA_VERSION = 1
+
+# Bounds on values read from a file, checked where bytes become objects, before anything is
+# sized by them (docs/log-format.md, "Bounds"). A value beyond one is corruption, never data.
+MAX_STEP = 1 << 40  # optimizer steps (and `--steps`): far beyond any training run
+MAX_MICROBATCH = 1 << 20
+MAX_WORLD_SIZE = 1 << 20  # ranks of one run
+MAX_ELEMENTS = (1 << 63) - 1  # a tensor's NaN / Inf counts (int64)
+MAX_STRING_ID = (1 << 32) - 1
+MAX_RECORDS = 1 << 48  # records in one log (HEADER first_record, END records)
+MAX_CREATED_UNIX = float(1 << 34)  # seconds since the epoch: year 2514
+MAX_DEPTH = 64  # nesting of maps and arrays in config, determinism, extra and event fields
+U64_MAX = (1 << 64) - 1
 
 EndStatus = Literal["complete", "failed"]
 END_STATUSES: tuple[EndStatus, ...] = ("complete", "failed")
@@ -91,6 +104,11 @@ class RunHeader:
                 f"{source}: written by a newer sdctrace (schema v{values['schema_version']}, "
                 f"this reader understands <= v{SCHEMA_VERSION}): upgrade sdctrace"
             )
+        problem = _header_problem(values)
+        if problem:
+            raise LogFormatError(
+                f"{source}: run header field {problem}: the header is damaged or was not written by sdctrace"
+            )
         return cls(**values)
 
 
@@ -132,3 +150,63 @@ class EndRecord:
     status: EndStatus  # "failed": the training raised but the writer closed cleanly
     records: int  # TENSOR and EVENT records written in the whole log
     detail: str = ""
+
+
+def nesting_depth_over(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether maps and arrays in `value` nest deeper than `limit` (iterative: no recursion to exhaust)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            v = v.values()
+        elif not isinstance(v, (list, tuple)):
+            continue
+        if depth > limit:
+            return True
+        stack.extend((item, depth + 1) for item in v)
+    return False
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _header_problem(h: dict[str, Any]) -> str | None:
+    """What is out of range or inconsistent in a run header whose field types are right; None if nothing."""
+    world, rank, created = h["world_size"], h["rank"], h["created_unix"]
+    if h["schema_version"] < 1:
+        return f"'schema_version' must be >= 1, found {h['schema_version']}"
+    if not 1 <= world <= MAX_WORLD_SIZE:
+        return f"'world_size' must be in 1..{MAX_WORLD_SIZE}, found {world}"
+    if not 0 <= rank < world:
+        return f"'rank' must be in 0..world_size-1 = {world - 1}, found {rank}"
+    if not -(1 << 63) <= h["seed"] <= U64_MAX:
+        return f"'seed' must fit 64 bits, found {h['seed']:.3g}"
+    if not (math.isfinite(created) and 0 <= created <= MAX_CREATED_UNIX):
+        return f"'created_unix' must be a finite time in 0..{MAX_CREATED_UNIX:.0f} s since the epoch, found {created!r}"
+    bad = next((k for k, v in h["versions"].items() if not isinstance(k, str) or not isinstance(v, str)), None)
+    if bad is not None:
+        return f"'versions' must map str to str, found {bad!r}: {h['versions'][bad]!r:.80}"
+    for name in ("config", "determinism", "extra"):
+        if nesting_depth_over(h[name]):
+            return f"{name!r} nests deeper than {MAX_DEPTH} levels"
+    return _extra_problem(h["extra"], world)
+
+
+def _extra_problem(extra: dict[str, Any], world: int) -> str | None:
+    """The `extra` entries readers rely on: `sites`, `sites_without_backward`, `parallel`."""
+    sites = extra.get("sites")
+    if sites is not None and not (isinstance(sites, list) and all(isinstance(s, str) for s in sites)):
+        return f"'extra.sites' must be a list of str (traced module paths), found {type(sites).__name__} {sites!r:.80}"
+    nb = extra.get("sites_without_backward")
+    if nb is not None and not (isinstance(nb, dict) and all(isinstance(v, str) for v in nb.values())):
+        return f"'extra.sites_without_backward' must map site to reason (str), found {nb!r:.80}"
+    par = extra.get("parallel")
+    if par is None:
+        return None
+    if not isinstance(par, dict) or not all(_is_int(par.get(k)) and par[k] >= 1 for k in ("dp", "tp")) \
+            or not isinstance(par.get("sp", False), bool):
+        return f"'extra.parallel' must be {{dp: int >= 1, tp: int >= 1, sp: bool, coords}}, found {par!r:.80}"
+    if par["dp"] * par["tp"] != world:
+        return f"'extra.parallel' says dp {par['dp']} x tp {par['tp']} ranks, but 'world_size' is {world}"
+    return None

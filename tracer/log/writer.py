@@ -26,7 +26,17 @@ from tracer.log.codec import (
 )
 from tracer.log.framing import MAX_RECORD_BYTES, RecordType, file_header, frame
 from tracer.log.layout import list_segments, segment_path
-from tracer.log.records import END_STATUSES, EndRecord, EndStatus, EventRecord, RunHeader, TensorRecord
+from tracer.log.records import (
+    END_STATUSES,
+    MAX_ELEMENTS,
+    MAX_MICROBATCH,
+    MAX_STEP,
+    EndRecord,
+    EndStatus,
+    EventRecord,
+    RunHeader,
+    TensorRecord,
+)
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
 _BUFFER_BYTES = 1 << 20
@@ -78,6 +88,12 @@ class LogWriter:
         meta_id = strings.get(rec.meta)
         if meta_id is None:
             meta_id = self._intern(rec.meta)
+        if not (0 <= rec.step <= MAX_STEP and 0 <= rec.microbatch <= MAX_MICROBATCH
+                and 0 <= rec.nan <= MAX_ELEMENTS and 0 <= rec.inf <= MAX_ELEMENTS):
+            raise UsageError(
+                f"cannot store {rec!r:.300}: step must be in 0..{MAX_STEP}, microbatch in 0..{MAX_MICROBATCH}, "
+                "nan and inf counts >= 0 (readers refuse anything else as corruption)"
+            )
         try:
             payload = self._encode_tensor(rec, name_id, meta_id)
         except _ENCODE_ERRORS as e:

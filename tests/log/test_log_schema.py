@@ -1,0 +1,155 @@
+"""Well-framed but malformed content: one test per failure mode, each made from a real run's files by re-encoding
+one record (or the checkpoint manifest) with a wrong-typed or out-of-range field and framing it with a correct CRC,
+so it reaches the content check. The reader refuses it naming file, byte offset and field; the CLI says so in
+one line; nothing downstream sees the value.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from sdc.cli import main
+from tests.support import reframe
+from tracer.checkpoint import checkpoint_files, load_checkpoint
+from tracer.errors import LogCorruptionError, LogError, LogFormatError
+from tracer.log import LogReader, RecordType, rank_dir
+
+
+@pytest.fixture
+def run(pretrained: Path, tmp_path: Path) -> Path:
+    shutil.copytree(pretrained, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def segment(run: Path) -> Path:
+    return rank_dir(run, 0) / "000000.sdclog"
+
+
+def frames(path: Path) -> list[tuple[int, int, bytes]]:
+    data, out, pos = path.read_bytes(), [], 16
+    while pos < len(data):
+        length, _, rtype = struct.unpack_from("<IIB", data, pos)
+        out.append((pos, rtype, data[pos + 9 : pos + 9 + length]))
+        pos += 9 + length
+    return out
+
+
+def first(path: Path, rtype: RecordType) -> tuple[int, object]:
+    pos, _, payload = next(f for f in frames(path) if f[1] == rtype)
+    return pos, msgpack.unpackb(payload, raw=False)
+
+
+def craft_tensor(run: Path, index: int, value: object) -> int:
+    path = segment(run)
+    pos, fields = first(path, RecordType.TENSOR)
+    fields[index] = value
+    reframe(path, pos, msgpack.packb(fields, use_single_float=True))
+    return pos
+
+
+def craft_header(run: Path, **run_fields: object) -> None:
+    path = segment(run)
+    pos, header = first(path, RecordType.HEADER)
+    header["run"].update(run_fields)
+    reframe(path, pos, msgpack.packb(header))
+
+
+def inspect_error(run: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["inspect", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("sdc: error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize(("index", "value", "field"), [
+    (0, "7", "step"), (0, -1, "step"), (0, 2**41, "step"), (1, 1.5, "microbatch"), (4, "9e37", "fingerprint"),
+    (5, "big", "l2"), (7, -3, "nan"), (8, None, "inf"),
+])
+def test_tensor_field_of_wrong_type_or_range_names_file_offset_and_field(run, capsys, index, value, field) -> None:
+    pos = craft_tensor(run, index, value)
+    with pytest.raises(LogCorruptionError, match=f"at byte {pos}: TENSOR field '{field}' must be"):
+        list(LogReader(rank_dir(run, 0)).records())
+    assert f"{segment(run)}: corrupt record at byte {pos}: TENSOR field '{field}'" in inspect_error(run, capsys)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"created_unix": 1e300}, "'created_unix' must be a finite time"),
+    ({"created_unix": float("nan")}, "'created_unix' must be a finite time"),
+    ({"world_size": 0}, "'world_size' must be in 1.."),
+    ({"world_size": 2**40}, "'world_size' must be in 1.."),
+    ({"rank": 3}, "'rank' must be in 0..world_size-1"),
+])
+def test_header_value_out_of_range_is_refused(run, capsys, fields, message) -> None:
+    craft_header(run, **fields)
+    with pytest.raises(LogFormatError, match=f"^{segment(run)}: run header field {message}"):
+        LogReader(rank_dir(run, 0))
+    assert message in inspect_error(run, capsys)
+
+
+def test_header_sites_that_are_not_a_list_of_names_are_refused(run, capsys) -> None:
+    path = segment(run)
+    pos, header = first(path, RecordType.HEADER)
+    header["run"]["extra"]["sites"] = 12
+    reframe(path, pos, msgpack.packb(header))
+    with pytest.raises(LogFormatError, match="'extra.sites' must be a list of str"):
+        LogReader(rank_dir(run, 0))
+    assert "'extra.sites' must be a list of str" in inspect_error(run, capsys)
+
+
+def test_blob_reference_of_the_wrong_type_is_corrupt(run, capsys) -> None:
+    path = segment(run)
+    pos, _ = first(path, RecordType.EVENT)
+    fields = {"microbatch": 0, "name": "layers.0", "phase": 0, "fingerprint": "0123456789abcdef"}
+    reframe(path, pos, msgpack.packb({"kind": "blob", "step": 0, "fields": fields}))
+    with pytest.raises(LogCorruptionError, match=f"at byte {pos}: EVENT 'blob' field 'fields.fingerprint' must be"):
+        list(LogReader(rank_dir(run, 0)).records())
+    assert "field 'fields.fingerprint'" in inspect_error(run, capsys)
+
+
+def test_event_step_out_of_range_is_corrupt(run) -> None:
+    path = segment(run)
+    pos, event = first(path, RecordType.EVENT)
+    event["step"] = -5
+    reframe(path, pos, msgpack.packb(event))
+    with pytest.raises(LogCorruptionError, match=f"at byte {pos}: EVENT field 'step' must be an int in 0.."):
+        list(LogReader(rank_dir(run, 0)).records())
+
+
+def test_end_status_outside_the_spec_is_corrupt(run) -> None:
+    path = segment(run)
+    pos, end = first(path, RecordType.END)
+    end["status"] = "exploded"
+    reframe(path, pos, msgpack.packb(end))
+    with pytest.raises(LogCorruptionError, match=f"at byte {pos}: END field 'status' must be one of"):
+        list(LogReader(rank_dir(run, 0)).records())
+
+
+def craft_manifest(run: Path, change) -> Path:  # noqa: ANN001
+    path = run / checkpoint_files(2, 0)[0]
+    manifest = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+    change(manifest)
+    path.write_bytes(msgpack.packb(manifest, use_bin_type=True))
+    return path
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (lambda m: m.pop("rng"), "'rng' is missing"),
+    (lambda m: m.update(step=-2), "'step' must be an int"),
+    (lambda m: m.update(step="2"), "'step' must be an int"),
+    (lambda m: m.update(rank=[0]), "'rank' must be an int"),
+    (lambda m: m.update(data=7), "'data' must be a map"),
+    (lambda m: m["optimizer"]["param_groups"][0].update(lr="fast"), "'optimizer.param_groups[0].lr' must be a finite"),
+    (lambda m: m["optimizer"]["param_groups"][0].update(lr=float("inf")), "'optimizer.param_groups[0].lr'"),
+    (lambda m: m["rng"].update(python=[3, [1, 2], None]), "'rng.python' must be"),
+    (lambda m: m.update(fingerprints={"model/x": 5}), "'fingerprints' must map"),
+])
+def test_checkpoint_manifest_field_is_validated(run, change, field) -> None:
+    craft_manifest(run, change)
+    base = run / checkpoint_files(2, 0)[0].removesuffix(".msgpack")
+    with pytest.raises(LogError, match=f"^{base}: checkpoint manifest field {field}".replace("[", r"\[").replace("]", r"\]")):
+        load_checkpoint(run, 2)
