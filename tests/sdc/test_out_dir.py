@@ -12,6 +12,7 @@ from tests.sdc.test_cli import SMALL_ARGS
 from tests.support import hold_run_dir, rewrite_header
 from tracer.checkpoint import list_checkpoints
 from tracer.log import LogReader, list_ranks, rank_dir
+from tracer.log.records import MAX_WORLD_SIZE
 
 
 def _error(capsys: pytest.CaptureFixture[str]) -> str:
@@ -75,9 +76,12 @@ def test_a_second_writer_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_replay_refuses_a_header_that_claims_ranks_the_run_does_not_hold(run_factory, tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     golden = run_factory("golden")
-    rewrite_header(golden, world_size=10**12)
+    # The most ranks a header may claim at all (tracer.log.records); one rank folder is on disk.
+    header = LogReader(rank_dir(golden, 0)).header
+    parallel = {**header.extra["parallel"], "dp": MAX_WORLD_SIZE}
+    rewrite_header(golden, world_size=MAX_WORLD_SIZE, extra={**header.extra, "parallel": parallel})
     args = ["replay", "--golden", str(golden), "--fault-profile", "healthy-node", "--steps", "1",
             "--out", str(tmp_path / "replay"), "--quiet"]
     assert main(args) == 1  # before any rank is launched: the launcher would start them one by one
-    assert "holds the logs of ranks [0], but its header's world_size is 1000000000000" in _error(capsys)
+    assert f"holds the logs of ranks [0], but its header's world_size is {MAX_WORLD_SIZE}" in _error(capsys)
     assert not (tmp_path / "replay").exists()
