@@ -168,7 +168,9 @@ def test_cli_runs_the_diff_and_errors_in_one_line(runs, tmp_path: Path, capsys: 
 def write_two_ranks(out: Path, header, steps: dict[int, int], changed: tuple[int, int] | None = None) -> None:
     """A 2-rank run of `steps[rank]` steps; `changed`: (rank, step) from which rank's site outputs differ."""
     for rank, n in steps.items():
-        h = dataclasses.replace(header, run_id=f"{out.name}-{rank}", rank=rank, world_size=2)
+        parallel = {"dp": 2, "tp": 1, "sp": False, "coords": {"dp": rank, "tp": 0}}  # two data-parallel replicas
+        h = dataclasses.replace(header, run_id=f"{out.name}-{rank}", rank=rank, world_size=2,
+                                extra={**header.extra, "parallel": parallel})
         with LogWriter(rank_dir(out, rank), h, segment_bytes=2_000) as w:
             for step in range(n):
                 for mb in range(2):
