@@ -22,6 +22,8 @@ from tracer.log import LogReader, Phase, rank_dir
 from tracer.pairing import check_pair
 from tracer.summary import summarize_run
 
+pytestmark = pytest.mark.slow  # records real runs or starts processes: seconds each
+
 
 def header(run: Path):
     return LogReader(rank_dir(run, 0)).header

@@ -14,6 +14,8 @@ import pytest
 
 from tests.support import events
 
+pytestmark = pytest.mark.slow  # records real runs or starts processes: seconds each
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {"hf_trainer": "transformers", "lightning_module": "pytorch_lightning"}  # example -> its extra's package
 

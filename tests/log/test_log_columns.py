@@ -10,16 +10,17 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from tests.support import reframe
 from tracer.errors import LogCorruptionError
 from tracer.log import (
     EventRecord,
     LogReader,
     LogWriter,
+    LostRange,
     Phase,
     RecordType,
     RunHeader,
     SegmentSummary,
-    LostRange,
     TensorRecord,
     chain_lost,
     check_chain,
@@ -28,7 +29,6 @@ from tracer.log import (
 )
 from tracer.log.layout import list_segments, segment_path
 from tracer.log.records import MAX_MICROBATCH, MAX_STEP
-from tests.support import reframe
 
 
 def columnar(directory: Path, mode: str = "skip") -> tuple[list[tuple], list[tuple], list[tuple], bool, bool]:

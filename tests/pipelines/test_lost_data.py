@@ -7,10 +7,13 @@ import shutil
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from analysis import queries
 from tests.pipelines.conftest import flipped_copy
 from tracer.log import LogReader, rank_dir
+
+pytestmark = pytest.mark.slow  # records real runs or starts processes: seconds each
 
 
 def query(db: Path, sql: str) -> list[tuple]:

@@ -17,6 +17,8 @@ import pytest
 from tracer.blobs import BlobStore
 from tracer.checkpoint import checkpoint_files
 
+pytestmark = pytest.mark.slow  # each case runs in a child process: seconds each
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
 

@@ -178,6 +178,7 @@ def test_a_model_without_default_sites_is_a_clear_error_that_shows_its_modules(t
     Tracer(model, None, out=tmp_path / "b", run=RunInfo("x"), options=TraceOptions(activations=False))
 
 
+@pytest.mark.slow
 def test_a_compiled_model_records_the_names_of_the_eager_one(tmp_path: Path) -> None:
     from tests.tracer.test_user_models import lm_loss, train
     from tests.tracer.user_models import tiny_gpt
