@@ -210,12 +210,12 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
                          "Parquet is loaded as this pair's)")
     request.db.resolve().parent.mkdir(parents=True, exist_ok=True)
     connect_writable(request.db).close()  # a bad or locked --db fails now, not after the Beam job
-    staging = request.staging or tempfile.mkdtemp(prefix="sdc-diff-", dir=request.db.resolve().parent)
+    staging = request.staging or scratch_dir(request.db.resolve().parent, "staging")
     report = DiffReport(plan.pair_id, staging)
     try:
         echo(f"[2/3] Beam job on {describe_runner(opts)}, Parquet to {staging} ...")
         start = time.perf_counter()
-        with _heartbeat(echo, start):
+        with _heartbeat(echo, start), _beam_temp():
             p = beam.Pipeline(options=opts)
             build_pipeline(p, plan, staging)
             result = p.run()
@@ -240,6 +240,47 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
     for line in summarize(request.db, plan.pair_id):
         echo(line)
     return report
+
+
+SCRATCH_PREFIX = ".sdc-diff-"  # + purpose-pid-random: what a diff leaves behind if it is killed
+
+
+def scratch_dir(parent: Path, purpose: str) -> str:
+    """A new folder of this diff's in ``parent``, after removing those that killed diffs left there (their
+    process is gone). Only folders named by this function are ever removed."""
+    for old in parent.glob(f"{SCRATCH_PREFIX}*-*-*"):
+        pid = old.name.removeprefix(SCRATCH_PREFIX).split("-")[1]
+        if pid.isdigit() and not _alive(int(pid)) and old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{purpose}-{os.getpid()}-", dir=parent)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def _beam_temp() -> Iterator[None]:
+    """Beam's local runners make temporary folders they never remove (three empty ones per job): give them
+    one of ours for the job, removed afterwards (or by the next diff, if this one is killed)."""
+    folder = scratch_dir(Path(tempfile.gettempdir()), "beam")
+    saved_env, saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = folder, folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager
