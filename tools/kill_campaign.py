@@ -1,0 +1,133 @@
+"""Kill `sdc record` at random moments, then read what it left; try bad command lines. Counts, not a test.
+
+    .venv/bin/python tools/kill_campaign.py --kills 30 --seed 0
+
+Each kill: a tiny `sdc record` in its own process, SIGKILLed at a random moment between creating its run
+directory and its usual end; then `sdc inspect` and `sdc inspect --skip-corrupt` on what it left, and `sdc record --overwrite` into
+the same folder (the writer lock of a dead process must not block it). Each bad command line runs once.
+Every outcome is one of: ok, clean (a one-line `sdc: error`), traceback, hang. Prints one line per case
+and the totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+SDC = [sys.executable, "-m", "sdc.cli"]
+TINY = ["--steps", "20", "--set", "model.n_layers=1", "--set", "run.checkpoint_every=2", "--quiet"]
+TIMEOUT_S = 120
+
+
+def outcome(args: list[str]) -> tuple[str, str]:
+    try:
+        done = subprocess.run([*SDC, *args], capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return "hang", ""
+    if "Traceback" in done.stderr:
+        return "traceback", done.stderr.strip().splitlines()[-1]
+    if done.returncode == 0:
+        return "ok", done.stdout.strip().splitlines()[1] if done.stdout.count("\n") > 1 else done.stdout.strip()
+    lines = done.stderr.strip().splitlines()
+    return ("clean" if len(lines) == 1 and lines[0].startswith("sdc: error") else "traceback"), lines[-1]
+
+
+def _started(out: Path, proc: subprocess.Popen[bytes]) -> float:
+    """Wait until the recording has created its run directory (imports take most of a process's life)."""
+    while not out.exists() and proc.poll() is None:
+        time.sleep(0.005)
+    return time.perf_counter()
+
+
+def kills(n: int, seed: int, root: Path, totals: Counter[str]) -> None:
+    rng = random.Random(seed)
+    timing = root / "timing"
+    proc = subprocess.Popen([*SDC, "record", "--out", str(timing), "--node-label", "t", *TINY])
+    began = _started(timing, proc)
+    proc.wait()
+    window = time.perf_counter() - began  # from the run directory's creation to the process's end
+    for i in range(n):
+        out = root / f"killed-{i}"
+        proc = subprocess.Popen([*SDC, "record", "--out", str(out), "--node-label", "k", *TINY],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _started(out, proc)
+        delay = rng.uniform(0.0, window)
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        for name, args in (("inspect", ["inspect", str(out)]),
+                           ("inspect --skip-corrupt", ["inspect", "--skip-corrupt", str(out)]),
+                           ("record --overwrite", ["record", "--out", str(out), "--node-label", "k", "--overwrite",
+                                                   *TINY])):
+            kind, line = outcome(args)
+            totals[f"kill/{name}/{kind}"] += 1
+            print(f"kill {i:>3} at {delay:5.2f} s  {name:<24} {kind:<9} {line[:110]}")
+
+
+def bad_command_lines(root: Path, totals: Counter[str]) -> None:
+    run = root / "timing"
+    (root / "file.txt").write_text("not a run")
+    cases = [
+        ["record", "--out", str(root / "file.txt" / "run")],
+        ["record", "--out", str(root / "r1"), "--steps", "0"],
+        ["record", "--out", str(root / "r1"), "--steps", str(10**23)],
+        ["record", "--out", str(root / "r1"), "--set", "model.dimm=3"],
+        ["record", "--out", str(root / "r1"), "--set", "model.dim=1048576"],
+        ["record", "--out", str(root / "r1"), "--config", str(root / "missing.toml")],
+        ["record", "--out", str(root / "r1"), "--fault-profile", "no-such-profile"],
+        ["record", "--out", str(root / "r1"), "--workload", "no.such:thing"],
+        ["record", "--out", str(root / "r1"), "--sites", "("],
+        ["record", "--out", str(root / "r1"), "--capture-steps", "a,b"],
+        ["record", "--out", str(run), "--node-label", "x"],
+        ["inspect", str(root / "nothing")],
+        ["inspect", str(root / "file.txt")],
+        ["replay", "--golden", str(run), "--fault-profile", "healthy-node", "--steps", "5:2", "--out", str(root / "r2")],
+        ["replay", "--golden", str(run), "--fault-profile", "healthy-node", "--steps", "1:99", "--out", str(root / "r2")],
+        ["replay", "--golden", str(run), "--fault-profile", "healthy-node", "--steps", "1", "--out", str(run),
+         "--overwrite"],
+        ["replay", "--golden", str(root / "nothing"), "--fault-profile", "healthy-node", "--steps", "1",
+         "--out", str(root / "r2")],
+        ["diff", "--golden", str(run), "--suspect", str(root / "nothing"), "--db", str(root / "d.duckdb")],
+        ["diff", "--golden", str(run), "--suspect", str(run), "--db", str(root)],
+        ["diff", "--golden", str(run), "--suspect", str(run), "--db", str(root / "file.txt")],
+        ["diff", "--golden", str(run), "--suspect", str(run), "--db", str(root / "d.duckdb"), "--", "--runner",
+         "NoSuchRunner"],
+        ["query", "summary", "--db", str(root / "missing.duckdb")],
+        ["query", "--sql", "DROP TABLE runs", "--db", str(root / "d.duckdb")],
+        ["query", "no_such_query", "--db", str(root / "d.duckdb")],
+        ["report", "--db", str(root / "file.txt"), "--out", str(root / "rep")],
+        ["faults", "show", "no-such-profile"],
+        ["finetune", "--from", str(root / "nothing"), "--out", str(root / "ft")],
+        ["finetune", "--from", str(run), "--out", str(run), "--overwrite"],
+        ["study", "no-such-study", "--out", str(root / "s")],
+        ["verify-determinism", "--steps", "-1"],
+    ]
+    for args in cases:
+        kind, line = outcome(args)
+        totals[f"bad command line/{kind}"] += 1
+        print(f"bad  {' '.join(args[:2]):<28} {kind:<9} {line[:110]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kills", type=int, default=30, help="recordings to kill (default 30)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the kill moments")
+    args = p.parse_args(argv)
+    totals: Counter[str] = Counter()
+    with tempfile.TemporaryDirectory(prefix="sdc-campaign-") as tmp:
+        kills(args.kills, args.seed, Path(tmp), totals)
+        bad_command_lines(Path(tmp), totals)
+    print("\ntotals:")
+    for key, count in sorted(totals.items()):
+        print(f"  {key:<48} {count}")
+    return 0 if not any(k.endswith(("/traceback", "/hang")) for k in totals) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
