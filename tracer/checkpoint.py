@@ -25,7 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
-from tracer.errors import LogError
+from tracer.errors import CaptureError, LogError
 from tracer.files import read_regular
 from tracer.fingerprint import fingerprint
 from tracer.log.layout import CHECKPOINT_DIR
@@ -130,12 +130,20 @@ def save_checkpoint(
         "states": plain_states,
     }
     base = d / f"rank-{rank:05d}"
-    tmp_st = base.with_suffix(".safetensors.tmp")
-    save_file(tensors, str(tmp_st))
-    os.replace(tmp_st, base.with_suffix(".safetensors"))
-    tmp_mp = base.with_suffix(".msgpack.tmp")
-    tmp_mp.write_bytes(msgpack.packb(manifest, use_bin_type=True))
-    os.replace(tmp_mp, base.with_suffix(".msgpack"))
+    tmp_st, tmp_mp = base.with_suffix(".safetensors.tmp"), base.with_suffix(".msgpack.tmp")
+    try:
+        save_file(tensors, str(tmp_st))
+        os.replace(tmp_st, base.with_suffix(".safetensors"))
+        tmp_mp.write_bytes(msgpack.packb(manifest, use_bin_type=True))
+        os.replace(tmp_mp, base.with_suffix(".msgpack"))
+    except (OSError, SafetensorError) as exc:
+        # Nothing half-written stays: without its manifest (renamed in last) the tensors are no checkpoint.
+        for path in (tmp_st, tmp_mp, base.with_suffix(".safetensors")):
+            path.unlink(missing_ok=True)
+        if not any(d.iterdir()):
+            d.rmdir()
+        raise CaptureError(f"{d}: cannot write the checkpoint of step {step} ({exc}); free space on that "
+                           "file system or record somewhere else") from exc
     return d
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from tracer.errors import LogError
 from tracer.fingerprint import fingerprint
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase, TensorRecord
+from tracer.summary import summarize_run
 from workload.protocol import run_step
 from workload.reference import build
 
@@ -113,3 +116,25 @@ def test_a_state_that_needs_pickle_is_refused_naming_it(tmp_path: Path) -> None:
 
     with pytest.raises(LogError, match=r"'state/odd/fn': cannot store a object without pickle"):
         save_checkpoint(tmp_path, 0, 0, model, None, {}, states={"odd": Odd()})
+
+
+_FULL_DISK = """
+import resource, signal, sys
+from sdc.cli import main
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20))  # log segments fit; a checkpoint does not
+sys.exit(main(["record", "--out", sys.argv[1], "--node-label", "full", "--steps", "3",
+               "--set", "run.checkpoint_every=2", "--quiet"]))
+"""
+
+
+@pytest.mark.slow
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_leaves_nothing_half_written(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-c", _FULL_DISK, str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("sdc: error: ") and "cannot write the checkpoint of step 0" in done.stderr
+    assert list_checkpoints(out) == [] and not (out / "checkpoints" / "step-000000").exists()
+    (summary,) = summarize_run(out)
+    assert summary.status.end is not None and summary.status.end.status == "failed"
+    assert "cannot write the checkpoint" in summary.status.end.detail
