@@ -209,6 +209,7 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
         raise UsageError(f"--staging {request.staging}: not empty; give an empty or new directory (all its "
                          "Parquet is loaded as this pair's)")
     request.db.resolve().parent.mkdir(parents=True, exist_ok=True)
+    created = not request.db.exists()
     connect_writable(request.db).close()  # a bad or locked --db fails now, not after the Beam job
     staging = request.staging or scratch_dir(request.db.resolve().parent, "staging")
     report = DiffReport(plan.pair_id, staging)
@@ -234,6 +235,11 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
             _report_runs(local, plan, echo)
             echo(f"[3/3] loading into {request.db} ...")
             report.rows = load_parquet(request.db, local, plan.pair_id)
+    except BaseException:
+        if created:  # the early check made an empty database: a failed diff leaves none
+            for path in (request.db, request.db.with_name(request.db.name + ".wal")):
+                path.unlink(missing_ok=True)
+        raise
     finally:
         if not keep:
             shutil.rmtree(staging, ignore_errors=True)

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.run import SCRATCH_PREFIX, scratch_dir
+from tests.pipelines.conftest import flipped_copy
+from tracer.errors import SdcError
 
 
 @pytest.mark.slow
@@ -42,3 +44,13 @@ def test_folders_of_killed_diffs_are_removed_and_nothing_else(tmp_path: Path) ->
     new = Path(scratch_dir(tmp_path, "staging"))
     assert not left.exists() and running.is_dir() and all(f.is_dir() for f in users)
     assert new.is_dir() and new.name.startswith(f"{SCRATCH_PREFIX}staging-{os.getpid()}-")
+
+
+@pytest.mark.slow
+def test_a_failed_diff_leaves_no_new_database(runs, run_diff, tmp_path: Path) -> None:
+    suspect = tmp_path / "suspect"
+    flipped_copy(runs["twin"], suspect)
+    db = tmp_path / "out" / "new.duckdb"
+    with pytest.raises(SdcError, match="corrupt"):
+        run_diff(runs["golden"], suspect, db=db)
+    assert not db.exists() and not db.with_name("new.duckdb.wal").exists()
