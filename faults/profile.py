@@ -32,7 +32,6 @@ from tracer.errors import ConfigError, ValidationError
 from tracer.log.records import Phase
 from tracer.typed_toml import INLINE, InvalidValue, check, require, toml_field
 
-KINDS = ("bitflip", "scale", "stuck")
 _BITS = ", ".join(f'"{f}"' for f in FIELDS) + " or a bit index 0..63"
 _FACTOR = "a finite non-zero number, or [low, high] with 0 < low <= high"
 _VALUE = "a number (nan and inf allowed)"

@@ -40,8 +40,8 @@ from tracer.errors import LogError, LogFormatError, UsageError
 from tracer.files import open_regular, read_regular
 from tracer.log import (
     SEGMENT_GLOB,
-    RunHeader,
     LostRange,
+    RunHeader,
     SegmentSummary,
     chain_lost,
     check_chain,
@@ -155,21 +155,12 @@ class RankInfo:
     torn_tail: bool
     last_step: int | None  # last completed step: from `step` events, else the last tensor's
     lost: tuple[LostRange, ...] = ()  # what corruption hid (`tracer.log.chain_lost`)
-    status: str = "complete"  # see `run_status`
+    status: str = "complete"  # complete, failed (END says training raised), crashed (no END), corrupt (skipped data)
 
     @property
     def lost_steps(self) -> tuple[tuple[int | None, int | None], ...]:
         """(first, last) steps corruption made unknown; None: from the start, through the end."""
         return tuple((r.first_step, r.last_step) for r in self.lost)
-
-
-RUN_STATUSES = ("complete", "failed", "crashed", "corrupt")
-
-
-def run_status(statuses: Iterable[str]) -> str:
-    """A run's (or rank's) status: its worst; corrupt (corruption was skipped) > crashed (no END record) >
-    failed (END says training raised) > complete."""
-    return max(statuses, key=RUN_STATUSES.index, default="complete")
 
 
 def describe_run(path: str) -> RunLayout:

@@ -7,12 +7,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracer.log import LogReader, LogWriter, rank_dir
-from tracer.log.records import EventRecord, TensorRecord
+from tracer.log.records import EventRecord, Phase, TensorRecord
 from workload.config import Config, load_config
 from workload.finetune import FinetuneSettings
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # A 2-layer model with short sequences and a handful of steps: real, but quick.
 SMALL = ["model.n_layers=2", "data.batch_size=2", "data.seq_len=32", "run.steps=4", "run.checkpoint_every=2"]
@@ -117,3 +120,12 @@ def reframe(path: Path, offset: int, payload: bytes) -> None:
     length, _crc, rtype = struct.unpack_from("<IIB", data, offset)
     frame = struct.pack("<IIB", len(payload), zlib.crc32(bytes([rtype]) + payload), rtype) + payload
     path.write_bytes(data[:offset] + frame + data[offset + 9 + length:])
+
+
+def captured_gradients(run: Path, step: int) -> dict[str, np.ndarray]:
+    """The full parameter gradients a run captured (CapturePolicy) at ``step``, by name, in float64."""
+    from tracer.blobs import BlobStore
+
+    store = BlobStore(run)
+    return {e.fields["name"]: store.get(e.fields["fingerprint"]).double().numpy()
+            for e in events(run, "blob") if e.step == step and e.fields["phase"] == int(Phase.GRAD)}

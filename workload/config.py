@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tracer import typed_toml
-from tracer.typed_toml import check, require
 from tracer.log.records import MAX_STEP
+from tracer.typed_toml import check, require
 
 DEFAULT_CONFIG = "tiny"
 # Largest model the reference workload builds (a llama3-style 8B is 8e9): a typo such as dim=1048576 is refused

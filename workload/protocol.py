@@ -54,20 +54,20 @@ class RunSettings:
     steps: int = 30
     checkpoint_every: int = 10  # optimizer steps between checkpoints; 0 = never
 
+    def __post_init__(self) -> None:
+        for name, low in (("steps", 1), ("checkpoint_every", 0)):
+            value = getattr(self, name)
+            typed_toml.check(value >= low, name, lambda at, n=name, v=value, lo=low: f"{at}{n} = {v} must be an "
+                             f"integer >= {lo}")
+
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> RunSettings:
-        run = config.get("run", {})
-        if not isinstance(run, Mapping):
-            raise ConfigError(f"[run] must be a table with steps and checkpoint_every, found {run!r}")
-        unknown = set(run) - {"steps", "checkpoint_every"}
-        if unknown:
-            raise ConfigError(f"unknown key run.{sorted(unknown)[0]}; [run] takes steps and checkpoint_every")
-        settings = cls(**{k: run[k] for k in ("steps", "checkpoint_every") if k in run})
-        for name in ("steps", "checkpoint_every"):
-            value = getattr(settings, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "steps" else 0):
-                raise ConfigError(f"run.{name} = {value!r} must be an integer >= {1 if name == 'steps' else 0}")
-        return settings
+        return typed_toml.from_dict(_RunSection, {"run": config.get("run", {})}, "the workload config").run
+
+
+@dataclass(frozen=True)
+class _RunSection:
+    run: RunSettings = RunSettings()
 
 
 class StepObserver(Protocol):

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 from sdc.cli import main
-from tests.support import diff_first_divergence, events
-from tracer.blobs import BlobStore
+from tests.support import captured_gradients, diff_first_divergence, events
 from tracer.compare import compare_runs
-from tracer.log import LogReader, Phase, rank_dir
+from tracer.log import LogReader, rank_dir
 from tracer.summary import summarize_run
 
 pytestmark = pytest.mark.slow
@@ -106,12 +105,6 @@ def test_lockstep_reports_a_mismatch_at_the_faulty_site_only(runs: Runs) -> None
     # activations, so it may differ too. Nothing else may.
     assert (MICROBATCH, SITE, "forward") in hit
     assert hit <= {(MICROBATCH, SITE, "forward"), (MICROBATCH, SITE, "backward")}
-
-
-def captured_gradients(run: Path, step: int) -> dict[str, np.ndarray]:
-    store = BlobStore(run)
-    return {e.fields["name"]: store.get(e.fields["fingerprint"]).double().numpy()
-            for e in events(run, "blob") if e.step == step and Phase(e.fields["phase"]) == Phase.GRAD}
 
 
 def test_param_sync_noise_equals_one_from_full_gradient_tensors(runs: Runs) -> None:

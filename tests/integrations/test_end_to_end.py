@@ -15,10 +15,9 @@ import pytest
 
 from sdc.cli import main
 from tests.integrations.conftest import Recorded
-from tests.support import diff_first_divergence, events
-from tracer.blobs import BlobStore
+from tests.support import captured_gradients, diff_first_divergence, events
 from tracer.compare import compare_runs
-from tracer.log import LogReader, Phase, rank_dir
+from tracer.log import LogReader, rank_dir
 from tracer.pairing import check_pair
 from tracer.summary import summarize_run
 
@@ -87,9 +86,3 @@ def test_param_sync_noise_equals_the_recorded_gradients(recorded: Recorded, tmp_
     diff = np.sqrt(sum(np.sum((sick[n] - golden[n]) ** 2) for n in golden))
     norm = np.sqrt(sum(np.sum(golden[n] ** 2) for n in golden))
     assert diff > 0 and total.fields["ratio"] == pytest.approx(diff / norm, rel=1e-6)
-
-
-def captured_gradients(run: Path, step: int) -> dict[str, np.ndarray]:
-    store = BlobStore(run)
-    return {e.fields["name"]: store.get(e.fields["fingerprint"]).double().numpy()
-            for e in events(run, "blob") if e.step == step and e.fields["phase"] == int(Phase.GRAD)}
