@@ -14,21 +14,27 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,hf,lightning]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+# The fused digest kernel (tracer/kernel): compiled once per machine and source, about half a minute.
+KERNEL := $(VENV)/.sdctrace-kernel
+$(KERNEL): $(STAMP) tracer/kernel/digest.cpp
+	$(PY) -m tracer.kernel
+	touch $(KERNEL)
+
+venv: $(KERNEL)
 
 SDC    := $(VENV)/bin/sdc
 
 # The whole study on the embedded default (sdc/study/studies/demo.toml): record a golden
 # node and four emulated ones, replay, diff into DuckDB, fine-tune, print the tables, report.
-demo: $(STAMP)
+demo: $(KERNEL)
 	$(SDC) demo --out $(DEMO) --overwrite
 
-test: $(STAMP)
+test: $(KERNEL)
 	$(PY) -m pytest -q
 
 # The tests not marked slow (pyproject.toml): no recorded study, Beam job on recorded runs or multi-rank
 # launch; under a minute on 2 cores. `make test` runs these and the slow ones.
-test-fast: $(STAMP)
+test-fast: $(KERNEL)
 	$(PY) -m pytest -q -m "not slow"
 
 # XLA: torch-xla's wheel works with one torch release only, which its metadata does not
@@ -55,7 +61,7 @@ test-xla: $(XLA_STAMP)
 bench-xla: $(XLA_STAMP)
 	PJRT_DEVICE=CPU $(XLA_PY) benchmarks/bench_xla.py
 
-bench: $(STAMP)
+bench: $(KERNEL)
 	$(PY) benchmarks/run.py
 
 clean:

@@ -19,7 +19,8 @@ def side_by_side(plain: Workload, traced: Workload, tracer: Tracer, steps: int) 
     t_plain, t_traced = [], []
     for step in range(steps):
         s = time.perf_counter()
-        run_step(plain, step)
+        with tracer.paused():  # a collective observer is process-wide: keep the untraced twin's out of the log
+            run_step(plain, step)
         t_plain.append(time.perf_counter() - s)
         s = time.perf_counter()
         with tracer.step(step):

@@ -17,6 +17,19 @@ returns one int64 plus the stats; only those cross to the host. On a lazy (XLA)
 device `lazy_digest` adds the digest to the step's graph without reading it; the
 Tracer reads it after the step mark (docs/xla.md).
 
+Implementations (all give the same fingerprint bits; tests/tracer/test_fingerprint.py)
+-----------------------------------------------------------------------------------
+* CPU: the fused kernel (tracer/kernel/digest.cpp), one pass over each tensor's bytes
+  for the fingerprint and the stats, several tensors per call (`digest_many`). Built
+  once per machine (``python -m tracer.kernel``; ``make venv`` does it); without it the
+  torch ops below run instead, at several times the cost, and a warning says so once.
+  ``SDCTRACE_DIGEST=torch`` forces the torch ops.
+* Accelerators: `digest_many` digests a step's tensors with a fixed number of batched
+  torch ops over one flat layout (not a handful of launches per tensor) and reads all
+  of them in one transfer.
+* The stats are float arithmetic: across implementations they agree to rounding (the
+  kernel accumulates in float64), not bit for bit. Nothing compares them for equality.
+
 Collision bound (see also docs/log-format.md)
 ---------------------------------------------
 Let ``d_p`` be the word differences between two tensors of the same dtype and shape
@@ -36,13 +49,19 @@ Let ``d_p`` be the word differences between two tensors of the same dtype and sh
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
+from tracer import kernel
 from tracer.device import is_lazy, reinterpret
+from tracer.errors import TraceWarning
 
 ALGORITHM = "lanes64-v1"
 CHUNK = 1 << 18
@@ -83,7 +102,7 @@ class _Tables:
     """Per-device weight tables, built once and grown on demand."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._w_cpu: torch.Tensor | None = None
         self._r_cpu = torch.empty(0, dtype=torch.int64)
         self._by_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -93,7 +112,7 @@ class _Tables:
         hit = self._by_device.get(device)
         if hit is not None and hit[1].numel() >= chunks:
             return hit
-        with self._lock:
+        with self.lock:
             if self._w_cpu is None:
                 self._w_cpu = _odd_table(_W_SEED, CHUNK)
             if self._r_cpu.numel() < chunks:
@@ -199,14 +218,147 @@ def _finalise(lane_sum: int, meta_hash: int) -> int:
 
 def fingerprint(t: torch.Tensor) -> int:
     """The unsigned 64-bit fingerprint of ``t``'s dtype, shape and bits."""
+    if t.device.type == "cpu" and _fused() is not None and t.dtype in _FUSED_DTYPES:
+        return digest(t).fingerprint
     return _finalise(int(_lane_sum(_words(t)).item()), _meta(t)[1])
 
 
 def digest(t: torch.Tensor) -> TensorDigest:
     """Fingerprint plus L2 norm, absmax and NaN/Inf counts; only scalars leave the device."""
-    if t.device.type != "cpu":
-        pending = lazy_digest(t)
-        return pending.resolve(pending.parts.cpu())
+    return digest_many([t])[0]
+
+
+def digest_many(tensors: Sequence[torch.Tensor]) -> list[TensorDigest]:
+    """The digests of many tensors at once: a step's gradients or parameters cost one kernel call on
+    CPU, and one batched computation and one transfer on an accelerator, instead of one per tensor."""
+    tensors = [t.detach() for t in tensors]
+    out: list[TensorDigest | None] = [None] * len(tensors)
+    fused = _fused()
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.device.type == "cpu" and (fused is None or t.dtype not in _FUSED_DTYPES):
+            out[i] = _torch_digest(t)
+        else:
+            by_device.setdefault(t.device, []).append(i)
+    for device, idx in by_device.items():
+        group = [tensors[i] for i in idx]
+        if device.type == "cpu":
+            assert fused is not None
+            chunks = max(_chunks(t) for t in group)
+            w, r = _TABLES.get(device, chunks)
+            parts = fused.digest_many(group, w, r)
+        else:
+            parts = batched_parts(group).cpu()  # the one transfer
+        for i, t, row in zip(idx, group, parts):
+            out[i] = PendingDigest(row, *_meta(t)).resolve(row)
+    return out  # type: ignore[return-value]
+
+
+def _chunks(t: torch.Tensor) -> int:
+    words = (t.numel() * t.element_size() + 3) // 4
+    return max(1, -(-words // CHUNK))
+
+
+# -- the fused CPU kernel -------------------------------------------------------------------
+DIGEST_ENV = "SDCTRACE_DIGEST"  # "torch": use torch ops even where the fused kernel is built
+_FUSED_DTYPES = frozenset({
+    torch.float32, torch.float64, torch.float16, torch.bfloat16,
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
+})
+_fused_state: list[ModuleType | None] = []  # [] until the first digest looks
+
+
+def _fused() -> ModuleType | None:
+    """The built kernel, loaded at the first CPU digest; None (said once) when it is not there."""
+    if _fused_state:
+        return _fused_state[0]
+    with _TABLES.lock:
+        if _fused_state:
+            return _fused_state[0]
+        module = None
+        if os.environ.get(DIGEST_ENV, "fused") != "torch":
+            module = kernel.load()
+            if module is None:
+                warnings.warn(
+                    "sdctrace's fused digest kernel is not built for this torch and Python, so fingerprints are "
+                    "computed with torch ops: the same bits, several times the cost per traced step. Build it once "
+                    "with `python -m tracer.kernel` (needs a C++ compiler and ninja; `make venv` does it).",
+                    TraceWarning,
+                    stacklevel=3,
+                )
+        _fused_state.append(module)
+    return _fused_state[0]
+
+
+def digest_implementation() -> str:
+    """Which implementation CPU digests use here: "fused" or "torch"; benchmarks and reports print it."""
+    return "fused" if _fused() is not None else "torch"
+
+
+# -- batched torch ops, for accelerators ------------------------------------------------------
+_GROUP_WORDS = 1 << 23  # words digested together: bounds the temporaries (about 48 bytes a word)
+
+
+def batched_parts(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The digest parts (as `PendingDigest.parts`) of tensors on one device, int64[n, 6], computed with a fixed
+    number of torch ops per group of tensors rather than per tensor, and not read."""
+    if is_lazy(tensors[0].device):
+        return torch.stack([lazy_digest(t).parts for t in tensors])
+    rows, group, words = [], [], 0
+    for t in tensors:
+        size = (t.numel() * t.element_size() + 3) // 4
+        if group and words + size > _GROUP_WORDS:
+            rows.append(_segmented_parts(group))
+            group, words = [], 0
+        group.append(t.detach())
+        words += size
+    rows.append(_segmented_parts(group))
+    return torch.cat(rows)
+
+
+def _segmented_parts(group: list[torch.Tensor]) -> torch.Tensor:
+    """`batched_parts` of one group: the lanes64-v1 sums and the stats as segment reductions over the
+    concatenated words and values."""
+    device = group[0].device
+    words = [_words(t) for t in group]
+    sizes = [w.numel() for w in words]
+    chunks = [max(1, -(-n // CHUNK)) for n in sizes]
+    w, r = _TABLES.get(device, max(chunks))
+    total = sum(sizes)
+    sizes_t = torch.tensor(sizes, device=device)
+    starts = torch.cumsum(sizes_t, 0) - sizes_t
+    local = torch.arange(total, device=device) - starts.repeat_interleave(sizes_t, output_size=total)
+    chunks_t = torch.tensor(chunks, device=device)
+    first_bin = torch.cumsum(chunks_t, 0) - chunks_t
+    bins = first_bin.repeat_interleave(sizes_t, output_size=total) + local // CHUNK
+    x = torch.cat(words).to(torch.int64).mul_(w[local % CHUNK])
+    nbins = sum(chunks)
+    sums = torch.zeros(nbins, dtype=torch.int64, device=device).index_add_(0, bins, x)
+    bin_owner = torch.arange(len(group), device=device).repeat_interleave(chunks_t, output_size=nbins)
+    bin_chunk = torch.arange(nbins, device=device) - first_bin.repeat_interleave(chunks_t, output_size=nbins)
+    lane = torch.zeros(len(group), dtype=torch.int64, device=device).index_add_(0, bin_owner, sums * r[bin_chunk])
+    values = [_stat_values(t) for t in group]
+    lengths = torch.tensor([v.numel() for v in values], device=device)
+    v = torch.cat(values)
+    sumsq = torch.segment_reduce(v * v, "sum", lengths=lengths, unsafe=True)
+    empty = lengths == 0
+    lo = torch.segment_reduce(v, "min", lengths=lengths, unsafe=True).masked_fill_(empty, 0.0)
+    hi = torch.segment_reduce(v, "max", lengths=lengths, unsafe=True).masked_fill_(empty, 0.0)
+    nan = torch.segment_reduce(torch.isnan(v).double(), "sum", lengths=lengths, unsafe=True)
+    inf = torch.segment_reduce(torch.isinf(v).double(), "sum", lengths=lengths, unsafe=True)
+    floats = reinterpret(torch.stack([sumsq.sqrt(), lo, hi], dim=1), torch.int64)
+    return torch.cat([lane[:, None], floats, nan.long()[:, None], inf.long()[:, None]], dim=1)
+
+
+def _stat_values(t: torch.Tensor) -> torch.Tensor:
+    """The values the stats are taken over, flat float64 (a complex tensor's real and imaginary parts)."""
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t.reshape(-1).to(torch.float64)
+
+
+def _torch_digest(t: torch.Tensor) -> TensorDigest:
+    """A CPU tensor's digest by torch ops: the fallback and the kernel's reference."""
     t = t.detach()
     meta, meta_hash = _meta(t)
     lane = _lane_sum(_words(t))
@@ -255,9 +407,8 @@ def lazy_digest(t: torch.Tensor) -> PendingDigest:
 
 def _stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``t`` as a real floating tensor, its L2 norm, min and max (0-d, on its device)."""
-    x = t if t.is_floating_point() else t.to(torch.float64)
-    if x.is_complex():
-        x = torch.view_as_real(x)
+    x = torch.view_as_real(t) if t.is_complex() else t
+    x = x if x.is_floating_point() else x.to(torch.float64)
     if is_lazy(x.device) and x.element_size() < 4:
         x = x.float()  # torch_xla's vector_norm ignores its dtype argument
     l2 = torch.linalg.vector_norm(x, dtype=torch.float32 if x.element_size() < 4 else None)
@@ -269,4 +420,4 @@ def _stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
 
 
 def _absmax(lo: float, hi: float) -> float:
-    return max(-lo, hi) if lo == lo and hi == hi else float("nan")
+    return max(abs(lo), abs(hi)) if lo == lo and hi == hi else float("nan")

@@ -54,7 +54,7 @@ from tracer.config import config_fingerprint, header_config
 from tracer.determinism import determinism_settings
 from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
 from tracer.errors import CaptureError, ConfigError, TraceWarning
-from tracer.fingerprint import ALGORITHM, TensorDigest, digest, lazy_digest
+from tracer.fingerprint import ALGORITHM, TensorDigest, digest_many, lazy_digest
 from tracer.intercept import own_ops
 from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
@@ -365,9 +365,23 @@ class Tracer:
                 ([pending.parts], lambda host: self._write(log, step, mb, name, phase, pending.resolve(host[0]), kept))
             )
             return
+        self.record_many([(name, tensor)], phase, microbatch)
+
+    def record_many(self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None) -> None:
+        """`record` for many tensors of one phase: one digest call for all of them (a step's gradients, its
+        parameters), which is what keeps per-tensor overhead out of the step."""
+        if not named:
+            return
+        if is_lazy(named[0][1].device):
+            for name, tensor in named:
+                self.record(name, tensor, phase, microbatch)
+            return
+        step, mb = self.step_index, self.microbatch_index if microbatch is None else microbatch
         with own_ops():
-            d = digest(tensor)
-        self._write(self.log, step, mb, name, phase, d, tensor)
+            digests = digest_many([t for _, t in named])
+        log = self.log
+        for (name, tensor), d in zip(named, digests):
+            self._write(log, step, mb, name, phase, d, tensor)
 
     def _captures(self, step: int, name: str, phase: Phase) -> bool:
         return self.capture.active and self.blobs is not None and self.capture.wants(step, name, phase)
@@ -441,6 +455,8 @@ class Tracer:
         return self.header
 
     def _collective(self, point: str, op: str, phase: Phase, stage: Stage, tensor: torch.Tensor) -> None:
+        if self._paused:
+            return
         self.record(record_name(point, op, stage), tensor, phase, microbatch=0 if phase == Phase.GRAD else None)
 
     def _param_name(self, group: int, index: int, p: torch.Tensor) -> str:
@@ -464,15 +480,21 @@ class Tracer:
         return (args[0], traced, *args[2:]), kwargs
 
     def _record_gradients(self, optimizer: torch.optim.Optimizer) -> None:
-        for gi, group in enumerate(optimizer.param_groups):
-            for pi, p in enumerate(group["params"]):
-                if p.grad is not None:
-                    self.record(self._param_name(gi, pi, p), p.grad, Phase.GRAD, microbatch=0)
+        grads = [
+            (self._param_name(gi, pi, p), p.grad)
+            for gi, group in enumerate(optimizer.param_groups)
+            for pi, p in enumerate(group["params"])
+            if p.grad is not None
+        ]
+        self.record_many(grads, Phase.GRAD, microbatch=0)
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        for gi, group in enumerate(optimizer.param_groups):
-            for pi, p in enumerate(group["params"]):
-                self.record(self._param_name(gi, pi, p), p, Phase.PARAM, microbatch=0)
+        params = [
+            (self._param_name(gi, pi, p), p)
+            for gi, group in enumerate(optimizer.param_groups)
+            for pi, p in enumerate(group["params"])
+        ]
+        self.record_many(params, Phase.PARAM, microbatch=0)
 
 
 def batch_tensors(batch: Any) -> torch.Tensor | tuple[torch.Tensor, ...] | None:

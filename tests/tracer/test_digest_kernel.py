@@ -1,0 +1,113 @@
+"""The fused CPU kernel, the per-tensor torch ops and the batched torch ops give the same fingerprint bits, and
+stats equal to rounding, on every dtype, shape, view and stride; without the kernel, the torch ops run and say so."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import pytest
+import torch
+
+from tracer import fingerprint as fp
+from tracer import kernel
+from tracer.errors import TraceWarning
+
+
+@pytest.fixture(scope="module")
+def fused():
+    """The built kernel: `make venv` builds it, and this builds it where that has not run."""
+    kernel.build()
+    module = kernel.load()
+    assert module is not None, f"built the kernel but found no library in {kernel.build_dir()}"
+    return module
+
+
+def _cases() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(33, 65, generator=g)
+    out = []
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        b = base.to(dtype)
+        out += [b, b.t(), b[::2, 1::3], b[5:9], b[3:4, 7:], b.unsqueeze(0).expand(2, 33, 65), b.reshape(-1)[1:],
+                b.reshape(-1)[:7], b[:0]]
+    for dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        ints = torch.randint(-100, 100, (17, 3), generator=g).to(dtype)
+        out += [ints, ints.t(), ints[1::2]]
+    flags = torch.randint(0, 2, (13,), generator=g).bool()
+    out += [flags, flags[1:], torch.tensor(3.5), torch.empty(0, 4)]
+    big = torch.randn(2 * fp.CHUNK + 5, generator=g)
+    out += [big, big[1:], big.to(torch.bfloat16)[3:]]
+    special = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), -2.0, float("nan")])
+    out += [special, special.half(), special[2:4]]
+    return out
+
+
+def _same(a: fp.TensorDigest, b: fp.TensorDigest, rel: float) -> None:
+    assert a.fingerprint == b.fingerprint and a.meta == b.meta and (a.nan, a.inf) == (b.nan, b.inf)
+    for x, y in ((a.l2, b.l2), (a.absmax, b.absmax)):
+        assert (math.isnan(x) and math.isnan(y)) or x == pytest.approx(y, rel=rel, abs=1e-30), (a, b)
+
+
+def _exact_l2(t: torch.Tensor) -> float:
+    """The L2 norm accumulated in float64, which the kernel and the batched ops both do."""
+    return float(torch.linalg.vector_norm(t.double())) if t.numel() else 0.0
+
+
+def test_kernel_torch_and_batched_ops_agree(fused) -> None:
+    cases = _cases()
+    w, r = fp._TABLES.get(torch.device("cpu"), max(fp._chunks(t) for t in cases))
+    kernel_rows = fused.digest_many(cases, w, r)
+    batched_rows = fp.batched_parts(cases)
+    for t, krow, brow in zip(cases, kernel_rows, batched_rows):
+        ref = fp._torch_digest(t)  # float32 accumulation for 16-bit floats: agrees to ~1e-4
+        exact = dataclasses.replace(ref, l2=_exact_l2(t))
+        _same(ref, exact, rel=1e-4)
+        _same(fp.PendingDigest(krow, *fp._meta(t)).resolve(krow), exact, rel=1e-10)
+        _same(fp.PendingDigest(brow, *fp._meta(t)).resolve(brow), exact, rel=1e-10)
+
+
+def test_kernel_detects_every_bit_of_an_element_in_a_misaligned_view(fused) -> None:
+    t = torch.randn(4097).to(torch.bfloat16)[1:]  # starts mid-word: the kernel reads it through its buffer
+    base = fp.digest_many([t])[0].fingerprint
+    for bit in range(16):
+        f = t.clone()
+        f.view(torch.int16)[2048] ^= torch.tensor(1 << bit if bit < 15 else -(1 << 15), dtype=torch.int16)
+        assert fp.digest_many([f])[0].fingerprint != base, bit
+
+
+def test_batched_ops_split_into_groups_like_one_group(monkeypatch) -> None:
+    cases = [torch.randn(n) for n in (5, 3000, 70, 1, 0, 999)]
+    whole = fp.batched_parts(cases)
+    monkeypatch.setattr(fp, "_GROUP_WORDS", 1000)
+    assert torch.equal(fp.batched_parts(cases)[:, [0, 4, 5]], whole[:, [0, 4, 5]])
+
+
+def test_without_the_kernel_torch_ops_run_and_say_so_once(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv(kernel.DIR_ENV, str(tmp_path / "nothing-built-here"))
+    monkeypatch.setattr(fp, "_fused_state", [])
+    t = torch.randn(100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, second = fp.digest(t), fp.digest(t * 2)
+    notes = [w for w in caught if issubclass(w.category, TraceWarning)]
+    assert len(notes) == 1 and "python -m tracer.kernel" in str(notes[0].message)
+    assert fp.digest_implementation() == "torch"
+    assert first.fingerprint == fp._torch_digest(t).fingerprint and second.l2 == pytest.approx(2 * first.l2)
+
+
+def test_the_environment_forces_torch_ops_without_a_warning(monkeypatch) -> None:
+    monkeypatch.setenv(fp.DIGEST_ENV, "torch")
+    monkeypatch.setattr(fp, "_fused_state", [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fp.digest_implementation() == "torch"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the GPU path is the batched torch ops")
+def test_cuda_digests_equal_the_cpu_kernel(fused) -> None:
+    cases = [t for t in _cases() if t.numel()]
+    on_gpu = fp.digest_many([t.cuda() for t in cases])
+    for t, d in zip(cases, on_gpu):
+        _same(d, fp.digest_many([t])[0], rel=1e-10)
