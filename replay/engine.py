@@ -475,13 +475,16 @@ class _KeepingTracer(Tracer):
         self._kept, self._phases = kept, frozenset(phases)
         self._params = frozenset(self._names.values())
 
-    def record(self, name: str, tensor: torch.Tensor, phase: Phase, microbatch: int | None = None) -> None:
-        super().record(name, tensor, phase, microbatch)
-        # Collectives record GRAD-phase tensors too; the suspect is compared on parameter gradients only.
-        if self._kept is not None and phase in self._phases and (phase != Phase.GRAD or name in self._params):
-            mb = self.microbatch_index if microbatch is None else microbatch
-            with own_ops():
-                self._kept[(self.step_index, mb, name, phase)] = tensor.detach().clone()
+    def record_many(self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None) -> None:
+        super().record_many(named, phase, microbatch)
+        if self._kept is None or phase not in self._phases:
+            return
+        mb = self.microbatch_index if microbatch is None else microbatch
+        with own_ops():
+            for name, tensor in named:
+                # Collectives record GRAD-phase tensors too; the suspect is compared on parameter gradients only.
+                if phase != Phase.GRAD or name in self._params:
+                    self._kept[(self.step_index, mb, name, phase)] = tensor.detach().clone()
 
 
 def _unchanged(site: str, tensor: torch.Tensor) -> None:

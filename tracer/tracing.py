@@ -31,6 +31,7 @@ if the loop already did) and reads all of them in one transfer (docs/xla.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 import re
 import time
@@ -54,7 +55,7 @@ from tracer.config import config_fingerprint, header_config
 from tracer.determinism import determinism_settings
 from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
 from tracer.errors import CaptureError, ConfigError, TraceWarning
-from tracer.fingerprint import ALGORITHM, TensorDigest, digest_many, lazy_digest
+from tracer.fingerprint import ALGORITHM, PendingDigest, TensorDigest, digest_many, lazy_digest
 from tracer.intercept import own_ops
 from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
@@ -354,17 +355,6 @@ class Tracer:
 
     def record(self, name: str, tensor: torch.Tensor, phase: Phase, microbatch: int | None = None) -> None:
         """Fingerprint one tensor at the current step and microbatch (and capture it if asked)."""
-        step, mb = self.step_index, self.microbatch_index if microbatch is None else microbatch
-        if is_lazy(tensor.device):
-            # Reading the digest now would run the graph up to here on its own: read it at the step's end.
-            with own_ops():
-                pending = lazy_digest(tensor)
-            kept = tensor.detach() if self._captures(step, name, phase) else None
-            log = self.log
-            self._pending.append(
-                ([pending.parts], lambda host: self._write(log, step, mb, name, phase, pending.resolve(host[0]), kept))
-            )
-            return
         self.record_many([(name, tensor)], phase, microbatch)
 
     def record_many(self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None) -> None:
@@ -372,16 +362,25 @@ class Tracer:
         parameters), which is what keeps per-tensor overhead out of the step."""
         if not named:
             return
-        if is_lazy(named[0][1].device):
-            for name, tensor in named:
-                self.record(name, tensor, phase, microbatch)
-            return
         step, mb = self.step_index, self.microbatch_index if microbatch is None else microbatch
+        log = self.log
+        if is_lazy(named[0][1].device):
+            # Reading a digest now would run the graph up to here on its own: read them at the step's end.
+            for name, tensor in named:
+                with own_ops():
+                    pending = lazy_digest(tensor)
+                kept = tensor.detach() if self._captures(step, name, phase) else None
+                self._pending.append(([pending.parts], functools.partial(self._write_pending, log, step, mb, name,
+                                                                          phase, pending, kept)))
+            return
         with own_ops():
             digests = digest_many([t for _, t in named])
-        log = self.log
         for (name, tensor), d in zip(named, digests):
             self._write(log, step, mb, name, phase, d, tensor)
+
+    def _write_pending(self, log: RecordSink, step: int, mb: int, name: str, phase: Phase, pending: PendingDigest,
+                       kept: torch.Tensor | None, host: list[torch.Tensor]) -> None:
+        self._write(log, step, mb, name, phase, pending.resolve(host[0]), kept)
 
     def _captures(self, step: int, name: str, phase: Phase) -> bool:
         return self.capture.active and self.blobs is not None and self.capture.wants(step, name, phase)
