@@ -6,8 +6,11 @@ For every replayed step ``k``:
    ``k`` with every fingerprint checked against the golden log, runs step ``k``
    once more and keeps the tensors the suspect is compared with;
 2. the *suspect* workload starts from a copy of the golden state before ``k`` (this
-   is the parameter sync) and runs step ``k`` on the suspect executor: this
-   machine, plus the fault emulator when the suspect is an emulated node;
+   is the parameter sync) and runs step ``k`` on the suspect executor: the fault
+   emulator on this machine when the suspect is an emulated node. When the suspect
+   is this machine itself, step 1's re-execution already ran on it and was checked
+   bit for bit against the golden log, so it serves as the suspect's execution too:
+   the comparisons below are written for identical tensors and the step runs once;
 3. ``param-sync`` compares the suspect's gradients with the golden ones;
    ``lockstep`` compares every site's output (forward) and input gradient
    (backward) with the golden tensor and then overwrites it with the golden one,
@@ -278,15 +281,21 @@ class Replayer:
             for step in self.steps:
                 bar.set_postfix_str(f"step {step}")
                 t0 = time.perf_counter()
-                _sync_parameters(golden_w.model, suspect_w.model)  # the parameter sync
-                suspect: list[StepResult] = []
-                golden, golden_loss = self._golden_step(
-                    golden_w, step, keep=True, summary=summary,
-                    between=lambda kept: suspect.append(self._suspect_step(suspect_w, step, kept)),
-                )
-                result = suspect[0]
-                if self.mode == "param-sync":
-                    self._gradient_noise(suspect_w, step, golden, result)
+                if self.suspect.profile is None:
+                    # This machine is the suspect: its re-execution, checked bit for bit against the golden log,
+                    # is the suspect's execution too. A second run could only differ by a fault of its own.
+                    golden, golden_loss = self._golden_step(golden_w, step, keep=True, summary=summary)
+                    result = self._identical_to_golden(step, golden, golden_loss)
+                else:
+                    _sync_parameters(golden_w.model, suspect_w.model)  # the parameter sync
+                    suspect: list[StepResult] = []
+                    golden, golden_loss = self._golden_step(
+                        golden_w, step, keep=True, summary=summary,
+                        between=lambda kept: suspect.append(self._suspect_step(suspect_w, step, kept)),
+                    )
+                    result = suspect[0]
+                    if self.mode == "param-sync":
+                        self._gradient_noise(w=suspect_w, step=step, golden=golden, result=result)
                 result.golden_loss = golden_loss
                 result.wall_s = time.perf_counter() - t0
                 summary.steps.append(result)
@@ -438,11 +447,26 @@ class Replayer:
         result.faults = faults
         return result
 
-    def _gradient_noise(self, w: Workload, step: int, golden: dict[Key, torch.Tensor], result: StepResult) -> None:
-        """Compare the suspect's clipped gradients, left in ``.grad``, with the golden ones."""
+    def _identical_to_golden(self, step: int, golden: dict[Key, torch.Tensor], loss: float) -> StepResult:
+        """The results of a suspect execution that is the golden one: what `_suspect_step` and the comparisons
+        would write for bit-identical tensors, without running the step again."""
+        result = StepResult(step, loss, loss)
+        if self.mode == "param-sync":
+            self._gradient_noise(w=None, step=step, golden=golden, result=result)
+            return result
+        for (_, mb, site, phase), tensor in golden.items():
+            if phase in (Phase.FORWARD, Phase.BACKWARD):
+                self._site(step, mb, site, phase, Mismatch(tensor.numel(), 0, 0.0, None, 0.0, 0), result=result)
+        return result
+
+    def _gradient_noise(
+        self, *, w: Workload | None, step: int, golden: dict[Key, torch.Tensor], result: StepResult
+    ) -> None:
+        """Compare the suspect's clipped gradients, left in ``.grad`` (the golden ones when ``w`` is None), with
+        the golden ones."""
         assert self._log is not None
-        grads = {n: p.grad for n, p in w.model.named_parameters() if p.grad is not None}
         golden_grads = {k[2]: t for k, t in golden.items() if k[3] == Phase.GRAD}
+        grads = golden_grads if w is None else {n: p.grad for n, p in w.model.named_parameters() if p.grad is not None}
         with own_ops():
             noises = gradient_noise(grads, golden_grads)
         for noise in noises:

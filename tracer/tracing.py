@@ -76,14 +76,20 @@ class RecordSink(Protocol):
     def abandon(self) -> None: ...
 
 
-def software_versions() -> dict[str, str]:
+@functools.cache
+def _versions() -> tuple[tuple[str, str], ...]:
     versions = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.machine()}
     for dist in ("sdctrace", "msgpack", "safetensors"):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = "unknown"
-    return versions
+    return tuple(versions.items())
+
+
+def software_versions() -> dict[str, str]:
+    """The software a run was recorded with (read once per process: package metadata is slow to query)."""
+    return dict(_versions())
 
 
 class Tracer:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from faults import FaultEmulator, load_profile
 from replay.engine import Replayer, ReplayRequest, parse_steps, suspect_from_profile, suspect_from_run
@@ -15,6 +16,7 @@ from tracer.checkpoint import load_checkpoint
 from tracer.errors import ConfigError, ValidationError
 from tracer.log import LogReader, LogWriter, rank_dir
 from tracer.log.records import Phase, TensorRecord
+from workload.model import Transformer
 from workload.protocol import run_step
 from workload.reference import build
 
@@ -48,6 +50,31 @@ def test_healthy_pair_gives_exactly_zero_in_both_modes(run_factory, tmp_path: Pa
     h = LogReader(rank_dir(sync, 0)).header
     assert h.role == "replay" and h.config_fingerprint == header.config_fingerprint
     assert h.extra["replay"]["mode"] == "param-sync" and h.extra["replay"]["steps"] == [1, 4]
+
+
+@pytest.mark.slow
+def test_this_machine_as_suspect_executes_each_step_once(run_factory, tmp_path: Path) -> None:
+    golden = run_factory("golden", "run.steps=4", "run.checkpoint_every=2")
+    twin = run_factory("twin", "run.steps=4", "run.checkpoint_every=2")
+    header = LogReader(rank_dir(golden, 0)).header
+    forwards = 0
+
+    def count(module: torch.nn.Module, args: object) -> None:
+        nonlocal forwards
+        forwards += isinstance(module, Transformer)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
+    try:
+        runs = {}
+        for suspect in (suspect_from_run(twin, header, golden), suspect_from_profile("healthy-node")):
+            forwards = 0
+            replay(golden, suspect, "2:4", "lockstep", tmp_path / f"replay-{suspect.label.replace(':', '-')}")
+            runs[suspect.label] = forwards
+    finally:
+        handle.remove()
+    # Steps 2 and 3 from the checkpoint at 2, two microbatches each: once for this machine, twice when the
+    # suspect is emulated (the golden re-execution and the suspect's own run).
+    assert runs == {"twin": 2 * 2, "emulated:healthy-node": 2 * 2 * 2}
 
 
 @pytest.mark.slow
