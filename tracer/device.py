@@ -55,15 +55,23 @@ def mark_step(device: torch.device) -> None:
 
 
 def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Copy tensors to the CPU; on XLA in one batched transfer that runs no new graph
-    for tensors the last step mark already computed."""
+    """Copy tensors to the CPU in one transfer per dtype (a device sync each); on XLA in one batched
+    transfer that runs no new graph for tensors the last step mark already computed."""
     if not tensors:
         return []
     if is_lazy(tensors[0].device):
         import torch_xla
 
         return list(torch_xla._XLAC._xla_get_cpu_tensors(list(tensors)))
-    return [t.cpu() for t in tensors]
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    for idx in by_dtype.values():
+        flat = torch.cat([tensors[i].reshape(-1) for i in idx]).cpu()
+        for i, part in zip(idx, flat.split([tensors[i].numel() for i in idx])):
+            out[i] = part.reshape(tensors[i].shape)
+    return out  # type: ignore[return-value]
 
 
 def device_versions(device: torch.device) -> dict[str, str]:

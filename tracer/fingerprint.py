@@ -135,7 +135,7 @@ class _Tables:
 _TABLES = _Tables()
 
 
-def _meta(t: torch.Tensor) -> tuple[str, int]:
+def tensor_meta(t: torch.Tensor) -> tuple[str, int]:
     """The tensor's meta string and the 64-bit hash of dtype and shape, memoised."""
     key = (t.dtype, t.shape)
     hit = _META_CACHE.get(key)
@@ -220,7 +220,7 @@ def fingerprint(t: torch.Tensor) -> int:
     """The unsigned 64-bit fingerprint of ``t``'s dtype, shape and bits."""
     if t.device.type == "cpu" and _fused() is not None and t.dtype in _FUSED_DTYPES:
         return digest(t).fingerprint
-    return _finalise(int(_lane_sum(_words(t)).item()), _meta(t)[1])
+    return _finalise(int(_lane_sum(_words(t)).item()), tensor_meta(t)[1])
 
 
 def digest(t: torch.Tensor) -> TensorDigest:
@@ -250,7 +250,7 @@ def digest_many(tensors: Sequence[torch.Tensor]) -> list[TensorDigest]:
         else:
             parts = batched_parts(group).cpu()  # the one transfer
         for i, t, row in zip(idx, group, parts):
-            out[i] = PendingDigest(row, *_meta(t)).resolve(row)
+            out[i] = PendingDigest(row, *tensor_meta(t)).resolve(row)
     return out  # type: ignore[return-value]
 
 
@@ -360,7 +360,7 @@ def _stat_values(t: torch.Tensor) -> torch.Tensor:
 def _torch_digest(t: torch.Tensor) -> TensorDigest:
     """A CPU tensor's digest by torch ops: the fallback and the kernel's reference."""
     t = t.detach()
-    meta, meta_hash = _meta(t)
+    meta, meta_hash = tensor_meta(t)
     lane = _lane_sum(_words(t))
     if t.numel() == 0:
         return TensorDigest(_finalise(int(lane.item()), meta_hash), 0.0, 0.0, 0, 0, meta)
@@ -394,7 +394,7 @@ class PendingDigest:
 def lazy_digest(t: torch.Tensor) -> PendingDigest:
     """The digest as device ops, nothing read: on XLA they join the step's graph."""
     t = t.detach()
-    meta, meta_hash = _meta(t)
+    meta, meta_hash = tensor_meta(t)
     lane = _lane_sum(_words(t))
     if t.numel() == 0:
         parts = torch.cat([lane.reshape(1), torch.zeros(5, dtype=torch.int64, device=t.device)])

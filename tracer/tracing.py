@@ -55,7 +55,7 @@ from tracer.config import config_fingerprint, header_config
 from tracer.determinism import determinism_settings
 from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
 from tracer.errors import CaptureError, ConfigError, TraceWarning
-from tracer.fingerprint import ALGORITHM, PendingDigest, TensorDigest, digest_many, lazy_digest
+from tracer.fingerprint import ALGORITHM, PendingDigest, TensorDigest, batched_parts, digest_many, tensor_meta
 from tracer.intercept import own_ops
 from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
@@ -324,8 +324,8 @@ class Tracer:
             self._losses.append(v)
             log.write_event(EventRecord("loss", step, {"microbatch": mb, "loss": v}))
 
-        if isinstance(value, torch.Tensor) and is_lazy(value.device):
-            self._pending.append(([value.detach()], lambda host: write(host[0].item())))
+        if isinstance(value, torch.Tensor) and _deferred(value.device):
+            self._pending.append(([value.detach().reshape(1)], lambda host: write(host[0].item())))
         else:
             write(float(value.detach().item() if isinstance(value, torch.Tensor) else value))
 
@@ -370,23 +370,32 @@ class Tracer:
             return
         step, mb = self.step_index, self.microbatch_index if microbatch is None else microbatch
         log = self.log
-        if is_lazy(named[0][1].device):
-            # Reading a digest now would run the graph up to here on its own: read them at the step's end.
-            for name, tensor in named:
-                with own_ops():
-                    pending = lazy_digest(tensor)
-                kept = tensor.detach() if self._captures(step, name, phase) else None
-                self._pending.append(([pending.parts], functools.partial(self._write_pending, log, step, mb, name,
-                                                                          phase, pending, kept)))
+        tensors = [t for _, t in named]
+        if _deferred(tensors[0].device):
+            # Reading a digest now would stall the device (or, on XLA, run the graph up to here on its own):
+            # the digests stay on the device and the step's end reads all of them in one transfer.
+            with own_ops():
+                parts = batched_parts(tensors)
+                # A tensor captured later could have changed in place by then; an XLA tensor is a value.
+                kept = [
+                    (t.detach() if is_lazy(t.device) else t.detach().clone()) if self._captures(step, n, phase) else None
+                    for n, t in named
+                ]
+            metas = [tensor_meta(t) for t in tensors]
+            self._pending.append(([parts], functools.partial(self._write_rows, log, step, mb, phase, named, metas,
+                                                             kept)))
             return
         with own_ops():
-            digests = digest_many([t for _, t in named])
+            digests = digest_many(tensors)
         for (name, tensor), d in zip(named, digests):
             self._write(log, step, mb, name, phase, d, tensor)
 
-    def _write_pending(self, log: RecordSink, step: int, mb: int, name: str, phase: Phase, pending: PendingDigest,
-                       kept: torch.Tensor | None, host: list[torch.Tensor]) -> None:
-        self._write(log, step, mb, name, phase, pending.resolve(host[0]), kept)
+    def _write_rows(
+        self, log: RecordSink, step: int, mb: int, phase: Phase, named: list[tuple[str, torch.Tensor]],
+        metas: list[tuple[str, int]], kept: list[torch.Tensor | None], host: list[torch.Tensor],
+    ) -> None:
+        for (name, _), meta, tensor, row in zip(named, metas, kept, host[0]):
+            self._write(log, step, mb, name, phase, PendingDigest(row, *meta).resolve(row), tensor)
 
     def _captures(self, step: int, name: str, phase: Phase) -> bool:
         return self.capture.active and self.blobs is not None and self.capture.wants(step, name, phase)
@@ -406,7 +415,7 @@ class Tracer:
             )
 
     def _read_pending(self) -> None:
-        """Mark the step on a lazy device, then read what it recorded in one transfer and log it."""
+        """Mark the step on a lazy device, then read what an accelerator recorded in one transfer and log it."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
@@ -524,6 +533,11 @@ def _no_default_sites(model: nn.Module) -> str:
         f"below (e.g. sites=r\"{example}\") or a list of modules, or TraceOptions(activations=False) to trace "
         f"only gradients and parameters. The model's modules:\n{module_tree(model)}"
     )
+
+
+def _deferred(device: torch.device) -> bool:
+    """Whether digests on ``device`` are read at the step's end rather than when recorded: on accelerators."""
+    return device.type != "cpu"
 
 
 def _in_backward() -> bool:

@@ -64,8 +64,8 @@ def test_kernel_torch_and_batched_ops_agree(fused) -> None:
         ref = fp._torch_digest(t)  # float32 accumulation for 16-bit floats: agrees to ~1e-4
         exact = dataclasses.replace(ref, l2=_exact_l2(t))
         _same(ref, exact, rel=1e-4)
-        _same(fp.PendingDigest(krow, *fp._meta(t)).resolve(krow), exact, rel=1e-10)
-        _same(fp.PendingDigest(brow, *fp._meta(t)).resolve(brow), exact, rel=1e-10)
+        _same(fp.PendingDigest(krow, *fp.tensor_meta(t)).resolve(krow), exact, rel=1e-10)
+        _same(fp.PendingDigest(brow, *fp.tensor_meta(t)).resolve(brow), exact, rel=1e-10)
 
 
 def test_kernel_detects_every_bit_of_an_element_in_a_misaligned_view(fused) -> None:

@@ -33,7 +33,7 @@ def test_matches_reference_definition(numel: int) -> None:
     g = torch.Generator().manual_seed(numel)
     for dtype in DTYPES:
         t = torch.randn(numel, generator=g).to(dtype)
-        expected = fp._finalise(reference_lane_sum(t), fp._meta(t)[1])
+        expected = fp._finalise(reference_lane_sum(t), fp.tensor_meta(t)[1])
         assert fingerprint(t) == expected, (dtype, numel)
 
 
