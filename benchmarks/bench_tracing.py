@@ -85,8 +85,8 @@ def bench_throughput(megabytes: int = 256, repeats: int = 9) -> float:
             timed[name].append(time.perf_counter() - s)
     digest_gbs, copy_gbs = (x.nbytes / statistics.median(timed[n]) / 1e9 for n in ("digest", "copy"))
     ratio = digest_gbs / copy_gbs
-    print(f"fingerprint speed  : {digest_gbs:.1f} GB/s ({digest_implementation()}, one thread) vs copy "
-          f"{copy_gbs:.1f} GB/s ({torch.get_num_threads()} threads), ratio {ratio:.2f} (target >= 0.5)")
+    print(f"fingerprint speed  : {digest_gbs:.1f} GB/s ({digest_implementation()}) vs copy {copy_gbs:.1f} GB/s, "
+          f"both on torch's {torch.get_num_threads()} intra-op threads: ratio {ratio:.2f} (target >= 0.5)")
     return ratio
 
 

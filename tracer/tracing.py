@@ -55,7 +55,7 @@ from tracer.config import config_fingerprint, header_config
 from tracer.determinism import determinism_settings
 from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
 from tracer.errors import CaptureError, ConfigError, TraceWarning
-from tracer.fingerprint import ALGORITHM, PendingDigest, TensorDigest, batched_parts, digest_many, tensor_meta
+from tracer.fingerprint import ALGORITHM, TensorDigest, batched_parts, digest_many, resolve_rows, tensor_meta
 from tracer.intercept import own_ops
 from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
@@ -394,8 +394,8 @@ class Tracer:
         self, log: RecordSink, step: int, mb: int, phase: Phase, named: list[tuple[str, torch.Tensor]],
         metas: list[tuple[str, int]], kept: list[torch.Tensor | None], host: list[torch.Tensor],
     ) -> None:
-        for (name, _), meta, tensor, row in zip(named, metas, kept, host[0]):
-            self._write(log, step, mb, name, phase, PendingDigest(row, *meta).resolve(row), tensor)
+        for (name, _), tensor, d in zip(named, kept, resolve_rows(host[0], metas)):
+            self._write(log, step, mb, name, phase, d, tensor)
 
     def _captures(self, step: int, name: str, phase: Phase) -> bool:
         return self.capture.active and self.blobs is not None and self.capture.wants(step, name, phase)

@@ -77,6 +77,19 @@ def test_kernel_detects_every_bit_of_an_element_in_a_misaligned_view(fused) -> N
         assert fp.digest_many([f])[0].fingerprint != base, bit
 
 
+def test_kernel_bits_do_not_depend_on_the_thread_count(fused) -> None:
+    cases = [torch.randn(3 * fp.CHUNK + 17), torch.randn(5, fp.CHUNK // 3).double(), torch.randn(100)]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [fp.digest_many(cases)]
+        torch.set_num_threads(max(2, threads))
+        many = [fp.digest_many(cases)]
+    finally:
+        torch.set_num_threads(threads)
+    assert one == many  # every field, the float stats included
+
+
 def test_batched_ops_split_into_groups_like_one_group(monkeypatch) -> None:
     cases = [torch.randn(n) for n in (5, 3000, 70, 1, 0, 999)]
     whole = fp.batched_parts(cases)

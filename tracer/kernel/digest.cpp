@@ -43,26 +43,23 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef int64_t v8l __attribute__((vector_size(64)));
 static_assert(kLanes == 8, "one v8d per lane group");
 
-// Lane j of a tensor's stats takes the elements at positions == j (mod kLanes); the few left at the very end
-// go to the tail accumulators. Block boundaries are multiples of kLanes, so the split does not depend on them.
+// Lane j of a chunk's stats takes the elements at positions == j (mod kLanes); the few left at the very end of
+// the tensor go to the tail. Block boundaries are multiples of kLanes, so the split does not depend on them.
+// Stored as plain arrays (no over-aligned members: it lives in std::vector); `Acc` holds them in registers.
 struct Stats {
-  v8d sumsq = {0, 0, 0, 0, 0, 0, 0, 0};
-  v8d lo = v8d{} + std::numeric_limits<double>::infinity();
-  v8d hi = v8d{} - std::numeric_limits<double>::infinity();
-  v8l nan = {0, 0, 0, 0, 0, 0, 0, 0};
-  v8l inf = {0, 0, 0, 0, 0, 0, 0, 0};  // non-finite, NaN included
+  double sumsq[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  double lo[kLanes], hi[kLanes];
+  int64_t nan[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t inf[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};  // non-finite, NaN included: `combine` takes NaNs out
   double tail_sumsq = 0, tail_lo = std::numeric_limits<double>::infinity(),
          tail_hi = -std::numeric_limits<double>::infinity();
   int64_t tail_nan = 0, tail_inf = 0;
 
-  // NaN compares false: min and max skip it, and the count has it.
-  __attribute__((always_inline)) inline void add(v8d v) {
-    const v8d z = v - v;  // NaN where v is NaN or infinite
-    sumsq += v * v;
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
-    nan -= (v != v);  // a true comparison is -1 in every bit
-    inf -= (z != z);  // NaNs too: digest_one takes them out
+  Stats() {
+    for (int j = 0; j < kLanes; ++j) {
+      lo[j] = std::numeric_limits<double>::infinity();
+      hi[j] = -std::numeric_limits<double>::infinity();
+    }
   }
 
   void add_tail(double v) {
@@ -75,30 +72,61 @@ struct Stats {
   }
 };
 
+struct Acc {
+  v8d sumsq, lo, hi;
+  v8l nan, inf;
+
+  __attribute__((always_inline)) inline explicit Acc(const Stats& s) {
+    std::memcpy(&sumsq, s.sumsq, sizeof sumsq);
+    std::memcpy(&lo, s.lo, sizeof lo);
+    std::memcpy(&hi, s.hi, sizeof hi);
+    std::memcpy(&nan, s.nan, sizeof nan);
+    std::memcpy(&inf, s.inf, sizeof inf);
+  }
+
+  __attribute__((always_inline)) inline void store(Stats& s) const {
+    std::memcpy(s.sumsq, &sumsq, sizeof sumsq);
+    std::memcpy(s.lo, &lo, sizeof lo);
+    std::memcpy(s.hi, &hi, sizeof hi);
+    std::memcpy(s.nan, &nan, sizeof nan);
+    std::memcpy(s.inf, &inf, sizeof inf);
+  }
+
+  // NaN compares false: min and max skip it, and the count has it.
+  __attribute__((always_inline)) inline void add(v8d v) {
+    const v8d z = v - v;  // NaN where v is NaN or infinite
+    sumsq += v * v;
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+    nan -= (v != v);  // a true comparison is -1 in every bit
+    inf -= (z != z);
+  }
+};
+
 SDC_CLONES void stats_f32(const float* x, int64_t n, Stats& s, bool last) {
-  Stats a = s;  // a local copy stays in registers
+  Acc a(s);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     v8f f;
     std::memcpy(&f, x + i, sizeof f);
     a.add(__builtin_convertvector(f, v8d));
   }
+  a.store(s);
   TORCH_CHECK(last || i == n, "sdctrace digest: block not a multiple of the lane count");
-  for (; i < n; ++i) a.add_tail(x[i]);
-  s = a;
+  for (; i < n; ++i) s.add_tail(x[i]);
 }
 
 SDC_CLONES void stats_f64(const double* x, int64_t n, Stats& s, bool last) {
-  Stats a = s;
+  Acc a(s);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     v8d d;
     std::memcpy(&d, x + i, sizeof d);
     a.add(d);
   }
+  a.store(s);
   TORCH_CHECK(last || i == n, "sdctrace digest: block not a multiple of the lane count");
-  for (; i < n; ++i) a.add_tail(x[i]);
-  s = a;
+  for (; i < n; ++i) s.add_tail(x[i]);
 }
 
 // Other dtypes convert a block to float64 first (as torch's .double() does), then share the float64 path.
@@ -141,49 +169,61 @@ int64_t bits(double v) {
   return b;
 }
 
-// One tensor's digest parts: lane sum, L2 (float64 bits), min and max (float64 bits), NaN count, Inf count.
-void digest_one(const at::Tensor& input, const uint64_t* w, const uint64_t* r, int64_t r_len, int64_t* out,
-                std::vector<double>& tmp) {
-  const at::Tensor t = input.contiguous();
-  const int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
-  const int64_t words = (nbytes + 3) / 4;
-  const int64_t chunks = std::max<int64_t>(1, (words + kChunk - 1) / kChunk);
-  TORCH_CHECK(chunks <= r_len, "sdctrace digest: chunk table too short (", r_len, " < ", chunks, ")");
-  const uint8_t* base = static_cast<const uint8_t*>(t.data_ptr());
-  const int64_t elem = t.element_size();
+// The bytes of one tensor, contiguous, in logical order.
+struct Input {
+  at::Tensor t;
+  const uint8_t* base;
+  int64_t nbytes, words, chunks;
+};
+
+// One chunk of one tensor: its lane sum before the chunk weight, and its stats.
+struct Part {
+  uint64_t sum = 0;
+  Stats stats;
+};
+
+void digest_chunk(const Input& in, int64_t c, const uint64_t* w, Part& part, std::vector<double>& tmp) {
   alignas(64) int32_t buf[kBlock];
-  Stats s;
-  uint64_t h = 0;
-  for (int64_t c = 0; c < chunks; ++c) {
-    uint64_t chunk_sum = 0;
-    const int64_t first = c * kChunk, stop = std::min(words, first + kChunk);
-    for (int64_t b = first; b < stop; b += kBlock) {
-      const int64_t n = std::min(kBlock, stop - b);
-      const uint8_t* p = base + b * 4;
-      const int64_t have = std::min(n * 4, nbytes - b * 4);  // bytes present; the last word may be partial
-      const int32_t* x = reinterpret_cast<const int32_t*>(p);
-      if (have != n * 4 || reinterpret_cast<uintptr_t>(p) % alignof(int32_t) != 0) {
-        std::memset(buf, 0, sizeof buf);
-        std::memcpy(buf, p, have);
-        x = buf;
-      }
-      chunk_sum += lane_dot(x, w + (b - first), n);
-      const int64_t e = have / elem;
-      stats_block(t, p, e, s, /*last=*/b + n >= words, tmp);
+  const int64_t elem = in.t.element_size();
+  const int64_t first = c * kChunk, stop = std::min(in.words, first + kChunk);
+  for (int64_t b = first; b < stop; b += kBlock) {
+    const int64_t n = std::min(kBlock, stop - b);
+    const uint8_t* p = in.base + b * 4;
+    const int64_t have = std::min(n * 4, in.nbytes - b * 4);  // bytes present; the last word may be partial
+    const int32_t* x = reinterpret_cast<const int32_t*>(p);
+    if (have != n * 4 || reinterpret_cast<uintptr_t>(p) % alignof(int32_t) != 0) {
+      std::memset(buf, 0, sizeof buf);
+      std::memcpy(buf, p, have);
+      x = buf;
     }
-    h += chunk_sum * r[c];
+    part.sum += lane_dot(x, w + (b - first), n);
+    stats_block(in.t, p, have / elem, part.stats, /*last=*/b + n >= in.words, tmp);
   }
-  double sumsq = 0, lo = s.tail_lo, hi = s.tail_hi;
-  int64_t nan = s.tail_nan, inf = s.tail_inf;
-  for (int j = 0; j < kLanes; ++j) {
-    sumsq += s.sumsq[j];
-    lo = s.lo[j] < lo ? s.lo[j] : lo;
-    hi = s.hi[j] > hi ? s.hi[j] : hi;
-    nan += s.nan[j];
-    inf += s.inf[j] - s.nan[j];
+}
+
+// A tensor's digest parts from its chunks, combined in chunk order: lane sum, L2, min and max (float64 bits),
+// NaN count, Inf count.
+void combine(const Input& in, const Part* parts, const uint64_t* r, int64_t* out) {
+  uint64_t h = 0;
+  double sumsq = 0, lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  int64_t nan = 0, inf = 0;
+  for (int64_t c = 0; c < in.chunks; ++c) {
+    const Stats& s = parts[c].stats;
+    h += parts[c].sum * r[c];
+    for (int j = 0; j < kLanes; ++j) {
+      sumsq += s.sumsq[j];
+      lo = s.lo[j] < lo ? s.lo[j] : lo;
+      hi = s.hi[j] > hi ? s.hi[j] : hi;
+      nan += s.nan[j];
+      inf += s.inf[j] - s.nan[j];
+    }
+    sumsq += s.tail_sumsq;
+    lo = s.tail_lo < lo ? s.tail_lo : lo;
+    hi = s.tail_hi > hi ? s.tail_hi : hi;
+    nan += s.tail_nan;
+    inf += s.tail_inf;
   }
-  sumsq += s.tail_sumsq;
-  if (t.numel() == 0) lo = hi = 0;
+  if (in.t.numel() == 0) lo = hi = 0;
   out[0] = static_cast<int64_t>(h);
   out[1] = bits(std::sqrt(sumsq));
   out[2] = bits(lo);
@@ -194,22 +234,47 @@ void digest_one(const at::Tensor& input, const uint64_t* w, const uint64_t* r, i
 
 }  // namespace
 
-// Digest parts of every tensor, int64[n, 6]; the GIL is released while the bytes are read.
+// Digest parts of every tensor, int64[n, 6]. Every (tensor, chunk) pair is one work item on torch's own
+// intra-op threads (idle while training waits for this), and the results combine in a fixed order, so the
+// bits do not depend on the thread count. The GIL is released while the bytes are read.
 at::Tensor digest_many(const std::vector<at::Tensor>& tensors, const at::Tensor& w, const at::Tensor& r) {
   TORCH_CHECK(w.scalar_type() == at::kLong && w.is_contiguous() && w.numel() == kChunk, "sdctrace digest: bad W table");
   TORCH_CHECK(r.scalar_type() == at::kLong && r.is_contiguous(), "sdctrace digest: bad R table");
+  std::vector<Input> inputs;
+  std::vector<int64_t> first_part;  // index of each tensor's first chunk in `parts`
+  int64_t items = 0;
+  inputs.reserve(tensors.size());
   for (const auto& t : tensors) {
     TORCH_CHECK(t.device().is_cpu(), "sdctrace digest: CPU tensors only, found ", t.device());
     TORCH_CHECK(supported(t.scalar_type()), "sdctrace digest: unsupported dtype ", t.scalar_type());
+    at::Tensor c = t.contiguous();
+    const int64_t nbytes = c.numel() * static_cast<int64_t>(c.element_size());
+    const int64_t words = (nbytes + 3) / 4;
+    const int64_t chunks = std::max<int64_t>(1, (words + kChunk - 1) / kChunk);
+    TORCH_CHECK(chunks <= r.numel(), "sdctrace digest: chunk table too short (", r.numel(), " < ", chunks, ")");
+    inputs.push_back({c, static_cast<const uint8_t*>(c.data_ptr()), nbytes, words, chunks});
+    first_part.push_back(items);
+    items += chunks;
   }
+  std::vector<int64_t> owner(items);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    for (int64_t c = 0; c < inputs[i].chunks; ++c) owner[first_part[i] + c] = static_cast<int64_t>(i);
   at::Tensor out = at::empty({static_cast<int64_t>(tensors.size()), 6}, at::kLong);
   const auto* wp = reinterpret_cast<const uint64_t*>(w.data_ptr<int64_t>());
   const auto* rp = reinterpret_cast<const uint64_t*>(r.data_ptr<int64_t>());
   int64_t* op = out.data_ptr<int64_t>();
+  std::vector<Part> parts(items);
   {
     pybind11::gil_scoped_release release;
-    std::vector<double> tmp;
-    for (size_t i = 0; i < tensors.size(); ++i) digest_one(tensors[i], wp, rp, r.numel(), op + 6 * i, tmp);
+    // A grain of one chunk (1 MiB): smaller work is not worth waking a thread for.
+    at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+      std::vector<double> tmp;
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t i = owner[k];
+        digest_chunk(inputs[i], k - first_part[i], wp, parts[k], tmp);
+      }
+    });
+    for (size_t i = 0; i < inputs.size(); ++i) combine(inputs[i], parts.data() + first_part[i], rp, op + 6 * i);
   }
   return out;
 }
