@@ -2,14 +2,16 @@
 
     make bench            # or: .venv/bin/python benchmarks/run.py [--steps N]
 
-Targets (from the issues): traced / untraced step time <= 1.10 with every site,
-gradient and parameter fingerprinted each step; <= 64 bytes per fingerprint event.
-The fault emulator (on, no fault firing) and the ABFT checker are each reported
-against a plain traced step; they have no target. Replaying one step costs at most
-2x (parameter sync) and 3x (lockstep) a recorded step (bench_replay.py). The Beam
-diff of a 1 000 000-event pair runs at >= 300 000 events/s and within 8x of the
-same join in DuckDB (bench_diff.py). A 4-rank run (dp=2 x tp=2, sequence parallel)
-reports its own traced / untraced ratio (bench_parallel.py).
+Targets (issue 16, on a quiet 2-core machine): traced / untraced step time <= 1.05 on
+`tiny` (stretch 1.03) and <= 1.03 on `llama3-16l-mini`, with every site, gradient and
+parameter fingerprinted each step, printed beside the other model sizes
+(bench_tracing.py); fingerprint throughput >= 0.5 of memory copy bandwidth; <= 32 bytes
+per fingerprint event on disk; fault emulator on, nothing firing, <= 1.10 and ABFT on
+<= 1.30 a traced step; replaying one step <= 1.5x (parameter sync) and <= 2x
+(lockstep) a recorded step (bench_replay.py); the Beam diff of a 1 000 000-event pair
+within 3x of the same join in DuckDB at >= 800 000 events/s (bench_diff.py); on CUDA,
+where there is a device, traced / untraced <= 1.02. A 4-rank run (dp=2 x tp=2,
+sequence parallel) reports its own traced / untraced ratio (bench_parallel.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 
 import bench_diff
+import bench_tracing
 from bench_parallel import bench_parallel
 from bench_replay import bench_replay
 from timing import side_by_side, warmup
@@ -51,7 +54,8 @@ def bench_tracing_overhead(steps: int, config: str | None) -> tuple[float, float
         per_event = _tensor_event_bytes(out)
     print(
         f"tracing overhead   : traced/untraced step time = {ratio:.3f}  "
-        f"(median {traced_s * 1e3:.1f} ms vs {plain_s * 1e3:.1f} ms, {steps - warmup(steps)} steps, target <= 1.10)"
+        f"(median {traced_s * 1e3:.1f} ms vs {plain_s * 1e3:.1f} ms, {steps - warmup(steps)} steps, target <= 1.05, "
+        f"stretch 1.03)"
     )
     print(f"log size           : {per_event:.1f} bytes per fingerprint event on disk (target <= 64)")
     return ratio, per_event
@@ -119,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="workload config (default: tiny)")
     args = p.parse_args(argv)
     bench_tracing_overhead(args.steps, args.config)
+    bench_tracing.bench_throughput()
+    bench_tracing.bench_scaling(max(10, args.steps // 2))
+    bench_tracing.bench_cuda(max(10, args.steps // 2))
     bench_interceptor_overhead(args.steps, args.config)
     bench_replay(config=args.config)
     bench_diff.main([])
