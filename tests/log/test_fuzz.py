@@ -71,7 +71,8 @@ def mutate(rank: Path, rng: random.Random) -> tuple[str, bool]:
         blocks = [f for f in frames(bytes(data)) if f[1] == RecordType.TENSOR_BLOCK]
         if blocks:
             pos, _, length = rng.choice(blocks)
-            reframe(path, pos, msgpack.packb(mutate_block(msgpack.unpackb(bytes(data[pos + 9 : pos + 9 + length])), rng)))
+            block = msgpack.unpackb(bytes(data[pos + 9 : pos + 9 + length]))
+            reframe(path, pos, msgpack.packb(mutate_block(block, rng)))
             return f"block {path.name}@{pos}", False
     pos, rtype, length = rng.choice(frames(bytes(data)))
     value = msgpack.unpackb(bytes(data[pos + 9 : pos + 9 + length]), raw=False)

@@ -162,7 +162,8 @@ def test_unknown_record_type_is_corruption(make_log, frames, version: int, rtype
     payload = path.read_bytes()[offset + 9 : offset + 9 + length]
     poke(path, offset + 4, struct.pack("<IB", zlib.crc32(bytes([rtype]) + payload), rtype))  # a CRC that matches
 
-    with pytest.raises(LogCorruptionError, match=rf"unknown record type {rtype} \(format v{version} defines 1\.\.") as err:
+    unknown = rf"unknown record type {rtype} \(format v{version} defines 1\.\."
+    with pytest.raises(LogCorruptionError, match=unknown) as err:
         read_all(directory)
     assert err.value.offset == offset
 
@@ -359,7 +360,8 @@ def test_garbage_after_a_clean_close_is_corruption_not_a_torn_tail(make_log) -> 
     assert [c[:2] for c in status.corruptions] == [(str(path), size)]
 
 
-@pytest.mark.parametrize(("version", "lost"), [(1, "at least 45 records, steps 2..5"), (2, "at least 46 records, steps 2..6")])
+@pytest.mark.parametrize(("version", "lost"), [(1, "at least 45 records, steps 2..5"),
+                                               (2, "at least 46 records, steps 2..6")])
 def test_inspect_reports_a_mid_log_cut_as_lost_steps_not_a_clean_close(make_log, frames, capsys, version, lost) -> None:
     from sdc.cli import main
 
@@ -367,7 +369,8 @@ def test_inspect_reports_a_mid_log_cut_as_lost_steps_not_a_clean_close(make_log,
     (path,) = LogReader(directory).segments
     intact, _ = read_all(directory)
     data = path.read_bytes()
-    path.write_bytes(data[: holding(frames, path, intact, 30)[0] + 12] + data[holding(frames, path, intact, 70)[0] + 5 :])
+    cut, resume = holding(frames, path, intact, 30)[0] + 12, holding(frames, path, intact, 70)[0] + 5
+    path.write_bytes(data[:cut] + data[resume:])
 
     assert main(["inspect", str(directory.parent), "--skip-corrupt"]) == 0
     state = next(line for line in capsys.readouterr().out.splitlines() if "state" in line)

@@ -1,13 +1,14 @@
 """msgpack payloads of each record type, shared by the writer and the reader.
 
 HEADER, EVENT and END are maps packed with float64, so a config's learning rate
-reads back bit for bit; TENSOR (format v1) is a positional array packed with float32
-to stay small; TENSOR_BLOCK (v2) holds the TENSOR records of one step as columns of
-fixed-width little-endian values; STRING is ``[id, text]``. Decoders check shape and types and raise
-`PayloadError`; the reader reports it with file and offset, the writer uses the same
-decoders to refuse records it could not read back. msgpack decoding builds plain
-values only (no pickle, no object hooks); its size limits default to the payload's
-length, itself at most MAX_RECORD_BYTES.
+reads back bit for bit; TENSOR is a positional array packed with float32 to stay
+small; TENSOR_BLOCK (format v2) holds TENSOR records of one step as columns of
+fixed-width little-endian values; STRING is ``[id, text]``. Decoders check shape and
+types and raise `PayloadError`; the reader reports it with file and offset, the
+writer uses the same decoders to refuse records it could not read back. msgpack
+decoding builds plain values only (no pickle, no object hooks); its size limits
+default to the payload's length, itself at most MAX_RECORD_BYTES; a block's row
+count is bounded (MAX_BLOCK_ROWS) and checked against its columns' lengths.
 """
 
 from __future__ import annotations
@@ -228,7 +229,9 @@ def decode_tensor_block(payload: Any, strings: Mapping[int, str]) -> list[Tensor
         ints = struct.unpack(f"<{rows}{_UINT_CODES[width]}", column) if width else (0,) * rows
         if top is not None and max(ints) > top:
             row = next(i for i, v in enumerate(ints) if v > top)
-            raise PayloadError(f"TENSOR_BLOCK field {field!r} must be an int in 0..{top}, found {ints[row]} in row {row}")
+            raise PayloadError(
+                f"TENSOR_BLOCK field {field!r} must be an int in 0..{top}, found {ints[row]} in row {row}"
+            )
         values.append(ints)
     microbatch, name_id, phase, fingerprint, l2, absmax, nan, inf, meta_id = values
     try:
@@ -260,7 +263,8 @@ def _block_head(payload: Any) -> tuple[int, int, tuple[bytes, ...]]:
         raise PayloadError(_BLOCK_SHAPE)
     step, rows = value[:2]
     _check(_is_int(step) and 0 <= step <= MAX_STEP, "TENSOR_BLOCK", "step", f"an int in 0..{MAX_STEP}", step)
-    _check(_is_int(rows) and 1 <= rows <= MAX_BLOCK_ROWS, "TENSOR_BLOCK", "rows", f"an int in 1..{MAX_BLOCK_ROWS}", rows)
+    _check(_is_int(rows) and 1 <= rows <= MAX_BLOCK_ROWS, "TENSOR_BLOCK", "rows", f"an int in 1..{MAX_BLOCK_ROWS}",
+           rows)
     return step, rows, value[2:]
 
 

@@ -21,7 +21,15 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
-from tracer.log.codec import BLOCK_COLUMNS, BLOCK_WIDTHS, PayloadError, check_event, decode_end, decode_event, decode_string
+from tracer.log.codec import (
+    BLOCK_COLUMNS,
+    BLOCK_WIDTHS,
+    PayloadError,
+    check_event,
+    decode_end,
+    decode_event,
+    decode_string,
+)
 from tracer.log.framing import FRAME_SIZE, HEADER_SIZE, MAX_RECORD_BYTES, RecordType
 from tracer.log.reader import Entry, LogStatus, LostRange, OnCorruption, _report, _Segment, _skip_mode
 from tracer.log.records import (
@@ -77,7 +85,7 @@ class SegmentColumns:
     tensors: TensorColumns
     events: list[Entry]
     status: LogStatus
-    data_records: int  # TENSOR and EVENT frames with a valid CRC, decodable or not
+    data_records: int  # TENSOR and EVENT records in frames with a valid CRC, decodable or not
     lost: bool  # a bad region hid an unknown number of records
     region_records: int = 0  # records the bad regions' lost ranges claim
 

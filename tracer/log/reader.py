@@ -278,7 +278,7 @@ class _Segment:
         self.version = FORMAT_VERSION  # from the file header: which record types are defined
         self.header: RunHeader | None = None
         self.first_record: int | None = None
-        self.data_records = 0  # TENSOR and EVENT frames with a valid CRC, decodable or not
+        self.data_records = 0  # TENSOR and EVENT records in frames with a valid CRC, decodable or not
         self.lost = False  # a bad region hid an unknown number of records
         self.region_records = 0  # records the lost ranges of bad regions claim (at least one each)
         self._ended = False  # the END record was read: any bad byte after it is trailing garbage

@@ -4,8 +4,9 @@ Consecutive TENSOR records of one step are held and written as one TENSOR_BLOCK,
 most `BLOCK_ROWS` of them, before any other record and at every flush: the log keeps
 the order in which records were written. Writes are buffered (the caller flushes per
 batch), so a crash loses or tears only the tail, which the reader recognises. A full
-segment is fsynced before the next one is created: only the last segment can ever end torn. `HeaderAtFirstFlush` opens a
-LogWriter late, for a header that is final only once recording has begun.
+segment is fsynced before the next one is created: only the last segment can ever end
+torn. `HeaderAtFirstFlush` opens a LogWriter late, for a header that is final only
+once recording has begun.
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ class LogWriter:
         """Append one fingerprint to the block being filled; interns its name and meta in the current segment."""
         if self._closed:
             raise self._closed_error()
-        step, mb, fp, l2, absmax, nan, inf = rec.step, rec.microbatch, rec.fingerprint, rec.l2, rec.absmax, rec.nan, rec.inf
+        step, mb, fp, l2, absmax, nan, inf = (
+            rec.step, rec.microbatch, rec.fingerprint, rec.l2, rec.absmax, rec.nan, rec.inf
+        )
         if not (type(step) is int and 0 <= step <= MAX_STEP and type(mb) is int and 0 <= mb <= MAX_MICROBATCH
                 and type(fp) is int and 0 <= fp <= U64_MAX and type(l2) is float and type(absmax) is float
                 and type(nan) is int and 0 <= nan <= MAX_ELEMENTS and type(inf) is int and 0 <= inf <= MAX_ELEMENTS
