@@ -3,7 +3,7 @@
     make bench            # or: .venv/bin/python benchmarks/run.py [--steps N]
 
 Targets (from the issues): traced / untraced step time <= 1.10 with every site,
-gradient and parameter fingerprinted each step; <= 32 bytes per fingerprint event.
+gradient and parameter fingerprinted each step; <= 64 bytes per fingerprint event.
 The fault emulator (on, no fault firing) and the ABFT checker are each reported
 against a plain traced step; they have no target. Replaying one step costs at most
 2x (parameter sync) and 3x (lockstep) a recorded step (bench_replay.py). The Beam
