@@ -1,5 +1,5 @@
-"""Shared fixtures: a realistic run header, real logs written by LogWriter, and a frame
-walker that reads the documented byte layout independently of the reader."""
+"""Shared fixtures: a realistic run header, real logs written by LogWriter (or framed as format v1), and a
+frame walker that reads the documented byte layout independently of the reader."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tracer.log import SCHEMA_VERSION, EventRecord, LogWriter, Phase, RunHeader, TensorRecord
+from tests.log.v1 import write_v1_log
+from tracer.log import SCHEMA_VERSION, EventRecord, LogWriter, Phase, RecordType, RunHeader, TensorRecord
 
 Frame = tuple[int, int, int]  # (offset, record type, payload length)
+DATA_TENSORS = (RecordType.TENSOR, RecordType.TENSOR_BLOCK)  # the frames that hold TENSOR records
 
 
 @pytest.fixture
@@ -58,18 +60,33 @@ def tensor(i: int, rng: random.Random) -> TensorRecord:
     )
 
 
+def records(n: int) -> list[TensorRecord | EventRecord]:
+    """`n` tensor records with a `loss` event after every 10th, the same for every format version."""
+    rng = random.Random(n)
+    out: list[TensorRecord | EventRecord] = []
+    for i in range(n):
+        out.append(tensor(i, rng))
+        if i % 10 == 9:
+            out.append(EventRecord("loss", i // 12, {"loss": 2.5 - i / 1000}))
+    return out
+
+
 @pytest.fixture
 def make_log(tmp_path: Path, header: RunHeader) -> Callable[..., Path]:
-    """Writes `n` tensor records with an event every 10th, closed cleanly unless `close=False`."""
+    """Writes `records(n)`, closed cleanly unless `close=False`: with LogWriter (format v2: tensor blocks), or, with
+    `version=1`, framed as the v1 writer framed them (one TENSOR record each)."""
 
-    def make(n: int = 60, *, segment_bytes: int = 64 << 20, close: bool = True, name: str = "rank-00000") -> Path:
+    def make(n: int = 60, *, segment_bytes: int = 64 << 20, close: bool = True, name: str = "rank-00000",
+             version: int = 2) -> Path:
         directory = tmp_path / name
-        rng = random.Random(n)
+        if version == 1:
+            return write_v1_log(directory, header, records(n), segment_bytes=segment_bytes, close=close)
         w = LogWriter(directory, header, segment_bytes=segment_bytes)
-        for i in range(n):
-            w.write_tensor(tensor(i, rng))
-            if i % 10 == 9:
-                w.write_event(EventRecord("loss", i // 12, {"loss": 2.5 - i / 1000}))
+        for rec in records(n):
+            if isinstance(rec, TensorRecord):
+                w.write_tensor(rec)
+            else:
+                w.write_event(rec)
         if close:
             w.close()
         else:
@@ -94,3 +111,8 @@ def frames() -> Callable[[Path], list[Frame]]:
         return out
 
     return walk
+
+
+def in_frame(offset: int, f: Frame) -> bool:
+    """Whether an entry at `offset` is (a record of) the frame `f`: a block's records sit at its offset + row."""
+    return f[0] <= offset < f[0] + 9 + f[2]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 import warnings
 from pathlib import Path
 
@@ -27,7 +28,9 @@ from tracer.log import (
     read_segment,
     read_segment_columns,
 )
+from tracer.log.columns import _decode_clean
 from tracer.log.layout import list_segments, segment_path
+from tracer.log.reader import LogStatus, _Segment
 from tracer.log.records import MAX_MICROBATCH, MAX_STEP
 
 
@@ -113,34 +116,48 @@ def test_what_corruption_hid_agrees_across_segments(make_log, frames) -> None:
     assert gap.records > 0 and None not in (gap.first_step, gap.last_step) and gap.first_step <= gap.last_step
 
 
-def test_clean_multi_segment_log_matches_the_reference(make_log) -> None:
-    tensors, events, problems, torn, complete = same(make_log(3000, segment_bytes=20_000))
+@pytest.mark.parametrize("version", [1, 2])
+def test_clean_multi_segment_log_matches_the_reference(make_log, version: int) -> None:
+    log = make_log(3000, segment_bytes=20_000, version=version)
+    tensors, events, problems, torn, complete = same(log)
     assert len(tensors) == 3000 and len(events) == 300 and not problems and complete and not torn
+    for i, (_, path) in enumerate(segments := list_segments(log)):  # each clean segment takes the array path
+        data = path.read_bytes()
+        status = LogStatus()
+        seg = _Segment(data, str(path), last=i == len(segments) - 1, skip=False, status=status)
+        assert _decode_clean(data, seg, last=i == len(segments) - 1) is not None, path
 
 
-def test_every_encoding_the_writer_can_produce(tmp_path: Path, header: RunHeader) -> None:
-    """32- and 64-bit steps and counts up to their bounds, tiny and huge fingerprints, special floats, repeated and
-    unicode names."""
+def test_every_encoding_the_writer_can_produce(tmp_path: Path, header: RunHeader, frames) -> None:
+    """Blocks of one record (a TENSOR record) to hundreds; columns of every width (all zero, 1, 2, 4 and 8 bytes) up to
+    the bounds; steps up to MAX_STEP, tiny and huge fingerprints, special floats, repeated and unicode names."""
     rng = random.Random(3)
     values = [0, 1, 127, 128, 255, 256, 65_535, 65_536, 2**32 - 1, 2**32, 2**63 - 1]
+    step, wide = 0, True
     with LogWriter(tmp_path / "rank-00000", header) as w:
-        for i in range(2000):
+        for i in range(3000):
+            if rng.random() < 0.1:  # a new step: a new block, of 10 records on average
+                step, wide = rng.choice([v for v in values if v <= MAX_STEP] + [MAX_STEP]), rng.random() < 0.5
             w.write_tensor(TensorRecord(
-                step=rng.choice([v for v in values if v <= MAX_STEP] + [MAX_STEP]),
-                microbatch=rng.choice([v for v in values if v <= MAX_MICROBATCH] + [MAX_MICROBATCH]),
+                step=step,
+                microbatch=rng.choice([v for v in values if v <= MAX_MICROBATCH] + [MAX_MICROBATCH]) if wide else 0,
                 name=rng.choice(["layers.0.attention", "ünïcode.site", "x" * 300]),
-                phase=Phase(rng.randrange(5)),
-                fingerprint=rng.choice(values + [2**64 - 1, rng.getrandbits(64)]),
-                l2=rng.choice([0.0, -0.0, 1.5, float("inf"), float("nan"), 3.4e38, 1e-45]),
+                phase=Phase(rng.randrange(5)) if wide else Phase.FORWARD,
+                fingerprint=rng.choice(values + [2**64 - 1, rng.getrandbits(64)]) if wide else rng.randrange(256),
+                l2=rng.choice([0.0, -0.0, 1.5, float("inf"), float("nan"), 3.4e38, 1e-45, 1e39, -1e300]),
                 absmax=rng.uniform(-1e6, 1e6),
-                nan=rng.choice(values),
-                inf=rng.choice(values),
+                nan=rng.choice(values) if wide else 0,
+                inf=rng.choice(values) if wide else 0,
                 meta=rng.choice(["bfloat16[8,64,128]", "float32[]"]),
             ))
-            if i % 7 == 0:
+            if i % 97 == 0:
                 w.write_event(EventRecord("step", i, {"loss": None, "lr": [1e-3], "nested": {"a": [1, 2]}}))
-    tensors, events, problems, _, complete = same(tmp_path / "rank-00000")
-    assert len(tensors) == 2000 and len(events) == 286 and not problems and complete
+    log = tmp_path / "rank-00000"
+    tensors, events, problems, _, complete = same(log)
+    assert len(tensors) == 3000 and len(events) == 31 and not problems and complete
+    assert {t[7] for t in tensors} >= {math.inf, -math.inf, "nan"}  # beyond float32: inf, as msgpack's float32 did
+    types = {rtype for _, rtype, _ in frames(log / "000000.sdclog")}
+    assert {RecordType.TENSOR, RecordType.TENSOR_BLOCK} <= types
 
 
 def test_flipped_payload_byte_is_reported_with_file_and_offset(make_log, frames) -> None:
@@ -188,8 +205,8 @@ def test_missing_and_truncated_segments_are_found_between_segments(make_log, fra
 
 def test_values_beyond_the_bounds_are_reported_by_both_readers(tmp_path: Path, header: RunHeader, frames) -> None:
     with LogWriter(tmp_path / "rank-00000", header) as w:
-        for fp in (1, 2, 5):
-            w.write_tensor(TensorRecord(1, 0, "a", Phase.FORWARD, fp, 0.0, 0.0, 0, 0, "m"))
+        for step, fp in ((1, 1), (2, 2), (3, 5)):  # a record per step: TENSOR records
+            w.write_tensor(TensorRecord(step, 0, "a", Phase.FORWARD, fp, 0.0, 0.0, 0, 0, "m"))
     path = tmp_path / "rank-00000" / "000000.sdclog"
     first, second = [f[0] for f in frames(path) if f[1] == RecordType.TENSOR][:2]
     reframe(path, second, msgpack.packb([1, 0, 0, 0, -1, 0.0, 0.0, 0, 0, 1], use_single_float=True))
@@ -201,3 +218,24 @@ def test_values_beyond_the_bounds_are_reported_by_both_readers(tmp_path: Path, h
     assert reasons[1].startswith("TENSOR field 'fingerprint' must be an unsigned 64-bit int, found int -1")
     _, entries, status = read_segment(path.read_bytes(), str(path), last=True, on_corruption="skip")
     assert len(list(entries)) == 1 and [r for _, _, r in status.corruptions] == reasons
+
+
+def test_block_values_beyond_the_bounds_are_reported_by_both_readers(tmp_path: Path, header: RunHeader, frames):
+    with LogWriter(tmp_path / "rank-00000", header) as w:
+        for step in (1, 2):
+            for fp in range(3):
+                w.write_tensor(TensorRecord(step, 0, "a", Phase.FORWARD, fp, 0.0, 0.0, 0, 0, "m"))
+    path = tmp_path / "rank-00000" / "000000.sdclog"
+    first = next(f[0] for f in frames(path) if f[1] == RecordType.TENSOR_BLOCK)
+    data = path.read_bytes()
+    block = msgpack.unpackb(data[first + 9 : first + 9 + struct.unpack_from("<I", data, first)[0]])
+    block[8] = struct.pack("<3Q", 0, 2**63, 0)  # nan: beyond int64
+    reframe(path, first, msgpack.packb(block))
+    seg = read_segment_columns(path.read_bytes(), str(path), last=True, on_corruption="skip")
+    assert seg.tensors.step.tolist() == [2, 2, 2] and seg.tensors.fingerprint.tolist() == [0, 1, 2]
+    reasons = [reason for _, _, reason in seg.status.corruptions]
+    assert reasons == [f"TENSOR_BLOCK field 'nan' must be an int in 0..{2**63 - 1}, found {2**63} in row 1"]
+    (lost,) = seg.status.lost
+    assert (lost.start, lost.records) == (first, 3)
+    _, entries, status = read_segment(path.read_bytes(), str(path), last=True, on_corruption="skip")
+    assert len(list(entries)) == 3 and [r for _, _, r in status.corruptions] == reasons and status.lost == [lost]

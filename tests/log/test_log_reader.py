@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 from tracer.errors import LogFormatError, UsageError
-from tracer.log import LogReader, LogWriter, RecordType, RunHeader
+from tracer.log import FORMAT_VERSION, LogReader, LogWriter, RecordType, RunHeader
 from tracer.log.framing import frame
 
 
@@ -23,8 +23,9 @@ def poke(path: Path, offset: int, data: bytes) -> None:
 
 def test_newer_format_version_asks_for_an_upgrade(make_log) -> None:
     directory = make_log(5)
-    poke(directory / "000000.sdclog", 8, struct.pack("<H", 2))
-    with pytest.raises(LogFormatError, match=r"newer sdctrace \(format v2, this reader reads <= v1\): upgrade"):
+    poke(directory / "000000.sdclog", 8, struct.pack("<H", FORMAT_VERSION + 1))
+    newer = rf"newer sdctrace \(format v{FORMAT_VERSION + 1}, this reader reads <= v{FORMAT_VERSION}\): upgrade"
+    with pytest.raises(LogFormatError, match=newer):
         LogReader(directory)
 
 

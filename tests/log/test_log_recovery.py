@@ -13,8 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.log.conftest import DATA_TENSORS, in_frame
 from tracer.errors import LogCorruptionError
 from tracer.log import EventRecord, LogReader, LostRange, RecordType, TornTailWarning
+
+# Every failure mode that involves a record holding tensors, for both formats: v1 (a TENSOR record per tensor) and
+# v2 (TENSOR_BLOCKs of one step's tensors).
+VERSIONS = pytest.mark.parametrize("version", [1, 2])
 
 
 def read_all(directory: Path, **kw):
@@ -38,13 +43,15 @@ def flip(path: Path, offset: int) -> None:
 
 
 def middle_tensor(frames, path: Path) -> tuple[int, int, int]:
-    tensors = [f for f in frames(path) if f[1] == RecordType.TENSOR]
+    """The middle frame holding tensors: a TENSOR record (v1) or a TENSOR_BLOCK (v2)."""
+    tensors = [f for f in frames(path) if f[1] in DATA_TENSORS]
     return tensors[len(tensors) // 2]
 
 
 @pytest.mark.parametrize("cut", [1, 8, 9, 12])  # inside the frame header, or inside the payload
-def test_torn_tail_ends_the_log_with_a_warning(make_log, frames, cut: int) -> None:
-    directory = make_log(60, close=False)
+@VERSIONS
+def test_torn_tail_ends_the_log_with_a_warning(make_log, frames, cut: int, version: int) -> None:
+    directory = make_log(60, close=False, version=version)
     (path,) = LogReader(directory).segments
     intact, _ = read_all(directory)
     offset = frames(path)[-3][0]
@@ -83,8 +90,9 @@ def test_zero_filled_tail_is_a_torn_tail(make_log, frames) -> None:
     assert entries and entries[-1].offset < offset and status.torn_tail
 
 
-def test_truncation_in_a_non_last_segment_is_corruption(make_log, frames) -> None:
-    directory = make_log(300, segment_bytes=1024)
+@VERSIONS
+def test_truncation_in_a_non_last_segment_is_corruption(make_log, frames, version: int) -> None:
+    directory = make_log(300, segment_bytes=1024, version=version)
     segments = LogReader(directory).segments
     path = segments[1]
     offset, _, _ = frames(path)[-2]
@@ -100,11 +108,12 @@ def test_truncation_in_a_non_last_segment_is_corruption(make_log, frames) -> Non
     assert {e.segment for e in entries} == set(range(len(segments)))
 
 
-def test_crc_mismatch_names_file_and_offset(make_log, frames) -> None:
-    directory = make_log(60)
+@VERSIONS
+def test_crc_mismatch_names_file_and_offset(make_log, frames, version: int) -> None:
+    directory = make_log(60, version=version)
     (path,) = LogReader(directory).segments
     intact, _ = read_all(directory)
-    offset, _, length = middle_tensor(frames, path)
+    bad = offset, _, length = middle_tensor(frames, path)
     flip(path, offset + 9 + length // 2)
 
     with pytest.raises(LogCorruptionError, match="CRC mismatch") as err:
@@ -113,7 +122,7 @@ def test_crc_mismatch_names_file_and_offset(make_log, frames) -> None:
     assert f"{path}: corrupt record at byte {offset}" in str(err.value)
 
     entries, status = read_all(directory, on_corruption="skip")
-    assert entries == [e for e in intact if e.offset != offset]
+    assert entries == [e for e in intact if not in_frame(e.offset, bad)]
     assert (status.skipped_records, status.skipped_bytes) == (1, 9 + length)
     assert status.corruptions == [(str(path), offset, err.value.reason)]
     assert status.complete
@@ -127,11 +136,12 @@ def test_crc_mismatch_names_file_and_offset(make_log, frames) -> None:
         (lambda n, left: left + 100, "past the end of the file"),  # not a torn tail: valid frames follow
     ],
 )
-def test_corrupted_length_field(make_log, frames, length, reason: str) -> None:
-    directory = make_log(60, close=False)
+@VERSIONS
+def test_corrupted_length_field(make_log, frames, length, reason: str, version: int) -> None:
+    directory = make_log(60, close=False, version=version)
     (path,) = LogReader(directory).segments
     intact, _ = read_all(directory)
-    offset, _, n = middle_tensor(frames, path)
+    bad = offset, _, n = middle_tensor(frames, path)
     poke(path, offset, struct.pack("<I", length(n, path.stat().st_size - offset)))
 
     with pytest.raises(LogCorruptionError, match=reason) as err:
@@ -139,41 +149,50 @@ def test_corrupted_length_field(make_log, frames, length, reason: str) -> None:
     assert err.value.offset == offset
 
     entries, status = read_all(directory, on_corruption="skip")
-    assert entries == [e for e in intact if e.offset != offset]
+    assert entries == [e for e in intact if not in_frame(e.offset, bad)]
     assert not status.torn_tail and status.skipped_records == 1
 
 
-def test_unknown_record_type_is_corruption(make_log, frames) -> None:
-    directory = make_log(60)
+@pytest.mark.parametrize(("version", "rtype"), [(1, 9), (2, 9), (1, RecordType.TENSOR_BLOCK)])
+def test_unknown_record_type_is_corruption(make_log, frames, version: int, rtype: int) -> None:
+    # TENSOR_BLOCK came with format v2: in a v1 file it is as unknown as any other type.
+    directory = make_log(60, version=version)
     (path,) = LogReader(directory).segments
     offset, _, length = middle_tensor(frames, path)
     payload = path.read_bytes()[offset + 9 : offset + 9 + length]
-    poke(path, offset + 4, struct.pack("<IB", zlib.crc32(bytes([9]) + payload), 9))  # a CRC that matches
+    poke(path, offset + 4, struct.pack("<IB", zlib.crc32(bytes([rtype]) + payload), rtype))  # a CRC that matches
 
-    with pytest.raises(LogCorruptionError, match="unknown record type 9") as err:
+    unknown = rf"unknown record type {rtype} \(format v{version} defines 1\.\."
+    with pytest.raises(LogCorruptionError, match=unknown) as err:
         read_all(directory)
     assert err.value.offset == offset
 
 
-def test_tensor_whose_string_was_lost(make_log, frames) -> None:
-    directory = make_log(60)
+@VERSIONS
+def test_tensor_whose_string_was_lost(make_log, frames, version: int) -> None:
+    directory = make_log(60, version=version)
     (path,) = LogReader(directory).segments
     intact, _ = read_all(directory)
     strings = [f for f in frames(path) if f[1] == RecordType.STRING]
-    offset, _, length = strings[1]  # the meta string: every TENSOR refers to it
+    offset, _, length = strings[1]  # the meta string: every TENSOR record refers to it
     flip(path, offset + 9 + length - 1)
+    holders = [f for f in frames(path) if f[1] in DATA_TENSORS]  # 60 TENSOR records, or 10 blocks
+    assert len(holders) == (60 if version == 1 else 10)
 
     with pytest.raises(LogCorruptionError, match="CRC mismatch"):
         read_all(directory)
 
     entries, status = read_all(directory, on_corruption="skip")
     lost = [c for c in status.corruptions if "STRING record was lost" in c[2]]
-    assert len(lost) == 60 and status.skipped_records == 1 + 60
+    assert [c[1] for c in lost] == [f[0] for f in holders] and status.skipped_records == 1 + len(holders)
     assert entries == [e for e in intact if isinstance(e.record, EventRecord)]
+    # Each block's records are counted; the bad region claims one more, as a bad region always does (at least one).
+    assert status.lost_records == 60 + 1
 
 
-def test_missing_end_reads_as_a_crashed_run(make_log) -> None:
-    entries, status = read_all(make_log(60, close=False))
+@VERSIONS
+def test_missing_end_reads_as_a_crashed_run(make_log, version: int) -> None:
+    entries, status = read_all(make_log(60, close=False, version=version))
     assert len(entries) == status.records == 66
     assert not status.complete and status.end is None and not status.torn_tail
 
@@ -191,9 +210,10 @@ def test_missing_segment_is_corruption(make_log) -> None:
     assert 2 not in {e.segment for e in entries} and len(status.corruptions) == 1
 
 
-def test_segment_cut_at_a_record_boundary_is_corruption(make_log, frames) -> None:
+@VERSIONS
+def test_segment_cut_at_a_record_boundary_is_corruption(make_log, frames, version: int) -> None:
     # No frame is damaged, but the next segment's HEADER says how many records came before.
-    directory = make_log(300, segment_bytes=1024)
+    directory = make_log(300, segment_bytes=1024, version=version)
     segments = LogReader(directory).segments
     truncate(segments[1], frames(segments[1])[-1][0])
 
@@ -202,19 +222,24 @@ def test_segment_cut_at_a_record_boundary_is_corruption(make_log, frames) -> Non
     assert (err.value.path, err.value.offset) == (str(segments[2]), 16)
 
 
-def test_record_cut_out_of_the_last_segment_is_corruption(make_log, frames) -> None:
-    directory = make_log(60)
+@VERSIONS
+def test_record_cut_out_of_the_last_segment_is_corruption(make_log, frames, version: int) -> None:
+    directory = make_log(60, version=version)
     (path,) = LogReader(directory).segments
-    offset, _, length = middle_tensor(frames, path)
+    intact, _ = read_all(directory)
+    cut = offset, _, length = middle_tensor(frames, path)
     data = path.read_bytes()
     path.write_bytes(data[:offset] + data[offset + 9 + length :])
+    held = sum(in_frame(e.offset, cut) for e in intact)
+    assert held == (1 if version == 1 else 6)
 
-    with pytest.raises(LogCorruptionError, match="END counts 66 records but the log holds 65"):
+    with pytest.raises(LogCorruptionError, match=f"END counts 66 records but the log holds {66 - held}"):
         read_all(directory)
 
 
-def test_record_after_end_is_corruption(make_log, frames) -> None:
-    directory = make_log(60)
+@VERSIONS
+def test_record_after_end_is_corruption(make_log, frames, version: int) -> None:
+    directory = make_log(60, version=version)
     (path,) = LogReader(directory).segments
     offset, _, length = middle_tensor(frames, path)
     data = path.read_bytes()
@@ -274,14 +299,22 @@ def test_lost_header_is_taken_from_the_next_segment(make_log, frames, header) ->
     assert list(reader.entries()) == intact and len(reader.status.corruptions) == 1
 
 
-def test_bytes_cut_out_of_the_middle_are_counted_as_lost_records_and_steps(make_log, frames) -> None:
+def holding(frames, path: Path, intact: list, record: int) -> tuple[int, int, int]:
+    """The frame that holds tensor record number `record` (counting tensor records only)."""
+    tensors = [e for e in intact if not isinstance(e.record, EventRecord)]
+    return next(f for f in frames(path) if f[1] in DATA_TENSORS and in_frame(tensors[record].offset, f))
+
+
+@pytest.mark.parametrize(("version", "steps"), [(1, (2, 5)), (2, (2, 6))])
+def test_bytes_cut_out_of_the_middle_are_counted_as_lost_records_and_steps(make_log, frames, version, steps) -> None:
     # Bytes removed mid-log: the frame at the cut fails its CRC and reading resumes past whole steps; END's
-    # count says how many records went, the records around the gap which steps they belonged to.
-    directory = make_log(120)
+    # count says how many records went, the records around the gap which steps they belonged to. (Reading resumes
+    # after the frame that held tensor 70: tensor 71, or, in v2, the block of step 6 after 70's and 71's.)
+    directory = make_log(120, version=version)
     (path,) = LogReader(directory).segments
     intact, _ = read_all(directory)
-    tensors = [f for f in frames(path) if f[1] == RecordType.TENSOR]
-    cut, resume = tensors[30][0] + 12, tensors[70][0] + 5
+    start = holding(frames, path, intact, 30)[0]
+    cut, resume = start + 12, holding(frames, path, intact, 70)[0] + 5
     data = path.read_bytes()
     path.write_bytes(data[:cut] + data[resume:])
 
@@ -289,22 +322,26 @@ def test_bytes_cut_out_of_the_middle_are_counted_as_lost_records_and_steps(make_
     kept = {e.offset for e in entries}
     lost = len(intact) - len(entries)
     (gap,) = status.lost
-    assert gap.records == status.lost_records == lost > 40 and gap.start == tensors[30][0]
-    before = max(e.record.step for e in intact if e.offset < tensors[30][0])
+    assert gap.records == status.lost_records == lost > 40 and gap.start == start
+    before = max(e.record.step for e in intact if e.offset < start)
     after = min(e.record.step for e in entries if e.offset > gap.start)
-    assert (gap.first_step, gap.last_step) == (before, after) == (30 // 12, 71 // 12) and after - before >= 3
+    assert (gap.first_step, gap.last_step) == (before, after) == steps and after - before >= 3
     assert status.lost_bytes == gap.stop - gap.start and kept
 
 
-def test_flipped_record_is_one_lost_record_between_its_neighbours_steps(make_log, frames) -> None:
-    directory = make_log(60)
+@pytest.mark.parametrize(("version", "held", "steps"), [(1, 1, (2, 2)), (2, 6, (2, 3))])
+def test_flipped_frame_loses_its_records_between_its_neighbours_steps(make_log, frames, version, held, steps) -> None:
+    # v1: tensor 30, between tensors 29 and 31 of step 2. v2: the block of tensors 30-35 (step 2), between tensor 29
+    # and the block of 36-39 (step 3); END's count says how many records the bad frame held.
+    directory = make_log(60, version=version)
     (path,) = LogReader(directory).segments
-    tensors = [f for f in frames(path) if f[1] == RecordType.TENSOR]
-    offset, _, length = tensors[30]
+    intact, _ = read_all(directory)
+    bad = offset, _, length = holding(frames, path, intact, 30)
+    assert sum(in_frame(e.offset, bad) for e in intact) == held
     flip(path, offset + 9 + length // 2)
 
     _, status = read_all(directory, on_corruption="skip")
-    assert status.lost == [LostRange(str(path), offset, offset + 9 + length, 1, 30 // 12, 31 // 12)]
+    assert status.lost == [LostRange(str(path), offset, offset + 9 + length, held, *steps)]
 
 
 def test_garbage_after_a_clean_close_is_corruption_not_a_torn_tail(make_log) -> None:
@@ -323,19 +360,22 @@ def test_garbage_after_a_clean_close_is_corruption_not_a_torn_tail(make_log) -> 
     assert [c[:2] for c in status.corruptions] == [(str(path), size)]
 
 
-def test_inspect_reports_a_mid_log_cut_as_lost_steps_not_a_clean_close(make_log, frames, capsys) -> None:
+@pytest.mark.parametrize(("version", "lost"), [(1, "at least 45 records, steps 2..5"),
+                                               (2, "at least 46 records, steps 2..6")])
+def test_inspect_reports_a_mid_log_cut_as_lost_steps_not_a_clean_close(make_log, frames, capsys, version, lost) -> None:
     from sdc.cli import main
 
-    directory = make_log(120)
+    directory = make_log(120, version=version)
     (path,) = LogReader(directory).segments
-    tensors = [f for f in frames(path) if f[1] == RecordType.TENSOR]
+    intact, _ = read_all(directory)
     data = path.read_bytes()
-    path.write_bytes(data[: tensors[30][0] + 12] + data[tensors[70][0] + 5 :])
+    cut, resume = holding(frames, path, intact, 30)[0] + 12, holding(frames, path, intact, 70)[0] + 5
+    path.write_bytes(data[:cut] + data[resume:])
 
     assert main(["inspect", str(directory.parent), "--skip-corrupt"]) == 0
     state = next(line for line in capsys.readouterr().out.splitlines() if "state" in line)
     assert "clean close" not in state and "DAMAGED" in state
-    assert "lost: " in state and "at least 45 records, steps 2..5 incomplete" in state
+    assert "lost: " in state and f"{lost} incomplete" in state
 
 
 def test_inspect_does_not_call_garbage_after_end_a_clean_close(make_log, capsys) -> None:

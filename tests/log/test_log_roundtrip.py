@@ -97,22 +97,55 @@ def test_string_ids_restart_in_every_segment(make_log, frames) -> None:
         assert ids == list(range(len(ids))) and ids, path
 
 
-def test_tensor_records_cost_at_most_64_bytes(tmp_path: Path, header: RunHeader, frames) -> None:
+def test_tensor_records_cost_at_most_32_bytes(tmp_path: Path, header: RunHeader, frames) -> None:
+    """A step as the Tracer records it: per microbatch the input, 24 sites forward then backward and a `loss` event;
+    then 26 parameters' gradients and values, and the `step` event. Frames included, headers and strings apart."""
     rng = random.Random(0)
-    sites = [f"layers.{i}.{k}" for i in range(24) for k in ("attention", "mlp")]
-    n = 10_000
+    sites = [f"layers.{i}.{k}" for i in range(12) for k in ("attention", "mlp")]
+    params = [f"layers.{i}.{k}.weight" for i in range(12) for k in ("wq", "w1")] + ["embed.weight", "norm.weight"]
+    n = 0
     with LogWriter(tmp_path / "r", header) as w:
-        for i in range(n):
-            w.write_tensor(
-                TensorRecord(
-                    step=i, microbatch=i % 4, name=sites[i % len(sites)], phase=Phase(i % 4),
-                    fingerprint=rng.getrandbits(64), l2=rng.uniform(0, 1e4), absmax=rng.uniform(0, 50),
-                    nan=0, inf=0, meta="bfloat16[8,2048,4096]",
-                )
-            )
+        def tensor(step: int, mb: int, name: str, phase: Phase) -> None:
+            nonlocal n
+            w.write_tensor(TensorRecord(step, mb, name, phase, rng.getrandbits(64), rng.uniform(0, 1e4),
+                                        rng.uniform(0, 50), 0, 0, "bfloat16[8,2048,4096]"))
+            n += 1
+
+        for step in range(200):
+            for mb in range(2):
+                tensor(step, mb, "input", Phase.INPUT)
+                for site in sites:
+                    tensor(step, mb, site, Phase.FORWARD)
+                for site in reversed(sites):
+                    tensor(step, mb, site, Phase.BACKWARD)
+                w.write_event(EventRecord("loss", step, {"microbatch": mb, "loss": 2.5}))
+            for phase in (Phase.GRAD, Phase.PARAM):
+                for name in params:
+                    tensor(step, 0, name, phase)
+            w.write_event(EventRecord("step", step, {"loss": 5.0, "lr": [1e-3], "wall_s": 0.1, "microbatches": 2}))
     (segment,) = LogReader(tmp_path / "r").segments
-    tensor_bytes = sum(9 + length for _, rtype, length in frames(segment) if rtype == RecordType.TENSOR)
-    assert tensor_bytes / n <= 64, tensor_bytes / n
+    holders = [(rtype, 9 + length) for _, rtype, length in frames(segment)
+               if rtype in (RecordType.TENSOR, RecordType.TENSOR_BLOCK)]
+    assert {rtype for rtype, _ in holders} == {RecordType.TENSOR_BLOCK} and n == 200 * (2 * 49 + 52)
+    assert sum(size for _, size in holders) / n <= 32, sum(size for _, size in holders) / n
+    assert segment.stat().st_size / n <= 32  # the whole file: run header, strings and events too
+
+
+def test_a_lone_record_is_a_tensor_record_and_blocks_are_bounded(tmp_path: Path, header: RunHeader, frames) -> None:
+    # A block of one row would take more bytes than a TENSOR record; a block never holds more than BLOCK_ROWS.
+    from tracer.log.writer import BLOCK_ROWS
+
+    t = TensorRecord(0, 0, "w", Phase.GRAD, 7, 1.0, 1.0, 0, 0, "float32[]")
+    with LogWriter(tmp_path / "r", header) as w:
+        w.write_tensor(t)
+        for step in (1, 2):
+            for _ in range(BLOCK_ROWS + 1):
+                w.write_tensor(dataclasses.replace(t, step=step))
+    (segment,) = LogReader(tmp_path / "r").segments
+    kinds = [rtype for _, rtype, _ in frames(segment)][3:-1]  # after the file's HEADER and 2 STRINGs, before END
+    assert kinds == [RecordType.TENSOR] + [RecordType.TENSOR_BLOCK, RecordType.TENSOR] * 2
+    assert list(LogReader(tmp_path / "r").records()) == [t] + [dataclasses.replace(t, step=s) for s in (1, 2)
+                                                                for _ in range(BLOCK_ROWS + 1)]
 
 
 def test_rank_dirs(tmp_path: Path, header: RunHeader) -> None:

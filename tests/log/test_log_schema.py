@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
@@ -18,6 +19,9 @@ from tests.support import reframe
 from tracer.checkpoint import checkpoint_files, load_checkpoint
 from tracer.errors import LogCorruptionError, LogError, LogFormatError
 from tracer.log import LogReader, RecordType, rank_dir
+from tracer.log.codec import BLOCK_COLUMNS
+from tracer.log.framing import frame
+from tracer.log.records import MAX_BLOCK_ROWS, MAX_ELEMENTS, MAX_MICROBATCH, MAX_STEP
 
 
 @pytest.fixture
@@ -45,11 +49,29 @@ def first(path: Path, rtype: RecordType) -> tuple[int, object]:
 
 
 def craft_tensor(run: Path, index: int, value: object) -> int:
+    """The run's first TENSOR_BLOCK replaced by a TENSOR record (format v2 keeps v1's) with one field changed."""
     path = segment(run)
-    pos, fields = first(path, RecordType.TENSOR)
+    pos, _ = first(path, RecordType.TENSOR_BLOCK)
+    fields = [3, 0, 0, 0, 1, 0.5, 0.5, 0, 0, 0]  # string id 0 is defined before the first block
     fields[index] = value
-    reframe(path, pos, msgpack.packb(fields, use_single_float=True))
+    data = path.read_bytes()
+    length = struct.unpack_from("<I", data, pos)[0]
+    path.write_bytes(data[:pos] + frame(RecordType.TENSOR, msgpack.packb(fields, use_single_float=True))
+                     + data[pos + 9 + length:])
     return pos
+
+
+def craft_block(run: Path, change: Callable[[list], object]) -> int:
+    """The run's first TENSOR_BLOCK with `change` applied to its decoded payload, framed with a valid CRC."""
+    path = segment(run)
+    pos, block = first(path, RecordType.TENSOR_BLOCK)
+    change(block)
+    reframe(path, pos, msgpack.packb(block))
+    return pos
+
+
+def column(block: list, field: str, values: list[int], fmt: str = "B") -> None:
+    block[2 + [name for name, _, _ in BLOCK_COLUMNS].index(field)] = struct.pack(f"<{len(values)}{fmt}", *values)
 
 
 def craft_header(run: Path, **run_fields: object) -> None:
@@ -75,6 +97,57 @@ def test_tensor_field_of_wrong_type_or_range_names_file_offset_and_field(run, ca
     with pytest.raises(LogCorruptionError, match=f"at byte {pos}: TENSOR field '{field}' must be"):
         list(LogReader(rank_dir(run, 0)).records())
     assert f"{segment(run)}: corrupt record at byte {pos}: TENSOR field '{field}'" in inspect_error(run, capsys)
+
+
+def rows_of(block: list) -> int:
+    return block[1]
+
+
+# (change to the decoded [step, rows, 9 columns], the start of the error). Each column of the first block holds
+# `rows` values; every field is checked as strictly as TENSOR's, and every count is bounded before anything is sized.
+BLOCK_CASES = [
+    (lambda b: b.__setitem__(0, "7"), f"field 'step' must be an int in 0..{MAX_STEP}, found str"),
+    (lambda b: b.__setitem__(0, -1), f"field 'step' must be an int in 0..{MAX_STEP}, found int -1"),
+    (lambda b: b.__setitem__(0, 2**41), f"field 'step' must be an int in 0..{MAX_STEP}, found int {2**41}"),
+    (lambda b: b.__setitem__(1, 0), f"field 'rows' must be an int in 1..{MAX_BLOCK_ROWS}, found int 0"),
+    (lambda b: b.__setitem__(1, MAX_BLOCK_ROWS + 1), f"field 'rows' must be an int in 1..{MAX_BLOCK_ROWS}"),
+    (lambda b: b.__setitem__(1, 2.0), "field 'rows' must be an int"),
+    (lambda b: (column(b, "microbatch", [0] * rows_of(b)), b.__setitem__(1, b[1] - 1)),  # a row more than it says
+     "field 'microbatch' must hold"),
+    (lambda b: b.__setitem__(3, "x" * len(b[3])), "payload must be an 11-element array"),  # a str, not a bin column
+    (lambda b: b.pop(), "payload must be an 11-element array"),
+    (lambda b: b.__setitem__(4, b"\x00" * 3 * rows_of(b)), "field 'phase' must hold"),  # 3 bytes a value
+    (lambda b: b.__setitem__(6, b"\x00" * 8 * rows_of(b)), "field 'l2' must hold"),  # float64: not the format's
+    (lambda b: column(b, "phase", [9] * rows_of(b)), "field 'phase' must be an int in 0..4, found 9 in row 0"),
+    (lambda b: column(b, "microbatch", [0, MAX_MICROBATCH + 1] + [0] * (rows_of(b) - 2), "I"),
+     f"field 'microbatch' must be an int in 0..{MAX_MICROBATCH}, found {MAX_MICROBATCH + 1} in row 1"),
+    (lambda b: column(b, "nan", [2**63] * rows_of(b), "Q"),
+     f"field 'nan' must be an int in 0..{MAX_ELEMENTS}, found {2**63} in row 0"),
+    (lambda b: column(b, "meta_id", [250] * rows_of(b)), "refers to string id 250, which no earlier STRING"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BLOCK_CASES)
+def test_tensor_block_field_of_wrong_shape_type_or_range_names_file_offset_and_field(run, capsys, change, message):
+    pos = craft_block(run, change)
+    with pytest.raises(LogCorruptionError) as err:
+        list(LogReader(rank_dir(run, 0)).records())
+    assert (err.value.path, err.value.offset) == (str(segment(run)), pos)
+    assert err.value.reason.startswith(f"TENSOR_BLOCK {message}"), err.value.reason
+    assert f"{segment(run)}: corrupt record at byte {pos}: TENSOR_BLOCK" in inspect_error(run, capsys)
+
+
+def test_a_bad_block_loses_its_records_and_nothing_else(run) -> None:
+    intact = list(LogReader(rank_dir(run, 0)).entries())
+    pos, block = first(segment(run), RecordType.TENSOR_BLOCK)
+    craft_block(run, lambda b: column(b, "phase", [9] * rows_of(b)))
+    in_block = [e for e in intact if e.segment == 0 and pos <= e.offset < pos + rows_of(block)]
+    reader = LogReader(rank_dir(run, 0), on_corruption="skip")
+    assert list(reader.entries()) == [e for e in intact if e not in in_block]
+    (lost,) = reader.status.lost
+    # Step 0's: its checkpoint event comes before the block, more of its records after it.
+    assert (lost.start, lost.records, lost.first_step, lost.last_step) == (pos, len(in_block), 0, 0)
+    assert reader.status.lost_records == len(in_block) > 1 and reader.status.complete
 
 
 @pytest.mark.parametrize(("fields", "message"), [

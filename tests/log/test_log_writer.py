@@ -74,12 +74,42 @@ def test_refuses_events_that_would_not_read_back(tmp_path: Path, header: RunHead
     ("bad", "message"),
     [
         (dataclasses.replace(T, name=None), "name and meta must be str"),
+        (dataclasses.replace(T, meta=b"float32"), "name and meta must be str"),
         (dataclasses.replace(T, fingerprint=2**64), "unsigned 64 bits"),
+        (dataclasses.replace(T, fingerprint=-1), "unsigned 64 bits"),
+        (dataclasses.replace(T, step=-1), "step must be an int in 0.."),
+        (dataclasses.replace(T, step=True), "step must be an int in 0.."),
+        (dataclasses.replace(T, microbatch=1.0), "microbatch in 0.."),
+        (dataclasses.replace(T, phase=7), "phase a Phase"),
+        (dataclasses.replace(T, l2=1), "l2 and absmax floats"),
+        (dataclasses.replace(T, absmax="big"), "l2 and absmax floats"),
+        (dataclasses.replace(T, nan=-3), "nan and inf counts"),
+        (dataclasses.replace(T, inf=2**63), "nan and inf counts"),
     ],
 )
 def test_refuses_tensor_records_that_cannot_be_stored(tmp_path: Path, header: RunHeader, bad, message: str) -> None:
-    with LogWriter(tmp_path / "r", header) as w, pytest.raises(UsageError, match=message):
-        w.write_tensor(bad)
+    # Refused where it is written, not when its block is: the records around it are stored.
+    with LogWriter(tmp_path / "r", header) as w:
+        w.write_tensor(T)
+        with pytest.raises(UsageError, match=message):
+            w.write_tensor(bad)
+        w.write_tensor(T)
+    assert list(LogReader(tmp_path / "r").records()) == [T, T]
+
+
+def test_blocks_keep_the_order_of_records_through_events_flushes_and_abandon(tmp_path: Path, header: RunHeader):
+    t = [dataclasses.replace(T, fingerprint=i, microbatch=i % 3) for i in range(9)]
+    e = EventRecord("loss", 1, {"loss": 0.5})
+    w = LogWriter(tmp_path / "r", header)
+    for rec in (t[0], t[1], e, t[2], t[3], t[4]):
+        w.write_event(rec) if rec is e else w.write_tensor(rec)
+    w.flush()  # the block being filled is written: a crash from now on loses none of these
+    assert list(LogReader(tmp_path / "r").records()) == [t[0], t[1], e, t[2], t[3], t[4]]
+    for rec in t[5:]:
+        w.write_tensor(rec)
+    w.abandon()  # no END, but every record written before
+    reader = LogReader(tmp_path / "r")
+    assert list(reader.records()) == [t[0], t[1], e, *t[2:]] and not reader.status.complete
 
 
 @pytest.mark.parametrize(

@@ -2,16 +2,20 @@
 
 HEADER, EVENT and END are maps packed with float64, so a config's learning rate
 reads back bit for bit; TENSOR is a positional array packed with float32 to stay
-small; STRING is ``[id, text]``. Decoders check shape and types and raise
-`PayloadError`; the reader reports it with file and offset, the writer uses the same
-decoders to refuse records it could not read back. msgpack decoding builds plain
-values only (no pickle, no object hooks); its size limits default to the payload's
-length, itself at most MAX_RECORD_BYTES.
+small; TENSOR_BLOCK (format v2) holds TENSOR records of one step as columns of
+fixed-width little-endian values; STRING is ``[id, text]``. Decoders check shape and
+types and raise `PayloadError`; the reader reports it with file and offset, the
+writer uses the same decoders to refuse records it could not read back. msgpack
+decoding builds plain values only (no pickle, no object hooks); its size limits
+default to the payload's length, itself at most MAX_RECORD_BYTES; a block's row
+count is bounded (MAX_BLOCK_ROWS) and checked against its columns' lengths.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+import struct
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -19,6 +23,7 @@ import msgpack
 
 from tracer.log.records import (
     END_STATUSES,
+    MAX_BLOCK_ROWS,
     MAX_DEPTH,
     MAX_ELEMENTS,
     MAX_MICROBATCH,
@@ -93,17 +98,24 @@ def decode_string(payload: Any) -> tuple[int, str]:
     return m[0], m[1]
 
 
-TensorEncoder = Callable[[TensorRecord, int, int], bytes]
+Row = tuple[int, int, int, int, float, float, int, int, int]  # a TENSOR record less its step, ids for strings
 
 
-def tensor_encoder() -> TensorEncoder:
-    """Packs TENSOR payloads with one reused float32 packer: the writer's hot path."""
-    pack = msgpack.Packer(use_single_float=True).pack
+def encode_tensor(step: int, row: Row) -> bytes:
+    """One record as a TENSOR payload: what the writer stores for a block of one row, which is smaller."""
+    mb, name_id, phase, fingerprint, l2, absmax, nan, inf, meta_id = row
+    return msgpack.packb(
+        (step, mb, name_id, phase, fingerprint, _in_float32(l2), _in_float32(absmax), nan, inf, meta_id),
+        use_single_float=True,
+    )
 
-    def encode(r: TensorRecord, name_id: int, meta_id: int) -> bytes:
-        return pack((r.step, r.microbatch, name_id, r.phase, r.fingerprint, r.l2, r.absmax, r.nan, r.inf, meta_id))
 
-    return encode
+_FLOAT32_INF = 2.0**128 - 2.0**103  # the doubles from here on round to inf as float32
+
+
+def _in_float32(v: float) -> float:
+    """Beyond float32's range: ±inf, which is what it rounds to (struct and msgpack refuse to round it)."""
+    return math.copysign(math.inf, v) if abs(v) >= _FLOAT32_INF else v
 
 
 def decode_tensor(payload: Any, strings: Mapping[int, str]) -> TensorRecord:
@@ -156,6 +168,104 @@ def _tensor_problem(*values: Any) -> None:
         else:
             ok = type(value) is int and (check is None or check(value))
         _check(ok, "TENSOR", field, expected, value)
+
+
+# -- TENSOR_BLOCK ------------------------------------------------------------------------------
+
+# The columns after [step, rows], in payload order: (field, float32 column?, largest value; None: any).
+# Integer columns are unsigned, of one width per column: 1, 2, 4 or 8 bytes, or 0 when every value is 0.
+BLOCK_COLUMNS: tuple[tuple[str, bool, int | None], ...] = (
+    ("microbatch", False, MAX_MICROBATCH),
+    ("name_id", False, None),
+    ("phase", False, int(max(Phase))),
+    ("fingerprint", False, None),
+    ("l2", True, None),
+    ("absmax", True, None),
+    ("nan", False, MAX_ELEMENTS),
+    ("inf", False, MAX_ELEMENTS),
+    ("meta_id", False, None),
+)
+BLOCK_WIDTHS = (0, 1, 2, 4, 8)
+_UINT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+_BLOCK_SHAPE = "TENSOR_BLOCK payload must be an 11-element array [step, rows, " + \
+    ", ".join(name for name, _, _ in BLOCK_COLUMNS) + "] whose last 9 are bin columns"
+
+
+def encode_tensor_block(step: int, rows: Sequence[Row]) -> bytes:
+    """One step's rows (checked by the writer: ints in range, floats) as a TENSOR_BLOCK payload."""
+    columns = [_float32s(c) if is_float else _uints(c) for (_, is_float, _), c in zip(BLOCK_COLUMNS, zip(*rows))]
+    return msgpack.packb([step, len(rows), *columns])
+
+
+def _uints(values: Sequence[int]) -> bytes:
+    top = max(values)
+    if top == 0:
+        return b""
+    width = 1 if top < 1 << 8 else 2 if top < 1 << 16 else 4 if top < 1 << 32 else 8
+    return struct.pack(f"<{len(values)}{_UINT_CODES[width]}", *values)
+
+
+def _float32s(values: Sequence[float]) -> bytes:
+    try:
+        return struct.pack(f"<{len(values)}f", *values)
+    except OverflowError:
+        return struct.pack(f"<{len(values)}f", *map(_in_float32, values))
+
+
+def decode_tensor_block(payload: Any, strings: Mapping[int, str]) -> list[TensorRecord]:
+    """The block's records, each checked as `decode_tensor` checks a TENSOR; `strings` as there."""
+    step, rows, columns = _block_head(payload)
+    values: list[Sequence[Any]] = []
+    for (field, is_float, top), column in zip(BLOCK_COLUMNS, columns):
+        width, extra = divmod(len(column), rows)
+        if (width != 4 if is_float else width not in BLOCK_WIDTHS) or extra:
+            expected = "float32 values (4 bytes each)" if is_float else "unsigned ints of 0, 1, 2, 4 or 8 bytes each"
+            raise PayloadError(
+                f"TENSOR_BLOCK field {field!r} must hold {rows} {expected}, found a column of {len(column)} bytes"
+            )
+        if is_float:
+            values.append(struct.unpack(f"<{rows}f", column))
+            continue
+        ints = struct.unpack(f"<{rows}{_UINT_CODES[width]}", column) if width else (0,) * rows
+        if top is not None and max(ints) > top:
+            row = next(i for i, v in enumerate(ints) if v > top)
+            raise PayloadError(
+                f"TENSOR_BLOCK field {field!r} must be an int in 0..{top}, found {ints[row]} in row {row}"
+            )
+        values.append(ints)
+    microbatch, name_id, phase, fingerprint, l2, absmax, nan, inf, meta_id = values
+    try:
+        names, metas = [strings[i] for i in name_id], [strings[i] for i in meta_id]
+    except KeyError as e:
+        raise PayloadError(
+            f"TENSOR_BLOCK refers to string id {e.args[0]!r}, which no earlier STRING record in this "
+            "segment defines (that STRING record was lost to corruption)"
+        ) from None
+    phases = [_PHASES[p] for p in phase]
+    return list(map(TensorRecord, (step,) * rows, microbatch, names, phases, fingerprint, l2, absmax, nan, inf, metas))
+
+
+def block_rows(payload: Any) -> int | None:
+    """How many records a TENSOR_BLOCK says it holds; None if not even that reads."""
+    try:
+        return _block_head(payload)[1]
+    except PayloadError:
+        return None
+
+
+def _block_head(payload: Any) -> tuple[int, int, tuple[bytes, ...]]:
+    try:
+        value = _unpack_array(payload)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        value = None
+    if type(value) is not tuple or len(value) != 2 + len(BLOCK_COLUMNS) \
+            or not all(type(c) is bytes for c in value[2:]):
+        raise PayloadError(_BLOCK_SHAPE)
+    step, rows = value[:2]
+    _check(_is_int(step) and 0 <= step <= MAX_STEP, "TENSOR_BLOCK", "step", f"an int in 0..{MAX_STEP}", step)
+    _check(_is_int(rows) and 1 <= rows <= MAX_BLOCK_ROWS, "TENSOR_BLOCK", "rows", f"an int in 1..{MAX_BLOCK_ROWS}",
+           rows)
+    return step, rows, value[2:]
 
 
 # Fields of event kinds that readers use by name: (kind, field) -> (what it must be, check). A field is

@@ -15,16 +15,25 @@ from __future__ import annotations
 import functools
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
 
-from tracer.log.codec import PayloadError, check_event, decode_end, decode_event, decode_string
+from tracer.log.codec import (
+    BLOCK_COLUMNS,
+    BLOCK_WIDTHS,
+    PayloadError,
+    check_event,
+    decode_end,
+    decode_event,
+    decode_string,
+)
 from tracer.log.framing import FRAME_SIZE, HEADER_SIZE, MAX_RECORD_BYTES, RecordType
 from tracer.log.reader import Entry, LogStatus, LostRange, OnCorruption, _report, _Segment, _skip_mode
 from tracer.log.records import (
+    MAX_BLOCK_ROWS,
     MAX_ELEMENTS,
     MAX_MICROBATCH,
     MAX_STEP,
@@ -35,7 +44,7 @@ from tracer.log.records import (
     TensorRecord,
 )
 
-_HEADER, _STRING, _TENSOR, _EVENT, _END = (int(t) for t in RecordType)
+_HEADER, _STRING, _TENSOR, _EVENT, _END, _BLOCK = (int(t) for t in RecordType)
 _I64 = np.iinfo(np.int64)
 _U64_MAX = int(np.iinfo(np.uint64).max)
 # In this DAG of candidate frames (each points past itself), peeling nodes without an
@@ -43,13 +52,14 @@ _U64_MAX = int(np.iinfo(np.uint64).max)
 # two rounds. More means long runs of frame-like bytes: the reference decoder copes.
 _PEEL_ROUNDS = 16
 _VECTOR_CRC_MIN = 512  # spans of one length below which zlib, one call each, is faster
+_VECTOR_CRC_MAX = 128  # bytes per span above which zlib is faster (a vector step per byte costs about a gather)
 
 
 @dataclass(frozen=True)
 class TensorColumns:
     """One segment's TENSOR records as parallel arrays, in log order."""
 
-    offset: np.ndarray  # int64: byte offset of the record's frame in its segment file
+    offset: np.ndarray  # int64: `Entry.offset`: the record's frame in its segment file (a block's + row index)
     step: np.ndarray  # int64
     microbatch: np.ndarray  # int64
     name: np.ndarray  # int32: index into `strings`
@@ -75,7 +85,7 @@ class SegmentColumns:
     tensors: TensorColumns
     events: list[Entry]
     status: LogStatus
-    data_records: int  # TENSOR and EVENT frames with a valid CRC, decodable or not
+    data_records: int  # TENSOR and EVENT records in frames with a valid CRC, decodable or not
     lost: bool  # a bad region hid an unknown number of records
     region_records: int = 0  # records the bad regions' lost ranges claim
 
@@ -272,10 +282,18 @@ def _decode_clean(data: Any, seg: _Segment, last: bool) -> tuple[TensorColumns, 
         return None
     if strings is None:
         return None
-    is_tensor = types == _TENSOR
-    tensors = _tensors(_Reader(raw), offsets[is_tensor], stops[is_tensor], *strings)
+    r = _Reader(raw)
+    is_tensor, is_block = types == _TENSOR, types == _BLOCK
+    if is_block.any() and seg.version < 2:
+        return None
+    tensors = _tensors(r, offsets[is_tensor], stops[is_tensor], *strings)
     if tensors is None:
         return None
+    if is_block.any():
+        blocks = _blocks(r, offsets[is_block], stops[is_block], *strings)
+        if blocks is None:
+            return None
+        tensors = _in_log_order(tensors, blocks) if len(tensors) else blocks
     if end is not None and seg.first_record is not None and end.records != seg.first_record + len(tensors) + len(events):
         return None
     return tensors, events, end
@@ -306,7 +324,7 @@ def _crcs(raw: np.ndarray, view: memoryview, starts: np.ndarray, stops: np.ndarr
     sizes, counts = np.unique(lengths, return_counts=True)
     for size, count in zip(sizes.tolist(), counts.tolist()):
         idx = np.flatnonzero(lengths == size)
-        if count < _VECTOR_CRC_MIN:
+        if count < _VECTOR_CRC_MIN or size > _VECTOR_CRC_MAX:
             spans = map(slice, starts[idx].tolist(), stops[idx].tolist())
             out[idx] = np.fromiter(map(zlib.crc32, map(view.__getitem__, spans)), np.uint32, count)
             continue
@@ -447,17 +465,119 @@ def _tensors(
     )
 
 
+def _blocks(
+    r: _Reader, offsets: np.ndarray, stops: np.ndarray, texts: list[str], position: np.ndarray,
+    defined_at: np.ndarray,
+) -> TensorColumns | None:
+    """Vectorised decoding of TENSOR_BLOCK payloads `[step, rows, 9 bin columns]`, all blocks at once."""
+    at = offsets + FRAME_SIZE
+    if not (r.buf[at] == 0x90 + 2 + len(BLOCK_COLUMNS)).all():  # fixarray of 11
+        return None
+    got = _int(r, at + 1, unsigned=False)
+    if got is None:
+        return None
+    step, at = got
+    got = _int(r, at, unsigned=False)
+    if got is None:
+        return None
+    rows, at = got
+    if not (((step >= 0) & (step <= MAX_STEP)).all() and ((rows >= 1) & (rows <= MAX_BLOCK_ROWS)).all()):
+        return None
+    starts, widths = [], []
+    for _, is_float, _ in BLOCK_COLUMNS:
+        got = _bin(r, at)
+        if got is None:
+            return None
+        start, length = got
+        at = start + length
+        width, extra = np.divmod(length, rows)
+        if (at > stops).any() or extra.any() or not (width == 4 if is_float else np.isin(width, BLOCK_WIDTHS)).all():
+            return None
+        starts.append(start)
+        widths.append(width)
+    if not np.array_equal(at, stops):
+        return None
+    first_row = np.cumsum(rows) - rows  # of each block, counting all blocks' rows
+    index = np.arange(int(rows.sum()))  # of each row, likewise
+    columns = []
+    for (_, is_float, top), start, width in zip(BLOCK_COLUMNS, starts, widths):
+        values = _column(r, start, width, rows, first_row, index, is_float)
+        if top is not None and len(values) and int(values.max()) > top:  # codec.decode_tensor_block's ranges
+            return None
+        columns.append(values)
+    microbatch, name_id, phase, fingerprint, l2, absmax, nan, inf, meta_id = columns
+    if len(index) and max(int(name_id.max()), int(meta_id.max())) >= len(position):
+        return None
+    name, meta = position[name_id], position[meta_id]
+    block_at = np.repeat(offsets, rows)
+    if (name < 0).any() or (meta < 0).any() or (defined_at[name_id] > block_at).any() \
+            or (defined_at[meta_id] > block_at).any():
+        return None
+    return TensorColumns(
+        offset=np.repeat(offsets - first_row, rows) + index, step=np.repeat(step, rows),
+        microbatch=microbatch.astype(np.int64), name=name.astype(np.int32), phase=phase.astype(np.int8),
+        fingerprint=fingerprint.astype(np.uint64), l2=l2.astype(np.float32), absmax=absmax.astype(np.float32),
+        nan=nan.astype(np.int64), inf=inf.astype(np.int64), meta=meta.astype(np.int32), strings=texts,
+    )
+
+
+def _bin(r: _Reader, at: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """One msgpack bin per record at `at`: (offsets of their bytes, lengths)."""
+    tag = r.buf[at]
+    length = np.empty(len(at), np.int64)
+    head = np.empty(len(at), np.int64)
+    for t, (size, kind) in _BIN_TAGS.items():
+        m = tag == t
+        if m.any():
+            length[m], head[m] = r.read(kind, at[m] + 1), 1 + size
+    if not np.isin(tag, list(_BIN_TAGS)).all():
+        return None
+    return at + head, length
+
+
+def _column(
+    r: _Reader, start: np.ndarray, width: np.ndarray, rows: np.ndarray, first_row: np.ndarray, index: np.ndarray,
+    is_float: bool,
+) -> np.ndarray:
+    """One column of every block, row by row: a block's row i is at start + width * i. Float32 or unsigned ints
+    of the blocks' width (uint64 when widths differ between blocks)."""
+    present = np.unique(width).tolist()
+    if present == [0]:
+        return np.zeros(len(index), np.uint8)
+    if len(present) == 1:
+        w = present[0]
+        return r.read("<f4" if is_float else f"<u{w}", np.repeat(start - w * first_row, rows) + w * index)
+    row_width = np.repeat(width, rows)
+    at = np.repeat(start - width * first_row, rows) + row_width * index
+    out = np.zeros(len(index), np.uint64)
+    for w in present:
+        if w:
+            m = row_width == w
+            out[m] = r.read(f"<u{w}", at[m])
+    return out
+
+
+def _in_log_order(a: TensorColumns, b: TensorColumns) -> TensorColumns:
+    """TENSOR records and block rows of one segment, merged by offset (the strings are the same list)."""
+    order = np.argsort(np.concatenate([a.offset, b.offset]), kind="stable")
+    merged = {f.name: np.concatenate([getattr(a, f.name), getattr(b, f.name)])[order]
+              for f in fields(TensorColumns) if f.name != "strings"}
+    return TensorColumns(**merged, strings=a.strings)
+
+
 class _Reader:
-    """Big-endian views of a segment's bytes at every byte offset: one gather reads a field."""
+    """Views of a segment's bytes at every byte offset, big-endian (msgpack) or little-endian ("<": block
+    columns): one gather reads a field."""
 
     def __init__(self, raw: np.ndarray) -> None:
         self.buf = np.concatenate([raw, np.zeros(16, np.uint8)])  # lets reads run past a bad payload's end
         self._views = {
             k: np.ndarray((len(self.buf) - 7,), dtype, buffer=self.buf, strides=(1,))
             for k, dtype in (("u2", ">u2"), ("u4", ">u4"), ("u8", ">u8"), ("i2", ">i2"), ("i4", ">i4"),
-                             ("i8", ">i8"), ("f4", ">f4"))
+                             ("i8", ">i8"), ("f4", ">f4"), ("<u2", "<u2"), ("<u4", "<u4"), ("<u8", "<u8"),
+                             ("<f4", "<f4"))
         }
-        self._views["u1"], self._views["i1"] = self.buf, self.buf.view(np.int8)
+        self._views["u1"], self._views["<u1"], self._views["i1"] = self.buf, self.buf, self.buf.view(np.int8)
 
     def read(self, kind: str, at: np.ndarray | slice) -> np.ndarray:
         return self._views[kind][at]
@@ -467,6 +587,7 @@ class _Reader:
 _POSFIX, _NEGFIX, _INVALID = 0, 1, 255
 _INT_TAGS = {0xCC: (1, "u1"), 0xCD: (2, "u2"), 0xCE: (4, "u4"), 0xCF: (8, "u8"),
              0xD0: (1, "i1"), 0xD1: (2, "i2"), 0xD2: (4, "i4"), 0xD3: (8, "i8")}
+_BIN_TAGS = {0xC4: (1, "u1"), 0xC5: (2, "u2"), 0xC6: (4, "u4")}  # bin 8, 16, 32: bytes of the length after the tag
 _TAG_CLASS = np.full(256, _INVALID, np.uint8)
 _TAG_CLASS[:0x80], _TAG_CLASS[0xE0:] = _POSFIX, _NEGFIX
 for _tag in _INT_TAGS:

@@ -12,8 +12,8 @@ import zlib
 from enum import IntEnum
 
 MAGIC = b"SDCTRACE"
-# Version of the byte layout (this module and codec.py). Readers refuse newer ones.
-FORMAT_VERSION = 1
+# Version of the byte layout (this module and codec.py). Readers refuse newer ones and read every older one.
+FORMAT_VERSION = 2
 
 FILE_HEADER = struct.Struct("<8sHHI")  # magic, format version, flags (0), segment index
 FRAME = struct.Struct("<IIB")  # payload length, CRC32 of type byte + payload, record type
@@ -28,15 +28,17 @@ class RecordType(IntEnum):
     TENSOR = 3
     EVENT = 4
     END = 5
+    TENSOR_BLOCK = 6  # format v2: TENSOR records of one step, as columns
 
 
-RECORD_TYPES = frozenset(RecordType)
+# The record types each format version defines; any other type is corruption.
+RECORD_TYPES = {1: frozenset(RecordType) - {RecordType.TENSOR_BLOCK}, 2: frozenset(RecordType)}
 # Starting value that makes zlib.crc32(payload, seed) the CRC of type byte + payload.
 _TYPE_CRC = {t: zlib.crc32(bytes([t])) for t in RecordType}
 
 # Where a frame could start: the top byte of a length <= MAX_RECORD_BYTES is <= 0x10 and
-# the type is 1..5. A regex finds candidates at C speed; the CRC then confirms them.
-_CANDIDATE = re.compile(rb"(?=.{3}[\x00-\x10].{4}[\x01-\x05])", re.DOTALL)
+# the type is one of RecordType. A regex finds candidates at C speed; the CRC then confirms them.
+_CANDIDATE = re.compile(rb"(?=.{3}[\x00-\x10].{4}[\x01-%c])" % max(RecordType), re.DOTALL)
 
 
 def file_header(segment_index: int) -> bytes:

@@ -20,7 +20,16 @@ from typing import Any, Literal, NamedTuple
 
 from tracer.errors import LogCorruptionError, LogFormatError, UsageError
 from tracer.files import open_regular
-from tracer.log.codec import PayloadError, decode_end, decode_event, decode_header, decode_string, decode_tensor
+from tracer.log.codec import (
+    PayloadError,
+    block_rows,
+    decode_end,
+    decode_event,
+    decode_header,
+    decode_string,
+    decode_tensor,
+    decode_tensor_block,
+)
 from tracer.log.framing import (
     FILE_HEADER,
     FORMAT_VERSION,
@@ -39,7 +48,7 @@ from tracer.log.records import EndRecord, EventRecord, RunHeader, TensorRecord
 OnCorruption = Literal["raise", "skip"]
 
 # Plain ints for the per-record dispatch, in RecordType's order.
-_HEADER, _STRING, _TENSOR, _EVENT, _END = (int(t) for t in RecordType)
+_HEADER, _STRING, _TENSOR, _EVENT, _END, _BLOCK = (int(t) for t in RecordType)
 
 
 class TornTailWarning(UserWarning):
@@ -50,7 +59,9 @@ class Entry(NamedTuple):
     """A record and where it sits; (segment, offset) orders a rank's records totally."""
 
     segment: int
-    offset: int  # byte offset of the record's frame in its segment file
+    # Byte offset of the record's frame in its segment file; for the i-th record of a TENSOR_BLOCK, the block's
+    # offset + i (a block holds more bytes than records: that stays below the next frame's offset).
+    offset: int
     record: TensorRecord | EventRecord
 
 
@@ -264,9 +275,10 @@ class _Segment:
         self._skip = skip
         self._status = status
         self.index: int | None = None  # from the file header
+        self.version = FORMAT_VERSION  # from the file header: which record types are defined
         self.header: RunHeader | None = None
         self.first_record: int | None = None
-        self.data_records = 0  # TENSOR and EVENT frames with a valid CRC, decodable or not
+        self.data_records = 0  # TENSOR and EVENT records in frames with a valid CRC, decodable or not
         self.lost = False  # a bad region hid an unknown number of records
         self.region_records = 0  # records the lost ranges of bad regions claim (at least one each)
         self._ended = False  # the END record was read: any bad byte after it is trailing garbage
@@ -297,14 +309,14 @@ class _Segment:
                 continue
             try:
                 if rtype == _TENSOR:
-                    self.data_records += 1
                     rec: Any = decode_tensor(payload, strings)
+                elif rtype == _BLOCK:
+                    block = decode_tensor_block(payload, strings)
                 elif rtype == _STRING:
                     string_id, text = decode_string(payload)
                     strings[string_id] = text
                     continue
                 elif rtype == _EVENT:
-                    self.data_records += 1
                     rec = decode_event(payload)
                 elif rtype == _END:
                     if not self._last:
@@ -318,9 +330,16 @@ class _Segment:
                     continue
             except PayloadError as e:
                 self._bad_record(pos, payload, str(e))
-                if rtype in (_TENSOR, _EVENT):  # a data record, framed but unreadable: lost
-                    status._lose(self.name, pos, pos + FRAME_SIZE + len(payload), 1)
+                if rtype in (_TENSOR, _EVENT, _BLOCK):  # data records, framed but unreadable: lost
+                    self._lose_records(pos, payload, block_rows(payload) if rtype == _BLOCK else 1)
                 continue
+            if rtype == _BLOCK:
+                self.data_records += len(block)
+                status.records += len(block)
+                status._resume(block[0].step, False)
+                yield from (Entry(index, pos + i, rec) for i, rec in enumerate(block))
+                continue
+            self.data_records += 1
             status.records += 1
             status._resume(rec.step, rtype == _EVENT and rec.kind == "step")
             yield Entry(index, pos, rec)
@@ -353,12 +372,13 @@ class _Segment:
                 f"{self.name}: file header has format v{version} and flags {flags:#06x}; expected "
                 f"v1..v{FORMAT_VERSION} and flags 0: the header is damaged or the file was not written by sdctrace"
             )
+        self.version = version
         return True
 
     def _frames(self) -> Iterator[tuple[int, int, memoryview]]:
         """(offset, type, payload) of each valid frame; bad regions are torn tails or corruption."""
         view, end, pos = self._view, len(self._view), HEADER_SIZE
-        unpack = FRAME.unpack_from
+        unpack, types = FRAME.unpack_from, RECORD_TYPES[self.version]
         while pos < end:
             truncated = False
             if end - pos < FRAME_SIZE:
@@ -373,8 +393,8 @@ class _Segment:
                     truncated = True
                 elif (actual := zlib.crc32(view[pos + FRAME_SIZE - 1 : stop])) != crc:
                     reason = f"CRC mismatch: stored {crc:#010x}, computed {actual:#010x}"
-                elif rtype not in RECORD_TYPES:
-                    reason = f"unknown record type {rtype} (format v{FORMAT_VERSION} defines 1..{len(RecordType)})"
+                elif rtype not in types:
+                    reason = f"unknown record type {rtype} (format v{self.version} defines 1..{max(types)})"
                 else:
                     yield pos, rtype, view[pos + FRAME_SIZE : stop]
                     pos = stop
@@ -392,6 +412,16 @@ class _Segment:
                 return
             self._bad_region(pos, resume, reason)
             pos = resume
+
+    def _lose_records(self, pos: int, payload: memoryview, records: int | None) -> None:
+        """A data frame that passed its CRC but does not decode: its records (None: an unknown number) are lost."""
+        if records is None:  # like a bad region: END or the next HEADER may tell how many
+            self.lost = True
+            self.region_records += 1
+            records = 1
+        else:
+            self.data_records += records
+        self._status._lose(self.name, pos, pos + FRAME_SIZE + len(payload), records)
 
     def _end(self, pos: int, end: EndRecord) -> None:
         if self.first_record is not None and self.lost:  # END counts what the bad regions hid

@@ -27,6 +27,7 @@ MAX_MICROBATCH = 1 << 20
 MAX_WORLD_SIZE = 1 << 20  # ranks of one run
 MAX_ELEMENTS = (1 << 63) - 1  # a tensor's NaN / Inf counts (int64)
 MAX_STRING_ID = (1 << 32) - 1
+MAX_BLOCK_ROWS = 1 << 16  # TENSOR records in one TENSOR_BLOCK
 MAX_RECORDS = 1 << 48  # records in one log (HEADER first_record, END records)
 MAX_CREATED_UNIX = float(1 << 34)  # seconds since the epoch: year 2514
 MAX_DEPTH = 64  # nesting of maps and arrays in config, determinism, extra and event fields
@@ -120,7 +121,7 @@ _HEADER_TYPES: dict[str, type] = {
 
 @dataclass(frozen=True, slots=True)
 class TensorRecord:
-    """One fingerprinted tensor; about 40 bytes on disk (docs/log-format.md)."""
+    """One fingerprinted tensor; about 20 bytes on disk, as a row of a TENSOR_BLOCK (docs/log-format.md)."""
 
     step: int
     microbatch: int

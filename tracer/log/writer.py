@@ -1,9 +1,12 @@
-"""Append records to one rank's log: segments, string interning, the END marker.
+"""Append records to one rank's log: segments, string interning, tensor blocks, the END marker.
 
-Writes are buffered (the caller flushes per batch), so a crash loses or tears only
-the tail, which the reader recognises. A full segment is fsynced before the next one
-is created: only the last segment can ever end torn. `HeaderAtFirstFlush` opens a
-LogWriter late, for a header that is final only once recording has begun.
+Consecutive TENSOR records of one step are held and written as one TENSOR_BLOCK, at
+most `BLOCK_ROWS` of them, before any other record and at every flush: the log keeps
+the order in which records were written. Writes are buffered (the caller flushes per
+batch), so a crash loses or tears only the tail, which the reader recognises. A full
+segment is fsynced before the next one is created: only the last segment can ever end
+torn. `HeaderAtFirstFlush` opens a LogWriter late, for a header that is final only
+once recording has begun.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ from typing import Any, BinaryIO
 
 from tracer.errors import LogFormatError, UsageError
 from tracer.log.codec import (
+    Row,
     decode_event,
     decode_header,
     encode_end,
     encode_event,
     encode_header,
     encode_string,
-    tensor_encoder,
+    encode_tensor,
+    encode_tensor_block,
 )
 from tracer.log.framing import MAX_RECORD_BYTES, RecordType, file_header, frame
 from tracer.log.layout import list_segments, segment_path
@@ -31,14 +36,19 @@ from tracer.log.records import (
     MAX_ELEMENTS,
     MAX_MICROBATCH,
     MAX_STEP,
+    U64_MAX,
     EndRecord,
     EndStatus,
     EventRecord,
+    Phase,
     RunHeader,
     TensorRecord,
 )
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
+BLOCK_ROWS = 4096  # TENSOR records held for one block at most: bounds the writer's memory and a block's size
+_ROW_BYTES = 24  # about what a row takes on disk: the held block's share when deciding to roll a segment
+_PHASES = frozenset(Phase)
 _BUFFER_BYTES = 1 << 20
 # What msgpack raises for values it cannot pack, and PayloadError (a ValueError) for
 # values that pack but would not read back (e.g. int dict keys).
@@ -67,7 +77,8 @@ class LogWriter:
         self._header = header
         self._open_file = open_file or (lambda path: open(path, "xb", buffering=_BUFFER_BYTES))
         self._segment_bytes = segment_bytes
-        self._encode_tensor = tensor_encoder()
+        self._rows: list[Row] = []  # the block being filled: TENSOR records of step `_block_step`
+        self._block_step = -1
         self.bytes_written = 0  # all segments, framing included
         self.records_written = 0  # TENSOR and EVENT records
         self.segment_index = 0
@@ -76,10 +87,25 @@ class LogWriter:
 
     # -- records ---------------------------------------------------------------------
     def write_tensor(self, rec: TensorRecord) -> None:
-        """Append one fingerprint; interns its name and meta in the current segment."""
+        """Append one fingerprint to the block being filled; interns its name and meta in the current segment."""
         if self._closed:
             raise self._closed_error()
-        if self._segment_size >= self._segment_bytes:
+        step, mb, fp, l2, absmax, nan, inf = (
+            rec.step, rec.microbatch, rec.fingerprint, rec.l2, rec.absmax, rec.nan, rec.inf
+        )
+        if not (type(step) is int and 0 <= step <= MAX_STEP and type(mb) is int and 0 <= mb <= MAX_MICROBATCH
+                and type(fp) is int and 0 <= fp <= U64_MAX and type(l2) is float and type(absmax) is float
+                and type(nan) is int and 0 <= nan <= MAX_ELEMENTS and type(inf) is int and 0 <= inf <= MAX_ELEMENTS
+                and rec.phase in _PHASES):
+            raise UsageError(
+                f"cannot store {rec!r:.300}: step must be an int in 0..{MAX_STEP}, microbatch in 0..{MAX_MICROBATCH}, "
+                "phase a Phase, fingerprint an int of unsigned 64 bits, l2 and absmax floats, nan and inf counts "
+                "ints >= 0 (readers refuse anything else as corruption)"
+            )
+        if step != self._block_step or len(self._rows) >= BLOCK_ROWS:
+            self._write_block()
+            self._block_step = step
+        if self._segment_size + len(self._rows) * _ROW_BYTES >= self._segment_bytes:
             self._roll()
         strings = self._strings
         name_id = strings.get(rec.name)
@@ -88,26 +114,18 @@ class LogWriter:
         meta_id = strings.get(rec.meta)
         if meta_id is None:
             meta_id = self._intern(rec.meta)
-        if not (0 <= rec.step <= MAX_STEP and 0 <= rec.microbatch <= MAX_MICROBATCH
-                and 0 <= rec.nan <= MAX_ELEMENTS and 0 <= rec.inf <= MAX_ELEMENTS):
-            raise UsageError(
-                f"cannot store {rec!r:.300}: step must be in 0..{MAX_STEP}, microbatch in 0..{MAX_MICROBATCH}, "
-                "nan and inf counts >= 0 (readers refuse anything else as corruption)"
-            )
-        try:
-            payload = self._encode_tensor(rec, name_id, meta_id)
-        except _ENCODE_ERRORS as e:
-            raise UsageError(f"cannot store {rec!r}: {e} (fingerprint must fit in unsigned 64 bits)") from e
-        self._write(RecordType.TENSOR, payload)
+        self._rows.append((mb, name_id, rec.phase, fp, l2, absmax, nan, inf, meta_id))
         self.records_written += 1
 
     def write_event(self, rec: EventRecord) -> None:
         """Append one event; refuses fields that would not read back."""
         if self._closed:
             raise self._closed_error()
+        payload = _encoded_event(rec)
+        self._write_block()
         if self._segment_size >= self._segment_bytes:
             self._roll()
-        self._write(RecordType.EVENT, _encoded_event(rec))
+        self._write(RecordType.EVENT, payload)
         self.records_written += 1
 
     # -- lifecycle -------------------------------------------------------------------
@@ -116,6 +134,7 @@ class LogWriter:
         `fsync`, to the disk (a power loss then loses nothing)."""
         if self._closed:
             raise self._closed_error()
+        self._write_block()
         self._file.flush()
         if fsync:
             _fsync(self._file)
@@ -127,6 +146,7 @@ class LogWriter:
         if status not in END_STATUSES or not isinstance(detail, str):
             raise UsageError(f"close() takes status in {END_STATUSES} and a str detail, got {status!r}, {detail!r:.80}")
         try:
+            self._write_block()
             self._write(RecordType.END, encode_end(EndRecord(status, self.records_written, detail)))
             self._file.flush()
             _fsync(self._file)
@@ -140,6 +160,7 @@ class LogWriter:
         if self._closed:
             return
         try:
+            self._write_block()
             self._file.flush()
         finally:
             self._file.close()
@@ -166,6 +187,7 @@ class LogWriter:
         self._write(RecordType.HEADER, encode_header(self._header, self.records_written))
 
     def _roll(self) -> None:
+        self._write_block()
         self._file.flush()
         _fsync(self._file)
         self._file.close()
@@ -178,6 +200,17 @@ class LogWriter:
         self._strings[text] = string_id
         self._write(RecordType.STRING, encode_string(string_id, text))
         return string_id
+
+    def _write_block(self) -> None:
+        """Write the block being filled, if any: before any other record, so the log keeps the writing order.
+        One row alone is smaller as a TENSOR record."""
+        rows = self._rows
+        if len(rows) > 1:
+            self._rows = []
+            self._write(RecordType.TENSOR_BLOCK, encode_tensor_block(self._block_step, rows))
+        elif rows:
+            self._rows = []
+            self._write(RecordType.TENSOR, encode_tensor(self._block_step, rows[0]))
 
     def _write(self, rtype: RecordType, payload: bytes) -> None:
         if len(payload) > MAX_RECORD_BYTES:
