@@ -189,3 +189,14 @@ def test_a_twin_sees_what_no_statistic_can(healthy: Path, tmp_path: Path) -> Non
     # SwiGLU: three matmuls a forward, two microbatches; the same six faults in both runs
     assert event.fields["outcome"] == "deterministic" and first["events"] == rerun["events"] == {"fault": 6}
     assert twin.fingerprint(FAULT_STEP + 2) is None  # the twin never ran that step: abstain
+
+
+def test_a_guard_that_never_fires_leaves_an_emulated_node_as_it_was(tmp_path: Path) -> None:
+    """Held records, saved RNG states and the update RMS change nothing the emulator draws: same faults, same bits."""
+    profile = load_profile("bursty-mismatch")
+    quiet = Guard(detectors=(NonFinite(), UpdateRmsSpike(factor=1e30, window=2, min_history=1)))
+    record_guarded(tmp_path / "plain", None, 4, profile, fault_seed=1)
+    record_guarded(tmp_path / "guarded", quiet, 4, profile, fault_seed=1)
+    faults = [(e.step, e.fields) for e in kinds(tmp_path / "plain", "fault")]
+    assert faults and faults == [(e.step, e.fields) for e in kinds(tmp_path / "guarded", "fault")]
+    assert trained(tmp_path / "guarded") == trained(tmp_path / "plain")

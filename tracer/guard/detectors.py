@@ -18,7 +18,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from tracer.errors import ConfigError
 from tracer.guard.evidence import Evidence
@@ -98,51 +98,66 @@ class LossSpike:
 
 
 @dataclass(frozen=True)
-class GradNormSpike:
-    """The global gradient norm is more than ``factor`` times the median of the last ``window`` accepted
-    steps' norms. (Gradient norms change by factors, not by offsets: a ratio, not a z-score.)"""
+class _RatioSpike:
+    """A value more than ``factor`` times the median of its last ``window`` accepted values."""
 
     window: int = 32
-    factor: float = 5.0  # healthy tiny runs: at most 2.8
+    factor: float = 5.0
     min_history: int = 8
+    _of: ClassVar[str]  # the Evidence (and History) field watched
+    _what: ClassVar[str]
 
     def __post_init__(self) -> None:
         _window(self, self.window, self.min_history)
         _positive(self, "factor", self.factor, above=1.0)
+
+    def check(self, e: Evidence) -> Alarm | None:
+        value: float | None = getattr(e, self._of)
+        past: tuple[float, ...] = getattr(e.past, self._of)[-self.window:]
+        if value is None or len(past) < self.min_history:
+            return None
+        median = statistics.median(past)
+        if math.isfinite(value) and median <= 0:
+            return None
+        ratio = value / median if math.isfinite(value) else math.inf
+        if ratio <= self.factor:
+            return None
+        return Alarm(self.name, ratio, self.factor,
+                     f"{self._what} {value:.6g} vs median {median:.6g} of {len(past)} accepted steps")
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class GradNormSpike(_RatioSpike):
+    """The global gradient norm is more than ``factor`` times the median of the last ``window`` accepted
+    steps' norms. (Gradient norms change by factors, not by offsets: a ratio, not a z-score.)"""
+
+    factor: float = 5.0  # healthy tiny runs: at most 2.8
+    _of = "grad_norm"
+    _what = "gradient norm"
 
     @property
     def name(self) -> str:
         return "grad_norm_spike"
 
-    def check(self, e: Evidence) -> Alarm | None:
-        return _ratio_alarm(self.name, e.grad_norm, e.past.grad_norm[-self.window:], self.factor, self.min_history,
-                            "gradient norm")
-
 
 @dataclass(frozen=True)
-class UpdateRmsSpike:
+class UpdateRmsSpike(_RatioSpike):
     """The RMS of the update the optimizer is about to apply is more than ``factor`` times the median of the
     last ``window`` accepted steps'. Computed before the update, in closed form from the gradients and the
     optimizer's state, for SGD (with momentum), Adam and AdamW only (`tracer.guard.update`): any other
     optimizer is refused when the Tracer starts. The only detector that costs a pass over the gradients."""
 
-    window: int = 32
     factor: float = 2.0  # healthy tiny runs: at most 1.4
-    min_history: int = 8
-
-    def __post_init__(self) -> None:
-        _window(self, self.window, self.min_history)
-        _positive(self, "factor", self.factor, above=1.0)
+    _of = "update_rms"
+    _what = "update RMS"
 
     @property
     def name(self) -> str:
         return "update_rms_spike"
-
-    def check(self, e: Evidence) -> Alarm | None:
-        if e.update_rms is None:
-            return None
-        return _ratio_alarm(self.name, e.update_rms, e.past.update_rms[-self.window:], self.factor,
-                            self.min_history, "update RMS")
 
 
 @dataclass(frozen=True)
@@ -199,22 +214,6 @@ def robust_z(value: float, past: Sequence[float], floor: float) -> float:
     mad = statistics.median(abs(x - median) for x in past)
     scale = max(MAD_SIGMA * mad, floor * abs(median), 1e-12)
     return (value - median) / scale
-
-
-def _ratio_alarm(name: str, value: float, past: Sequence[float], factor: float, min_history: int,
-                 what: str) -> Alarm | None:
-    if len(past) < min_history:
-        return None
-    median = statistics.median(past)
-    if not math.isfinite(value):
-        ratio = math.inf
-    elif median <= 0:
-        return None
-    else:
-        ratio = value / median
-    if ratio <= factor:
-        return None
-    return Alarm(name, ratio, factor, f"{what} {value:.6g} vs median {median:.6g} of {len(past)} accepted steps")
 
 
 def _window(d: Any, window: int, min_history: int) -> None:

@@ -19,7 +19,7 @@ import random
 import sys
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -27,7 +27,15 @@ from tracer.guard.detectors import AbftFlags, Alarm
 from tracer.guard.evidence import Evidence, History, gradient_evidence
 from tracer.guard.guard import Guard, Verdict
 from tracer.guard.update import require_closed_form, update_rms
+from tracer.intercept import own_ops
 from tracer.log.records import EventRecord, TensorRecord
+
+
+class Sink(Protocol):
+    """Where held records go in the end: the Tracer's log (`tracer.tracing.RecordSink`)."""
+
+    def write_tensor(self, rec: TensorRecord) -> None: ...
+    def write_event(self, rec: EventRecord) -> None: ...
 
 
 class Held:
@@ -63,17 +71,19 @@ class RngState:
         self.python = random.getstate()
         numpy = sys.modules.get("numpy")
         self.numpy = numpy.random.get_state() if numpy is not None else None
-        self.torch = torch.get_rng_state()
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        self.cuda = torch.cuda.get_rng_state_all() if cuda else None
+        with own_ops():
+            self.torch = torch.get_rng_state()
+            cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+            self.cuda = torch.cuda.get_rng_state_all() if cuda else None
 
     def restore(self) -> None:
         random.setstate(self.python)
         if self.numpy is not None:
             sys.modules["numpy"].random.set_state(self.numpy)
-        torch.set_rng_state(self.torch)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
+        with own_ops():
+            torch.set_rng_state(self.torch)
+            if self.cuda is not None:
+                torch.cuda.set_rng_state_all(self.cuda)
 
 
 @dataclass
@@ -103,7 +113,7 @@ class StepGuard:
         self.pending = False  # the current step's first run awaits its check
         self.warned_no_rerun = False
         self._counts_flags = any(isinstance(d, AbftFlags) for d in guard.detectors)
-        self._log: Any = None
+        self._log: Sink | None = None
         self._prefix = Held()
         self._runs: list[Run] = []
         self._rng: RngState | None = None
@@ -112,7 +122,7 @@ class StepGuard:
     def current(self) -> Held:
         return self._runs[-1].held
 
-    def begin(self, log: Any) -> Held:
+    def begin(self, log: Sink) -> Held:
         """A step begins: hold its records (returned: the sink to write to) and save the RNG."""
         self._log, self._prefix, self._runs = log, Held(), [Run(Held())]
         self._rng = RngState()
@@ -129,12 +139,13 @@ class StepGuard:
         """The current run's evidence from its gradient digests, ``(name, TensorDigest)`` in log order, and the
         gradient norm before clipping, if the loop reported one (`Tracer.gradient_norm`)."""
         norm, nonfinite, fp = gradient_evidence(grads)
-        if unclipped is not None:
-            norm = float(unclipped)
         flags = 0
         if self._counts_flags:
             flags = sum(r.kind == "abft" and r.fields.get("verdict") == "flag" for r in self.current.events())
-        rms = update_rms(optimizer) if self.guard.wants_update_rms else None
+        with own_ops():  # sdctrace's arithmetic, which an emulated fault must not hit
+            if unclipped is not None:
+                norm = float(unclipped)
+            rms = update_rms(optimizer) if self.guard.wants_update_rms else None
         e = Evidence(step, attempt, loss, norm, nonfinite, flags, fp, rms, self.history)
         run = self._runs[-1]
         run.evidence, run.result = e, result
@@ -159,14 +170,14 @@ class StepGuard:
     def result(self) -> Any:
         return self._runs[-1].result
 
-    def accept(self) -> Any:
+    def accept(self) -> Sink:
         """No alarm: the first run is the step; returns the real log, everything held written to it."""
         e = self._runs[-1].evidence
         assert e is not None
         self.history = self.history.after(e, self.guard.keep)
         return self.release()
 
-    def settle(self, step: int, verdict: Verdict, alarms: list[Alarm]) -> Any:
+    def settle(self, step: int, verdict: Verdict, alarms: list[Alarm]) -> Sink:
         """An alarm decided: the newest run's records (the gradients ``.grad`` holds), then the ``guard`` event;
         returns the real log."""
         runs = [r.summary() for r in self._runs]
@@ -184,10 +195,11 @@ class StepGuard:
         }))
         return log
 
-    def release(self) -> Any:
+    def release(self) -> Sink:
         """Write what is held (the prefix, then the newest run) to the real log and return that log; after
         that, nothing is held until the next step begins."""
         log = self._log
+        assert log is not None, "release() before begin()"
         for rec in (*self._prefix.records, *(self._runs[-1].held.records if self._runs else ())):
             log.write_tensor(rec) if isinstance(rec, TensorRecord) else log.write_event(rec)
         self.pending, self._prefix, self._runs = False, Held(), []
