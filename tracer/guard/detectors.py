@@ -54,9 +54,7 @@ class Detector(Protocol):
 class NonFinite:
     """A NaN or Inf in the step's loss or in any gradient element. Never fires on a finite step."""
 
-    @property
-    def name(self) -> str:
-        return "non_finite"
+    name: ClassVar[str] = "non_finite"
 
     def check(self, e: Evidence) -> Alarm | None:
         if e.loss is not None and not math.isfinite(e.loss):
@@ -72,6 +70,7 @@ class LossSpike:
     losses (deviation: 1.4826 x their median absolute deviation, at least ``floor`` x the median, so that a
     flat loss curve does not turn rounding noise into spikes). Quiet until ``min_history`` steps are in."""
 
+    name: ClassVar[str] = "loss_spike"
     window: int = 32
     z: float = 8.0  # healthy tiny runs: at most 4.1 in 876 checked steps (docs/guard.md)
     floor: float = 0.01
@@ -82,9 +81,6 @@ class LossSpike:
         _positive(self, "z", self.z)
         _positive(self, "floor", self.floor, zero=True)
 
-    @property
-    def name(self) -> str:
-        return "loss_spike"
 
     def check(self, e: Evidence) -> Alarm | None:
         past = e.past.loss[-self.window:]
@@ -104,6 +100,7 @@ class _RatioSpike:
     window: int = 32
     factor: float = 5.0
     min_history: int = 8
+    name: ClassVar[str]
     _of: ClassVar[str]  # the Evidence (and History) field watched
     _what: ClassVar[str]
 
@@ -125,23 +122,16 @@ class _RatioSpike:
         return Alarm(self.name, ratio, self.factor,
                      f"{self._what} {value:.6g} vs median {median:.6g} of {len(past)} accepted steps")
 
-    @property
-    def name(self) -> str:
-        raise NotImplementedError
-
 
 @dataclass(frozen=True)
 class GradNormSpike(_RatioSpike):
     """The global gradient norm is more than ``factor`` times the median of the last ``window`` accepted
     steps' norms. (Gradient norms change by factors, not by offsets: a ratio, not a z-score.)"""
 
+    name: ClassVar[str] = "grad_norm_spike"
     factor: float = 5.0  # healthy tiny runs: at most 2.8
     _of = "grad_norm"
     _what = "gradient norm"
-
-    @property
-    def name(self) -> str:
-        return "grad_norm_spike"
 
 
 @dataclass(frozen=True)
@@ -151,13 +141,10 @@ class UpdateRmsSpike(_RatioSpike):
     optimizer's state, for SGD (with momentum), Adam and AdamW only (`tracer.guard.update`): any other
     optimizer is refused when the Tracer starts. The only detector that costs a pass over the gradients."""
 
+    name: ClassVar[str] = "update_rms_spike"
     factor: float = 2.0  # healthy tiny runs: at most 1.4
     _of = "update_rms"
     _what = "update RMS"
-
-    @property
-    def name(self) -> str:
-        return "update_rms_spike"
 
 
 @dataclass(frozen=True)
@@ -166,15 +153,13 @@ class AbftFlags:
     with verdict "flag", from the checker that `sdc record --abft` runs). The checker's bound is a worst
     case: a healthy product is never flagged (docs/faults.md)."""
 
+    name: ClassVar[str] = "abft_flags"
     min_flags: int = 1
 
     def __post_init__(self) -> None:
         if self.min_flags < 1:
             raise ConfigError(f"AbftFlags(min_flags={self.min_flags}): must be >= 1")
 
-    @property
-    def name(self) -> str:
-        return "abft_flags"
 
     def check(self, e: Evidence) -> Alarm | None:
         if e.abft_flags < self.min_flags:
@@ -195,11 +180,9 @@ class TwinMismatch:
     """The step's gradients differ, bit for bit, from a twin's: a healthy node training the same
     deterministic run. Abstains on steps the twin has not reached."""
 
+    name: ClassVar[str] = "twin_mismatch"
     twin: Twin = field(compare=False)
 
-    @property
-    def name(self) -> str:
-        return "twin_mismatch"
 
     def check(self, e: Evidence) -> Alarm | None:
         theirs = self.twin.fingerprint(e.step)
