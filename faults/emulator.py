@@ -15,7 +15,10 @@ Deterministic without touching any global RNG (that would change training): the
 burst chains and the per-call draws come from private generators seeded from the
 profile seed, ``seed``, and the (step, microbatch) the draw happens in, and are
 advanced in op-call order. The same profile and seed give the same faults, and a
-replay of one step gets that step's faults.
+replay of one step gets that step's faults. A clock may add a third element, the
+attempt: the guard's re-runs of a step (`tracer.guard`) are attempts 1, 2, ..., later
+moments in time, in which a transient rule draws afresh and a ``persistent`` one
+repeats attempt 0's draws.
 
 Under torch.distributed a rule may name the ranks it applies to (one bad
 accelerator in a node), and rules naming collectives corrupt what a collective
@@ -96,8 +99,8 @@ class FaultEmulator(ScopedDispatchMode):
                 )
             hooked |= hits
         self.scope = ModuleScope([(path, m) for path, m in named if path in hooked])
-        self._draws_key: tuple[int, int] | None = None
-        self._draws = random.Random()
+        self._draws_key: tuple[int, ...] | None = None
+        self._draws: dict[int, random.Random] = {}
 
     def __enter__(self) -> FaultEmulator:
         super().__enter__()
@@ -118,7 +121,7 @@ class FaultEmulator(ScopedDispatchMode):
         if stage != "out" or in_own_ops():
             return None
         where = Phase.FORWARD if phase == Phase.FORWARD else Phase.BACKWARD
-        step, microbatch = self._clock()
+        step, microbatch, *attempt = self._clock()
         hit = None
         for i, rule in enumerate(self.profile.faults):
             pattern = self._patterns[i]
@@ -126,7 +129,7 @@ class FaultEmulator(ScopedDispatchMode):
                 continue
             if pattern is not None and not pattern.fullmatch(point):
                 continue
-            rng = self._draws_for(step, microbatch)
+            rng = self._draws_for(i, step, microbatch, *attempt)
             if rng.random() < rule.p_call:
                 with own_ops():
                     hit = tensor.clone() if hit is None else hit
@@ -144,14 +147,14 @@ class FaultEmulator(ScopedDispatchMode):
         phase = self.scope.phase()
         if phase is None:
             return out
-        step, microbatch = self._clock()
+        step, microbatch, *attempt = self._clock()
         for i, rule in enumerate(self.profile.faults):
             if func.overloadpacket not in self._ops[i] or phase not in rule.phases or not self._armed(i, step, microbatch):
                 continue
             site = self._site(i, phase)
             if site is None:
                 continue
-            rng = self._draws_for(step, microbatch)
+            rng = self._draws_for(i, step, microbatch, *attempt)
             if rng.random() < rule.p_call:
                 with own_ops():
                     out = self._corrupt(i, func, args, out, rng, site, phase, microbatch)
@@ -171,13 +174,19 @@ class FaultEmulator(ScopedDispatchMode):
                 return path
         return None if pattern is not None else ""
 
-    def _draws_for(self, step: int, microbatch: int) -> random.Random:
-        key = (step, microbatch)
+    def _draws_for(self, rule: int, step: int, microbatch: int, attempt: int = 0) -> random.Random:
+        key = (step, microbatch, attempt)
         if key != self._draws_key:
+            self._draws, self._draws_key = {}, key
+        # Attempt 0 is one stream for every rule; a re-run replays it for persistent rules, draws anew for the rest.
+        drawn = 0 if self.profile.faults[rule].persistent else attempt
+        rng = self._draws.get(drawn)
+        if rng is None:
             # A string seed is hashed with SHA-512: stable across processes and platforms.
-            self._draws = random.Random(f"sdctrace-calls:{self.profile.seed}:{self.seed}:{step}:{microbatch}")
-            self._draws_key = key
-        return self._draws
+            again = f":{drawn}" if drawn else ""
+            rng = random.Random(f"sdctrace-calls:{self.profile.seed}:{self.seed}:{step}:{microbatch}{again}")
+            self._draws[drawn] = rng
+        return rng
 
     def _corrupt(
         self, i: int, func: Any, args: tuple, out: Any, rng: random.Random, site: str, phase: Phase, microbatch: int

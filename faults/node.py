@@ -45,8 +45,8 @@ def emulated_node(
     Built now, entered later: a profile that does not fit the model fails before anything is recorded.
     """
 
-    def clock() -> tuple[int, int]:
-        return tracer.step_index, tracer.microbatch_index
+    def clock() -> tuple[int, int, int]:
+        return tracer.step_index, tracer.microbatch_index, tracer.attempt  # attempt: the guard's re-runs
 
     def sink(kind: str, fields: dict[str, Any]) -> None:
         tracer.event(kind, **fields)

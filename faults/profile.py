@@ -89,6 +89,8 @@ class FaultRule:
         None, expected="a non-empty array of ranks (integers >= 0)")
     microbatches: tuple[int, ...] | None = toml_field(  # microbatches of a step it fires in; None: every one
         None, expected="a non-empty array of microbatch indices (integers >= 0)")
+    persistent: bool = toml_field(  # a stuck unit: a re-run of the step (the guard's) repeats its faults;
+        False, expected="true or false")  # false: transient, each run of a step draws its faults afresh
 
     def __post_init__(self) -> None:
         _require(self, bool(self.ops), "ops")

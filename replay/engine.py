@@ -52,6 +52,7 @@ from tracer.checkpoint import load_checkpoint
 from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ConfigError, SdcError, ValidationError
+from tracer.fingerprint import TensorDigest
 from tracer.intercept import own_ops
 from tracer.log import LogReader, LogWriter, claim_out_dir, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
@@ -499,16 +500,20 @@ class _KeepingTracer(Tracer):
         self._kept, self._phases = kept, frozenset(phases)
         self._params = frozenset(self._names.values())
 
-    def record_many(self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None) -> None:
-        super().record_many(named, phase, microbatch)
+    def record_many(
+        self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None, *,
+        read_now: bool = False,
+    ) -> list[TensorDigest] | None:
+        digests = super().record_many(named, phase, microbatch, read_now=read_now)
         if self._kept is None or phase not in self._phases:
-            return
+            return digests
         mb = self.microbatch_index if microbatch is None else microbatch
         with own_ops():
             for name, tensor in named:
                 # Collectives record GRAD-phase tensors too; the suspect is compared on parameter gradients only.
                 if phase != Phase.GRAD or name in self._params:
                     self._kept[(self.step_index, mb, name, phase)] = tensor.detach().clone()
+        return digests
 
 
 def _unchanged(site: str, tensor: torch.Tensor) -> None:

@@ -1,7 +1,8 @@
 """``sdc``: the command line of sdctrace, one sub-command per job.
 
 Anything a user can cause ends in a one-line ``sdc: error: ...`` and exit status 1
-(2 for bad usage), never a traceback. ``SDC_DEBUG=1`` shows tracebacks.
+(2 for bad usage; an error's own ``exit_code`` where it has one: 3 when the guard
+stopped training), never a traceback. ``SDC_DEBUG=1`` shows tracebacks.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         print(f"sdc: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return getattr(exc, "exit_code", EXIT_ERROR)
     except KeyboardInterrupt:
         print("sdc: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -51,3 +51,19 @@ class ValidationError(SdcError):
 class TraceWarning(UserWarning):
     """Something is recorded less completely than asked (a site with no gradient, microbatches
     logged as one); training goes on."""
+
+
+class GuardStop(SdcError):
+    """The guard stopped training before an optimizer step: a detector fired, and re-running the step
+    reproduced it (or could not settle it) under the policy ``on_deterministic="stop"``."""
+
+    exit_code = 3  # `sdc` exits with this status, apart from other errors' 1
+
+    def __init__(self, step: int, outcome: str, alarms: str, checkpoint: str | None) -> None:
+        self.step, self.outcome, self.checkpoint = step, outcome, checkpoint
+        saved = (f"the state before the step is checkpointed in {checkpoint}" if checkpoint is not None
+                 else "no checkpoint (the Tracer writes to a sink, not a run directory)")
+        super().__init__(
+            f"step {step}: the guard stopped training ({outcome}: {alarms}); {saved}; look at the step's "
+            "guard event (sdc inspect), then resume from the checkpoint or take the node out of service"
+        )

@@ -26,6 +26,11 @@ and written by an I/O thread (`tracer.background`). Every hook is removed when t
 On a lazy device (XLA) nothing is read mid-step: digests and losses join the step's
 graph, and at the step's end the Tracer marks the step (``torch_xla.sync()``, a no-op
 if the loop already did) and reads all of them in one transfer (docs/xla.md).
+
+With ``guard=`` (`tracer.guard`), detectors look at each step in the optimizer pre-hook, after
+its gradients are recorded, and a flagged step is run again (``tr.step(step, rerun=fn)``, or
+the optimizer step's closure) before the optimizer may use it; the step's records are held in
+memory until then, so the log holds the run that training used (docs/guard.md).
 """
 
 from __future__ import annotations
@@ -54,8 +59,10 @@ from tracer.collectives import Stage, observing, record_name
 from tracer.config import config_fingerprint, header_config
 from tracer.determinism import determinism_settings
 from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
-from tracer.errors import CaptureError, ConfigError, TraceWarning
+from tracer.errors import CaptureError, ConfigError, GuardStop, TraceWarning
 from tracer.fingerprint import ALGORITHM, TensorDigest, batched_parts, digest_many, resolve_rows, tensor_meta
+from tracer.guard.guard import Guard, classify, verdict
+from tracer.guard.runtime import StepGuard
 from tracer.intercept import own_ops
 from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
@@ -98,7 +105,8 @@ class Tracer:
     ``run`` names the run (`RunInfo`), ``options`` say what to record (`TraceOptions`;
     the default records everything). With ``sink`` instead of ``out``, records go to
     that sink (no files are written): replay uses this to check a re-execution against
-    a recorded log. ``parallel`` is the rank layout of a multi-rank run.
+    a recorded log. ``parallel`` is the rank layout of a multi-rank run. ``guard`` checks each
+    step before the optimizer uses it and re-runs a flagged one (`tracer.guard.Guard`).
     """
 
     def __init__(
@@ -111,6 +119,7 @@ class Tracer:
         options: TraceOptions | None = None,
         sink: RecordSink | None = None,
         parallel: Layout | None = None,
+        guard: Guard | None = None,
     ) -> None:
         if (out is None) == (sink is None):
             raise CaptureError("give the Tracer exactly one of out (a run directory) or sink")
@@ -136,6 +145,8 @@ class Tracer:
         self.layout.check(self.world_size)
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
+        self.guard = guard
+        self._guard = _step_guard(guard, optimizer, options, device, self.world_size)
         config = header_config(run.config)
         self.header = RunHeader(
             schema_version=SCHEMA_VERSION,
@@ -159,6 +170,7 @@ class Tracer:
                 **dict(run.extra),
                 "sites": [name for name, _ in self.sites],
                 "parallel": self.layout.header(self.rank),
+                **({"guard": guard.describe()} if guard is not None else {}),
             },
         )
         self._names = {id(p): module_path(n) for n, p in model.named_parameters()}
@@ -175,7 +187,12 @@ class Tracer:
         self._log: RecordSink | None = None
         self.step_index = -1
         self.microbatch_index = 0
+        self.attempt = 0  # which run of the current step: 0, or the guard's re-runs 1, 2, ...
+        self._rerun: Callable[[], Any] | None = None
+        self._closure_reruns = True
+        self._states: Mapping[str, Stateful] | None = None  # the last checkpoint's, for the guard's stop
         self._losses: list[float] = []
+        self._grad_norm: torch.Tensor | float | None = None  # before clipping, if the loop reports it
         self._lrs: list[float] = []
         self._step_start = 0.0
         # Lazy devices: what the step has recorded but not read yet, in log order.
@@ -278,15 +295,30 @@ class Tracer:
 
     # -- what the training loop calls ---------------------------------------------------
     @contextmanager
-    def step(self, step: int) -> Iterator[None]:
-        """Bracket one optimizer step; its wall time, losses and learning rates are logged."""
+    def step(
+        self, step: int, rerun: Callable[[], Any] | None = None, *, closure_reruns: bool = True
+    ) -> Iterator[None]:
+        """Bracket one optimizer step; its wall time, losses and learning rates are logged.
+
+        With a guard, ``rerun`` runs the step's forward and backward again on the same data: it zeroes the
+        gradients and repeats the step's `microbatch` and `loss` calls (`rerun_with` sets it later). Without
+        it, an optimizer step given a closure re-runs through the closure, unless ``closure_reruns`` is False
+        (a closure that holds only the last of several accumulated microbatches)."""
         self.step_index = step
-        self.microbatch_index = 0
-        self._backward_passes = 0
-        self._losses = []
+        self._begin_attempt(0)
         self._lrs = []
         self._step_start = time.perf_counter()
-        yield
+        self._rerun, self._closure_reruns = rerun, closure_reruns
+        if self._guard is not None:
+            self._log = self._guard.begin(self.log)
+        try:
+            yield
+        except BaseException:
+            if self._guard is not None:
+                self._log = self._guard.release()  # what the step recorded, as it would be without a guard
+            raise
+        if self._guard is not None:
+            self._log = self._guard.release()  # a step without an optimizer step: nothing to decide
         self._read_pending()
         log = self.log
         wall = time.perf_counter() - self._step_start
@@ -305,6 +337,23 @@ class Tracer:
         )
         # Hand the step's records to the I/O thread: a crash loses at most the current step.
         log.flush()
+
+    def rerun_with(self, rerun: Callable[[], Any]) -> None:
+        """How the guard may run the current step's forward and backward again (`step`'s ``rerun``)."""
+        self._rerun = rerun
+
+    def gradient_norm(self, norm: torch.Tensor | float) -> None:
+        """Report the step's global gradient norm before clipping (what ``clip_grad_norm_`` returns): the
+        guard's `GradNormSpike` watches it, since the clipped gradients the Tracer records hide a spike."""
+        self._grad_norm = norm
+
+    def _begin_attempt(self, attempt: int) -> None:
+        self.attempt = attempt
+        self.microbatch_index = 0
+        self._backward_passes = 0
+        self._after_forward = False
+        self._losses = []
+        self._grad_norm = None
 
     def microbatch(self, index: int, inputs: torch.Tensor | tuple[torch.Tensor, ...] | None = None) -> None:
         """Start microbatch ``index`` (gradient accumulation) and fingerprint its inputs."""
@@ -337,6 +386,7 @@ class Tracer:
         if self.out is None:
             raise CaptureError("this Tracer writes to a sink, not a run directory: it cannot checkpoint")
         self._read_pending()
+        self._states = states
         with own_ops():
             path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}), states)
         self.log.write_event(EventRecord("checkpoint", step, {"rank": self.rank}))
@@ -363,15 +413,22 @@ class Tracer:
         """Fingerprint one tensor at the current step and microbatch (and capture it if asked)."""
         self.record_many([(name, tensor)], phase, microbatch)
 
-    def record_many(self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None) -> None:
+    def record_many(
+        self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None, *,
+        read_now: bool = False,
+    ) -> list[TensorDigest] | None:
         """`record` for many tensors of one phase: one digest call for all of them (a step's gradients, its
-        parameters), which is what keeps per-tensor overhead out of the step."""
+        parameters), which is what keeps per-tensor overhead out of the step. Returns the digests; None on an
+        accelerator, whose digests are read at the step's end unless ``read_now`` (the guard needs them
+        before the optimizer step)."""
         if not named:
-            return
+            return []
         step, mb = self.step_index, self.microbatch_index if microbatch is None else microbatch
         log = self.log
         tensors = [t for _, t in named]
-        if _deferred(tensors[0].device):
+        if read_now:
+            self._read_pending()  # what was recorded before keeps its place in the log
+        elif _deferred(tensors[0].device):
             # Reading a digest now would stall the device (or, on XLA, run the graph up to here on its own):
             # the digests stay on the device and the step's end reads all of them in one transfer.
             with own_ops():
@@ -384,11 +441,12 @@ class Tracer:
             metas = [tensor_meta(t) for t in tensors]
             self._pending.append(([parts], functools.partial(self._write_rows, log, step, mb, phase, named, metas,
                                                              kept)))
-            return
+            return None
         with own_ops():
             digests = digest_many(tensors)
         for (name, tensor), d in zip(named, digests):
             self._write(log, step, mb, name, phase, d, tensor)
+        return digests
 
     def _write_rows(
         self, log: RecordSink, step: int, mb: int, phase: Phase, named: list[tuple[str, torch.Tensor]],
@@ -480,27 +538,96 @@ class Tracer:
         self._lrs = [float(g["lr"]) for g in optimizer.param_groups]
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0] is the optimizer
         if closure is None:
-            self._record_gradients(optimizer)
+            grads = self._record_gradients(optimizer)
+            if self._guard is not None and self._guard.pending:
+                self._check_step(optimizer, grads, self._rerun)
             return None
         # A step with a closure (Lightning, LBFGS) computes the gradients inside the step, and a framework may
         # clip them there too: record them when the closure returns, i.e. what the update itself reads.
         def traced() -> Any:
+            checks = self._guard is not None and self._guard.pending
+            if checks and self._rerun is None:
+                self._guard.mark_rerun_start()
             loss = closure()
-            self._record_gradients(optimizer)
+            grads = self._record_gradients(optimizer)
+            if checks:
+                rerun = self._rerun or (closure if self._closure_reruns else None)
+                loss = self._check_step(optimizer, grads, rerun, loss)
             return loss
 
         if "closure" in kwargs:
             return args, {**kwargs, "closure": traced}
         return (args[0], traced, *args[2:]), kwargs
 
-    def _record_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+    def _record_gradients(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, TensorDigest]]:
         grads = [
             (self._param_name(gi, pi, p), p.grad)
             for gi, group in enumerate(optimizer.param_groups)
             for pi, p in enumerate(group["params"])
             if p.grad is not None
         ]
-        self.record_many(grads, Phase.GRAD, microbatch=0)
+        digests = self.record_many(grads, Phase.GRAD, microbatch=0, read_now=self._guard is not None) or []
+        return [(name, d) for (name, _), d in zip(grads, digests)]
+
+    def _check_step(
+        self, optimizer: torch.optim.Optimizer, grads: list[tuple[str, TensorDigest]], rerun: Callable[[], Any] | None,
+        result: Any = None,
+    ) -> Any:
+        """The guard's decision on this step, before the optimizer uses its gradients; returns what the
+        accepted run's closure returned."""
+        g = self._guard
+        assert g is not None
+        g.pending = False
+        alarms = g.guard.check(g.evidence(self.step_index, 0, self._step_loss(result), grads, optimizer, result,
+                                          self._grad_norm))
+        if not alarms:
+            self._log = g.accept()
+            return result
+        if rerun is None:
+            self._warn_no_rerun()
+            outcome = "unclassified"
+        else:
+            while (outcome := classify(g.fingerprints, g.guard.max_runs)) is None:
+                self._log = g.next_run()
+                self._begin_attempt(self.attempt + 1)
+                with torch.enable_grad():
+                    out = rerun()
+                grads = self._record_gradients(optimizer)
+                g.evidence(self.step_index, self.attempt, self._step_loss(out), grads, optimizer, out, self._grad_norm)
+        decided = verdict(outcome, g.guard.on_deterministic, self.attempt)
+        if decided.action != "continue":
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+        result = g.result
+        self._log = g.settle(self.step_index, decided, alarms)
+        if decided.action == "stop":
+            g.restore_rng()  # the checkpoint holds the state the step began from, as every checkpoint does
+            path = None
+            if self.out is not None:
+                path = str(self.checkpoint(self.step_index, data={"step": self.step_index}, states=self._states))
+            said = "; ".join(f"{a.detector} {a.measured:.4g} > {a.threshold:.4g}" for a in alarms)
+            raise GuardStop(self.step_index, outcome, said, path)
+        return result
+
+    def _step_loss(self, result: Any) -> float | None:
+        """The run's loss: its logged microbatch losses, or else what its closure returned."""
+        if self._losses:
+            return sum(self._losses)
+        if isinstance(result, torch.Tensor) and result.numel() == 1:
+            return float(result.detach())
+        return float(result) if isinstance(result, int | float) else None
+
+    def _warn_no_rerun(self) -> None:
+        g = self._guard
+        if g is not None and not g.warned_no_rerun:
+            g.warned_no_rerun = True
+            warnings.warn(
+                f"step {self.step_index}: a guard detector fired but the step cannot be run again (no "
+                "tracer.step(..., rerun=fn) and no re-runnable optimizer closure): its alarm is logged as "
+                f"unclassified and the policy on_deterministic={g.guard.on_deterministic!r} applies",
+                TraceWarning, stacklevel=3,
+            )
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         params = [
@@ -522,6 +649,27 @@ def batch_tensors(batch: Any) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
     if isinstance(batch, (tuple, list)):
         return tuple(v for v in batch if isinstance(v, torch.Tensor)) or None
     return None
+
+
+def _step_guard(
+    guard: Guard | None, optimizer: torch.optim.Optimizer | None, options: TraceOptions, device: torch.device,
+    world_size: int,
+) -> StepGuard | None:
+    """The guard's state for a Tracer, after checking that this Tracer can guard at all."""
+    if guard is None:
+        return None
+    if not isinstance(guard, Guard):
+        raise ConfigError(f"Tracer(guard=...) takes a tracer.guard.Guard, found {type(guard).__name__}")
+    if optimizer is None or not options.gradients:
+        raise ConfigError("the guard checks each step in the optimizer's pre-hook, from the recorded gradients: "
+                          "give the Tracer the optimizer and keep TraceOptions(gradients=True)")
+    if is_lazy(device):
+        raise ConfigError(f"the guard reads each step's evidence before the optimizer step, which a lazy device "
+                          f"({device}) only computes at the step's end: guard on an eager device (cpu, cuda)")
+    if world_size > 1:
+        raise ConfigError(f"the guard decides each rank's steps alone, and {world_size} ranks would re-run and skip "
+                          "apart (deadlocking in their collectives): guard single-rank runs")
+    return StepGuard(guard, optimizer)
 
 
 def _no_default_sites(model: nn.Module) -> str:

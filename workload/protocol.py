@@ -40,7 +40,7 @@ from tracer import typed_toml
 from tracer.device import mark_step, to_host
 from tracer.errors import ConfigError
 from tracer.parallel import Layout
-from tracer.tracing import batch_tensors
+from tracer.tracing import Tracer, batch_tensors
 
 ENTRY_POINT = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 REFERENCE = "workload.reference:build"
@@ -115,10 +115,13 @@ class Workload:
     def start_step(self, step: int) -> None:
         """Before the step's first forward, after ``zero_grad``."""
 
-    def finish_backward(self, step: int) -> None:
-        """After the last backward, before the optimizer sees the gradients: reduce, clip."""
+    def finish_backward(self, step: int) -> torch.Tensor | float | None:
+        """After the last backward, before the optimizer sees the gradients: reduce, clip. Returns the global
+        gradient norm before clipping if it clipped (the guard's `GradNormSpike` watches it: the clipped
+        gradients the Tracer records hide a spike), else None."""
         if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=False)
+            return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=False)
+        return None
 
     def update(self, step: int) -> None:
         """The optimizer step, then the scheduler's."""
@@ -143,12 +146,31 @@ def run_step(w: Workload, step: int, observer: StepObserver | None = None, *, up
     """One optimizer step of ``w``; returns the step's loss.
 
     With ``update=False`` the step stops before the optimizer, leaving the final
-    gradients in ``.grad`` (replay compares them and discards the step).
+    gradients in ``.grad`` (replay compares them and discards the step). Traced by a
+    guarded `Tracer`, the step's forward and backward (`forward_backward`) is what the
+    guard runs again when a detector fires; the loss returned is then the accepted run's.
     """
+    losses: list[torch.Tensor] = []
+
+    def again() -> None:
+        losses[:] = forward_backward(w, step, observer)
+
+    if isinstance(observer, Tracer):
+        observer.rerun_with(again)
+    again()
+    if update:
+        w.update(step)
+    # The step's end: a lazy device (XLA) runs the step's graph here, so reading the losses runs nothing more.
+    mark_step(next(w.model.parameters()).device)
+    return w.step_loss([v.item() for v in to_host(losses)])
+
+
+def forward_backward(w: Workload, step: int, observer: StepObserver | None = None) -> list[torch.Tensor]:
+    """Everything of a step before the optimizer: zero the gradients, every microbatch's forward and backward,
+    then `Workload.finish_backward`. Returns the microbatch losses (detached)."""
     w.optimizer.zero_grad(set_to_none=True)
     w.start_step(step)
     losses: list[torch.Tensor] = []
-    device = next(w.model.parameters()).device
     for index, batch in enumerate(w.microbatches(step)):
         if observer is not None:
             observer.microbatch(index, inputs=w.inputs(batch))
@@ -157,12 +179,10 @@ def run_step(w: Workload, step: int, observer: StepObserver | None = None, *, up
         if observer is not None:
             observer.loss(loss)
         losses.append(loss.detach())
-    w.finish_backward(step)
-    if update:
-        w.update(step)
-    # The step's end: a lazy device (XLA) runs the step's graph here, so reading the losses runs nothing more.
-    mark_step(device)
-    return w.step_loss([v.item() for v in to_host(losses)])
+    norm = w.finish_backward(step)
+    if norm is not None and isinstance(observer, Tracer):
+        observer.gradient_norm(norm)
+    return losses
 
 
 def load_workload_config(path: str | Path | None, overrides: Sequence[str] = ()) -> dict[str, Any]:

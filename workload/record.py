@@ -25,6 +25,7 @@ from faults import FaultProfile, profile_from_header
 from faults.node import emulated_node, node_header
 from tracer.device import is_lazy, resolve_device
 from tracer.errors import UsageError
+from tracer.guard import Policy, default_guard
 from tracer.log import claim_out_dir
 from tracer.options import RunInfo, TraceOptions
 from tracer.tracing import Tracer
@@ -46,6 +47,7 @@ class RecordRequest:
     fault_seed: int = 0
     abft: bool = False
     device: str = "cpu"  # cpu, cuda[:N] or xla[:N]
+    guard: Policy | None = None  # guard every step with the default detectors and this policy (tracer.guard)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the launcher, which hands the request to every rank's process."""
@@ -97,7 +99,9 @@ def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[i
     extra = {"workload": request.workload, **node_header(request.fault_profile, request.fault_seed, request.abft)}
     run_info = RunInfo(request.node_label, config=w.config, seed=w.seed,
                        data_order_fingerprint=w.data_order_fingerprint, extra=extra)
-    tracer = Tracer(w.model, w.optimizer, out=request.out, run=run_info, options=request.trace, parallel=w.layout)
+    guard = default_guard(request.guard, abft=request.abft) if request.guard is not None else None
+    tracer = Tracer(w.model, w.optimizer, out=request.out, run=run_info, options=request.trace, parallel=w.layout,
+                    guard=guard)
     node = emulated_node(tracer, w.model, fault_profile=request.fault_profile, fault_seed=request.fault_seed,
                          abft=request.abft, sites=request.trace.sites)
     losses: list[float] = []

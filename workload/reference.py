@@ -80,14 +80,15 @@ class Reference(Workload):
             return loss / (targets.numel() * k)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1)) / k
 
-    def finish_backward(self, step: int) -> None:
+    def finish_backward(self, step: int) -> torch.Tensor | None:
         if self.layout.world_size > 1:
             reduce_gradients(self.model, self._groups, self.replicated)
         if self.grad_clip > 0:
             if self.layout.tp > 1:
                 clip_grad_norm(self.model, self._groups, self.sharded, self.grad_clip)
             else:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=False)
+                return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=False)
+        return None
 
     def step_loss(self, losses: Sequence[float]) -> float:
         total = float(sum(losses))

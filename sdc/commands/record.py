@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from faults import load_profile, shipped_profiles
 from sdc.commands._common import (
@@ -18,6 +18,7 @@ from sdc.commands._common import (
     workload_config_from_args,
 )
 from tracer.errors import ConfigError
+from tracer.guard import Policy
 from tracer.launch import launch
 from tracer.log import claim_out_dir
 from tracer.options import CapturePolicy, TraceOptions
@@ -60,6 +61,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--fault-seed", type=int, default=0, metavar="S", help="seed of the emulated faults, with the profile's own"
     )
     p.add_argument("--abft", action="store_true", help="check every matmul's checksums and log an abft event for each")
+    p.add_argument(
+        "--guard", choices=get_args(Policy), metavar="POLICY",
+        help="check every step before the optimizer (NaN/Inf, loss and gradient-norm spikes, ABFT flags with "
+        "--abft), re-run a flagged step and, if it reproduces, continue, skip the step or stop with a "
+        "checkpoint (exit status 3); docs/guard.md",
+    )
     add_parallel_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
@@ -78,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         progress=not args.quiet,
         fault_profile=load_profile(args.fault_profile) if args.fault_profile is not None else None,
-        fault_seed=args.fault_seed, abft=args.abft, device=args.device,
+        fault_seed=args.fault_seed, abft=args.abft, device=args.device, guard=args.guard,
     )
     config, n = config_and_ranks(args)
     summary = record_on_ranks(config, request, n, args.rank_timeout)

@@ -132,3 +132,28 @@ def test_the_loss_spike_profile_spikes_the_training_loss(run_factory) -> None:
     assert spiked[:10] == healthy[:10]
     assert spiked[10] > 20 * healthy[10] and spiked[11] > 20 * healthy[11]
     assert abs(spiked[12] - healthy[12]) < 0.5  # the spike passes; the weights carry a small scar
+
+
+def test_a_rerun_draws_a_transient_rule_afresh_and_repeats_a_persistent_one(write_profile) -> None:
+    """The clock's third element is the guard's attempt: a later moment for a transient rule, the same stuck
+    unit for a persistent one; attempt 0 draws what a two-element clock draws."""
+    model = nn.Sequential(nn.Linear(8, 64))
+    x = torch.randn(5, 8)
+    rule = '[[fault]]\nops = ["addmm"]\nsites = "0"\nelements = 3\nkind = "scale"\nfactor = [2.0, 50.0]\n'
+
+    def indices(profile, clock) -> list[list[int]]:
+        log: list[tuple[str, dict]] = []
+        with FaultEmulator(profile, model, clock=clock, sink=lambda k, f: log.append((k, f))):
+            model(x)
+        return [[*f["index"], f["detail"]["factor"]] for _, f in log]
+
+    transient = write_profile(rule, "transient")
+    persistent = write_profile(rule + "persistent = true\n", "persistent")
+    for profile in (transient, persistent):
+        assert indices(profile, lambda: (3, 0)) == indices(profile, lambda: (3, 0, 0))
+    first = indices(transient, lambda: (3, 0, 0))
+    assert len(first) == 1
+    assert indices(transient, lambda: (3, 0, 1)) != first != indices(transient, lambda: (3, 0, 2))
+    again = indices(persistent, lambda: (3, 0, 0))
+    assert again == first  # the same stream at attempt 0, whichever kind the rule is
+    assert indices(persistent, lambda: (3, 0, 1)) == indices(persistent, lambda: (3, 0, 2)) == again

@@ -48,6 +48,11 @@ def test_a_rule_can_name_microbatches(write_profile) -> None:
     assert write_profile(RULE).faults[0].microbatches is None  # every microbatch
 
 
+def test_a_rule_is_transient_unless_persistent(write_profile) -> None:
+    assert write_profile(RULE).faults[0].persistent is False
+    assert write_profile(RULE + "persistent = true\n").faults[0].persistent is True
+
+
 # Every key a rule may hold, with values other than the defaults.
 CUSTOM = """
 description = "every key"
@@ -67,6 +72,7 @@ stop = 9
 steps = [3, 2]
 ranks = [1]
 microbatches = [1, 0]
+persistent = true
 [[fault]]
 ops = ["collective"]
 elements = 3
@@ -135,6 +141,7 @@ def test_a_tampered_header_is_refused(write_profile) -> None:
         (RULE + "ranks = []\n", ["fault[0].ranks = []", "non-empty array of ranks"]),
         (RULE + "microbatches = []\n", ["fault[0].microbatches = []", "non-empty array of microbatch indices"]),
         (RULE + 'ranks = ["1"]\n', ["fault[0].ranks must be", "non-empty array of ranks", "found array ['1']"]),
+        (RULE + 'persistent = "yes"\n', ["fault[0].persistent must be true or false, found string 'yes'"]),
         ("sed = 1\n" + RULE, ["unknown key sed", "did you mean seed?"]),
         ("seed = -1\n" + RULE, ["seed = -1", "an integer >= 0"]),
         ('fault = "all"\n', ["fault must be an array of tables", "[[fault]] sections", "found string 'all'"]),

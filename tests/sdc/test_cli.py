@@ -21,7 +21,7 @@ SURFACE = {
         "--abft", "--capture-every", "--capture-names", "--capture-steps", "--checkpoint-every", "--config",
         "--device", "--fault-profile", "--fault-seed", "--node-label", "--out", "--overwrite", "--quiet",
         "--segment-mb", "--set", "--sites", "--steps", "--nproc", "--tp", "--sp", "--dp", "--rank-timeout",
-        "--workload",
+        "--workload", "--guard",
     ],
     "inspect": ["--json", "--skip-corrupt"],
     "verify-determinism": [

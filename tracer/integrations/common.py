@@ -6,11 +6,13 @@ A callback translates its framework's events into these calls and adds no tracin
                        -> ... -> close (train end, or the exception that ended training)
 
 Everything on the Tracer is the Tracer's: site hooks, optimizer hooks (gradients before the update, after
-any clipping; parameters after it), checkpoints, the log.
+any clipping; parameters after it), checkpoints, the log, and the guard (``guard=``: `tracer.guard.Guard`),
+which re-runs a flagged step through the optimizer's closure where the framework's closure is the whole step.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
@@ -22,7 +24,8 @@ import torch
 from torch import nn
 
 from tracer.checkpoint import Stateful
-from tracer.errors import CaptureError, ConfigError
+from tracer.errors import CaptureError, ConfigError, TraceWarning
+from tracer.guard import Guard
 from tracer.log import claim_out_dir
 from tracer.options import RunInfo, TraceOptions
 from tracer.tracing import Tracer, batch_tensors
@@ -44,6 +47,7 @@ class CallbackSettings:
     extra: Mapping[str, Any] = field(default_factory=dict)  # header extra, e.g. faults.node.node_header(...)
     around: Around | None = None
     overwrite: bool = False  # replace a run already in ``out``
+    guard: Guard | None = None  # check each step before the optimizer uses it (tracer.guard)
 
 
 class TracedRun:
@@ -85,7 +89,7 @@ class TracedRun:
         try:
             run = RunInfo(o.node_label, config={**config, **o.config}, seed=seed,
                           data_order_fingerprint=o.data_order_fingerprint, extra={**extra, **o.extra})
-            tracer = Tracer(model, optimizer, out=o.out, run=run, options=o.trace)
+            tracer = Tracer(model, optimizer, out=o.out, run=run, options=o.trace, guard=o.guard)
             stack.enter_context(tracer)
             if o.around is not None:
                 stack.enter_context(o.around(tracer, model))
@@ -104,11 +108,13 @@ class TracedRun:
         """Save the state before ``step`` (model, optimizer, RNG and the named states, e.g. the LR scheduler)."""
         self._active.checkpoint(step, data={"step": step}, states=self._states)
 
-    def begin_step(self, step: int) -> None:
+    def begin_step(self, step: int, *, closure_reruns: bool = True) -> None:
+        """Open Tracer step ``step``; ``closure_reruns``: whether the optimizer's closure is the whole step, so
+        that the guard may re-run the step through it."""
         if self._step is not None:
             raise CaptureError(f"step {self._active.step_index} is still open when step {step} begins; "
                                "the framework's step events are out of order")
-        self._step = self._active.step(step)
+        self._step = self._active.step(step, closure_reruns=closure_reruns)
         self._step.__enter__()
         self.microbatch_index, self._announced = 0, False
 
@@ -152,6 +158,9 @@ class TracingCallback:
     """What each framework's callback is besides its framework's callback class: its settings
     (`CallbackSettings`), one `TracedRun`, and ``with callback:`` closing the log as failed if training raises."""
 
+    # Why the framework gives the guard no way to run a step again, or "" if it can (through the closure).
+    cannot_rerun = ""
+
     def __init__(
         self,
         out: str | Path,
@@ -163,15 +172,28 @@ class TracingCallback:
         extra: Mapping[str, Any] | None = None,
         around: Around | None = None,
         overwrite: bool = False,
+        guard: Guard | None = None,
     ) -> None:
         self.settings = CallbackSettings(
             out=Path(out), node_label=node_label, trace=options or TraceOptions(), config=dict(config or {}),
             data_order_fingerprint=data_order_fingerprint, extra=dict(extra or {}), around=around, overwrite=overwrite,
+            guard=guard,
         )
         self.run = TracedRun(self.settings)
+        if guard is not None and self.cannot_rerun:
+            warn_no_rerun(self.cannot_rerun)
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.run.close(exc)
+
+
+def warn_no_rerun(why: str) -> None:
+    """Say once, when a guard is given, that its detectors run but no step can be re-run (docs/guard.md)."""
+    warnings.warn(
+        f"the guard cannot re-run steps here: {why}. Its detectors still check every step; an alarm is logged "
+        "as unclassified and the guard's on_deterministic policy (continue, skip, stop) applies to it",
+        TraceWarning, stacklevel=3,
+    )

@@ -90,7 +90,11 @@ class SdcTraceCallback(TracingCallback, TrainerCallback):
     """Records a ``transformers.Trainer`` run into ``out`` (a run directory); see the module docstring.
 
     ``SdcTraceCallback(out, node_label, *, options, config, data_order_fingerprint, extra, around,
-    overwrite)``, as `tracer.integrations.common.TracingCallback` takes them."""
+    overwrite, guard)``, as `tracer.integrations.common.TracingCallback` takes them. With a guard, its detectors
+    check each step before the optimizer and its policy applies, but no step is re-run (`cannot_rerun`)."""
+
+    cannot_rerun = ("a Hugging Face Trainer runs each step's forward and backward itself and gives callbacks no "
+                    "way to run them again")
 
     _accumulation = 1  # gradient_accumulation_steps
     _batches_per_epoch: int | None = None

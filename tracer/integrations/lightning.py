@@ -21,6 +21,10 @@ What each Lightning event does (docs/integrations.md has the whole story):
 
 ``on_after_backward`` and ``on_before_optimizer_step`` are not needed: the latter comes before Lightning's
 clipping, so the Tracer's optimizer hook is where the gradients the update reads can be seen.
+
+With ``guard=`` the guard re-runs a flagged step through the optimizer's closure (forward, backward, clipping)
+when ``accumulate_grad_batches`` is 1; with more, the closure holds only the last microbatch, so the detectors
+run and the policy applies without a re-run, and a warning says so when training starts.
 `workload.lightning.LightningWorkload` rebuilds such a run for replay.
 """
 
@@ -39,7 +43,7 @@ from pytorch_lightning.utilities.types import LRSchedulerConfig
 
 from tracer.checkpoint import Stateful
 from tracer.errors import ConfigError
-from tracer.integrations.common import TracingCallback
+from tracer.integrations.common import TracingCallback, warn_no_rerun
 
 
 def module_config(module: pl.LightningModule, trainer: pl.Trainer, batches_per_epoch: float,
@@ -89,6 +93,7 @@ class SdcTraceCallback(TracingCallback, pl.Callback):
         super().__init__(out, node_label, **options)
         self.checkpoint_every = checkpoint_every
         self.seed = seed
+        self._closure_reruns = True
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not pl_module.automatic_optimization or len(trainer.optimizers) != 1:
@@ -96,6 +101,10 @@ class SdcTraceCallback(TracingCallback, pl.Callback):
                               f"this module has automatic_optimization={pl_module.automatic_optimization} and "
                               f"{len(trainer.optimizers)} optimizers")
         seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", "0"))
+        self._closure_reruns = trainer.accumulate_grad_batches == 1
+        if self.settings.guard is not None and not self._closure_reruns:
+            warn_no_rerun(f"with accumulate_grad_batches={trainer.accumulate_grad_batches} Lightning's optimizer "
+                          "closure runs only a step's last microbatch")
         self.run.open(
             pl_module, trainer.optimizers[0], seed=seed, states=scheduler_states(trainer.lr_scheduler_configs),
             config=module_config(pl_module, trainer, trainer.num_training_batches, self.checkpoint_every),
@@ -110,7 +119,7 @@ class SdcTraceCallback(TracingCallback, pl.Callback):
             step = trainer.global_step
             if self.checkpoint_every and step % self.checkpoint_every == 0:
                 self.run.checkpoint(step)
-            self.run.begin_step(step)
+            self.run.begin_step(step, closure_reruns=self._closure_reruns)
         self.run.microbatch(batch)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
