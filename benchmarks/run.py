@@ -10,7 +10,8 @@ per fingerprint event on disk; fault emulator on, nothing firing, <= 1.10 and AB
 <= 1.30 a traced step; replaying one step <= 1.5x (parameter sync) and <= 2x
 (lockstep) a recorded step (bench_replay.py); the Beam diff of a 1 000 000-event pair
 within 3x of the same join in DuckDB at >= 800 000 events/s (bench_diff.py); on CUDA,
-where there is a device, traced / untraced <= 1.02. A 4-rank run (dp=2 x tp=2,
+where there is a device, traced / untraced <= 1.02; a guarded step, nothing firing, <= 1.02
+a traced one (bench_guard.py). A 4-rank run (dp=2 x tp=2,
 sequence parallel) reports its own traced / untraced ratio (bench_parallel.py).
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import bench_diff
 import bench_tracing
+from bench_guard import bench_guard_overhead
 from bench_parallel import bench_parallel
 from bench_replay import bench_replay
 from timing import side_by_side, warmup
@@ -123,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_tracing.bench_throughput()
     bench_tracing.bench_scaling(max(10, args.steps // 2))
     bench_tracing.bench_cuda(max(10, args.steps // 2))
+    bench_guard_overhead(args.steps, args.config)
     bench_interceptor_overhead(args.steps, args.config)
     bench_replay(config=args.config)
     bench_diff.main([])
