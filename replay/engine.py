@@ -10,7 +10,9 @@ For every replayed step ``k``:
    emulator on this machine when the suspect is an emulated node. When the suspect
    is this machine itself, step 1's re-execution already ran on it and was checked
    bit for bit against the golden log, so it serves as the suspect's execution too:
-   the comparisons below are written for identical tensors and the step runs once;
+   the comparisons below are written for identical tensors and the step runs once.
+   An emulated suspect's step runs once too when its emulator, run during step 1 as a
+   trial, draws no fault (`Replayer._trial_step`);
 3. ``param-sync`` compares the suspect's gradients with the golden ones;
    ``lockstep`` compares every site's output (forward) and input gradient
    (backward) with the golden tensor and then overwrites it with the golden one,
@@ -53,6 +55,7 @@ from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ConfigError, SdcError, ValidationError
 from tracer.fingerprint import TensorDigest
+from tracer.guard.runtime import RngState
 from tracer.intercept import own_ops
 from tracer.log import LogReader, LogWriter, claim_out_dir, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
@@ -223,6 +226,20 @@ class _Clock:
         pass  # `run_step` returns the step's loss
 
 
+class _Both:
+    """Reports a step to the golden Tracer and to the suspect emulator's clock."""
+
+    def __init__(self, tracer: Tracer, clock: _Clock) -> None:
+        self.tracer, self.clock = tracer, clock
+
+    def microbatch(self, index: int, inputs: Any = None) -> None:
+        self.clock.microbatch(index)
+        self.tracer.microbatch(index, inputs)
+
+    def loss(self, value: torch.Tensor | float) -> None:
+        self.tracer.loss(value)
+
+
 class Replayer:
     """Replays ``steps`` of ``golden`` on ``suspect`` and writes the replay log to ``out``."""
 
@@ -279,6 +296,7 @@ class Replayer:
                 bar.set_postfix_str(f"rebuilding step {step}")
                 self._golden_step(golden_w, step, keep=False, summary=summary)
                 bar.update()
+            tried_last = True
             for step in self.steps:
                 bar.set_postfix_str(f"step {step}")
                 t0 = time.perf_counter()
@@ -286,6 +304,9 @@ class Replayer:
                     # This machine is the suspect: its re-execution, checked bit for bit against the golden log,
                     # is the suspect's execution too. A second run could only differ by a fault of its own.
                     golden, golden_loss = self._golden_step(golden_w, step, keep=True, summary=summary)
+                    result = self._identical_to_golden(step, golden, golden_loss)
+                elif (trial := self._trial_step(golden_w, step, summary, tried_last)) is not None:
+                    golden, golden_loss = trial
                     result = self._identical_to_golden(step, golden, golden_loss)
                 else:
                     _sync_parameters(golden_w.model, suspect_w.model)  # the parameter sync
@@ -298,6 +319,8 @@ class Replayer:
                     if self.mode == "param-sync":
                         self._gradient_noise(w=suspect_w, step=step, golden=golden, result=result)
                 result.golden_loss = golden_loss
+                # A step whose suspect had faults is often followed by another (bursts): try again after a clean one.
+                tried_last = result.faults == 0
                 result.wall_s = time.perf_counter() - t0
                 summary.steps.append(result)
                 self._log.write_event(
@@ -358,12 +381,15 @@ class Replayer:
         keep: bool,
         summary: ReplaySummary,
         between: Callable[[dict[Key, torch.Tensor]], None] | None = None,
-    ) -> tuple[dict[Key, torch.Tensor], float]:
+        trial: tuple[FaultEmulator, _Clock, list[dict[str, Any]], RngState] | None = None,
+    ) -> tuple[dict[Key, torch.Tensor], float] | None:
         """Re-execute ``step`` verifying every fingerprint; with ``keep``, return its tensors.
 
         ``between`` runs after the golden forward and backward and before the golden
         optimizer step, while the parameters are still those before ``step``: the
-        suspect runs there, with the golden site tensors at hand.
+        suspect runs there, with the golden site tensors at hand. With ``trial`` the
+        step runs under the suspect's emulator (see `_trial_step`), and None means
+        that a fault fired or a fingerprint differed, and the step was undone.
         """
         sink = VerifyingSink(self.golden.expected)
         kept: dict[Key, torch.Tensor] = {}
@@ -374,7 +400,15 @@ class Replayer:
         )
         tracer.keep(kept if keep else None, phases)
         with tracer, tracer.step(step):
-            loss = run_step(w, step, tracer, update=False)
+            if trial is not None:
+                emulator, clock, faults, rng = trial
+                with emulator:
+                    loss = run_step(w, step, _Both(tracer, clock), update=False)
+                if faults or sink.divergences:
+                    rng.restore()
+                    return None
+            else:
+                loss = run_step(w, step, tracer, update=False)
             if between is not None:
                 if keep and self.golden_from != "reexec":
                     self._substitute_blobs(step, kept)
@@ -448,9 +482,29 @@ class Replayer:
         result.faults = faults
         return result
 
+    def _trial_step(
+        self, w: Workload, step: int, summary: ReplaySummary, worth_it: bool
+    ) -> tuple[dict[Key, torch.Tensor], float] | None:
+        """Run ``step`` once as the golden re-execution with the suspect's fault emulator on. Most steps of most
+        nodes draw no fault: then this one execution matched the golden log bit for bit and was the suspect's
+        too, and the step is done. Otherwise (None) it left no trace: no update, no event, the RNG as before, and
+        the step runs as usual. Single-rank only: ranks would have to agree on the outcome."""
+        if not worth_it or self.suspect.profile is None or w.layout.world_size > 1:
+            return None
+        rng = RngState()
+        faults: list[dict[str, Any]] = []
+        clock = _Clock(step)
+        emulator = FaultEmulator(
+            self.suspect.profile, w.model, clock=lambda: (clock.step_index, clock.microbatch_index),
+            sink=lambda kind, fields: faults.append({"kind": kind, **fields}), seed=self.suspect.fault_seed, sites=self.site_pattern,
+        )
+        return self._golden_step(w, step, keep=True, summary=summary, trial=(emulator, clock, faults, rng))
+
     def _identical_to_golden(self, step: int, golden: dict[Key, torch.Tensor], loss: float) -> StepResult:
         """The results of a suspect execution that is the golden one: what `_suspect_step` and the comparisons
         would write for bit-identical tensors, without running the step again."""
+        if self.golden_from != "reexec":
+            self._substitute_blobs(step, golden)  # equal to the re-execution's bits; `blobs` insists on them
         result = StepResult(step, loss, loss)
         if self.mode == "param-sync":
             self._gradient_noise(w=None, step=step, golden=golden, result=result)

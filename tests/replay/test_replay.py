@@ -53,9 +53,9 @@ def test_healthy_pair_gives_exactly_zero_in_both_modes(run_factory, tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_this_machine_as_suspect_executes_each_step_once(run_factory, tmp_path: Path) -> None:
-    golden = run_factory("golden", "run.steps=4", "run.checkpoint_every=2")
-    twin = run_factory("twin", "run.steps=4", "run.checkpoint_every=2")
+def test_a_step_without_faults_executes_once(run_factory, one_site_profile: Path, tmp_path: Path) -> None:
+    golden = run_factory("golden", "run.steps=5", "run.checkpoint_every=2")
+    twin = run_factory("twin", "run.steps=5", "run.checkpoint_every=2")
     header = LogReader(rank_dir(golden, 0)).header
     forwards = 0
 
@@ -63,18 +63,26 @@ def test_this_machine_as_suspect_executes_each_step_once(run_factory, tmp_path: 
         nonlocal forwards
         forwards += isinstance(module, Transformer)
 
+    suspects = {
+        "this machine": suspect_from_run(twin, header, golden),
+        "emulated, no fault fires": suspect_from_profile("healthy-node"),
+        "emulated, a fault at step 3": suspect_from_profile(str(one_site_profile)),
+    }
+    runs = {}
     handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
     try:
-        runs = {}
-        for suspect in (suspect_from_run(twin, header, golden), suspect_from_profile("healthy-node")):
+        for i, (what, suspect) in enumerate(suspects.items()):
             forwards = 0
-            replay(golden, suspect, "2:4", "lockstep", tmp_path / f"replay-{suspect.label.replace(':', '-')}")
-            runs[suspect.label] = forwards
+            out = replay(golden, suspect, "2:4", "lockstep", tmp_path / f"replay-{i}")
+            runs[what] = forwards
+            faults = {e.step for e in events(out, "fault")}
+            assert faults == ({3} if "step 3" in what else set()), what
     finally:
         handle.remove()
-    # Steps 2 and 3 from the checkpoint at 2, two microbatches each: once for this machine, twice when the
-    # suspect is emulated (the golden re-execution and the suspect's own run).
-    assert runs == {"twin": 2 * 2, "emulated:healthy-node": 2 * 2 * 2}
+    # Steps 2 and 3 from the checkpoint at 2, two microbatches each. A step runs once when the suspect is this
+    # machine or its emulator draws no fault; step 3 of the faulty node runs three times: the trial that drew
+    # the fault, the golden re-execution and the suspect.
+    assert runs == {"this machine": 2 * 2, "emulated, no fault fires": 2 * 2, "emulated, a fault at step 3": (1 + 3) * 2}
 
 
 @pytest.mark.slow
