@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from faults.scope import ModuleScope, ScopedDispatchMode
+from faults.scope import ModuleScope, OpTable, ScopedDispatchMode
 from tracer.intercept import Clock, Sink, in_own_ops, own_ops
 from tracer.sites import SiteSpec, find_sites
 
@@ -86,9 +86,10 @@ def check_matmul(func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety
     col_mag = abs(alpha) * (a_abs.sum(1, keepdim=True) @ b_abs)
     row_mag = abs(alpha) * (a_abs @ b_abs.sum(2, keepdim=True))
     if d is not None:
-        d = d.double().expand(c.shape)
+        d = d.double()
+        d_abs = d.abs().expand(c.shape)  # of D as given: a bias's magnitudes are a vector, not an m x n copy
+        d = d.expand(c.shape)
         col, row = col + beta * d.sum(1, keepdim=True), row + beta * d.sum(2, keepdim=True)
-        d_abs = d.abs()
         col_mag = col_mag + abs(beta) * d_abs.sum(1, keepdim=True)
         row_mag = row_mag + abs(beta) * d_abs.sum(2, keepdim=True)
     residual = torch.cat([(c.sum(1, keepdim=True) - col).flatten(), (c.sum(2, keepdim=True) - row).flatten()]).abs()
@@ -139,11 +140,12 @@ class AbftChecker(ScopedDispatchMode):
         self._clock = clock
         self._sink = sink
         self.scope = ModuleScope(find_sites(model, sites))
+        self._checked = OpTable(lambda op: op.overloadpacket in CHECKED)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func.overloadpacket not in CHECKED or in_own_ops():
+        if not self._checked[func] or in_own_ops():
             return out
         phase = self.scope.phase()
         if phase is None:

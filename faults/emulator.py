@@ -40,7 +40,7 @@ from faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
 from faults.ops import resolve_collectives, resolve_ops
 from faults.profile import Corruption, FaultProfile
 from faults.schedule import BurstChain
-from faults.scope import ModuleScope, ScopedDispatchMode
+from faults.scope import ModuleScope, OpTable, ScopedDispatchMode
 from tracer.collectives import Stage, observing
 from tracer.errors import ConfigError
 from tracer.intercept import Clock, Sink, in_own_ops, own_ops
@@ -75,7 +75,6 @@ class FaultEmulator(ScopedDispatchMode):
         mine = [r.ranks is None or rank in r.ranks for r in rules]
         self._ops = [resolve_ops(r.ops) if m else frozenset() for r, m in zip(rules, mine)]
         self._collectives = [resolve_collectives(r.ops) if m else frozenset() for r, m in zip(rules, mine)]
-        self._any_op = frozenset().union(*self._ops)
         self._patterns = [re.compile(r.sites) if r.sites is not None else None for r in rules]
         self._chains = [
             BurstChain(r.schedule, f"sdctrace-bursts:{profile.seed}:{seed}:{i}") for i, r in enumerate(rules)
@@ -98,6 +97,7 @@ class FaultEmulator(ScopedDispatchMode):
         self.scope = ModuleScope([(path, m) for path, m in named if path in hooked])
         self._draws_key: tuple[int, int] | None = None
         self._draws = random.Random()
+        self._rules_of = OpTable(lambda op: tuple(i for i, ops in enumerate(self._ops) if op.overloadpacket in ops))
 
     def __enter__(self) -> FaultEmulator:
         super().__enter__()
@@ -135,24 +135,26 @@ class FaultEmulator(ScopedDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func.overloadpacket not in self._any_op or in_own_ops():
+        rules = self._rules_of[func]
+        if not rules or in_own_ops():
             return out
-        return self._inject(func, args, out)
+        return self._inject(func, rules, args, out)
 
-    def _inject(self, func: Any, args: tuple, out: Any) -> Any:
+    def _inject(self, func: Any, rules: tuple[int, ...], args: tuple, out: Any) -> Any:
         """Decide (no tensor ops: cheap on the many calls that are not hit), then corrupt."""
         phase = self.scope.phase()
         if phase is None:
             return out
         step, microbatch = self._clock()
-        for i, rule in enumerate(self.profile.faults):
-            if func.overloadpacket not in self._ops[i] or phase not in rule.phases or not self._armed(i, step, microbatch):
+        for i in rules:
+            rule = self.profile.faults[i]
+            if phase not in rule.phases or not self._armed(i, step, microbatch):
                 continue
-            site = self._site(i, phase)
-            if site is None:
-                continue
+            if self._patterns[i] is not None and self._site(i, phase) is None:
+                continue  # no module around this op matches the rule's pattern (without one, a site only names a hit)
             rng = self._draws_for(step, microbatch)
             if rng.random() < rule.p_call:
+                site = self._site(i, phase)
                 with own_ops():
                     out = self._corrupt(i, func, args, out, rng, site, phase, microbatch)
         return out
