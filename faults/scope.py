@@ -11,6 +11,11 @@ get the module's path in their ``metadata``; the autograd engine runs one node a
 a time, so the current node's metadata names the modules an op of the backward
 belongs to. Full backward hooks would be simpler but insert identity nodes that
 change how gradients are summed, i.e. the bits of training; metadata does not.
+
+An op without a phase (the optimizer step, gradient clipping, bookkeeping) is never
+corrupted or checked, yet reaching a Python dispatch mode costs every op a round trip
+through Python: a plain ``torch.optim`` step runs with the scoped modes lifted off the
+stack, and `OpTable` keeps the round trip of an op no rule names to one look-up.
 """
 
 from __future__ import annotations
@@ -22,11 +27,10 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, _push_mode
 from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
 
-from tracer.intercept import Interceptor
+from tracer.intercept import Interceptor, lift, restore
 from tracer.log.records import Phase
 
 _KEY = "sdctrace.scope"
@@ -169,9 +173,7 @@ class _OptimizerSteps:
     @classmethod
     def resume(cls) -> None:
         """Put back what a step lifted: after it, or after it raised (on exit, or at the next forward)."""
-        lifted = getattr(cls._state, "lifted", [])
-        while lifted:
-            _push_mode(lifted.pop())
+        restore(getattr(cls._state, "lifted", []))
 
     @classmethod
     def _before(cls, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
@@ -183,10 +185,7 @@ class _OptimizerSteps:
         in_backward = torch._C._current_graph_task_id() != -1
         if not builtin or closure or optimizer.defaults.get("differentiable") or in_backward:
             return
-        lifted = []
-        while isinstance(top := _get_current_dispatch_mode(), ScopedDispatchMode) and not top.scope.forward_active:
-            lifted.append(_pop_mode())
-        cls._state.lifted = lifted
+        cls._state.lifted = lift(lambda mode: isinstance(mode, ScopedDispatchMode) and not mode.scope.forward_active)
 
     @classmethod
     def _after(cls, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
