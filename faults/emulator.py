@@ -9,7 +9,8 @@
 A ``TorchDispatchMode``: every aten op of the forward and backward passes through
 it, after autograd, so a corrupted result flows on exactly as a faulty unit's
 would. Each corruption is logged as a ``fault`` event (docs/log-format.md), the
-ground truth detectors are scored against.
+ground truth detectors are scored against. An op no rule names costs one look-up;
+sdctrace's own ops and plain optimizer steps never reach it (`faults.scope`).
 
 Deterministic without touching any global RNG (that would change training): the
 burst chains and the per-call draws come from private generators seeded from the

@@ -179,7 +179,8 @@ def test_faults_land_on_the_calls_the_documented_draws_pick(tmp_path: Path, writ
     """Replays docs/faults.md's draws on an unfaulted twin's op calls: one draw per eligible call, in call
     order, from a generator per (step, microbatch); a hit then samples its element. add_ also runs in the
     optimizer step (no phase: no draw) and the Tracer's fingerprints run add and mul (its own ops: no draw)."""
-    profile = write_profile('seed = 4\n[[fault]]\nops = ["mm", "add_", "mul"]\np_call = 0.05\nkind = "stuck"\nvalue = 0\n')
+    rule = 'ops = ["mm", "add_", "mul"]\np_call = 0.05\nkind = "stuck"\nvalue = 0\n'
+    profile = write_profile(f"seed = 4\n[[fault]]\n{rule}")
     seed, steps = 7, 3
     twin = train(tmp_path, "twin", steps, lambda tracer, model: Calls(tracer))
     named = {torch.ops.aten.mm, torch.ops.aten.add_, torch.ops.aten.mul}
@@ -198,7 +199,10 @@ def test_faults_land_on_the_calls_the_documented_draws_pick(tmp_path: Path, writ
         def clock() -> tuple[int, int]:
             return tracer.step_index, tracer.microbatch_index
 
-        return FaultEmulator(profile, model, clock=clock, sink=lambda kind, f: log.append(f | {"step": clock()[0]}), seed=seed)
+        def sink(kind: str, fields: dict) -> None:
+            log.append(fields | {"step": clock()[0]})
+
+        return FaultEmulator(profile, model, clock=clock, sink=sink, seed=seed)
 
     train(tmp_path, "faulty", steps, emulated)
     got = [(f["step"], f["microbatch"], f["op"], f["phase"], f["index"]) for f in log]
