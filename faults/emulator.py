@@ -9,7 +9,8 @@
 A ``TorchDispatchMode``: every aten op of the forward and backward passes through
 it, after autograd, so a corrupted result flows on exactly as a faulty unit's
 would. Each corruption is logged as a ``fault`` event (docs/log-format.md), the
-ground truth detectors are scored against.
+ground truth detectors are scored against. An op no rule names costs one look-up;
+sdctrace's own ops and plain optimizer steps never reach it (`faults.scope`).
 
 Deterministic without touching any global RNG (that would change training): the
 burst chains and the per-call draws come from private generators seeded from the
@@ -43,7 +44,7 @@ from faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
 from faults.ops import resolve_collectives, resolve_ops
 from faults.profile import Corruption, FaultProfile
 from faults.schedule import BurstChain
-from faults.scope import ModuleScope, ScopedDispatchMode
+from faults.scope import ModuleScope, OpTable, ScopedDispatchMode
 from tracer.collectives import Stage, observing
 from tracer.errors import ConfigError
 from tracer.intercept import Clock, Sink, in_own_ops, own_ops
@@ -78,7 +79,6 @@ class FaultEmulator(ScopedDispatchMode):
         mine = [r.ranks is None or rank in r.ranks for r in rules]
         self._ops = [resolve_ops(r.ops) if m else frozenset() for r, m in zip(rules, mine)]
         self._collectives = [resolve_collectives(r.ops) if m else frozenset() for r, m in zip(rules, mine)]
-        self._any_op = frozenset().union(*self._ops)
         self._patterns = [re.compile(r.sites) if r.sites is not None else None for r in rules]
         self._chains = [
             BurstChain(r.schedule, f"sdctrace-bursts:{profile.seed}:{seed}:{i}") for i, r in enumerate(rules)
@@ -101,6 +101,7 @@ class FaultEmulator(ScopedDispatchMode):
         self.scope = ModuleScope([(path, m) for path, m in named if path in hooked])
         self._draws_key: tuple[int, ...] | None = None
         self._draws: dict[int, random.Random] = {}
+        self._rules_of = OpTable(lambda op: tuple(i for i, ops in enumerate(self._ops) if op.overloadpacket in ops))
 
     def __enter__(self) -> FaultEmulator:
         super().__enter__()
@@ -138,24 +139,26 @@ class FaultEmulator(ScopedDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func.overloadpacket not in self._any_op or in_own_ops():
+        rules = self._rules_of[func]
+        if not rules or in_own_ops():
             return out
-        return self._inject(func, args, out)
+        return self._inject(func, rules, args, out)
 
-    def _inject(self, func: Any, args: tuple, out: Any) -> Any:
+    def _inject(self, func: Any, rules: tuple[int, ...], args: tuple, out: Any) -> Any:
         """Decide (no tensor ops: cheap on the many calls that are not hit), then corrupt."""
         phase = self.scope.phase()
         if phase is None:
             return out
         step, microbatch, *attempt = self._clock()
-        for i, rule in enumerate(self.profile.faults):
-            if func.overloadpacket not in self._ops[i] or phase not in rule.phases or not self._armed(i, step, microbatch):
+        for i in rules:
+            rule = self.profile.faults[i]
+            if phase not in rule.phases or not self._armed(i, step, microbatch):
                 continue
-            site = self._site(i, phase)
-            if site is None:
-                continue
+            if self._patterns[i] is not None and self._site(i, phase) is None:
+                continue  # no module around this op matches the rule's pattern (without one, a site only names a hit)
             rng = self._draws_for(i, step, microbatch, *attempt)
             if rng.random() < rule.p_call:
+                site = self._site(i, phase)
                 with own_ops():
                     out = self._corrupt(i, func, args, out, rng, site, phase, microbatch)
         return out

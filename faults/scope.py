@@ -11,22 +11,30 @@ get the module's path in their ``metadata``; the autograd engine runs one node a
 a time, so the current node's metadata names the modules an op of the backward
 belongs to. Full backward hooks would be simpler but insert identity nodes that
 change how gradients are summed, i.e. the bits of training; metadata does not.
+
+An op without a phase (the optimizer step, gradient clipping, bookkeeping) is never
+corrupted or checked, yet reaching a Python dispatch mode costs every op a round trip
+through Python: a plain ``torch.optim`` step runs with the scoped modes lifted off the
+stack, and `OpTable` keeps the round trip of an op no rule names to one look-up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
 
+from tracer.intercept import Interceptor, lift, restore, suspend, take_suspended
 from tracer.log.records import Phase
 
 _KEY = "sdctrace.scope"
+T = TypeVar("T")
 
 
 def current_phase(forward_active: bool) -> Phase | None:
@@ -62,6 +70,11 @@ class ModuleScope:
         self._forward.clear()
         self._starts.clear()
 
+    @property
+    def forward_active(self) -> bool:
+        """A hooked module's forward is running."""
+        return bool(self._forward)
+
     def phase(self) -> Phase | None:
         return current_phase(bool(self._forward))
 
@@ -74,6 +87,7 @@ class ModuleScope:
 
     def _enter_forward(self, path: str):  # noqa: ANN202 - torch hook signature
         def hook(module: nn.Module, args: Any) -> None:
+            _OptimizerSteps.resume()
             self._forward.append(path)
             self._starts.append(torch._C._autograd._get_sequence_nr())
 
@@ -103,22 +117,90 @@ def _label(output: Any, path: str, start: int, end: int) -> None:
         todo.extend(n for n, _ in node.next_functions)
 
 
+class ScopedDispatchMode(Interceptor):
+    """A dispatch mode whose ``scope`` hooks are installed exactly while the mode is active.
 
-class ScopedDispatchMode(TorchDispatchMode):
-    """A dispatch mode whose ``scope`` hooks are installed exactly while the mode is active."""
+    No op of a plain ``torch.optim`` step has a phase, so none is ever corrupted or checked:
+    `_OptimizerSteps` runs such steps with the scoped modes lifted off the stack.
+    """
 
     scope: ModuleScope
 
     def __enter__(self) -> ScopedDispatchMode:
         self.scope.__enter__()
+        _OptimizerSteps.hold()
         try:
             return super().__enter__()
         except BaseException:
+            _OptimizerSteps.release()
             self.scope.__exit__()
             raise
 
     def __exit__(self, *exc: Any) -> None:
         try:
+            _OptimizerSteps.resume()  # an optimizer step that raised left them lifted
             super().__exit__(*exc)
         finally:
+            _OptimizerSteps.release()
             self.scope.__exit__()
+
+
+class _OptimizerSteps:
+    """Global optimizer-step hooks, held while any scoped mode is active: a step in which no scoped mode
+    could touch an op runs with those on top of the dispatch-mode stack lifted off it."""
+
+    _lock = threading.Lock()
+    _users = 0
+    _handles: list[RemovableHandle] = []
+
+    @classmethod
+    def hold(cls) -> None:
+        with cls._lock:
+            if cls._users == 0:
+                cls._handles = [register_optimizer_step_pre_hook(cls._before),
+                                register_optimizer_step_post_hook(cls._after)]
+            cls._users += 1
+
+    @classmethod
+    def release(cls) -> None:
+        with cls._lock:
+            cls._users -= 1
+            if cls._users == 0:
+                for h in cls._handles:
+                    h.remove()
+
+    @classmethod
+    def resume(cls) -> None:
+        """Put back what a step lifted: after it, or after it raised (on exit, or at the next forward)."""
+        restore(take_suspended())
+
+    @classmethod
+    def _before(cls, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        cls.resume()
+        # Phase None for every op: a torch.optim step turns grad off unless differentiable, only a closure
+        # (LBFGS) runs a forward inside it, and it is outside the backward unless a gradient hook calls it.
+        builtin = type(optimizer).__module__.startswith("torch.optim.")
+        closure = len(args) > 1 or kwargs.get("closure") is not None
+        in_backward = torch._C._current_graph_task_id() != -1
+        if not builtin or closure or optimizer.defaults.get("differentiable") or in_backward:
+            return
+        suspend(lift(lambda mode: isinstance(mode, ScopedDispatchMode) and not mode.scope.forward_active))
+
+    @classmethod
+    def _after(cls, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        cls.resume()
+
+
+class OpTable(Generic[T]):
+    """``decide(op)``, computed once per op and then found by the op object's identity: an interceptor
+    asks on every dispatched op, and hashing an ``OpOverload`` runs Python code."""
+
+    def __init__(self, decide: Callable[[Any], T]) -> None:
+        self._decide = decide
+        self._known: dict[int, tuple[Any, T]] = {}
+
+    def __getitem__(self, op: Any) -> T:
+        known = self._known.get(id(op))
+        if known is None or known[0] is not op:
+            known = self._known[id(op)] = (op, self._decide(op))  # holding ``op`` keeps its id its own
+        return known[1]

@@ -63,7 +63,7 @@ from tracer.errors import CaptureError, ConfigError, GuardStop, TraceWarning
 from tracer.fingerprint import ALGORITHM, TensorDigest, batched_parts, digest_many, resolve_rows, tensor_meta
 from tracer.guard.guard import Guard, classify, verdict
 from tracer.guard.runtime import StepGuard
-from tracer.intercept import own_ops
+from tracer.intercept import own_ops, workload_ops
 from tracer.log import rank_dir
 from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.writer import HeaderAtFirstFlush
@@ -590,7 +590,7 @@ class Tracer:
             while (outcome := classify(g.fingerprints, g.guard.max_runs)) is None:
                 self._log = g.next_run()
                 self._begin_attempt(self.attempt + 1)
-                with torch.enable_grad():
+                with torch.enable_grad(), workload_ops():
                     out = rerun()
                 grads = self._record_gradients(optimizer)
                 g.evidence(self.step_index, self.attempt, self._step_loss(out), grads, optimizer, out, self._grad_norm)

@@ -50,6 +50,58 @@ def test_correct_products_pass_and_a_corrupted_element_is_flagged(dtype: torch.d
         assert check_matmul(op, args, kwargs, nan).flagged
 
 
+def naive_check(op, args: tuple, kwargs: dict, c: torch.Tensor) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
+    """docs/faults.md's residuals, magnitude checksums and bounds of every column and row, from materialised
+    float64 matrices."""
+    alpha, beta = kwargs.get("alpha", 1.0), kwargs.get("beta", 1.0)
+    if op is aten.linear.default:
+        x, w, d = args
+        a, b, alpha, beta = x.reshape(1, -1, w.shape[1]), w.T[None], 1.0, 1.0
+    elif op in (aten.mm.default, aten.bmm.default):
+        (a, b), d = args, None
+    else:
+        d, a, b = args
+    a, b = (t.double() if t.dim() == 3 else t.double()[None] for t in (a, b))
+    c = c.double().reshape(a.shape[0], a.shape[1], b.shape[2])
+    expected, magnitude = alpha * a @ b, abs(alpha) * a.abs() @ b.abs()  # summed below: the checksums
+    if d is not None:
+        d = d.double().expand(c.shape).clone()
+        expected, magnitude = expected + beta * d, magnitude + abs(beta) * d.abs()
+    residual = torch.cat([(c - expected).sum(1).flatten(), (c - expected).sum(2).flatten()]).abs()
+    magnitude = torch.cat([magnitude.sum(1).flatten(), magnitude.sum(2).flatten()])
+    return residual, magnitude, 2.0 * error_factor(a.shape[2], args[-1].dtype, torch.device("cpu")) * magnitude
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_residual_and_bound_are_the_documented_ones_at_the_worst_row_or_column(dtype: torch.dtype) -> None:
+    """Checked against the definition with every matrix materialised, broadcast biases included."""
+    a, b = operands(dtype, 40, 300, seed=1), operands(dtype, 300, 30, seed=2)
+    a3, b3 = operands(dtype, 3, 40, 300, seed=3), operands(dtype, 3, 300, 30, seed=4)
+    column, row3 = operands(dtype, 40, 1, seed=5), operands(dtype, 30, seed=6)
+    broadcast = [
+        (aten.addmm.default, (column, a, b), {"beta": -1.5}, torch.addmm(column, a, b, beta=-1.5)),
+        (aten.baddbmm.default, (row3, a3, b3), {"alpha": 0.5}, torch.baddbmm(row3, a3, b3, alpha=0.5)),
+    ]
+    for op, args, kwargs, c in calls(dtype) + broadcast:
+        for corrupt in (False, True):
+            if corrupt:
+                c = c.clone()
+                c.view(-1)[11] *= 3
+            result = check_matmul(op, args, kwargs, c)
+            residual, magnitude, bound = naive_check(op, args, kwargs, c)
+            # Evaluated in another order, a float64 checksum differs by far less than this.
+            slack = 1e-12 * magnitude
+            assert result.flagged == bool((residual > bound).any()), (op, corrupt)
+            reported = ((residual - result.residual).abs() <= slack) & torch.isclose(
+                bound, torch.tensor(result.bound, dtype=torch.float64), rtol=1e-12
+            )
+            if result.flagged:  # a row or column over its bound
+                assert (reported & (residual > bound)).any(), (op, corrupt, result)
+            else:  # the largest residual / bound
+                assert reported.any(), (op, corrupt, result)
+                assert ((residual - slack) / bound).max() <= result.residual / result.bound * (1 + 1e-12), op
+
+
 def test_the_bound_grows_with_the_inner_dimension_and_shrinks_with_precision() -> None:
     cpu = torch.device("cpu")
     assert error_factor(128, torch.float32, cpu) < error_factor(4096, torch.float32, cpu)

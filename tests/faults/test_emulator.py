@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from faults import FaultEmulator, load_profile, profile_from_header
 from tests.faults.support import events
+from tests.support import small_config
 from tracer.compare import compare_runs
 from tracer.errors import ConfigError
+from tracer.intercept import in_own_ops
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase
+from tracer.options import RunInfo
 from tracer.pairing import pairing_differences
+from tracer.tracing import Tracer
+from workload.protocol import run_step
+from workload.reference import build
 
 # Flip the top exponent bit of float32 (bit 30) in every mm of one site on step 2 only.
 EXPONENT_FLIP = """
@@ -157,3 +166,71 @@ def test_a_rerun_draws_a_transient_rule_afresh_and_repeats_a_persistent_one(writ
     again = indices(persistent, lambda: (3, 0, 0))
     assert again == first  # the same stream at attempt 0, whichever kind the rule is
     assert indices(persistent, lambda: (3, 0, 1)) == indices(persistent, lambda: (3, 0, 2)) == again
+
+
+class Calls(TorchDispatchMode):
+    """Every call of the workload's ops (not sdctrace's own): (step, microbatch, op, phase, result size), with the
+    phase as docs/faults.md defines it: backward in the autograd engine, forward with grad on, else none."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+        self.calls: list[tuple[int, int, object, str | None, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        if not in_own_ops():
+            backward = torch._C._current_graph_task_id() != -1
+            phase = "backward" if backward else "forward" if torch.is_grad_enabled() else None
+            size = out.numel() if isinstance(out, torch.Tensor) else 0
+            self.calls.append((self.tracer.step_index, self.tracer.microbatch_index, func, phase, size))
+        return out
+
+
+def train(tmp_path: Path, name: str, steps: int, make_mode: Callable[[Tracer, nn.Module], TorchDispatchMode]):  # noqa: ANN201
+    """Train the small workload for ``steps`` steps inside the mode ``make_mode`` builds; return that mode."""
+    cfg = small_config()
+    w = build(cfg)
+    with Tracer(w.model, w.optimizer, out=tmp_path / name, run=RunInfo(name, config=cfg.to_dict())) as tracer:
+        with make_mode(tracer, w.model) as mode:
+            for step in range(steps):
+                with tracer.step(step):
+                    run_step(w, step, tracer)
+    return mode
+
+
+@pytest.mark.slow
+def test_faults_land_on_the_calls_the_documented_draws_pick(tmp_path: Path, write_profile) -> None:
+    """Replays docs/faults.md's draws on an unfaulted twin's op calls: one draw per eligible call, in call
+    order, from a generator per (step, microbatch); a hit then samples its element. add_ also runs in the
+    optimizer step (no phase: no draw) and the Tracer's fingerprints run add and mul (its own ops: no draw)."""
+    rule = 'ops = ["mm", "add_", "mul"]\np_call = 0.05\nkind = "stuck"\nvalue = 0\n'
+    profile = write_profile(f"seed = 4\n[[fault]]\n{rule}")
+    seed, steps = 7, 3
+    twin = train(tmp_path, "twin", steps, lambda tracer, model: Calls(tracer))
+    named = {torch.ops.aten.mm, torch.ops.aten.add_, torch.ops.aten.mul}
+    draws: dict[tuple[int, int], random.Random] = {}
+    expected = []
+    for step, microbatch, op, phase, size in twin.calls:
+        if op.overloadpacket in named and phase is not None:
+            key = (step, microbatch)
+            rng = draws.setdefault(key, random.Random(f"sdctrace-calls:{profile.seed}:{seed}:{step}:{microbatch}"))
+            if rng.random() < 0.05:
+                expected.append((step, microbatch, str(op), phase, rng.sample(range(size), 1)))
+
+    log: list[dict] = []
+
+    def emulated(tracer: Tracer, model: nn.Module) -> FaultEmulator:
+        def clock() -> tuple[int, int]:
+            return tracer.step_index, tracer.microbatch_index
+
+        def sink(kind: str, fields: dict) -> None:
+            log.append(fields | {"step": clock()[0]})
+
+        return FaultEmulator(profile, model, clock=clock, sink=sink, seed=seed)
+
+    train(tmp_path, "faulty", steps, emulated)
+    got = [(f["step"], f["microbatch"], f["op"], f["phase"], f["index"]) for f in log]
+    assert got == expected
+    assert {op for _, _, op, _, _ in got} >= {"aten.mm.default", "aten.mul.Tensor", "aten.add_.Tensor"}
+    assert {phase for *_, phase, _ in got} == {"forward", "backward"} and {s for s, *_ in got} == set(range(steps))
