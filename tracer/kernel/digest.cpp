@@ -173,43 +173,52 @@ int64_t bits(double v) {
 struct Input {
   at::Tensor t;
   const uint8_t* base;
-  int64_t nbytes, words, chunks;
+  int64_t nbytes, words, chunks, groups;
 };
 
-// One chunk of one tensor: its lane sum before the chunk weight, and its stats.
+// Words [g * kGroup, (g + 1) * kGroup) of every chunk of a tensor: one work item. Its slice of the weight
+// table (kGroup weights, 256 KiB) stays in L2 while the item reads that slice's words in every chunk, so a
+// tensor of many chunks streams its own bytes only, not the table's 8 bytes a word again per chunk.
+constexpr int64_t kGroup = 16 * kBlock;
+static_assert(kChunk % kGroup == 0, "groups tile a chunk");
+
+// One work item's result: its part of each chunk's lane sum (before the chunk weight) and its stats.
 struct Part {
-  uint64_t sum = 0;
   Stats stats;
+  int64_t first_sum = 0;  // where its chunk sums start in the shared array
 };
 
-void digest_chunk(const Input& in, int64_t c, const uint64_t* w, Part& part, std::vector<double>& tmp) {
+void digest_group(const Input& in, int64_t g, const uint64_t* w, Part& part, uint64_t* sums, std::vector<double>& tmp) {
   alignas(64) int32_t buf[kBlock];
   const int64_t elem = in.t.element_size();
-  const int64_t first = c * kChunk, stop = std::min(in.words, first + kChunk);
-  for (int64_t b = first; b < stop; b += kBlock) {
-    const int64_t n = std::min(kBlock, stop - b);
-    const uint8_t* p = in.base + b * 4;
-    const int64_t have = std::min(n * 4, in.nbytes - b * 4);  // bytes present; the last word may be partial
-    const int32_t* x = reinterpret_cast<const int32_t*>(p);
-    if (have != n * 4 || reinterpret_cast<uintptr_t>(p) % alignof(int32_t) != 0) {
-      std::memset(buf, 0, sizeof buf);
-      std::memcpy(buf, p, have);
-      x = buf;
+  for (int64_t c = 0; c < in.chunks; ++c) {
+    const int64_t chunk = c * kChunk;
+    const int64_t first = chunk + g * kGroup, stop = std::min(in.words, std::min(first + kGroup, chunk + kChunk));
+    uint64_t sum = 0;
+    for (int64_t b = first; b < stop; b += kBlock) {
+      const int64_t n = std::min(kBlock, stop - b);
+      const uint8_t* p = in.base + b * 4;
+      const int64_t have = std::min(n * 4, in.nbytes - b * 4);  // bytes present; the last word may be partial
+      const int32_t* x = reinterpret_cast<const int32_t*>(p);
+      if (have != n * 4 || reinterpret_cast<uintptr_t>(p) % alignof(int32_t) != 0) {
+        std::memset(buf, 0, sizeof buf);
+        std::memcpy(buf, p, have);
+        x = buf;
+      }
+      sum += lane_dot(x, w + (b - chunk), n);
+      stats_block(in.t, p, have / elem, part.stats, /*last=*/b + n >= in.words, tmp);
     }
-    part.sum += lane_dot(x, w + (b - first), n);
-    stats_block(in.t, p, have / elem, part.stats, /*last=*/b + n >= in.words, tmp);
+    sums[c] = sum;
   }
 }
 
-// A tensor's digest parts from its chunks, combined in chunk order: lane sum, L2, min and max (float64 bits),
-// NaN count, Inf count.
-void combine(const Input& in, const Part* parts, const uint64_t* r, int64_t* out) {
-  uint64_t h = 0;
+// A tensor's digest parts from its work items, combined in item order: lane sum, L2, min and max (float64
+// bits), NaN count, Inf count.
+void combine(const Input& in, const Part* parts, const uint64_t* sums, const uint64_t* r, int64_t* out) {
   double sumsq = 0, lo = std::numeric_limits<double>::infinity(), hi = -lo;
   int64_t nan = 0, inf = 0;
-  for (int64_t c = 0; c < in.chunks; ++c) {
-    const Stats& s = parts[c].stats;
-    h += parts[c].sum * r[c];
+  for (int64_t g = 0; g < in.groups; ++g) {
+    const Stats& s = parts[g].stats;
     for (int j = 0; j < kLanes; ++j) {
       sumsq += s.sumsq[j];
       lo = s.lo[j] < lo ? s.lo[j] : lo;
@@ -223,6 +232,12 @@ void combine(const Input& in, const Part* parts, const uint64_t* r, int64_t* out
     nan += s.tail_nan;
     inf += s.tail_inf;
   }
+  uint64_t h = 0;
+  for (int64_t c = 0; c < in.chunks; ++c) {
+    uint64_t chunk_sum = 0;  // addition mod 2^64: any order gives these bits
+    for (int64_t g = 0; g < in.groups; ++g) chunk_sum += sums[parts[g].first_sum + c];
+    h += chunk_sum * r[c];
+  }
   if (in.t.numel() == 0) lo = hi = 0;
   out[0] = static_cast<int64_t>(h);
   out[1] = bits(std::sqrt(sumsq));
@@ -234,15 +249,15 @@ void combine(const Input& in, const Part* parts, const uint64_t* r, int64_t* out
 
 }  // namespace
 
-// Digest parts of every tensor, int64[n, 6]. Every (tensor, chunk) pair is one work item on torch's own
-// intra-op threads (idle while training waits for this), and the results combine in a fixed order, so the
-// bits do not depend on the thread count. The GIL is released while the bytes are read.
+// Digest parts of every tensor, int64[n, 6]. The work items (`digest_group`) run on torch's own intra-op
+// threads (idle while training waits for this) and combine in a fixed order, so the bits do not depend on
+// the thread count. The GIL is released while the bytes are read.
 at::Tensor digest_many(const std::vector<at::Tensor>& tensors, const at::Tensor& w, const at::Tensor& r) {
   TORCH_CHECK(w.scalar_type() == at::kLong && w.is_contiguous() && w.numel() == kChunk, "sdctrace digest: bad W table");
   TORCH_CHECK(r.scalar_type() == at::kLong && r.is_contiguous(), "sdctrace digest: bad R table");
   std::vector<Input> inputs;
-  std::vector<int64_t> first_part;  // index of each tensor's first chunk in `parts`
-  int64_t items = 0;
+  std::vector<int64_t> first_part;  // index of each tensor's first work item
+  int64_t items = 0, nsums = 0;
   inputs.reserve(tensors.size());
   for (const auto& t : tensors) {
     TORCH_CHECK(t.device().is_cpu(), "sdctrace digest: CPU tensors only, found ", t.device());
@@ -251,30 +266,35 @@ at::Tensor digest_many(const std::vector<at::Tensor>& tensors, const at::Tensor&
     const int64_t nbytes = c.numel() * static_cast<int64_t>(c.element_size());
     const int64_t words = (nbytes + 3) / 4;
     const int64_t chunks = std::max<int64_t>(1, (words + kChunk - 1) / kChunk);
+    const int64_t groups = chunks > 1 ? kChunk / kGroup : std::max<int64_t>(1, (words + kGroup - 1) / kGroup);
     TORCH_CHECK(chunks <= r.numel(), "sdctrace digest: chunk table too short (", r.numel(), " < ", chunks, ")");
-    inputs.push_back({c, static_cast<const uint8_t*>(c.data_ptr()), nbytes, words, chunks});
+    inputs.push_back({c, static_cast<const uint8_t*>(c.data_ptr()), nbytes, words, chunks, groups});
     first_part.push_back(items);
-    items += chunks;
+    items += groups;
+    nsums += groups * chunks;
   }
   std::vector<int64_t> owner(items);
-  for (size_t i = 0; i < inputs.size(); ++i)
-    for (int64_t c = 0; c < inputs[i].chunks; ++c) owner[first_part[i] + c] = static_cast<int64_t>(i);
+  std::vector<Part> parts(items);
+  for (size_t i = 0, k = 0, at = 0; i < inputs.size(); ++i)
+    for (int64_t g = 0; g < inputs[i].groups; ++g, ++k, at += inputs[i].chunks) {
+      owner[k] = static_cast<int64_t>(i);
+      parts[k].first_sum = static_cast<int64_t>(at);
+    }
+  std::vector<uint64_t> sums(nsums);
   at::Tensor out = at::empty({static_cast<int64_t>(tensors.size()), 6}, at::kLong);
   const auto* wp = reinterpret_cast<const uint64_t*>(w.data_ptr<int64_t>());
   const auto* rp = reinterpret_cast<const uint64_t*>(r.data_ptr<int64_t>());
   int64_t* op = out.data_ptr<int64_t>();
-  std::vector<Part> parts(items);
   {
     pybind11::gil_scoped_release release;
-    // A grain of one chunk (1 MiB): smaller work is not worth waking a thread for.
     at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
       std::vector<double> tmp;
       for (int64_t k = begin; k < end; ++k) {
         const int64_t i = owner[k];
-        digest_chunk(inputs[i], k - first_part[i], wp, parts[k], tmp);
+        digest_group(inputs[i], k - first_part[i], wp, parts[k], sums.data() + parts[k].first_sum, tmp);
       }
     });
-    for (size_t i = 0; i < inputs.size(); ++i) combine(inputs[i], parts.data() + first_part[i], rp, op + 6 * i);
+    for (size_t i = 0; i < inputs.size(); ++i) combine(inputs[i], parts.data() + first_part[i], sums.data(), rp, op + 6 * i);
   }
   return out;
 }
