@@ -231,9 +231,10 @@ def digest(t: torch.Tensor) -> TensorDigest:
 def digest_many(tensors: Sequence[torch.Tensor]) -> list[TensorDigest]:
     """The digests of many tensors at once: a step's gradients or parameters cost one kernel call on
     CPU, and one batched computation and one transfer on an accelerator, instead of one per tensor."""
-    tensors = [t.detach() for t in tensors]
-    out: list[TensorDigest | None] = [None] * len(tensors)
     fused = _fused()
+    if fused is not None and all(t.device.type == "cpu" and t.dtype in _FUSED_DTYPES for t in tensors):
+        return _fused_digests(fused, tensors)  # the training loop's common case, kept short
+    out: list[TensorDigest | None] = [None] * len(tensors)
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
         if t.device.type == "cpu" and (fused is None or t.dtype not in _FUSED_DTYPES):
@@ -241,17 +242,28 @@ def digest_many(tensors: Sequence[torch.Tensor]) -> list[TensorDigest]:
         else:
             by_device.setdefault(t.device, []).append(i)
     for device, idx in by_device.items():
-        group = [tensors[i] for i in idx]
+        group = [tensors[i].detach() for i in idx]
         if device.type == "cpu":
             assert fused is not None
-            chunks = max(_chunks(t) for t in group)
-            w, r = _TABLES.get(device, chunks)
-            parts = fused.digest_many(group, w, r)
+            digests = _fused_digests(fused, group)
         else:
-            parts = batched_parts(group).cpu()  # the one transfer
-        for i, d in zip(idx, resolve_rows(parts, [tensor_meta(t) for t in group])):
+            digests = resolve_rows(batched_parts(group).cpu(), [tensor_meta(t) for t in group])  # the one transfer
+        for i, d in zip(idx, digests):
             out[i] = d
     return out  # type: ignore[return-value]
+
+
+def _fused_digests(fused: ModuleType, tensors: Sequence[torch.Tensor]) -> list[TensorDigest]:
+    metas = [tensor_meta(t) for t in tensors]
+    w, r = _TABLES.get(_CPU, max(_chunks(t) for t in tensors) if tensors else 1)
+    ints, floats = fused.digest_many(tensors, w, r, [h - (1 << 64) if h >> 63 else h for _, h in metas])
+    return [
+        TensorDigest(fp & _MASK64, l2, absmax, nan, inf, meta)
+        for (fp, nan, inf), (l2, absmax), (meta, _) in zip(ints.tolist(), floats.tolist(), metas)
+    ]
+
+
+_CPU = torch.device("cpu")
 
 
 def resolve_rows(parts: torch.Tensor, metas: Sequence[tuple[str, int]]) -> list[TensorDigest]:

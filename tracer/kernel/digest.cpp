@@ -163,12 +163,6 @@ void stats_block(const at::Tensor& t, const uint8_t* bytes, int64_t n, Stats& s,
   }
 }
 
-int64_t bits(double v) {
-  int64_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
-
 // The bytes of one tensor, contiguous, in logical order.
 struct Input {
   at::Tensor t;
@@ -212,9 +206,17 @@ void digest_group(const Input& in, int64_t g, const uint64_t* w, Part& part, uin
   }
 }
 
-// A tensor's digest parts from its work items, combined in item order: lane sum, L2, min and max (float64
-// bits), NaN count, Inf count.
-void combine(const Input& in, const Part* parts, const uint64_t* sums, const uint64_t* r, int64_t* out) {
+// splitmix64's finaliser, as fingerprint.py's mix64.
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// A tensor's digest from its work items, combined in item order: the fingerprint (its lane sum mixed with
+// `meta_hash`), NaN and Inf counts into `ints`; L2 and absmax (NaN when a NaN was seen) into `floats`.
+void combine(const Input& in, const Part* parts, const uint64_t* sums, const uint64_t* r, uint64_t meta_hash,
+             int64_t* ints, double* floats) {
   double sumsq = 0, lo = std::numeric_limits<double>::infinity(), hi = -lo;
   int64_t nan = 0, inf = 0;
   for (int64_t g = 0; g < in.groups; ++g) {
@@ -239,22 +241,25 @@ void combine(const Input& in, const Part* parts, const uint64_t* sums, const uin
     h += chunk_sum * r[c];
   }
   if (in.t.numel() == 0) lo = hi = 0;
-  out[0] = static_cast<int64_t>(h);
-  out[1] = bits(std::sqrt(sumsq));
-  out[2] = bits(lo);
-  out[3] = bits(hi);
-  out[4] = nan;
-  out[5] = inf;
+  ints[0] = static_cast<int64_t>(mix64(h ^ meta_hash));
+  ints[1] = nan;
+  ints[2] = inf;
+  floats[0] = std::sqrt(sumsq);
+  floats[1] = nan ? std::numeric_limits<double>::quiet_NaN() : std::max(std::fabs(lo), std::fabs(hi));
 }
 
 }  // namespace
 
-// Digest parts of every tensor, int64[n, 6]. The work items (`digest_group`) run on torch's own intra-op
+// The digest of every tensor: int64[n, 3] (fingerprint bits, NaN count, Inf count) and float64[n, 2] (L2,
+// absmax), `meta_hashes` being fingerprint.py's hash of each tensor's dtype and shape. The work items (`digest_group`) run on torch's own intra-op
 // threads (idle while training waits for this) and combine in a fixed order, so the bits do not depend on
 // the thread count. The GIL is released while the bytes are read.
-at::Tensor digest_many(const std::vector<at::Tensor>& tensors, const at::Tensor& w, const at::Tensor& r) {
+std::tuple<at::Tensor, at::Tensor> digest_many(const std::vector<at::Tensor>& tensors, const at::Tensor& w,
+                                               const at::Tensor& r, const std::vector<int64_t>& meta_hashes) {
   TORCH_CHECK(w.scalar_type() == at::kLong && w.is_contiguous() && w.numel() == kChunk, "sdctrace digest: bad W table");
   TORCH_CHECK(r.scalar_type() == at::kLong && r.is_contiguous(), "sdctrace digest: bad R table");
+  TORCH_CHECK(meta_hashes.size() == tensors.size(), "sdctrace digest: one meta hash per tensor");
+  at::NoGradGuard no_grad;  // contiguous() of a tensor that requires grad records nothing
   std::vector<Input> inputs;
   std::vector<int64_t> first_part;  // index of each tensor's first work item
   int64_t items = 0, nsums = 0;
@@ -281,10 +286,12 @@ at::Tensor digest_many(const std::vector<at::Tensor>& tensors, const at::Tensor&
       parts[k].first_sum = static_cast<int64_t>(at);
     }
   std::vector<uint64_t> sums(nsums);
-  at::Tensor out = at::empty({static_cast<int64_t>(tensors.size()), 6}, at::kLong);
+  const int64_t n = static_cast<int64_t>(tensors.size());
+  at::Tensor ints = at::empty({n, 3}, at::kLong), floats = at::empty({n, 2}, at::kDouble);
   const auto* wp = reinterpret_cast<const uint64_t*>(w.data_ptr<int64_t>());
   const auto* rp = reinterpret_cast<const uint64_t*>(r.data_ptr<int64_t>());
-  int64_t* op = out.data_ptr<int64_t>();
+  int64_t* ip = ints.data_ptr<int64_t>();
+  double* fp = floats.data_ptr<double>();
   {
     pybind11::gil_scoped_release release;
     at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
@@ -294,12 +301,14 @@ at::Tensor digest_many(const std::vector<at::Tensor>& tensors, const at::Tensor&
         digest_group(inputs[i], k - first_part[i], wp, parts[k], sums.data() + parts[k].first_sum, tmp);
       }
     });
-    for (size_t i = 0; i < inputs.size(); ++i) combine(inputs[i], parts.data() + first_part[i], sums.data(), rp, op + 6 * i);
+    for (size_t i = 0; i < inputs.size(); ++i)
+      combine(inputs[i], parts.data() + first_part[i], sums.data(), rp, static_cast<uint64_t>(meta_hashes[i]),
+              ip + 3 * i, fp + 2 * i);
   }
-  return out;
+  return {ints, floats};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("digest_many", &digest_many, "lanes64-v1 fingerprints and stats of CPU tensors, int64[n, 6]");
+  m.def("digest_many", &digest_many, "lanes64-v1 fingerprints and stats of CPU tensors");
   m.attr("CHUNK") = kChunk;
 }
