@@ -7,7 +7,9 @@ produced; the files move to ``<staging>/<table>/`` only after the runner has com
 the bundles that wrote them (their names reach the last step only then), so a retried
 bundle leaves no duplicate rows, as with Beam's FileBasedSink. A file's name is emitted
 when it is opened, not from ``finish_bundle`` (which closes it): the DaskRunner (Beam
-2.77) drops what ``finish_bundle`` emits.
+2.77) drops what ``finish_bundle`` emits. Small tables (a bucket's rows) are gathered per file into row
+groups of about `ROW_GROUP_ROWS` before they are written: a row group per small table cost more than
+the rows themselves. Staging Parquet carries no column statistics: it is only ever loaded whole.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 TMP = "_tmp"
+ROW_GROUP_ROWS = 1 << 17  # rows held per open file before they are written: bounds a bundle's memory
 
 
 class WriteTables(beam.PTransform):
@@ -58,6 +61,8 @@ class _WriteFiles(beam.DoFn):
 
     def start_bundle(self) -> None:
         self.open: dict[str, tuple[Any, pq.ParquetWriter]] = {}
+        self.pending: dict[str, list[pa.Table]] = {}  # per open file: tables not written yet
+        self.rows: dict[str, int] = {}
 
     def process(self, element: tuple[str, pa.Table]) -> Iterator[tuple[str, str]]:
         name, table = element
@@ -67,17 +72,28 @@ class _WriteFiles(beam.DoFn):
             f = FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
             strings = [fl.name for fl in schema if pa.types.is_dictionary(fl.type) or pa.types.is_string(fl.type)]
             # Dictionary-encode only strings: on random fingerprints it costs time and saves nothing.
-            self.open[name] = f, pq.ParquetWriter(f, schema, compression="snappy", use_dictionary=strings)
+            writer = pq.ParquetWriter(f, schema, compression="snappy", use_dictionary=strings, write_statistics=False)
+            self.open[name] = f, writer
+            self.pending[name], self.rows[name] = [], 0
             yield name, path
         if not table.schema.equals(schema):
             table = table.cast(schema)  # e.g. a dictionary column whose values came out plain
-        self.open[name][1].write_table(table)
+        self.pending[name].append(table)
+        self.rows[name] += table.num_rows
+        if self.rows[name] >= ROW_GROUP_ROWS:
+            self._flush(name)
+
+    def _flush(self, name: str) -> None:
+        if self.pending[name]:
+            self.open[name][1].write_table(pa.concat_tables(self.pending[name]))
+            self.pending[name], self.rows[name] = [], 0
 
     def finish_bundle(self) -> None:
-        for f, writer in self.open.values():
+        for name, (f, writer) in self.open.items():
+            self._flush(name)
             writer.close()
             f.close()
-        self.open = {}
+        self.open, self.pending, self.rows = {}, {}, {}
 
 
 def _move_into_place(grouped: tuple[None, Iterable[tuple[str, str]]], staging: str) -> Iterator[str]:
