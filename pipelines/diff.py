@@ -24,7 +24,7 @@ from apache_beam.metrics import Metrics
 
 from pipelines.events import Fault, fault_units
 from pipelines.pairing import in_lost_steps
-from pipelines.source import NAMESPACE
+from pipelines.source import NAMESPACE, unpack_batch
 from pipelines.tables import PHASES, SCHEMAS, STATUSES, TABLES
 from pipelines.tags import split
 from tracer.log import Phase
@@ -63,6 +63,8 @@ class BucketDiff:
 class DiffTensors(beam.PTransform):
     """((rank, bucket), (side, batch)) -> {TABLES: event_diffs, divergence_steps; FINDINGS: (rank, findings)}.
 
+    A batch is a `pa.RecordBatch` of `pipelines.source.TENSOR_SCHEMA`, or one packed by `pack_batch`.
+
     Side inputs: `bounds`, (rank, last compared step); `faults`, every `Fault` of both runs; `lost`, (rank,
     step ranges corruption made unknown).
     """
@@ -100,7 +102,7 @@ class _DiffBucket(beam.DoFn):
             return
         sides: dict[str, list[pa.RecordBatch]] = {"golden": [], "suspect": []}
         for side, batch in batches:
-            sides[side].append(batch)
+            sides[side].append(unpack_batch(batch))
         result = diff_bucket(rank, sides["golden"], sides["suspect"], bound, faults, lost.get(rank, ()))
         if result is None:
             return

@@ -33,6 +33,8 @@ class WriteTables(beam.PTransform):
 
     Each input is written where it is produced (no Flatten in front, which a runner may
     not fuse: the tables would cross between stages once more); only file names meet.
+    Inputs of a few rows are best flattened by the caller first: a writing step per input
+    costs a local runner more than moving those rows.
     """
 
     def __init__(self, staging: str, schemas: Mapping[str, pa.Schema]) -> None:
@@ -47,14 +49,14 @@ class WriteTables(beam.PTransform):
         return (
             tuple(written)
             | "All files" >> beam.Flatten()
-            | "One key" >> beam.Map(lambda written: (None, written))
             | "Committed files" >> beam.GroupByKey()
             | "Move into place" >> beam.FlatMap(_move_into_place, self.staging)
         )
 
 
 class _WriteFiles(beam.DoFn):
-    """(table name, pa.Table) -> rows appended to this bundle's file of that table; emits (table, path) once."""
+    """(table name, pa.Table) -> rows appended to this bundle's file of that table; emits (None, (table, path))
+    once, keyed for the one group of every file written."""
 
     def __init__(self, staging: str, schemas: dict[str, pa.Schema]) -> None:
         self.staging, self.schemas = staging, schemas
@@ -64,7 +66,7 @@ class _WriteFiles(beam.DoFn):
         self.pending: dict[str, list[pa.Table]] = {}  # per open file: tables not written yet
         self.rows: dict[str, int] = {}
 
-    def process(self, element: tuple[str, pa.Table]) -> Iterator[tuple[str, str]]:
+    def process(self, element: tuple[str, pa.Table]) -> Iterator[tuple[None, tuple[str, str]]]:
         name, table = element
         schema = self.schemas[name]
         if name not in self.open:
@@ -75,7 +77,7 @@ class _WriteFiles(beam.DoFn):
             writer = pq.ParquetWriter(f, schema, compression="snappy", use_dictionary=strings, write_statistics=False)
             self.open[name] = f, writer
             self.pending[name], self.rows[name] = [], 0
-            yield name, path
+            yield None, (name, path)
         if not table.schema.equals(schema):
             table = table.cast(schema)  # e.g. a dictionary column whose values came out plain
         self.pending[name].append(table)
