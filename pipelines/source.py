@@ -375,8 +375,9 @@ def bucket_batches(cols: TensorColumns, segment: int, steps_per_bucket: int) -> 
         yield int(bucket[lo]), batch
 
 
-_PACKED = pa.ipc.IpcWriteOptions(compression="lz4" if pa.Codec.is_available("lz4") else None)
-_UNPACK = pa.ipc.IpcReadOptions(use_threads=False)  # a batch's few buffers: threads cost more than they save
+# A batch's few buffers: pyarrow's threads would cost more CPU than they save.
+_PACKED = pa.ipc.IpcWriteOptions(compression="lz4" if pa.Codec.is_available("lz4") else None, use_threads=False)
+_UNPACK = pa.ipc.IpcReadOptions(use_threads=False)
 
 
 def pack_batch(batch: pa.RecordBatch) -> bytes:
