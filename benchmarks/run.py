@@ -7,7 +7,7 @@ gradient and parameter fingerprinted each step; <= 64 bytes per fingerprint even
 The fault emulator (on, no fault firing) and the ABFT checker are each reported
 against a plain traced step; they have no target. Replaying one step costs at most
 2x (parameter sync) and 3x (lockstep) a recorded step (bench_replay.py). The Beam
-diff of a 1 000 000-event pair runs at >= 300 000 events/s and within 8x of the
+diff of a 1 000 000-event pair runs at >= 800 000 events/s and within 3x of the
 same join in DuckDB (bench_diff.py). A 4-rank run (dp=2 x tp=2, sequence parallel)
 reports its own traced / untraced ratio (bench_parallel.py).
 """
