@@ -63,7 +63,7 @@ class BucketDiff:
 class DiffTensors(beam.PTransform):
     """((rank, bucket), (side, batch)) -> {TABLES: event_diffs, divergence_steps; FINDINGS: (rank, findings)}.
 
-    A batch is a `pa.RecordBatch` of `pipelines.source.TENSOR_SCHEMA`, or one packed by `pack_batch`.
+    A batch is a `pa.RecordBatch` of `pipelines.source.TENSOR_SCHEMA`, or one `pipelines.source.pack_batch` packed.
 
     Side inputs: `bounds`, (rank, last compared step); `faults`, every `Fault` of both runs; `lost`, (rank,
     step ranges corruption made unknown).
@@ -348,8 +348,7 @@ def _divergence_steps(
             pa.array(count(differ & (phase == int(Phase.GRAD)))),
             pa.array(count(differ & (phase == int(Phase.PARAM)))),
             pa.array(mb[first_of].astype(np.int64), mask=none),
-            pa.array(np.array(names, object)[name[first_of]] if names else np.full(len(steps), None), pa.string(),
-                     mask=none),
+            pa.array(np.array(names, object)[name[first_of]], pa.string(), mask=none),
             pa.array(phases[phase[first_of]], pa.string(), mask=none),
         ],
         schema=SCHEMAS[DIVERGENCE_STEPS],
