@@ -24,7 +24,7 @@ from apache_beam.metrics import Metrics
 
 from pipelines.events import Fault, fault_units
 from pipelines.pairing import in_lost_steps
-from pipelines.source import NAMESPACE
+from pipelines.source import NAMESPACE, unpack_batch
 from pipelines.tables import PHASES, SCHEMAS, STATUSES, TABLES
 from pipelines.tags import split
 from tracer.log import Phase
@@ -32,7 +32,7 @@ from tracer.log import Phase
 EVENT_DIFFS, DIVERGENCE_STEPS, FIRST = "event_diffs", "divergence_steps", "first_divergence"
 FINDINGS = "findings"  # per-rank results of a bucket, gathered by `pipelines.detections.RankFindings`
 EQUAL, DIFFER, GOLDEN_ONLY, SUSPECT_ONLY = range(4)  # indexes into tables.STATUSES
-_SITE_PHASES = (int(Phase.FORWARD), int(Phase.BACKWARD))
+_FORWARD, _BACKWARD = int(Phase.FORWARD), int(Phase.BACKWARD)  # the phases of site events
 # Phase value -> rank in a microbatch's execution (INPUT first, then FORWARD, BACKWARD; GRAD, PARAM after).
 _PHASE_ORDER = np.zeros(len(Phase), np.int8)
 for _rank, _phase in enumerate((Phase.INPUT, Phase.FORWARD, Phase.BACKWARD, Phase.GRAD, Phase.PARAM)):
@@ -62,6 +62,8 @@ class BucketDiff:
 
 class DiffTensors(beam.PTransform):
     """((rank, bucket), (side, batch)) -> {TABLES: event_diffs, divergence_steps; FINDINGS: (rank, findings)}.
+
+    A batch is a `pa.RecordBatch` of `pipelines.source.TENSOR_SCHEMA`, or one `pipelines.source.pack_batch` packed.
 
     Side inputs: `bounds`, (rank, last compared step); `faults`, every `Fault` of both runs; `lost`, (rank,
     step ranges corruption made unknown).
@@ -100,7 +102,7 @@ class _DiffBucket(beam.DoFn):
             return
         sides: dict[str, list[pa.RecordBatch]] = {"golden": [], "suspect": []}
         for side, batch in batches:
-            sides[side].append(batch)
+            sides[side].append(unpack_batch(batch))
         result = diff_bucket(rank, sides["golden"], sides["suspect"], bound, faults, lost.get(rank, ()))
         if result is None:
             return
@@ -115,29 +117,31 @@ class _DiffBucket(beam.DoFn):
 _DTYPES = {"step": np.int64, "microbatch": np.int64, "name": np.int32, "phase": np.int8, "fingerprint": np.uint64,
            "l2": np.float32, "absmax": np.float32, "nan": np.int64, "inf": np.int64, "meta": np.int32,
            "segment": np.int32, "offset": np.int64}
+_CODED = ("name", "meta")  # dictionary columns: codes into the segment's strings, translated into the bucket's
 
 
 class _Side:
-    """One run's records of a bucket as numpy columns; names and metas as codes into shared dictionaries."""
+    """One run's records of a bucket (steps <= bound) as numpy columns; names and metas as codes into one
+    dictionary that both sides share."""
 
-    def __init__(self, batches: Iterable[pa.RecordBatch], bound: int, names: dict[str, int], metas: dict[str, int]):
-        cols: dict[str, list[np.ndarray]] = {k: [] for k in _DTYPES}
+    def __init__(self, batches: Iterable[pa.RecordBatch], bound: int, strings: dict[str, int]):
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in _DTYPES}
         for b in batches:
             keep = b.column("step").to_numpy() <= bound
             if not keep.any():
                 continue
-            for key in cols:
+            rows = slice(None) if keep.all() else keep
+            for key in parts:
                 col = b.column(key)
-                if key in ("name", "meta"):
-                    table = names if key == "name" else metas
-                    lut = np.array([table.setdefault(s, len(table)) for s in col.dictionary.to_pylist()], np.int32)
-                    values = lut[col.indices.to_numpy()]
+                if key in _CODED:
+                    lut = np.array([strings.setdefault(s, len(strings)) for s in col.dictionary.to_pylist()], np.int32)
+                    parts[key].append(lut[col.indices.to_numpy()[rows]])
                 else:
-                    values = col.to_numpy()
-                cols[key].append(values[keep])
-        self.n = sum(len(a) for a in cols["step"])
-        self.cols = {k: np.concatenate(v) if v else np.zeros(0, _DTYPES[k]) for k, v in cols.items()}
-        self.position = (self.cols["segment"].astype(np.int64) << 40) | self.cols["offset"].astype(np.int64)
+                    parts[key].append(col.to_numpy()[rows])
+        self.n = sum(len(a) for a in parts["step"])
+        self.cols = {k: (v[0] if len(v) == 1 else np.concatenate(v)) if v else np.zeros(0, _DTYPES[k])
+                     for k, v in parts.items()}
+        self.position = (self.cols["segment"].astype(np.int64) << 40) | self.cols["offset"]
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self.cols[key]
@@ -152,44 +156,45 @@ def diff_bucket(
     `lost`: step ranges corruption made unknown on either side. Corruption is never data: a record
     one side lacks there is not a difference (no row), and no difference there is a first divergence.
     """
-    names: dict[str, int] = {}
-    metas: dict[str, int] = {}
-    g, s = _Side(golden, bound, names, metas), _Side(suspect, bound, names, metas)
+    strings: dict[str, int] = {}
+    g, s = _Side(golden, bound, strings), _Side(suspect, bound, strings)
     if g.n + s.n == 0:
         return None
-    gi, si, occurrence = _match(g, s, len(names))
+    gi, si, occurrence = _aligned(g, s, len(strings)) or _match(g, s, len(strings))
     if lost:
         unknown = in_lost_steps(_pick(g["step"], s["step"], gi, si), lost) & ((gi < 0) | (si < 0))
         gi, si, occurrence = gi[~unknown], si[~unknown], occurrence[~unknown]
-    order_cols = {k: _pick(g[k], s[k], gi, si) for k in ("step", "microbatch", "name", "phase")}
+    step, mb, name, phase = (_pick(g[k], s[k], gi, si) for k in ("step", "microbatch", "name", "phase"))
     position = _pick(g.position, s.position, gi, si)
-    phase = order_cols["phase"].astype(np.intp)
-    order = np.lexsort((position, _PHASE_ORDER[phase], order_cols["microbatch"], _STEP_LEVEL[phase], order_cols["step"]))
-    gi, si, occurrence, position = gi[order], si[order], occurrence[order], position[order]
-    step, mb, name, phase = (order_cols[k][order] for k in ("step", "microbatch", "name", "phase"))
-    matched = (gi >= 0) & (si >= 0)
-    equal = matched & (g["fingerprint"][np.maximum(gi, 0)] == s["fingerprint"][np.maximum(si, 0)])
+    order = _execution_order(step, mb, phase, position)
+    if order is not None:
+        gi, si, occurrence, position = gi[order], si[order], occurrence[order], position[order]
+        step, mb, name, phase = step[order], mb[order], name[order], phase[order]
+    gr, sr = _Rows(gi), _Rows(si)
+    matched = ~gr.missing & ~sr.missing
+    equal = matched & (gr.values(g["fingerprint"]) == sr.values(s["fingerprint"]))
     status = np.where(matched, np.where(equal, EQUAL, DIFFER), np.where(gi >= 0, GOLDEN_ONLY, SUSPECT_ONLY))
-    name_dict, meta_dict = pa.array(list(names), pa.string()), pa.array(list(metas), pa.string())
+    dictionary = pa.array(list(strings), pa.string())
+    coded = lambda codes, values: pa.DictionaryArray.from_arrays(pa.array(codes), values)  # noqa: E731
     n = len(gi)
     table = pa.Table.from_arrays(
         [
             pa.array(np.full(n, rank, np.int32)),
-            pa.array(step.astype(np.int64)),
-            pa.array(mb.astype(np.int64)),
-            pa.DictionaryArray.from_arrays(pa.array(name.astype(np.int32)), name_dict),
-            pa.DictionaryArray.from_arrays(pa.array(phase.astype(np.int8)), _PHASE_DICT),
+            pa.array(step),
+            pa.array(mb),
+            coded(name, dictionary),
+            coded(phase, _PHASE_DICT),
             pa.array(occurrence.astype(np.int32)),
-            pa.DictionaryArray.from_arrays(pa.array(status.astype(np.int8)), _STATUS_DICT),
+            coded(status.astype(np.int8), _STATUS_DICT),
             pa.array(equal),
-            _take(g["fingerprint"], gi), _take(s["fingerprint"], si),
-            _take(g["l2"], gi), _take(s["l2"], si),
-            _take(g["absmax"], gi), _take(s["absmax"], si),
-            _take(g["nan"], gi), _take(s["nan"], si),
-            _take(g["inf"], gi), _take(s["inf"], si),
-            pa.DictionaryArray.from_arrays(pa.array(_pick(g["meta"], s["meta"], gi, si).astype(np.int32)), meta_dict),
-            _take(g["segment"], gi), _take(g["offset"], gi),
-            _take(s["segment"], si), _take(s["offset"], si),
+            gr.take(g["fingerprint"]), sr.take(s["fingerprint"]),
+            gr.take(g["l2"]), sr.take(s["l2"]),
+            gr.take(g["absmax"]), sr.take(s["absmax"]),
+            gr.take(g["nan"]), sr.take(s["nan"]),
+            gr.take(g["inf"]), sr.take(s["inf"]),
+            coded(_pick(g["meta"], s["meta"], gi, si), dictionary),
+            gr.take(g["segment"]), gr.take(g["offset"]),
+            sr.take(s["segment"]), sr.take(s["offset"]),
         ],
         schema=SCHEMAS[EVENT_DIFFS],
     )
@@ -200,9 +205,22 @@ def diff_bucket(
         i = int(np.argmax(candidates))
         key = (int(step[i]), int(_STEP_LEVEL[phase[i]]), int(mb[i]), int(_PHASE_ORDER[phase[i]]), int(position[i]))
         first = (key, table.slice(i, 1).to_pylist()[0])
-    steps = _divergence_steps(rank, step, mb, name, phase, differ, list(names))
-    hits, scores = _fault_scores(rank, step, mb, name, phase, differ, names, faults, bound)
+    site = (phase == _FORWARD) | (phase == _BACKWARD)
+    steps = _divergence_steps(rank, step, mb, name, phase, site, differ, list(strings))
+    hits, scores = _fault_scores(rank, step, mb, name, phase, site, differ, strings, faults, bound)
     return BucketDiff(table, steps, BucketFindings(first, scores, hits))
+
+
+def _aligned(g: _Side, s: _Side, n_names: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The join when both sides hold the same keys in the same log order, the usual case (a fault changes
+    values, not which tensors a step makes): row i of one side pairs with row i of the other. None otherwise."""
+    if g.n != s.n or not all(np.array_equal(g[k], s[k]) for k in ("step", "microbatch", "name", "phase")):
+        return None
+    if not (_increasing(g.position) and _increasing(s.position)):
+        return None
+    rows = np.arange(g.n)
+    base, _ = _base(g["step"], g["microbatch"], g["name"], g["phase"], n_names)
+    return rows, rows, _occurrences(base, g.position)
 
 
 def _match(g: _Side, s: _Side, n_names: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -218,13 +236,17 @@ def _match(g: _Side, s: _Side, n_names: int) -> tuple[np.ndarray, np.ndarray, np
     return gi, si, _pick(gk % span, sk % span, gi, si)
 
 
-def _keys(g: _Side, s: _Side, n_names: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """One unique int64 per record, (step, microbatch, name, phase, occurrence) packed; and the occurrence span."""
-    both = lambda k: np.concatenate([g[k], s[k]]).astype(np.int64)  # noqa: E731
-    step, mb = both("step"), both("microbatch")
+def _base(step: np.ndarray, mb: np.ndarray, name: np.ndarray, phase: np.ndarray,
+          n_names: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """(step, microbatch, name, phase) packed into one int64 per record; and the packing's dimensions."""
     lo_step, lo_mb = int(step.min()), int(mb.min())
     dims = (int(step.max()) - lo_step + 1, int(mb.max()) - lo_mb + 1, max(n_names, 1), len(Phase))
-    base = np.ravel_multi_index((step - lo_step, mb - lo_mb, both("name"), both("phase")), dims)
+    return np.ravel_multi_index((step - lo_step, mb - lo_mb, name, phase), dims), dims
+
+
+def _keys(g: _Side, s: _Side, n_names: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """One unique int64 per record, (step, microbatch, name, phase, occurrence) packed; and the occurrence span."""
+    base, dims = _base(*(np.concatenate([g[k], s[k]]) for k in ("step", "microbatch", "name", "phase")), n_names)
     occ = np.concatenate([_occurrences(base[: g.n], g.position), _occurrences(base[g.n :], s.position)])
     span = int(occ.max()) + 1
     if int(np.prod(dims, dtype=object)) * span >= 1 << 63:
@@ -233,94 +255,128 @@ def _keys(g: _Side, s: _Side, n_names: int) -> tuple[np.ndarray, np.ndarray, int
     return keys[: g.n], keys[g.n :], span
 
 
+def _increasing(a: np.ndarray) -> bool:
+    return bool((a[1:] > a[:-1]).all())
+
+
 def _occurrences(base: np.ndarray, position: np.ndarray) -> np.ndarray:
     """0 for the first record of each key in log order, 1 for the second, ..."""
-    order = np.lexsort((position, base))
+    order = np.argsort(base, kind="stable") if _increasing(position) else np.lexsort((position, base))
     b = base[order]
-    idx = np.arange(len(b))
     run_start = np.r_[True, b[1:] != b[:-1]] if len(b) else np.zeros(0, bool)
+    if run_start.all():
+        return np.zeros(len(b), np.int64)
+    idx = np.arange(len(b))
     occ = np.empty(len(b), np.int64)
     occ[order] = idx - np.maximum.accumulate(np.where(run_start, idx, 0))
     return occ
 
 
+def _execution_order(step: np.ndarray, mb: np.ndarray, phase: np.ndarray, position: np.ndarray) -> np.ndarray | None:
+    """The permutation that puts events in execution order (module docstring); None if they are in it already,
+    which a log written in step order usually is."""
+    p = phase.astype(np.intp)
+    keys = (step, _STEP_LEVEL[p], mb, _PHASE_ORDER[p], position)  # most significant first
+    ordered = keys[-1][1:] >= keys[-1][:-1]
+    for k in reversed(keys[:-1]):
+        ordered = (k[1:] > k[:-1]) | ((k[1:] == k[:-1]) & ordered)
+    return None if ordered.all() else np.lexsort(keys[::-1])
+
+
 def _pick(a: np.ndarray, b: np.ndarray, ai: np.ndarray, bi: np.ndarray) -> np.ndarray:
     """a[ai] where ai >= 0, else b[bi]: a key column taken from whichever side has the record."""
+    if len(b) == 0 or (len(a) and bool((ai >= 0).all())):
+        return a[ai]
     if len(a) == 0:
         return b[bi]
-    if len(b) == 0:
-        return a[ai]
     return np.where(ai >= 0, a[np.maximum(ai, 0)], b[np.maximum(bi, 0)])
 
 
-def _take(a: np.ndarray, idx: np.ndarray) -> pa.Array:
-    """a[idx] with nulls where idx < 0 (the side lacks the record)."""
-    missing = idx < 0
-    if len(a) == 0:
-        return pa.nulls(len(idx), pa.from_numpy_dtype(a.dtype))
-    values = a[np.maximum(idx, 0)]
-    return pa.array(values, mask=missing if missing.any() else None)
+class _Rows:
+    """Which row of one side each joined event takes (-1: the side lacks it), prepared once for many columns."""
+
+    def __init__(self, idx: np.ndarray) -> None:
+        self.missing = idx < 0
+        self.any_missing = bool(self.missing.any())
+        self.identity = not self.any_missing and len(idx) > 0 and idx[0] == 0 and _increasing(idx) \
+            and idx[-1] == len(idx) - 1
+        self.idx = np.maximum(idx, 0) if self.any_missing else idx
+        self.n = len(idx)
+
+    def values(self, a: np.ndarray) -> np.ndarray:
+        """a at these rows; any value where the side lacks the record (for comparisons that mask those)."""
+        if not len(a):
+            return np.zeros(self.n, a.dtype)
+        return a if self.identity and len(a) == self.n else a[self.idx]
+
+    def take(self, a: np.ndarray) -> pa.Array:
+        """a at these rows, null where the side lacks the record."""
+        if not len(a):
+            return pa.nulls(self.n, pa.from_numpy_dtype(a.dtype))
+        return pa.array(self.values(a), mask=self.missing if self.any_missing else None)
 
 
 def _divergence_steps(
-    rank: int, step: np.ndarray, mb: np.ndarray, name: np.ndarray, phase: np.ndarray, differ: np.ndarray,
-    names: list[str],
+    rank: int, step: np.ndarray, mb: np.ndarray, name: np.ndarray, phase: np.ndarray, site: np.ndarray,
+    differ: np.ndarray, names: list[str],
 ) -> pa.Table:
     """Per step: how many events differ, and how many distinct sites (the divergence frontier)."""
-    steps, start = np.unique(step, return_index=True)  # rows are in step order
+    if not len(step):
+        return SCHEMAS[DIVERGENCE_STEPS].empty_table()
+    start = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])  # rows are in step order
+    steps = step[start]
     count = lambda mask: np.add.reduceat(mask.astype(np.int64), start)  # noqa: E731
-    site = np.isin(phase, _SITE_PHASES)
     sel = np.flatnonzero(differ & site)
-    pairs = np.unique(np.stack([step[sel], name[sel]]), axis=1) if len(sel) else np.zeros((2, 0), np.int64)
-    sites = np.zeros(len(steps), np.int64)
-    np.add.at(sites, np.searchsorted(steps, pairs[0]), 1)
-    first_mb: list[int | None] = [None] * len(steps)
-    first_name: list[str | None] = [None] * len(steps)
-    first_phase: list[str | None] = [None] * len(steps)
+    pairs = np.unique((step[sel] - steps[0]) * max(len(names), 1) + name[sel])  # distinct (step, site)
+    sites = np.bincount(np.searchsorted(steps, pairs // max(len(names), 1) + steps[0]), minlength=len(steps))
     diff_rows = np.flatnonzero(differ)
-    if len(diff_rows):
-        d_steps, d_first = np.unique(step[diff_rows], return_index=True)
-        for st, row in zip(np.searchsorted(steps, d_steps).tolist(), diff_rows[d_first].tolist()):
-            first_mb[st], first_name[st], first_phase[st] = int(mb[row]), names[name[row]], PHASES[phase[row]]
+    first = diff_rows[np.r_[True, step[diff_rows][1:] != step[diff_rows][:-1]]] if len(diff_rows) else diff_rows
+    at = np.searchsorted(steps, step[first])  # the steps that have a difference, and their first one
+    none = np.ones(len(steps), bool)
+    none[at] = False
+    first_of = np.zeros(len(steps), np.int64)
+    first_of[at] = first
+    phases = np.array(PHASES, object)
     return pa.Table.from_arrays(
         [
             pa.array(np.full(len(steps), rank, np.int32)),
             pa.array(steps.astype(np.int64)),
             pa.array(np.diff(np.r_[start, len(step)]).astype(np.int64)),
             pa.array(count(differ)),
-            pa.array(sites),
+            pa.array(sites.astype(np.int64)),
             pa.array(count(differ & (phase == int(Phase.INPUT)))),
             pa.array(count(differ & (phase == int(Phase.GRAD)))),
             pa.array(count(differ & (phase == int(Phase.PARAM)))),
-            pa.array(first_mb, pa.int64()),
-            pa.array(first_name, pa.string()),
-            pa.array(first_phase, pa.string()),
+            pa.array(mb[first_of].astype(np.int64), mask=none),
+            pa.array(np.array(names, object)[name[first_of]], pa.string(), mask=none),
+            pa.array(phases[phase[first_of]], pa.string(), mask=none),
         ],
         schema=SCHEMAS[DIVERGENCE_STEPS],
     )
 
 
 def _fault_scores(
-    rank: int, step: np.ndarray, mb: np.ndarray, name: np.ndarray, phase: np.ndarray, differ: np.ndarray,
-    names: dict[str, int], faults: Sequence[Fault], bound: int,
+    rank: int, step: np.ndarray, mb: np.ndarray, name: np.ndarray, phase: np.ndarray, site: np.ndarray,
+    differ: np.ndarray, names: dict[str, int], faults: Sequence[Fault], bound: int,
 ) -> tuple[list[tuple[tuple[Any, ...], dict[str, Any]]], tuple[int, int, int, int, int, int]]:
     """Fingerprint divergence as a fault detector over this bucket's site events (docs: analysis/SCHEMA.md)."""
-    site = np.isin(phase, _SITE_PHASES)
     lo, hi = (int(step.min()), int(step.max())) if len(step) else (0, -1)
     mine = [f for f in faults if f.rank == rank]
     first_fault = min((f.step for f in mine), default=None)
     faulted = np.zeros(len(step), bool)
-    site_codes = set(np.unique(name[site]).tolist())
-    site_names = {n: code for n, code in names.items() if code in site_codes}
     hits = []
-    for f, traced, phase_code in fault_units([f for f in mine if lo <= f.step <= min(hi, bound)], site_names):
-        detected = None
-        if traced is not None:
-            at = site & (step == f.step) & (mb == f.microbatch) & (name == names[traced]) & (phase == phase_code)
-            if at.any():
-                faulted |= at
-                detected = bool(differ[at].any())
-        hits.append((f.id, {"traced_site": traced, "fingerprint_detected": detected}))
+    in_bucket = [f for f in mine if lo <= f.step <= min(hi, bound)]
+    if in_bucket:
+        site_codes = set(np.unique(name[site]).tolist())
+        site_names = {n: code for n, code in names.items() if code in site_codes}
+        for f, traced, phase_code in fault_units(in_bucket, site_names):
+            detected = None
+            if traced is not None:
+                at = site & (step == f.step) & (mb == f.microbatch) & (name == names[traced]) & (phase == phase_code)
+                if at.any():
+                    faulted |= at
+                    detected = bool(differ[at].any())
+            hits.append((f.id, {"traced_site": traced, "fingerprint_detected": detected}))
     units = int(site.sum())
     tp = int((faulted & differ).sum())
     fn = int((faulted & ~differ).sum())

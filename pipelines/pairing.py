@@ -15,7 +15,7 @@ from typing import Any
 
 import apache_beam as beam
 
-from pipelines.source import RankInfo, RunLayout
+from pipelines.source import DIFFED, RankInfo, RunLayout
 from pipelines.tables import TABLES, named
 from pipelines.tags import split
 from tracer.errors import ValidationError
@@ -92,8 +92,7 @@ class ComparisonBounds(beam.PTransform):
     def expand(self, infos: beam.PCollection) -> dict[str, beam.PCollection]:
         bounds = (
             infos
-            | "Golden and suspect" >> beam.Filter(lambda i: i.side in ("golden", "suspect"))
-            | "Key by rank" >> beam.Map(lambda i: (i.rank, i))
+            | "Golden and suspect by rank" >> beam.FlatMap(lambda i: [(i.rank, i)] if i.side in DIFFED else [])
             | "Group ranks" >> beam.GroupByKey()
             | "Bounds" >> beam.ParDo(_Bounds(self.run_ids))
         )

@@ -7,7 +7,10 @@ produced; the files move to ``<staging>/<table>/`` only after the runner has com
 the bundles that wrote them (their names reach the last step only then), so a retried
 bundle leaves no duplicate rows, as with Beam's FileBasedSink. A file's name is emitted
 when it is opened, not from ``finish_bundle`` (which closes it): the DaskRunner (Beam
-2.77) drops what ``finish_bundle`` emits.
+2.77) drops what ``finish_bundle`` emits. Small tables (a bucket's rows) are gathered per file into row
+groups of about `ROW_GROUP_ROWS` before they are written: a row group per small table cost more than
+the rows themselves, and DuckDB loads row groups of 32 Ki rows faster than larger ones (0.62 s against
+0.83 s for 1 M rows here). Staging Parquet carries no column statistics: it is only ever loaded whole.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 TMP = "_tmp"
+ROW_GROUP_ROWS = 1 << 15  # rows held per open file before they are written: bounds a bundle's memory
 
 
 class WriteTables(beam.PTransform):
@@ -30,6 +34,8 @@ class WriteTables(beam.PTransform):
 
     Each input is written where it is produced (no Flatten in front, which a runner may
     not fuse: the tables would cross between stages once more); only file names meet.
+    Inputs of a few rows are best flattened by the caller first: a writing step per input
+    costs a local runner more than moving those rows.
     """
 
     def __init__(self, staging: str, schemas: Mapping[str, pa.Schema]) -> None:
@@ -44,22 +50,24 @@ class WriteTables(beam.PTransform):
         return (
             tuple(written)
             | "All files" >> beam.Flatten()
-            | "One key" >> beam.Map(lambda written: (None, written))
             | "Committed files" >> beam.GroupByKey()
             | "Move into place" >> beam.FlatMap(_move_into_place, self.staging)
         )
 
 
 class _WriteFiles(beam.DoFn):
-    """(table name, pa.Table) -> rows appended to this bundle's file of that table; emits (table, path) once."""
+    """(table name, pa.Table) -> rows appended to this bundle's file of that table; emits (None, (table, path))
+    once, keyed for the one group of every file written."""
 
     def __init__(self, staging: str, schemas: dict[str, pa.Schema]) -> None:
         self.staging, self.schemas = staging, schemas
 
     def start_bundle(self) -> None:
         self.open: dict[str, tuple[Any, pq.ParquetWriter]] = {}
+        self.pending: dict[str, list[pa.Table]] = {}  # per open file: tables not written yet
+        self.rows: dict[str, int] = {}
 
-    def process(self, element: tuple[str, pa.Table]) -> Iterator[tuple[str, str]]:
+    def process(self, element: tuple[str, pa.Table]) -> Iterator[tuple[None, tuple[str, str]]]:
         name, table = element
         schema = self.schemas[name]
         if name not in self.open:
@@ -67,17 +75,28 @@ class _WriteFiles(beam.DoFn):
             f = FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
             strings = [fl.name for fl in schema if pa.types.is_dictionary(fl.type) or pa.types.is_string(fl.type)]
             # Dictionary-encode only strings: on random fingerprints it costs time and saves nothing.
-            self.open[name] = f, pq.ParquetWriter(f, schema, compression="snappy", use_dictionary=strings)
-            yield name, path
+            writer = pq.ParquetWriter(f, schema, compression="snappy", use_dictionary=strings, write_statistics=False)
+            self.open[name] = f, writer
+            self.pending[name], self.rows[name] = [], 0
+            yield None, (name, path)
         if not table.schema.equals(schema):
             table = table.cast(schema)  # e.g. a dictionary column whose values came out plain
-        self.open[name][1].write_table(table)
+        self.pending[name].append(table)
+        self.rows[name] += table.num_rows
+        if self.rows[name] >= ROW_GROUP_ROWS:
+            self._flush(name)
+
+    def _flush(self, name: str) -> None:
+        if self.pending[name]:
+            self.open[name][1].write_table(pa.concat_tables(self.pending[name]))
+            self.pending[name], self.rows[name] = [], 0
 
     def finish_bundle(self) -> None:
-        for f, writer in self.open.values():
+        for name, (f, writer) in self.open.items():
+            self._flush(name)
             writer.close()
             f.close()
-        self.open = {}
+        self.open, self.pending, self.rows = {}, {}, {}
 
 
 def _move_into_place(grouped: tuple[None, Iterable[tuple[str, str]]], staging: str) -> Iterator[str]:

@@ -122,3 +122,36 @@ def test_describe_run_reads_a_header_larger_than_the_first_read(tmp_path: Path) 
     assert run.header.config == big.config and run.bytes > 200_000
     with pytest.raises(LogFormatError, match="holds no log segments"):
         describe_run(str(tmp_path / "nothing"))
+
+
+def test_a_bucket_only_one_run_has_is_all_one_sided() -> None:
+    records = [(0, 0, "a", F, 1), (0, 0, "b", F, 2)]
+    golden_only = diff_bucket(0, batch(records), [], bound=10)
+    assert rows(golden_only, "status", "golden_fingerprint", "suspect_fingerprint", "suspect_offset") == [
+        ("golden_only", 1, None, None), ("golden_only", 2, None, None)]
+    suspect_only = diff_bucket(0, [], batch(records), bound=10)
+    assert rows(suspect_only, "status", "golden_fingerprint", "suspect_fingerprint", "meta") == [
+        ("suspect_only", None, 1, "float32[4]"), ("suspect_only", None, 2, "float32[4]")]
+    assert suspect_only.findings.first[1]["name"] == "a"
+
+
+def test_the_row_join_and_the_key_join_give_the_same_tables() -> None:
+    """Both runs hold the same keys in log order: rows pair by position. The same batches in another order
+    take the join on keys; nothing in the tables may tell the two apart."""
+    golden = [(0, 0, "in", Phase.INPUT, 1), (0, 0, "a", F, 2), (0, 0, "a", F, 3), (0, 0, "a", B, 4), (0, 1, "a", F, 5),
+              (0, 0, "w", G, 6), (1, 0, "a", F, 7), (1, 0, "a", F, 8), (1, 0, "w", G, 9), (1, 0, "w", P, 10)]
+    suspect = [(*r[:4], r[4] + 100) if r[4] in (3, 8) else r for r in golden]
+
+    def two_segments(records: list) -> list:
+        half = len(records) // 2
+        return [b for seg, part in enumerate((records[:half], records[half:]))
+                for _, b in bucket_batches(columns(part), seg, 1_000_000)]
+
+    by_row = diff_bucket(0, two_segments(golden), two_segments(suspect), bound=10)
+    by_key = diff_bucket(0, two_segments(golden)[::-1], two_segments(suspect)[::-1], bound=10)
+    assert by_row.event_diffs.to_pylist() == by_key.event_diffs.to_pylist()
+    assert by_row.divergence_steps.to_pylist() == by_key.divergence_steps.to_pylist()
+    assert by_row.findings == by_key.findings
+    assert rows(by_row, "step", "name", "occurrence", "status") == [
+        (0, "in", 0, "equal"), (0, "a", 0, "equal"), (0, "a", 1, "differ"), (0, "a", 0, "equal"), (0, "a", 0, "equal"),
+        (0, "w", 0, "equal"), (1, "a", 0, "equal"), (1, "a", 1, "differ"), (1, "w", 0, "equal"), (1, "w", 0, "equal")]
