@@ -177,3 +177,18 @@ def test_a_record_bigger_than_a_poll_is_read_whole(run: Path) -> None:
     follower = LogFollower(rank_dir(run, 0), poll_bytes=64)
     items = list(follower.follow(poll_s=0.001, idle_timeout_s=5))
     assert records(items) == [EventRecord("note", 0, {"text": "x" * 5000})]
+
+
+def test_a_follower_started_after_a_resumption_yields_the_timeline(run: Path) -> None:
+    w = LogWriter(rank_dir(run, 0), HEADER)
+    write_steps(w, range(7))
+    w.abandon()
+    end = log_end(rank_dir(run, 0))
+    with resuming(rank_dir(run, 0), Resumption(end.segments, 5, end.records, end.last_step)):
+        with LogWriter(rank_dir(run, 0), HEADER) as w:
+            write_steps(w, range(5, 9))
+    items = list(LogFollower(rank_dir(run, 0)).follow(poll_s=0.001, idle_timeout_s=5))
+    timeline = [r for r in LogReader(rank_dir(run, 0)).records() if getattr(r, "kind", None) != "resume"]
+    assert records(items) == steps_records(range(9)) == timeline
+    late = list(LogFollower(rank_dir(run, 0), from_step=6).follow(poll_s=0.001, idle_timeout_s=5))
+    assert records(late) == steps_records(range(6, 9))

@@ -44,9 +44,9 @@ from tracer.errors import LogFormatError
 from tracer.files import open_regular
 from tracer.log.framing import FRAME, FRAME_SIZE, HEADER_SIZE
 from tracer.log.layout import LOCK_FILE, segment_path
-from tracer.log.reader import Entry, LogStatus, LostRange, OnCorruption, _report, _Segment, _skip_mode
+from tracer.log.reader import Entry, LogStatus, LostRange, OnCorruption, _report, _Segment, _skip_mode, find_sessions
 from tracer.log.records import RunHeader
-from tracer.log.sessions import resumption
+from tracer.log.sessions import Sessions, resumption
 
 POLL_S = 0.05  # `follow`'s wait between polls when nothing is new: 20 small stat/read calls a second per log
 POLL_BYTES = 1 << 20  # log bytes one `poll` decodes at most (~50 000 records): bounds what a poll returns
@@ -75,9 +75,13 @@ class LogFollower:
 
     def __init__(
         self, directory: Path, *, lock: Path | None = None, on_corruption: OnCorruption = "raise",
-        poll_bytes: int = POLL_BYTES,
+        poll_bytes: int = POLL_BYTES, from_step: int = 0,
     ) -> None:
         self.directory = Path(directory)
+        self._from_step = from_step  # records of earlier steps are read, not handed out
+        # Resumptions already on disk: their superseded records are left out, as LogReader does, so a follower
+        # started late yields the log's timeline; only resumptions that come later are announced (`Resumed`).
+        self._sessions = find_sessions(self.directory) if self.directory.is_dir() else Sessions()
         self._lock = Path(lock) if lock is not None else self.directory.parent / LOCK_FILE
         self._skip = _skip_mode(on_corruption)
         self._poll_bytes = poll_bytes
@@ -191,6 +195,7 @@ class LogFollower:
         return size
 
     def _take(self, entries: Iterator[Entry], items: list[FollowItem]) -> None:
+        cutoff = self._sessions.cutoff(self._index)
         for entry in entries:
             self._emit_lost(items)
             if self._first_data:
@@ -198,9 +203,12 @@ class LogFollower:
                 assert self._seg is not None
                 r = resumption(entry.record, self._seg.first_record, self._index)
                 if r is not None:
-                    items.append(Resumed(r.segment, r.step, r.last_step))
+                    if r not in self._sessions.resumptions:
+                        items.append(Resumed(r.segment, r.step, r.last_step))
                     continue
-            items.append(entry)
+            step = entry.record.step
+            if step >= self._from_step and (cutoff is None or step < cutoff):
+                items.append(entry)
 
     def _at_end(self, items: list[FollowItem], alive: bool | None, size: int) -> bool:
         """At the end of what the segment holds now: move to the next one or judge this one's end once it is
