@@ -214,6 +214,7 @@ class Watch:
         self.matcher = Matcher(options.max_pending)
         self.follows: tuple[dict[int, _Follow], dict[int, _Follow]] = ({0: _Follow(golden, 0)}, {0: _Follow(suspect, 0)})
         self.paired = False
+        self._said_waiting = False
         self.divergences = 0
         self._reported: set[tuple[int, int]] = set()  # (rank, step) with a divergence reported
         self._said_through = -1
@@ -304,6 +305,11 @@ class Watch:
                 got = got or bool(f.backlog)
         golden, suspect = (self.follows[side][0].follower.header for side in (0, 1))
         if golden is None or suspect is None:
+            if (golden, suspect) != (None, None) and not self._said_waiting:
+                self._said_waiting = True
+                side = 1 if suspect is None else 0
+                self._say(f"the {SIDES[1 - side]} run is being recorded; waiting for the {SIDES[side]} run's log in "
+                          f"{self.runs[side]} (up to {self.options.idle_timeout_s:g} s)")
             return got
         check_pair(golden, suspect, str(self.runs[0]), str(self.runs[1]))
         self.paired = True
@@ -373,8 +379,9 @@ class Watch:
         return EXIT_IDENTICAL
 
     def _give_up(self) -> int:
-        states = [f"{SIDES[side]} rank {rank} {f.follower.state}" for side in (0, 1)
-                  for rank, f in self.follows[side].items() if f.follower.state != "finished"]
+        states = [f"{SIDES[side]} rank {rank} " + ("read ahead, not further" if self._ahead(side, rank)
+                                                    else f.follower.state)
+                  for side in (0, 1) for rank, f in self.follows[side].items() if f.follower.state != "finished"]
         if self.divergences:
             self._say(f"sdc watch: nothing new for {self.options.idle_timeout_s:g} s ({', '.join(states)}); the runs "
                       f"diverged at step {self._first_step()}; exit status {EXIT_DIVERGED}")

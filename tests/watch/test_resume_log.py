@@ -87,3 +87,26 @@ def test_the_torn_end_of_a_session_still_counts_as_corruption_when_valid_frames_
 
     with pytest.raises(LogCorruptionError):
         list(LogReader(log).records())
+
+
+def test_segments_decoded_apart_give_the_same_timeline(tmp_path: Path) -> None:
+    """What a parallel reader (the Beam pipelines) does: each segment alone, told what `Sessions` says of it."""
+    from tracer.log import TensorRecord, check_chain, read_segment_columns
+    from tracer.log.layout import list_segments
+    from tracer.log.reader import find_sessions
+
+    log = tmp_path / "log"
+    crash(log, range(8), torn=b"\x40\x00\x00\x00\x12\x34", segment_bytes=900)
+    resume(log, range(5, 12), segment_bytes=900)
+    sessions = find_sessions(log)
+    segments = list_segments(log)
+    decoded = [
+        read_segment_columns(path.read_bytes(), str(path), last=i == len(segments) - 1,
+                             session_end=sessions.ends_session(index), cutoff=sessions.cutoff(index))
+        for i, (index, path) in enumerate(segments)
+    ]
+    fingerprints = [int(fp) for seg in decoded for fp in seg.tensors.fingerprint]
+    expected = [r.fingerprint for r in LogReader(log).records() if isinstance(r, TensorRecord)]
+    assert fingerprints == expected
+    assert not any(seg.status.corruptions or seg.status.torn_tail for seg in decoded)
+    assert check_chain([seg.summary(index, str(path)) for seg, (index, path) in zip(decoded, segments)], str) == []

@@ -8,8 +8,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from sdc.cli import main
 from sdc.commands.watch import EXIT_DIVERGED, EXIT_IDENTICAL, EXIT_INCOMPLETE, Watch, WatchOptions
 from tests.watch.support import HEADER, steps_records, uninterrupted, write_steps
