@@ -21,9 +21,12 @@ A run is finished at its END record and crashed when its writer's lock is free a
 the log has no END. A crashed run may go on: a writer that resumes it (`sdc record
 --resume`, `tracer.log.resume`) appends segments, the first starting with a
 ``resume`` marker, which the follower yields as `Resumed`: the records of its step
-and later seen so far are superseded by those that follow. A run written without the
-lock (a Tracer in your own script) is never known to have crashed: a consumer's idle
-timeout ends the wait.
+and later seen so far are superseded by those that follow. Resumptions already on
+disk when the follower starts are applied as LogReader applies them: it yields the
+log's one timeline. ``from_step`` leaves out the records of earlier steps (a consumer
+that reads a log again from a resumption's step). A run written without the lock (a
+Tracer in your own script) is never known to have crashed: a consumer's idle timeout
+ends the wait.
 
 Memory: one segment's string table and at most one poll's records, whatever the
 size of the files; segments are memory-mapped, not read into memory.
