@@ -192,3 +192,47 @@ def test_a_follower_started_after_a_resumption_yields_the_timeline(run: Path) ->
     assert records(items) == steps_records(range(9)) == timeline
     late = list(LogFollower(rank_dir(run, 0), from_step=6).follow(poll_s=0.001, idle_timeout_s=5))
     assert records(late) == steps_records(range(6, 9))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_log_appended_in_random_pieces_reads_as_the_reader_reads_it(tmp_path: Path, seed: int) -> None:
+    """Whatever sizes the writer's chunks have, and with a damaged byte in the middle: the follower yields what
+    LogReader yields, and loses what it loses."""
+    import random
+
+    rng = random.Random(seed)
+    source = uninterrupted(tmp_path / "source" / "rank-00000", 12, segment_bytes=1500)
+    data = {p.name: bytearray(p.read_bytes()) for p in sorted(source.glob("*.sdclog"))}
+    if seed % 2:  # flip a byte inside a record of the second segment
+        name = sorted(data)[1]
+        data[name][len(data[name]) // 2] ^= 0x40
+    if seed % 3 == 0:  # the writer dies mid-write: the last segment ends torn
+        name = sorted(data)[-1]
+        del data[name][rng.randint(len(data[name]) // 2, len(data[name]) - 1):]
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = RunLock.acquire(run)
+    rank_dir(run, 0).mkdir()
+    follower = LogFollower(rank_dir(run, 0), on_corruption="skip", poll_bytes=rng.choice([64, 512, 1 << 20]))
+    items = []
+    for name, content in data.items():
+        with open(rank_dir(run, 0) / name, "wb") as f:
+            at = 0
+            while at < len(content):
+                step = rng.randint(1, 120)
+                f.write(content[at:at + step])
+                f.flush()
+                at += step
+                items += follower.poll()
+    lock.release()
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always", TornTailWarning)
+        items += list(follower.follow(poll_s=0.001, idle_timeout_s=0.2))
+        reader = LogReader(rank_dir(run, 0), on_corruption="skip")
+        assert records(items) == list(reader.records())
+    assert len(warned) == 2 * reader.status.torn_tail and follower.status.torn_tail == reader.status.torn_tail
+    assert follower.status.lost == reader.status.lost
+    where = lambda r: (r.file, r.start, r.stop, r.first_step, r.last_step)  # noqa: E731 (counts may come later)
+    assert [where(i) for i in items if isinstance(i, LostRange)] == [where(r) for r in reader.status.lost]
+    assert follower.status.corruptions == reader.status.corruptions
+    assert follower.state == ("crashed" if seed % 3 == 0 else "finished")

@@ -28,6 +28,10 @@ that reads a log again from a resumption's step). A run written without the lock
 Tracer in your own script) is never known to have crashed: a consumer's idle timeout
 ends the wait.
 
+A `LostRange` is handed out once a record after it shows where it ends; the number of
+records it hid may be known only later (from the next segment's HEADER or END), and
+`status.lost` then says it, as LogReader's does.
+
 Memory: one segment's string table and at most one poll's records, whatever the
 size of the files; segments are memory-mapped, not read into memory.
 """
@@ -93,6 +97,7 @@ class LogFollower:
         self._index = 0  # the segment being read
         self._file: BinaryIO | None = None
         self._seg: _Segment | None = None
+        self._prev: _Segment | None = None  # the segment read before (its counts, for the next HEADER's checks)
         self._first_data = True  # the segment's next data record is its first (a resumption's marker)
         self._expected_first: int | None = 0  # HEADER `first_record` the next segment must have (None: unknown)
         self._settled = False  # the current segment was judged final
@@ -174,6 +179,11 @@ class LogFollower:
         if seg.index is not None and seg.index != self._index:
             _report(self.status, self._skip, str(path), 12,
                     f"file header says segment {seg.index} but the file name says {self._index}")
+        prev = self._prev
+        if prev is not None and prev.lost and prev.first_record is not None and seg.first_record is not None:
+            # The HEADER counts the records before it: what the previous segment's bad regions hid.
+            self.status._attribute(prev.name, seg.first_record - prev.first_record - prev.data_records,
+                                   prev.region_records)
         expected = self._expected_first
         if expected is not None and seg.first_record is not None and seg.first_record != expected:
             _report(self.status, self._skip, str(path), HEADER_SIZE,
@@ -231,6 +241,7 @@ class LogFollower:
                 return False
             self._settle(items, last=False, session_end=resumed)
         self._expected_first = None if seg.lost or seg.first_record is None else seg.first_record + seg.data_records
+        self._prev = seg
         self._next_segment()
         return True
 

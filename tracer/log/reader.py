@@ -364,7 +364,7 @@ class _Segment:
     @property
     def head_pending(self) -> bool:
         """Live reading stopped before the HEADER: the file is too new to say which run it belongs to."""
-        return self.header is None and self.waiting and self.pos <= HEADER_SIZE
+        return self._live and self.header is None and self.pos <= HEADER_SIZE
 
     def _records(self, frames: Iterator[tuple[int, int, memoryview]]) -> Iterator[Entry]:
         status, index, strings = self._status, self.index, self._strings
@@ -449,6 +449,7 @@ class _Segment:
         """(offset, type, payload) of each valid frame from `pos`; bad regions are torn tails or corruption."""
         view, end = self._view, len(self._view)
         unpack, types = FRAME.unpack_from, RECORD_TYPES[self.version]
+        self.pos = pos
         while pos < end:
             truncated = False
             if end - pos < FRAME_SIZE:
