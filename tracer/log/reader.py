@@ -332,10 +332,10 @@ class _Segment:
         self.lost = False  # a bad region hid an unknown number of records
         self.region_records = 0  # records the lost ranges of bad regions claim (at least one each)
         self._ended = False  # the END record was read: any bad byte after it is trailing garbage
-        self.entries = self._decode()
-        next(self.entries)  # runs up to the first `yield`: the head
+        self.entries = self._records(self._head())
 
-    def _decode(self) -> Iterator[Any]:
+    def _head(self) -> Iterator[tuple[int, int, memoryview]]:
+        """Read the file header and the HEADER record; the frames after them."""
         frames = self._frames(HEADER_SIZE) if self._file_header_ok() else iter(())
         first = next(frames, None)
         if first is not None and first[0] == HEADER_SIZE:  # the segment's first record
@@ -348,8 +348,7 @@ class _Segment:
                 found = RecordType(first[1]).name
                 self._bad_record(first[0], first[2], f"segment starts with a {found} record, expected HEADER")
             first = None
-        yield None  # head done
-        yield from self._records(frames if first is None else chain((first,), frames))
+        return frames if first is None else chain((first,), frames)
 
     def more(self, data: Any) -> Iterator[Entry]:
         """Live reading: the entries of `data` (the same file, grown) from where decoding stopped."""
