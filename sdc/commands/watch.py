@@ -16,9 +16,9 @@ Its stages, as the diff's: follow → match → compare → render.
   crashed, resumed (records of the steps it writes again are compared again), finished.
 
 Exit status: 0 both runs finished, identical; 3 they diverged; 4 incomplete: a run
-crashed or stalled and nothing came for ``--idle-timeout`` seconds (identical as far
-as compared); 1 an error (the runs do not pair, ``--max-pending`` exceeded); 2 bad
-usage. Documented in docs/watch.md.
+crashed or never started, and nothing came and no writer ran for ``--idle-timeout``
+seconds (identical as far as compared); 1 an error (the runs do not pair,
+``--max-pending`` exceeded); 2 bad usage. Documented in docs/watch.md.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "progress and the first divergence: step, rank, microbatch, tensor, phase, both fingerprints and the "
             "stats both logs hold. A writer that crashes is waited for (up to --idle-timeout) until `sdc record "
             "--resume` continues it. Exit status: 0 both runs finished identical; 3 they diverged; 4 a run "
-            "crashed or stalled and nothing came for --idle-timeout seconds; 1 an error (the runs do not pair)."
+            "crashed or never started and nothing came for --idle-timeout seconds; 1 an error (the runs do not pair)."
         ),
         epilog="Start it before, while or after the two recordings run; docs/watch.md has the details.",
     )
@@ -65,7 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="after a divergence, keep following and report each further diverging step once "
                    "(exit status 3 at the end)")
     p.add_argument("--idle-timeout", type=float, default=600.0, metavar="S",
-                   help="give up when nothing new came from either run for S seconds (default 600): a writer "
+                   help="give up when nothing new came and no writer ran for S seconds (default 600): a run "
                    "that does not start, or crashed and is not resumed")
     p.add_argument("--max-pending", type=int, default=MAX_PENDING, metavar="N",
                    help=f"records held for the other run at most (default {MAX_PENDING:,}); more is an error")
@@ -105,7 +105,8 @@ class Divergence:
     def describe(self) -> str:
         head = (f"DIVERGENCE at step {self.step}, rank {self.rank}, microbatch {self.microbatch}: {self.name} "
                 f"{self.phase.name.lower()}")
-        return "\n".join([head, *(f"  {side:<8}{_stats(rec)}" for side, rec in zip(SIDES, (self.golden, self.suspect)))])
+        sides = zip(SIDES, (self.golden, self.suspect))
+        return "\n".join([head, *(f"  {side:<8}{_stats(rec)}" for side, rec in sides)])
 
 
 def _stats(rec: TensorRecord | None) -> str:
@@ -212,7 +213,8 @@ class Watch:
         self.out = out or sys.stdout
         self.clock = clock
         self.matcher = Matcher(options.max_pending)
-        self.follows: tuple[dict[int, _Follow], dict[int, _Follow]] = ({0: _Follow(golden, 0)}, {0: _Follow(suspect, 0)})
+        self.follows: tuple[dict[int, _Follow], dict[int, _Follow]] = ({0: _Follow(self.runs[0], 0)},
+                                                                       {0: _Follow(self.runs[1], 0)})
         self.paired = False
         self._said_waiting = False
         self.divergences = 0
@@ -241,7 +243,7 @@ class Watch:
             if self._finished():
                 return self._end()
             now = self.clock()
-            if got:
+            if got or self._writing():
                 idle_since = now
             elif now - idle_since >= self.options.idle_timeout_s:
                 return self._give_up()
@@ -249,6 +251,10 @@ class Watch:
                 time.sleep(self.options.poll_s)
 
     # -- follow ------------------------------------------------------------------------
+    def _writing(self) -> bool:
+        """A writer holds its run's lock: a slow step is no reason to give up."""
+        return any(f.follower.writer_alive() for side in self.follows for f in side.values())
+
     def _ahead(self, side: int, rank: int) -> bool:
         other = self.follows[1 - side].get(rank)
         if other is None or other.follower.state == "finished":
@@ -382,12 +388,13 @@ class Watch:
         states = [f"{SIDES[side]} rank {rank} " + ("read ahead, not further" if self._ahead(side, rank)
                                                     else f.follower.state)
                   for side in (0, 1) for rank, f in self.follows[side].items() if f.follower.state != "finished"]
+        why = f"sdc watch: nothing new and no writer running for {self.options.idle_timeout_s:g} s " \
+              f"({', '.join(states)})"
         if self.divergences:
-            self._say(f"sdc watch: nothing new for {self.options.idle_timeout_s:g} s ({', '.join(states)}); the runs "
-                      f"diverged at step {self._first_step()}; exit status {EXIT_DIVERGED}")
+            self._say(f"{why}; the runs diverged at step {self._first_step()}; exit status {EXIT_DIVERGED}")
             return EXIT_DIVERGED
-        self._say(f"sdc watch: nothing new for {self.options.idle_timeout_s:g} s ({', '.join(states)}); identical "
-                  f"as far as compared ({self.matcher.compared:,} records); exit status {EXIT_INCOMPLETE}")
+        self._say(f"{why}; identical as far as compared ({self.matcher.compared:,} records); exit status "
+                  f"{EXIT_INCOMPLETE}")
         return EXIT_INCOMPLETE
 
     def _say(self, line: str) -> None:

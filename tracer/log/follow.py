@@ -110,7 +110,7 @@ class LogFollower:
         waiting (no log and no writer yet)."""
         if self.status.complete:
             return "finished"
-        alive = self._writer_alive()
+        alive = self.writer_alive()
         if self._crashed and not alive:
             return "crashed"
         return "writing" if self.header is not None or alive else "waiting"
@@ -133,7 +133,7 @@ class LogFollower:
     def poll(self) -> list[FollowItem]:
         """What reached the disk since the last call (at most about `poll_bytes` of log); never blocks."""
         items: list[FollowItem] = []
-        alive = self._writer_alive()  # before reading: what a writer wrote before it let go is on disk now
+        alive = self.writer_alive()  # before reading: what a writer wrote before it let go is on disk now
         budget = self._poll_bytes
         while budget > 0 and not self.status.complete:
             if self._seg is None and not self._open(alive):
@@ -267,7 +267,7 @@ class LogFollower:
             items.extend(lost[self._emitted:closed])
             self._emitted = closed
 
-    def _writer_alive(self) -> bool | None:
+    def writer_alive(self) -> bool | None:
         """Whether a process holds the run's writer lock; None if there is no lock file (unknown)."""
         try:
             fd = os.open(self._lock, os.O_RDONLY)
