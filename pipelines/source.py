@@ -45,12 +45,14 @@ from tracer.log import (
     LostRange,
     RunHeader,
     SegmentSummary,
+    Sessions,
     chain_lost,
     check_chain,
     parse_segment_path,
     rank_dir_name,
     read_segment,
     read_segment_columns,
+    resumption_in,
     segment_name,
 )
 from tracer.log.columns import TensorColumns
@@ -87,6 +89,7 @@ class RankLayout:
     rank: int
     header: RunHeader
     segments: tuple[tuple[int, str], ...]  # (index, path), ascending
+    sessions: Sessions = Sessions()  # the log's resumptions (tracer.log.sessions)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ class SegmentTask(NamedTuple):
     path: str
     last: bool
     run_id: str
+    session_end: bool = False
+    cutoff: int | None = None
 
 
 class EventRow(NamedTuple):
@@ -186,7 +191,9 @@ def describe_run(path: str) -> RunLayout:
     ranks = {}
     for rank, segments in sorted(by_rank.items()):
         segments.sort()
-        ranks[rank] = RankLayout(rank, _first_header(segments, f"{path}/{rank_dir_name(rank)}"), tuple(segments))
+        sessions = Sessions(tuple(r for i, p in segments[1:] if (r := resumption_in(read_file(p, _HEAD_BYTES), p, i))))
+        ranks[rank] = RankLayout(rank, _first_header(segments, f"{path}/{rank_dir_name(rank)}"), tuple(segments),
+                                 sessions)
     return RunLayout(path, ranks, size)
 
 
@@ -257,7 +264,8 @@ class ReadRuns(beam.PTransform):
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         tasks = [
-            SegmentTask(side, r.rank, index, path, index == r.segments[-1][0], r.header.run_id)
+            SegmentTask(side, r.rank, index, path, index == r.segments[-1][0], r.header.run_id,
+                        r.sessions.ends_session(index), r.sessions.cutoff(index))
             for side, run in self.runs.items()
             for r in run.ranks.values()
             for index, path in r.segments
@@ -294,7 +302,8 @@ class DecodeSegment(beam.DoFn):
             data = read_file(task.path)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a torn tail is in the status, counted below
-                seg = read_segment_columns(data, task.path, last=task.last, on_corruption="skip")
+                seg = read_segment_columns(data, task.path, last=task.last, on_corruption="skip",
+                                           session_end=task.session_end, cutoff=task.cutoff)
             if seg.header is not None and (seg.header.run_id, seg.header.rank) != (task.run_id, task.rank):
                 raise LogFormatError(
                     f"{task.path}: segment of run {seg.header.run_id} rank {seg.header.rank}, but the rank's first "

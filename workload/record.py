@@ -7,6 +7,11 @@ This is what ``sdc record`` runs on every rank. The workload comes from the fact
 the request names (`workload.protocol`), the reference one by default; with a fault
 profile or ABFT the node plays an unhealthy one (`faults.node`), and the header's
 ``extra`` records both while its pairing fields stay those of the healthy twin.
+
+With ``resume`` a crashed recording goes on: training restarts from the newest
+checkpoint that every rank has and that the log reaches (`resume_step`), and each
+rank's log is continued, not rewritten (`tracer.log.resume`): the steps recorded
+since that checkpoint are recorded again and supersede the first recording.
 """
 
 from __future__ import annotations
@@ -23,11 +28,16 @@ from tqdm import tqdm
 
 from faults import FaultProfile, profile_from_header
 from faults.node import emulated_node, node_header
+from tracer.checkpoint import list_checkpoints, load_checkpoint
 from tracer.device import is_lazy, resolve_device
-from tracer.errors import UsageError
+from tracer.errors import LogError, UsageError
 from tracer.guard import Policy, default_guard
-from tracer.log import claim_out_dir
+from tracer.log import LogReader, RunHeader, claim_out_dir, list_ranks, rank_dir
+from tracer.log.claim import reclaim_out_dir
+from tracer.log.resume import log_end, resuming
+from tracer.log.sessions import Resumption
 from tracer.options import RunInfo, TraceOptions
+from tracer.pairing import pairing_differences
 from tracer.tracing import Tracer
 from workload.config import Config
 from workload.protocol import REFERENCE, Workload, build_workload, run_step
@@ -48,6 +58,11 @@ class RecordRequest:
     abft: bool = False
     device: str = "cpu"  # cpu, cuda[:N] or xla[:N]
     guard: Policy | None = None  # guard every step with the default detectors and this policy (tracer.guard)
+    resume: bool = False  # continue the crashed recording in ``out`` (same options as it was started with)
+
+    def __post_init__(self) -> None:
+        if self.resume and self.overwrite:
+            raise UsageError("--resume continues the run in --out and --overwrite replaces it: give one of them")
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the launcher, which hands the request to every rank's process."""
@@ -70,7 +85,8 @@ class RunSummary:
     steps: int
     final_loss: float
     wall_s: float
-    losses: list[float]
+    losses: list[float]  # of the steps this call ran
+    resumed_from: int | None = None  # the checkpoint a resumed recording restarted from
 
 
 def record(
@@ -86,7 +102,10 @@ def record(
         raise UsageError(f"--device {request.device}: the fault emulator and ABFT run on eager devices only (cpu, cuda)")
     w = build_workload(request.workload, config, dev)
     rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
-    lock = claim_out_dir(request.out, role="train", overwrite=request.overwrite) if rank == 0 else None
+    lock = None
+    if rank == 0:
+        lock = (reclaim_out_dir(request.out, role="train") if request.resume
+                else claim_out_dir(request.out, role="train", overwrite=request.overwrite))
     with lock or nullcontext():
         return _record(w, request, rank, on_step)
 
@@ -97,21 +116,34 @@ def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[i
     if w.layout.world_size > 1:
         torch.distributed.barrier()  # no rank writes before rank 0 has cleared the directory
     extra = {"workload": request.workload, **node_header(request.fault_profile, request.fault_seed, request.abft)}
+    log = rank_dir(request.out, rank)
+    first = resume_step(request.out, w.layout.world_size) if request.resume else None
+    recorded = _header(log) if first is not None else None
     run_info = RunInfo(request.node_label, config=w.config, seed=w.seed,
-                       data_order_fingerprint=w.data_order_fingerprint, extra=extra)
+                       data_order_fingerprint=w.data_order_fingerprint, extra=extra,
+                       run_id=recorded.run_id if recorded is not None else None)
     guard = default_guard(request.guard, abft=request.abft) if request.guard is not None else None
     tracer = Tracer(w.model, w.optimizer, out=request.out, run=run_info, options=request.trace, parallel=w.layout,
                     guard=guard)
+    continued: Any = nullcontext()
+    if first is not None and recorded is not None:
+        _check_resumable(recorded, tracer.header, request.out)
+        end = log_end(log)
+        continued = resuming(log, Resumption(end.segments, first, end.records, end.last_step))
     node = emulated_node(tracer, w.model, fault_profile=request.fault_profile, fault_seed=request.fault_seed,
                          abft=request.abft, sites=request.trace.sites)
     losses: list[float] = []
     start = time.perf_counter()
     every = run.checkpoint_every
-    bar = tqdm(range(run.steps), desc=f"record {request.out.name}", unit="step", leave=False,
+    bar = tqdm(range(first or 0, run.steps), desc=f"record {request.out.name}", unit="step", leave=False,
                disable=None if request.progress and rank == 0 else True)
-    with tracer, node:
+    with continued, tracer, node:
+        if first is not None:  # last, so that nothing between it and the step draws from the restored RNGs
+            load_checkpoint(request.out, first, rank).restore(w.model, w.optimizer, w.states())
         for step in bar:
-            if every and step % every == 0:
+            if every and step % every == 0 and step == first:
+                tracer.event("checkpoint", at_step=step, rank=rank)  # saved before the crash: logged, not rewritten
+            elif every and step % every == 0:
                 tracer.checkpoint(step, data={"step": step}, states=w.states())
             with tracer.step(step):
                 loss = run_step(w, step, tracer)
@@ -119,11 +151,58 @@ def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[i
             bar.set_postfix(loss=f"{loss:.4f}")
             if on_step is not None:
                 on_step(step, loss)
-        if every:
+        if every and first == run.steps:
+            tracer.event("checkpoint", at_step=run.steps, rank=rank)
+        elif every:
             tracer.checkpoint(run.steps, data={"step": run.steps}, states=w.states())
     if w.layout.world_size > 1:
         torch.distributed.barrier()  # rank 0 holds the writer lock until every rank has closed its log
-    return RunSummary(request.out, run.steps, losses[-1], time.perf_counter() - start, losses)
+    final = losses[-1] if losses else float("nan")
+    return RunSummary(request.out, run.steps, final, time.perf_counter() - start, losses, first)
+
+
+def resume_step(out: Path, world_size: int) -> int:
+    """The step a crashed recording restarts from: the newest checkpoint that every rank has and that every
+    rank's log reaches (a step the log lacks cannot be superseded, only left out)."""
+    ranks = list_ranks(out)
+    if ranks != list(range(world_size)):
+        raise UsageError(f"{out}: holds logs of ranks {ranks}, but the run has {world_size} rank(s); nothing to "
+                         "resume: record it again with --overwrite")
+    ends = []
+    for rank in ranks:
+        try:
+            ends.append(log_end(rank_dir(out, rank)))
+        except LogError as exc:
+            raise UsageError(f"{out}: rank {rank}'s log cannot be continued ({exc}); record the run again with "
+                             "--overwrite") from exc
+    if any(e.complete for e in ends):
+        raise UsageError(f"{out}: the recording finished (its log has an END record): nothing to resume")
+    reach = min(e.last_step + 1 if e.last_step is not None else 0 for e in ends)
+    common = set.intersection(*(set(list_checkpoints(out, rank)) for rank in ranks))
+    usable = [step for step in common if step <= reach]
+    if not usable:
+        raise UsageError(f"{out}: no checkpoint at or before step {reach}, the first step its log lacks, to resume "
+                         "from; record the run again with --overwrite (and checkpoints: --checkpoint-every)")
+    return max(usable)
+
+
+def _header(log: Path) -> RunHeader:
+    try:
+        return LogReader(log, on_corruption="skip").header
+    except LogError as exc:
+        raise UsageError(f"{log}: the log cannot be continued ({exc}); record the run again with --overwrite") from exc
+
+
+def _check_resumable(recorded: RunHeader, header: RunHeader, out: Path) -> None:
+    """A resumed recording must continue the run it resumes: the same training, node and emulated faults."""
+    diffs = pairing_differences(recorded, header)
+    diffs += [f"{name}: {getattr(recorded, name)!r} vs {getattr(header, name)!r}"
+              for name in ("node_label", "role", "device") if getattr(recorded, name) != getattr(header, name)]
+    diffs += [f"extra.{key}: {recorded.extra.get(key)!r} vs {header.extra.get(key)!r}"
+              for key in ("workload", "fault_profile", "abft") if recorded.extra.get(key) != header.extra.get(key)]
+    if diffs:
+        raise UsageError(f"{out}: --resume would not continue the recorded run; give the options it was recorded with "
+                         f"(recorded vs now): " + "; ".join(diffs))
 
 
 def record_run(config: Config | Mapping[str, Any], out: str | Path, *, node_label: str,

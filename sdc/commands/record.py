@@ -21,6 +21,7 @@ from tracer.errors import ConfigError
 from tracer.guard import Policy
 from tracer.launch import launch
 from tracer.log import claim_out_dir
+from tracer.log.claim import reclaim_out_dir
 from tracer.options import CapturePolicy, TraceOptions
 from workload.protocol import REFERENCE
 from workload.record import RecordRequest, record
@@ -45,6 +46,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--node-label", default=socket.gethostname(), metavar="L", help="name of the node (default: this host's name)"
     )
     p.add_argument("--overwrite", action="store_true", help="replace a run that already exists in --out")
+    p.add_argument(
+        "--resume", action="store_true",
+        help="continue the recording in --out that crashed or was killed: train on from its newest checkpoint that "
+        "its log reaches, appending to the log (steps since that checkpoint are recorded again and supersede the "
+        "first recording). Give the options the recording was started with",
+    )
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="steps between checkpoints (run.checkpoint_every)")
     p.add_argument("--sites", metavar="REGEX", help="trace the modules whose full path matches REGEX instead of the defaults")
     p.add_argument("--capture-steps", metavar="LIST", default="", help="keep full tensors of these steps, e.g. 0,5,10")
@@ -85,13 +92,14 @@ def run(args: argparse.Namespace) -> int:
         ),
         progress=not args.quiet,
         fault_profile=load_profile(args.fault_profile) if args.fault_profile is not None else None,
-        fault_seed=args.fault_seed, abft=args.abft, device=args.device, guard=args.guard,
+        fault_seed=args.fault_seed, abft=args.abft, device=args.device, guard=args.guard, resume=args.resume,
     )
     config, n = config_and_ranks(args)
     summary = record_on_ranks(config, request, n, args.rank_timeout)
     steps = summary["steps"]
+    resumed = "" if summary.get("resumed_from") is None else f" (resumed at step {summary['resumed_from']})"
     print(
-        f"recorded {steps} step{'' if steps == 1 else 's'} on {n} rank{'' if n == 1 else 's'} "
+        f"recorded {steps} step{'' if steps == 1 else 's'}{resumed} on {n} rank{'' if n == 1 else 's'} "
         f"to {args.out} (final loss {summary['final_loss']:.4f}, {summary['wall_s']:.1f} s)\n"
         f"next: sdc inspect {args.out}"
     )
@@ -112,14 +120,17 @@ def record_on_ranks(config: dict[str, Any], request: RecordRequest, n: int, rank
         return record_rank(config, request.to_json())
     job = {"config": config, "request": request.to_json()}
     # Claimed before the ranks start, so a refusal is quick; every rank inherits the lock.
-    with claim_out_dir(request.out, role="train", overwrite=request.overwrite) as lock:
+    claim = (reclaim_out_dir(request.out, role="train") if request.resume
+             else claim_out_dir(request.out, role="train", overwrite=request.overwrite))
+    with claim as lock:
         return launch("sdc.commands.record:record_rank", job, n, timeout_s=rank_timeout, lock=lock)[0]
 
 
 def record_rank(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
     """One rank of `sdc record` (all of it with --nproc 1): what the launcher runs in each process."""
     summary = record(config, RecordRequest.from_json(request))
-    return {"steps": summary.steps, "final_loss": summary.final_loss, "wall_s": summary.wall_s}
+    return {"steps": summary.steps, "final_loss": summary.final_loss, "wall_s": summary.wall_s,
+            "resumed_from": summary.resumed_from}
 
 
 def _int_list(text: str) -> list[int]:

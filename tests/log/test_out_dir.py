@@ -87,3 +87,19 @@ def test_an_out_in_a_read_only_directory_is_a_one_line_error(tmp_path: Path) -> 
             claim_out_dir(locked / "run", role="train", overwrite=False)
     finally:
         locked.chmod(0o700)
+
+
+def test_a_run_is_reclaimed_to_resume_it_as_it_is(run_factory, tmp_path: Path) -> None:
+    from tracer.log.claim import reclaim_out_dir
+
+    run = run_factory("golden")
+    leftover = run / "checkpoints" / "step-000002" / ".tmpAb12Cd"  # what safetensors leaves when killed mid-save
+    leftover.write_bytes(b"half a checkpoint")
+    with reclaim_out_dir(run, role="train"):
+        assert _intact(run) and leftover.exists()
+        with pytest.raises(UsageError, match="another process"):
+            reclaim_out_dir(run, role="train")
+    with pytest.raises(UsageError, match="holds a recording, and this command writes a replay log"):
+        reclaim_out_dir(run, role="replay")
+    with pytest.raises(UsageError, match="no run to resume there"):
+        reclaim_out_dir(tmp_path / "nothing", role="train")

@@ -20,7 +20,7 @@ SURFACE = {
     "record": [
         "--abft", "--capture-every", "--capture-names", "--capture-steps", "--checkpoint-every", "--config",
         "--device", "--fault-profile", "--fault-seed", "--node-label", "--out", "--overwrite", "--quiet",
-        "--segment-mb", "--set", "--sites", "--steps", "--nproc", "--tp", "--sp", "--dp", "--rank-timeout",
+        "--resume", "--segment-mb", "--set", "--sites", "--steps", "--nproc", "--tp", "--sp", "--dp", "--rank-timeout",
         "--workload", "--guard",
     ],
     "inspect": ["--json", "--skip-corrupt"],
@@ -34,6 +34,7 @@ SURFACE = {
     ],
     "faults": [],
     "diff": ["--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket", "--suspect", "--twin"],
+    "watch": ["--golden", "--idle-timeout", "--keep-going", "--max-pending", "--progress-every", "--suspect"],
     "finetune": [
         "--fault-profile", "--fault-seed", "--from", "--node-label", "--out", "--overwrite", "--quiet", "--shuffle-seed",
         "--steps", "--tasks",

@@ -90,6 +90,21 @@ def claim_out_dir(out: Path, *, role: str, overwrite: bool, inputs: Sequence[Pat
     return lock
 
 
+def reclaim_out_dir(out: Path, *, role: str) -> RunLock:
+    """Lock ``out``, which must hold a run of ``role``, to continue it (``sdc record --resume``); deletes nothing."""
+    out = Path(out)
+    if not out.is_dir():
+        raise UsageError(f"{out}: no run to resume there; record one without --resume")
+    lock = RunLock.acquire(out)
+    try:
+        _refuse_foreign(out, _scan(out))
+        _refuse_other_kind(out, role)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
 def _refuse_inputs(out: Path, inputs: list[Path]) -> None:
     target = out.resolve()
     for given in inputs:

@@ -282,6 +282,7 @@ _EVENT_FIELDS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
         "fingerprint": ("an unsigned 64-bit int", _int_in(0, U64_MAX)),
     },
     "checkpoint": {"rank": ("an int >= 0", _int_in(0, 1 << 20))},
+    "resume": {"rank": ("an int >= 0", _int_in(0, 1 << 20))},
 }
 _REQUIRED = {"blob": ("microbatch", "name", "phase", "fingerprint")}
 

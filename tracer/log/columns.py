@@ -121,15 +121,20 @@ class SegmentSummary(NamedTuple):
     region_records: int = 0
 
 
-def read_segment_columns(data: Any, name: str, *, last: bool, on_corruption: OnCorruption = "raise") -> SegmentColumns:
+def read_segment_columns(
+    data: Any, name: str, *, last: bool, on_corruption: OnCorruption = "raise", session_end: bool = False,
+    cutoff: int | None = None,
+) -> SegmentColumns:
     """Decode one segment's bytes (`name` is for messages), as `read_segment` does, into columns.
 
     Values that do not fit the columns (an int beyond int64, a fingerprint beyond uint64)
-    are reported as corrupt records: the writer never produces them.
+    are reported as corrupt records: the writer never produces them. In a resumed log
+    (`tracer.log.sessions`), `session_end` and `cutoff` are what `Sessions` says of the
+    segment: it may end torn; its records from step `cutoff` on are superseded, left out.
     """
     skip = _skip_mode(on_corruption)
     status = LogStatus()
-    seg = _Segment(data, name, last=last, skip=skip, status=status)
+    seg = _Segment(data, name, last=last, skip=skip, status=status, session_end=session_end)
     status.first_record = seg.first_record
     clean = seg.header is not None and not status.corruptions and not status.torn_tail
     fast = _decode_clean(data, seg, last) if clean else None
@@ -141,7 +146,21 @@ def read_segment_columns(data: Any, name: str, *, last: bool, on_corruption: OnC
         seg.data_records = status.records = len(tensors) + len(events)
         if end is not None:
             status.complete, status.end = True, end
+    if cutoff is not None:
+        tensors, events = _before(tensors, events, cutoff, status)
     return SegmentColumns(seg.header, seg.index, tensors, events, status, seg.data_records, seg.lost, seg.region_records)
+
+
+def _before(tensors: TensorColumns, events: list[Entry], cutoff: int, status: LogStatus) -> tuple[TensorColumns,
+                                                                                                   list[Entry]]:
+    """The records of steps before `cutoff`: a resumption wrote the later ones again."""
+    keep = tensors.step < cutoff
+    kept = [e for e in events if e.record.step < cutoff]
+    dropped = int((~keep).sum()) + len(events) - len(kept)
+    status.records -= dropped
+    status.superseded += dropped
+    cols = {f.name: getattr(tensors, f.name) for f in fields(tensors) if f.name != "strings"}
+    return TensorColumns(**{k: v[keep] for k, v in cols.items()}, strings=tensors.strings), kept
 
 
 def check_chain(segments: Iterable[SegmentSummary], missing_path: Callable[[int], str]) -> list[tuple[str, int, str]]:

@@ -4,7 +4,8 @@ Everything sdctrace writes in a run directory, and nothing else (`written_by_sdc
 
     <run>/rank-00000/000000.sdclog, 000001.sdclog, ...   one log (a directory of segments) per rank
     <run>/checkpoints/step-000010/rank-00000.msgpack     a checkpoint's manifest (renamed in last) ...
-    <run>/checkpoints/step-000010/rank-00000.safetensors ... and its tensors (each first written as *.tmp)
+    <run>/checkpoints/step-000010/rank-00000.safetensors ... and its tensors (each first written as *.tmp; safetensors
+                                                         itself writes through a .tmpXXXXXX file, which a crash leaves)
     <run>/blobs/3f/3fa4...e1.safetensors                 captured full tensors (first written as *.tmp<pid>)
     <run>/.sdctrace-lock                                 the writer lock (`tracer.log.runlock`)
 """
@@ -72,7 +73,8 @@ def segment_name(index: int) -> str:
 # Each tree sdctrace writes, as the pattern of every level below the run: the last level's are files.
 _WRITTEN = (
     (_RANK_DIR, _SEGMENT),
-    (re.compile(CHECKPOINT_DIR), re.compile(r"step-\d{6,}"), re.compile(r"rank-\d{5,}\.(msgpack|safetensors)(\.tmp)?")),
+    (re.compile(CHECKPOINT_DIR), re.compile(r"step-\d{6,}"),
+     re.compile(r"rank-\d{5,}\.(msgpack|safetensors)(\.tmp)?|\.tmp[0-9A-Za-z]{6}")),
     (re.compile(BLOB_DIR), re.compile(r"[0-9a-f]{2}"), re.compile(r"[0-9a-f]{16}\.(safetensors|tmp\d+)")),
     (re.compile(re.escape(LOCK_FILE)),),
 )

@@ -18,7 +18,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from tracer.errors import LogCorruptionError, LogFormatError, UsageError
+from tracer.errors import LogCorruptionError, LogError, LogFormatError, UsageError
 from tracer.files import open_regular
 from tracer.log.codec import (
     PayloadError,
@@ -44,6 +44,7 @@ from tracer.log.framing import (
 )
 from tracer.log.layout import list_segments, segment_path
 from tracer.log.records import EndRecord, EventRecord, RunHeader, TensorRecord
+from tracer.log.sessions import Resumption, Sessions, resumption
 
 OnCorruption = Literal["raise", "skip"]
 
@@ -96,6 +97,7 @@ class LogStatus:
     end: EndRecord | None = None
     torn_tail: bool = False  # the last segment ended inside a record (crash mid-write)
     records: int = 0  # TENSOR and EVENT records returned
+    superseded: int = 0  # records a resumption wrote again, left out (tracer.log.resume)
     skipped_records: int = 0  # bad frames and undecodable records passed over in skip mode
     skipped_bytes: int = 0
     corruptions: list[tuple[str, int, str]] = field(default_factory=list)  # (file, byte offset, reason)
@@ -201,8 +203,13 @@ class LogReader:
             yield entry.record
 
     def entries(self) -> Iterator[Entry]:
-        """Every record with its position; each call reads afresh into a new `status`."""
+        """Every record with its position; each call reads afresh into a new `status`.
+
+        A resumed log (tracer.log.resume) reads as one timeline: records that a resumption
+        after them supersedes are left out (counted in `status.superseded`).
+        """
         status = self.status = LogStatus()
+        sessions = find_sessions(self.directory)
         expected_index, expected_first = 0, 0  # expected_first: None once records went missing unseen
         last = len(self._indexed) - 1
         prev: _Segment | None = None
@@ -217,7 +224,8 @@ class LogReader:
                 )
                 status._lose(gap, 0, 0, 0)
                 expected_first = None
-            seg = _Segment(_load(path), name, last=i == last, skip=self._skip, status=status)
+            seg = _Segment(_load(path), name, last=i == last, skip=self._skip, status=status,
+                           session_end=sessions.ends_session(index))
             if prev is not None and prev.first_record is not None and seg.first_record is not None:
                 # The HEADER counts the records before it: what the gap or the bad regions hid.
                 missing = seg.first_record - prev.first_record - prev.data_records
@@ -236,7 +244,11 @@ class LogReader:
                     f"segment starts at record {seg.first_record} but the segments before it hold {expected_first}: "
                     "records are missing from the end of the previous segment",
                 )
-            yield from seg.entries
+            cutoff = sessions.cutoff(index)
+            if cutoff is None:
+                yield from seg.entries
+            else:
+                yield from _superseding(seg.entries, cutoff, status)
             prev = seg
             expected_index = index + 1
             expected_first = None if seg.lost or seg.first_record is None else seg.first_record + seg.data_records
@@ -262,18 +274,56 @@ class LogReader:
             )
 
 
+def resumption_in(data: Any, name: str, index: int) -> Resumption | None:
+    """The resumption that segment `index` starts, if any, from its bytes or a prefix holding its first records."""
+    try:
+        seg = _Segment(data, name, last=False, skip=True, status=LogStatus())
+        first = next(seg.entries, None)
+        seg.entries.close()
+    except LogError:  # not a segment at all: reading it reports that
+        return None
+    return resumption(first.record if first is not None else None, seg.first_record, index)
+
+
+def find_sessions(directory: Path) -> Sessions:
+    """The resumptions of the log in `directory`, from the head of each segment."""
+    found = (resumption_in(_load(path), str(path), index) for index, path in list_segments(directory) if index)
+    return Sessions(tuple(r for r in found if r is not None))
+
+
+def _superseding(entries: Iterator[Entry], cutoff: int, status: LogStatus) -> Iterator[Entry]:
+    """`entries` before step `cutoff`: a resumption rewrote the later ones."""
+    for entry in entries:
+        if entry.record.step < cutoff:
+            yield entry
+        else:
+            status.records -= 1
+            status.superseded += 1
+
+
 class _Segment:
     """Decodes one segment's bytes into entries, reporting problems into a shared LogStatus.
 
     Constructing it reads the file header and the HEADER record; `entries` does the rest.
     """
 
-    def __init__(self, data: Any, name: str, *, last: bool, skip: bool, status: LogStatus) -> None:
+    def __init__(
+        self, data: Any, name: str, *, last: bool, skip: bool, status: LogStatus, session_end: bool = False,
+        live: bool = False,
+    ) -> None:
         self._view = memoryview(data)
         self.name = name
         self._last = last
+        # A resumption follows this segment (tracer.log.resume): a crash may have cut it short, silently.
+        self._session_end = session_end
+        # `data` is a file being written (tracer.log.follow): a problem that no valid frame follows may be a
+        # record still being written, so decoding stops there (`waiting`) instead of judging it.
+        self._live = live
+        self.waiting = False
+        self.pos = 0  # where decoding stopped: the next frame to read (live reading continues here)
         self._skip = skip
         self._status = status
+        self._strings: dict[int, str] = {}
         self.index: int | None = None  # from the file header
         self.version = FORMAT_VERSION  # from the file header: which record types are defined
         self.header: RunHeader | None = None
@@ -282,11 +332,11 @@ class _Segment:
         self.lost = False  # a bad region hid an unknown number of records
         self.region_records = 0  # records the lost ranges of bad regions claim (at least one each)
         self._ended = False  # the END record was read: any bad byte after it is trailing garbage
-        self.entries = self._decode()
-        next(self.entries)  # runs up to the first `yield`: the head
+        self.entries = self._records(self._head())
 
-    def _decode(self) -> Iterator[Any]:
-        frames = self._frames() if self._file_header_ok() else iter(())
+    def _head(self) -> Iterator[tuple[int, int, memoryview]]:
+        """Read the file header and the HEADER record; the frames after them."""
+        frames = self._frames(HEADER_SIZE) if self._file_header_ok() else iter(())
         first = next(frames, None)
         if first is not None and first[0] == HEADER_SIZE:  # the segment's first record
             if first[1] == _HEADER:
@@ -298,13 +348,27 @@ class _Segment:
                 found = RecordType(first[1]).name
                 self._bad_record(first[0], first[2], f"segment starts with a {found} record, expected HEADER")
             first = None
-        yield None  # head done
+        return frames if first is None else chain((first,), frames)
 
-        status, index = self._status, self.index
-        strings: dict[int, str] = {}
-        ended = False
-        for pos, rtype, payload in frames if first is None else chain((first,), frames):
-            if ended:
+    def more(self, data: Any) -> Iterator[Entry]:
+        """Live reading: the entries of `data` (the same file, grown) from where decoding stopped."""
+        self._view = memoryview(data)
+        self.waiting = False
+        return self._records(self._frames(self.pos))
+
+    def settle(self, *, last: bool, session_end: bool) -> None:
+        """Stop reading live: the file is final, so the next `more` judges a problem at its end as LogReader does."""
+        self._live, self._last, self._session_end = False, last, session_end
+
+    @property
+    def head_pending(self) -> bool:
+        """Live reading stopped before the HEADER: the file is too new to say which run it belongs to."""
+        return self._live and self.header is None and self.pos <= HEADER_SIZE
+
+    def _records(self, frames: Iterator[tuple[int, int, memoryview]]) -> Iterator[Entry]:
+        status, index, strings = self._status, self.index, self._strings
+        for pos, rtype, payload in frames:
+            if self._ended:
                 self._bad_record(pos, payload, "record after the END record")
                 continue
             try:
@@ -319,11 +383,11 @@ class _Segment:
                 elif rtype == _EVENT:
                     rec = decode_event(payload)
                 elif rtype == _END:
-                    if not self._last:
+                    if not (self._last or self._live):  # a live segment may be the last: END says it is
                         self._bad_record(pos, payload, "END record in a segment that is not the log's last")
                     else:
                         self._end(pos, decode_end(payload))
-                        ended = self._ended = True
+                        self._ended = True
                     continue
                 else:
                     self._bad_record(pos, payload, "HEADER record after the first record")
@@ -351,14 +415,19 @@ class _Segment:
             if not MAGIC.startswith(view[: len(MAGIC)].tobytes()) and not _all_zero(view):
                 raise self._not_a_segment(view[: len(MAGIC)].tobytes())
             reason = f"file is {n} bytes, shorter than its {HEADER_SIZE}-byte header"
-            if self._last:
+            if self._live:
+                self.waiting = True
+            elif self._last or self._session_end:
                 self._torn(0, reason)
             else:
                 self._bad_region(0, n, reason)
             return False
         magic, version, flags, self.index = FILE_HEADER.unpack_from(view)
         if magic != MAGIC:
-            if self._last and _all_zero(view):
+            if self._live and _all_zero(view):
+                self.waiting = True
+                return False
+            if (self._last or self._session_end) and _all_zero(view):
                 self._torn(0, "file is all zero bytes")
                 return False
             raise self._not_a_segment(magic)
@@ -375,10 +444,11 @@ class _Segment:
         self.version = version
         return True
 
-    def _frames(self) -> Iterator[tuple[int, int, memoryview]]:
-        """(offset, type, payload) of each valid frame; bad regions are torn tails or corruption."""
-        view, end, pos = self._view, len(self._view), HEADER_SIZE
+    def _frames(self, pos: int) -> Iterator[tuple[int, int, memoryview]]:
+        """(offset, type, payload) of each valid frame from `pos`; bad regions are torn tails or corruption."""
+        view, end = self._view, len(self._view)
         unpack, types = FRAME.unpack_from, RECORD_TYPES[self.version]
+        self.pos = pos
         while pos < end:
             truncated = False
             if end - pos < FRAME_SIZE:
@@ -396,22 +466,28 @@ class _Segment:
                 elif rtype not in types:
                     reason = f"unknown record type {rtype} (format v{self.version} defines 1..{max(types)})"
                 else:
+                    self.pos = stop
                     yield pos, rtype, view[pos + FRAME_SIZE : stop]
                     pos = stop
                     continue
             resume = next_frame(view, pos + 1)
+            if self._live and resume == end and not self._ended:
+                self.pos, self.waiting = pos, True
+                return
             if self._ended:  # close() fsyncs after END: nothing can follow it but corruption
                 self._report(pos, f"trailing garbage after a clean close: {end - pos} bytes after the END record "
                              f"({reason})")
                 self._status.skipped_bytes += end - pos
+                self.pos = end
                 return
             # A crash can only cut the log short (or leave zeros where the file system had
             # not written data yet); a valid frame after the problem means it is not the tail.
-            if self._last and resume == end and (truncated or _all_zero(view[pos:])):
+            if (self._last or self._session_end) and resume == end and (truncated or _all_zero(view[pos:])):
                 self._torn(pos, reason)
+                self.pos = end
                 return
             self._bad_region(pos, resume, reason)
-            pos = resume
+            pos = self.pos = resume
 
     def _lose_records(self, pos: int, payload: memoryview, records: int | None) -> None:
         """A data frame that passed its CRC but does not decode: its records (None: an unknown number) are lost."""
@@ -435,6 +511,8 @@ class _Segment:
         self._status.complete, self._status.end = True, end
 
     def _torn(self, pos: int, reason: str) -> None:
+        if not self._last:  # a crashed session's end: the resumption after it supersedes what the tear held
+            return
         warnings.warn(
             f"{self.name}: the log ends inside a record at byte {pos} ({reason}): treating it as the torn "
             "tail of a crashed write; every record before it was read",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -25,6 +26,7 @@ from tracer.errors import UsageError
 from tracer.log.layout import LOCK_FILE
 
 ENV = "SDC_RUN_LOCK"  # "<fd>:<lock file>" of a lock a launched rank inherits
+_TRIES, _RETRY_S = 5, 0.01
 
 
 class RunLock:
@@ -47,9 +49,7 @@ class RunLock:
         except OSError as exc:
             raise UsageError(f"{run}: cannot create its lock file {LOCK_FILE} ({exc.strerror}); "
                              "choose an --out you can write to") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _flock(fd):
             holder = _holder(fd)
             os.close(fd)
             raise UsageError(f"{run}: another process{holder} is writing this run; wait for it to finish, "
@@ -75,6 +75,19 @@ class RunLock:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.release()
+
+
+def _flock(fd: int) -> bool:
+    """Take the exclusive lock; False if a writer holds it. A reader that asks whether a writer runs
+    (`tracer.log.follow`) holds a shared lock for microseconds: a few retries step past it."""
+    for attempt in range(_TRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < _TRIES:
+                time.sleep(_RETRY_S)
+    return False
 
 
 def _inherited(path: Path) -> int | None:

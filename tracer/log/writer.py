@@ -44,6 +44,8 @@ from tracer.log.records import (
     RunHeader,
     TensorRecord,
 )
+from tracer.log.resume import pending_resumption
+from tracer.log.sessions import Resumption, marker
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
 BLOCK_ROWS = 4096  # TENSOR records held for one block at most: bounds the writer's memory and a block's size
@@ -72,18 +74,29 @@ class LogWriter:
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         open_file: Callable[[Path], BinaryIO] | None = None,
+        resume: Resumption | None = None,
     ) -> None:
-        self.directory = _claim(directory, header, segment_bytes)
+        resume = resume or pending_resumption(directory)
+        self.directory = _claim(directory, header, segment_bytes, resume)
         self._header = header
         self._open_file = open_file or (lambda path: open(path, "xb", buffering=_BUFFER_BYTES))
         self._segment_bytes = segment_bytes
         self._rows: list[Row] = []  # the block being filled: TENSOR records of step `_block_step`
         self._block_step = -1
         self.bytes_written = 0  # all segments, framing included
-        self.records_written = 0  # TENSOR and EVENT records
+        self.records_written = resume.records if resume else 0  # TENSOR and EVENT records, the log's whole
         self.segment_index = 0
         self._closed = False
-        self._open_segment(0)
+        if resume is None:
+            self._open_segment(0)
+            return
+        # The marker goes first and to the disk at once: a session whose first segment lacks it cannot be told
+        # apart from a continuation of the crashed one.
+        self._open_segment(resume.segment)
+        self.write_event(marker(resume.step, header.rank, resume.last_step))
+        self._file.flush()
+        _fsync(self._file)
+        _fsync_dir(self.directory)
 
     # -- records ---------------------------------------------------------------------
     def write_tensor(self, rec: TensorRecord) -> None:
@@ -229,9 +242,9 @@ class LogWriter:
         return UsageError(f"the log writer for {self.directory} is closed; open a new run to write more")
 
 
-def _claim(directory: Path, header: RunHeader, segment_bytes: int) -> Path:
+def _claim(directory: Path, header: RunHeader, segment_bytes: int, resume: Resumption | None = None) -> Path:
     """Check a new log's segment size and header (it must read back as written), then create its
-    directory; refuse one that already holds a log."""
+    directory; refuse one that already holds a log, unless it continues it (`resume`)."""
     if segment_bytes <= 0:
         raise UsageError(f"segment_bytes must be > 0, got {segment_bytes}")
     try:
@@ -246,6 +259,12 @@ def _claim(directory: Path, header: RunHeader, segment_bytes: int) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     existing = list_segments(directory)
+    if resume is not None:
+        if not existing or existing[-1][0] + 1 != resume.segment:
+            found = f"segments up to {existing[-1][0]}" if existing else "no log"
+            raise UsageError(f"{directory}: a resumption starting at segment {resume.segment} cannot continue this "
+                             f"log: it holds {found}; resume from what `tracer.log.resume.log_end` says")
+        return directory
     if existing:
         raise UsageError(
             f"{directory}: already holds a log ({len(existing)} segment(s)); a log is written "
@@ -272,8 +291,10 @@ class HeaderAtFirstFlush:
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         open_file: Callable[[Path], BinaryIO] | None = None,
+        resume: Resumption | None = None,
     ) -> None:
-        self.directory = _claim(directory, header(), segment_bytes)
+        self._resume = resume or pending_resumption(directory)
+        self.directory = _claim(directory, header(), segment_bytes, self._resume)
         self._header = header
         self._segment_bytes = segment_bytes
         self._open_file = open_file
@@ -301,7 +322,8 @@ class HeaderAtFirstFlush:
     def _open(self) -> LogWriter:
         if self.writer is not None:
             return self.writer
-        w = LogWriter(self.directory, self._header(), segment_bytes=self._segment_bytes, open_file=self._open_file)
+        w = LogWriter(self.directory, self._header(), segment_bytes=self._segment_bytes, open_file=self._open_file,
+                      resume=self._resume)
         self.writer = w
         held, self._held = self._held, []
         for rec in held:

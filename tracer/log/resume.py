@@ -1,0 +1,79 @@
+"""Continue a crashed log: where it stands, and handing a resumption to the writer that code you call opens.
+
+    end = log_end(rank_dir(run, rank))                  # segments, records, last completed step
+    with resuming(rank_dir(run, rank), Resumption(end.segments, step=10, records=end.records)):
+        ...a LogWriter opened in that directory continues its log (the Tracer's, say)...
+
+The writer appends segment files after the last one and never rewrites a byte; its
+first segment starts with the ``resume`` marker (`tracer.log.sessions`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracer.errors import UsageError
+from tracer.log.layout import list_segments
+from tracer.log.reader import LogReader, LogStatus, TornTailWarning, _load, _Segment
+from tracer.log.records import EventRecord
+from tracer.log.sessions import Resumption
+
+
+@dataclass(frozen=True)
+class LogEnd:
+    """Where a crashed log stands, for a writer that continues it."""
+
+    segments: int  # the next segment's index
+    records: int  # TENSOR and EVENT records the log holds: the next segment's HEADER `first_record`
+    last_step: int | None  # the last step whose `step` event the log holds (the step completed)
+    complete: bool  # the log has an END record: nothing to resume
+
+
+def log_end(directory: Path) -> LogEnd:
+    """Read a log to its end (skipping corruption, as a crashed log may be torn) and say where it stands."""
+    reader = LogReader(directory, on_corruption="skip")
+    last_step = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TornTailWarning)
+        for rec in reader.records():
+            if isinstance(rec, EventRecord) and rec.kind == "step":
+                last_step = rec.step if last_step is None else max(last_step, rec.step)
+    segments = list_segments(directory)
+    return LogEnd(segments[-1][0] + 1, _records(segments), last_step, reader.status.complete)
+
+
+def _records(segments: list[tuple[int, Path]]) -> int:
+    """Records the log holds as its chain counts them: the last segment with a HEADER, its first record plus its
+    own (a segment torn inside its HEADER holds none)."""
+    for _, path in reversed(segments):
+        seg = _Segment(_load(path), str(path), last=False, skip=True, status=LogStatus())
+        for _ in seg.entries:
+            pass
+        if seg.first_record is not None:
+            return seg.first_record + seg.data_records
+    return 0
+
+
+_PENDING: dict[Path, Resumption] = {}
+
+
+@contextmanager
+def resuming(directory: Path, resumption: Resumption) -> Iterator[None]:
+    """Inside, a LogWriter opened in `directory` without ``resume`` continues its log as `resumption` says."""
+    key = Path(directory).resolve()
+    if key in _PENDING:
+        raise UsageError(f"{directory}: already being resumed in this process")
+    _PENDING[key] = resumption
+    try:
+        yield
+    finally:
+        del _PENDING[key]
+
+
+def pending_resumption(directory: Path) -> Resumption | None:
+    """The resumption `resuming` set for `directory`, if any."""
+    return _PENDING.get(Path(directory).resolve()) if _PENDING else None

@@ -1,0 +1,59 @@
+"""The writing sessions of a resumed log: the marker that starts one, and the one timeline readers make of them.
+
+A writer killed mid-run leaves a log without END, its last segment perhaps cut short.
+Training restarts from a checkpoint (the state before step *c*) and the same log goes
+on (`tracer.log.resume`): the new writer appends segment files after the last one,
+never rewriting a byte, and the first of them holds, right after its HEADER, a
+``resume`` EVENT at step *c*. Records of step *c* and later that the log holds before
+that marker are superseded: the restarted training writes them again. `Sessions` says
+which records those are, so `LogReader` yields one timeline, as if the run had never
+stopped, and which segments end a session, so may end torn (docs/log-format.md,
+"Resumed logs").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tracer.log.records import EventRecord
+
+RESUME = "resume"  # the event kind of the marker
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """A writing session that continues a log: where it starts and what it restarts from."""
+
+    segment: int  # index of its first segment file
+    step: int  # the checkpoint it restarted from: records of this step and later before it are superseded
+    records: int  # TENSOR and EVENT records the log held before it (its first segment's HEADER `first_record`)
+    last_step: int | None = None  # the last step the crashed session had completed, as the marker says
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """The resumptions of one log, in log order: which records they supersede, which segments may end torn."""
+
+    resumptions: tuple[Resumption, ...] = ()
+
+    def cutoff(self, segment: int) -> int | None:
+        """Records of `segment` at this step or later are superseded (None: none are)."""
+        later = [r.step for r in self.resumptions if r.segment > segment]
+        return min(later) if later else None
+
+    def ends_session(self, segment: int) -> bool:
+        """A resumption starts right after `segment`: its writer crashed, so it may end torn."""
+        return any(r.segment == segment + 1 for r in self.resumptions)
+
+
+def marker(step: int, rank: int, last_step: int | None) -> EventRecord:
+    """The ``resume`` event: restarted from the checkpoint of `step`; the log had completed `last_step`."""
+    return EventRecord(RESUME, step, {"rank": rank, "last_step": last_step})
+
+
+def resumption(first: EventRecord | object, first_record: int | None, index: int) -> Resumption | None:
+    """The resumption that segment `index` starts, given its first data record and HEADER `first_record`."""
+    if index == 0 or first_record is None or not (isinstance(first, EventRecord) and first.kind == RESUME):
+        return None
+    last = first.fields.get("last_step")
+    return Resumption(index, first.step, first_record, last if type(last) is int else None)
