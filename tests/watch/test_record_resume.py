@@ -6,8 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import pytest
 
+from pipelines.arguments import DiffRequest
+from pipelines.run import diff
 from sdc.cli import main
 from tests.support import small_config
 from tracer.compare import compare_runs
@@ -64,4 +67,13 @@ def test_a_killed_recording_resumes_to_the_records_of_an_uninterrupted_one(tmp_p
 
     assert main(["record", "--out", str(twice), "--resume", "--quiet"]) == 1
     assert "nothing to resume" in capsys.readouterr().err
+
+    # The diff reads the same one timeline: the steps written before the crash and again after it count once.
+    db = tmp_path / "study.duckdb"
+    diff(DiffRequest(golden=str(once), suspect=str(twice), db=db, beam_args=("--direct_running_mode=in_memory",)),
+         echo=lambda line: None)
+    with duckdb.connect(str(db), read_only=True) as con:
+        differing, compared = con.execute("SELECT count(*) FILTER (WHERE status <> 'equal'), count(*) FROM event_diffs").fetchone()
+        assert con.execute("SELECT count(*) FROM first_divergence").fetchone() == (0,)
+    assert differing == 0 and compared == sum(isinstance(r, TensorRecord) for r in timeline(once))
 
