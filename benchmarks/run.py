@@ -11,7 +11,8 @@ per fingerprint event on disk; fault emulator on, nothing firing, <= 1.10 and AB
 (lockstep) a recorded step (bench_replay.py); the Beam diff of a 1 000 000-event pair
 within 3x of the same join in DuckDB at >= 800 000 events/s (bench_diff.py); on CUDA,
 where there is a device, traced / untraced <= 1.02; a guarded step, nothing firing, <= 1.02
-a traced one (bench_guard.py). A 4-rank run (dp=2 x tp=2,
+a traced one (bench_guard.py); `sdc watch` reports a divergence within one step of the suspect
+writing it (bench_watch.py). A 4-rank run (dp=2 x tp=2,
 sequence parallel) reports its own traced / untraced ratio (bench_parallel.py).
 """
 
@@ -30,6 +31,7 @@ import bench_tracing
 from bench_guard import bench_guard_overhead
 from bench_parallel import bench_parallel
 from bench_replay import bench_replay
+from bench_watch import bench_watch
 from timing import side_by_side, warmup
 
 from faults import FaultEmulator, load_profile
@@ -127,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_tracing.bench_scaling(max(10, args.steps // 2))
     bench_tracing.bench_cuda(max(10, args.steps // 2))
     bench_guard_overhead(args.steps, args.config)
+    bench_watch(args.config)
     bench_interceptor_overhead(args.steps, args.config)
     bench_replay(config=args.config)
     bench_diff.main([])
