@@ -164,3 +164,16 @@ def test_the_step_event_holds_the_norm_before_clipping(tmp_path: Path) -> None:
         clipped = math.sqrt(sum(r.l2 ** 2 for r in logged
                                 if isinstance(r, TensorRecord) and r.phase == Phase.GRAD and r.step == step))
         assert clipped == pytest.approx(min(done.fields["grad_norm"], cfg.optim.grad_clip), rel=1e-3)
+
+
+@pytest.mark.slow
+def test_guard_outcome_sets_the_guarded_node_beside_the_unguarded_one(scored: tuple[Path, dict[str, Path]]) -> None:
+    db, _ = scored
+    (row,) = LIBRARY.run(db, "guard_outcome").records()
+    assert (row["node_label"], row["guarded_node"], row["steps"]) == ("spike", "spike-guarded", STEPS)
+    assert (row["flagged"], row["recomputed"], row["reruns"], row["unresolved"], row["skipped"],
+            row["faulty_flagged"]) == (2, 2, 4, 2, 2, 2)
+    assert row["step_s"] > 0 and row["guarded_step_s"] > 0 and row["overhead"] is not None
+    # Both runs left golden, differently: one took the corrupted updates, the other skipped two updates.
+    assert row["drift"] > 0 and row["guarded_drift"] > 0 and row["drift"] != row["guarded_drift"]
+    assert row["accuracy"] is None and row["guarded_accuracy"] is None  # not fine-tuned here
