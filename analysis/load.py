@@ -17,7 +17,7 @@ import duckdb
 
 from tracer.errors import UsageError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Tables keyed by (run_id, rank), shared by every pair a run belongs to; the runs loaded are those in <staging>/runs.
 RUN_TABLES = ("runs", "finetune_eval", "finetune_predictions")
 # Tables holding a pair_id column, each loaded from <staging>/<table>/*.parquet.
@@ -35,6 +35,8 @@ PAIR_TABLES = (
     "faults",
     "abft",
     "detection_scores",
+    "detector_alarms",
+    "guard_decisions",
     "corruptions",
     "lost_ranges",
 )

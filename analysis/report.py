@@ -11,7 +11,10 @@ One progress-bar step per section:
 4. RQ3: per pair, parameter drift beside the golden and suspect loss curves with loss
    spikes marked;
 5. fine-tuning: accuracy per task and node beside prediction disagreement against the
-   shuffle-seed baseline, when ``rq3_finetune_*`` queries exist and their tables hold rows.
+   shuffle-seed baseline, when ``rq3_finetune_*`` queries exist and their tables hold rows;
+6. the guard: each detector scored against the injected faults (``guard_detector_scores``)
+   and, for a node recorded with and without the guard, what guarding changed
+   (``guard_outcome``).
 
 Plots and `sdc query` read the same queries, so they never disagree. A section or plot
 without data says what would fill it. Plots are drawn on matplotlib's Agg canvas through
@@ -41,6 +44,7 @@ from tracer.errors import UsageError
 
 FINETUNE_QUERIES = ("rq3_finetune_accuracy", "rq3_finetune_disagreement")
 FINETUNE_TABLES = ("finetune_eval", "finetune_predictions")
+GUARD_QUERIES = ("guard_detector_scores", "guard_outcome")
 HTML_ROWS = 200  # rows of one table shown in index.html; `sdc query` prints all
 
 
@@ -91,7 +95,7 @@ def build_report(db_path: str | Path, out_dir: str | Path, *, library: QueryLibr
     study = _Study(Path(db_path), out, library)
     study.query("summary")  # fail early, before any file is written, on a missing or foreign database
     out.mkdir(parents=True, exist_ok=True)
-    builders: list[Callable[[_Study], Section]] = [_summary, _rq1, _rq2, _rq3, _finetune]
+    builders: list[Callable[[_Study], Section]] = [_summary, _rq1, _rq2, _rq3, _finetune, _guard]
     sections: list[Section] = []
     bar = tqdm(total=len(builders) + 1, desc="report", unit="section", disable=None if progress else True, leave=False)
     try:
@@ -264,6 +268,34 @@ def _finetune(study: _Study) -> Section:
                       "Right: disagreement with the golden model's predictions, per suspect node and the "
                       "shuffle-seed baseline."))
     s.tables += [("rq3_finetune_accuracy", accuracy, True), ("rq3_finetune_disagreement", disagreement, False)]
+    return s
+
+
+def _guard(study: _Study) -> Section:
+    s = Section("guard", "The guard - detectors scored against the injected faults",
+                "Each detector of the guard (docs/guard.md), and the guard's default combination ('guard'), run over "
+                "every step of each suspect and scored against the fault events: recall over all faulty steps and "
+                "over harmful ones (param-sync noise-to-signal above 0.01 or a loss 10 % off golden's), precision, "
+                "and false alarms per 100 steps (on the healthy twin, its false-alarm rate). A node recorded "
+                "again under the guard is set beside its unguarded recording: steps flagged and recomputed, the "
+                "step-time overhead, loss spikes, final drift and fine-tuned accuracy.")
+    tables = {t for (t,) in study.library.run(
+        study.db, "SELECT table_name FROM duckdb_tables() WHERE table_name IN ('detector_alarms', 'guard_decisions')"
+    ).rows}
+    if any(q not in study.library.names() for q in GUARD_QUERIES) or tables != {"detector_alarms", "guard_decisions"}:
+        s.notes.append("This database predates the detector tables (detector_alarms, guard_decisions): diff the "
+                       "runs again into a new --db.")
+        return s
+    scores, outcome = (study.query(q) for q in GUARD_QUERIES)
+    if scores.rows:
+        s.tables.append(("guard_detector_scores", scores, False))
+    else:
+        s.notes.append("No pretraining pair is loaded: `sdc diff` a suspect against its golden run.")
+    if outcome.rows:
+        s.tables.append(("guard_outcome", outcome, False))
+    else:
+        s.notes.append("No guarded recording beside an unguarded one: record a node again with `sdc record "
+                       "--guard POLICY` as <node>-guarded (a study does it for a node with guard = POLICY).")
     return s
 
 

@@ -260,6 +260,41 @@ CREATE TABLE IF NOT EXISTS detection_scores (
     propagated BIGINT NOT NULL                -- fingerprint: differs downstream of a fault (0 for abft)
 );
 
+-- The guard's detectors run offline over the suspect's steps (pipelines/alarms.py): one row per step and
+-- detector, plus one per step for the guard's default combination (detector 'guard'). Key: (pair_id, rank, step, detector).
+CREATE TABLE IF NOT EXISTS detector_alarms (
+    pair_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    run_id VARCHAR NOT NULL,                  -- the suspect's
+    node_label VARCHAR,
+    step BIGINT NOT NULL,
+    detector VARCHAR NOT NULL,                -- non_finite, loss_spike, grad_norm_spike, abft_flags, twin_mismatch, guard
+    fired BOOLEAN NOT NULL,
+    measured DOUBLE,                          -- the detector's statistic when it fired (guard: how many fired); else null
+    threshold DOUBLE,                         -- what it crossed (guard: 1); null when it did not fire
+    detail VARCHAR,                           -- the alarm's detail (guard: the detectors that fired)
+    faults BIGINT NOT NULL,                   -- fault events of the run the detectors saw (ground truth)
+    guarded BOOLEAN NOT NULL,                 -- the guard re-ran the step: evidence and faults are its first run's
+    loss DOUBLE,                              -- the step's loss the detectors saw
+    wall_s DOUBLE                             -- the step's wall time (`step` event), the guard's re-runs included
+);
+
+-- One row per `guard` event of the suspect (a guarded recording). Key: (pair_id, rank, step).
+CREATE TABLE IF NOT EXISTS guard_decisions (
+    pair_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    run_id VARCHAR NOT NULL,
+    node_label VARCHAR,
+    step BIGINT NOT NULL,
+    detectors VARCHAR[],                      -- the detectors that fired on the first run
+    outcome VARCHAR,                          -- transient, deterministic, unresolved, unclassified
+    action VARCHAR,                           -- continue, skip, stop
+    accepted BIGINT,                          -- the attempt the optimizer stepped with (null: skip, stop)
+    runs BIGINT,                              -- runs of the step, the first included: runs - 1 were recomputed
+    first_run_faults BIGINT,                  -- fault events of the first (flagged) run
+    accepted_run_faults BIGINT                -- fault events of the accepted run
+);
+
 -- RQ3, fine-tuned accuracy: one row per `finetune_eval` event of every run loaded (golden,
 -- suspect, twin). Key: (run_id, rank, step, task); replaced whenever the run is loaded again.
 CREATE TABLE IF NOT EXISTS finetune_eval (

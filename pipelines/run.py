@@ -39,7 +39,7 @@ from apache_beam.runners.runner import PipelineState, create_runner
 
 from analysis import queries
 from analysis.load import connect_writable, load_parquet
-from pipelines import detections, metrics, source
+from pipelines import alarms, detections, metrics, source
 from pipelines import diff as tensor_diff
 from pipelines import events as events_mod
 from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET, DiffRequest, add_arguments
@@ -129,6 +129,7 @@ def build_pipeline(p: beam.Pipeline, plan: DiffPlan, staging: str) -> None:
         diffs[tensor_diff.FINDINGS] | "Rank findings" >> detections.RankFindings(faults, events[events_mod.CHECKS]),
         events[events_mod.STEPS] | "Loss curves" >> metrics.LossCurves(),
         p | "Parameter drift" >> metrics.ParamDrift(plan.drift),
+        p | "Detector alarms" >> alarms.DetectorAlarms(plan.golden, plan.suspect),
         p | "Pair" >> beam.Create([named("pairs", [_pair_row(plan)])]),
     )
     # The diff tables are written where they are made; the others, a few rows per rank or segment, meet first:

@@ -323,18 +323,16 @@ class Tracer:
         log = self.log
         wall = time.perf_counter() - self._step_start
         lrs = self._lrs or ([float(g["lr"]) for g in self.optimizer.param_groups] if self.optimizer else [])
-        log.write_event(
-            EventRecord(
-                "step",
-                step,
-                {
-                    "loss": sum(self._losses) if self._losses else None,
-                    "lr": lrs,
-                    "wall_s": wall,
-                    "microbatches": len(self._losses),
-                },
-            )
-        )
+        fields: dict[str, Any] = {
+            "loss": sum(self._losses) if self._losses else None,
+            "lr": lrs,
+            "wall_s": wall,
+            "microbatches": len(self._losses),
+        }
+        if self._grad_norm is not None:  # the accepted run's norm before clipping: offline detectors read it
+            with own_ops():
+                fields["grad_norm"] = float(self._grad_norm)
+        log.write_event(EventRecord("step", step, fields))
         # Hand the step's records to the I/O thread: a crash loses at most the current step.
         log.flush()
 

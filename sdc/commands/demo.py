@@ -14,9 +14,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run the shipped demo study: a golden node and four emulated ones, end to end, no download",
         description=(
             "Run the shipped `demo` study on the tiny workload and the embedded corpus: record a golden node, "
-            "a healthy twin and three unhealthy nodes emulated by different fault profiles, replay a window "
-            "of steps in both modes, diff everything into one DuckDB database, fine-tune every node on the "
-            "shipped multiple-choice tasks, print the RQ1-RQ3 summary tables and write the HTML report. "
+            "a healthy twin and three unhealthy nodes emulated by different fault profiles (one of them recorded "
+            "a second time under the guard), replay a window of steps in both modes, diff everything into one "
+            "DuckDB database, fine-tune every node on the shipped multiple-choice tasks, print the RQ1-RQ3 "
+            "summary tables and the guard's detector scores and write the HTML report. "
             "`sdc study demo` is the same; copy its file (sdc/study/studies/demo.toml) to make your own."
         ),
     )

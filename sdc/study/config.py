@@ -14,34 +14,47 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_args
 
 from faults import load_profile
 from replay.engine import MODES, parse_steps
 from tracer import typed_toml
 from tracer.errors import ConfigError
+from tracer.guard import Policy
 from tracer.typed_toml import check, require, toml_field
 from workload.config import Config, load_config, shipped_configs
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_LABEL = "letters, digits, '.', '_' or '-', not ending in -twin, -lockstep or -param-sync (they name derived runs)"
+DERIVED = ("-twin", "-lockstep", "-param-sync", "-guarded")  # suffixes of the runs a study derives from a node
+_LABEL = "letters, digits, '.', '_' or '-', not ending in -twin, -lockstep, -param-sync or -guarded (they name " \
+    "derived runs)"
+_POLICY = f"one of {', '.join(get_args(Policy))}: the node is recorded a second time, guarded, as <label>-guarded"
 
 
 def _check_label(label: str, key: str) -> None:
-    require(bool(LABEL.fullmatch(label)) and not label.endswith(("-twin", "-lockstep", "-param-sync")),
-            key, label, _LABEL)
+    require(bool(LABEL.fullmatch(label)) and not label.endswith(DERIVED), key, label, _LABEL)
 
 
 @dataclass(frozen=True)
 class Node:
-    """One emulated node: a label, the fault profile that plays it, and its checks."""
+    """One emulated node: a label, the fault profile that plays it, and its checks. With ``guard`` (a policy),
+    the node is also recorded under the guard's default detectors (`tracer.guard.default_guard`) as
+    ``<label>-guarded``, diffed and fine-tuned like the others: what guarding changed."""
 
     label: str = toml_field(expected=_LABEL)
     profile: str = toml_field(expected="a shipped fault profile's name or a path to a profile file")
     fault_seed: int = 0
     abft: bool = False
+    guard: str | None = toml_field(None, expected=_POLICY)
 
     def __post_init__(self) -> None:
         _check_label(self.label, "label")
+        require(self.guard is None or self.guard in get_args(Policy), "guard", self.guard, _POLICY)
+
+    @property
+    def guarded(self) -> str | None:
+        """The guarded recording's label, if the node has one."""
+        return f"{self.label}-guarded" if self.guard is not None else None
 
 
 @dataclass(frozen=True)
@@ -170,7 +183,7 @@ def _build(f: _StudyFile, path: Path, overrides: tuple[str, ...]) -> Study:
             load_profile(profile)
         except ConfigError as e:
             raise error(f"node[{i}].profile", str(e)) from None
-        nodes.append(Node(n.label, profile, n.fault_seed, n.abft))
+        nodes.append(Node(n.label, profile, n.fault_seed, n.abft, n.guard))
 
     text = f.replay.steps or f"0:{min(cfg.run.steps, 8)}"
     try:

@@ -4,7 +4,7 @@
 
 Layout of the output directory:
 
-    runs/<label>/                    pretraining run of each node (golden first)
+    runs/<label>/                    pretraining run of each node (golden first; <label>-guarded: under the guard)
     replays/<label>-<mode>/          replay of the study's window on each node
     finetune/<label>/                fine-tune of each node's final model (+ <golden>-twin)
     study.duckdb                     every pair diffed into one database
@@ -42,7 +42,8 @@ STATE = "study-state.json"
 LOG = "study.log"
 # Printed at the end of a study, in this order (named queries in analysis/queries).
 SUMMARY_QUERIES = ("summary", "rq1_mismatch_by_node", "rq1_mismatch_bursts", "rq1_abft_by_fault_kind",
-                   "rq2_noise_worst", "rq3_finetune_accuracy", "rq3_finetune_disagreement")
+                   "rq2_noise_worst", "rq3_finetune_accuracy", "rq3_finetune_disagreement", "guard_detector_scores",
+                   "guard_outcome")
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,11 @@ def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tup
         jobs.append(Job(f"record:{n.label}", f"record {n.label} ({n.profile}{', ABFT' if n.abft else ''})",
                         lambda n=n: _record(study, paths.run(n.label), n.label, n.profile, n.fault_seed, n.abft,
                                             progress)))
+    for n in study.nodes:
+        if n.guarded is not None:
+            jobs.append(Job(f"record:{n.guarded}", f"record {n.guarded} ({n.profile}, guard {n.guard})",
+                            lambda n=n: _record(study, paths.run(n.guarded), n.guarded, n.profile, n.fault_seed, n.abft,
+                                                progress, guard=n.guard)))
     steps = study.replay.steps
     for n in study.nodes:
         for mode in study.replay.modes:
@@ -144,6 +150,9 @@ def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tup
         jobs.append(Job(f"diff:{n.label}", f"diff {golden} vs {n.label}",
                         lambda n=n, replays=replays: _diff(paths.run(golden), paths.run(n.label), replays,
                                                            paths.db, beam_args)))
+        if n.guarded is not None:  # no replays: the guarded run is compared as it trained
+            jobs.append(Job(f"diff:{n.guarded}", f"diff {golden} vs {n.guarded}",
+                            lambda n=n: _diff(paths.run(golden), paths.run(n.guarded), [], paths.db, beam_args)))
     if study.finetune is not None:
         jobs += _finetune_jobs(study, paths, progress=progress, beam_args=beam_args)
     jobs.append(Job("report", "report", lambda: _report(paths, progress)))
@@ -157,6 +166,7 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
     twin = f"{golden}-twin"
     runs = [(golden, golden, None, 0, None), (twin, golden, None, 0, ft.twin_shuffle_seed)]
     runs += [(n.label, n.label, n.profile, n.fault_seed, None) for n in study.nodes]
+    runs += [(n.guarded, n.guarded, n.profile, n.fault_seed, None) for n in study.nodes if n.guarded is not None]
     jobs = []
     for label, source, profile, seed, shuffle in runs:
         detail = profile or (f"shuffle seed {shuffle}" if shuffle is not None else "")
@@ -164,10 +174,10 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
         jobs.append(Job(f"finetune:{label}", describe,
                         lambda label=label, source=source, profile=profile, seed=seed, shuffle=shuffle: _finetune(
                             ft, paths.run(source), paths.finetune(label), label, profile, seed, shuffle, progress)))
-    for n in study.nodes:
-        jobs.append(Job(f"diff-finetune:{n.label}", f"diff fine-tuned {golden} vs {n.label} (twin baseline)",
-                        lambda n=n: _diff(paths.finetune(golden), paths.finetune(n.label), [], paths.db, beam_args,
-                                          twin=paths.finetune(twin))))
+    for label in [n.label for n in study.nodes] + [n.guarded for n in study.nodes if n.guarded is not None]:
+        jobs.append(Job(f"diff-finetune:{label}", f"diff fine-tuned {golden} vs {label} (twin baseline)",
+                        lambda label=label: _diff(paths.finetune(golden), paths.finetune(label), [], paths.db,
+                                                  beam_args, twin=paths.finetune(twin))))
     return jobs
 
 
@@ -197,10 +207,11 @@ def summary_tables(db: Path) -> list[tuple[str, str]]:
     return out
 
 
-def _record(study: Study, out: Path, label: str, profile: str | None, seed: int, abft: bool, progress: bool) -> str:
+def _record(study: Study, out: Path, label: str, profile: str | None, seed: int, abft: bool, progress: bool,
+            guard: str | None = None) -> str:
     summary = record_run(
         study.train, out, node_label=label, overwrite=True, progress=progress,
-        fault_profile=load_profile(profile) if profile else None, fault_seed=seed, abft=abft,
+        fault_profile=load_profile(profile) if profile else None, fault_seed=seed, abft=abft, guard=guard,
     )
     return f"{summary.steps} steps, final loss {summary.final_loss:.4f}"
 

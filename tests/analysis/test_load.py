@@ -87,3 +87,18 @@ def test_refuses_what_it_cannot_load(tmp_path: Path) -> None:
     con.close()
     with pytest.raises(UsageError, match="schema version \\[99\\]"):
         load_parquet(db, stage(tmp_path / "s", [1.0]), "pair-a")
+
+
+def test_detector_tables_load_and_a_version_3_database_is_refused(tmp_path: Path) -> None:
+    root = stage(tmp_path / "a", [1.0])
+    rows = [{"rank": 0, "run_id": "run-s", "node_label": "n", "step": s, "detector": d, "fired": s == 1 and d == "guard",
+             "faults": int(s == 1), "guarded": False} for s in range(3) for d in ("loss_spike", "guard")]
+    (root / "detector_alarms").mkdir()
+    pq.write_table(table("detector_alarms", rows), root / "detector_alarms" / "part.parquet")
+    counts = load_parquet(tmp_path / "study.duckdb", root, "pair-a")
+    assert counts["detector_alarms"] == 6 and counts["guard_decisions"] == 0
+    old = tmp_path / "old.duckdb"
+    with duckdb.connect(str(old)) as con:
+        con.execute("CREATE TABLE sdctrace_schema (version INTEGER NOT NULL); INSERT INTO sdctrace_schema VALUES (3)")
+    with pytest.raises(UsageError, match=r"schema version \[3\], this sdctrace writes version 4"):
+        load_parquet(old, root, "pair-a")

@@ -155,13 +155,14 @@ def test_every_sql_file_is_a_named_query_with_a_description() -> None:
     for name in files:
         text = queries.sql(name)
         assert text.startswith("-- ") and queries.description(name) == text.splitlines()[0][3:].strip()
-        assert name.startswith(("rq1_", "rq2_", "rq3_", "summary"))
+        assert name.startswith(("rq1_", "rq2_", "rq3_", "summary", "guard_"))
         assert text.rstrip().splitlines()[-1].startswith("ORDER BY"), f"{name}: does not end in an ORDER BY"
         assert f"`{name}`" in (QUERY_DIR.parent / "QUERIES.md").read_text(encoding="utf-8"), f"QUERIES.md lacks {name}"
 
 
-# No loss spikes and no fine-tunes here; tests/pipelines/test_finetune_diff.py checks the fine-tune queries.
-NOT_IN_THIS_STUDY = {"rq3_loss_spikes", "rq3_finetune_accuracy", "rq3_finetune_disagreement"}
+# No loss spikes, no fine-tunes and no guarded recording here; tests/pipelines/test_finetune_diff.py checks the
+# fine-tune queries, tests/pipelines/test_detector_alarms.py guard_outcome.
+NOT_IN_THIS_STUDY = {"rq3_loss_spikes", "rq3_finetune_accuracy", "rq3_finetune_disagreement", "guard_outcome"}
 
 
 @pytest.mark.slow

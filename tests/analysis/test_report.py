@@ -43,7 +43,8 @@ def test_report_writes_every_plot_and_the_page_shows_each(study: Study, tmp_path
 def test_tables_are_the_named_queries(study: Study, tmp_path: Path) -> None:
     report = build_report(study.db, tmp_path, progress=False)
     shown = {name: result for s in report.sections for name, result, _ in s.tables}
-    assert {"summary", "rq1_mismatch_bursts", "rq2_noise_by_step", "rq3_drift_and_loss"} <= set(shown)
+    assert {"summary", "rq1_mismatch_bursts", "rq2_noise_by_step", "rq3_drift_and_loss",
+            "guard_detector_scores"} <= set(shown)
     for name, result in shown.items():
         assert result == queries.run(study.db, name), name
 
@@ -68,6 +69,7 @@ def test_an_empty_database_says_what_is_missing(tmp_path: Path) -> None:
     assert all(s.notes for s in report.sections)
     assert "The database holds no pairs" in page and "No lockstep replay is loaded" in page
     assert "No parameter-sync replay is loaded" in page
+    assert "No pretraining pair is loaded" in page and "No guarded recording beside an unguarded one" in page
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import pytest
 from analysis.queries import LIBRARY
 from sdc.cli import main
 from sdc.study import load_study, shipped_studies
+from sdc.study.runner import StudyPaths, plan_jobs
 from tests.support import ONE_FLIP, SMALL
 from tracer.errors import ConfigError
 
@@ -68,6 +69,9 @@ def test_paths_in_a_study_are_relative_to_its_file(tmp_path: Path) -> None:
         ("[[node]]\nlabel = \"x\"", r"node\[2\]\.profile is missing"),
         ("[[node]]\nlabel = \"x-twin\"\nprofile = \"healthy-node\"", "must be letters"),
         ("[[node]]\nlabel = \"x\"\nprofile = \"healthy-node\"\nabft = \"yes\"", "abft must be true or false"),
+        ("[[node]]\nlabel = \"x-guarded\"\nprofile = \"healthy-node\"", "must be letters"),
+        ("[[node]]\nlabel = \"x\"\nprofile = \"healthy-node\"\nguard = \"retry\"",
+         r"node\[2\]\.guard = 'retry' must be one of continue, skip, stop"),
     ],
 )
 def test_bad_study_files_name_the_key(tmp_path: Path, body: str, message: str) -> None:
@@ -75,6 +79,17 @@ def test_bad_study_files_name_the_key(tmp_path: Path, body: str, message: str) -
     with pytest.raises(ConfigError, match=message) as err:
         load_study(path)
     assert str(path) in str(err.value)
+
+
+def test_a_guarded_node_is_recorded_diffed_and_fine_tuned_a_second_time(tmp_path: Path) -> None:
+    path = study_file(tmp_path, finetune="steps = 2")
+    path.write_text(path.read_text().replace("abft = true", 'abft = true\nguard = "skip"'))
+    study = load_study(path)
+    assert [(n.label, n.guard, n.guarded) for n in study.nodes] == [("twin", None, None), ("flip", "skip", "flip-guarded")]
+    jobs = [j.name for j in plan_jobs(study, StudyPaths(tmp_path / "out"), progress=False, beam_args=())]
+    guarded = [j for j in jobs if j.endswith("flip-guarded")]
+    assert guarded == ["record:flip-guarded", "diff:flip-guarded", "finetune:flip-guarded", "diff-finetune:flip-guarded"]
+    assert jobs.index("record:flip-guarded") < jobs.index("diff:flip-guarded") < jobs.index("finetune:flip-guarded")
 
 
 def test_replay_window_and_mode_are_checked(tmp_path: Path) -> None:
@@ -98,10 +113,12 @@ def test_study_without_checkpoints_or_on_many_ranks_is_refused(tmp_path: Path) -
 @pytest.mark.slow
 def test_small_study_end_to_end_then_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path, out = study_file(tmp_path, finetune='steps = 2\ntasks = ["copy"]'), tmp_path / "out"
+    path.write_text(path.read_text().replace("abft = true", 'abft = true\nguard = "skip"'))
     assert main(["study", str(path), "--out", str(out), "--quiet"]) == 0
     text = capsys.readouterr().out
     for job in ("record golden", "record twin", "record flip", "replay flip lockstep 2:5", "diff golden vs flip",
-                "fine-tune golden-twin (shuffle seed 1, 2 steps)", "diff fine-tuned golden vs flip"):
+                "fine-tune golden-twin (shuffle seed 1, 2 steps)", "diff fine-tuned golden vs flip",
+                "record flip-guarded (", "diff golden vs flip-guarded", "guard_detector_scores", "guard_outcome"):
         assert job in text
     assert (out / "runs" / "flip" / "rank-00000").is_dir() and (out / "replays" / "twin-param-sync").is_dir()
     assert "Beam job" in (out / "study.log").read_text()  # the jobs' own output, kept out of the terminal
@@ -118,6 +135,7 @@ def test_small_study_end_to_end_then_resume(tmp_path: Path, capsys: pytest.Captu
             "JOIN runs r ON r.run_id = p.suspect_run_id WHERE g.name = '*' GROUP BY 1").fetchall())
         finetuned = dict(con.execute(
             "SELECT r.node_label, count(*) FROM finetune_eval e JOIN runs r USING (run_id) GROUP BY 1").fetchall())
+        decisions = con.execute("SELECT node_label, step, detectors FROM guard_decisions").fetchall()
         baseline = set(con.execute(
             "SELECT suspect_node, baseline_disagreement IS NOT NULL FROM (" + LIBRARY.sql("rq3_finetune_disagreement")
             + ")").fetchall())
@@ -125,11 +143,13 @@ def test_small_study_end_to_end_then_resume(tmp_path: Path, capsys: pytest.Captu
         con.close()
     assert rows["twin"] == 0 and rows["flip"] > 0  # the fault fires at step 3
     assert noise["twin"] == 0 and noise["flip"] > 0
-    assert set(finetuned) == {"golden", "golden-twin", "twin", "flip"}
-    assert baseline == {("twin", True), ("flip", True)}  # both fine-tune pairs carry the shuffle-seed baseline
+    assert set(finetuned) == {"golden", "golden-twin", "twin", "flip", "flip-guarded"}
+    assert baseline == {("twin", True), ("flip", True), ("flip-guarded", True)}
+    assert decisions == [("flip-guarded", 3, ["abft_flags"])]  # ABFT flags the flip; the other detectors lack history  # both fine-tune pairs carry the shuffle-seed baseline
 
     state = json.loads((out / "study-state.json").read_text())
-    assert len(state["finished"]) == 3 + 2 * 2 + 2 + 4 + 2 + 1  # records, replays, diffs, fine-tunes, their diffs, report
+    # records, replays, diffs, fine-tunes, their diffs, report
+    assert len(state["finished"]) == 4 + 2 * 2 + 3 + 5 + 3 + 1
     assert main(["study", str(path), "--out", str(out), "--quiet"]) == 1
     assert "already holds a study; pass --overwrite" in capsys.readouterr().err
 
