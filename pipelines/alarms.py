@@ -26,13 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+import numpy as np
 
 from pipelines.source import RunLayout, read_file
 from pipelines.tables import named
 from tracer.errors import LogError
 from tracer.guard import AbftFlags, Detector, Evidence, Guard, History, TwinMismatch, default_guard, step_fingerprint
 from tracer.guard.detectors import GradNormSpike, LossSpike, NonFinite
-from tracer.log import read_segment
+from tracer.log import Sessions, read_segment_columns
+from tracer.log.columns import TensorColumns
 from tracer.log.records import EventRecord, Phase, TensorRecord
 
 ALARMS, DECISIONS = "detector_alarms", "guard_decisions"
@@ -67,14 +69,28 @@ class _Step:
     done: Mapping[str, Any] | None = None  # the step event's fields
 
 
-def step_facts(records: Iterable[TensorRecord | EventRecord]) -> tuple[list[StepFacts], bool, list[EventRecord]]:
+class GradGroup(NamedTuple):
+    """One step's GRAD tensor records from one segment, as the column reader gives them: in log order, with
+    their squared L2 norms and NaN/Inf counts already summed."""
+
+    step: int
+    grads: list[tuple[str, int]]  # (name, fingerprint)
+    squares: float
+    nonfinite: int
+
+
+def step_facts(records: Iterable[TensorRecord | GradGroup | EventRecord]) -> tuple[list[StepFacts], bool, list[EventRecord]]:
     """Per completed step (with a `step` event and gradients), in step order: what a detector sees. Also whether
     the run checked products with ABFT, and its `guard` events."""
     steps: dict[int, _Step] = {}
     guards: list[EventRecord] = []
     for r in records:
         s = steps.setdefault(r.step, _Step())
-        if isinstance(r, TensorRecord):
+        if isinstance(r, GradGroup):
+            s.grads += r.grads
+            s.squares += r.squares
+            s.nonfinite += r.nonfinite
+        elif isinstance(r, TensorRecord):
             if r.phase == Phase.GRAD:
                 s.grads.append((r.name, r.fingerprint))
                 s.squares += r.l2 * r.l2
@@ -196,6 +212,7 @@ class RankLog(NamedTuple):
     run_id: str
     node_label: str
     segments: tuple[tuple[int, str], ...]
+    sessions: Sessions = Sessions()  # where a resumed log's records were superseded
 
 
 class RunFacts(NamedTuple):
@@ -212,7 +229,7 @@ class DetectorAlarms(beam.PTransform):
 
     def __init__(self, golden: RunLayout, suspect: RunLayout) -> None:
         super().__init__()
-        self.logs = [RankLog(side, r.rank, r.header.run_id, r.header.node_label, tuple(r.segments))
+        self.logs = [RankLog(side, r.rank, r.header.run_id, r.header.node_label, tuple(r.segments), r.sessions)
                      for side, run in (("golden", golden), ("suspect", suspect)) for r in run.ranks.values()]
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
@@ -227,23 +244,40 @@ class DetectorAlarms(beam.PTransform):
 
 
 def read_facts(log: RankLog) -> RunFacts:
-    """Read one rank's log through Beam's file systems and tracer's segment reader; corruption is skipped here
-    (the diff's own read reports it)."""
-    def records() -> Iterator[TensorRecord | EventRecord]:
-        for i, (_, path) in enumerate(log.segments):
+    """Read one rank's log through Beam's file systems and tracer's column reader (a resumed log as its one
+    timeline); corruption is skipped here (the diff's own read reports it)."""
+    def records() -> Iterator[GradGroup | EventRecord]:
+        for i, (index, path) in enumerate(log.segments):
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    _, entries, _ = read_segment(read_file(path), path, last=i == len(log.segments) - 1,
-                                                 on_corruption="skip")
-                    for entry in entries:
-                        if isinstance(entry.record, TensorRecord | EventRecord):
-                            yield entry.record
+                    seg = read_segment_columns(read_file(path), path, last=i == len(log.segments) - 1,
+                                               on_corruption="skip", session_end=log.sessions.ends_session(index),
+                                               cutoff=log.sessions.cutoff(index))
             except (LogError, OSError):
                 return  # an unreadable segment fails the diff on its own (errors table)
+            yield from _grad_groups(seg.tensors)
+            for entry in seg.events:
+                if isinstance(entry.record, EventRecord):
+                    yield entry.record
 
     facts, abft, guards = step_facts(records())
     return RunFacts(log.side, log, facts, abft, guards)
+
+
+def _grad_groups(t: TensorColumns) -> Iterator[GradGroup]:
+    """A segment's GRAD records, one group per run of equal steps (log order), sums taken with numpy."""
+    grad = t.phase == int(Phase.GRAD)
+    if not grad.any():
+        return
+    steps, names, fps = t.step[grad], t.name[grad], t.fingerprint[grad]
+    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+    squares = np.add.reduceat(t.l2[grad].astype(np.float64) ** 2, starts).tolist()
+    nonfinite = np.add.reduceat(t.nan[grad] + t.inf[grad], starts).tolist()
+    bounds = [*starts.tolist(), len(steps)]
+    strings, names, fps, steps = t.strings, names.tolist(), fps.tolist(), steps.tolist()
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        yield GradGroup(steps[a], [(strings[n], f) for n, f in zip(names[a:b], fps[a:b])], squares[k], nonfinite[k])
 
 
 def rank_alarms(rank: int, runs: Iterable[RunFacts]) -> Iterator[tuple[str, Any]]:
