@@ -174,6 +174,7 @@ struct Input {
 // table (kGroup weights, 256 KiB) stays in L2 while the item reads that slice's words in every chunk, so a
 // tensor of many chunks streams its own bytes only, not the table's 8 bytes a word again per chunk.
 constexpr int64_t kGroup = 16 * kBlock;
+constexpr int64_t kParallelWords = int64_t{1} << 20;  // 4 MiB
 static_assert(kChunk % kGroup == 0, "groups tile a chunk");
 
 // One work item's result: its part of each chunk's lane sum (before the chunk weight) and its stats.
@@ -262,7 +263,7 @@ std::tuple<at::Tensor, at::Tensor> digest_many(const std::vector<at::Tensor>& te
   at::NoGradGuard no_grad;  // contiguous() of a tensor that requires grad records nothing
   std::vector<Input> inputs;
   std::vector<int64_t> first_part;  // index of each tensor's first work item
-  int64_t items = 0, nsums = 0;
+  int64_t items = 0, nsums = 0, total_words = 0;
   inputs.reserve(tensors.size());
   for (const auto& t : tensors) {
     TORCH_CHECK(t.device().is_cpu(), "sdctrace digest: CPU tensors only, found ", t.device());
@@ -277,6 +278,7 @@ std::tuple<at::Tensor, at::Tensor> digest_many(const std::vector<at::Tensor>& te
     first_part.push_back(items);
     items += groups;
     nsums += groups * chunks;
+    total_words += words;
   }
   std::vector<int64_t> owner(items);
   std::vector<Part> parts(items);
@@ -294,13 +296,18 @@ std::tuple<at::Tensor, at::Tensor> digest_many(const std::vector<at::Tensor>& te
   double* fp = floats.data_ptr<double>();
   {
     pybind11::gil_scoped_release release;
-    at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    auto run = [&](int64_t begin, int64_t end) {
       std::vector<double> tmp;
       for (int64_t k = begin; k < end; ++k) {
         const int64_t i = owner[k];
         digest_group(inputs[i], k - first_part[i], wp, parts[k], sums.data() + parts[k].first_sum, tmp);
       }
-    });
+    };
+    // Waking the pool costs more than a few MiB of reading: small batches (most site tensors) stay on this thread.
+    if (total_words < kParallelWords)
+      run(0, items);
+    else
+      at::parallel_for(0, items, 1, run);
     for (size_t i = 0; i < inputs.size(); ++i)
       combine(inputs[i], parts.data() + first_part[i], sums.data(), rp, static_cast<uint64_t>(meta_hashes[i]),
               ip + 3 * i, fp + 2 * i);
