@@ -103,9 +103,37 @@ struct Acc {
   }
 };
 
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+// Sixteen floats at a time: min, max and the NaN/Inf counts stay in float lanes (twice as many per register);
+// only the sum of squares widens to float64. Element i + j and i + 8 + j both go to lane j, in that order, as
+// eight at a time would. Per-call int32 counts cannot overflow: a call covers one block.
 SDC_CLONES void stats_f32(const float* x, int64_t n, Stats& s, bool last) {
   Acc a(s);
+  v16f lo = v16f{} + std::numeric_limits<float>::infinity(), hi = -lo;
+  v16i nan = v16i{}, inf = v16i{};
   int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    v16f f;
+    std::memcpy(&f, x + i, sizeof f);
+    const v8d d0 = __builtin_convertvector(__builtin_shufflevector(f, f, 0, 1, 2, 3, 4, 5, 6, 7), v8d);
+    const v8d d1 = __builtin_convertvector(__builtin_shufflevector(f, f, 8, 9, 10, 11, 12, 13, 14, 15), v8d);
+    a.sumsq += d0 * d0;
+    a.sumsq += d1 * d1;
+    const v16f z = f - f;
+    lo = f < lo ? f : lo;
+    hi = f > hi ? f : hi;
+    nan -= (f != f);
+    inf -= (z != z);
+  }
+  for (int j = 0; j < kLanes; ++j) {
+    const double l = std::min(lo[j], lo[j + kLanes]), h = std::max(hi[j], hi[j + kLanes]);
+    a.lo[j] = l < a.lo[j] ? l : a.lo[j];
+    a.hi[j] = h > a.hi[j] ? h : a.hi[j];
+    a.nan[j] += nan[j] + nan[j + kLanes];
+    a.inf[j] += inf[j] + inf[j + kLanes];
+  }
   for (; i + kLanes <= n; i += kLanes) {
     v8f f;
     std::memcpy(&f, x + i, sizeof f);
