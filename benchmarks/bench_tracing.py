@@ -49,13 +49,16 @@ class Overhead:
         return self.traced_s / self.plain_s
 
 
-def tracing_overhead(config: str, overrides: tuple[str, ...], steps: int, device: str = "cpu") -> Overhead:
-    """Median step times of an untraced and a traced copy of one workload, alternated step by step."""
+def tracing_overhead(
+    config: str, overrides: tuple[str, ...], steps: int, device: str = "cpu", out: Path | None = None
+) -> Overhead:
+    """Median step times of an untraced and a traced copy of one workload, alternated step by step; the traced
+    run is kept in ``out`` if given."""
     cfg = load_config(config, list(overrides))
     plain, traced = build(cfg, device), build(cfg, device)
     with tempfile.TemporaryDirectory() as tmp:
         run = RunInfo("bench", config=cfg.to_dict())
-        with Tracer(traced.model, traced.optimizer, out=Path(tmp) / "run", run=run) as tracer:
+        with Tracer(traced.model, traced.optimizer, out=out or Path(tmp) / "run", run=run) as tracer:
             plain_s, traced_s = side_by_side(plain, traced, tracer, steps)
     label = config + "".join(f" {o}" for o in overrides)
     return Overhead(label, sum(p.numel() for p in traced.model.parameters()), traced_s, plain_s)

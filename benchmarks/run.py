@@ -32,7 +32,7 @@ from bench_guard import bench_guard_overhead
 from bench_parallel import bench_parallel
 from bench_replay import bench_replay
 from bench_watch import bench_watch
-from timing import side_by_side, warmup
+from timing import warmup
 
 from faults import FaultEmulator, load_profile
 from faults.abft import AbftChecker
@@ -47,14 +47,11 @@ from workload.reference import build
 
 
 def bench_tracing_overhead(steps: int, config: str | None) -> tuple[float, float]:
-    """Interleave untraced and traced steps of two identical workloads; median step times."""
-    cfg = load_config(config)
-    plain, traced = build(cfg), build(cfg)
+    """Interleave untraced and traced steps of two identical workloads; median step times, and the log's size."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        with Tracer(traced.model, traced.optimizer, out=out, run=RunInfo("bench", config=cfg.to_dict())) as tracer:
-            plain_s, traced_s = side_by_side(plain, traced, tracer, steps)
-        ratio = traced_s / plain_s
+        r = bench_tracing.tracing_overhead(config or "tiny", (), steps, out=out)
+        ratio, plain_s, traced_s = r.ratio, r.plain_s, r.traced_s
         per_event = _tensor_event_bytes(out)
     print(
         f"tracing overhead   : traced/untraced step time = {ratio:.3f}  "

@@ -35,7 +35,7 @@ from tracer.guard import AbftFlags, Detector, Evidence, Guard, History, TwinMism
 from tracer.guard.detectors import GradNormSpike, LossSpike, NonFinite
 from tracer.log import Sessions, read_segment_columns
 from tracer.log.columns import TensorColumns
-from tracer.log.records import EventRecord, Phase, TensorRecord
+from tracer.log.records import EventRecord, Phase
 
 ALARMS, DECISIONS = "detector_alarms", "guard_decisions"
 COMBINATION = "guard"  # the row name of the guard's default combination (`default_guard`)
@@ -79,7 +79,7 @@ class GradGroup(NamedTuple):
     nonfinite: int
 
 
-def step_facts(records: Iterable[TensorRecord | GradGroup | EventRecord]) -> tuple[list[StepFacts], bool, list[EventRecord]]:
+def step_facts(records: Iterable[GradGroup | EventRecord]) -> tuple[list[StepFacts], bool, list[EventRecord]]:
     """Per completed step (with a `step` event and gradients), in step order: what a detector sees. Also whether
     the run checked products with ABFT, and its `guard` events."""
     steps: dict[int, _Step] = {}
@@ -90,11 +90,6 @@ def step_facts(records: Iterable[TensorRecord | GradGroup | EventRecord]) -> tup
             s.grads += r.grads
             s.squares += r.squares
             s.nonfinite += r.nonfinite
-        elif isinstance(r, TensorRecord):
-            if r.phase == Phase.GRAD:
-                s.grads.append((r.name, r.fingerprint))
-                s.squares += r.l2 * r.l2
-                s.nonfinite += r.nan + r.inf
         elif r.kind == "fault":
             s.faults += 1
         elif r.kind == "abft":

@@ -465,10 +465,7 @@ class Replayer:
         with ExitStack() as stack:
             if self.suspect.profile is not None:
                 stack.enter_context(
-                    FaultEmulator(
-                        self.suspect.profile, w.model, clock=lambda: (clock.step_index, clock.microbatch_index),
-                        sink=sink, seed=self.suspect.fault_seed, sites=self.site_pattern,
-                    )
+                    self._emulator(w, clock, sink)
                 )
             # The same site hooks as the golden re-execution's Tracer, so both sum gradients in the same order.
             sites = find_sites(w.model, self.site_pattern) if self.site_pattern else []
@@ -482,6 +479,12 @@ class Replayer:
         result.faults = faults
         return result
 
+    def _emulator(self, w: Workload, clock: _Clock, sink: Callable[[str, dict[str, Any]], None]) -> FaultEmulator:
+        """The suspect's fault emulator on ``w``, drawing by ``clock``."""
+        assert self.suspect.profile is not None
+        return FaultEmulator(self.suspect.profile, w.model, clock=lambda: (clock.step_index, clock.microbatch_index),
+                             sink=sink, seed=self.suspect.fault_seed, sites=self.site_pattern)
+
     def _trial_step(
         self, w: Workload, step: int, summary: ReplaySummary, worth_it: bool
     ) -> tuple[dict[Key, torch.Tensor], float] | None:
@@ -494,10 +497,7 @@ class Replayer:
         rng = RngState()
         faults: list[dict[str, Any]] = []
         clock = _Clock(step)
-        emulator = FaultEmulator(
-            self.suspect.profile, w.model, clock=lambda: (clock.step_index, clock.microbatch_index),
-            sink=lambda kind, fields: faults.append({"kind": kind, **fields}), seed=self.suspect.fault_seed, sites=self.site_pattern,
-        )
+        emulator = self._emulator(w, clock, lambda kind, fields: faults.append({"kind": kind, **fields}))
         return self._golden_step(w, step, keep=True, summary=summary, trial=(emulator, clock, faults, rng))
 
     def _identical_to_golden(self, step: int, golden: dict[Key, torch.Tensor], loss: float) -> StepResult:
