@@ -319,7 +319,10 @@ class Tracer:
             raise
         if self._guard is not None:
             self._log = self._guard.release()  # a step without an optimizer step: nothing to decide
-        self._read_pending()
+        norm: list[float] = []
+        if isinstance(self._grad_norm, torch.Tensor) and _deferred(self._grad_norm.device):
+            self._pending.append(([self._grad_norm.detach().reshape(1)], lambda host: norm.append(host[0].item())))
+        self._read_pending()  # on an accelerator, the step's one transfer: the norm rides along
         log = self.log
         wall = time.perf_counter() - self._step_start
         lrs = self._lrs or ([float(g["lr"]) for g in self.optimizer.param_groups] if self.optimizer else [])
@@ -329,7 +332,9 @@ class Tracer:
             "wall_s": wall,
             "microbatches": len(self._losses),
         }
-        if self._grad_norm is not None:  # the accepted run's norm before clipping: offline detectors read it
+        if norm:  # the accepted run's norm before clipping: offline detectors read it
+            fields["grad_norm"] = norm[0]
+        elif self._grad_norm is not None:
             with own_ops():
                 fields["grad_norm"] = float(self._grad_norm)
         log.write_event(EventRecord("step", step, fields))
