@@ -12,6 +12,11 @@ With ``resume`` a crashed recording goes on: training restarts from the newest
 checkpoint that every rank has and that the log reaches (`resume_step`), and each
 rank's log is continued, not rewritten (`tracer.log.resume`): the steps recorded
 since that checkpoint are recorded again and supersede the first recording.
+
+With ``sharpness=K`` every checkpoint step also logs a ``sharpness`` event: the top Hessian
+eigenvalue of the state the checkpoint holds (`workload.sharpness`, K iterations), computed
+with the Tracer paused and outside the fault emulator, so the recorded bits are those of a run
+without it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from tracer.checkpoint import list_checkpoints, load_checkpoint
 from tracer.device import is_lazy, resolve_device
 from tracer.errors import LogError, UsageError
 from tracer.guard import Policy, default_guard
+from tracer.intercept import own_ops
 from tracer.log import LogReader, RunHeader, claim_out_dir, list_ranks, rank_dir
 from tracer.log.claim import reclaim_out_dir
 from tracer.log.resume import log_end, resuming
@@ -41,6 +47,7 @@ from tracer.pairing import pairing_differences
 from tracer.tracing import Tracer
 from workload.config import Config
 from workload.protocol import REFERENCE, Workload, build_workload, run_step
+from workload.sharpness import sharpness
 
 
 @dataclass(frozen=True)
@@ -59,8 +66,11 @@ class RecordRequest:
     device: str = "cpu"  # cpu, cuda[:N] or xla[:N]
     guard: Policy | None = None  # guard every step with the default detectors and this policy (tracer.guard)
     resume: bool = False  # continue the crashed recording in ``out`` (same options as it was started with)
+    sharpness: int = 0  # iterations of a sharpness estimate at every checkpoint (workload.sharpness); 0 = off
 
     def __post_init__(self) -> None:
+        if self.sharpness < 0:
+            raise UsageError(f"sharpness = {self.sharpness}: give the iterations of the estimate (>= 1), or 0 for none")
         if self.resume and self.overwrite:
             raise UsageError("--resume continues the run in --out and --overwrite replaces it: give one of them")
 
@@ -101,6 +111,8 @@ def record(
     if is_lazy(dev) and (request.fault_profile is not None or request.abft):
         raise UsageError(f"--device {request.device}: the fault emulator and ABFT run on eager devices only (cpu, cuda)")
     w = build_workload(request.workload, config, dev)
+    if request.sharpness and w.layout.world_size > 1:
+        raise UsageError(f"sharpness: {w.layout.world_size} ranks; the estimate runs on single-rank recordings only")
     rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
     lock = None
     if rank == 0:
@@ -145,6 +157,8 @@ def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[i
                 tracer.event("checkpoint", at_step=step, rank=rank)  # saved before the crash: logged, not rewritten
             elif every and step % every == 0:
                 tracer.checkpoint(step, data={"step": step}, states=w.states())
+            if every and step % every == 0 and request.sharpness:
+                _log_sharpness(w, tracer, step, request.sharpness)
             with tracer.step(step):
                 loss = run_step(w, step, tracer)
             losses.append(loss)
@@ -155,10 +169,20 @@ def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[i
             tracer.event("checkpoint", at_step=run.steps, rank=rank)
         elif every:
             tracer.checkpoint(run.steps, data={"step": run.steps}, states=w.states())
+        if every and request.sharpness:
+            _log_sharpness(w, tracer, run.steps, request.sharpness)
     if w.layout.world_size > 1:
         torch.distributed.barrier()  # rank 0 holds the writer lock until every rank has closed its log
     final = losses[-1] if losses else float("nan")
     return RunSummary(request.out, run.steps, final, time.perf_counter() - start, losses, first)
+
+
+def _log_sharpness(w: Workload, tracer: Tracer, step: int, iterations: int) -> None:
+    """The sharpness of the state before ``step``, as a ``sharpness`` event at that step."""
+    with tracer.paused(), own_ops():
+        s = sharpness(w, step, iterations=iterations)
+    tracer.event("sharpness", at_step=step, value=s.value, iterations=s.iterations, converged=s.converged,
+                 residual=s.residual, method=s.method, microbatch=s.microbatch)
 
 
 def resume_step(out: Path, world_size: int) -> int:
