@@ -1,8 +1,8 @@
 -- sdctrace study database: what `sdc diff` loads (analysis/load.py), one set of rows per pair.
 -- analysis/SCHEMA.md documents every column. Keys are documented, not declared: a pair
 -- is replaced by deleting its rows and inserting the new ones in one transaction.
--- Every table but `runs`, `finetune_eval` and `finetune_predictions` carries the pair_id of
--- `pairs`; those three are keyed by (run_id, rank) and shared by every pair a run belongs to.
+-- Every table but `runs`, `finetune_eval`, `finetune_predictions` and `sharpness` carries the pair_id
+-- of `pairs`; those four are keyed by (run_id, rank) and shared by every pair a run belongs to.
 
 CREATE TABLE IF NOT EXISTS sdctrace_schema (
     version INTEGER NOT NULL                  -- analysis.load.SCHEMA_VERSION that created the database
@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS pairs (
     replay_paths VARCHAR[],
     replay_run_ids VARCHAR[],
     twin_run_id VARCHAR,                      -- the golden fine-tune's shuffle-seed twin (null: none)
+    baseline BOOLEAN,                         -- the suspect is golden's pretraining shuffle-seed twin (sdc diff --baseline)
     world_size INTEGER,
     ranks INTEGER,                            -- ranks compared
     steps_per_bucket INTEGER,                 -- pipeline setting the pair was diffed with
@@ -147,7 +148,8 @@ CREATE TABLE IF NOT EXISTS loss (
     golden_loss DOUBLE,
     suspect_loss DOUBLE,
     diff DOUBLE,                              -- suspect_loss - golden_loss
-    rel_diff DOUBLE                           -- diff / |golden_loss|
+    rel_diff DOUBLE,                          -- diff / |golden_loss|
+    lr DOUBLE                                 -- golden's learning rate at the step (first parameter group)
 );
 
 -- Loss spikes on either side (rule in SCHEMA.md). Key: (pair_id, rank, step, side).
@@ -309,6 +311,20 @@ CREATE TABLE IF NOT EXISTS finetune_eval (
     collapsed BOOLEAN                         -- no better than chance (rule in SCHEMA.md)
 );
 
+-- RQ3, the loss surface: one row per `sharpness` event of a golden or suspect run (record_run(sharpness=K)).
+-- Key: (run_id, rank, step); replaced whenever the run is loaded again.
+CREATE TABLE IF NOT EXISTS sharpness (
+    run_id VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step BIGINT NOT NULL,                     -- of the state before this step (a checkpoint's)
+    value DOUBLE,                             -- top eigenvalue of the loss's Hessian (estimate)
+    iterations BIGINT,                        -- Hessian-vector products computed
+    converged BOOLEAN,                        -- the estimate changed by at most the tolerance in its last iteration
+    residual DOUBLE,                          -- ||Hy - value y|| / |value| of its eigenvector estimate y
+    method VARCHAR,                           -- hvp (exact) or finite-difference
+    microbatch BIGINT                         -- the microbatch whose loss it is (0: the step's first)
+);
+
 -- RQ3, fine-tuned predictions: one row per `finetune_prediction` event. Key: (run_id, rank, step, task, example).
 CREATE TABLE IF NOT EXISTS finetune_predictions (
     run_id VARCHAR NOT NULL,
@@ -353,7 +369,8 @@ SELECT
     p.pair_id,
     (SELECT min(node_label) FROM runs WHERE run_id = p.golden_run_id) AS golden_node,
     (SELECT min(node_label) FROM runs WHERE run_id = p.suspect_run_id) AS suspect_node,
-    (SELECT min(role) FROM runs WHERE run_id = p.suspect_run_id) AS role       -- train or finetune
+    (SELECT min(role) FROM runs WHERE run_id = p.suspect_run_id) AS role,      -- train or finetune
+    coalesce(p.baseline, false) AS baseline                                     -- the suspect is the drift baseline
 FROM pairs AS p;
 
 -- Each pair's runs as a whole: the worst status over ranks (corrupt > crashed > failed > complete)

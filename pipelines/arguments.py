@@ -26,6 +26,7 @@ class DiffRequest:
     db: Path  # the DuckDB study database the tables are loaded into
     replays: tuple[str, ...] = ()  # replay logs of this pair (lockstep: RQ1, parameter sync: RQ2)
     twin: str | None = None  # the golden fine-tune's shuffle-seed twin: the disagreement baseline
+    baseline: bool = False  # the suspect is golden's pretraining shuffle-seed twin: the drift baseline (RQ3)
     staging: str | None = None  # an empty directory for the job's Parquet; None: a temporary one beside db
     skip_corrupt: bool = False  # load what is readable and list corrupt records, instead of failing
     steps_per_bucket: int = DEFAULT_STEPS_PER_BUCKET  # steps per joined batch
@@ -35,7 +36,7 @@ class DiffRequest:
     def from_args(cls, args: argparse.Namespace, beam_args: Sequence[str]) -> DiffRequest:
         """From a parser that `add_arguments` set up, and the arguments it left for Beam."""
         return cls(golden=args.golden, suspect=args.suspect, db=args.db, replays=tuple(args.replay), twin=args.twin,
-                   staging=args.staging, skip_corrupt=args.skip_corrupt, steps_per_bucket=args.steps_per_bucket,
+                   baseline=args.baseline, staging=args.staging, skip_corrupt=args.skip_corrupt, steps_per_bucket=args.steps_per_bucket,
                    beam_args=tuple(beam_args))
 
 
@@ -47,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--twin", metavar="RUN",
                    help="the golden fine-tune's shuffle-seed twin (`sdc finetune --shuffle-seed`): its disagreement "
                         "with --golden is the baseline suspect disagreement is compared with")
+    p.add_argument("--baseline", action="store_true",
+                   help="the suspect is golden's pretraining shuffle-seed twin (golden's config with data.shuffle_seed "
+                        "changed, no faults): its parameter drift is the baseline other nodes' drift is read against")
     p.add_argument("--db", required=True, type=Path, metavar="FILE", help="DuckDB study database to load into")
     p.add_argument("--staging", metavar="DIR",
                    help="an empty directory (a URL on a cluster) for the job's Parquet; default: a temporary "

@@ -4,7 +4,7 @@
 `pipelines.source`) where it is used, in one step: faults and ABFT checks of the
 golden and suspect runs, their `step` events (the loss curves), and the RQ1/RQ2
 events of replay logs and the fine-tune evaluations of every run (RQ3) straight into
-their tables. The kinds and fields are those of
+their tables, and the golden and suspect runs' sharpness estimates. The kinds and fields are those of
 docs/log-format.md ("Event kinds"). Fields are read leniently: a missing or ill-typed
 field becomes null and is counted in the ``event_fields_unreadable`` metric, so no
 event is dropped for a field it lacks.
@@ -166,6 +166,15 @@ def finetune_eval_row(run_id: str, row: EventRow, unreadable: Any = None) -> dic
     }
 
 
+def sharpness_row(run_id: str, row: EventRow, unreadable: Any = None) -> dict[str, Any]:
+    f = Fields(row.fields, unreadable)
+    return {
+        "run_id": run_id, "rank": row.rank, "step": row.step, "value": f.get("value", NUMBER),
+        "iterations": f.get("iterations", int), "converged": f.get("converged", bool),
+        "residual": f.get("residual", NUMBER), "method": f.get("method", str), "microbatch": f.get("microbatch", int),
+    }
+
+
 def finetune_prediction_row(run_id: str, row: EventRow, unreadable: Any = None) -> dict[str, Any]:
     f = Fields(row.fields, unreadable)
     return {
@@ -180,12 +189,13 @@ _ROWS = {
     GRAD_NOISE: (GRAD_NOISE, grad_noise_row),
     "finetune_eval": ("finetune_eval", finetune_eval_row),
     "finetune_prediction": ("finetune_predictions", finetune_prediction_row),
+    "sharpness": ("sharpness", sharpness_row),
 }
 
 
 class RouteEvents(beam.PTransform):
     """((side, kind, rank), EventBatch) -> {FAULTS: Fault, CHECKS: AbftCheck, STEPS: (rank, (side, batch)),
-    TABLES: the rows of site_mismatch, grad_noise, finetune_eval and finetune_predictions}."""
+    TABLES: the rows of site_mismatch, grad_noise, finetune_eval, finetune_predictions and sharpness}."""
 
     def __init__(self, run_ids: Mapping[tuple[str, int], str]) -> None:
         super().__init__()

@@ -51,14 +51,17 @@ def spikes(steps: Sequence[int], losses: Sequence[float | None]) -> list[dict[st
     return out
 
 
-def loss_tables(rank: int, golden: Mapping[int, float | None], suspect: Mapping[int, float | None]) -> tuple[pa.Table, pa.Table]:
-    """Both runs' per-step loss side by side (every step either run has), and each run's spikes."""
+def loss_tables(rank: int, golden: Mapping[int, float | None], suspect: Mapping[int, float | None],
+                lrs: Mapping[int, float | None] | None = None) -> tuple[pa.Table, pa.Table]:
+    """Both runs' per-step loss side by side (every step either run has), the golden's learning rate beside
+    them (``lrs``), and each run's spikes."""
     rows = []
     for step in sorted(set(golden) | set(suspect)):
         g, s = golden.get(step), suspect.get(step)
         diff = s - g if g is not None and s is not None else None
         rel = diff / abs(g) if diff is not None and g else None
-        rows.append({"rank": rank, "step": step, "golden_loss": g, "suspect_loss": s, "diff": diff, "rel_diff": rel})
+        rows.append({"rank": rank, "step": step, "golden_loss": g, "suspect_loss": s, "diff": diff, "rel_diff": rel,
+                     "lr": (lrs or {}).get(step)})
     spike_rows = []
     for side, curve in (("golden", golden), ("suspect", suspect)):
         steps = sorted(curve)
@@ -85,10 +88,15 @@ class _LossTables(beam.DoFn):
     def process(self, element: tuple[int, Iterable[tuple[str, EventBatch]]]) -> Iterator[tuple[str, pa.Table]]:
         rank, batches = element
         curves: dict[str, dict[int, float | None]] = {"golden": {}, "suspect": {}}
+        lrs: dict[int, float | None] = {}
         for side, batch in batches:
             for row in batch.rows:
-                curves[side][row.step] = Fields(row.fields, self.unreadable).get("loss", NUMBER)
-        loss, spike = loss_tables(rank, curves["golden"], curves["suspect"])
+                fields = Fields(row.fields, self.unreadable)
+                curves[side][row.step] = fields.get("loss", NUMBER)
+                if side == "golden":
+                    group_lrs = fields.floats("lr")
+                    lrs[row.step] = group_lrs[0] if group_lrs else None
+        loss, spike = loss_tables(rank, curves["golden"], curves["suspect"], lrs)
         yield LOSS, loss
         if spike.num_rows:
             yield SPIKES, spike

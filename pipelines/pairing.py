@@ -4,7 +4,10 @@ Two runs pair when every header field that decides the bits of a training step
 agrees (`tracer.pairing.PAIRING_FIELDS`, rank by rank) and they have the same ranks. Their length
 may differ: per rank, the comparison stops at the last step both runs completed
 (`ComparisonBounds`). A replay log must also match the golden run, and say it is one. A
-fine-tune's twin must match the golden fine-tune in everything but the shuffle seed.
+fine-tune's twin must match the golden fine-tune in everything but the shuffle seed. A
+baseline suspect (`sdc diff --baseline`) is golden's pretraining shuffle-seed twin: it may
+differ from golden in the data order and nothing else, and its drift is the baseline
+other suspects' drift is read against (RQ3).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pipelines.tables import TABLES, named
 from pipelines.tags import split
 from tracer.errors import ValidationError
 from tracer.log import RunHeader
-from tracer.pairing import pairing_differences, twin_differences
+from tracer.pairing import baseline_differences, pairing_differences, twin_differences
 
 BOUNDS = "bounds"
 LOST = "lost"  # (rank, ((first, last) step, ...)): steps corruption made unknown on either side
@@ -41,12 +44,19 @@ def differences(a: RunLayout, b: RunLayout, *, subset: bool = False,
 
 
 def validate_pair(golden: RunLayout, suspect: RunLayout, replays: Iterable[RunLayout] = (),
-                  twin: RunLayout | None = None) -> None:
-    """Raise one ValidationError listing every differing field of every run that does not fit."""
+                  twin: RunLayout | None = None, *, baseline: bool = False) -> None:
+    """Raise one ValidationError listing every differing field of every run that does not fit; with `baseline`
+    the suspect must be golden's pretraining shuffle-seed twin."""
     problems = []
-    diffs = differences(golden, suspect)
-    if diffs:
-        problems.append(f"golden {golden.path} and suspect {suspect.path} do not pair: " + "; ".join(diffs))
+    if baseline:
+        diffs = differences(golden, suspect, compare=baseline_differences)
+        if diffs:
+            problems.append(f"baseline {suspect.path} is not the shuffle-seed twin of golden {golden.path} (record it "
+                            "with golden's config and data.shuffle_seed changed, no faults): " + "; ".join(diffs))
+    else:
+        diffs = differences(golden, suspect)
+        if diffs:
+            problems.append(f"golden {golden.path} and suspect {suspect.path} do not pair: " + "; ".join(diffs))
     for replay in replays:
         diffs = differences(golden, replay, subset=True)
         roles = sorted({r.header.role for r in replay.ranks.values()})

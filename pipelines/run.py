@@ -68,6 +68,7 @@ class DiffPlan:
     steps_per_bucket: int
     drift: tuple[metrics.DriftTask, ...]
     twin: RunLayout | None = None
+    baseline: bool = False  # the suspect is golden's pretraining shuffle-seed twin (pipelines.pairing)
 
     def sides(self) -> dict[str, RunLayout]:
         return {"golden": self.golden, "suspect": self.suspect,
@@ -88,14 +89,14 @@ class DiffReport:
 
 
 def plan_diff(golden: str, suspect: str, replays: Sequence[str] = (), steps_per_bucket: int = DEFAULT_STEPS_PER_BUCKET,
-              twin: str | None = None) -> DiffPlan:
+              twin: str | None = None, baseline: bool = False) -> DiffPlan:
     """Describe the runs, validate the pair (and twin) and find the checkpoints both hold."""
     if steps_per_bucket < 1:
         raise UsageError(f"--steps-per-bucket must be >= 1, got {steps_per_bucket}")
     g, s = source.describe_run(golden), source.describe_run(suspect)
     rs = tuple(source.describe_run(r) for r in replays)
     t = source.describe_run(twin) if twin is not None else None
-    validate_pair(g, s, rs, t)
+    validate_pair(g, s, rs, t, baseline=baseline)
     g_ckpt, s_ckpt = source.list_checkpoints(golden), source.list_checkpoints(suspect)
     tasks = []
     for rank in sorted(g.ranks):
@@ -105,7 +106,7 @@ def plan_diff(golden: str, suspect: str, replays: Sequence[str] = (), steps_per_
                 rank, step, tuple(_join(golden, f) for f in rel), tuple(_join(suspect, f) for f in rel),
                 (g.ranks[rank].header.run_id, s.ranks[rank].header.run_id),
             ))
-    return DiffPlan(g, s, rs, pair_id(g, s), steps_per_bucket, tuple(tasks), t)
+    return DiffPlan(g, s, rs, pair_id(g, s), steps_per_bucket, tuple(tasks), t, baseline)
 
 
 def _join(run: str, relpath: str) -> str:
@@ -144,6 +145,7 @@ def _pair_row(plan: DiffPlan) -> dict[str, Any]:
         "golden_run_id": plan.golden.header.run_id, "suspect_run_id": plan.suspect.header.run_id,
         "replay_paths": [r.path for r in plan.replays], "replay_run_ids": [r.header.run_id for r in plan.replays],
         "twin_run_id": plan.twin.header.run_id if plan.twin is not None else None,
+        "baseline": plan.baseline,
         "world_size": plan.golden.header.world_size, "ranks": len(plan.golden.ranks),
         "steps_per_bucket": plan.steps_per_bucket, "created_unix": time.time(),
         "sdctrace_version": _version(),
@@ -197,14 +199,16 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
     """`sdc diff`: plan, run the Beam job, check what it found, load into DuckDB, summarise."""
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     echo("reading run headers ...")
-    plan = plan_diff(request.golden, request.suspect, request.replays, request.steps_per_bucket, request.twin)
+    plan = plan_diff(request.golden, request.suspect, request.replays, request.steps_per_bucket, request.twin,
+                     request.baseline)
     for side, run in plan.sides().items():
         h = run.header
         segments = sum(len(r.segments) for r in run.ranks.values())
         echo(f"  {side:<8} {run.path}: run {h.run_id[:12]}, node {h.node_label!r}, role {h.role}, "
              f"{len(run.ranks)} rank(s), {segments} segment(s)")
     h = plan.golden.header
-    echo(f"[1/3] pair {plan.pair_id}: headers match (config {h.config_fingerprint[:12]}, seed {h.seed}, "
+    match = "baseline pair, data order differs" if plan.baseline else "headers match"
+    echo(f"[1/3] pair {plan.pair_id}: {match} (config {h.config_fingerprint[:12]}, seed {h.seed}, "
          f"world size {h.world_size}); {len(plan.drift)} checkpoint pair(s) for drift")
     opts = pipeline_options(request.beam_args, sum(run.bytes for run in plan.sides().values()))
     keep = request.staging is not None

@@ -63,7 +63,7 @@ DIFFED = ("golden", "suspect")  # the sides whose tensor records are joined; rep
 TWIN = "twin"  # a fine-tune's shuffle-seed twin (`sdc diff --twin`)
 # Event kinds some table is made of; others are counted (events_of_unused_kinds), not kept.
 FINETUNE_KINDS = frozenset({"finetune_eval", "finetune_prediction"})
-DIFFED_KINDS = frozenset({"step", "fault", "abft"}) | FINETUNE_KINDS
+DIFFED_KINDS = frozenset({"step", "fault", "abft", "sharpness"}) | FINETUNE_KINDS
 REPLAY_KINDS = frozenset({"site_mismatch", "grad_noise"})
 
 TENSOR_SCHEMA = pa.schema([

@@ -82,6 +82,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("replay_paths", pa.list_(pa.string())),
         ("replay_run_ids", pa.list_(pa.string())),
         ("twin_run_id", pa.string()),
+        ("baseline", pa.bool_()),
         ("world_size", pa.int32()),
         ("ranks", pa.int32()),
         ("steps_per_bucket", pa.int32()),
@@ -121,6 +122,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("suspect_loss", pa.float64()),
         ("diff", pa.float64()),
         ("rel_diff", pa.float64()),
+        ("lr", pa.float64()),
     ]),
     "loss_spikes": pa.schema([
         ("rank", pa.int32()),
@@ -247,6 +249,17 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("accuracy", pa.float64()),
         ("chance", pa.float64()),
         ("collapsed", pa.bool_()),
+    ]),
+    "sharpness": pa.schema([
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("step", pa.int64()),
+        ("value", pa.float64()),
+        ("iterations", pa.int64()),
+        ("converged", pa.bool_()),
+        ("residual", pa.float64()),
+        ("method", pa.string()),
+        ("microbatch", pa.int64()),
     ]),
     "finetune_predictions": pa.schema([
         ("run_id", pa.string()),

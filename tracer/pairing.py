@@ -68,24 +68,31 @@ def check_pair(golden: RunHeader, suspect: RunHeader, golden_name: str, suspect_
 
 
 TWIN_SEED = "finetune.shuffle_seed"
+BASELINE_SEED = "data.shuffle_seed"  # a pretraining run's data order (the drift baseline's twin)
 
 
-def twin_differences(golden: RunHeader, twin: RunHeader) -> list[str]:
-    """Why `twin` is not `golden`'s shuffle-seed twin: two fine-tunes (role ``finetune``) of the same
-    pretraining run that differ in the config's `TWIN_SEED` and nothing else. Their config and data-order
-    fingerprints differ by construction; every config value is compared instead."""
+def twin_differences(golden: RunHeader, twin: RunHeader, *, seed: str = TWIN_SEED, role: str = "finetune") -> list[str]:
+    """Why `twin` is not `golden`'s shuffle-seed twin: two runs of `role` that differ in the config's `seed`
+    key and nothing else (fine-tunes of the same pretraining run by default; `BASELINE_SEED` and ``train``
+    for the pretraining baseline, which must then also be fault-free like golden). Their config and
+    data-order fingerprints differ by construction; every config value is compared instead."""
     shared = [f for f in PAIRING_FIELDS if f not in ("config_fingerprint", "data_order_fingerprint")]
     out = pairing_differences(golden, twin, shared)
-    if (golden.role, twin.role) != ("finetune", "finetune"):
-        out.append(f"role: {golden.role!r} vs {twin.role!r} (both must be fine-tunes)")
-    for key in ("finetune_of", "tasks"):
+    if (golden.role, twin.role) != (role, role):
+        out.append(f"role: {golden.role!r} vs {twin.role!r} (both must be {role!r})")
+    for key in ("finetune_of", "tasks", *(("fault_profile",) if role == "train" else ())):
         if golden.extra.get(key) != twin.extra.get(key):
             out.append(f"extra.{key}: {golden.extra.get(key)!r} vs {twin.extra.get(key)!r}")
     g, t = _flat(golden.config), _flat(twin.config)
-    out += [f"config.{k}: {g.get(k)!r} vs {t.get(k)!r}" for k in sorted(set(g) | set(t)) if k != TWIN_SEED and g.get(k) != t.get(k)]
-    if TWIN_SEED in g and g.get(TWIN_SEED) == t.get(TWIN_SEED):
-        out.append(f"config.{TWIN_SEED}: both {g[TWIN_SEED]!r} (a twin must differ here)")
+    out += [f"config.{k}: {g.get(k)!r} vs {t.get(k)!r}" for k in sorted(set(g) | set(t)) if k != seed and g.get(k) != t.get(k)]
+    if seed in g and g.get(seed) == t.get(seed):
+        out.append(f"config.{seed}: both {g.get(seed)!r} (a twin must differ here)")
     return out
+
+
+def baseline_differences(golden: RunHeader, twin: RunHeader) -> list[str]:
+    """Why `twin` is not `golden`'s pretraining shuffle-seed twin (`sdc diff --baseline`)."""
+    return twin_differences(golden, twin, seed=BASELINE_SEED, role="train")
 
 
 def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -100,5 +100,5 @@ def test_detector_tables_load_and_a_version_3_database_is_refused(tmp_path: Path
     old = tmp_path / "old.duckdb"
     with duckdb.connect(str(old)) as con:
         con.execute("CREATE TABLE sdctrace_schema (version INTEGER NOT NULL); INSERT INTO sdctrace_schema VALUES (3)")
-    with pytest.raises(UsageError, match=r"schema version \[3\], this sdctrace writes version 4"):
+    with pytest.raises(UsageError, match=r"schema version \[3\], this sdctrace writes version 5"):
         load_parquet(old, root, "pair-a")
