@@ -33,7 +33,8 @@ SURFACE = {
         "--overwrite", "--quiet", "--steps", "--suspect", "--window", "--rank-timeout", "--workload",
     ],
     "faults": [],
-    "diff": ["--baseline", "--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket", "--suspect", "--twin"],
+    "diff": ["--baseline", "--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket",
+             "--suspect", "--twin"],
     "watch": ["--golden", "--idle-timeout", "--keep-going", "--max-pending", "--progress-every", "--suspect"],
     "finetune": [
         "--fault-profile", "--fault-seed", "--from", "--node-label", "--out", "--overwrite", "--quiet", "--shuffle-seed",
