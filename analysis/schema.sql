@@ -383,3 +383,79 @@ SELECT
     sum(lost_steps) AS lost_steps
 FROM pair_ranks
 GROUP BY pair_id;
+
+-- RQ3: each pretraining pair's drift per checkpoint step (param_drift's group '*', combined over
+-- ranks), beside its baseline pair's drift at the same step and whether the step lies in the pair's
+-- growth window (rule in SCHEMA.md). Key: (pair_id, step).
+CREATE VIEW IF NOT EXISTS drift_curve AS
+WITH
+info AS (
+    SELECT p.pair_id, p.golden_run_id, n.suspect_node AS node_label, n.baseline
+    FROM pairs AS p JOIN pair_nodes AS n USING (pair_id)
+    WHERE n.role = 'train'
+),
+drift AS (
+    SELECT pair_id, step,
+        sqrt(sum(diff_norm * diff_norm)) / nullif(sqrt(sum(golden_norm * golden_norm)), 0) AS drift
+    FROM param_drift
+    WHERE "group" = '*'
+    GROUP BY pair_id, step
+),
+curve AS (
+    SELECT i.pair_id, i.node_label, i.golden_run_id, i.baseline, d.step, d.drift
+    FROM drift AS d JOIN info AS i USING (pair_id)
+),
+baseline_curve AS (
+    SELECT golden_run_id, step, avg(drift) AS baseline_drift
+    FROM curve
+    WHERE baseline
+    GROUP BY golden_run_id, step
+),
+marked AS (
+    SELECT c.*, b.baseline_drift,
+        NOT c.baseline AND b.baseline_drift > 0 AND c.drift >= 0.5 * b.baseline_drift AS saturated
+    FROM curve AS c
+    LEFT JOIN baseline_curve AS b USING (golden_run_id, step)
+),
+bounds AS (
+    SELECT pair_id,
+        min(step) FILTER (WHERE drift > 0) AS onset_step,
+        min(step) FILTER (WHERE saturated) AS saturation_step
+    FROM marked
+    GROUP BY pair_id
+)
+SELECT m.pair_id, m.node_label, m.golden_run_id, m.baseline, m.step, m.drift, m.baseline_drift,
+    b.onset_step, b.saturation_step,
+    coalesce(m.drift > 0 AND m.step >= b.onset_step
+             AND (b.saturation_step IS NULL OR m.step < b.saturation_step), false) AS in_window
+FROM marked AS m JOIN bounds AS b USING (pair_id);
+
+-- RQ3: each pretraining pair's drift rate, the slope of ln(drift) over its growth window, and its
+-- suspect's SDC rate (rules in SCHEMA.md). Key: pair_id.
+CREATE VIEW IF NOT EXISTS drift_rates AS
+WITH
+fit AS (
+    SELECT pair_id,
+        count(*) FILTER (WHERE in_window) AS points,
+        min(step) FILTER (WHERE in_window) AS first_step,
+        max(step) FILTER (WHERE in_window) AS last_step,
+        regr_slope(ln(drift), step) FILTER (WHERE in_window) AS drift_rate,
+        regr_r2(ln(drift), step) FILTER (WHERE in_window) AS r2,
+        max(step) AS final_step,
+        arg_max(drift, step) AS final_drift
+    FROM drift_curve
+    GROUP BY pair_id
+),
+fault_counts AS (
+    SELECT pair_id, count(*) AS faults FROM faults WHERE side = 'suspect' GROUP BY pair_id
+),
+compared AS (
+    SELECT pair_id, max(compared_through) + 1 AS steps FROM pair_ranks GROUP BY pair_id
+)
+SELECT c.pair_id, c.node_label, c.golden_run_id, c.baseline, f.points, f.first_step, f.last_step,
+    c.saturation_step, f.drift_rate, f.r2, f.final_step, f.final_drift,
+    coalesce(k.faults, 0) AS faults, s.steps, coalesce(k.faults, 0) / s.steps AS sdc_rate
+FROM (SELECT DISTINCT pair_id, node_label, golden_run_id, baseline, saturation_step FROM drift_curve) AS c
+JOIN fit AS f USING (pair_id)
+LEFT JOIN fault_counts AS k USING (pair_id)
+LEFT JOIN compared AS s USING (pair_id);
