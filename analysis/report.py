@@ -9,7 +9,9 @@ One progress-bar step per section:
    bursts, mismatches per site, fault detection by ABFT and fingerprints;
 3. RQ2: noise-to-signal per step per node, each node's worst case marked;
 4. RQ3: per pair, parameter drift beside the golden and suspect loss curves with loss
-   spikes marked;
+   spikes marked; with a drift baseline (``sdc diff --baseline``) or sharpness estimates,
+   per golden run the log drift of every node over steps, the baseline dashed, beside the
+   golden's sharpness (``rq3_drift_rate``, ``rq3_drift_and_loss``, ``rq3_sharpness``);
 5. fine-tuning: accuracy per task and node beside prediction disagreement against the
    shuffle-seed baseline, when ``rq3_finetune_*`` queries exist and their tables hold rows;
 6. the guard: each detector scored against the injected faults (``guard_detector_scores``)
@@ -230,6 +232,7 @@ def _rq3(study: _Study) -> Section:
         name = f"rq3_{_safe(pair_id)}_rank{rank}.png"
         s.figures.append((study.save(fig, name), f"Pair {pair_id}, rank {rank}: suspect node {node}. "
                           "Dotted lines: loss spikes (red: suspect, grey: golden)."))
+    _drift_rates(study, s, rows)
     spikes = study.query("rq3_loss_spikes")
     if spikes.rows:
         s.tables.append(("rq3_loss_spikes", spikes, False))
@@ -237,6 +240,47 @@ def _rq3(study: _Study) -> Section:
         s.notes.append("Neither run of any pair has a loss spike.")
     s.tables.append(("rq3_drift_and_loss", rows, True))
     return s
+
+
+def _drift_rates(study: _Study, s: Section, drift_and_loss: Result) -> None:
+    """Per golden run: ln drift over steps per node (the baseline dashed) beside the golden's sharpness."""
+    rates, sharp = study.query("rq3_drift_rate"), study.query("rq3_sharpness")
+    if not any(r["baseline"] for r in rates.records()) and not sharp.rows:
+        s.notes.append("No drift baseline and no sharpness: record golden's shuffle-seed twin (data.shuffle_seed=1), "
+                       "`sdc diff --baseline` it, and record golden with sharpness to plot drift rates.")
+        return
+    curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in drift_and_loss.records():
+        if r["rank"] == 0 and r["drift"]:
+            curves[r["pair_id"]].append((r["step"], r["drift"]))
+    goldens = sorted({r["golden_run_id"] for r in rates.records()} | {r["run_id"] for r in sharp.records()})
+    for golden in goldens:
+        fig = Figure(figsize=(11, 4), layout="constrained")
+        drift_ax, sharp_ax = fig.subplots(1, 2)
+        for r in (r for r in rates.records() if r["golden_run_id"] == golden):
+            points = curves.get(r["pair_id"], [])
+            rate = f", rate {r['drift_rate']:.3g}/step" if r["drift_rate"] is not None else ""
+            style = {"linestyle": "--", "color": "black"} if r["baseline"] else {"marker": "."}
+            drift_ax.semilogy([p[0] for p in points], [p[1] for p in points], label=f"{r['node_label']}{rate}",
+                              **style)
+        _step_axis(drift_ax)
+        drift_ax.set(xlabel="step (checkpoint)", ylabel="parameter drift (log scale)",
+                     title="Drift per node; dashed: shuffle-seed baseline")
+        drift_ax.legend(fontsize=7)
+        mine = [r for r in sharp.records() if r["run_id"] == golden]
+        if mine:
+            sharp_ax.plot([r["step"] for r in mine], [r["sharpness"] for r in mine], marker="o", color="darkgreen")
+        else:
+            sharp_ax.text(0.5, 0.5, "golden recorded without sharpness", ha="center", va="center",
+                          transform=sharp_ax.transAxes)
+        _step_axis(sharp_ax)
+        sharp_ax.set(xlabel="step (checkpoint)", ylabel="top Hessian eigenvalue", title="Golden's sharpness")
+        s.figures.append((study.save(fig, f"rq3_drift_rates_{_safe(golden)}.png"),
+                          f"Golden run {golden[:12]}: log drift over steps (slope = drift rate, docs/drift.md) "
+                          "beside the golden's sharpness at the same checkpoints."))
+    s.tables += [(name, study.query(name), False) for name in ("rq3_drift_rate", "rq3_drift_spread")]
+    if sharp.rows:
+        s.tables.append(("rq3_sharpness", sharp, True))
 
 
 def _finetune(study: _Study) -> Section:

@@ -35,7 +35,8 @@ SELECT
     r.final_drift,
     r.faults,
     r.steps,
-    r.sdc_rate
+    r.sdc_rate,
+    r.golden_run_id
 FROM rates AS r
 JOIN growth AS g USING (pair_id)
 ORDER BY r.baseline, r.node_label, r.pair_id

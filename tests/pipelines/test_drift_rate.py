@@ -168,3 +168,14 @@ def test_a_baseline_must_differ_in_the_data_order_only(study: dict[str, Path], t
         diff(DiffRequest(golden=str(study["golden"]), suspect=str(study["golden-twin"]), db=tmp_path / "y.duckdb",
                          beam_args=tuple(IN_MEMORY)), echo=lambda line: None)
 
+
+
+def test_report_plots_drift_rates_beside_sharpness(study: dict[str, Path], tmp_path: Path) -> None:
+    from analysis.report import build_report
+
+    report = build_report(study["db"], tmp_path / "report", progress=False)
+    drawn = [p.name for p in report.images if p.name.startswith("rq3_drift_rates_")]
+    assert len(drawn) == 1 and (tmp_path / "report" / drawn[0]).read_bytes().startswith(b"\x89PNG")
+    shown = {name: result for s in report.sections for name, result, _ in s.tables}
+    for name in ("rq3_drift_rate", "rq3_drift_spread", "rq3_sharpness"):
+        assert shown[name] == queries.run(study["db"], name)
