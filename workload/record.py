@@ -111,8 +111,9 @@ def record(
     if is_lazy(dev) and (request.fault_profile is not None or request.abft):
         raise UsageError(f"--device {request.device}: the fault emulator and ABFT run on eager devices only (cpu, cuda)")
     w = build_workload(request.workload, config, dev)
-    if request.sharpness and w.layout.world_size > 1:
-        raise UsageError(f"sharpness: {w.layout.world_size} ranks; the estimate runs on single-rank recordings only")
+    if request.sharpness and (w.layout.world_size > 1 or is_lazy(dev)):
+        raise UsageError(f"sharpness: runs on single-rank recordings on eager devices only (cpu, cuda), not "
+                         f"{w.layout.world_size} rank(s) on {request.device}")
     rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
     lock = None
     if rank == 0:
