@@ -58,11 +58,12 @@ class Sharpness:
 
 
 def sharpness(w: Workload, step: int, *, iterations: int = 20, tol: float = 1e-3, seed: int = 0,
-              method: str = "auto", fd_eps: float = 1e-3) -> Sharpness:
+              method: str = "auto", fd_eps: float = 1e-4) -> Sharpness:
     """The top Hessian eigenvalue of ``w``'s loss on step ``step``'s first microbatch, at the current parameters.
 
     ``method``: "auto" (exact, finite differences if double backward fails), EXACT or FINITE_DIFFERENCE;
-    ``fd_eps``: the finite-difference step relative to the parameters' norm.
+    ``fd_eps``: the finite-difference step relative to the parameters' norm (on ``tiny``, float32: 1e-4 agrees
+    with the exact value within 0.1 %, 1e-3 is 9 % low at initialisation, 1e-2 far off).
     """
     if iterations < 1:
         raise UsageError(f"sharpness: iterations must be >= 1, got {iterations}")
