@@ -79,7 +79,8 @@ def twin_differences(golden: RunHeader, twin: RunHeader, *, seed: str = TWIN_SEE
     shared = [f for f in PAIRING_FIELDS if f not in ("config_fingerprint", "data_order_fingerprint")]
     out = pairing_differences(golden, twin, shared)
     if (golden.role, twin.role) != (role, role):
-        out.append(f"role: {golden.role!r} vs {twin.role!r} (both must be {role!r})")
+        kind = "fine-tunes" if role == "finetune" else f"{role!r} runs"
+        out.append(f"role: {golden.role!r} vs {twin.role!r} (both must be {kind})")
     for key in ("finetune_of", "tasks", *(("fault_profile",) if role == "train" else ())):
         if golden.extra.get(key) != twin.extra.get(key):
             out.append(f"extra.{key}: {golden.extra.get(key)!r} vs {twin.extra.get(key)!r}")

@@ -1,6 +1,6 @@
 -- RQ3 over the fleet: spread of unhealthy nodes' drift rates and SDC rates, the baseline's and the trigger's rate
 --
--- One row per golden run with pretraining pairs. Unhealthy nodes: the golden run's pairs that
+-- One row per golden run with pretraining pairs, named by the golden's node_label. Unhealthy nodes: the golden run's pairs that
 -- are neither its baseline pair nor the trigger node (node_label 'trigger-ulp'), with at least
 -- one injected fault and a measurable drift rate (at least 3 points in the growth window,
 -- drift_rates). For them: min, median and max drift rate and the max/min ratio; the same for
@@ -43,7 +43,7 @@ references_ AS (
 )
 
 SELECT
-    (SELECT min(node_label) FROM runs WHERE run_id = r.golden_run_id) AS golden_node,
+    (SELECT min(node_label) FROM runs WHERE run_id = r.golden_run_id) AS node_label,
     r.golden_run_id,
     coalesce(s.nodes, 0) AS nodes,
     s.min_rate,
@@ -60,4 +60,4 @@ SELECT
     r.trigger_rate / nullif(s.median_rate, 0) AS trigger_over_median
 FROM references_ AS r
 LEFT JOIN spread AS s USING (golden_run_id)
-ORDER BY golden_node, r.golden_run_id
+ORDER BY node_label, r.golden_run_id

@@ -1,6 +1,7 @@
 -- RQ3 per golden checkpoint: the golden run's sharpness beside the fleet's drift rates, lr and 2/lr
 --
--- One row per `sharpness` row (rank 0's) of a run that is some pretraining pair's golden run.
+-- One row per `sharpness` row (rank 0's) of a run that is some pretraining pair's golden run;
+-- node_label is the golden's.
 -- lr is golden's learning rate in that step (loss.lr), two_over_lr = 2 / lr the edge of
 -- stability of plain gradient descent (an adaptive optimizer's threshold differs: docs/drift.md).
 -- local_median_rate is the median, over the golden's unhealthy nodes (not the baseline pair, not
@@ -60,7 +61,7 @@ overall AS (
 )
 
 SELECT
-    (SELECT min(node_label) FROM runs WHERE run_id = s.run_id) AS golden_node,
+    (SELECT min(node_label) FROM runs WHERE run_id = s.run_id) AS node_label,
     s.run_id,
     s.step,
     s.value AS sharpness,
@@ -76,4 +77,4 @@ FROM sharp AS s
 LEFT JOIN lrs AS l USING (run_id, step)
 LEFT JOIN local_rates AS r USING (run_id, step)
 LEFT JOIN overall AS o USING (run_id)
-ORDER BY golden_node, s.run_id, s.step
+ORDER BY node_label, s.run_id, s.step

@@ -152,7 +152,7 @@ def test_guard_decisions_are_the_guard_events(scored: tuple[Path, dict[str, Path
     # p_call = 1: every re-run is hit too, elsewhere, so no two runs agree and the policy skips both steps.
     assert [(s, o, a, n) for s, _, o, a, _, n, *_ in got] == [(10, "unresolved", "skip", 3), (11, "unresolved", "skip", 3)]
     assert guarded == [(10,), (11,)]
-    assert wall > 0 and schema == [(4,)]
+    assert wall > 0 and schema == [(5,)]
 
 
 def test_the_step_event_holds_the_norm_before_clipping(tmp_path: Path) -> None:

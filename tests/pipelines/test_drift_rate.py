@@ -128,7 +128,7 @@ def test_drift_spread_matches_the_rates_it_summarises(study: dict[str, Path]) ->
     rates = {r["node_label"]: r for r in queries.run(study["db"], "rq3_drift_rate").records()}
     (row,) = queries.run(study["db"], "rq3_drift_spread").records()
     fleet = [r for label, r in rates.items() if label.startswith("node-") and r["points"] >= 3 and r["faults"] > 0]
-    assert row["golden_node"] == "golden" and row["nodes"] == len(fleet) >= 1
+    assert row["node_label"] == "golden" and row["nodes"] == len(fleet) >= 1
     drift, sdc = np.array([r["drift_rate"] for r in fleet]), np.array([r["sdc_rate"] for r in fleet])
     assert [row["min_rate"], row["median_rate"], row["max_rate"]] == pytest.approx(
         [drift.min(), np.median(drift), drift.max()], rel=1e-12)
@@ -150,7 +150,7 @@ def test_sharpness_rows_are_the_logged_events(study: dict[str, Path]) -> None:
         (e.step, e.fields["value"], e.fields["iterations"], e.fields["converged"]) for e in logged]
     lrs = {e.step: e.fields["lr"][0] for e in events(study["golden"], "step")}
     for r in rows:
-        assert r["golden_node"] == "golden"
+        assert r["node_label"] == "golden"
         if r["step"] < STEPS:
             assert r["lr"] == lrs[r["step"]] and r["two_over_lr"] == pytest.approx(2 / lrs[r["step"]])
         else:
