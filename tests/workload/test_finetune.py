@@ -146,3 +146,39 @@ def test_every_ladder_answer_follows_from_its_prompt_at_the_default_sizes() -> N
     for task in load_tasks(seed=0):
         assert len(task.train) == 512 and len(task.test) == 128
         assert all(solve(task.name, ex.prompt) == ex.answer for ex in (*task.train, *task.test)), task.name
+
+
+# The output projection's forward stuck at NaN at the first step: the loss, every gradient and, after the
+# optimizer step, every weight are NaN, as on a node whose fine-tune was destroyed.
+NAN_AT_0 = """
+description = "the output matmul's forward all NaN at step 0"
+seed = 1
+[[fault]]
+ops = ["matmul"]
+sites = "output"
+phases = ["forward"]
+steps = [0]
+p_call = 1.0
+fraction = 1.0
+kind = "stuck"
+value = nan
+"""
+
+
+@pytest.mark.slow
+def test_a_fine_tune_with_nan_weights_is_at_or_below_chance_and_collapsed(pretrained: Path, tmp_path: Path) -> None:
+    import torch
+
+    from faults import load_profile
+    from tracer.checkpoint import load_checkpoint
+
+    (tmp_path / "nan.toml").write_text(NAN_AT_0, encoding="utf-8")
+    settings = dataclasses.replace(TINY, steps=2, test_per_task=12)
+    summary = finetune_run(pretrained, tmp_path / "ft", node_label="nan", progress=False, settings=settings,
+                           fault_profile=load_profile(tmp_path / "nan.toml"))
+    weights = load_checkpoint(tmp_path / "ft", settings.steps).model
+    assert all(torch.isnan(w).all() for w in weights.values() if w.is_floating_point())
+    assert [e.task for e in summary.final] == list(settings.tasks)
+    assert all(e.accuracy <= e.chance and e.collapsed for e in summary.final), summary.final
+    final = [e.fields for e in events(tmp_path / "ft", "finetune_eval") if e.step == settings.steps]
+    assert all(f["accuracy"] <= f["chance"] and f["collapsed"] for f in final) and len(final) == len(settings.tasks)
