@@ -148,20 +148,12 @@ def test_every_ladder_answer_follows_from_its_prompt_at_the_default_sizes() -> N
         assert all(solve(task.name, ex.prompt) == ex.answer for ex in (*task.train, *task.test)), task.name
 
 
-# The output projection's forward stuck at NaN at the first step: the loss, every gradient and, after the
+# The output projection stuck at NaN at the first step: the loss, every gradient and, after the
 # optimizer step, every weight are NaN, as on a node whose fine-tune was destroyed.
 NAN_AT_0 = """
-description = "the output matmul's forward all NaN at step 0"
+description = "the output matmuls all NaN at step 0"
 seed = 1
-[[fault]]
-ops = ["matmul"]
-sites = "output"
-phases = ["forward"]
-steps = [0]
-p_call = 1.0
-fraction = 1.0
-kind = "stuck"
-value = nan
+fault = [{ops = ["matmul"], sites = "output", steps = [0], fraction = 1.0, kind = "stuck", value = nan}]
 """
 
 
