@@ -10,7 +10,7 @@ the tiny reference model. The default `LADDER` is graded so that a tiny model fi
 200 steps lands between chance and 100 % on most rungs (measured in docs/finetune.md):
 
 - ``copy``: the answer letter is written at a fixed place in the question; copy it.
-- ``find``: the same, but at a random place in a line of random letters.
+- ``find``: the same, but at a random place in random letters holding other capitals too.
 - ``exclude``: the question names the three wrong letters; answer the fourth.
 - ``longest``: which of four random words is longest.
 - ``match``: which option equals a given letter (find it, name its position).
@@ -91,10 +91,14 @@ def _copy(rng: random.Random, answer: int) -> Question:
 
 
 def _find(rng: random.Random, answer: int) -> Question:
-    # At most 16 + 16 + 4 bytes of question, so the prompt fits MAX_PROMPT.
-    before, after = _noise(rng, rng.randrange(16)), _noise(rng, rng.randrange(4))
+    # One or two capital letters in the noise, mostly before the statement: the model must find
+    # "answer is", not the nearest capital. At most 15 + 12 + 3 bytes, so the prompt fits MAX_PROMPT.
+    before, after = list(_noise(rng, rng.randrange(2, 16))), list(_noise(rng, rng.randrange(4)))
+    for _ in range(rng.randrange(1, 3)):
+        side = before if not after or rng.random() < 0.8 else after
+        side[rng.randrange(len(side))] = rng.choice(LETTERS)
     options = _letters(rng, 4)
-    return f"{before} answer is {LETTERS[answer]}. {after}".strip(), options[0], options[1:]
+    return f"{''.join(before)} answer is {LETTERS[answer]}. {''.join(after)}".strip(), options[0], options[1:]
 
 
 def _exclude(rng: random.Random, answer: int) -> Question:
