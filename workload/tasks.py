@@ -92,8 +92,8 @@ def _copy(rng: random.Random, answer: int) -> Question:
 
 def _find(rng: random.Random, answer: int) -> Question:
     # One or two capital letters in the noise, mostly before the statement: the model must find
-    # "answer is", not the nearest capital. At most 15 + 12 + 3 bytes, so the prompt fits MAX_PROMPT.
-    before, after = list(_noise(rng, rng.randrange(2, 16))), list(_noise(rng, rng.randrange(4)))
+    # "answer is", not the nearest capital. At most 10 + 14 + 3 bytes: prompts no longer than other tasks'.
+    before, after = list(_noise(rng, rng.randrange(2, 11))), list(_noise(rng, rng.randrange(4)))
     for _ in range(rng.randrange(1, 3)):
         side = before if not after or rng.random() < 0.8 else after
         side[rng.randrange(len(side))] = rng.choice(LETTERS)
@@ -111,7 +111,7 @@ def _exclude(rng: random.Random, answer: int) -> Question:
 def _longest(rng: random.Random, answer: int) -> Question:
     lengths = sorted(rng.sample(range(1, 7), 4), reverse=True)
     words = ["".join(rng.choice(ALPHABET) for _ in range(n)) for n in lengths]
-    return "Which is longest?", words[0], words[1:]
+    return "Longest word?", words[0], words[1:]
 
 
 def _match(rng: random.Random, answer: int) -> Question:
