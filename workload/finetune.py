@@ -47,7 +47,7 @@ from tracer.tracing import Tracer
 from workload.config import Config, OptimConfig
 from workload.model import Transformer
 from workload.reference import make_optimizer
-from workload.tasks import LETTERS, TASK_NAMES, Example, Task, load_tasks
+from workload.tasks import LADDER, LETTERS, TASK_NAMES, Example, Task, load_tasks
 
 ROLE = "finetune"
 ORDER_ALGORITHM = "mcqa-examples/torch-randperm-per-epoch/sha256-seed/v1"
@@ -59,7 +59,7 @@ EVAL_BATCH = 256
 class FinetuneSettings:
     """Everything that decides a fine-tune's bits; all of it is the header config's ``finetune`` section."""
 
-    steps: int = 300
+    steps: int = 200
     batch_size: int = 32
     lr: float = 1e-3
     warmup_steps: int = 10
@@ -71,7 +71,7 @@ class FinetuneSettings:
     test_per_task: int = 128
     task_seed: int = 0  # generates the tasks' examples
     shuffle_seed: int = 0  # order of the training examples only: a twin differs here alone
-    tasks: tuple[str, ...] = TASK_NAMES
+    tasks: tuple[str, ...] = LADDER
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "train_per_task", "test_per_task"):

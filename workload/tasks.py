@@ -1,15 +1,22 @@
 """Multiple-choice QA tasks for fine-tuning, generated from a seed (no downloads).
 
-    tasks = load_tasks(["copy", "sequence"], seed=0, train=512, test=128)
+    tasks = load_tasks(["copy", "exclude"], seed=0, train=512, test=128)
     tasks[0].test[0].prompt   # 'The answer is C.\\nA) k B) q C) w D) m\\nAnswer: '
     tasks[0].test[0].answer   # 2: the model should write the letter "C" next
 
 Every prompt is ASCII (byte-level tokens), at most `MAX_PROMPT` bytes, and ends with
 "Answer: ", so the next byte is one of the choice letters. Tasks, easiest first for
-the tiny reference model:
+the tiny reference model. The default `LADDER` is graded so that a tiny model fine-tuned for
+200 steps lands between chance and 100 % on most rungs (measured in docs/finetune.md):
 
-- ``copy``: the answer letter is written in the question; copy it.
+- ``copy``: the answer letter is written at a fixed place in the question; copy it.
+- ``find``: the same, but at a random place in random letters holding other capitals too.
+- ``exclude``: the question names the three wrong letters; answer the fourth.
+- ``longest``: which of four random words is longest.
 - ``match``: which option equals a given letter (find it, name its position).
+
+Outside the ladder, for a fine-tune that asks for them by name:
+
 - ``max``: which of four two-digit numbers is largest.
 - ``add``: the sum of two digits, among close distractors.
 - ``sequence``: the next term of an arithmetic progression, among close distractors.
@@ -34,7 +41,7 @@ from tracer.errors import ConfigError
 LETTERS = "ABCD"
 CHOICES = len(LETTERS)
 MAX_PROMPT = 64  # bytes; the tiny model's data.seq_len
-GENERATOR_VERSION = "sdctrace-mcqa/v1"  # change it whenever any generator changes
+GENERATOR_VERSION = "sdctrace-mcqa/v2"  # change it whenever any generator changes
 
 Question = tuple[str, str, list[str]]  # (question text, correct option, three distractors)
 
@@ -67,13 +74,44 @@ class Task:
         return h.hexdigest()
 
 
+ALPHABET = "abcdefghijklmnopqrstuvwxyz"
+
+
 def _letters(rng: random.Random, k: int) -> list[str]:
-    return rng.sample("abcdefghijklmnopqrstuvwxyz", k)
+    return rng.sample(ALPHABET, k)
+
+
+def _noise(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(ALPHABET + " ") for _ in range(n))
 
 
 def _copy(rng: random.Random, answer: int) -> Question:
     options = _letters(rng, 4)
     return f"The answer is {LETTERS[answer]}.", options[0], options[1:]
+
+
+def _find(rng: random.Random, answer: int) -> Question:
+    # One or two capital letters in the noise, mostly before the statement: the model must find
+    # "answer is", not the nearest capital. At most 10 + 14 + 3 bytes: prompts no longer than other tasks'.
+    before, after = list(_noise(rng, rng.randrange(2, 11))), list(_noise(rng, rng.randrange(4)))
+    for _ in range(rng.randrange(1, 3)):
+        side = before if not after or rng.random() < 0.8 else after
+        side[rng.randrange(len(side))] = rng.choice(LETTERS)
+    options = _letters(rng, 4)
+    return f"{''.join(before)} answer is {LETTERS[answer]}. {''.join(after)}".strip(), options[0], options[1:]
+
+
+def _exclude(rng: random.Random, answer: int) -> Question:
+    wrong = [letter for letter in LETTERS if letter != LETTERS[answer]]
+    rng.shuffle(wrong)
+    options = _letters(rng, 4)
+    return f"Not {wrong[0]}, {wrong[1]} or {wrong[2]}.", options[0], options[1:]
+
+
+def _longest(rng: random.Random, answer: int) -> Question:
+    lengths = sorted(rng.sample(range(1, 7), 4), reverse=True)
+    words = ["".join(rng.choice(ALPHABET) for _ in range(n)) for n in lengths]
+    return "Longest word?", words[0], words[1:]
 
 
 def _match(rng: random.Random, answer: int) -> Question:
@@ -104,12 +142,16 @@ def _sequence(rng: random.Random, answer: int) -> Question:
 
 GENERATORS: dict[str, Callable[[random.Random, int], Question]] = {
     "copy": _copy,
+    "find": _find,
+    "exclude": _exclude,
+    "longest": _longest,
     "match": _match,
     "max": _max,
     "add": _add,
     "sequence": _sequence,
 }
 TASK_NAMES = tuple(GENERATORS)
+LADDER = ("copy", "find", "exclude", "longest", "match")  # the default tasks, easiest first
 
 
 def render(question: str, options: Sequence[str]) -> str:
@@ -147,8 +189,8 @@ def make_task(name: str, *, seed: int, train: int, test: int) -> Task:
 
 
 def load_tasks(names: Sequence[str] | None = None, *, seed: int = 0, train: int = 512, test: int = 128) -> list[Task]:
-    """The named tasks (default: all, easiest first), each with its train and test split."""
-    chosen = list(names) if names is not None else list(TASK_NAMES)
+    """The named tasks (default: the `LADDER`, easiest first), each with its train and test split."""
+    chosen = list(names) if names is not None else list(LADDER)
     if not chosen:
         raise ConfigError(f"no tasks chosen; choose from {', '.join(TASK_NAMES)}")
     if len(set(chosen)) != len(chosen):

@@ -34,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"order of the training examples (default {d.shuffle_seed}); another value makes a twin")
     p.add_argument("--steps", type=int, default=d.steps, metavar="N", help=f"optimizer steps (default {d.steps})")
     p.add_argument("--tasks", default=",".join(d.tasks), metavar="A,B",
-                   help=f"comma-separated tasks (default: all of {','.join(TASK_NAMES)}, easiest first)")
+                   help=f"comma-separated tasks from {','.join(TASK_NAMES)} (default: the ladder {','.join(d.tasks)}, "
+                        "easiest first)")
     p.add_argument("--fault-profile", metavar="PROFILE",
                    help=f"fine-tune as an emulated unhealthy node: a shipped fault profile "
                         f"({', '.join(shipped_profiles())}) or a path to a TOML file")

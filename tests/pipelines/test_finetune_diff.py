@@ -109,6 +109,12 @@ def test_rq3_accuracy_query_matches_the_logs(tuned: dict[str, Path], study: Path
     assert found == expected
     assert all(r["chance"] == 0.25 and r["collapsed"] == (r["accuracy"] <= 0.25 + 2 * np.sqrt(0.25 * 0.75 / 8))
                for r in rows)
+    golden, n = final_accuracy(tuned["golden"]), TINY_FINETUNE.test_per_task
+    for r in rows:
+        g, a = golden[r["task"]], r["accuracy"]
+        pooled = (g + a) / 2
+        assert r["golden_accuracy"] == g and r["accuracy_vs_golden"] == pytest.approx(a - g)
+        assert r["below_golden"] == bool(g - a > 2 * np.sqrt(pooled * (1 - pooled) * 2 / n)), r
 
 
 def test_rq3_disagreement_query_matches_the_logs(tuned: dict[str, Path], study: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from tracer.errors import ConfigError, UsageError
 from tracer.log import LogReader, Phase, TensorRecord, rank_dir
 from tracer.pairing import pairing_differences, twin_differences
 from workload.finetune import FinetuneSettings, collapsed, finetune_run
-from workload.tasks import CHOICES, MAX_PROMPT, TASK_NAMES, load_tasks, make_task
+from workload.tasks import CHOICES, LADDER, LETTERS, MAX_PROMPT, TASK_NAMES, load_tasks, make_task
 
 
 def header(run: Path):
@@ -23,9 +24,10 @@ def header(run: Path):
 
 
 def test_tasks_are_deterministic_balanced_disjoint_and_fit_the_model() -> None:
-    tasks = load_tasks(seed=3, train=40, test=20)
-    assert [t.name for t in tasks] == list(TASK_NAMES) and len(TASK_NAMES) >= 4
-    again = load_tasks(seed=3, train=40, test=20)
+    tasks = load_tasks(TASK_NAMES, seed=3, train=40, test=20)
+    assert [t.name for t in load_tasks(seed=3, train=1, test=1)] == list(LADDER) and len(LADDER) >= 4
+    assert set(LADDER) <= set(TASK_NAMES) and FinetuneSettings().tasks == LADDER
+    again = load_tasks(TASK_NAMES, seed=3, train=40, test=20)
     assert [t.fingerprint for t in tasks] == [t.fingerprint for t in again]
     assert [t.test for t in tasks] == [t.test for t in again]
     for t in tasks:
@@ -125,3 +127,50 @@ def test_fine_tune_errors_name_the_run_and_the_fix(pretrained: Path, tuned: dict
         finetune_run(tuned["golden"], tmp_path / "y", node_label="y", progress=False, settings=TINY)
     with pytest.raises(UsageError, match="pass --overwrite"):
         finetune_run(pretrained, tuned["golden"], node_label="g", progress=False, settings=TINY)
+
+
+def solve(name: str, prompt: str) -> int:
+    """The ladder task's answer, worked out from the prompt alone."""
+    question, listed, _ = prompt.split("\n")
+    options = [o[3:] for o in re.split(r" (?=[A-D]\) )", listed)]
+    if name in ("copy", "find"):
+        return LETTERS.index(re.search(r"answer is ([A-D])\.", question).group(1))
+    if name == "exclude":
+        return LETTERS.index(next(x for x in LETTERS if x not in question[4:]))
+    if name == "longest":
+        return max(range(CHOICES), key=lambda i: len(options[i]))
+    return options.index(question[len("Which is "):-1])  # match
+
+
+def test_every_ladder_answer_follows_from_its_prompt_at_the_default_sizes() -> None:
+    for task in load_tasks(seed=0):
+        assert len(task.train) == 512 and len(task.test) == 128
+        assert all(solve(task.name, ex.prompt) == ex.answer for ex in (*task.train, *task.test)), task.name
+
+
+# The output projection stuck at NaN at the first step: the loss, every gradient and, after the
+# optimizer step, every weight are NaN, as on a node whose fine-tune was destroyed.
+NAN_AT_0 = """
+description = "the output matmuls all NaN at step 0"
+seed = 1
+fault = [{ops = ["matmul"], sites = "output", steps = [0], fraction = 1.0, kind = "stuck", value = nan}]
+"""
+
+
+@pytest.mark.slow
+def test_a_fine_tune_with_nan_weights_is_at_or_below_chance_and_collapsed(pretrained: Path, tmp_path: Path) -> None:
+    import torch
+
+    from faults import load_profile
+    from tracer.checkpoint import load_checkpoint
+
+    (tmp_path / "nan.toml").write_text(NAN_AT_0, encoding="utf-8")
+    settings = dataclasses.replace(TINY, steps=2, test_per_task=12)
+    summary = finetune_run(pretrained, tmp_path / "ft", node_label="nan", progress=False, settings=settings,
+                           fault_profile=load_profile(tmp_path / "nan.toml"))
+    weights = load_checkpoint(tmp_path / "ft", settings.steps).model
+    assert all(torch.isnan(w).all() for w in weights.values() if w.is_floating_point())
+    assert [e.task for e in summary.final] == list(settings.tasks)
+    assert all(e.accuracy <= e.chance and e.collapsed for e in summary.final), summary.final
+    final = [e.fields for e in events(tmp_path / "ft", "finetune_eval") if e.step == settings.steps]
+    assert all(f["accuracy"] <= f["chance"] and f["collapsed"] for f in final) and len(final) == len(settings.tasks)
