@@ -40,11 +40,12 @@ _TARGETS: dict[str, tuple[tuple[str, ...], str | None]] = {
 REFERENCE_MODEL = "llama3-16l-mini, data.batch_size=2, data.microbatches=1"
 CALLS_PER_STEP = {"matmul": 371, "softmax": 2, "normalisation": 692, "elementwise": 1203, "reduction": 131}
 
-# The model's distributions (docs/fleet.md says which were calibrated).
-RATE = (1e-3, 30.0)  # faulty calls per step: log-uniform, stratified over the fleet
+# The model's distributions (docs/fleet.md says which were calibrated). Two mechanisms per node, drawn apart:
+# frequent small errors (marginal timing flipping low-order bits) and rare huge ones.
+SMALL_RATE = (1e-3, 30.0)  # mantissa-flip calls per step: log-uniform, stratified over the fleet
+TAIL_RATE = (1e-4, 0.03)  # 100-1000x calls per step: log-uniform, stratified over the fleet (its own order)
 DUTY = (0.1, 0.6)  # long-run share of steps in a burst: log-uniform
 P_EXIT = (0.25, 0.75)  # burst -> healthy per step (mean burst 1.3-4 steps): uniform
-TAIL = (0.01, 0.3)  # share of a node's faults that are 100-1000x: log-uniform
 TAIL_FACTOR = (100.0, 1000.0)
 MIX = {"matmul": 0.55, "softmax": 0.05, "normalisation": 0.1, "elementwise": 0.2, "reduction": 0.1}
 CONCENTRATION = 6.0  # of the Dirichlet a node's location mix is drawn from, around MIX
@@ -74,7 +75,7 @@ class FleetNode:
 
     label: str  # node-01, node-02, ...
     seed: int  # the profile's seed
-    rate: float  # expected faulty calls per step on the reference model, bursts included
+    rate: float  # expected faulty calls per step on the reference model, bursts included (both mechanisms)
     p_enter: float  # burst chain: healthy -> burst, per step
     p_exit: float  # burst chain: burst -> healthy, per step
     tail_share: float  # share of faults that scale one element by 100-1000x (the rest flip a mantissa bit)
@@ -92,23 +93,21 @@ def fleet(spec: FleetSpec) -> tuple[FleetNode, ...]:
     """The spec's nodes, drawn in order from one generator seeded by the spec's seed."""
     rng = random.Random(f"sdctrace-fleet:{spec.seed}")
     n = spec.nodes
-    # Stratified: node i's log-rate lies in its own 1/n of the range, strata shuffled, so any fleet of a few
+    # Stratified: node i's log-rate lies in its own 1/n of the range (strata shuffled), so any fleet of a few
     # nodes spans the range (some silent, some frequent) instead of leaving that to chance.
-    strata = list(range(n))
-    rng.shuffle(strata)
-    lo, hi = (math.log(x) for x in RATE)
+    small, tail = _stratified(rng, SMALL_RATE, n), _stratified(rng, TAIL_RATE, n)
     destroyer = rng.randrange(n)
     nodes = []
     for i in range(n):
-        rate = _sig(math.exp(lo + (strata[i] + rng.random()) * (hi - lo) / n))
         duty = _log_uniform(rng, DUTY)
         p_exit = round(rng.uniform(*P_EXIT), 2)
         p_enter = _sig(min(1.0, duty * p_exit / (1 - duty)))
-        tail = _sig(_log_uniform(rng, TAIL))
+        rate = _sig(small[i] + tail[i])
+        tail_share = _sig(tail[i] / (small[i] + tail[i]))
         mix = _mix(rng)
         seed = rng.randrange(100_000)
         label = f"node-{i + 1:02d}"
-        node = FleetNode(label, seed, rate, p_enter, p_exit, tail, mix, i == destroyer, "")
+        node = FleetNode(label, seed, rate, p_enter, p_exit, tail_share, mix, i == destroyer, "")
         nodes.append(_with_text(node, spec))
     return tuple(nodes)
 
@@ -196,7 +195,7 @@ def _with_text(node: FleetNode, spec: FleetSpec) -> FleetNode:
         "# / (the location's calls per step on the reference model x the burst share), capped at 1.",
         "",
         f'description = "fleet {node.label}: {node.rate:.3g} faulty calls per step in bursts, '
-        f'{node.tail_share:.0%} of them 100-1000x"',
+        f'{100 * node.tail_share:.2g} % of them 100-1000x"',
         f"seed = {node.seed}",
     ]
     for location, share in node.mix:
@@ -241,6 +240,14 @@ def _mix(rng: random.Random) -> tuple[tuple[str, float], ...]:
     kept = {loc: d for loc, d in draws.items() if d / total >= MIN_SHARE}
     total = sum(kept.values())
     return tuple((loc, round(d / total, 2)) for loc, d in kept.items() if round(d / total, 2) > 0)
+
+
+def _stratified(rng: random.Random, bounds: tuple[float, float], n: int) -> list[float]:
+    """``n`` log-uniform draws, the i-th of them in the i-th of n equal slices of the log-range, then shuffled."""
+    lo, hi = (math.log(x) for x in bounds)
+    draws = [math.exp(lo + (i + rng.random()) * (hi - lo) / n) for i in range(n)]
+    rng.shuffle(draws)
+    return draws
 
 
 def _log_uniform(rng: random.Random, bounds: tuple[float, float]) -> float:

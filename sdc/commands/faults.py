@@ -69,7 +69,7 @@ def run_fleet(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out} is not empty; pass --overwrite to write the fleet into it anyway")
     paths = write_fleet(spec, out)
     for node, path in zip(fleet(spec), paths):
-        tail = f"{node.tail_share:.0%} 100-1000x"
+        tail = f"{100 * node.tail_share:.2g} % 100-1000x"
         where = ", ".join(f"{loc} {share:.2f}" for loc, share in node.mix)
         print(f"{path}  {node.rate:.3g} faulty calls/step, in burst {node.duty:.0%} of steps, {tail}; {where}"
               + ("; destroys its fine-tune" if node.destroyer else ""))

@@ -83,7 +83,8 @@ def test_the_default_fleet_has_the_documented_shape(tmp_path: Path) -> None:
     assert max(rates) / min(rates) > 1e3, "rates must span orders of magnitude"
     silent = [n for n in nodes if n.rate * WINDOW < 0.2]
     frequent = [n for n in nodes if n.rate >= 3 and n.duty < 0.5]  # bursty: in a burst on a minority of steps
-    heavy = [n for n in nodes if n.tail_share >= 0.15 and n.rate >= 1]
+    assert all(n.tail_share < 0.01 for n in frequent), "a frequent node's faults are mostly small"
+    heavy = [n for n in nodes if n.tail_share >= 0.3 and n.rate * n.tail_share * WINDOW >= 0.36]
     outside = [n for n in nodes if n.rate >= 1 and dict(n.mix).get("matmul", 0) <= 0.6]
     assert len(silent) >= 2 and len(frequent) >= 2 and heavy and outside
     destroyers = [n for n in nodes if n.destroyer]
@@ -97,7 +98,7 @@ def test_the_default_fleet_has_the_documented_shape(tmp_path: Path) -> None:
 def test_a_fleet_spans_its_rates_for_any_seed() -> None:
     for seed in range(5):
         rates = [n.rate for n in fleet(FleetSpec(nodes=8, seed=seed))]
-        assert min(rates) < 0.01 and max(rates) > 3, (seed, rates)
+        assert max(rates) / min(rates) > 100 and max(rates) > 3, (seed, rates)
 
 
 def test_a_spec_out_of_range_is_an_error() -> None:
