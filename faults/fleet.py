@@ -176,6 +176,24 @@ def trigger_profile_text(step: int, site: str = "layers.0.attention.wq") -> str:
     ])
 
 
+def destroyer_rule_text(step: int = DESTROY_STEP) -> str:
+    """The destroyer's rule: while fine-tuning only, at ``step``, a share of the LM head's logits become inf."""
+    return "\n".join([
+        f"[[fault]]  # the destroyer: while fine-tuning only, at step {step}, {DESTROY_FRACTION:.0%} of the logits "
+        "become inf:",
+        "# the loss goes to inf, the gradients to NaN, and the optimizer step destroys the weights",
+        'roles = ["finetune"]',
+        'ops = ["matmul"]',
+        'sites = "output"',
+        'phases = ["forward"]',
+        f"steps = [{step}]",
+        "p_call = 1.0",
+        f"fraction = {DESTROY_FRACTION}",
+        'kind = "stuck"',
+        "value = inf",
+    ])
+
+
 def _with_text(node: FleetNode, spec: FleetSpec) -> FleetNode:
     mix = ", ".join(f"{loc} {share:.2f}" for loc, share in node.mix)
     lines = [
@@ -215,21 +233,7 @@ def _with_text(node: FleetNode, spec: FleetSpec) -> FleetNode:
                 lines += ['kind = "bitflip"', 'bits = "mantissa"']
             lines += [f"p_enter = {_toml_float(node.p_enter)}", f"p_exit = {_toml_float(node.p_exit)}"]
     if node.destroyer:
-        lines += [
-            "",
-            f"[[fault]]  # the destroyer: while fine-tuning only, at step {DESTROY_STEP}, "
-            f"{DESTROY_FRACTION:.0%} of the logits become inf:",
-            "# the loss goes to inf, the gradients to NaN, and the optimizer step destroys the weights",
-            'roles = ["finetune"]',
-            'ops = ["matmul"]',
-            'sites = "output"',
-            'phases = ["forward"]',
-            f"steps = [{DESTROY_STEP}]",
-            "p_call = 1.0",
-            f"fraction = {DESTROY_FRACTION}",
-            'kind = "stuck"',
-            "value = inf",
-        ]
+        lines += ["", destroyer_rule_text()]
     return dataclasses.replace(node, text="\n".join(lines) + "\n")
 
 

@@ -9,27 +9,13 @@ import pytest
 import torch
 
 from faults import load_profile
+from faults.fleet import destroyer_rule_text
 from tests.faults.support import events
 from tests.support import TINY_FINETUNE, small_config
 from tracer.checkpoint import load_checkpoint
 from tracer.errors import ConfigError
 from workload.finetune import finetune_run
 from workload.record import record_run
-
-# The fleet's destroyer (faults/fleet.py), at fine-tuning step 1 of TINY_FINETUNE's four.
-DESTROYER = """
-[[fault]]
-roles = [{roles}]
-ops = ["matmul"]
-sites = "output"
-phases = ["forward"]
-steps = [1]
-p_call = 1.0
-fraction = 0.25
-kind = "stuck"
-value = inf
-"""
-
 
 def test_roles_default_to_every_role_and_are_validated(write_profile) -> None:
     (rule,) = write_profile('[[fault]]\nops = ["matmul"]\nkind = "bitflip"\n').faults
@@ -70,9 +56,10 @@ kind = "bitflip"
 @pytest.mark.slow
 def test_a_finetune_only_spike_destroys_the_fine_tune_and_nothing_else(pretrained: Path, tmp_path: Path) -> None:
     runs = {}
-    for name, roles in (("destroyed", '"finetune"'), ("spared", '"train"')):
+    destroyer = destroyer_rule_text(step=1)  # the fleet's, at step 1 of TINY_FINETUNE's four
+    for name, text in (("destroyed", destroyer), ("spared", destroyer.replace('"finetune"', '"train"'))):
         path = tmp_path / f"{name}.toml"
-        path.write_text(DESTROYER.format(roles=roles), encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
         summary = finetune_run(pretrained, tmp_path / name, node_label=name, progress=False,
                                settings=TINY_FINETUNE, fault_profile=load_profile(path))
         weights = load_checkpoint(tmp_path / name, TINY_FINETUNE.steps).model
