@@ -1,8 +1,8 @@
 """A fleet of emulated unhealthy nodes: per-node fault profiles drawn from a documented, seeded model.
 
-    nodes = fleet(FleetSpec(nodes=15, seed=0))       # node-01 ... node-15
-    write_fleet(FleetSpec(), Path("fleet"))          # node-01.toml ... and fleet.md
-    sdc faults fleet --nodes 15 --seed 0 --out fleet
+    nodes = fleet(FleetSpec(nodes=15, seed=1))       # node-01 ... node-15
+    write_fleet(FleetSpec(), Path("fleet"))          # node-01.toml ... and fleet.md (15 nodes, seed 1)
+    sdc faults fleet --nodes 15 --seed 1 --out fleet
 
 Real silent data corruption is not one profile: across a fleet, nodes differ by orders of
 magnitude in how often they corrupt, corrupt in bursts, mostly by a little, now and then by
@@ -43,7 +43,7 @@ CALLS_PER_STEP = {"matmul": 371, "softmax": 2, "normalisation": 692, "elementwis
 # The model's distributions (docs/fleet.md says which were calibrated). Two mechanisms per node, drawn apart:
 # frequent small errors (marginal timing flipping low-order bits) and rare huge ones.
 SMALL_RATE = (1e-3, 30.0)  # mantissa-flip calls per step: log-uniform, stratified over the fleet
-TAIL_RATE = (1e-4, 0.03)  # 100-1000x calls per step: log-uniform, stratified over the fleet (its own order)
+TAIL_RATE = (1e-4, 0.1)  # 100-1000x calls per step: log-uniform, stratified over the fleet (its own order)
 DUTY = (0.1, 0.6)  # long-run share of steps in a burst: log-uniform
 P_EXIT = (0.25, 0.75)  # burst -> healthy per step (mean burst 1.3-4 steps): uniform
 TAIL_FACTOR = (100.0, 1000.0)
@@ -53,6 +53,7 @@ MIN_SHARE = 0.02  # locations drawn below this share get no rules (the rest are 
 DESTROY_STEP = 60  # fine-tuning step of the destroyer's spike
 DESTROY_FRACTION = 0.25  # of the LM head's logits stuck at inf in that step's forward
 MAX_NODES = 99
+DEFAULT_SEED = 1  # the calibrated fleet (docs/fleet.md)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class FleetSpec:
     """How many nodes, and the seed every draw comes from."""
 
     nodes: int = 15
-    seed: int = 0
+    seed: int = DEFAULT_SEED
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= MAX_NODES:

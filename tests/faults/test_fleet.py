@@ -48,9 +48,9 @@ def expected_calls(profile: FaultProfile) -> float:
 
 def test_the_same_spec_writes_the_same_bytes_and_every_file_loads(tmp_path: Path) -> None:
     a, b, other = tmp_path / "a", tmp_path / "b", tmp_path / "other"
-    paths = write_fleet(FleetSpec(nodes=15, seed=0), a)
-    write_fleet(FleetSpec(nodes=15, seed=0), b)
-    write_fleet(FleetSpec(nodes=15, seed=1), other)
+    paths = write_fleet(FleetSpec(), a)
+    write_fleet(FleetSpec(), b)
+    write_fleet(FleetSpec(seed=FleetSpec().seed + 1), other)
     assert [p.name for p in paths] == [f"node-{i:02d}.toml" for i in range(1, 16)]
     assert sorted(p.name for p in a.iterdir()) == sorted([*(p.name for p in paths), "fleet.md"])
     for name in [*(p.name for p in paths), "fleet.md"]:

@@ -17,6 +17,7 @@ from tracer.errors import ConfigError
 from workload.finetune import finetune_run
 from workload.record import record_run
 
+
 def test_roles_default_to_every_role_and_are_validated(write_profile) -> None:
     (rule,) = write_profile('[[fault]]\nops = ["matmul"]\nkind = "bitflip"\n').faults
     assert rule.roles is None
