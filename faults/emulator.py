@@ -23,7 +23,9 @@ repeats attempt 0's draws.
 
 Under torch.distributed a rule may name the ranks it applies to (one bad
 accelerator in a node), and rules naming collectives corrupt what a collective
-delivers, through `tracer.collectives`.
+delivers, through `tracer.collectives`. A rule may also name the roles of the runs
+it fires in (``role``: the run header's, ``"train"`` for pretraining and its
+replays, ``"finetune"`` for `workload.finetune`).
 
 With the ABFT checker, enter the emulator first: the checker, entered second,
 sees each op first and calls it through the emulator, so it checks the corrupted
@@ -66,17 +68,19 @@ class FaultEmulator(ScopedDispatchMode):
         sink: Sink,
         seed: int = 0,
         sites: SiteSpec = None,
+        role: str = "train",
     ) -> None:
         super().__init__()
         self.profile = profile
         self.seed = seed
+        self.role = role
         self._clock = clock
         self._sink = sink
         rules = profile.faults
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         rank = torch.distributed.get_rank() if distributed else 0
-        # A rule for other ranks (one bad accelerator in a node) hits nothing here.
-        mine = [r.ranks is None or rank in r.ranks for r in rules]
+        # A rule for other ranks (one bad accelerator in a node) or for runs of another role hits nothing here.
+        mine = [(r.ranks is None or rank in r.ranks) and (r.roles is None or role in r.roles) for r in rules]
         self._ops = [resolve_ops(r.ops) if m else frozenset() for r, m in zip(rules, mine)]
         self._collectives = [resolve_collectives(r.ops) if m else frozenset() for r, m in zip(rules, mine)]
         self._patterns = [re.compile(r.sites) if r.sites is not None else None for r in rules]

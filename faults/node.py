@@ -43,6 +43,7 @@ def emulated_node(
     ``fault`` and ``abft`` events through ``tracer`` (enter the tracer first).
 
     Built now, entered later: a profile that does not fit the model fails before anything is recorded.
+    Rules that name ``roles`` fire only if the tracer's run role (``"train"``, ``"finetune"``) is one of them.
     """
 
     def clock() -> tuple[int, int, int]:
@@ -54,7 +55,8 @@ def emulated_node(
     # Emulator first, checker second: the checker then sees the corrupted results.
     modes: list[FaultEmulator | AbftChecker] = []
     if fault_profile is not None:
-        modes.append(FaultEmulator(fault_profile, model, clock=clock, sink=sink, seed=fault_seed, sites=sites))
+        modes.append(FaultEmulator(fault_profile, model, clock=clock, sink=sink, seed=fault_seed, sites=sites,
+                                   role=tracer.run_info.role))
     if abft:
         modes.append(AbftChecker(model, clock=clock, sink=sink, sites=sites))
     return _entered(modes)

@@ -35,6 +35,8 @@ from tracer.typed_toml import INLINE, InvalidValue, check, require, toml_field
 _BITS = ", ".join(f'"{f}"' for f in FIELDS) + " or a bit index 0..63"
 _FACTOR = "a finite non-zero number, or [low, high] with 0 < low <= high"
 _VALUE = "a number (nan and inf allowed)"
+Role = Literal["train", "finetune"]
+ROLES: tuple[Role, ...] = ("train", "finetune")  # the run roles a rule can name (a run header's ``role``)
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ class FaultRule:
         None, expected="a non-empty array of ranks (integers >= 0)")
     microbatches: tuple[int, ...] | None = toml_field(  # microbatches of a step it fires in; None: every one
         None, expected="a non-empty array of microbatch indices (integers >= 0)")
+    roles: tuple[Role, ...] | None = toml_field(  # roles of the runs it fires in (pretraining or fine-tuning);
+        None, expected='a non-empty array of "train" and/or "finetune"')  # None: every role
     persistent: bool = toml_field(  # a stuck unit: a re-run of the step (the guard's) repeats its faults;
         False, expected="true or false")  # false: transient, each run of a step draws its faults afresh
 
@@ -113,6 +117,9 @@ class FaultRule:
         _require(self, self.fraction is None or 0 < self.fraction <= 1, "fraction")
         if self.elements is None and self.fraction is None:
             object.__setattr__(self, "elements", 1)
+        _require(self, self.roles is None or bool(self.roles), "roles")
+        if self.roles is not None:
+            object.__setattr__(self, "roles", tuple(r for r in ROLES if r in self.roles))
         for key in ("ranks", "microbatches"):
             indices = getattr(self, key)
             if indices is not None:
