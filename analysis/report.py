@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import html
 import re
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -455,7 +454,7 @@ def _page(db: Path, sections: list[Section], library: QueryLibrary) -> str:
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         "<title>sdctrace study report</title>", f"<style>{_CSS}</style></head><body>",
         "<h1>sdctrace study report</h1>",
-        f"<p>Study database <code>{e(str(db))}</code>, report written {e(time.strftime('%Y-%m-%d %H:%M:%S'))}. "
+        f"<p>Study database <code>{e(db.name)}</code> beside this folder. "
         "Every table and plot is a named query: <code>sdc query NAME --db FILE</code> prints it in full.</p>",
         "<nav>" + "".join(f'<a href="#{s.key}">{e(s.title)}</a>' for s in sections) + "</nav>",
     ]

@@ -87,6 +87,7 @@ class Study:
     abft_golden: bool = False
     config_spec: str = "tiny"
     config_overrides: tuple[str, ...] = field(default=())
+    sharpness: int = 0  # power iterations of the golden run's sharpness at each checkpoint (0: not measured)
 
 
 # -- the file as written; `_build` resolves it into a `Study` ---------------------------------------
@@ -144,6 +145,11 @@ class _StudyFile:
     finetune: _Finetune = field(default_factory=_Finetune)
 
 
+def is_fleet_file(data: dict) -> bool:
+    """A study file with a ``[fleet]`` table is a fleet study (sdc.study.fleet)."""
+    return isinstance(data.get("fleet"), dict)
+
+
 def shipped_studies() -> dict[str, Path]:
     """Name -> path of every study file that ships with sdctrace."""
     return typed_toml.shipped("sdc.study", "studies")
@@ -152,40 +158,54 @@ def shipped_studies() -> dict[str, Path]:
 def load_study(spec: str | Path, overrides: tuple[str, ...] = ()) -> Study:
     """Load a shipped study by name or a study file by path; `overrides` go to its training config."""
     path = typed_toml.resolve(spec, shipped_studies(), "study")
-    return _build(typed_toml.from_dict(_StudyFile, typed_toml.read(path), str(path)), path, overrides)
+    data = typed_toml.read(path)
+    if is_fleet_file(data):
+        raise ConfigError(f"{path}: is a fleet study (it has a [fleet] table); load it with "
+                          "sdc.study.fleet.load_fleet_study, or run it with `sdc study`")
+    return _build(typed_toml.from_dict(_StudyFile, data, str(path)), path, overrides)
 
 
 def _build(f: _StudyFile, path: Path, overrides: tuple[str, ...]) -> Study:
     """The study the file describes, checked against what it names: the config, the profiles, the steps."""
-    def error(key: str, message: str) -> ConfigError:
-        return ConfigError(f"{path}: {key}: {message}")
+    if not f.node:
+        raise ConfigError(f"{path}: no [[node]] tables; add at least one emulated node "
+                          "(label = \"node-1\", profile = \"bursty-mismatch\")")
+    nodes = [Node(n.label, n.profile if "/" not in n.profile and not n.profile.endswith(".toml")
+                  else str(_relative(path, n.profile)), n.fault_seed, n.abft, n.guard) for n in f.node]
+    ft = f.finetune
+    return build_study(
+        name=path.name.removesuffix(".toml"), source=path, description=f.description, config=f.train.config,
+        sets=f.train.set + tuple(overrides), golden=f.golden.label, abft_golden=f.golden.abft, nodes=nodes,
+        replay_steps=f.replay.steps, modes=f.replay.modes or MODES,
+        finetune=Finetune(ft.steps, ft.tasks, ft.twin_shuffle_seed) if ft.enabled else None,
+    )
 
-    spec = f.train.config
-    sets = f.train.set + tuple(overrides)
-    cfg = load_config(spec if spec in shipped_configs() else _relative(path, spec), sets)
+
+def build_study(*, name: str, source: Path, description: str, config: str, sets: tuple[str, ...], golden: str,
+                nodes: list[Node], replay_steps: str | None, modes: tuple[str, ...], finetune: Finetune | None,
+                abft_golden: bool = False, key: str = "", sharpness: int = 0) -> Study:
+    """A `Study` checked against what it names (the config, the profiles, the steps); errors name `source` and
+    the key under `key` (a table of a larger file, or "" for a study file's top level)."""
+    def error(name: str, message: str) -> ConfigError:
+        return ConfigError(f"{source}: {key}{name}: {message}")
+
+    cfg = load_config(config if config in shipped_configs() else _relative(source, config), sets)
     if cfg.parallel.dp * cfg.parallel.tp > 1:
         raise error("train.set", "studies run single-rank for now; record and replay multi-rank runs with "
                                  "`sdc record --nproc` and `sdc replay` (docs/parallel.md)")
     if cfg.run.checkpoint_every == 0:
         raise error("train.set", "run.checkpoint_every is 0; replay, drift and fine-tuning need checkpoints")
-    if not f.node:
-        raise ConfigError(f"{path}: no [[node]] tables; add at least one emulated node "
-                          "(label = \"node-1\", profile = \"bursty-mismatch\")")
-    labels = [f.golden.label, *(n.label for n in f.node)]
+    labels = [golden, *(n.label for n in nodes)]
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:
-        raise ConfigError(f"{path}: node label(s) {', '.join(dupes)} used twice; give every node its own label")
-    nodes = []
-    for i, n in enumerate(f.node):
-        profile = n.profile if "/" not in n.profile and not n.profile.endswith(".toml") \
-            else str(_relative(path, n.profile))
+        raise ConfigError(f"{source}: node label(s) {', '.join(dupes)} used twice; give every node its own label")
+    for i, n in enumerate(nodes):
         try:
-            load_profile(profile)
+            load_profile(n.profile)
         except ConfigError as e:
             raise error(f"node[{i}].profile", str(e)) from None
-        nodes.append(Node(n.label, profile, n.fault_seed, n.abft, n.guard))
 
-    text = f.replay.steps or f"0:{min(cfg.run.steps, 8)}"
+    text = replay_steps or f"0:{min(cfg.run.steps, 8)}"
     try:
         steps = parse_steps(text)
     except ConfigError as e:
@@ -193,19 +213,10 @@ def _build(f: _StudyFile, path: Path, overrides: tuple[str, ...]) -> Study:
     if steps.stop > cfg.run.steps:
         raise error("replay.steps", f"{text!r} reaches past the {cfg.run.steps} recorded steps; "
                                     f"end it at {cfg.run.steps} or less")
-    ft = f.finetune
     return Study(
-        name=path.name.removesuffix(".toml"),
-        source=path,
-        description=f.description,
-        train=cfg,
-        golden=f.golden.label,
-        abft_golden=f.golden.abft,
-        nodes=tuple(nodes),
-        replay=Replay(steps, f.replay.modes or MODES),
-        finetune=Finetune(ft.steps, ft.tasks, ft.twin_shuffle_seed) if ft.enabled else None,
-        config_spec=spec,
-        config_overrides=sets,
+        name=name, source=source, description=description, train=cfg, golden=golden, abft_golden=abft_golden,
+        nodes=tuple(nodes), replay=Replay(steps, tuple(modes)), finetune=finetune, config_spec=config,
+        config_overrides=sets, sharpness=sharpness,
     )
 
 

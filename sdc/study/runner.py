@@ -40,6 +40,8 @@ from workload.record import record_run
 
 STATE = "study-state.json"
 LOG = "study.log"
+# What a study writes into its output directory besides the state file and the log (--overwrite removes them).
+OUTPUTS = ("runs", "replays", "finetune", "report", "study.duckdb", "study.duckdb.wal")
 # Printed at the end of a study, in this order (named queries in analysis/queries).
 SUMMARY_QUERIES = ("summary", "rq1_mismatch_by_node", "rq1_mismatch_bursts", "rq1_abft_by_fault_kind",
                    "rq2_noise_worst", "rq3_finetune_accuracy", "rq3_finetune_disagreement", "guard_detector_scores",
@@ -85,8 +87,12 @@ class StudyResult:
 
 def study_fingerprint(study: Study) -> str:
     """What a resumed study must share with the one that started: its file and overrides."""
-    h = hashlib.sha256(study.source.read_bytes())
-    h.update(json.dumps(list(study.config_overrides)).encode())
+    return file_fingerprint(study.source, study.config_overrides)
+
+
+def file_fingerprint(source: Path, overrides: tuple[str, ...]) -> str:
+    h = hashlib.sha256(source.read_bytes())
+    h.update(json.dumps(list(overrides)).encode())
     return h.hexdigest()
 
 
@@ -101,13 +107,18 @@ def run_study(
 ) -> StudyResult:
     """Run every job of `study` into `out`; see the module docstring for the layout."""
     paths = StudyPaths(Path(out))
-    finished = _prepare(paths, study, overwrite=overwrite, resume=resume)
+    state = StudyState(paths.out, study.name, study_fingerprint(study), OUTPUTS)
+    finished = state.prepare(overwrite=overwrite, resume=resume)
     jobs = plan_jobs(study, paths, progress=progress, beam_args=beam_args)
-    result = StudyResult(paths)
+    return StudyResult(paths, run_jobs(jobs, state, finished, progress=progress))
+
+
+def run_jobs(jobs: list[Job], state: StudyState, finished: list[str], *, progress: bool) -> float:
+    """Run `jobs` in order, skipping those in `finished`, saving the state after each; returns the wall time."""
     start = time.perf_counter()
-    bar = tqdm(jobs, desc=f"study {study.name}", unit="job", disable=None if progress else True,
+    bar = tqdm(jobs, desc=f"study {state.name}", unit="job", disable=None if progress else True,
                position=0, leave=False)
-    with open(paths.out / LOG, "a", encoding="utf-8") as log:
+    with open(state.out / LOG, "a", encoding="utf-8") as log:
         for i, job in enumerate(bar, 1):
             prefix = f"[{i:>2}/{len(jobs)}] {job.describe}"
             if job.name in finished:
@@ -121,16 +132,16 @@ def run_study(
                 line = job.action()
             bar.write(f"{prefix}: {line} ({time.perf_counter() - t0:.1f} s)")
             finished.append(job.name)
-            _save_state(paths, study, finished)
-    result.wall_s = time.perf_counter() - start
-    return result
+            state.save(finished)
+    return time.perf_counter() - start
 
 
 def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tuple[str, ...]) -> list[Job]:
     """Every job of the study, in the order they must run."""
     golden = study.golden
     jobs = [Job(f"record:{golden}", f"record {golden} (healthy)",
-                lambda: _record(study, paths.run(golden), golden, None, 0, study.abft_golden, progress))]
+                lambda: _record(study, paths.run(golden), golden, None, 0, study.abft_golden, progress,
+                                sharpness=study.sharpness))]
     for n in study.nodes:
         jobs.append(Job(f"record:{n.label}", f"record {n.label} ({n.profile}{', ABFT' if n.abft else ''})",
                         lambda n=n: _record(study, paths.run(n.label), n.label, n.profile, n.fault_seed, n.abft,
@@ -208,10 +219,11 @@ def summary_tables(db: Path) -> list[tuple[str, str]]:
 
 
 def _record(study: Study, out: Path, label: str, profile: str | None, seed: int, abft: bool, progress: bool,
-            guard: str | None = None) -> str:
+            guard: str | None = None, sharpness: int = 0) -> str:
     summary = record_run(
         study.train, out, node_label=label, overwrite=True, progress=progress,
         fault_profile=load_profile(profile) if profile else None, fault_seed=seed, abft=abft, guard=guard,
+        sharpness=sharpness,
     )
     return f"{summary.steps} steps, final loss {summary.final_loss:.4f}"
 
@@ -228,11 +240,11 @@ def _replay(paths: StudyPaths, golden: str, label: str, mode: str, steps: range,
 
 
 def _diff(golden: Path, suspect: Path, replays: list[Path], db: Path, beam_args: tuple[str, ...],
-          twin: Path | None = None) -> str:
+          twin: Path | None = None, baseline: bool = False) -> str:
     from sdc.commands.diff import diff_job  # imports Beam: only when a diff runs
 
     request = DiffRequest(golden=str(golden), suspect=str(suspect), db=db, replays=tuple(map(str, replays)),
-                          twin=str(twin) if twin is not None else None, beam_args=beam_args)
+                          twin=str(twin) if twin is not None else None, beam_args=beam_args, baseline=baseline)
     report = diff_job()(request)
     return f"{report.rows.get('event_diffs', 0):,} events compared into {db.name}"
 
@@ -244,37 +256,47 @@ def _report(paths: StudyPaths, progress: bool) -> str:
     return f"{len(report.images)} plot(s) in {report.index}"
 
 
-def _prepare(paths: StudyPaths, study: Study, *, overwrite: bool, resume: bool) -> list[str]:
-    """Make the output directory ready; return the jobs a resumed study has finished."""
-    out = paths.out
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: exists and is not a directory; choose another --out")
-    state_file = out / STATE
-    if resume:
-        if not state_file.is_file():
-            raise UsageError(f"{out}: holds no {STATE}, so there is nothing to resume; run without --resume")
-        state = json.loads(state_file.read_text(encoding="utf-8"))
-        if state.get("study") != study_fingerprint(study):
-            raise UsageError(f"{out}: was started from a different study file or overrides; run with --overwrite "
-                             "to start again, or resume with the same study")
-        return list(state.get("finished", []))
-    if out.exists() and any(out.iterdir()):
-        if not state_file.is_file():
-            raise UsageError(f"{out}: directory is not empty and holds no study; choose another --out")
-        if not overwrite:
-            raise UsageError(f"{out}: already holds a study; pass --overwrite to replace it, --resume to finish it, "
-                             "or choose another --out")
-        for name in ("runs", "replays", "finetune", "report"):
-            shutil.rmtree(out / name, ignore_errors=True)
-        for name in (STATE, LOG, paths.db.name, paths.db.name + ".wal"):
-            (out / name).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    _save_state(paths, study, [])
-    return []
+@dataclass(frozen=True)
+class StudyState:
+    """The output directory's state file: which study wrote it and which of its jobs finished."""
 
+    out: Path
+    name: str
+    fingerprint: str  # of what a resumed study must share with the one that started
+    outputs: tuple[str, ...]  # what --overwrite removes: the folders and files the study's jobs write
 
-def _save_state(paths: StudyPaths, study: Study, finished: list[str]) -> None:
-    tmp = paths.out / (STATE + ".tmp")
-    tmp.write_text(json.dumps({"study": study_fingerprint(study), "name": study.name, "finished": finished},
-                              indent=1), encoding="utf-8")
-    os.replace(tmp, paths.out / STATE)
+    def prepare(self, *, overwrite: bool, resume: bool) -> list[str]:
+        """Make the output directory ready; return the jobs a resumed study has finished."""
+        out = self.out
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"{out}: exists and is not a directory; choose another --out")
+        state_file = out / STATE
+        if resume:
+            if not state_file.is_file():
+                raise UsageError(f"{out}: holds no {STATE}, so there is nothing to resume; run without --resume")
+            state = json.loads(state_file.read_text(encoding="utf-8"))
+            if state.get("study") != self.fingerprint:
+                raise UsageError(f"{out}: was started from a different study file or overrides; run with "
+                                 "--overwrite to start again, or resume with the same study")
+            return list(state.get("finished", []))
+        if out.exists() and any(out.iterdir()):
+            if not state_file.is_file():
+                raise UsageError(f"{out}: directory is not empty and holds no study; choose another --out")
+            if not overwrite:
+                raise UsageError(f"{out}: already holds a study; pass --overwrite to replace it, --resume to finish "
+                                 "it, or choose another --out")
+            for name in (*self.outputs, STATE, LOG):
+                path = out / name
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+        self.save([])
+        return []
+
+    def save(self, finished: list[str]) -> None:
+        tmp = self.out / (STATE + ".tmp")
+        tmp.write_text(json.dumps({"study": self.fingerprint, "name": self.name, "finished": finished}, indent=1),
+                       encoding="utf-8")
+        os.replace(tmp, self.out / STATE)

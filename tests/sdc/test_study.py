@@ -44,6 +44,8 @@ steps = "2:5"
 def test_shipped_studies_load() -> None:
     assert {"demo"} <= set(shipped_studies())
     for name in shipped_studies():
+        if name.startswith("fleet"):
+            continue  # tests/sdc/test_fleet_study.py
         study = load_study(name)
         assert study.nodes and study.replay.modes and study.train.run.checkpoint_every > 0
     demo = load_study("demo")
