@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 
 from sdc.study import Study, load_study, run_study, shipped_studies
+from sdc.study.fleet import FleetStudy, is_fleet_file, load_fleet_study, run_fleet_study
 from sdc.study.runner import summary_tables
+from tracer import typed_toml
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +42,27 @@ def add_study_options(p: argparse.ArgumentParser, default_out: str | None) -> No
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_loaded(load_study(args.study, tuple(args.overrides)), args)
+    path = typed_toml.resolve(args.study, shipped_studies(), "study")
+    if is_fleet_file(typed_toml.read(path)):
+        return run_fleet(load_fleet_study(path, tuple(args.overrides)), args)
+    return run_loaded(load_study(path, tuple(args.overrides)), args)
+
+
+def run_fleet(fleet: FleetStudy, args: argparse.Namespace) -> int:
+    out = args.out if args.out is not None else Path(fleet.name)
+    print(f"fleet study {fleet.name}: {fleet.description or fleet.source}")
+    print(f"  {fleet.fleet.nodes} unhealthy nodes from the fleet model (seed {fleet.fleet.seed}); experiments "
+          f"rq1 ({fleet.rq1.config}, lockstep), rq2 ({fleet.rq2.config}, param-sync), rq3 ({fleet.rq3.config}, "
+          f"pretraining{' and fine-tuning' if fleet.finetune else ''}); output in {out}/")
+    result = run_fleet_study(fleet, out, overwrite=args.overwrite, resume=args.resume, progress=not args.quiet)
+    print()
+    print(result.paths.reproduction.read_text(encoding="utf-8"))
+    print(f"fleet study {fleet.name} finished in {result.wall_s / 60:.1f} min; each job's output is in "
+          f"{out}/study.log")
+    for part in result.parts:
+        print(f"  {part}: database {result.paths.part(part).db}, report {result.paths.part(part).report}/index.html")
+    print(f"  reproduction: {result.paths.reproduction} and {result.paths.report}/index.html")
+    return 0
 
 
 def run_loaded(study: Study, args: argparse.Namespace) -> int:

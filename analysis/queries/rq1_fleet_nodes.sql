@@ -1,0 +1,102 @@
+-- RQ1 per unhealthy node of a fleet: mismatch frequency and severity, bursts (Fano factor), heavy tail, ABFT recall
+--
+-- From lockstep replays (site_mismatch) and the fault ground truth (faults, suspect side),
+-- one row per pair whose suspect was emulated with a fault profile other than healthy-node.
+--   profile                         the suspect's fault profile (runs.extra)
+--   steps_replayed, steps_mismatching   lockstep steps, and those with any differing site call
+--   site_calls, mismatching_calls   site calls compared, and those with a differing element
+--   frequency                       mismatched elements / compared elements, over every call
+--   max_frequency                   the largest frequency of one call
+--   median_severity                 median over mismatching calls of their mean relative difference
+--   max_rel                         the largest relative difference of one element
+--   fano                            variance / mean of the per-step count of mismatching calls over the
+--                                   replayed steps (1: as random as Poisson; > 1: bursty; null: no mismatch)
+--   faults                          corruptions the emulator injected into the recorded run
+--   faults_outside_matmul           those in an op no ABFT check covered (softmax, norms, elementwise, ...)
+--   faults_below_bound              those in a checked matmul that ABFT did not flag (below its bound)
+--   abft_flagged, abft_recall       faults ABFT flagged, and their share of all faults (null: no fault)
+WITH
+
+nodes AS (
+    SELECT
+        n.pair_id,
+        n.suspect_node,
+        json_extract_string(r.extra, '$.fault_profile.name') AS profile
+    FROM pair_nodes AS n
+    JOIN pairs AS p USING (pair_id)
+    JOIN runs AS r ON r.run_id = p.suspect_run_id AND r.rank = 0
+    WHERE n.role = 'train'
+),
+
+unhealthy AS (
+    SELECT * FROM nodes WHERE profile IS NOT NULL AND profile <> 'healthy-node'
+),
+
+per_step AS (
+    SELECT
+        pair_id,
+        step,
+        count(*) AS calls,
+        count(*) FILTER (WHERE mismatched > 0) AS mismatching
+    FROM site_mismatch
+    GROUP BY pair_id, step
+),
+
+steps AS (
+    SELECT
+        pair_id,
+        count(*) AS steps_replayed,
+        count(*) FILTER (WHERE mismatching > 0) AS steps_mismatching,
+        CASE WHEN avg(mismatching) > 0 THEN var_pop(mismatching) / avg(mismatching) END AS fano
+    FROM per_step
+    GROUP BY pair_id
+),
+
+calls AS (
+    SELECT
+        pair_id,
+        count(*) AS site_calls,
+        count(*) FILTER (WHERE mismatched > 0) AS mismatching_calls,
+        sum(mismatched) / sum(elements) AS frequency,
+        max(frequency) AS max_frequency,
+        median(severity) FILTER (WHERE mismatched > 0) AS median_severity,
+        max(max_rel) AS max_rel
+    FROM site_mismatch
+    GROUP BY pair_id
+),
+
+injected AS (
+    SELECT
+        pair_id,
+        count(*) AS faults,
+        count(*) FILTER (WHERE abft_flagged IS NULL) AS faults_outside_matmul,
+        count(*) FILTER (WHERE NOT abft_flagged) AS faults_below_bound,
+        count(*) FILTER (WHERE abft_flagged) AS abft_flagged
+    FROM faults
+    WHERE side = 'suspect'
+    GROUP BY pair_id
+)
+
+SELECT
+    u.suspect_node AS node_label,
+    u.pair_id,
+    u.profile,
+    s.steps_replayed,
+    s.steps_mismatching,
+    c.site_calls,
+    c.mismatching_calls,
+    c.frequency,
+    c.max_frequency,
+    c.median_severity,
+    c.max_rel,
+    s.fano,
+    coalesce(i.faults, 0) AS faults,
+    coalesce(i.faults_outside_matmul, 0) AS faults_outside_matmul,
+    coalesce(i.faults_below_bound, 0) AS faults_below_bound,
+    coalesce(i.abft_flagged, 0) AS abft_flagged,
+    i.abft_flagged / nullif(i.faults, 0) AS abft_recall
+FROM unhealthy AS u
+JOIN steps AS s USING (pair_id)
+JOIN calls AS c USING (pair_id)
+LEFT JOIN injected AS i USING (pair_id)
+ORDER BY node_label, u.pair_id

@@ -1,0 +1,257 @@
+"""The fleet study: the reference study's three experiments on an emulated fleet, and the reproduction table.
+
+    fleet = load_fleet_study("fleet")            # shipped (sdc/study/studies/fleet.toml), or a path
+    result = run_fleet_study(fleet, Path("fleet"))
+
+A fleet study file has a ``[fleet]`` table (how many unhealthy nodes, the seed of the fleet
+model in `faults.fleet`) and one table per experiment, each run as an ordinary study with
+its own database:
+
+    rq1   lockstep replays with ABFT on every node: submodule mismatch, bursts, ABFT recall
+    rq2   parameter-sync replays: per-step gradient noise-to-signal
+    rq3   pretraining without sync, long enough to measure drift growth, with the golden node's
+          shuffle-seed twin (the drift baseline), a trigger node (one single-ulp flip) and the
+          golden run's sharpness at every checkpoint; then fine-tuning on the task ladder
+
+Layout of the output directory:
+
+    profiles/           the fleet's profile files (node-01.toml ...), trigger-ulp.toml and fleet.md
+    rq1/ rq2/ rq3/      each a study folder (runs/, replays/, finetune/, study.duckdb, report/)
+    reproduction.md     one row per finding of the study: its statement, ours, the query, the verdict
+    report/index.html   the reproduction table, linking each experiment's report
+    study.log, study-state.json   as for any study; --resume finishes an interrupted fleet study
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faults.fleet import DEFAULT_SEED, FleetSpec, trigger_profile_text, write_fleet
+from sdc.study.config import Finetune, Node, Study, _Finetune, _relative, build_study, is_fleet_file, shipped_studies
+from sdc.study.runner import LOG, Job, StudyPaths, StudyState, _diff, _record, file_fingerprint, plan_jobs, run_jobs
+from tracer import typed_toml
+from tracer.errors import ConfigError
+from tracer.typed_toml import require, toml_field
+
+PARTS = ("rq1", "rq2", "rq3")
+OUTPUTS = ("profiles", *PARTS, "report", "reproduction.md")
+HEALTHY = "healthy-node"  # the shipped profile of the healthy twin
+TWIN, TRIGGER, GOLDEN = "golden-twin", "trigger-ulp", "golden"
+
+
+@dataclass(frozen=True)
+class _Fleet:
+    nodes: int = toml_field(15, expected="an integer from 1 to 99")
+    seed: int = toml_field(DEFAULT_SEED, expected="an integer >= 0")
+    healthy_twin: bool = True  # a node-00 with the healthy-node profile in every experiment: every table shows 0
+
+    def __post_init__(self) -> None:
+        require(1 <= self.nodes <= 99, "nodes", self.nodes, "an integer from 1 to 99")
+        require(self.seed >= 0, "seed", self.seed, "an integer >= 0")
+
+
+@dataclass(frozen=True)
+class _Replayed:
+    """rq1 and rq2: a model, a recorded window and the replay mode that answers the question."""
+
+    config: str = toml_field(expected="a shipped workload config or a path")
+    set: tuple[str, ...] = ()
+    replay: str | None = toml_field(None, expected='"start:stop", the steps replayed (default: the first 8)')
+    abft: bool = False  # every node (and the golden one) also checks every matmul
+
+
+@dataclass(frozen=True)
+class _Pretrain:
+    """rq3: pretraining without sync, its baseline twin, the trigger node and the golden run's sharpness."""
+
+    config: str = "tiny"
+    set: tuple[str, ...] = ()
+    shuffle_seed: int = toml_field(1, expected="an integer >= 0 other than the config's data.shuffle_seed")
+    trigger_step: int = toml_field(20, expected="an integer >= 0 below run.steps")
+    trigger_site: str = toml_field("layers.0.attention.wo", expected="the module path of a linear layer")
+    sharpness: int = toml_field(20, expected="an integer >= 0: power iterations (0: sharpness not measured)")
+
+    def __post_init__(self) -> None:
+        require(self.trigger_step >= 0, "trigger_step", self.trigger_step, "an integer >= 0 below run.steps")
+        require(self.sharpness >= 0, "sharpness", self.sharpness, "an integer >= 0")
+
+
+@dataclass(frozen=True)
+class _FleetFile:
+    description: str = ""
+    fleet: _Fleet = field(default_factory=_Fleet)
+    rq1: _Replayed = field(default_factory=lambda: _Replayed("llama3-16l-mini"))
+    rq2: _Replayed = field(default_factory=lambda: _Replayed("llama3-32l-mini"))
+    rq3: _Pretrain = field(default_factory=_Pretrain)
+    finetune: _Finetune = field(default_factory=_Finetune)
+
+
+@dataclass(frozen=True)
+class FleetStudy:
+    """A fleet study file, read and checked; `parts` builds each experiment's study once profiles exist."""
+
+    name: str
+    source: Path
+    description: str
+    fleet: FleetSpec
+    healthy_twin: bool
+    rq1: _Replayed
+    rq2: _Replayed
+    rq3: _Pretrain
+    finetune: Finetune | None
+    overrides: tuple[str, ...] = ()  # --set: applied to every experiment's config
+
+    @property
+    def fingerprint(self) -> str:
+        """What a resumed fleet study must share with the one that started: its file and overrides."""
+        return file_fingerprint(self.source, self.overrides)
+
+    def parts(self, profiles: Path) -> dict[str, Study]:
+        """Each experiment as a study whose nodes play the profiles under `profiles` (`write_profiles`)."""
+        fleet = [Node(f"node-{i:02d}", str(profiles / f"node-{i:02d}.toml")) for i in range(1, self.fleet.nodes + 1)]
+        twin = [Node("node-00", HEALTHY)] if self.healthy_twin else []
+        out = {}
+        for part, spec, mode in (("rq1", self.rq1, "lockstep"), ("rq2", self.rq2, "param-sync")):
+            nodes = [Node(n.label, n.profile, abft=spec.abft) for n in twin + fleet]
+            out[part] = self._study(part, spec.config, spec.set, nodes, spec.replay, (mode,), None,
+                                    abft_golden=spec.abft)
+        trigger = Node(TRIGGER, str(profiles / f"{TRIGGER}.toml"))
+        rq3 = self._study("rq3", self.rq3.config, self.rq3.set, twin + fleet + [trigger], None, (), self.finetune,
+                          sharpness=self.rq3.sharpness)
+        shuffle = rq3.train.data.shuffle_seed
+        if self.rq3.shuffle_seed == shuffle:
+            raise ConfigError(f"{self.source}: rq3.shuffle_seed: {shuffle} is the config's own data.shuffle_seed; "
+                              "the baseline twin needs another one")
+        if self.rq3.trigger_step >= rq3.train.run.steps:
+            raise ConfigError(f"{self.source}: rq3.trigger_step: {self.rq3.trigger_step} is not below the "
+                              f"{rq3.train.run.steps} recorded steps; choose an earlier step")
+        out["rq3"] = rq3
+        return out
+
+    def _study(self, part: str, config: str, sets: tuple[str, ...], nodes: list[Node], replay: str | None,
+               modes: tuple[str, ...], finetune: Finetune | None, *, abft_golden: bool = False,
+               sharpness: int = 0) -> Study:
+        return build_study(
+            name=f"{self.name}/{part}", source=self.source, description=f"{self.description} ({part})",
+            config=config, sets=tuple(sets) + self.overrides, golden=GOLDEN, abft_golden=abft_golden, nodes=nodes,
+            replay_steps=replay, modes=modes, finetune=finetune, key=f"{part}.", sharpness=sharpness,
+        )
+
+    def write_profiles(self, profiles: Path) -> list[Path]:
+        """The fleet's profile files and the trigger node's, as ordinary profile files a user can read and edit."""
+        written = write_fleet(self.fleet, profiles)
+        trigger = profiles / f"{TRIGGER}.toml"
+        trigger.write_text(trigger_profile_text(self.rq3.trigger_step, self.rq3.trigger_site), encoding="utf-8")
+        return [*written, trigger]
+
+
+def load_fleet_study(spec: str | Path, overrides: tuple[str, ...] = ()) -> FleetStudy:
+    """Load a shipped fleet study by name or a fleet study file by path, and check every experiment in it."""
+    path = typed_toml.resolve(spec, shipped_studies(), "study")
+    data = typed_toml.read(path)
+    if not is_fleet_file(data):
+        raise ConfigError(f"{path}: has no [fleet] table, so it is not a fleet study; run it with `sdc study`")
+    f = typed_toml.from_dict(_FleetFile, data, str(path))
+    ft = f.finetune
+    study = FleetStudy(
+        name=path.name.removesuffix(".toml"), source=path, description=f.description,
+        fleet=FleetSpec(nodes=f.fleet.nodes, seed=f.fleet.seed), healthy_twin=f.fleet.healthy_twin,
+        rq1=f.rq1, rq2=f.rq2, rq3=f.rq3,
+        finetune=Finetune(ft.steps, ft.tasks, ft.twin_shuffle_seed) if ft.enabled else None,
+        overrides=tuple(overrides),
+    )
+    with tempfile.TemporaryDirectory() as scratch:  # every experiment checked before anything runs
+        study.write_profiles(Path(scratch))
+        study.parts(Path(scratch))
+    return study
+
+
+@dataclass(frozen=True)
+class FleetPaths:
+    out: Path
+
+    def part(self, name: str) -> StudyPaths:
+        return StudyPaths(self.out / name)
+
+    @property
+    def profiles(self) -> Path:
+        return self.out / "profiles"
+
+    @property
+    def reproduction(self) -> Path:
+        return self.out / "reproduction.md"
+
+    @property
+    def report(self) -> Path:
+        return self.out / "report"
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    paths: FleetPaths
+    parts: dict[str, Study]
+    wall_s: float
+
+
+def run_fleet_study(fleet: FleetStudy, out: Path, *, overwrite: bool = False, resume: bool = False,
+                    progress: bool = True, beam_args: tuple[str, ...] = ()) -> FleetResult:
+    """Run every job of every experiment, then the reproduction table; see the module docstring."""
+    paths = FleetPaths(Path(out))
+    state = StudyState(paths.out, fleet.name, fleet.fingerprint, OUTPUTS)
+    finished = state.prepare(overwrite=overwrite, resume=resume)
+    fleet.write_profiles(paths.profiles)  # deterministic: a resumed study writes the same bytes again
+    parts = fleet.parts(paths.profiles)
+    jobs = plan_fleet_jobs(fleet, parts, paths, progress=progress, beam_args=beam_args)
+    return FleetResult(paths, parts, run_jobs(jobs, state, finished, progress=progress))
+
+
+def plan_fleet_jobs(fleet: FleetStudy, parts: dict[str, Study], paths: FleetPaths, *, progress: bool,
+                    beam_args: tuple[str, ...]) -> list[Job]:
+    """Every job of the three experiments, in order, then the reproduction table."""
+    jobs: list[Job] = []
+    for name, study in parts.items():
+        part_paths = paths.part(name)
+        part_jobs = plan_jobs(study, part_paths, progress=progress, beam_args=beam_args)
+        if name == "rq3":
+            part_jobs = _with_baseline(fleet, study, part_paths, part_jobs, progress, beam_args)
+        jobs += [Job(f"{name}/{j.name}", f"{name}: {j.describe}", j.action) for j in part_jobs]
+    dbs = {name: paths.part(name).db for name in parts}
+    jobs.append(Job("reproduction", "reproduction table", lambda: _reproduction(dbs, paths, progress)))
+    return jobs
+
+
+def _with_baseline(fleet: FleetStudy, study: Study, paths: StudyPaths, jobs: list[Job], progress: bool,
+                   beam_args: tuple[str, ...]) -> list[Job]:
+    """rq3's jobs with the golden run's shuffle-seed twin recorded after golden and diffed as the baseline pair."""
+    seed = fleet.rq3.shuffle_seed
+    twin = dataclasses.replace(study, train=_shuffled(study, seed), sharpness=0)
+    record = Job(f"record:{TWIN}", f"record {TWIN} (healthy, data shuffle seed {seed})",
+                 lambda: _record(twin, paths.run(TWIN), TWIN, None, 0, False, progress))
+    diff = Job(f"diff:{TWIN}", f"diff {GOLDEN} vs {TWIN} (the drift baseline)",
+               lambda: _diff(paths.run(GOLDEN), paths.run(TWIN), [], paths.db, beam_args, baseline=True))
+    first_diff = next(i for i, j in enumerate(jobs) if j.name.startswith("diff:"))
+    return [jobs[0], record, *jobs[1:first_diff], diff, *jobs[first_diff:]]
+
+
+def _shuffled(study: Study, seed: int) -> Any:
+    from workload.config import load_config, shipped_configs
+
+    spec = study.config_spec
+    source = spec if spec in shipped_configs() else _relative(study.source, spec)
+    return load_config(source, (*study.config_overrides, f"data.shuffle_seed={seed}"))
+
+
+def _reproduction(dbs: dict[str, Path], paths: FleetPaths, progress: bool) -> str:
+    from analysis.reproduction import build_reproduction, write_reproduction
+
+    reproduction = build_reproduction(dbs)
+    write_reproduction(reproduction, paths.reproduction, paths.report, {k: v.parent / "report" for k, v in dbs.items()})
+    counts = reproduction.counts()
+    return ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) + f"; {paths.reproduction.name} written"
+
+
+__all__ = ["FleetStudy", "FleetResult", "load_fleet_study", "run_fleet_study", "is_fleet_file", "PARTS", "LOG"]

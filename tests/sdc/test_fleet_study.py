@@ -1,0 +1,138 @@
+"""The fleet study: fleet-mini end to end, its qualitative findings, and each reproduction query against the logs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.queries import LIBRARY
+from analysis.reproduction import FINDINGS
+from sdc.cli import main
+from sdc.study.fleet import FleetPaths, load_fleet_study, run_fleet_study
+from sdc.study.runner import StudyPaths
+from tests.support import events
+from tracer.errors import ConfigError
+from tracer.log import LogReader, rank_dir
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> FleetPaths:
+    out = tmp_path_factory.mktemp("fleet-mini") / "study"
+    result = run_fleet_study(load_fleet_study("fleet-mini"), out, progress=False)
+    return result.paths
+
+
+def _records(paths: FleetPaths, part: str, query: str) -> list[dict[str, Any]]:
+    return LIBRARY.run(paths.part(part).db, query).records()
+
+
+def _profile(run: Path) -> str | None:
+    recorded = LogReader(rank_dir(run, 0)).header.extra.get("fault_profile")
+    return recorded["name"] if recorded else None
+
+
+def _unhealthy(part: StudyPaths) -> list[str]:
+    """Labels of the part's nodes emulated with a profile other than healthy-node, from the run headers."""
+    return sorted(p.name for p in (part.out / "runs").iterdir()
+                  if _profile(p) not in (None, "healthy-node"))
+
+
+def test_fleet_mini_writes_the_reproduction_table_with_every_finding(fleet: FleetPaths) -> None:
+    text = fleet.reproduction.read_text(encoding="utf-8")
+    for finding in FINDINGS:
+        assert finding.study in text and f"`{finding.query}`" in text
+    assert "the query failed" not in text and "no rq" not in text
+    page = (fleet.report / "index.html").read_text(encoding="utf-8")
+    assert 'id="reproduction"' in page and "../rq1/report/index.html" in page
+    assert sorted(p.name for p in fleet.profiles.glob("node-*.toml")) == [f"node-0{i}.toml" for i in range(1, 6)]
+
+
+def test_fleet_mini_shows_the_qualitative_findings_its_size_allows(fleet: FleetPaths) -> None:
+    nodes = {r["node_label"]: r for r in _records(fleet, "rq1", "rq1_fleet_nodes")}
+    assert set(nodes) == set(_unhealthy(fleet.part("rq1"))) and len(nodes) == 5
+    assert any(r["mismatching_calls"] == 0 for r in nodes.values()), "a silent node"
+    assert any(r["fano"] is not None and r["fano"] > 1 for r in nodes.values()), "a bursty node"
+    assert any(r["max_rel"] >= 100 for r in nodes.values()), "a heavy-tail node"
+    assert sum(r["faults_outside_matmul"] for r in nodes.values()) > 0, "ABFT misses faults outside matmul"
+    assert sum(r["faults_below_bound"] for r in nodes.values()) > 0, "ABFT misses faults below its bound"
+    twin = LIBRARY.run(fleet.part("rq1").db, "rq1_mismatch_by_node").records()
+    assert all(r["mismatched"] == 0 for r in twin if r["node_label"] == "node-00"), "the healthy twin shows zero"
+
+
+def test_rq1_fleet_nodes_equals_the_numbers_in_the_logs(fleet: FleetPaths) -> None:
+    part = fleet.part("rq1")
+    rows = {r["node_label"]: r for r in _records(fleet, "rq1", "rq1_fleet_nodes")}
+    for label in _unhealthy(part):
+        calls = [e.fields | {"step": e.step} for e in events(part.replay(label, "lockstep"), "site_mismatch")]
+        per_step = Counter({c["step"]: 0 for c in calls})
+        per_step.update(c["step"] for c in calls if c["mismatched"] > 0)
+        counts = list(per_step.values())
+        mean = statistics.fmean(counts)
+        severities = [c["severity"] for c in calls if c["mismatched"] > 0 and c["severity"] is not None]
+        checks: dict[tuple[Any, ...], bool] = defaultdict(bool)
+        for e in events(part.run(label), "abft"):
+            f = e.fields
+            checks[e.step, f["microbatch"], f["site"], f["phase"], f["op"]] |= f["verdict"] == "flag"
+        faults = [(e.step, e.fields["microbatch"], e.fields["site"], e.fields["phase"], e.fields["op"])
+                  for e in events(part.run(label), "fault")]
+        row = rows[label]
+        assert row["steps_replayed"] == len(per_step)
+        assert row["steps_mismatching"] == sum(1 for n in counts if n)
+        assert row["mismatching_calls"] == sum(counts)
+        assert row["frequency"] == pytest.approx(sum(c["mismatched"] for c in calls) / sum(c["elements"] for c in calls))
+        assert row["fano"] == (pytest.approx(statistics.pvariance(counts) / mean) if mean else None)
+        assert row["median_severity"] == (pytest.approx(statistics.median(severities)) if severities else None)
+        assert row["faults"] == len(faults)
+        assert row["faults_outside_matmul"] == sum(1 for u in faults if u not in checks)
+        assert row["faults_below_bound"] == sum(1 for u in faults if u in checks and not checks[u])
+        assert row["abft_flagged"] == sum(1 for u in faults if checks.get(u))
+
+
+def test_rq2_fleet_nodes_equals_the_numbers_in_the_logs(fleet: FleetPaths) -> None:
+    part = fleet.part("rq2")
+    rows = {r["node_label"]: r for r in _records(fleet, "rq2", "rq2_fleet_nodes")}
+    assert set(rows) == set(_unhealthy(part))
+    for label, row in rows.items():
+        ratios = {e.step: e.fields["ratio"] for e in events(part.replay(label, "param-sync"), "grad_noise")
+                  if e.fields["name"] == "*"}
+        worst = max(ratios.values())
+        assert row["steps"] == len(ratios) and row["worst_ratio"] == pytest.approx(worst)
+        assert row["worst_step"] == min(s for s, r in ratios.items() if r == worst)
+        assert row["median_ratio"] == pytest.approx(statistics.median(ratios.values()))
+        assert row["faults"] == len(events(part.run(label), "fault"))
+
+
+def test_an_experiment_run_again_gives_the_same_bytes(fleet: FleetPaths) -> None:
+    rq2 = fleet.part("rq2")
+    # The experiments' own reports name pairs by their runs' ids, new with every recording; the fleet's does not.
+    outputs = [fleet.reproduction, fleet.report / "index.html"]
+    before = [p.read_bytes() for p in outputs]
+    state_file = fleet.out / "study-state.json"
+    state = json.loads(state_file.read_text())
+    state["finished"] = [j for j in state["finished"] if not j.startswith("rq2/") and j != "reproduction"]
+    state_file.write_text(json.dumps(state))
+    run_fleet_study(load_fleet_study("fleet-mini"), fleet.out, resume=True, progress=False)
+    assert [p.read_bytes() for p in outputs] == before
+
+
+def test_fleet_study_resumes_and_refuses_another_file(fleet: FleetPaths, tmp_path: Path) -> None:
+    other = tmp_path / "other.toml"
+    other.write_text(load_fleet_study("fleet-mini").source.read_text().replace("nodes = 5", "nodes = 4"))
+    assert main(["study", str(other), "--out", str(fleet.out), "--resume", "--quiet"]) != 0
+
+
+def test_a_fleet_file_names_its_mistakes(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[fleet]\nnodes = 0\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml.*fleet\.nodes"):
+        load_fleet_study(bad)
+    bad.write_text("[fleet]\n[rq3]\nshuffle_seed = 0\n")
+    with pytest.raises(ConfigError, match=r"rq3\.shuffle_seed"):
+        load_fleet_study(bad)
