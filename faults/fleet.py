@@ -149,7 +149,7 @@ def summary(spec: FleetSpec, nodes: tuple[FleetNode, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def trigger_profile_text(step: int, site: str = "layers.0.attention.wq") -> str:
+def trigger_profile_text(step: int, site: str = "layers.0.attention.wo") -> str:
     """A profile that perturbs exactly one element by one ulp, once: bit 0 of one element of ``site``'s first
     forward matmul in microbatch 0 of ``step``. The smallest possible SDC, to test whether drift needs more."""
     if step < 0:

@@ -114,7 +114,7 @@ def test_the_trigger_flips_one_element_by_one_ulp(tmp_path: Path) -> None:
     out = tmp_path / "trigger"
     record_run(small_config(), out, node_label="trigger-ulp", fault_profile=load_profile(path), progress=False)
     (fault,) = events(out, "fault")
-    assert fault.step == 2 and fault.fields["site"] == "layers.0.attention.wq" and fault.fields["elements"] == 1
+    assert fault.step == 2 and fault.fields["site"] == "layers.0.attention.wo" and fault.fields["elements"] == 1
     (original,), (corrupted,) = fault.fields["original"], fault.fields["corrupted"]
     o, c = torch.tensor(original, dtype=torch.float32), torch.tensor(corrupted, dtype=torch.float32)
     toward = torch.tensor(math.inf if c > o else -math.inf)
