@@ -30,7 +30,9 @@ from tracer.errors import UsageError, ValidationError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
-_LOCKED = {"enable_external_access": False, "lock_configuration": True}
+# One thread: DuckDB's parallel aggregates of doubles (sums, regr_slope, var_pop) combine in any order, so the same
+# query could differ in its last bits from run to run; named queries and the report must not.
+_LOCKED = {"enable_external_access": False, "threads": 1, "lock_configuration": True}
 _MESSAGE_CHARS = 300  # DuckDB's advice after a failed CSV sniff alone runs to a kilobyte
 
 

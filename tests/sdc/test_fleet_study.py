@@ -110,7 +110,6 @@ def test_rq2_fleet_nodes_equals_the_numbers_in_the_logs(fleet: FleetPaths) -> No
 
 
 def test_an_experiment_run_again_gives_the_same_bytes(fleet: FleetPaths) -> None:
-    rq2 = fleet.part("rq2")
     # The experiments' own reports name pairs by their runs' ids, new with every recording; the fleet's does not.
     outputs = [fleet.reproduction, fleet.report / "index.html"]
     before = [p.read_bytes() for p in outputs]
