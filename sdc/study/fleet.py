@@ -32,7 +32,7 @@ from typing import Any
 
 from faults.fleet import DEFAULT_SEED, FleetSpec, trigger_profile_text, write_fleet
 from sdc.study.config import Finetune, Node, Study, _Finetune, _relative, build_study, is_fleet_file, shipped_studies
-from sdc.study.runner import LOG, Job, StudyPaths, StudyState, _diff, _record, file_fingerprint, plan_jobs, run_jobs
+from sdc.study.runner import Job, StudyPaths, StudyState, _diff, _record, file_fingerprint, plan_jobs, run_jobs
 from tracer import typed_toml
 from tracer.errors import ConfigError
 from tracer.typed_toml import require, toml_field
@@ -252,6 +252,3 @@ def _reproduction(dbs: dict[str, Path], paths: FleetPaths, progress: bool) -> st
     write_reproduction(reproduction, paths.reproduction, paths.report, {k: v.parent / "report" for k, v in dbs.items()})
     counts = reproduction.counts()
     return ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) + f"; {paths.reproduction.name} written"
-
-
-__all__ = ["FleetStudy", "FleetResult", "load_fleet_study", "run_fleet_study", "is_fleet_file", "PARTS", "LOG"]
