@@ -28,10 +28,9 @@ import dataclasses
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from faults.fleet import DEFAULT_SEED, FleetSpec, trigger_profile_text, write_fleet
-from sdc.study.config import Finetune, Node, Study, _Finetune, _relative, build_study, is_fleet_file, shipped_studies
+from sdc.study.config import Finetune, Node, Study, _Finetune, build_study, is_fleet_file, shipped_studies
 from sdc.study.runner import Job, StudyPaths, StudyState, _diff, _record, file_fingerprint, plan_jobs, run_jobs
 from tracer import typed_toml
 from tracer.errors import ConfigError
@@ -220,7 +219,7 @@ def plan_fleet_jobs(fleet: FleetStudy, parts: dict[str, Study], paths: FleetPath
             part_jobs = _with_baseline(fleet, study, part_paths, part_jobs, progress, beam_args)
         jobs += [Job(f"{name}/{j.name}", f"{name}: {j.describe}", j.action) for j in part_jobs]
     dbs = {name: paths.part(name).db for name in parts}
-    jobs.append(Job("reproduction", "reproduction table", lambda: _reproduction(dbs, paths, progress)))
+    jobs.append(Job("reproduction", "reproduction table", lambda: _reproduction(dbs, paths)))
     return jobs
 
 
@@ -228,7 +227,8 @@ def _with_baseline(fleet: FleetStudy, study: Study, paths: StudyPaths, jobs: lis
                    beam_args: tuple[str, ...]) -> list[Job]:
     """rq3's jobs with the golden run's shuffle-seed twin recorded after golden and diffed as the baseline pair."""
     seed = fleet.rq3.shuffle_seed
-    twin = dataclasses.replace(study, train=_shuffled(study, seed), sharpness=0)
+    train = dataclasses.replace(study.train, data=dataclasses.replace(study.train.data, shuffle_seed=seed))
+    twin = dataclasses.replace(study, train=train, sharpness=0)
     record = Job(f"record:{TWIN}", f"record {TWIN} (healthy, data shuffle seed {seed})",
                  lambda: _record(twin, paths.run(TWIN), TWIN, None, 0, False, progress))
     diff = Job(f"diff:{TWIN}", f"diff {GOLDEN} vs {TWIN} (the drift baseline)",
@@ -237,15 +237,7 @@ def _with_baseline(fleet: FleetStudy, study: Study, paths: StudyPaths, jobs: lis
     return [jobs[0], record, *jobs[1:first_diff], diff, *jobs[first_diff:]]
 
 
-def _shuffled(study: Study, seed: int) -> Any:
-    from workload.config import load_config, shipped_configs
-
-    spec = study.config_spec
-    source = spec if spec in shipped_configs() else _relative(study.source, spec)
-    return load_config(source, (*study.config_overrides, f"data.shuffle_seed={seed}"))
-
-
-def _reproduction(dbs: dict[str, Path], paths: FleetPaths, progress: bool) -> str:
+def _reproduction(dbs: dict[str, Path], paths: FleetPaths) -> str:
     from analysis.reproduction import build_reproduction, write_reproduction
 
     reproduction = build_reproduction(dbs)
