@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from faults.scope import ModuleScope, OpTable, ScopedDispatchMode
-from tracer.intercept import Clock, Sink, in_own_ops, own_ops
+from faults.scope import ModuleScope, ScopedInterceptor
+from tracer.intercept import Call, Clock, Sink, own_ops
 from tracer.sites import SiteSpec, find_sites
 
 aten = torch.ops.aten
@@ -124,7 +124,7 @@ def _operands(
     return args[1], args[2], d, alpha, beta  # baddbmm
 
 
-class AbftChecker(ScopedDispatchMode):
+class AbftChecker(ScopedInterceptor):
     """Check every matmul of the forward and backward passes while active; log each to ``sink``."""
 
     def __init__(
@@ -141,17 +141,14 @@ class AbftChecker(ScopedDispatchMode):
         self._clock = clock
         self._sink = sink
         self.scope = ModuleScope(find_sites(model, sites))
-        self._checked = OpTable(lambda op: op.overloadpacket in CHECKED)
+        self.ops = CHECKED
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if not self._checked[func] or in_own_ops():
-            return out
+    def intercept(self, func: Any, args: tuple, kwargs: dict, call: Call) -> Any:
+        out = call(*args, **kwargs)
         phase = self.scope.phase()
         if phase is None:
             return out
-        with own_ops():
+        with own_ops(), torch.no_grad():
             result = check_matmul(func, args, kwargs, out, self.safety)
         stack = self.scope.stack(phase)
         self._sink(

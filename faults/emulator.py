@@ -6,11 +6,12 @@
     with emulator:
         train()          # any model, any device, no change to its code
 
-A ``TorchDispatchMode``: every aten op of the forward and backward passes through
-it, after autograd, so a corrupted result flows on exactly as a faulty unit's
-would. Each corruption is logged as a ``fault`` event (docs/log-format.md), the
-ground truth detectors are scored against. An op no rule names costs one look-up;
-sdctrace's own ops and plain optimizer steps never reach it (`faults.scope`).
+An `Interceptor` (`tracer.intercept`): the calls of the aten ops its rules name, in
+the forward and backward passes, reach it, and a corrupted result flows on exactly as
+a faulty unit's would. Each corruption is logged as a ``fault`` event
+(docs/log-format.md), the ground truth detectors are scored against. Ops no rule
+names never reach Python; sdctrace's own ops and plain optimizer steps never reach it
+(`faults.scope`).
 
 Deterministic without touching any global RNG (that would change training): the
 burst chains and the per-call draws come from private generators seeded from the
@@ -46,17 +47,17 @@ from faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
 from faults.ops import resolve_collectives, resolve_ops
 from faults.profile import Corruption, FaultProfile
 from faults.schedule import BurstChain
-from faults.scope import ModuleScope, OpTable, ScopedDispatchMode
+from faults.scope import ModuleScope, OpTable, ScopedInterceptor
 from tracer.collectives import Stage, observing
 from tracer.errors import ConfigError
-from tracer.intercept import Clock, Sink, in_own_ops, own_ops
+from tracer.intercept import Call, Clock, Sink, below_autograd, in_own_ops, own_ops
 from tracer.log.records import Phase
 from tracer.sites import SiteSpec, find_sites
 
 SHOWN = 8  # values and indices a fault event lists
 
 
-class FaultEmulator(ScopedDispatchMode):
+class FaultEmulator(ScopedInterceptor):
     """Corrupt op results as ``profile`` says while active; log every corruption to ``sink``."""
 
     def __init__(
@@ -104,8 +105,11 @@ class FaultEmulator(ScopedDispatchMode):
             hooked |= hits
         self.scope = ModuleScope([(path, m) for path, m in named if path in hooked])
         self._draws_key: tuple[int, ...] | None = None
+        self._clock_at: tuple[int, ...] | None = None  # the clock `_live` was decided for
+        self._live: dict[Phase, frozenset[int]] = {}
         self._draws: dict[int, random.Random] = {}
         self._rules_of = OpTable(lambda op: tuple(i for i, ops in enumerate(self._ops) if op.overloadpacket in ops))
+        self.ops = frozenset().union(*self._ops)
 
     def __enter__(self) -> FaultEmulator:
         super().__enter__()
@@ -141,23 +145,29 @@ class FaultEmulator(ScopedDispatchMode):
                     self._hit(i, hit, rng, point, op, where, microbatch)
         return hit
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        rules = self._rules_of[func]
-        if not rules or in_own_ops():
-            return out
-        return self._inject(func, rules, args, out)
-
-    def _inject(self, func: Any, rules: tuple[int, ...], args: tuple, out: Any) -> Any:
-        """Decide (no tensor ops: cheap on the many calls that are not hit), then corrupt."""
+    def intercept(self, func: Any, args: tuple, kwargs: dict, call: Call) -> Any:
+        out = call(*args, **kwargs)
         phase = self.scope.phase()
         if phase is None:
             return out
-        step, microbatch, *attempt = self._clock()
+        clock = self._clock()
+        if clock != self._clock_at:
+            self._arm(clock)
+        live = self._live[phase]
+        return self._inject(func, [i for i in self._rules_of[func] if i in live], phase, clock, args, out)
+
+    def _arm(self, clock: tuple[int, ...]) -> None:
+        """The rules that may fire in each phase at this (step, microbatch): decided once, not on every call."""
+        step, microbatch = clock[0], clock[1]
+        armed = [i for i in range(len(self.profile.faults)) if self._armed(i, step, microbatch)]
+        self._live = {p: frozenset(i for i in armed if p in self.profile.faults[i].phases) for p in Phase}
+        self._clock_at = clock
+
+    def _inject(self, func: Any, rules: list[int], phase: Phase, clock: tuple[int, ...], args: tuple, out: Any) -> Any:
+        """Decide (no tensor ops: cheap on the many calls that are not hit), then corrupt."""
+        step, microbatch, *attempt = clock
         for i in rules:
             rule = self.profile.faults[i]
-            if phase not in rule.phases or not self._armed(i, step, microbatch):
-                continue
             if self._patterns[i] is not None and self._site(i, phase) is None:
                 continue  # no module around this op matches the rule's pattern (without one, a site only names a hit)
             rng = self._draws_for(i, step, microbatch, *attempt)
@@ -224,13 +234,14 @@ class FaultEmulator(ScopedDispatchMode):
         k = rule.elements if rule.elements is not None else max(1, round(rule.fraction * n))
         index = sorted(rng.sample(range(n), min(k, n)))
         flat = torch.tensor(index, device=target.device)
-        if target.is_contiguous():
-            view, coords = target.view(-1), (flat,)
-        else:
-            view, coords = target, torch.unravel_index(flat, target.shape)
-        original = view[coords]
-        corrupted, detail = self._apply(i, rule.corruption, original, rng)
-        view.index_put_(coords, corrupted)
+        with below_autograd():
+            if target.is_contiguous():
+                view, coords = target.view(-1), (flat,)
+            else:
+                view, coords = target, torch.unravel_index(flat, target.shape)
+            original = view[coords]
+            corrupted, detail = self._apply(i, rule.corruption, original, rng)
+            view.index_put_(coords, corrupted)
         self._sink(
             "fault",
             {

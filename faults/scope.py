@@ -13,9 +13,8 @@ belongs to. Full backward hooks would be simpler but insert identity nodes that
 change how gradients are summed, i.e. the bits of training; metadata does not.
 
 An op without a phase (the optimizer step, gradient clipping, bookkeeping) is never
-corrupted or checked, yet reaching a Python dispatch mode costs every op a round trip
-through Python: a plain ``torch.optim`` step runs with the scoped modes lifted off the
-stack, and `OpTable` keeps the round trip of an op no rule names to one look-up.
+corrupted or checked, yet every call of an op an interceptor names costs a round trip
+through Python: a plain ``torch.optim`` step runs with the interceptors paused.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
 
-from tracer.intercept import Interceptor, lift, restore, suspend, take_suspended
+from tracer.intercept import Interceptor, pause, resume
 from tracer.log.records import Phase
 
 _KEY = "sdctrace.scope"
@@ -117,22 +116,22 @@ def _label(output: Any, path: str, start: int, end: int) -> None:
         todo.extend(n for n, _ in node.next_functions)
 
 
-class ScopedDispatchMode(Interceptor):
-    """A dispatch mode whose ``scope`` hooks are installed exactly while the mode is active.
+class ScopedInterceptor(Interceptor):
+    """An interceptor whose ``scope`` hooks are installed exactly while it is active.
 
     No op of a plain ``torch.optim`` step has a phase, so none is ever corrupted or checked:
-    `_OptimizerSteps` runs such steps with the scoped modes lifted off the stack.
+    `_OptimizerSteps` runs such steps with the interceptors paused.
     """
 
     scope: ModuleScope
 
-    def __enter__(self) -> ScopedDispatchMode:
+    def __enter__(self) -> ScopedInterceptor:
         self.scope.__enter__()
-        _OptimizerSteps.hold()
+        _OptimizerSteps.hold(self.scope)
         try:
             return super().__enter__()
         except BaseException:
-            _OptimizerSteps.release()
+            _OptimizerSteps.release(self.scope)
             self.scope.__exit__()
             raise
 
@@ -141,38 +140,41 @@ class ScopedDispatchMode(Interceptor):
             _OptimizerSteps.resume()  # an optimizer step that raised left them lifted
             super().__exit__(*exc)
         finally:
-            _OptimizerSteps.release()
+            _OptimizerSteps.release(self.scope)
             self.scope.__exit__()
 
 
 class _OptimizerSteps:
-    """Global optimizer-step hooks, held while any scoped mode is active: a step in which no scoped mode
-    could touch an op runs with those on top of the dispatch-mode stack lifted off it."""
+    """Global optimizer-step hooks, held while any scoped interceptor is active: a step in which none could
+    touch an op runs with the interceptors paused on its thread."""
 
     _lock = threading.Lock()
     _users = 0
     _handles: list[RemovableHandle] = []
+    _scopes: list[ModuleScope] = []
 
     @classmethod
-    def hold(cls) -> None:
+    def hold(cls, scope: ModuleScope) -> None:
         with cls._lock:
             if cls._users == 0:
                 cls._handles = [register_optimizer_step_pre_hook(cls._before),
                                 register_optimizer_step_post_hook(cls._after)]
             cls._users += 1
+            cls._scopes = [*cls._scopes, scope]
 
     @classmethod
-    def release(cls) -> None:
+    def release(cls, scope: ModuleScope) -> None:
         with cls._lock:
             cls._users -= 1
+            cls._scopes = [s for s in cls._scopes if s is not scope]
             if cls._users == 0:
                 for h in cls._handles:
                     h.remove()
 
     @classmethod
     def resume(cls) -> None:
-        """Put back what a step lifted: after it, or after it raised (on exit, or at the next forward)."""
-        restore(take_suspended())
+        """Undo what a step paused: after it, or after it raised (on exit, or at the next forward)."""
+        resume()
 
     @classmethod
     def _before(cls, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
@@ -184,7 +186,9 @@ class _OptimizerSteps:
         in_backward = torch._C._current_graph_task_id() != -1
         if not builtin or closure or optimizer.defaults.get("differentiable") or in_backward:
             return
-        suspend(lift(lambda mode: isinstance(mode, ScopedDispatchMode) and not mode.scope.forward_active))
+        if any(scope.forward_active for scope in cls._scopes):
+            return
+        pause()
 
     @classmethod
     def _after(cls, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:

@@ -1,15 +1,27 @@
-"""Keep sdctrace's own tensor work out of operator-level interceptors.
+"""Operator-level interception of the workload's ops, paid only on the ops an interceptor names.
 
-The fault emulator and the ABFT checker see every aten op dispatched on the
-training thread. Fingerprints, checkpoints and replay bookkeeping are sdctrace's
-own computations, not the workload's, so they run inside `own_ops()` and the
-interceptors pass them through untouched.
+The fault emulator and the ABFT checker act on aten ops of the forward and backward
+passes. A Python ``TorchDispatchMode`` would see every op of the step and cost each a
+round trip through Python (about 1.2-1.3x a small model's step for a mode that does
+nothing). An `Interceptor` instead names its ops; while one is active, a dispatch key
+sits in this thread's dispatch-key set, and only the named ops have a kernel there (a
+Python one that runs the interceptors); every other op falls through it in C++.
 
-An interceptor is a Python `TorchDispatchMode`, so each op it sees costs a round
-trip through Python. Interceptors derive from `Interceptor`, and `own_ops()` lifts
-them off the dispatch-mode stack for its duration: sdctrace's own ops (about 40 % of a
-traced step's) then never reach them. ``in_own_ops()`` stays the rule for an
-interceptor that cannot be lifted (another mode above it).
+The key is torch's spare mode key, ``TESTING_ONLY_GenericMode``, the one functionality
+key torch leaves unused and that a thread can switch on by itself. It is above autograd:
+an interceptor sees an op as called, forward ops with their autograd history attached
+(so it edits results with `below_autograd`), backward ops as the autograd engine runs
+them. CompositeImplicitAutograd ops (``linear``, ``matmul`` on CPU) get no kernel: they
+are seen as the ops they decompose into, as a dispatch mode below autograd sees them.
+
+Fingerprints, checkpoints and replay bookkeeping are sdctrace's own computations, not
+the workload's, so they run inside `own_ops()`, which switches the key off: the
+interceptors never see them. A plain optimizer step is switched off the same way
+(`pause`/`resume`, from `faults.scope`).
+
+Interceptors are process-wide, like torch's optimizer hooks: the ones entered form one
+stack; the key's on/off state is per thread and follows the autograd engine into its
+threads. The last one entered sees an op first and calls it through the ones below.
 """
 
 from __future__ import annotations
@@ -19,36 +31,153 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode, _push_mode
+import torch
+from torch._ops import OpOverload, OpOverloadPacket
 
+from tracer.errors import ConfigError
+
+_KEY_NAME = "TESTING_ONLY_GenericMode"
 _state = threading.local()
 
 # What an interceptor is given instead of a Tracer, so it works with any training loop:
 Clock = Callable[[], tuple[int, ...]]  # the current (step, microbatch[, attempt of a guarded re-run])
 Sink = Callable[[str, dict[str, Any]], None]  # log one event: (kind, fields)
+Call = Callable[..., Any]  # runs the op through the interceptors below: call(*args, **kwargs)
 
 
-class Interceptor(TorchDispatchMode):
-    """A dispatch mode for the workload's ops only: `own_ops()` takes it off the stack."""
+class Interceptor:
+    """Sees the workload's calls of the aten ops in ``ops`` while entered (a context manager)."""
+
+    ops: frozenset[OpOverloadPacket] = frozenset()
+
+    def intercept(self, func: OpOverload, args: tuple, kwargs: dict, call: Call) -> Any:
+        """Run ``call(*args, **kwargs)`` (the op) and return its result, or what replaces it."""
+        return call(*args, **kwargs)
+
+    def __enter__(self) -> Interceptor:
+        _router().push(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _router().pop(self)
 
 
-def _interceptor(mode: TorchDispatchMode) -> bool:
-    return isinstance(mode, Interceptor)
+class _Router:
+    """The key's kernels: one per named op overload, registered once and kept for the process."""
+
+    def __init__(self) -> None:
+        try:
+            self.key = torch._C._parse_dispatch_key(_KEY_NAME)
+        except RuntimeError as e:
+            raise ConfigError(
+                f"torch {torch.__version__} has no {_KEY_NAME} dispatch key, which sdctrace's fault emulator and "
+                "ABFT checker use; use torch 2.x as pinned in pyproject.toml"
+            ) from e
+        self.keys = torch._C.DispatchKeySet(self.key)
+        self._fallthrough = torch.library.Library("_", "IMPL")
+        self._fallthrough.fallback(torch.library.fallthrough_kernel, _KEY_NAME)
+        self._kernels = torch.library.Library("aten", "IMPL")
+        self._lock = threading.Lock()
+        self._registered: set[str] = set()
+        self.stack: list[Interceptor] = []
+        self._calls: dict[OpOverload, Call] = {}  # each op through the interceptors that name it
+
+    def push(self, interceptor: Interceptor) -> None:
+        with self._lock:
+            for packet in interceptor.ops:
+                self._register(packet)
+            self.stack.append(interceptor)
+            self._calls = {}
+        depth = getattr(_state, "entered", 0)
+        if depth == 0:
+            _state.included = torch._C._dispatch_tls_is_dispatch_key_included(self.key)
+            torch._C._dispatch_tls_set_dispatch_key_included(self.key, True)
+        _state.entered = depth + 1
+
+    def pop(self, interceptor: Interceptor) -> None:
+        with self._lock:
+            self.stack = [i for i in self.stack if i is not interceptor]
+            self._calls = {}
+        _state.entered = getattr(_state, "entered", 1) - 1
+        if _state.entered == 0:
+            torch._C._dispatch_tls_set_dispatch_key_included(self.key, _state.included)
+
+    def _register(self, packet: OpOverloadPacket) -> None:
+        for name in packet.overloads():
+            op = getattr(packet, name)
+            qualified = op._schema.name + ("" if name == "default" else f".{name}")
+            if qualified in self._registered:
+                continue
+            self._registered.add(qualified)
+            try:
+                decomposed = _decomposed(qualified)
+            except RuntimeError:
+                continue  # a TorchScript-only overload (aten::div.int): never dispatched
+            if decomposed:
+                continue  # seen as the ops it decomposes into
+            self._kernels.impl(qualified.removeprefix("aten::"), self._kernel(op), _KEY_NAME)
+
+    def _kernel(self, op: OpOverload) -> Callable[..., Any]:
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            call = self._calls.get(op)
+            if call is None:
+                chain = tuple(i for i in reversed(self.stack) if op.overloadpacket in i.ops)
+                call = self._calls[op] = _through(chain, op, self.keys)
+            return call(*args, **kwargs)
+
+        return kernel
 
 
-def lift(which: Callable[[TorchDispatchMode], bool] = _interceptor) -> list[TorchDispatchMode]:
-    """Pop the modes on top of this thread's dispatch-mode stack that ``which`` picks (interceptors);
-    `restore` puts them back."""
-    modes = []
-    while (mode := _get_current_dispatch_mode()) is not None and which(mode):
-        modes.append(_pop_mode())
-    return modes
+def _decomposed(qualified: str) -> bool:
+    """The op reaches the devices interceptors run on (CPU, CUDA) only as the ops its CompositeImplicitAutograd
+    kernel calls."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return has(qualified, "CompositeImplicitAutograd") and not any(
+        has(qualified, key) for key in ("CPU", "CUDA", "CompositeExplicitAutograd")
+    )
 
 
-def restore(modes: list[TorchDispatchMode]) -> None:
-    """Push back what `lift` popped."""
-    while modes:
-        _push_mode(modes.pop())
+def _through(chain: tuple[Interceptor, ...], op: OpOverload, keys: Any) -> Call:
+    """``op`` called through ``chain`` (outermost first), the key off below the last."""
+    run = op._op  # the op's C++ entry, without OpOverload.__call__'s Python frame
+
+    def bare(*args: Any, **kwargs: Any) -> Any:
+        with torch._C._ExcludeDispatchKeyGuard(keys):
+            return run(*args, **kwargs)
+
+    call = bare
+    for interceptor in reversed(chain):
+        call = _wrap(interceptor.intercept, op, call)
+    return call
+
+
+def _wrap(intercept: Callable[[OpOverload, tuple, dict, Call], Any], op: OpOverload, inner: Call) -> Call:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return intercept(op, args, kwargs, inner)
+
+    return call
+
+
+_the_router: _Router | None = None
+_router_lock = threading.Lock()
+
+
+def _router() -> _Router:
+    global _the_router
+    with _router_lock:
+        if _the_router is None:
+            _the_router = _Router()
+        return _the_router
+
+
+def active() -> tuple[Interceptor, ...]:
+    """The interceptors that see this thread's ops now, in the order entered (none inside `own_ops`)."""
+    r = _the_router
+    if r is None or not torch._C._dispatch_tls_is_dispatch_key_included(r.key):
+        return ()
+    if torch._C._dispatch_tls_is_dispatch_key_excluded(r.key):
+        return ()
+    return tuple(r.stack)
 
 
 @contextmanager
@@ -56,11 +185,13 @@ def own_ops() -> Iterator[None]:
     """Mark the ops run inside as sdctrace's own (not to be corrupted or checked)."""
     depth = getattr(_state, "depth", 0)
     _state.depth = depth + 1
-    lifted = lift()
     try:
-        yield
+        if _the_router is None:
+            yield
+        else:
+            with torch._C._ExcludeDispatchKeyGuard(_the_router.keys):
+                yield
     finally:
-        restore(lifted)
         _state.depth = depth
 
 
@@ -69,28 +200,43 @@ def in_own_ops() -> bool:
     return getattr(_state, "depth", 0) > 0
 
 
-def suspend(modes: list[TorchDispatchMode]) -> None:
-    """Remember interceptors lifted for the optimizer step now running (`faults.scope`), so that
-    `workload_ops` can put them back for workload code run inside the step's hooks."""
-    _state.suspended = modes
+@contextmanager
+def below_autograd() -> Iterator[None]:
+    """Edit a tensor in place unseen by autograd: no history and no version bump, so a result an op saved for
+    backward carries the edit as if the op had produced it (an interceptor runs above autograd)."""
+    with torch.no_grad(), torch._C._AutoDispatchBelowADInplaceOrView():
+        yield
 
 
-def take_suspended() -> list[TorchDispatchMode]:
-    """The interceptors `suspend` holds, now no longer held (to be restored)."""
-    modes = getattr(_state, "suspended", [])
-    _state.suspended = []
-    return modes
+def pause() -> None:
+    """Switch the interceptors off on this thread for a plain optimizer step, until `resume`."""
+    r = _the_router
+    if r is not None and not torch._C._dispatch_tls_is_dispatch_key_excluded(r.key):
+        torch._C._dispatch_tls_set_dispatch_key_excluded(r.key, True)
+        _state.paused = True
+
+
+def resume() -> None:
+    """Undo a `pause`, if one is in effect on this thread."""
+    if paused():
+        torch._C._dispatch_tls_set_dispatch_key_excluded(_the_router.key, False)
+        _state.paused = False
+
+
+def paused() -> bool:
+    """The interceptors are paused on this thread for an optimizer step now running."""
+    return getattr(_state, "paused", False)
 
 
 @contextmanager
 def workload_ops() -> Iterator[None]:
-    """Run the workload's own ops from inside an optimizer step's hooks (the guard's re-run of a step) with
-    the interceptors that the step lifted back on the stack: a re-run must meet the emulator and the checker
-    as the first run did."""
-    modes = take_suspended()
-    restore(list(modes))
+    """Run the workload's own ops from inside an optimizer step's hooks (the guard's re-run of a step) with the
+    interceptors the step paused switched back on: a re-run must meet the emulator and the checker as the first
+    run did."""
+    was = paused()
+    resume()
     try:
         yield
     finally:
-        suspend(lift(lambda mode: any(mode is m for m in modes)))
-
+        if was:
+            pause()

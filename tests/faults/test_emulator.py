@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from faults import FaultEmulator, load_profile, profile_from_header
 from tests.faults.support import events
 from tests.support import small_config
 from tracer.compare import compare_runs
 from tracer.errors import ConfigError
-from tracer.intercept import in_own_ops
+from tracer.intercept import Interceptor
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase
 from tracer.options import RunInfo
@@ -168,27 +167,26 @@ def test_a_rerun_draws_a_transient_rule_afresh_and_repeats_a_persistent_one(writ
     assert indices(persistent, lambda: (3, 0, 1)) == indices(persistent, lambda: (3, 0, 2)) == again
 
 
-class Calls(TorchDispatchMode):
-    """Every call of the workload's ops (not sdctrace's own): (step, microbatch, op, phase, result size), with the
-    phase as docs/faults.md defines it: backward in the autograd engine, forward with grad on, else none."""
+class Calls(Interceptor):
+    """Every call of ``ops`` by the workload (not sdctrace's own): (step, microbatch, op, phase, result size), with
+    the phase as docs/faults.md defines it: backward in the autograd engine, forward with grad on, else none."""
 
-    def __init__(self, tracer: Tracer) -> None:
-        super().__init__()
+    def __init__(self, tracer: Tracer, ops: frozenset) -> None:
         self.tracer = tracer
+        self.ops = ops
         self.calls: list[tuple[int, int, object, str | None, int]] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        out = func(*args, **(kwargs or {}))
-        if not in_own_ops():
-            backward = torch._C._current_graph_task_id() != -1
-            phase = "backward" if backward else "forward" if torch.is_grad_enabled() else None
-            size = out.numel() if isinstance(out, torch.Tensor) else 0
-            self.calls.append((self.tracer.step_index, self.tracer.microbatch_index, func, phase, size))
+    def intercept(self, func, args, kwargs, call):  # noqa: ANN001, ANN201
+        out = call(*args, **kwargs)
+        backward = torch._C._current_graph_task_id() != -1
+        phase = "backward" if backward else "forward" if torch.is_grad_enabled() else None
+        size = out.numel() if isinstance(out, torch.Tensor) else 0
+        self.calls.append((self.tracer.step_index, self.tracer.microbatch_index, func, phase, size))
         return out
 
 
-def train(tmp_path: Path, name: str, steps: int, make_mode: Callable[[Tracer, nn.Module], TorchDispatchMode]):  # noqa: ANN201
-    """Train the small workload for ``steps`` steps inside the mode ``make_mode`` builds; return that mode."""
+def train(tmp_path: Path, name: str, steps: int, make_mode: Callable[[Tracer, nn.Module], Interceptor]):  # noqa: ANN201
+    """Train the small workload for ``steps`` steps inside the interceptor ``make_mode`` builds; return it."""
     cfg = small_config()
     w = build(cfg)
     with Tracer(w.model, w.optimizer, out=tmp_path / name, run=RunInfo(name, config=cfg.to_dict())) as tracer:
@@ -203,12 +201,13 @@ def train(tmp_path: Path, name: str, steps: int, make_mode: Callable[[Tracer, nn
 def test_faults_land_on_the_calls_the_documented_draws_pick(tmp_path: Path, write_profile) -> None:
     """Replays docs/faults.md's draws on an unfaulted twin's op calls: one draw per eligible call, in call
     order, from a generator per (step, microbatch); a hit then samples its element. add_ also runs in the
-    optimizer step (no phase: no draw) and the Tracer's fingerprints run add and mul (its own ops: no draw)."""
-    rule = 'ops = ["mm", "add_", "mul"]\np_call = 0.05\nkind = "stuck"\nvalue = 0\n'
+    optimizer step (no phase: no draw) and the Tracer's fingerprints run add and mul (its own ops: no draw).
+    The autograd engine sums gradients with add_ or add, as it can reuse a buffer or not: the rule names both."""
+    rule = 'ops = ["mm", "add", "add_", "mul"]\np_call = 0.05\nkind = "stuck"\nvalue = 0\n'
     profile = write_profile(f"seed = 4\n[[fault]]\n{rule}")
     seed, steps = 7, 3
-    twin = train(tmp_path, "twin", steps, lambda tracer, model: Calls(tracer))
-    named = {torch.ops.aten.mm, torch.ops.aten.add_, torch.ops.aten.mul}
+    named = frozenset({torch.ops.aten.mm, torch.ops.aten.add, torch.ops.aten.add_, torch.ops.aten.mul})
+    twin = train(tmp_path, "twin", steps, lambda tracer, model: Calls(tracer, named))
     draws: dict[tuple[int, int], random.Random] = {}
     expected = []
     for step, microbatch, op, phase, size in twin.calls:

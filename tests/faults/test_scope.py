@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from faults import FaultEmulator
 from faults.abft import AbftChecker
-from tracer.intercept import own_ops
+from tracer.intercept import active, own_ops
 
 # Every forward and backward add_ (a gradient accumulated into .grad) and mul is stuck at 9.
 ADD_AND_MUL = '[[fault]]\nops = ["add_", "mul"]\nkind = "stuck"\nvalue = 9.0\n'
@@ -45,35 +45,37 @@ def test_own_ops_lift_the_interceptors_and_put_them_back_in_order(write_profile)
     emulator, checker, log = node(write_profile, model)
     x = torch.ones(3, 4)
     with emulator, checker:
-        assert _get_current_dispatch_mode_stack() == [emulator, checker]
+        assert active() == (emulator, checker)
         with own_ops():
-            assert _get_current_dispatch_mode_stack() == []
+            assert active() == ()
             with own_ops():
-                assert _get_current_dispatch_mode_stack() == []
+                assert active() == ()
             y = model(x) * 2  # neither corrupted nor checked
-        assert _get_current_dispatch_mode_stack() == [emulator, checker]
+        assert active() == (emulator, checker)
         z = x * 2
     assert log == [("fault", log[0][1])] and log[0][1]["op"] == "aten.mul.Tensor"
     assert torch.equal(y, (x @ model.weight.T + model.bias) * 2) and 9.0 in z
 
 
-def test_a_mode_above_them_stays_and_own_ops_still_pass_untouched(write_profile) -> None:
+def test_a_users_dispatch_mode_stays_and_own_ops_still_pass_untouched(write_profile) -> None:
     model = nn.Linear(4, 4)
     emulator, checker, log = node(write_profile, model)
     x = torch.ones(3, 4)
     with emulator, checker, Seen() as seen:
         with own_ops():
-            assert len(_get_current_dispatch_mode_stack()) == 3
+            assert _get_current_dispatch_mode_stack() == [seen] and active() == ()
             y = model(x) * 2
-    assert log == [] and seen.ops and torch.equal(y, (x @ model.weight.T + model.bias) * 2)
+        z = x * 2
+    assert [kind for kind, _ in log] == ["fault"] and torch.equal(y, (x @ model.weight.T + model.bias) * 2)
+    assert "aten.addmm.default" in seen.ops and 9.0 in z
 
 
 def optimizer_steps(model: nn.Module, make: Callable[[list], torch.optim.Optimizer]) -> list[list]:
-    """The dispatch-mode stack each step of ``make``'s optimizer starts with (a hook after the global ones)."""
-    stacks: list[list] = []
+    """The interceptors active as each step of ``make``'s optimizer starts and ends (hooks after the global ones)."""
+    stacks: list[tuple] = []
     optimizer = make(list(model.parameters()))
-    optimizer.register_step_pre_hook(lambda *_: stacks.append(_get_current_dispatch_mode_stack()))
-    optimizer.register_step_post_hook(lambda *_: stacks.append(_get_current_dispatch_mode_stack()))
+    optimizer.register_step_pre_hook(lambda *_: stacks.append(active()))
+    optimizer.register_step_post_hook(lambda *_: stacks.append(active()))
     return optimizer, stacks
 
 
@@ -85,8 +87,8 @@ def test_a_plain_optimizer_step_runs_without_them_and_nothing_in_it_is_hit(write
         model(torch.ones(2, 4)).sum().backward()
         hits = len(log)
         optimizer.step()
-        assert _get_current_dispatch_mode_stack() == [emulator, checker]
-    assert stacks == [[], []]
+        assert active() == (emulator, checker)
+    assert stacks == [(), ()]
     assert log[hits:] == []  # AdamW's add_ and mul_ have no phase: never corrupted, lifted or not
 
 
@@ -103,13 +105,13 @@ def test_steps_that_run_a_forward_or_sit_in_the_backward_keep_them(write_profile
     optimizer, stacks = optimizer_steps(model, lambda p: torch.optim.SGD(p, lr=0.1))
     with emulator, checker:
         optimizer.step(closure)
-        assert "abft" in kinds(log) and stacks == [[emulator, checker]] * 2
+        assert "abft" in kinds(log) and stacks == [(emulator, checker)] * 2
         # Optimizer in backward: a step per parameter, run by the autograd engine once its gradient is final.
         stacks.clear()
         for p in model.parameters():
             p.register_post_accumulate_grad_hook(lambda p: optimizer.step())
         model(torch.ones(2, 4)).sum().backward()
-        assert stacks == [[emulator, checker]] * 4
+        assert stacks == [(emulator, checker)] * 4
 
 
 def test_a_step_that_raises_leaves_them_lifted_only_until_the_next_forward(write_profile) -> None:
@@ -124,7 +126,7 @@ def test_a_step_that_raises_leaves_them_lifted_only_until_the_next_forward(write
             optimizer.step()
         log.clear()
         model(tokens)
-        assert kinds(log) == ["fault", "abft"] and _get_current_dispatch_mode_stack() == [emulator, checker]
+        assert kinds(log) == ["fault", "abft"] and active() == (emulator, checker)
         with pytest.raises(RuntimeError, match="sparse"):
             optimizer.step()
-    assert _get_current_dispatch_mode_stack() == []
+    assert active() == ()
