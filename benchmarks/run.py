@@ -65,8 +65,8 @@ def bench_tracing_overhead(steps: int, config: str | None) -> tuple[float, float
 
 def bench_interceptor_overhead(steps: int, config: str | None) -> tuple[float, float]:
     """Interleave steps of three identical traced workloads: plain, with the fault emulator
-    (healthy-node: every family named, so every forward and backward op reaches it; none is
-    corrupted), with the ABFT checker."""
+    (healthy-node: every family named, so every forward and backward op of those families, about half
+    the step's, reaches it and makes its draw; none is corrupted), with the ABFT checker."""
     cfg = load_config(config)
     names = ("plain", "emulator", "abft")
     workloads = [build(cfg) for _ in names]
