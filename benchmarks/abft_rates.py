@@ -23,11 +23,10 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from faults import FaultEmulator, FaultProfile, load_profile
-from faults.abft import AbftChecker
-from tracer.intercept import own_ops
+from faults.abft import CHECKED, AbftChecker
+from tracer.intercept import Interceptor, below_autograd, own_ops
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
 from workload.config import load_config
@@ -56,17 +55,19 @@ def record(
     return [r for r in LogReader(rank_dir(out, 0)).records() if isinstance(r, EventRecord)]
 
 
-class Undo(TorchDispatchMode):
-    """Entered after the checker: restores what the emulator changed once the checker has seen it."""
+class Undo(Interceptor):
+    """Entered after the checker, so it sees each checked call first: once the checker (called through it) has
+    seen a corrupted result, puts back what the emulator changed."""
+
+    ops = CHECKED
 
     def __init__(self, log: list[tuple[str, dict]]) -> None:
-        super().__init__()
         self.log = log
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def intercept(self, func, args, kwargs, call):  # noqa: ANN001, ANN201
         seen = len(self.log)
-        out = func(*args, **(kwargs or {}))
-        with own_ops():
+        out = call(*args, **kwargs)
+        with own_ops(), below_autograd():
             for kind, f in self.log[seen:]:
                 if kind == "fault":
                     out.view(-1)[f["index"]] = torch.tensor(f["original"], dtype=out.dtype)
