@@ -300,7 +300,7 @@ def _fused() -> ModuleType | None:
             return _fused_state[0]
         module = None
         if os.environ.get(DIGEST_ENV, "fused") != "torch":
-            module = kernel.load()
+            module = kernel.load(kernel.DIGEST)
             if module is None:
                 warnings.warn(
                     "sdctrace's fused digest kernel is not built for this torch and Python, so fingerprints are "
