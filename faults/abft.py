@@ -19,7 +19,8 @@ fused attention op is not a plain product, so neither is checked — the study's
 reason why ABFT misses much real silent corruption.
 
 Enter it after the fault emulator so it checks the corrupted results; its own
-arithmetic runs under ``own_ops()`` and is never corrupted.
+arithmetic (a C++ kernel on the CPU, torch ops under ``own_ops()`` elsewhere) is
+never corrupted.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def _roundoffs(dtype: torch.dtype, device: torch.device) -> tuple[float, float, 
 
 def check_matmul(func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety: float = SAFETY) -> AbftResult:
     """Check one call of a ``CHECKED`` op against its result ``out``: on the CPU with the built kernel
-    (faults/abft_sums.cpp), elsewhere, or without it, with torch ops; the same checksums and verdict either way."""
+    (faults/abft_sums.cpp), elsewhere, or without it, with torch ops; the same checksums and verdict either way.
+    Its own ops are never seen by interceptors (the kernel runs none) nor recorded by autograd."""
     module = _kernel() if out.device.type == "cpu" else None
     if module is not None:
         packet = func.overloadpacket
@@ -93,7 +95,16 @@ def check_matmul(func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety
         if got is not None:  # None: operands it does not read (mixed dtypes, another layout)
             m, k, n, residual, bound, flagged = got
             return AbftResult((m, k, n), residual, bound, flagged)
-    residual, bound, shape = torch_residuals(func, args, kwargs, out, safety)
+    return torch_check(func, args, kwargs, out, safety)
+
+
+def torch_check(func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety: float = SAFETY) -> AbftResult:
+    """`check_matmul` by torch ops, on any device."""
+    with own_ops(), torch.no_grad():
+        return _torch_verdict(*torch_residuals(func, args, kwargs, out, safety))
+
+
+def _torch_verdict(residual: torch.Tensor, bound: torch.Tensor, shape: tuple[int, int, int]) -> AbftResult:
     if residual.numel() == 0:
         return AbftResult(shape, 0.0, 0.0, False)
     # Non-finite inputs make the check vacuous; a non-finite result from finite inputs is a fault.
@@ -221,8 +232,7 @@ class AbftChecker(ScopedInterceptor):
         phase = self.scope.phase()
         if phase is None:
             return out
-        with own_ops(), torch.no_grad():
-            result = check_matmul(func, args, kwargs, out, self.safety)
+        result = check_matmul(func, args, kwargs, out, self.safety)
         stack = self.scope.stack(phase)
         self._sink(
             "abft",

@@ -17,7 +17,7 @@ namespace py = pybind11;
 namespace {
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SDC_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define SDC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define SDC_CLONES
 #endif
@@ -44,73 +44,105 @@ Mat<T> mat(const at::Tensor& x, bool transposed = false) {
   return transposed ? m.t() : m;
 }
 
+// x (..., s) as one matrix (rows, s), where its leading dimensions fold into one stride (no copy, no op run).
+bool foldable(const at::Tensor& x) {
+  for (int64_t d = 0; d + 2 < x.dim(); ++d)
+    if (x.size(d) != 1 && x.stride(d) != x.stride(d + 1) * x.size(d + 1)) return false;
+  return x.dim() >= 1;
+}
+
+template <typename T>
+Mat<T> folded(const at::Tensor& x) {
+  int64_t r = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) r *= x.size(d);
+  return {x.data_ptr<T>(), 1, r, x.size(-1), 0, x.dim() >= 2 ? x.stride(-2) : 0, x.stride(-1)};
+}
+
 // Over one r x s matrix X:  W:  out[i] += sum_j x_ij w[j],  out_abs[i] += sum_j |x_ij| w_abs[j]
 //                           CS: cs[j] += sum_i x_ij,         cs_abs[j] += sum_i |x_ij|
-template <typename T, bool W, bool CS>
-SDC_CLONES void pass(const T* x, int64_t r, int64_t s, int64_t sr, int64_t ss, const double* w, const double* w_abs,
-                     double* out, double* out_abs, double* cs, double* cs_abs) {
-  if (ss == 1) {
-    for (int64_t i = 0; i < r; ++i) {
-      const T* xi = x + i * sr;
-      double acc = 0, acc_abs = 0;
-#pragma omp simd reduction(+ : acc, acc_abs)
-      for (int64_t j = 0; j < s; ++j) {
-        const double v = f64(xi[j]), a = std::fabs(v);
-        if constexpr (W) { acc += v * w[j]; acc_abs += a * w_abs[j]; }
-        if constexpr (CS) { cs[j] += v; cs_abs[j] += a; }
-      }
-      if constexpr (W) { out[i] += acc; out_abs[i] += acc_abs; }
+// Four rows (or columns) at a time, so each load and store of a float64 vector serves four elements.
+
+// Rows 0..3 of a row-major X (unit column stride).
+template <typename T, bool W, bool CS, bool ABS>
+inline void four_rows(const T* x, int64_t s, int64_t sr, const double* w, const double* w_abs, double* out,
+                      double* out_abs, double* cs, double* cs_abs) {
+  const T *x0 = x, *x1 = x + sr, *x2 = x + 2 * sr, *x3 = x + 3 * sr;
+  double a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+#pragma omp simd reduction(+ : a0, a1, a2, a3, b0, b1, b2, b3)
+  for (int64_t j = 0; j < s; ++j) {
+    const double v0 = f64(x0[j]), v1 = f64(x1[j]), v2 = f64(x2[j]), v3 = f64(x3[j]);
+    const double m0 = std::fabs(v0), m1 = std::fabs(v1), m2 = std::fabs(v2), m3 = std::fabs(v3);
+    if constexpr (W) {
+      const double wj = w[j], wj_abs = ABS ? w_abs[j] : 0;
+      a0 += v0 * wj; a1 += v1 * wj; a2 += v2 * wj; a3 += v3 * wj;
+      if constexpr (ABS) { b0 += m0 * wj_abs; b1 += m1 * wj_abs; b2 += m2 * wj_abs; b3 += m3 * wj_abs; }
     }
-  } else if (sr == 1) {  // column-major: walk the columns, each contiguous
-    for (int64_t j = 0; j < s; ++j) {
-      const T* xj = x + j * ss;
-      const double wj = W ? w[j] : 0, wj_abs = W ? w_abs[j] : 0;
-      double acc = 0, acc_abs = 0;
-#pragma omp simd reduction(+ : acc, acc_abs)
-      for (int64_t i = 0; i < r; ++i) {
-        const double v = f64(xj[i]), a = std::fabs(v);
-        if constexpr (W) { out[i] += v * wj; out_abs[i] += a * wj_abs; }
-        if constexpr (CS) { acc += v; acc_abs += a; }
-      }
-      if constexpr (CS) { cs[j] += acc; cs_abs[j] += acc_abs; }
+    if constexpr (CS) {
+      cs[j] += (v0 + v1) + (v2 + v3);
+      if constexpr (ABS) cs_abs[j] += (m0 + m1) + (m2 + m3);
     }
-  } else {
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < s; ++j) {
-        const double v = f64(x[i * sr + j * ss]), a = std::fabs(v);
-        if constexpr (W) { out[i] += v * w[j]; out_abs[i] += a * w_abs[j]; }
-        if constexpr (CS) { cs[j] += v; cs_abs[j] += a; }
-      }
+  }
+  if constexpr (W) {
+    out[0] += a0; out[1] += a1; out[2] += a2; out[3] += a3;
+    if constexpr (ABS) { out_abs[0] += b0; out_abs[1] += b1; out_abs[2] += b2; out_abs[3] += b3; }
   }
 }
 
-// Row sums (rs) and column sums (cs) of one r x s matrix, in one pass; with magnitudes when ABS.
-template <typename T, bool ABS>
-SDC_CLONES void sums(const T* x, int64_t r, int64_t s, int64_t sr, int64_t ss, double* rs, double* cs,
-                     double* rs_abs, double* cs_abs) {
-  if (ss != 1 && sr == 1) return sums<T, ABS>(x, s, r, ss, sr, cs, rs, cs_abs, rs_abs);
+// Columns 0..3 of a column-major X (unit row stride).
+template <typename T, bool W, bool CS, bool ABS>
+inline void four_cols(const T* x, int64_t r, int64_t ss, const double* w, const double* w_abs, double* out,
+                      double* out_abs, double* cs, double* cs_abs) {
+  const T *x0 = x, *x1 = x + ss, *x2 = x + 2 * ss, *x3 = x + 3 * ss;
+  const double w0 = W ? w[0] : 0, w1 = W ? w[1] : 0, w2 = W ? w[2] : 0, w3 = W ? w[3] : 0;
+  const bool wa = W && ABS;
+  const double u0 = wa ? w_abs[0] : 0, u1 = wa ? w_abs[1] : 0, u2 = wa ? w_abs[2] : 0, u3 = wa ? w_abs[3] : 0;
+  double a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+#pragma omp simd reduction(+ : a0, a1, a2, a3, b0, b1, b2, b3)
   for (int64_t i = 0; i < r; ++i) {
-    double acc = 0, acc_abs = 0;
-    if (ss == 1) {
-      const T* xi = x + i * sr;
-#pragma omp simd reduction(+ : acc, acc_abs)
-      for (int64_t j = 0; j < s; ++j) {
-        const double v = f64(xi[j]);
-        acc += v;
-        cs[j] += v;
-        if constexpr (ABS) { acc_abs += std::fabs(v); cs_abs[j] += std::fabs(v); }
-      }
-    } else {
-      for (int64_t j = 0; j < s; ++j) {
-        const double v = f64(x[i * sr + j * ss]);
-        acc += v;
-        cs[j] += v;
-        if constexpr (ABS) { acc_abs += std::fabs(v); cs_abs[j] += std::fabs(v); }
-      }
+    const double v0 = f64(x0[i]), v1 = f64(x1[i]), v2 = f64(x2[i]), v3 = f64(x3[i]);
+    const double m0 = std::fabs(v0), m1 = std::fabs(v1), m2 = std::fabs(v2), m3 = std::fabs(v3);
+    if constexpr (W) {
+      out[i] += (v0 * w0 + v1 * w1) + (v2 * w2 + v3 * w3);
+      if constexpr (ABS) out_abs[i] += (m0 * u0 + m1 * u1) + (m2 * u2 + m3 * u3);
     }
-    rs[i] += acc;
-    if constexpr (ABS) rs_abs[i] += acc_abs;
+    if constexpr (CS) {
+      a0 += v0; a1 += v1; a2 += v2; a3 += v3;
+      if constexpr (ABS) { b0 += m0; b1 += m1; b2 += m2; b3 += m3; }
+    }
   }
+  if constexpr (CS) {
+    cs[0] += a0; cs[1] += a1; cs[2] += a2; cs[3] += a3;
+    if constexpr (ABS) { cs_abs[0] += b0; cs_abs[1] += b1; cs_abs[2] += b2; cs_abs[3] += b3; }
+  }
+}
+
+template <typename T, bool W, bool CS, bool ABS>
+SDC_CLONES void pass(const T* x, int64_t r, int64_t s, int64_t sr, int64_t ss, const double* w, const double* w_abs,
+                     double* out, double* out_abs, double* cs, double* cs_abs) {
+  int64_t i = 0, j = 0;
+  if (ss == 1)
+    for (; i + 4 <= r; i += 4)
+      four_rows<T, W, CS, ABS>(x + i * sr, s, sr, w, w_abs, out + (W ? i : 0), out_abs + (W && ABS ? i : 0), cs,
+                               cs_abs);
+  else if (sr == 1)
+    for (; j + 4 <= s; j += 4)
+      four_cols<T, W, CS, ABS>(x + j * ss, r, ss, w + (W ? j : 0), w_abs + (W && ABS ? j : 0), out, out_abs,
+                               cs + (CS ? j : 0), cs_abs + (CS && ABS ? j : 0));
+  // What the blocks left: the last rows or columns, or all of a matrix with neither stride 1.
+  for (int64_t i2 = i; i2 < r; ++i2)
+    for (int64_t j2 = j; j2 < s; ++j2) {
+      const double v = f64(x[i2 * sr + j2 * ss]), m = std::fabs(v);
+      if constexpr (W) { out[i2] += v * w[j2]; if constexpr (ABS) out_abs[i2] += m * w_abs[j2]; }
+      if constexpr (CS) { cs[j2] += v; if constexpr (ABS) cs_abs[j2] += m; }
+    }
+}
+
+// Row sums (rs) and column sums (cs) of one r x s matrix, and with ABS those of |X|: a pass weighted by ones.
+template <typename T, bool ABS>
+void sums(const T* x, int64_t r, int64_t s, int64_t sr, int64_t ss, double* rs, double* cs, double* rs_abs,
+          double* cs_abs) {
+  const std::vector<double> ones(s, 1.0);
+  pass<T, true, true, ABS>(x, r, s, sr, ss, ones.data(), ones.data(), rs, rs_abs, cs, cs_abs);
 }
 
 // residual[c], bound[c] for every check c: the batch's column checks (q * n + j), then its row checks (q * m + i).
@@ -178,11 +210,11 @@ Checks checks(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, const c10::opti
     double *col = res + q * n, *col_abs = bnd + q * n;
     double *row = res + batch * n + q * m, *row_abs = bnd + batch * n + q * m;
     const Mat<T> bt = b.t();  // (n x k): its column sums are B 1
-    pass<T, false, true>(bt.at(q), n, k, bt.sr, bt.ss, nullptr, nullptr, nullptr, nullptr, b_rows.data(),
+    pass<T, false, true, true>(bt.at(q), n, k, bt.sr, bt.ss, nullptr, nullptr, nullptr, nullptr, b_rows.data(),
                          b_rows_abs.data());
-    pass<T, true, true>(a.at(q), m, k, a.sr, a.ss, b_rows.data(), b_rows_abs.data(), row, row_abs, a_cols.data(),
+    pass<T, true, true, true>(a.at(q), m, k, a.sr, a.ss, b_rows.data(), b_rows_abs.data(), row, row_abs, a_cols.data(),
                         a_cols_abs.data());
-    pass<T, true, false>(bt.at(q), n, k, bt.sr, bt.ss, a_cols.data(), a_cols_abs.data(), col, col_abs, nullptr,
+    pass<T, true, false, true>(bt.at(q), n, k, bt.sr, bt.ss, a_cols.data(), a_cols_abs.data(), col, col_abs, nullptr,
                          nullptr);
   }
   const int64_t total = batch * (n + m);
@@ -207,23 +239,24 @@ bool supported(const at::Tensor& x, at::ScalarType dtype) {
 
 // The checks of one call, or none when the kernel does not take these tensors (the caller then uses torch ops).
 // `linear`: a is (..., k) and b is a weight (n, k), as aten.linear takes them; otherwise a, b, c are 2-D or 3-D.
-c10::optional<Checks> run(at::Tensor a, at::Tensor b, at::Tensor c, const c10::optional<at::Tensor>& d, double alpha,
-                          double beta, double scale, bool linear) {
+c10::optional<Checks> run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                          const c10::optional<at::Tensor>& d, double alpha, double beta, double scale, bool linear) {
   const auto dtype = c.scalar_type();
   if (!(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16)) return {};
   if (!supported(a, dtype) || !supported(b, dtype) || !supported(c, dtype)) return {};
   if (d.has_value() && !supported(*d, dtype)) return {};
   if (linear) {
-    TORCH_CHECK(b.dim() == 2 && a.dim() >= 1, "sdctrace abft: linear of ", a.sizes(), " by ", b.sizes());
-    if (a.dim() != 2) a = a.reshape({-1, b.size(1)});
-    if (c.dim() != 2) c = c.reshape({-1, b.size(0)});
+    TORCH_CHECK(b.dim() == 2, "sdctrace abft: linear of ", a.sizes(), " by ", b.sizes());
+    if (!foldable(a) || !foldable(c)) return {};
   } else {
     TORCH_CHECK(a.dim() == b.dim() && a.dim() == c.dim() && (a.dim() == 2 || a.dim() == 3),
                 "sdctrace abft: operands of ", a.sizes(), ", ", b.sizes(), " and a result of ", c.sizes());
   }
   c10::optional<Checks> out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "abft_checks", [&] {
-    out = checks<scalar_t>(mat<scalar_t>(a), mat<scalar_t>(b, linear), mat<scalar_t>(c), d, alpha, beta, scale);
+    using M = Mat<scalar_t>;
+    const M ma = linear ? folded<scalar_t>(a) : mat<scalar_t>(a), mc = linear ? folded<scalar_t>(c) : mat<scalar_t>(c);
+    out = checks<scalar_t>(ma, mat<scalar_t>(b, linear), mc, d, alpha, beta, scale);
   });
   return out;
 }
