@@ -21,6 +21,8 @@ namespace {
 #else
 #define SDC_CLONES
 #endif
+// The blocks below are inlined into each clone of `pass`, so they are compiled for its instruction set.
+#define SDC_INLINE inline __attribute__((always_inline))
 
 template <typename T>
 inline double f64(T v) { return static_cast<double>(static_cast<float>(v)); }  // exact for float, half, bfloat16
@@ -64,7 +66,7 @@ Mat<T> folded(const at::Tensor& x) {
 
 // Rows 0..3 of a row-major X (unit column stride).
 template <typename T, bool W, bool CS, bool ABS>
-inline void four_rows(const T* x, int64_t s, int64_t sr, const double* w, const double* w_abs, double* out,
+SDC_INLINE void four_rows(const T* x, int64_t s, int64_t sr, const double* w, const double* w_abs, double* out,
                       double* out_abs, double* cs, double* cs_abs) {
   const T *x0 = x, *x1 = x + sr, *x2 = x + 2 * sr, *x3 = x + 3 * sr;
   double a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
@@ -90,7 +92,7 @@ inline void four_rows(const T* x, int64_t s, int64_t sr, const double* w, const 
 
 // Columns 0..3 of a column-major X (unit row stride).
 template <typename T, bool W, bool CS, bool ABS>
-inline void four_cols(const T* x, int64_t r, int64_t ss, const double* w, const double* w_abs, double* out,
+SDC_INLINE void four_cols(const T* x, int64_t r, int64_t ss, const double* w, const double* w_abs, double* out,
                       double* out_abs, double* cs, double* cs_abs) {
   const T *x0 = x, *x1 = x + ss, *x2 = x + 2 * ss, *x3 = x + 3 * ss;
   const double w0 = W ? w[0] : 0, w1 = W ? w[1] : 0, w2 = W ? w[2] : 0, w3 = W ? w[3] : 0;
@@ -193,6 +195,15 @@ void add_bias(const at::Tensor& d, double beta, Checks& out) {
   }
 }
 
+// Work is split into at most kBlocks blocks of rows (of A and C) or columns per product, a fixed split whatever the
+// thread count, so the sums are added in the same order on every machine. Below kParallelWork elements read,
+// waking the training's thread pool costs more than it saves: the caller's thread does it all.
+constexpr int64_t kBlocks = 8;
+constexpr int64_t kMinRows = 64;
+constexpr int64_t kParallelWork = int64_t{1} << 17;
+
+inline int64_t block_start(int64_t size, int64_t blocks, int64_t b) { return size * b / blocks; }
+
 template <typename T>
 Checks checks(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, const c10::optional<at::Tensor>& d, double alpha,
               double beta, double scale) {
@@ -200,31 +211,60 @@ Checks checks(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, const c10::opti
   TORCH_CHECK(b.batch == batch && b.r == k && c.batch == batch && c.r == m && c.s == n,
               "sdctrace abft: operands of ", batch, " x ", m, " x ", k, ", ", b.batch, " x ", b.r, " x ", n,
               " and a result of ", c.batch, " x ", c.r, " x ", c.s);
-  Checks out{batch, m, k, n, std::vector<double>(batch * (n + m)), std::vector<double>(batch * (n + m))};
+  const int64_t total = batch * (n + m);
+  Checks out{batch, m, k, n, std::vector<double>(total), std::vector<double>(total)};
   double* res = out.residual.data();  // the expected checksums until the last loop below
   double* bnd = out.bound.data();     // the magnitude checksums until then
-  std::vector<double> b_rows(k), b_rows_abs(k), a_cols(k), a_cols_abs(k);
-  for (int64_t q = 0; q < batch; ++q) {
-    std::fill(b_rows.begin(), b_rows.end(), 0.0); std::fill(b_rows_abs.begin(), b_rows_abs.end(), 0.0);
-    std::fill(a_cols.begin(), a_cols.end(), 0.0); std::fill(a_cols_abs.begin(), a_cols_abs.end(), 0.0);
-    double *col = res + q * n, *col_abs = bnd + q * n;
-    double *row = res + batch * n + q * m, *row_abs = bnd + batch * n + q * m;
-    const Mat<T> bt = b.t();  // (n x k): its column sums are B 1
-    pass<T, false, true, true>(bt.at(q), n, k, bt.sr, bt.ss, nullptr, nullptr, nullptr, nullptr, b_rows.data(),
-                         b_rows_abs.data());
-    pass<T, true, true, true>(a.at(q), m, k, a.sr, a.ss, b_rows.data(), b_rows_abs.data(), row, row_abs, a_cols.data(),
-                        a_cols_abs.data());
-    pass<T, true, false, true>(bt.at(q), n, k, bt.sr, bt.ss, a_cols.data(), a_cols_abs.data(), col, col_abs, nullptr,
-                         nullptr);
-  }
-  const int64_t total = batch * (n + m);
+  const int64_t blocks = batch >= kBlocks ? 1 : std::clamp<int64_t>(std::max(m, n) / kMinRows, 1, kBlocks);
+  const int64_t tasks = batch * blocks;
+  const bool parallel = batch * (m * k + 2 * k * n + m * n) >= kParallelWork;
+  auto run_tasks = [&](auto&& task) {
+    auto range = [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) task(t / blocks, t % blocks);
+    };
+    if (parallel)
+      at::parallel_for(0, tasks, 1, range);
+    else
+      range(0, tasks);
+  };
+  const Mat<T> bt = b.t();  // (n x k): its column sums are B 1
+  std::vector<double> b_rows(2 * batch * k);  // per product: B 1, then |B| 1
+  std::vector<double> a_parts(2 * tasks * k), c_parts(tasks * n);  // per block: 1^T A, 1^T |A|; 1^T C
+  std::vector<double> c_sums(total), ones(std::max(n, int64_t{1}), 1.0);
+  run_tasks([&](int64_t q, int64_t blk) {  // B 1 over a block of B's rows
+    const int64_t k0 = block_start(k, blocks, blk), k1 = block_start(k, blocks, blk + 1);
+    double* sums = b_rows.data() + 2 * q * k;
+    pass<T, false, true, true>(bt.at(q) + k0 * bt.ss, n, k1 - k0, bt.sr, bt.ss, nullptr, nullptr, nullptr, nullptr,
+                               sums + k0, sums + k + k0);
+  });
+  run_tasks([&](int64_t q, int64_t blk) {  // a block of A's and C's rows
+    const int64_t i0 = block_start(m, blocks, blk), i1 = block_start(m, blocks, blk + 1);
+    const double* sums = b_rows.data() + 2 * q * k;
+    double* a_part = a_parts.data() + 2 * (q * blocks + blk) * k;
+    pass<T, true, true, true>(a.at(q) + i0 * a.sr, i1 - i0, k, a.sr, a.ss, sums, sums + k, res + batch * n + q * m + i0,
+                              bnd + batch * n + q * m + i0, a_part, a_part + k);
+    pass<T, true, true, false>(c.at(q) + i0 * c.sr, i1 - i0, n, c.sr, c.ss, ones.data(), nullptr,
+                               c_sums.data() + batch * n + q * m + i0, nullptr, c_parts.data() + (q * blocks + blk) * n,
+                               nullptr);
+  });
+  for (int64_t q = 0; q < batch; ++q)  // the blocks' column sums, in block order
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const double* a_part = a_parts.data() + 2 * (q * blocks + blk) * k;
+      double* a_sums = a_parts.data() + 2 * q * blocks * k;
+      if (blk > 0)
+        for (int64_t x = 0; x < 2 * k; ++x) a_sums[x] += a_part[x];
+      const double* c_part = c_parts.data() + (q * blocks + blk) * n;
+      for (int64_t j = 0; j < n; ++j) c_sums[q * n + j] += c_part[j];
+    }
+  run_tasks([&](int64_t q, int64_t blk) {  // (1^T A) B over a block of B's columns
+    const int64_t j0 = block_start(n, blocks, blk), j1 = block_start(n, blocks, blk + 1);
+    const double* a_sums = a_parts.data() + 2 * q * blocks * k;
+    pass<T, true, false, true>(bt.at(q) + j0 * bt.sr, j1 - j0, k, bt.sr, bt.ss, a_sums, a_sums + k,
+                               res + q * n + j0, bnd + q * n + j0, nullptr, nullptr);
+  });
   if (alpha != 1)
     for (int64_t x = 0; x < total; ++x) { res[x] *= alpha; bnd[x] *= std::fabs(alpha); }
   if (d.has_value()) add_bias<T>(*d, beta, out);
-  std::vector<double> c_sums(total);
-  for (int64_t q = 0; q < batch; ++q)
-    sums<T, false>(c.at(q), m, n, c.sr, c.ss, c_sums.data() + batch * n + q * m, c_sums.data() + q * n, nullptr,
-                   nullptr);
   for (int64_t x = 0; x < total; ++x) {
     res[x] = std::fabs(c_sums[x] - res[x]);
     bnd[x] *= scale;

@@ -52,8 +52,11 @@ def cases(dtype: torch.dtype) -> list[tuple[str, object, tuple, dict]]:
     full3 = randn(dtype, 3, 40, 24, seed=8)
     x3, w = randn(dtype, 2, 20, 96, seed=9), randn(dtype, 24, 96, seed=10)
     wide, wide3 = randn(dtype, 40, 200, seed=11), randn(dtype, 2, 20, 128, seed=12)
+    big, big3 = randn(dtype, 512, 256, seed=13), randn(dtype, 2, 300, 256, seed=14)  # split over threads
     scaled = {"alpha": 2.0, "beta": -0.5}
     return [
+        ("mm large", aten.mm.default, (big, transposed(randn(dtype, 256, 64, seed=15))), {}),
+        ("baddbmm large", aten.baddbmm.default, (vec[:7], big3, randn(dtype, 2, 256, 7, seed=16)), scaled),
         ("mm", aten.mm.default, (a, b), {}),
         ("mm A^T", aten.mm.default, (transposed(a), b), {}),
         ("mm B^T", aten.mm.default, (a, transposed(b)), {}),
@@ -106,6 +109,9 @@ def assert_same_checks(module, op, args: tuple, kwargs: dict, out: torch.Tensor,
     got = module.residuals(a, b, out, d, alpha, beta, scale, op.overloadpacket is aten.linear)
     assert got is not None, f"{name}: the kernel refused operands it should read"
     residual, bound = got
+    again = module.residuals(a, b, out, d, alpha, beta, scale, op.overloadpacket is aten.linear)
+    for x, y in zip((residual, bound), again):
+        assert torch.allclose(x, y, rtol=0, atol=0, equal_nan=True), f"{name}: not deterministic"
     ref_residual, ref_bound, _ = abft.torch_residuals(op, args, kwargs, out, SAFETY)
     assert residual.shape == ref_residual.shape, name
     assert torch.equal(residual.isnan(), ref_residual.isnan()) and torch.equal(bound.isnan(), ref_bound.isnan()), name
