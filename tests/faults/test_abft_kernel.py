@@ -52,7 +52,7 @@ def cases(dtype: torch.dtype) -> list[tuple[str, object, tuple, dict]]:
     full3 = randn(dtype, 3, 40, 24, seed=8)
     x3, w = randn(dtype, 2, 20, 96, seed=9), randn(dtype, 24, 96, seed=10)
     wide, wide3 = randn(dtype, 40, 200, seed=11), randn(dtype, 2, 20, 128, seed=12)
-    big, big3 = randn(dtype, 512, 256, seed=13), randn(dtype, 2, 300, 256, seed=14)  # split over threads
+    big, big3 = randn(dtype, 512, 256, seed=13), randn(dtype, 2, 300, 256, seed=14)
     scaled = {"alpha": 2.0, "beta": -0.5}
     return [
         ("mm large", aten.mm.default, (big, transposed(randn(dtype, 256, 64, seed=15))), {}),
