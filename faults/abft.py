@@ -26,9 +26,7 @@ never corrupted.
 from __future__ import annotations
 
 import math
-import os
 import threading
-import warnings
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -39,7 +37,6 @@ from torch import nn
 from faults.abft_kernel import ABFT
 from faults.scope import ModuleScope, ScopedInterceptor
 from tracer import kernel
-from tracer.errors import TraceWarning
 from tracer.intercept import Call, Clock, Sink, own_ops
 from tracer.sites import SiteSpec, find_sites
 
@@ -165,22 +162,12 @@ def _kernel() -> ModuleType | None:
     """The built kernel, loaded at the first CPU check; None (said once) when it is not there."""
     if _kernel_state:
         return _kernel_state[0]
-    with _kernel_lock:
-        if not _kernel_state:
-            module = None
-            if os.environ.get(ABFT_ENV, "kernel") != "torch":
-                module = kernel.load(ABFT)
-                if module is None:
-                    warnings.warn(
-                        "sdctrace's ABFT checksum kernel is not built for this torch and Python, so the checker "
-                        "recomputes checksums with torch ops: the same verdicts, several times the cost per matmul. "
-                        "Build it once with `python -m faults.abft_kernel` (needs a C++ compiler and ninja; "
-                        "`make venv` does it).",
-                        TraceWarning,
-                        stacklevel=3,
-                    )
-            _kernel_state.append(module)
-    return _kernel_state[0]
+    return kernel.load_once(
+        ABFT, _kernel_state, _kernel_lock, ABFT_ENV,
+        "sdctrace's ABFT checksum kernel is not built for this torch and Python, so the checker recomputes "
+        "checksums with torch ops: the same verdicts, several times the cost per matmul. Build it once with "
+        "`python -m faults.abft_kernel` (needs a C++ compiler and ninja; `make venv` does it).",
+    )
 
 
 def abft_implementation() -> str:

@@ -18,11 +18,15 @@ import importlib.util
 import os
 import platform
 import sys
+import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import torch
+
+from tracer.errors import TraceWarning
 
 DIR_ENV = "SDCTRACE_KERNEL_DIR"  # where built kernels live (default ~/.cache/sdctrace/kernel)
 CFLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math")
@@ -73,6 +77,23 @@ def load(kernel: Kernel) -> ModuleType | None:
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+def load_once(
+    kernel: Kernel, state: list[ModuleType | None], lock: threading.Lock, env: str, missing: str
+) -> ModuleType | None:
+    """The module a caller keeps in ``state`` ([] until this fills it, once per process): None where ``env`` is
+    "torch" (torch ops asked for) or the kernel is not built, which ``missing`` then says once as a TraceWarning
+    pointing at the caller's caller."""
+    with lock:
+        if not state:
+            module = None
+            if os.environ.get(env) != "torch":
+                module = load(kernel)
+                if module is None:
+                    warnings.warn(missing, TraceWarning, stacklevel=4)
+            state.append(module)
+    return state[0]
 
 
 def build(kernel: Kernel, verbose: bool = False) -> Path:
