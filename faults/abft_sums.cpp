@@ -194,9 +194,10 @@ Checks checks(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, const c10::opti
   return out;
 }
 
+// A CPU tensor whose bytes are there to read: not a Python subclass (fake, functional) nor a lazy view.
 bool supported(const at::Tensor& x, at::ScalarType dtype) {
-  return x.device().is_cpu() && x.layout() == at::kStrided && x.scalar_type() == dtype && !x.is_neg() &&
-         !x.is_conj();
+  return x.device().is_cpu() && x.layout() == at::kStrided && x.scalar_type() == dtype && x.has_storage() &&
+         !x.key_set().has(c10::DispatchKey::Python) && !x.is_neg() && !x.is_conj();
 }
 
 // The checks of one call, or none when the kernel does not take these tensors (the caller then uses torch ops).

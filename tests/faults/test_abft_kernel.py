@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from faults import abft
 from faults.abft_kernel import ABFT
@@ -192,6 +193,10 @@ def test_operands_it_does_not_read_fall_back_to_torch_ops(module, with_kernel) -
     out = a @ b
     assert module.check(a, b.double(), out, None, 1.0, 1.0, 1e-6, False) is None  # mixed dtypes
     assert module.check(a.int(), b.int(), out.int(), None, 1.0, 1.0, 1e-6, False) is None  # no model for ints
+    with FakeTensorMode():  # CPU tensors without bytes to read
+        fake_a, fake_b = torch.empty(6, 5), torch.empty(5, 4)
+        fake_out = fake_a @ fake_b
+    assert module.check(fake_a, fake_b, fake_out, None, 1.0, 1.0, 1e-6, False) is None
     x = randn(torch.float32, 4, 3, 8, seed=3)[:, :2].transpose(0, 1)  # leading dimensions that do not fold
     w = randn(torch.float32, 5, 8, seed=4)
     assert module.check(x, w, F.linear(x, w), None, 1.0, 1.0, 1e-6, True) is None
