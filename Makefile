@@ -14,10 +14,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,hf,lightning]'
 	touch $(STAMP)
 
-# The fused digest kernel (tracer/kernel): compiled once per machine and source, about half a minute.
+# The C++ kernels, the fused digest (tracer/kernel) and the ABFT checksums (faults/abft_sums.cpp): compiled
+# once per machine and source, about half a minute each.
 KERNEL := $(VENV)/.sdctrace-kernel
-$(KERNEL): $(STAMP) tracer/kernel/digest.cpp
+$(KERNEL): $(STAMP) tracer/kernel/digest.cpp faults/abft_sums.cpp
 	$(PY) -m tracer.kernel
+	$(PY) -m faults.abft_kernel
 	touch $(KERNEL)
 
 venv: $(KERNEL)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import bench_diff
 import bench_tracing
+from bench_abft import bench_abft
 from bench_guard import bench_guard_overhead
 from bench_parallel import bench_parallel
 from bench_replay import bench_replay
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_guard_overhead(args.steps, args.config)
     bench_watch(args.config)
     bench_interceptor_overhead(args.steps, args.config)
+    bench_abft(args.config)
     bench_replay(config=args.config)
     bench_diff.main([])
     bench_parallel(config=args.config)

@@ -19,19 +19,24 @@ fused attention op is not a plain product, so neither is checked — the study's
 reason why ABFT misses much real silent corruption.
 
 Enter it after the fault emulator so it checks the corrupted results; its own
-arithmetic runs under ``own_ops()`` and is never corrupted.
+arithmetic (a C++ kernel on the CPU, torch ops under ``own_ops()`` elsewhere) is
+never corrupted.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
 from torch import nn
 
+from faults.abft_kernel import ABFT
 from faults.scope import ModuleScope, ScopedInterceptor
+from tracer import kernel
 from tracer.intercept import Call, Clock, Sink, own_ops
 from tracer.sites import SiteSpec, find_sites
 
@@ -74,7 +79,44 @@ def _roundoffs(dtype: torch.dtype, device: torch.device) -> tuple[float, float, 
 
 
 def check_matmul(func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety: float = SAFETY) -> AbftResult:
-    """Check one call of a ``CHECKED`` op against its result ``out``."""
+    """Check one call of a ``CHECKED`` op against its result ``out``: on the CPU with the built kernel
+    (faults/abft_sums.cpp), elsewhere, or without it, with torch ops; the same checksums and verdict either way.
+    Its own ops are never seen by interceptors (the kernel runs none) nor recorded by autograd."""
+    module = _kernel() if out.device.type == "cpu" else None
+    if module is not None:
+        packet = func.overloadpacket
+        a, b, d, alpha, beta = _kernel_operands(packet, args, kwargs)
+        k = b.shape[-1] if packet is aten.linear else a.shape[-1]
+        scale = safety * error_factor(k, out.dtype, out.device)
+        got = module.check(a, b, out, d, alpha, beta, scale, packet is aten.linear)
+        if got is not None:  # None: operands it does not read (mixed dtypes, another layout)
+            m, k, n, residual, bound, flagged = got
+            return AbftResult((m, k, n), residual, bound, flagged)
+    return torch_check(func, args, kwargs, out, safety)
+
+
+def torch_check(func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety: float = SAFETY) -> AbftResult:
+    """`check_matmul` by torch ops, on any device."""
+    with own_ops(), torch.no_grad():
+        return _torch_verdict(*torch_residuals(func, args, kwargs, out, safety))
+
+
+def _torch_verdict(residual: torch.Tensor, bound: torch.Tensor, shape: tuple[int, int, int]) -> AbftResult:
+    if residual.numel() == 0:
+        return AbftResult(shape, 0.0, 0.0, False)
+    # Non-finite inputs make the check vacuous; a non-finite result from finite inputs is a fault.
+    bad = torch.isfinite(bound) & ~(residual <= bound)
+    score = torch.where(bad, math.inf, torch.where(bound > 0, residual / bound, 0.0))
+    worst = score.argmax()
+    worst_residual, worst_bound, flagged = torch.stack([residual[worst], bound[worst], bad.any()]).tolist()
+    return AbftResult(shape, worst_residual, worst_bound, bool(flagged))
+
+
+def torch_residuals(
+    func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety: float = SAFETY
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int]]:
+    """Every check's residual and bound (float64, the batch's column checks then its row checks) and (m, k, n),
+    by torch ops on any device: the fallback, and the kernel's reference."""
     a, b, d, alpha, beta = _operands(func, args, kwargs)
     c = out.reshape(a.shape[0], a.shape[1], b.shape[2])  # (batch, m, n)
     theta = error_factor(a.shape[2], out.dtype, out.device)
@@ -95,13 +137,42 @@ def check_matmul(func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety
         row_mag = row_mag + abs(beta) * d_abs.sum(2, keepdim=True).mT
     residual = torch.cat([(c.sum(1, keepdim=True) - col).flatten(), (c.sum(2, keepdim=True).mT - row).flatten()]).abs()
     bound = safety * theta * torch.cat([col_mag.flatten(), row_mag.flatten()])
-    # Non-finite inputs make the check vacuous; a non-finite result from finite inputs is a fault.
-    bad = torch.isfinite(bound) & ~(residual <= bound)
-    score = torch.where(bad, math.inf, torch.where(bound > 0, residual / bound, 0.0))
-    worst = int(score.argmax())
-    return AbftResult(
-        (a.shape[1], a.shape[2], b.shape[2]), float(residual[worst]), float(bound[worst]), bool(bad.any())
+    return residual, bound, (a.shape[1], a.shape[2], b.shape[2])
+
+
+def _kernel_operands(
+    packet: Any, args: tuple, kwargs: dict
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, float, float]:
+    """(A, B, D or None, alpha, beta) as the op took them, no views: what the kernel reads."""
+    if packet is aten.linear:
+        return args[0], args[1], args[2] if len(args) > 2 else kwargs.get("bias"), 1.0, 1.0
+    if packet is aten.mm or packet is aten.bmm:
+        return args[0], args[1], None, 1.0, 1.0
+    alpha, beta = float(kwargs.get("alpha", 1)), float(kwargs.get("beta", 1))
+    return args[1], args[2], args[0] if beta != 0 else None, alpha, beta  # addmm, baddbmm
+
+
+# -- the checksum kernel ------------------------------------------------------------------------
+ABFT_ENV = "SDCTRACE_ABFT"  # "torch": check with torch ops even where the kernel is built
+_kernel_state: list[ModuleType | None] = []  # [] until the first CPU check looks
+_kernel_lock = threading.Lock()
+
+
+def _kernel() -> ModuleType | None:
+    """The built kernel, loaded at the first CPU check; None (said once) when it is not there."""
+    if _kernel_state:
+        return _kernel_state[0]
+    return kernel.load_once(
+        ABFT, _kernel_state, _kernel_lock, ABFT_ENV,
+        "sdctrace's ABFT checksum kernel is not built for this torch and Python, so the checker recomputes "
+        "checksums with torch ops: the same verdicts, several times the cost per matmul. Build it once with "
+        "`python -m faults.abft_kernel` (needs a C++ compiler and ninja; `make venv` does it).",
     )
+
+
+def abft_implementation() -> str:
+    """Which implementation CPU checks use here: "kernel" or "torch"; benchmarks print it."""
+    return "kernel" if _kernel() is not None else "torch"
 
 
 def _operands(
@@ -148,8 +219,7 @@ class AbftChecker(ScopedInterceptor):
         phase = self.scope.phase()
         if phase is None:
             return out
-        with own_ops(), torch.no_grad():
-            result = check_matmul(func, args, kwargs, out, self.safety)
+        result = check_matmul(func, args, kwargs, out, self.safety)
         stack = self.scope.stack(phase)
         self._sink(
             "abft",

@@ -49,10 +49,8 @@ Let ``d_p`` be the word differences between two tensors of the same dtype and sh
 
 from __future__ import annotations
 
-import os
 import struct
 import threading
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -61,7 +59,6 @@ import torch
 
 from tracer import kernel
 from tracer.device import is_lazy, reinterpret
-from tracer.errors import TraceWarning
 
 ALGORITHM = "lanes64-v1"
 CHUNK = 1 << 18
@@ -295,22 +292,12 @@ def _fused() -> ModuleType | None:
     """The built kernel, loaded at the first CPU digest; None (said once) when it is not there."""
     if _fused_state:
         return _fused_state[0]
-    with _TABLES.lock:
-        if _fused_state:
-            return _fused_state[0]
-        module = None
-        if os.environ.get(DIGEST_ENV, "fused") != "torch":
-            module = kernel.load()
-            if module is None:
-                warnings.warn(
-                    "sdctrace's fused digest kernel is not built for this torch and Python, so fingerprints are "
-                    "computed with torch ops: the same bits, several times the cost per traced step. Build it once "
-                    "with `python -m tracer.kernel` (needs a C++ compiler and ninja; `make venv` does it).",
-                    TraceWarning,
-                    stacklevel=3,
-                )
-        _fused_state.append(module)
-    return _fused_state[0]
+    return kernel.load_once(
+        kernel.DIGEST, _fused_state, _TABLES.lock, DIGEST_ENV,
+        "sdctrace's fused digest kernel is not built for this torch and Python, so fingerprints are computed with "
+        "torch ops: the same bits, several times the cost per traced step. Build it once with `python -m "
+        "tracer.kernel` (needs a C++ compiler and ninja; `make venv` does it).",
+    )
 
 
 def digest_implementation() -> str:

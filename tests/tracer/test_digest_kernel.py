@@ -18,9 +18,9 @@ from tracer.errors import TraceWarning
 @pytest.fixture(scope="module")
 def fused():
     """The built kernel: `make venv` builds it, and this builds it where that has not run."""
-    kernel.build()
-    module = kernel.load()
-    assert module is not None, f"built the kernel but found no library in {kernel.build_dir()}"
+    kernel.build(kernel.DIGEST)
+    module = kernel.load(kernel.DIGEST)
+    assert module is not None, f"built the kernel but found no library in {kernel.build_dir(kernel.DIGEST)}"
     return module
 
 

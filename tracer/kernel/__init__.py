@@ -1,11 +1,13 @@
-"""The fused CPU digest kernel (digest.cpp), built once per machine with torch's C++ extension tooling.
+"""sdctrace's C++ kernels, built once per machine with torch's C++ extension tooling.
 
-    python -m tracer.kernel          # build it (``make venv`` does); prints where it went
+    python -m tracer.kernel          # build the fused digest kernel (``make venv`` does); prints where it went
 
-A training process never compiles: it loads the built module if there is one and otherwise
-`tracer.fingerprint` falls back to torch ops, which give the same fingerprint bits at several
-times the cost, and says so once. The build directory is keyed on the source, torch and
-Python versions, so an upgrade builds afresh instead of loading a stale module.
+A `Kernel` names one source file and the module it builds; `tracer` owns the digest kernel
+(digest.cpp) and other packages declare theirs the same way (faults/abft_kernel.py). A
+training process never compiles: it loads a built module if there is one and otherwise
+its caller falls back to torch ops and says so once. The build directory is keyed on the
+source, the flags, torch and Python, so an upgrade builds afresh instead of loading a
+stale module.
 """
 
 from __future__ import annotations
@@ -16,38 +18,60 @@ import importlib.util
 import os
 import platform
 import sys
+import threading
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-SOURCE = Path(__file__).with_name("digest.cpp")
-NAME = "sdctrace_digest"
+from tracer.errors import TraceWarning
+
 DIR_ENV = "SDCTRACE_KERNEL_DIR"  # where built kernels live (default ~/.cache/sdctrace/kernel)
 CFLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math")
 
 
-def build_dir() -> Path:
-    """Where this source, for this torch and Python, is built."""
+@dataclass(frozen=True)
+class Kernel:
+    """One C++ source built into one extension module."""
+
+    name: str  # the module's name, unique among sdctrace's kernels
+    source: Path
+    title: str  # what messages call it ("digest kernel")
+    fallback: str  # what runs without it, for the message when building fails
+    cflags: tuple[str, ...] = CFLAGS
+
+
+DIGEST = Kernel(
+    "sdctrace_digest",
+    Path(__file__).with_name("digest.cpp"),
+    "digest kernel",
+    "tracing falls back to torch ops (same fingerprints, slower)",
+)
+
+
+def build_dir(kernel: Kernel) -> Path:
+    """Where this kernel's source, with its flags, for this torch and Python, is built."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), sys.version.encode(), platform.machine().encode(),
-                 " ".join(CFLAGS).encode()):
+    for part in (kernel.source.read_bytes(), torch.__version__.encode(), sys.version.encode(),
+                 platform.machine().encode(), " ".join(kernel.cflags).encode()):
         key.update(part)
     root = Path(os.environ.get(DIR_ENV) or Path.home() / ".cache" / "sdctrace" / "kernel")
     return root / key.hexdigest()[:16]
 
 
-def _library(folder: Path) -> Path:
-    return folder / f"{NAME}.so"  # what cpp_extension names it on Linux and macOS
+def _library(kernel: Kernel, folder: Path) -> Path:
+    return folder / f"{kernel.name}.so"  # what cpp_extension names it on Linux and macOS
 
 
-def load() -> ModuleType | None:
-    """The built kernel, or None when it has not been built for this source, torch and Python."""
-    path = _library(build_dir())
+def load(kernel: Kernel) -> ModuleType | None:
+    """The built module, or None when it has not been built for this source, torch and Python."""
+    path = _library(kernel, build_dir(kernel))
     if not path.is_file():
         return None
-    loader = importlib.machinery.ExtensionFileLoader(NAME, str(path))
-    spec = importlib.util.spec_from_file_location(NAME, path, loader=loader)
+    loader = importlib.machinery.ExtensionFileLoader(kernel.name, str(path))
+    spec = importlib.util.spec_from_file_location(kernel.name, path, loader=loader)
     if spec is None:
         return None
     module = importlib.util.module_from_spec(spec)
@@ -55,11 +79,41 @@ def load() -> ModuleType | None:
     return module
 
 
-def build(verbose: bool = False) -> Path:
+def load_once(
+    kernel: Kernel, state: list[ModuleType | None], lock: threading.Lock, env: str, missing: str
+) -> ModuleType | None:
+    """The module a caller keeps in ``state`` ([] until this fills it, once per process): None where ``env`` is
+    "torch" (torch ops asked for) or the kernel is not built, which ``missing`` then says once as a TraceWarning
+    pointing at the caller's caller."""
+    with lock:
+        if not state:
+            module = None
+            if os.environ.get(env) != "torch":
+                module = load(kernel)
+                if module is None:
+                    warnings.warn(missing, TraceWarning, stacklevel=4)
+            state.append(module)
+    return state[0]
+
+
+def build(kernel: Kernel, verbose: bool = False) -> Path:
     """Compile the kernel into `build_dir()` (a no-op when it is there) and return the library's path."""
     from torch.utils import cpp_extension
 
-    folder = build_dir()
+    folder = build_dir(kernel)
     folder.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load(NAME, [str(SOURCE)], extra_cflags=list(CFLAGS), build_directory=str(folder), verbose=verbose)
-    return _library(folder)
+    cpp_extension.load(kernel.name, [str(kernel.source)], extra_cflags=list(kernel.cflags),
+                       build_directory=str(folder), verbose=verbose)
+    return _library(kernel, folder)
+
+
+def build_main(kernel: Kernel, argv: list[str]) -> int:
+    """A build command's body (``python -m tracer.kernel``, ``python -m faults.abft_kernel``): 0 when built."""
+    try:
+        path = build(kernel, verbose="--verbose" in argv)
+    except Exception as e:  # the compiler's own output is above; one line says what to do
+        print(f"sdctrace: building the {kernel.title} failed ({type(e).__name__}: {e}); {kernel.fallback}. "
+              "Needs a C++17 compiler and ninja.", file=sys.stderr)
+        return 1
+    print(f"sdctrace {kernel.title}: {path}")
+    return 0
