@@ -402,6 +402,7 @@ class Tracer:
             self._pending.append(([], lambda host: log.write_event(rec)))
         else:
             log.write_event(rec)
+
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Leave the forward and backward passes inside unrecorded: work on the model that is not a
