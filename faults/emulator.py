@@ -154,7 +154,11 @@ class FaultEmulator(ScopedInterceptor):
         if clock != self._clock_at:
             self._arm(clock)
         live = self._live[phase]
-        return self._inject(func, [i for i in self._rules_of[func] if i in live], phase, clock, args, out)
+        if live:
+            for i in self._rules_of[func]:
+                if i in live:
+                    out = self._inject(i, func, phase, clock, args, out)
+        return out
 
     def _arm(self, clock: tuple[int, ...]) -> None:
         """The rules that may fire in each phase at this (step, microbatch): decided once, not on every call."""
@@ -163,18 +167,17 @@ class FaultEmulator(ScopedInterceptor):
         self._live = {p: frozenset(i for i in armed if p in self.profile.faults[i].phases) for p in Phase}
         self._clock_at = clock
 
-    def _inject(self, func: Any, rules: list[int], phase: Phase, clock: tuple[int, ...], args: tuple, out: Any) -> Any:
-        """Decide (no tensor ops: cheap on the many calls that are not hit), then corrupt."""
+    def _inject(self, i: int, func: Any, phase: Phase, clock: tuple[int, ...], args: tuple, out: Any) -> Any:
+        """Rule ``i``'s draw for this call (no tensor ops: cheap on the many calls that are not hit), then the
+        corruption if it hits."""
+        if self._patterns[i] is not None and self._site(i, phase) is None:
+            return out  # no module around this op matches the rule's pattern (without one, a site only names a hit)
         step, microbatch, *attempt = clock
-        for i in rules:
-            rule = self.profile.faults[i]
-            if self._patterns[i] is not None and self._site(i, phase) is None:
-                continue  # no module around this op matches the rule's pattern (without one, a site only names a hit)
-            rng = self._draws_for(i, step, microbatch, *attempt)
-            if rng.random() < rule.p_call:
-                site = self._site(i, phase)
-                with own_ops():
-                    out = self._corrupt(i, func, args, out, rng, site, phase, microbatch)
+        rng = self._draws_for(i, step, microbatch, *attempt)
+        if rng.random() < self.profile.faults[i].p_call:
+            site = self._site(i, phase)
+            with own_ops():
+                out = self._corrupt(i, func, args, out, rng, site, phase, microbatch)
         return out
 
     def _armed(self, rule: int, step: int, microbatch: int) -> bool:
