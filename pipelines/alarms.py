@@ -19,23 +19,21 @@ scored here. docs/guard.md ("Scoring the detectors") has the rules.
 
 from __future__ import annotations
 
+import hashlib
 import math
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import apache_beam as beam
-import numpy as np
+import pyarrow as pa
 
-from pipelines.source import RunLayout, read_file
-from pipelines.tables import named
-from tracer.errors import LogError
-from tracer.guard import AbftFlags, Detector, Evidence, Guard, History, TwinMismatch, default_guard, step_fingerprint
+from pipelines.evidence import SegmentEvidence
+from pipelines.source import RunLayout
+from pipelines.tables import SCHEMAS, named
+from tracer.guard import AbftFlags, Detector, Evidence, Guard, History, TwinMismatch, default_guard
 from tracer.guard.detectors import GradNormSpike, LossSpike, NonFinite
-from tracer.log import Sessions, read_segment_columns
-from tracer.log.columns import TensorColumns
-from tracer.log.records import EventRecord, Phase
+from tracer.log.records import EventRecord
 
 ALARMS, DECISIONS = "detector_alarms", "guard_decisions"
 COMBINATION = "guard"  # the row name of the guard's default combination (`default_guard`)
@@ -57,49 +55,42 @@ class StepFacts:
     wall_s: float | None = None  # the step's wall time (the `step` event's), re-runs included
 
 
-@dataclass
 class _Step:
-    grads: list[tuple[str, int]] = field(default_factory=list)
-    squares: float = 0.0
-    nonfinite: int = 0
-    flags: int = 0
-    faults: int = 0
-    abft: bool = False
-    guard: Mapping[str, Any] | None = None
-    done: Mapping[str, Any] | None = None  # the step event's fields
+    __slots__ = ("grads", "digest", "squares", "nonfinite", "flags", "faults", "abft", "guard", "done")
+
+    def __init__(self) -> None:
+        self.grads = False
+        self.digest = hashlib.blake2b(digest_size=8)  # fed as `tracer.guard.step_fingerprint` feeds its own
+        self.squares, self.nonfinite, self.flags, self.faults = 0.0, 0, 0, 0
+        self.abft = False
+        self.guard: Mapping[str, Any] | None = None
+        self.done: Mapping[str, Any] | None = None  # the step event's fields
 
 
-class GradGroup(NamedTuple):
-    """One step's GRAD tensor records from one segment, as the column reader gives them: in log order, with
-    their squared L2 norms and NaN/Inf counts already summed."""
-
-    step: int
-    grads: list[tuple[str, int]]  # (name, fingerprint)
-    squares: float
-    nonfinite: int
-
-
-def step_facts(records: Iterable[GradGroup | EventRecord]) -> tuple[list[StepFacts], bool, list[EventRecord]]:
+def step_facts(segments: Iterable[SegmentEvidence]) -> tuple[list[StepFacts], bool, list[EventRecord]]:
     """Per completed step (with a `step` event and gradients), in step order: what a detector sees. Also whether
-    the run checked products with ABFT, and its `guard` events."""
+    the run checked products with ABFT, and its `guard` events. ``segments``: one rank log's, in order."""
     steps: dict[int, _Step] = {}
     guards: list[EventRecord] = []
-    for r in records:
-        s = steps.setdefault(r.step, _Step())
-        if isinstance(r, GradGroup):
-            s.grads += r.grads
-            s.squares += r.squares
-            s.nonfinite += r.nonfinite
-        elif r.kind == "fault":
-            s.faults += 1
-        elif r.kind == "abft":
-            s.abft = True
-            s.flags += r.fields.get("verdict") == "flag"
-        elif r.kind == "guard":
-            s.guard = r.fields
-            guards.append(r)
-        elif r.kind == "step":
-            s.done = r.fields
+    for seg in segments:
+        for g in seg.grads:
+            s = steps.get(g.step) or steps.setdefault(g.step, _Step())
+            s.grads = True
+            s.digest.update(g.digest_input)
+            s.squares += g.squares
+            s.nonfinite += g.nonfinite
+        for step, kind, fields in seg.events:
+            s = steps.get(step) or steps.setdefault(step, _Step())
+            if kind == "fault":
+                s.faults += 1
+            elif kind == "abft":
+                s.abft = True
+                s.flags += fields.get("verdict") == "flag"
+            elif kind == "guard":
+                s.guard = fields
+                guards.append(EventRecord(kind, step, fields))
+            elif kind == "step":
+                s.done = fields
     facts = [_facts(step, s) for step, s in sorted(steps.items()) if s.done is not None and s.grads]
     return facts, any(s.abft for s in steps.values()), guards
 
@@ -108,7 +99,7 @@ def _facts(step: int, s: _Step) -> StepFacts:
     assert s.done is not None
     loss, norm, wall = (_number(s.done.get(k)) for k in ("loss", "grad_norm", "wall_s"))
     facts = StepFacts(step, loss, norm if norm is not None else math.sqrt(s.squares), s.nonfinite, s.flags,
-                      step_fingerprint(s.grads), s.faults, wall_s=wall)
+                      int.from_bytes(s.digest.digest(), "little"), s.faults, wall_s=wall)
     runs = s.guard.get("runs") if s.guard is not None else None
     if not runs or not isinstance(runs[0], Mapping):
         return facts
@@ -146,38 +137,71 @@ class AlarmRow(NamedTuple):
     wall_s: float | None
 
 
-def score(facts: list[StepFacts], detectors: tuple[Detector, ...], name: str | None = None) -> Iterator[AlarmRow]:
-    """Run ``detectors`` together over ``facts`` as a guard would: each step is checked against the history of the
-    steps before it that none of them flagged. One row per step and detector, or, with ``name``, one row per step
-    for the set as a whole (fired if any fired; measured: how many)."""
-    guard = Guard(detectors=detectors)
-    past = History()
+class Scored(NamedTuple):
+    """A set of detectors scored together: ``name`` for one row per step for the set as a whole (fired if any
+    fired; measured: how many), None for one row per step and detector."""
+
+    detectors: tuple[Detector, ...]
+    name: str | None = None
+
+
+def score(facts: list[StepFacts], sets: list[Scored]) -> list[list[AlarmRow]]:
+    """Run each set of detectors over ``facts`` as a guard would: each step is checked against the history of the
+    steps before it that none of the set flagged. The rows of each set, in step order.
+
+    Sets whose histories are still the same object share their checks: a detector's verdict depends only on the
+    step and that history, so a detector in two sets is checked once until the sets' histories part (one set
+    flags a step the other accepts), which is rare: most steps are accepted by every set. (A detector is
+    shared by being the same object in both sets.)"""
+    keeps = [Guard(detectors=s.detectors).keep for s in sets]
+    start = History()
+    pasts = [start] * len(sets)
+    rows: list[list[AlarmRow]] = [[] for _ in sets]
     for f in facts:
-        e = Evidence(f.step, 0, f.loss, f.grad_norm, f.nonfinite, f.abft_flags, f.fingerprint, None, past)
-        alarms = {a.detector: a for a in guard.check(e)}
-        if not alarms:
-            past = past.after(e, guard.keep)
-        if name is not None:
-            yield AlarmRow(f.step, name, bool(alarms), float(len(alarms)) if alarms else None, 1.0 if alarms else None,
-                           ",".join(alarms) or None, f.faults, f.guarded, f.loss, f.wall_s)
-            continue
-        for d in detectors:
-            a = alarms.get(d.name)
-            yield AlarmRow(f.step, d.name, a is not None, a.measured if a else None, a.threshold if a else None,
-                           a.detail if a else None, f.faults, f.guarded, f.loss, f.wall_s)
+        evidence: dict[int, Evidence] = {}
+        verdicts: dict[tuple[int, int], Any] = {}
+        accepted: dict[tuple[int, int], History] = {}
+        for i, (s, past) in enumerate(zip(sets, pasts)):
+            e = evidence.get(id(past))
+            if e is None:
+                e = evidence[id(past)] = Evidence(f.step, 0, f.loss, f.grad_norm, f.nonfinite, f.abft_flags,
+                                                  f.fingerprint, None, past)
+            alarms = {}
+            for d in s.detectors:
+                key = (id(past), id(d))
+                if key not in verdicts:
+                    verdicts[key] = d.check(e)
+                if verdicts[key] is not None:
+                    alarms[d.name] = verdicts[key]
+            if not alarms:
+                key = (id(past), keeps[i])
+                if key not in accepted:
+                    accepted[key] = past.after(e, keeps[i])
+                pasts[i] = accepted[key]
+            out = rows[i]
+            if s.name is not None:
+                out.append(AlarmRow(f.step, s.name, bool(alarms), float(len(alarms)) if alarms else None,
+                                    1.0 if alarms else None, ",".join(alarms) or None, f.faults, f.guarded, f.loss,
+                                    f.wall_s))
+                continue
+            for d in s.detectors:
+                a = alarms.get(d.name)
+                out.append(AlarmRow(f.step, d.name, a is not None, a.measured if a else None,
+                                    a.threshold if a else None, a.detail if a else None, f.faults, f.guarded, f.loss,
+                                    f.wall_s))
+    return rows
 
 
 def run_alarms(facts: list[StepFacts], abft: bool, twin: Mapping[int, int] | None) -> list[AlarmRow]:
     """Every shipped detector alone (`AbftFlags` where the run checked with ABFT, `TwinMismatch` where there is a
     twin) and the guard's default combination, over one run's steps."""
-    rows: list[AlarmRow] = []
-    for d in DETECTORS:
-        if abft or not isinstance(d, AbftFlags):
-            rows += score(facts, (d,))
+    combination = default_guard(abft=abft).detectors
+    same = {id(d): c for d in DETECTORS for c in combination if type(c) is type(d) and c == d}
+    sets = [Scored((same.get(id(d), d),)) for d in DETECTORS if abft or not isinstance(d, AbftFlags)]
     if twin is not None:
-        rows += score(facts, (TwinMismatch(FingerprintTwin(twin)),))
-    rows += score(facts, default_guard(abft=abft).detectors, COMBINATION)
-    return rows
+        sets.append(Scored((TwinMismatch(FingerprintTwin(twin)),)))
+    sets.append(Scored(combination, COMBINATION))
+    return [row for rows in score(facts, sets) for row in rows]
 
 
 def decision_rows(guards: Iterable[EventRecord]) -> list[dict[str, Any]]:
@@ -199,91 +223,62 @@ def decision_rows(guards: Iterable[EventRecord]) -> list[dict[str, Any]]:
     return rows
 
 
-class RankLog(NamedTuple):
-    """One rank of one run to read: its segments, in order."""
-
-    side: str
-    rank: int
-    run_id: str
-    node_label: str
-    segments: tuple[tuple[int, str], ...]
-    sessions: Sessions = Sessions()  # where a resumed log's records were superseded
-
-
-class RunFacts(NamedTuple):
-    side: str
-    log: RankLog
-    facts: list[StepFacts]
-    abft: bool
-    guards: list[EventRecord]
-
-
 class DetectorAlarms(beam.PTransform):
-    """The golden and suspect runs of a pair -> TABLES: detector_alarms and guard_decisions of the suspect (the
-    golden run is the twin)."""
+    """(rank, `SegmentEvidence`) of the golden and suspect runs (`pipelines.source.ReadRuns`) -> TABLES:
+    detector_alarms and guard_decisions of the suspect (the golden run is the twin)."""
 
     def __init__(self, golden: RunLayout, suspect: RunLayout) -> None:
         super().__init__()
-        self.logs = [RankLog(side, r.rank, r.header.run_id, r.header.node_label, tuple(r.segments), r.sessions)
-                     for side, run in (("golden", golden), ("suspect", suspect)) for r in run.ranks.values()]
+        self.who = {rank: (r.header.run_id, r.header.node_label) for rank, r in suspect.ranks.items()}
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+    def expand(self, evidence: beam.PCollection) -> beam.PCollection:
         return (
-            pbegin
-            | "List logs" >> beam.Create(self.logs)
-            | "Step evidence" >> beam.Map(read_facts)
-            | "Key by rank" >> beam.Map(lambda f: (f.log.rank, f))
+            evidence
             | "Both runs of a rank" >> beam.GroupByKey()
-            | "Score detectors" >> beam.FlatMapTuple(rank_alarms)
+            | "Score detectors" >> beam.FlatMap(lambda kv, who: rank_alarms(*kv, who), self.who)
         )
 
 
-def read_facts(log: RankLog) -> RunFacts:
-    """Read one rank's log through Beam's file systems and tracer's column reader (a resumed log as its one
-    timeline); corruption is skipped here (the diff's own read reports it)."""
-    def records() -> Iterator[GradGroup | EventRecord]:
-        for i, (index, path) in enumerate(log.segments):
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    seg = read_segment_columns(read_file(path), path, last=i == len(log.segments) - 1,
-                                               on_corruption="skip", session_end=log.sessions.ends_session(index),
-                                               cutoff=log.sessions.cutoff(index))
-            except (LogError, OSError):
-                return  # an unreadable segment fails the diff on its own (errors table)
-            yield from _grad_groups(seg.tensors)
-            for entry in seg.events:
-                if isinstance(entry.record, EventRecord):
-                    yield entry.record
-
-    facts, abft, guards = step_facts(records())
-    return RunFacts(log.side, log, facts, abft, guards)
+def readable(segments: Iterable[SegmentEvidence]) -> list[SegmentEvidence]:
+    """One rank log's segments in order, up to the first unreadable one (that fails the diff on its own, in the
+    errors table; what follows it is not read)."""
+    out = []
+    for seg in sorted(segments, key=lambda e: e.index):
+        if not seg.readable:
+            break
+        out.append(seg)
+    return out
 
 
-def _grad_groups(t: TensorColumns) -> Iterator[GradGroup]:
-    """A segment's GRAD records, one group per run of equal steps (log order), sums taken with numpy."""
-    grad = t.phase == int(Phase.GRAD)
-    if not grad.any():
+def rank_alarms(rank: int, segments: Iterable[SegmentEvidence],
+                who: Mapping[int, tuple[str, str]]) -> Iterator[tuple[str, pa.Table]]:
+    by_side: dict[str, list[SegmentEvidence]] = {"golden": [], "suspect": []}
+    for seg in segments:
+        by_side[seg.side].append(seg)
+    if not by_side["suspect"] or rank not in who:
         return
-    steps, names, fps = t.step[grad], t.name[grad], t.fingerprint[grad]
-    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
-    squares = np.add.reduceat(t.l2[grad].astype(np.float64) ** 2, starts).tolist()
-    nonfinite = np.add.reduceat(t.nan[grad] + t.inf[grad], starts).tolist()
-    bounds = [*starts.tolist(), len(steps)]
-    strings, names, fps, steps = t.strings, names.tolist(), fps.tolist(), steps.tolist()
-    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        yield GradGroup(steps[a], [(strings[n], f) for n, f in zip(names[a:b], fps[a:b])], squares[k], nonfinite[k])
-
-
-def rank_alarms(rank: int, runs: Iterable[RunFacts]) -> Iterator[tuple[str, Any]]:
-    by_side = {r.side: r for r in runs}
-    suspect, golden = by_side.get("suspect"), by_side.get("golden")
-    if suspect is None:
-        return
-    twin = {f.step: f.fingerprint for f in golden.facts} if golden is not None else None
-    who = {"rank": rank, "run_id": suspect.log.run_id, "node_label": suspect.log.node_label}
-    rows = [{**who, **row._asdict()} for row in run_alarms(suspect.facts, suspect.abft, twin)]
+    facts, abft, guards = step_facts(readable(by_side["suspect"]))
+    twin = {f.step: f.fingerprint for f in step_facts(readable(by_side["golden"]))[0]} if by_side["golden"] \
+        else None
+    run_id, node_label = who[rank]
+    rows = run_alarms(facts, abft, twin)
     if rows:
-        yield named(ALARMS, rows)
-    if suspect.guards:
-        yield named(DECISIONS, [{**who, **row} for row in decision_rows(suspect.guards)])
+        yield ALARMS, alarm_table(rank, run_id, node_label, rows)
+    if guards:
+        who_row = {"rank": rank, "run_id": run_id, "node_label": node_label}
+        yield named(DECISIONS, [{**who_row, **row} for row in decision_rows(guards)])
+
+
+def alarm_table(rank: int, run_id: str, node_label: str, rows: list[AlarmRow]) -> pa.Table:
+    """detector_alarms rows of one rank, built column by column."""
+    columns = list(zip(*rows))
+    n = len(rows)
+    schema = SCHEMAS[ALARMS]
+    constant = {"rank": rank, "run_id": run_id, "node_label": node_label}
+    arrays = []
+    for f in schema:
+        if f.name in constant:
+            arrays.append(pa.array([constant[f.name]] * n, f.type))
+        else:
+            arrays.append(pa.array(columns[AlarmRow._fields.index(f.name)], f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)

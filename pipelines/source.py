@@ -35,6 +35,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from pipelines.evidence import SegmentEvidence, segment_evidence
 from pipelines.tables import TABLES, named
 from pipelines.tags import split
 from tracer.checkpoint import CHECKPOINT_GLOB, parse_checkpoint_path
@@ -58,7 +59,7 @@ from tracer.log import (
 from tracer.log.columns import TensorColumns
 
 NAMESPACE = "sdctrace"
-TENSORS, EVENTS, SEGMENTS, RANKS = "tensors", "events", "segments", "ranks"
+TENSORS, EVENTS, SEGMENTS, RANKS, EVIDENCE = "tensors", "events", "segments", "ranks", "evidence"
 DIFFED = ("golden", "suspect")  # the sides whose tensor records are joined; replay logs and the twin give events only
 TWIN = "twin"  # a fine-tune's shuffle-seed twin (`sdc diff --twin`)
 # Event kinds some table is made of; others are counted (events_of_unused_kinds), not kept.
@@ -275,7 +276,7 @@ class ReadRuns(beam.PTransform):
             | "List segments" >> beam.Create(tasks)  # Create spreads its elements over the workers
             | "Decode segments" >> beam.ParDo(DecodeSegment(self.steps_per_bucket))
         )
-        return split(decoded, (TENSORS, EVENTS, SEGMENTS, TABLES), "Decoded")
+        return split(decoded, (TENSORS, EVENTS, SEGMENTS, EVIDENCE, TABLES), "Decoded")
 
 
 def used(side: str, kind: str) -> bool:
@@ -284,7 +285,8 @@ def used(side: str, kind: str) -> bool:
 
 
 class DecodeSegment(beam.DoFn):
-    """One segment file -> tensor batches per step bucket, event batches per kind, facts, problems."""
+    """One segment file -> tensor batches per step bucket, event batches per kind, facts, the detectors'
+    evidence (golden and suspect), problems."""
 
     def __init__(self, steps_per_bucket: int) -> None:
         self.steps_per_bucket = steps_per_bucket
@@ -313,6 +315,8 @@ class DecodeSegment(beam.DoFn):
             self.errors.inc()
             row = {"side": task.side, "rank": task.rank, "path": task.path, "message": str(e)}
             yield TABLES, named("errors", [row])
+            if task.side in DIFFED:
+                yield EVIDENCE, (task.rank, SegmentEvidence(task.side, task.index, (), (), readable=False))
             return
         status = seg.status
         self.segments.inc()
@@ -328,6 +332,7 @@ class DecodeSegment(beam.DoFn):
         if task.side in DIFFED:
             for key, batch in bucket_batches(seg.tensors, index, self.steps_per_bucket):
                 yield TENSORS, ((task.rank, key), (task.side, pack_batch(batch)))
+            yield EVIDENCE, (task.rank, segment_evidence(task.side, index, seg))
         by_kind: dict[str, list[tuple[int, int, int, int, dict[str, Any]]]] = {}
         for e in seg.events:
             by_kind.setdefault(e.record.kind, []).append((task.rank, e.record.step, index, e.offset, e.record.fields))

@@ -1,0 +1,88 @@
+"""What the guard's detectors see of one decoded segment, taken from the diff's own decoding of the log.
+
+`pipelines.source.DecodeSegment` decodes each segment once; for the golden and suspect
+runs it also hands `segment_evidence` to `pipelines.alarms`, which rebuilds each step's
+guard evidence from it: per step, the GRAD records' squared L2 norms and NaN/Inf counts
+summed, and the bytes `tracer.guard.step_fingerprint` hashes for them (name, NUL,
+fingerprint as 8 little-endian bytes, per record in log order), built with numpy rather
+than record by record; and the events the detectors and their ground truth come from.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tracer.log.columns import SegmentColumns, TensorColumns
+from tracer.log.records import Phase
+
+EVIDENCE_KINDS = frozenset({"step", "fault", "abft", "guard"})  # the event kinds `pipelines.alarms` reads
+_CHUNK_BYTES = 8 << 20  # padded record bytes built at once: bounds the memory this takes beside the columns
+
+
+class GradGroup(NamedTuple):
+    """One step's GRAD tensor records from one segment, in log order: the bytes `step_fingerprint` hashes for
+    them, their squared L2 norms and their NaN/Inf counts, summed."""
+
+    step: int
+    digest_input: bytes
+    squares: float
+    nonfinite: int
+
+
+class SegmentEvidence(NamedTuple):
+    """One segment of a golden or suspect rank log, as the detector alarms read it."""
+
+    side: str
+    index: int  # the segment's, from its file name
+    grads: tuple[GradGroup, ...]
+    events: tuple[tuple[int, str, dict[str, Any]], ...]  # (step, kind, fields) of EVIDENCE_KINDS, in log order
+    readable: bool = True  # False: decoding failed; the segments after it are not read either
+
+
+def segment_evidence(side: str, index: int, seg: SegmentColumns) -> SegmentEvidence:
+    events = tuple((e.record.step, e.record.kind, e.record.fields) for e in seg.events
+                   if e.record.kind in EVIDENCE_KINDS)
+    return SegmentEvidence(side, index, tuple(grad_groups(seg.tensors)), events)
+
+
+def grad_groups(t: TensorColumns) -> list[GradGroup]:
+    """A segment's GRAD records, one group per run of equal steps (log order)."""
+    grad = np.flatnonzero(t.phase == int(Phase.GRAD))
+    if not len(grad):
+        return []
+    steps = t.step[grad]
+    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+    squares = np.add.reduceat(t.l2[grad].astype(np.float64) ** 2, starts).tolist()
+    nonfinite = np.add.reduceat(t.nan[grad] + t.inf[grad], starts).tolist()
+    blob, ends = _digest_bytes(t.name[grad], t.fingerprint[grad], t.strings)
+    cuts = np.r_[0, ends[np.r_[starts[1:] - 1, len(grad) - 1]]].tolist()
+    view = memoryview(blob)
+    return [GradGroup(step, bytes(view[a:b]), sq, nf)
+            for step, a, b, sq, nf in zip(steps[starts].tolist(), cuts, cuts[1:], squares, nonfinite)]
+
+
+def _digest_bytes(names: np.ndarray, fingerprints: np.ndarray, strings: list[str]) -> tuple[bytes, np.ndarray]:
+    """Every record's name, NUL and fingerprint (8 bytes, little-endian), one after another; and where each
+    record's bytes end. Each record is first laid out padded to the longest name (a fixed-width row), then the
+    padding is dropped with one mask, some thousands of records at a time."""
+    used = np.unique(names)
+    encoded = [strings[c].encode("utf-8") + b"\0" for c in used.tolist()]
+    width = max(len(e) for e in encoded)
+    lengths = np.zeros(len(strings), np.int64)
+    lengths[used] = [len(e) for e in encoded]
+    padded = np.zeros((len(strings), width), np.uint8)  # row per string code: its bytes and NUL, zero-padded
+    for code, e in zip(used.tolist(), encoded):
+        padded[code, : len(e)] = np.frombuffer(e, np.uint8)
+    fps = np.ascontiguousarray(fingerprints, "<u8").view(np.uint8).reshape(-1, 8)
+    keep_name = np.arange(width) < lengths[:, None]  # per string code: which of its padded bytes are real
+    parts = []
+    rows = max(1, _CHUNK_BYTES // (width + 8))
+    for lo in range(0, len(names), rows):
+        codes = names[lo : lo + rows]
+        record = np.concatenate([padded[codes], fps[lo : lo + rows]], axis=1)
+        mask = np.concatenate([keep_name[codes], np.ones((len(codes), 8), bool)], axis=1)
+        parts.append(record[mask])
+    ends = np.cumsum(lengths[names] + 8)
+    return np.concatenate(parts).tobytes(), ends

@@ -1,0 +1,117 @@
+"""The detector alarms' inputs and scoring: the digest bytes built with numpy against `step_fingerprint` fed
+record by record, and the scoring that shares checks between detector sets against each set run alone."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+
+import numpy as np
+
+from pipelines.alarms import COMBINATION, DETECTORS, AlarmRow, StepFacts, run_alarms, step_facts
+from pipelines.evidence import _CHUNK_BYTES, SegmentEvidence, grad_groups
+from tests.pipelines.test_transforms import columns
+from tracer.guard import AbftFlags, Evidence, Guard, History, TwinMismatch, default_guard, step_fingerprint
+from tracer.log import Phase
+
+
+def test_grad_digest_bytes_hash_as_step_fingerprint_does() -> None:
+    rng = random.Random(3)
+    names = ["w", "layers.0.attention.wq.weight", "ünïcode.gewicht", "a" * 300, "x\0y"]
+    records = [(step, 0, rng.choice(names), rng.choice([Phase.GRAD, Phase.GRAD, Phase.PARAM]), rng.getrandbits(64))
+               for step in (0, 0, 1, 3, 3, 3, 3, 7) for _ in range(rng.randint(1, 30))]
+    cols = columns(records)
+    cols.l2[:] = np.array([rng.uniform(0, 10) for _ in records], np.float32)
+    cols.nan[:] = [rng.randint(0, 2) for _ in records]
+    groups = grad_groups(cols)
+    grads = [r for r in records if r[3] == Phase.GRAD]
+    expected = []
+    for r in grads:  # runs of equal steps, in log order
+        if not expected or expected[-1][0] != r[0]:
+            expected.append((r[0], []))
+        expected[-1][1].append(r)
+    assert [g.step for g in groups] == [step for step, _ in expected]
+    for g, (step, rs) in zip(groups, expected):
+        assert int.from_bytes(hashlib.blake2b(g.digest_input, digest_size=8).digest(), "little") == \
+            step_fingerprint((name, fp) for _, _, name, _, fp in rs)
+        at = [i for i, r in enumerate(records) if r[3] == Phase.GRAD and r[0] == step]
+        assert g.squares == sum(float(cols.l2[i]) ** 2 for i in at)
+        assert g.nonfinite == sum(int(cols.nan[i]) for i in at)
+
+
+def test_grad_digest_bytes_span_chunks() -> None:
+    width = 1000
+    n = 3 * _CHUNK_BYTES // width
+    records = [(i // 7, 0, f"p{i % 5}" + "x" * (width - 20), Phase.GRAD, i) for i in range(n)]
+    for g in grad_groups(columns(records))[::1000]:
+        rs = [r for r in records if r[0] == g.step]
+        assert hashlib.blake2b(g.digest_input, digest_size=8).digest() == \
+            step_fingerprint((r[2], r[4]) for r in rs).to_bytes(8, "little")
+
+
+def naive(facts: list[StepFacts], detectors: tuple, name: str | None = None) -> list[AlarmRow]:
+    """Each set of detectors on its own, as the guard runs them."""
+    guard, past, rows = Guard(detectors=detectors), History(), []
+    for f in facts:
+        e = Evidence(f.step, 0, f.loss, f.grad_norm, f.nonfinite, f.abft_flags, f.fingerprint, None, past)
+        alarms = {a.detector: a for a in guard.check(e)}
+        if not alarms:
+            past = past.after(e, guard.keep)
+        if name is not None:
+            rows.append(AlarmRow(f.step, name, bool(alarms), float(len(alarms)) if alarms else None,
+                                 1.0 if alarms else None, ",".join(alarms) or None, f.faults, f.guarded, f.loss,
+                                 f.wall_s))
+            continue
+        for d in detectors:
+            a = alarms.get(d.name)
+            rows.append(AlarmRow(f.step, d.name, a is not None, a.measured if a else None, a.threshold if a else None,
+                                 a.detail if a else None, f.faults, f.guarded, f.loss, f.wall_s))
+    return rows
+
+
+def test_shared_scoring_equals_each_set_alone() -> None:
+    """Spikes that one set flags and another accepts make their histories part; rows must not tell. From step 200
+    to 300 the gradient norm is 20 times higher, and from step 200 on the loss is half: the guard's combination
+    flags steps 200 to 299, so its loss history stays at step 199 while LossSpike's alone follows the lower loss;
+    a bump at step 280 is a spike only to the latter."""
+    rng = random.Random(5)
+    facts = []
+    for step in range(400):
+        loss = (3.0 if step < 200 else 1.5) + rng.gauss(0, 0.01)
+        norm = (1.0 + rng.gauss(0, 0.05)) * (20 if 200 <= step < 300 else 1)
+        if step % 37 == 20 or step == 280:
+            loss *= 1.2
+        if step % 53 == 30:
+            norm *= 20
+        if step == 250:
+            loss = math.nan
+        facts.append(StepFacts(step, loss, norm, int(step == 111), int(step % 61 == 5), rng.getrandbits(64),
+                               int(step % 37 == 20), wall_s=0.1))
+    twin = {f.step: f.fingerprint if f.step % 41 else f.fingerprint ^ 1 for f in facts}
+
+    class Twin:
+        def fingerprint(self, step: int) -> int | None:
+            return twin.get(step)
+
+    for abft in (False, True):
+        expected = [row for d in DETECTORS if abft or not isinstance(d, AbftFlags) for row in naive(facts, (d,))]
+        expected += naive(facts, (TwinMismatch(Twin()),))
+        expected += naive(facts, default_guard(abft=abft).detectors, COMBINATION)
+        got = run_alarms(facts, abft, twin)
+        at_280 = {r.detector: r for r in got if r.step == 280}
+        assert at_280["loss_spike"].fired and at_280[COMBINATION].detail == "grad_norm_spike"
+        assert got == expected
+
+
+def test_step_facts_join_a_step_split_across_segments() -> None:
+    records = [(1, 0, "a", Phase.GRAD, 11), (1, 0, "b", Phase.GRAD, 12), (2, 0, "a", Phase.GRAD, 21)]
+    cols_1, cols_2 = columns(records[:1]), columns(records[1:])
+    segs = [SegmentEvidence("suspect", 0, tuple(grad_groups(cols_1)), ((1, "fault", {}),)),
+            SegmentEvidence("suspect", 1, tuple(grad_groups(cols_2)),
+                            ((1, "step", {"loss": 2.0}), (2, "abft", {"verdict": "flag"}), (2, "step", {"loss": 1.0})))]
+    facts, abft, guards = step_facts(segs)
+    assert abft and not guards
+    assert [(f.step, f.faults, f.abft_flags, f.loss) for f in facts] == [(1, 1, 0, 2.0), (2, 0, 1, 1.0)]
+    assert facts[0].fingerprint == step_fingerprint([("a", 11), ("b", 12)])
+    assert facts[0].grad_norm == math.sqrt(2.0)
