@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET
-from pipelines.run import DiffPlan, build_pipeline, describe_runner, pipeline_options, plan_diff
+from pipelines.run import DiffPlan, build_pipeline, describe_runner, pipeline_options, plan_diff, run_job
 from pipelines.source import read_file
 from tracer.log import SCHEMA_VERSION, EventRecord, LogWriter, Phase, RunHeader, TensorRecord, rank_dir
 from tracer.log.columns import read_segment_columns
@@ -157,7 +157,7 @@ def beam_diff(con: duckdb.DuckDBPyConnection, root: Path, plan: DiffPlan, beam_a
     start = time.perf_counter()
     p = beam.Pipeline(options=opts)
     build_pipeline(p, plan, str(root / staging))
-    p.run().wait_until_finish()
+    run_job(p)
     seconds = time.perf_counter() - start
     beam_rows, duck_rows = (con.execute(
         f"SELECT count(*), count(*) FILTER (NOT equal), sum(hash(step, name, golden_fingerprint, suspect_fingerprint, "

@@ -40,8 +40,7 @@ COMBINATION = "guard"  # the row name of the guard's default combination (`defau
 DETECTORS: tuple[Detector, ...] = (NonFinite(), LossSpike(), GradNormSpike(), AbftFlags())
 
 
-@dataclass(frozen=True)
-class StepFacts:
+class StepFacts(NamedTuple):
     """What the detectors saw of one step, and the ground truth: the fault events of that run."""
 
     step: int
@@ -73,12 +72,15 @@ def step_facts(segments: Iterable[SegmentEvidence]) -> tuple[list[StepFacts], bo
     steps: dict[int, _Step] = {}
     guards: list[EventRecord] = []
     for seg in segments:
-        for g in seg.grads:
-            s = steps.get(g.step) or steps.setdefault(g.step, _Step())
-            s.grads = True
-            s.digest.update(g.digest_input)
-            s.squares += g.squares
-            s.nonfinite += g.nonfinite
+        g = seg.grads
+        if g is not None:
+            for step, digest_input, squares, nonfinite in zip(g.steps.tolist(), g.digest_inputs(), g.squares.tolist(),
+                                                              g.nonfinite.tolist()):
+                s = steps.get(step) or steps.setdefault(step, _Step())
+                s.grads = True
+                s.digest.update(digest_input)
+                s.squares += squares
+                s.nonfinite += nonfinite
         for step, kind, fields in seg.events:
             s = steps.get(step) or steps.setdefault(step, _Step())
             if kind == "fault":
@@ -97,7 +99,8 @@ def step_facts(segments: Iterable[SegmentEvidence]) -> tuple[list[StepFacts], bo
 
 def _facts(step: int, s: _Step) -> StepFacts:
     assert s.done is not None
-    loss, norm, wall = (_number(s.done.get(k)) for k in ("loss", "grad_norm", "wall_s"))
+    done = s.done
+    loss, norm, wall = _number(done.get("loss")), _number(done.get("grad_norm")), _number(done.get("wall_s"))
     facts = StepFacts(step, loss, norm if norm is not None else math.sqrt(s.squares), s.nonfinite, s.flags,
                       int.from_bytes(s.digest.digest(), "little"), s.faults, wall_s=wall)
     runs = s.guard.get("runs") if s.guard is not None else None
@@ -111,7 +114,8 @@ def _facts(step: int, s: _Step) -> StepFacts:
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return float(value) if type(value) is float or isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
 
 
 @dataclass(frozen=True)
@@ -154,30 +158,25 @@ def score(facts: list[StepFacts], sets: list[Scored]) -> list[list[AlarmRow]]:
     flags a step the other accepts), which is rare: most steps are accepted by every set. (A detector is
     shared by being the same object in both sets.)"""
     keeps = [Guard(detectors=s.detectors).keep for s in sets]
-    start = History()
-    pasts = [start] * len(sets)
+    pasts = [History()] * len(sets)
     rows: list[list[AlarmRow]] = [[] for _ in sets]
     for f in facts:
-        evidence: dict[int, Evidence] = {}
-        verdicts: dict[tuple[int, int], Any] = {}
-        accepted: dict[tuple[int, int], History] = {}
-        for i, (s, past) in enumerate(zip(sets, pasts)):
-            e = evidence.get(id(past))
-            if e is None:
-                e = evidence[id(past)] = Evidence(f.step, 0, f.loss, f.grad_norm, f.nonfinite, f.abft_flags,
-                                                  f.fingerprint, None, past)
+        shared: dict[int, tuple[Evidence, dict[int, Any], dict[int, History]]] = {}  # per history: its checks
+        for i, s in enumerate(sets):
+            past = pasts[i]
+            entry = shared.get(id(past))
+            if entry is None:
+                e = Evidence(f.step, 0, f.loss, f.grad_norm, f.nonfinite, f.abft_flags, f.fingerprint, None, past)
+                entry = shared[id(past)] = (e, {}, {})
+            e, verdicts, accepted = entry
             alarms = {}
             for d in s.detectors:
-                key = (id(past), id(d))
-                if key not in verdicts:
-                    verdicts[key] = d.check(e)
-                if verdicts[key] is not None:
-                    alarms[d.name] = verdicts[key]
-            if not alarms:
-                key = (id(past), keeps[i])
-                if key not in accepted:
-                    accepted[key] = past.after(e, keeps[i])
-                pasts[i] = accepted[key]
+                a = verdicts[id(d)] if id(d) in verdicts else verdicts.setdefault(id(d), d.check(e))
+                if a is not None:
+                    alarms[d.name] = a
+            if not alarms and keeps[i]:
+                after = accepted.get(keeps[i])
+                pasts[i] = after if after is not None else accepted.setdefault(keeps[i], past.after(e, keeps[i]))
             out = rows[i]
             if s.name is not None:
                 out.append(AlarmRow(f.step, s.name, bool(alarms), float(len(alarms)) if alarms else None,

@@ -3,9 +3,10 @@
 `pipelines.source.DecodeSegment` decodes each segment once; for the golden and suspect
 runs it also hands `segment_evidence` to `pipelines.alarms`, which rebuilds each step's
 guard evidence from it: per step, the GRAD records' squared L2 norms and NaN/Inf counts
-summed, and the bytes `tracer.guard.step_fingerprint` hashes for them (name, NUL,
-fingerprint as 8 little-endian bytes, per record in log order), built with numpy rather
-than record by record; and the events the detectors and their ground truth come from.
+summed, and their names and fingerprints, from which `GradGroups.digest_inputs` builds
+the bytes `tracer.guard.step_fingerprint` hashes (name, NUL, fingerprint as 8
+little-endian bytes, per record in log order) with numpy rather than record by record;
+and the events the detectors and their ground truth come from.
 """
 
 from __future__ import annotations
@@ -21,14 +22,27 @@ EVIDENCE_KINDS = frozenset({"step", "fault", "abft", "guard"})  # the event kind
 _CHUNK_BYTES = 8 << 20  # padded record bytes built at once: bounds the memory this takes beside the columns
 
 
-class GradGroup(NamedTuple):
-    """One step's GRAD tensor records from one segment, in log order: the bytes `step_fingerprint` hashes for
-    them, their squared L2 norms and their NaN/Inf counts, summed."""
+class GradGroups(NamedTuple):
+    """A segment's GRAD tensor records in log order, in groups of one step (a run of equal steps): per record
+    its name (a code into `strings`) and fingerprint, per group its step, where it ends, and its records'
+    squared L2 norms and NaN/Inf counts, summed. Whole arrays: they cross a shuffle as a few buffers."""
 
-    step: int
-    digest_input: bytes
-    squares: float
-    nonfinite: int
+    names: np.ndarray  # int32, per record
+    fingerprints: np.ndarray  # uint64, per record
+    steps: np.ndarray  # int64, per group
+    ends: np.ndarray  # int64, per group: one past its last record
+    squares: np.ndarray  # float64, per group
+    nonfinite: np.ndarray  # int64, per group
+    strings: list[str]
+
+    def digest_inputs(self) -> list[memoryview]:
+        """Per group, the bytes `tracer.guard.step_fingerprint` hashes for its records."""
+        if not len(self.steps):
+            return []
+        blob, ends = _digest_bytes(self.names, self.fingerprints, self.strings)
+        cuts = [0, *ends[self.ends - 1].tolist()]
+        view = memoryview(blob)
+        return [view[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
 class SegmentEvidence(NamedTuple):
@@ -36,7 +50,7 @@ class SegmentEvidence(NamedTuple):
 
     side: str
     index: int  # the segment's, from its file name
-    grads: tuple[GradGroup, ...]
+    grads: GradGroups | None
     events: tuple[tuple[int, str, dict[str, Any]], ...]  # (step, kind, fields) of EVIDENCE_KINDS, in log order
     readable: bool = True  # False: decoding failed; the segments after it are not read either
 
@@ -44,23 +58,18 @@ class SegmentEvidence(NamedTuple):
 def segment_evidence(side: str, index: int, seg: SegmentColumns) -> SegmentEvidence:
     events = tuple((e.record.step, e.record.kind, e.record.fields) for e in seg.events
                    if e.record.kind in EVIDENCE_KINDS)
-    return SegmentEvidence(side, index, tuple(grad_groups(seg.tensors)), events)
+    return SegmentEvidence(side, index, grad_groups(seg.tensors), events)
 
 
-def grad_groups(t: TensorColumns) -> list[GradGroup]:
+def grad_groups(t: TensorColumns) -> GradGroups:
     """A segment's GRAD records, one group per run of equal steps (log order)."""
     grad = np.flatnonzero(t.phase == int(Phase.GRAD))
-    if not len(grad):
-        return []
     steps = t.step[grad]
-    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
-    squares = np.add.reduceat(t.l2[grad].astype(np.float64) ** 2, starts).tolist()
-    nonfinite = np.add.reduceat(t.nan[grad] + t.inf[grad], starts).tolist()
-    blob, ends = _digest_bytes(t.name[grad], t.fingerprint[grad], t.strings)
-    cuts = np.r_[0, ends[np.r_[starts[1:] - 1, len(grad) - 1]]].tolist()
-    view = memoryview(blob)
-    return [GradGroup(step, bytes(view[a:b]), sq, nf)
-            for step, a, b, sq, nf in zip(steps[starts].tolist(), cuts, cuts[1:], squares, nonfinite)]
+    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if len(grad) else np.zeros(0, np.int64)
+    squares = np.add.reduceat(t.l2[grad].astype(np.float64) ** 2, starts) if len(grad) else np.zeros(0)
+    nonfinite = np.add.reduceat(t.nan[grad] + t.inf[grad], starts) if len(grad) else np.zeros(0, np.int64)
+    return GradGroups(t.name[grad], t.fingerprint[grad], steps[starts], np.r_[starts[1:], len(grad)].astype(np.int64),
+                      squares, nonfinite, t.strings)
 
 
 def _digest_bytes(names: np.ndarray, fingerprints: np.ndarray, strings: list[str]) -> tuple[bytes, np.ndarray]:

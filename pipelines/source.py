@@ -256,12 +256,12 @@ def _quiet_head(data: bytes, path: str) -> tuple[RunHeader | None, Any, Any]:
 
 
 class ReadRuns(beam.PTransform):
-    """Decode every segment of every run (side -> layout) -> {TENSORS, EVENTS, SEGMENTS, TABLES (corruptions,
-    errors)}."""
+    """Decode every segment of every run (side -> layout) -> {TENSORS, EVENTS, SEGMENTS, EVIDENCE, TABLES
+    (corruptions, errors)}. `spread`: reshuffle the segments over the workers (pointless in one process)."""
 
-    def __init__(self, runs: Mapping[str, RunLayout], steps_per_bucket: int) -> None:
+    def __init__(self, runs: Mapping[str, RunLayout], steps_per_bucket: int, spread: bool = True) -> None:
         super().__init__()
-        self.runs, self.steps_per_bucket = dict(runs), steps_per_bucket
+        self.runs, self.steps_per_bucket, self.spread = dict(runs), steps_per_bucket, spread
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         tasks = [
@@ -273,7 +273,7 @@ class ReadRuns(beam.PTransform):
         ]
         decoded = (
             pbegin
-            | "List segments" >> beam.Create(tasks)  # Create spreads its elements over the workers
+            | "List segments" >> beam.Create(tasks, reshuffle=self.spread)  # spread: over the workers
             | "Decode segments" >> beam.ParDo(DecodeSegment(self.steps_per_bucket))
         )
         return split(decoded, (TENSORS, EVENTS, SEGMENTS, EVIDENCE, TABLES), "Decoded")
@@ -316,7 +316,7 @@ class DecodeSegment(beam.DoFn):
             row = {"side": task.side, "rank": task.rank, "path": task.path, "message": str(e)}
             yield TABLES, named("errors", [row])
             if task.side in DIFFED:
-                yield EVIDENCE, (task.rank, SegmentEvidence(task.side, task.index, (), (), readable=False))
+                yield EVIDENCE, (task.rank, SegmentEvidence(task.side, task.index, None, (), readable=False))
             return
         status = seg.status
         self.segments.inc()

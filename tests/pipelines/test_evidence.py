@@ -24,29 +24,32 @@ def test_grad_digest_bytes_hash_as_step_fingerprint_does() -> None:
     cols = columns(records)
     cols.l2[:] = np.array([rng.uniform(0, 10) for _ in records], np.float32)
     cols.nan[:] = [rng.randint(0, 2) for _ in records]
-    groups = grad_groups(cols)
+    g = grad_groups(cols)
+    groups = list(zip(g.steps.tolist(), g.digest_inputs(), g.squares.tolist(), g.nonfinite.tolist()))
     grads = [r for r in records if r[3] == Phase.GRAD]
     expected = []
     for r in grads:  # runs of equal steps, in log order
         if not expected or expected[-1][0] != r[0]:
             expected.append((r[0], []))
         expected[-1][1].append(r)
-    assert [g.step for g in groups] == [step for step, _ in expected]
-    for g, (step, rs) in zip(groups, expected):
-        assert int.from_bytes(hashlib.blake2b(g.digest_input, digest_size=8).digest(), "little") == \
+    assert [group[0] for group in groups] == [step for step, _ in expected]
+    for (_, digest_input, squares, nonfinite), (step, rs) in zip(groups, expected):
+        assert int.from_bytes(hashlib.blake2b(digest_input, digest_size=8).digest(), "little") == \
             step_fingerprint((name, fp) for _, _, name, _, fp in rs)
         at = [i for i, r in enumerate(records) if r[3] == Phase.GRAD and r[0] == step]
-        assert g.squares == sum(float(cols.l2[i]) ** 2 for i in at)
-        assert g.nonfinite == sum(int(cols.nan[i]) for i in at)
+        assert squares == sum(float(cols.l2[i]) ** 2 for i in at)
+        assert nonfinite == sum(int(cols.nan[i]) for i in at)
 
 
 def test_grad_digest_bytes_span_chunks() -> None:
     width = 1000
     n = 3 * _CHUNK_BYTES // width
     records = [(i // 7, 0, f"p{i % 5}" + "x" * (width - 20), Phase.GRAD, i) for i in range(n)]
-    for g in grad_groups(columns(records))[::1000]:
-        rs = [r for r in records if r[0] == g.step]
-        assert hashlib.blake2b(g.digest_input, digest_size=8).digest() == \
+    g = grad_groups(columns(records))
+    assert len(g.steps) == records[-1][0] + 1
+    for step, digest_input in list(zip(g.steps.tolist(), g.digest_inputs()))[::500]:
+        rs = [r for r in records if r[0] == step]
+        assert hashlib.blake2b(digest_input, digest_size=8).digest() == \
             step_fingerprint((r[2], r[4]) for r in rs).to_bytes(8, "little")
 
 
@@ -107,8 +110,8 @@ def test_shared_scoring_equals_each_set_alone() -> None:
 def test_step_facts_join_a_step_split_across_segments() -> None:
     records = [(1, 0, "a", Phase.GRAD, 11), (1, 0, "b", Phase.GRAD, 12), (2, 0, "a", Phase.GRAD, 21)]
     cols_1, cols_2 = columns(records[:1]), columns(records[1:])
-    segs = [SegmentEvidence("suspect", 0, tuple(grad_groups(cols_1)), ((1, "fault", {}),)),
-            SegmentEvidence("suspect", 1, tuple(grad_groups(cols_2)),
+    segs = [SegmentEvidence("suspect", 0, grad_groups(cols_1), ((1, "fault", {}),)),
+            SegmentEvidence("suspect", 1, grad_groups(cols_2),
                             ((1, "step", {"loss": 2.0}), (2, "abft", {"verdict": "flag"}), (2, "step", {"loss": 1.0})))]
     facts, abft, guards = step_facts(segs)
     assert abft and not guards
