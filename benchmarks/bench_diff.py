@@ -5,8 +5,9 @@
 A synthetic pair of runs, each with at least `--events` TENSOR records written by the
 real `tracer.log.LogWriter`, differing from one step on. The Beam job is the whole
 `sdc diff` pipeline (`pipelines.run.build_pipeline`: decode the logs, key, join,
-diff, derive metrics, write Parquet) on the DirectRunner with the options `sdc diff`
-would pick (in_memory at this size), or with the beam options given. The baseline
+diff, derive metrics and detector alarms, write Parquet), run as `sdc diff` runs it
+(`pipelines.run.run_job`) on the DirectRunner with the options `sdc diff` would pick
+(in_memory at this size), or with the beam options given. The baseline
 reads the same records from Parquet (converted beforehand, not timed) and writes the
 same per-event diff with one full outer join in DuckDB. The two alternate `--repeat`
 times; the ratio is of the medians. Events/s counts both sides' records. For

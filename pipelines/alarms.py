@@ -4,7 +4,8 @@ A detector is a pure function of one step's `Evidence` and the accepted history
 (`tracer.guard`), and everything the evidence holds is in the log: the step's loss and
 its gradient norm before clipping (the `step` event's ``loss`` and ``grad_norm``), the
 NaN/Inf count and the step fingerprint (the GRAD tensor records), the ABFT flags
-(`abft` events). `step_facts` rebuilds it per step, `score` runs the detectors over it
+(`abft` events). `step_facts` rebuilds it per step from the segments' evidence that the
+diff's decoding hands on (`pipelines.evidence`), `score` runs the detectors over it
 with the same history rule as the guard (a step a detector set flags never joins that
 set's baseline), and `DetectorAlarms` does both for the suspect of a pair, with the
 golden run as the twin for `TwinMismatch`, into the ``detector_alarms`` table; a guarded

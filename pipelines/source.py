@@ -15,6 +15,9 @@ mode so that every problem in a segment is found, and emits:
 - ``events``: ``((side, kind, rank), EventBatch)``, one batch per segment and kind;
 - ``segments``: one `SegmentInfo` per segment, which `SummariseRanks` turns into the
   checks between segments (`tracer.log.check_chain`) and per-rank facts;
+- ``evidence`` (golden and suspect only): ``(rank, SegmentEvidence)``, what the guard's
+  detectors see of the segment (`pipelines.evidence`), for `pipelines.alarms`: the
+  logs are decoded once;
 - ``tables``: rows of the ``corruptions`` and ``errors`` tables, each problem counted in
   Beam metrics. Corruption is reported with file and byte offset; whether it fails
   the job is the launcher's decision (`pipelines.run`), so a job finds every problem.
