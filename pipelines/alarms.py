@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 
 from pipelines.evidence import SegmentEvidence
 from pipelines.source import RunLayout
 from pipelines.tables import SCHEMAS, named
 from tracer.guard import AbftFlags, Detector, Evidence, Guard, History, TwinMismatch, default_guard
-from tracer.guard.detectors import GradNormSpike, LossSpike, NonFinite
+from tracer.guard.detectors import Alarm, GradNormSpike, LossSpike, NonFinite
 from tracer.log.records import EventRecord
 
 ALARMS, DECISIONS = "detector_alarms", "guard_decisions"
@@ -129,19 +130,6 @@ class FingerprintTwin:
         return self.steps.get(step)
 
 
-class AlarmRow(NamedTuple):
-    step: int
-    detector: str
-    fired: bool
-    measured: float | None
-    threshold: float | None
-    detail: str | None
-    faults: int
-    guarded: bool
-    loss: float | None  # the loss the detectors saw
-    wall_s: float | None
-
-
 class Scored(NamedTuple):
     """A set of detectors scored together: ``name`` for one row per step for the set as a whole (fired if any
     fired; measured: how many), None for one row per step and detector."""
@@ -150,9 +138,10 @@ class Scored(NamedTuple):
     name: str | None = None
 
 
-def score(facts: list[StepFacts], sets: list[Scored]) -> list[list[AlarmRow]]:
+def score(facts: list[StepFacts], sets: list[Scored]) -> list[dict[int, dict[str, Alarm]]]:
     """Run each set of detectors over ``facts`` as a guard would: each step is checked against the history of the
-    steps before it that none of the set flagged. The rows of each set, in step order.
+    steps before it that none of the set flagged. Per set: the alarms (detector name -> `Alarm`) of each step
+    that had any, by the step's index in ``facts``.
 
     Sets whose histories are still the same object share their checks: a detector's verdict depends only on the
     step and that history, so a detector in two sets is checked once until the sets' histories part (one set
@@ -160,8 +149,8 @@ def score(facts: list[StepFacts], sets: list[Scored]) -> list[list[AlarmRow]]:
     shared by being the same object in both sets.)"""
     keeps = [Guard(detectors=s.detectors).keep for s in sets]
     pasts = [History()] * len(sets)
-    rows: list[list[AlarmRow]] = [[] for _ in sets]
-    for f in facts:
+    fired: list[dict[int, dict[str, Alarm]]] = [{} for _ in sets]
+    for k, f in enumerate(facts):
         shared: dict[int, tuple[Evidence, dict[int, Any], dict[int, History]]] = {}  # per history: its checks
         for i, s in enumerate(sets):
             past = pasts[i]
@@ -170,38 +159,80 @@ def score(facts: list[StepFacts], sets: list[Scored]) -> list[list[AlarmRow]]:
                 e = Evidence(f.step, 0, f.loss, f.grad_norm, f.nonfinite, f.abft_flags, f.fingerprint, None, past)
                 entry = shared[id(past)] = (e, {}, {})
             e, verdicts, accepted = entry
-            alarms = {}
+            alarms = None
             for d in s.detectors:
                 a = verdicts[id(d)] if id(d) in verdicts else verdicts.setdefault(id(d), d.check(e))
                 if a is not None:
+                    alarms = alarms or fired[i].setdefault(k, {})
                     alarms[d.name] = a
-            if not alarms and keeps[i]:
+            if alarms is None and keeps[i]:
                 after = accepted.get(keeps[i])
                 pasts[i] = after if after is not None else accepted.setdefault(keeps[i], past.after(e, keeps[i]))
-            out = rows[i]
-            if s.name is not None:
-                out.append(AlarmRow(f.step, s.name, bool(alarms), float(len(alarms)) if alarms else None,
-                                    1.0 if alarms else None, ",".join(alarms) or None, f.faults, f.guarded, f.loss,
-                                    f.wall_s))
-                continue
-            for d in s.detectors:
-                a = alarms.get(d.name)
-                out.append(AlarmRow(f.step, d.name, a is not None, a.measured if a else None,
-                                    a.threshold if a else None, a.detail if a else None, f.faults, f.guarded, f.loss,
-                                    f.wall_s))
-    return rows
+    return fired
 
 
-def run_alarms(facts: list[StepFacts], abft: bool, twin: Mapping[int, int] | None) -> list[AlarmRow]:
-    """Every shipped detector alone (`AbftFlags` where the run checked with ABFT, `TwinMismatch` where there is a
-    twin) and the guard's default combination, over one run's steps."""
+def run_alarms(facts: list[StepFacts], abft: bool, twin: Mapping[int, int] | None, rank: int = 0, run_id: str = "",
+               node_label: str = "") -> pa.Table:
+    """The ``detector_alarms`` rows of one run's steps: every shipped detector alone (`AbftFlags` where the run
+    checked with ABFT, `TwinMismatch` where there is a twin), then the guard's default combination; per set,
+    step by step."""
     combination = default_guard(abft=abft).detectors
     same = {id(d): c for d in DETECTORS for c in combination if type(c) is type(d) and c == d}
     sets = [Scored((same.get(id(d), d),)) for d in DETECTORS if abft or not isinstance(d, AbftFlags)]
     if twin is not None:
         sets.append(Scored((TwinMismatch(FingerprintTwin(twin)),)))
     sets.append(Scored(combination, COMBINATION))
-    return [row for rows in score(facts, sets) for row in rows]
+    return _alarm_table(facts, sets, score(facts, sets), rank, run_id, node_label)
+
+
+def _alarm_table(facts: list[StepFacts], sets: list[Scored], fired: list[dict[int, dict[str, Alarm]]], rank: int,
+                 run_id: str, node_label: str) -> pa.Table:
+    """Rows set by set, step by step, and within a step detector by detector: the columns that are the step's
+    repeated with numpy, the alarms' filled in where there are any."""
+    n = len(facts)
+    per_step = list(zip(*facts)) if facts else [()] * len(StepFacts._fields)
+    column = dict(zip(StepFacts._fields, per_step))
+    names: list[str] = []  # the detector column's dictionary
+    parts = []
+    for s, alarms_at in zip(sets, fired):
+        labels = [s.name] if s.name is not None else [d.name for d in s.detectors]
+        k = len(labels)
+        codes = np.arange(len(names), len(names) + k, dtype=np.int32)
+        names += labels
+        hit = np.zeros(n * k, bool)
+        measured = np.zeros(n * k)
+        threshold = np.zeros(n * k)
+        detail: list[str | None] = [None] * (n * k)
+        for step_index, alarms in alarms_at.items():
+            for j, label in enumerate(labels):
+                row = step_index * k + j
+                if s.name is not None:
+                    hit[row], measured[row], threshold[row] = True, float(len(alarms)), 1.0
+                    detail[row] = ",".join(alarms)
+                elif (a := alarms.get(label)) is not None:
+                    hit[row], measured[row], threshold[row], detail[row] = True, a.measured, a.threshold, a.detail
+        parts.append((k, np.tile(codes, n), hit, measured, threshold, detail))
+    repeat = lambda values, dtype: np.concatenate([np.repeat(np.array(values, dtype), k) for k, *_ in parts])  # noqa: E731
+    optional = lambda values: [v for k, *_ in parts for v in values for _ in range(k)]  # noqa: E731
+    hit = np.concatenate([p[2] for p in parts])
+    rows = len(hit)
+    arrays = {
+        "rank": pa.array(np.full(rows, rank, np.int32)),
+        "run_id": pa.array([run_id] * rows, pa.string()),
+        "node_label": pa.array([node_label] * rows, pa.string()),
+        "step": pa.array(repeat(column["step"], np.int64)),
+        "detector": pa.DictionaryArray.from_arrays(np.concatenate([p[1] for p in parts]), pa.array(names, pa.string())),
+        "fired": pa.array(hit),
+        "measured": pa.array(np.concatenate([p[3] for p in parts]), mask=~hit),
+        "threshold": pa.array(np.concatenate([p[4] for p in parts]), mask=~hit),
+        "detail": pa.array([d for p in parts for d in p[5]], pa.string()),
+        "faults": pa.array(repeat(column["faults"], np.int64)),
+        "guarded": pa.array(repeat(column["guarded"], bool)),
+        "loss": pa.array(optional(column["loss"]), pa.float64()),
+        "wall_s": pa.array(optional(column["wall_s"]), pa.float64()),
+    }
+    schema = SCHEMAS[ALARMS]
+    return pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
 
 
 def decision_rows(guards: Iterable[EventRecord]) -> list[dict[str, Any]]:
@@ -261,24 +292,9 @@ def rank_alarms(rank: int, segments: Iterable[SegmentEvidence],
     twin = {f.step: f.fingerprint for f in step_facts(readable(by_side["golden"]))[0]} if by_side["golden"] \
         else None
     run_id, node_label = who[rank]
-    rows = run_alarms(facts, abft, twin)
-    if rows:
-        yield ALARMS, alarm_table(rank, run_id, node_label, rows)
+    table = run_alarms(facts, abft, twin, rank, run_id, node_label)
+    if table.num_rows:
+        yield ALARMS, table
     if guards:
         who_row = {"rank": rank, "run_id": run_id, "node_label": node_label}
         yield named(DECISIONS, [{**who_row, **row} for row in decision_rows(guards)])
-
-
-def alarm_table(rank: int, run_id: str, node_label: str, rows: list[AlarmRow]) -> pa.Table:
-    """detector_alarms rows of one rank, built column by column."""
-    columns = list(zip(*rows))
-    n = len(rows)
-    schema = SCHEMAS[ALARMS]
-    constant = {"rank": rank, "run_id": run_id, "node_label": node_label}
-    arrays = []
-    for f in schema:
-        if f.name in constant:
-            arrays.append(pa.array([constant[f.name]] * n, f.type))
-        else:
-            arrays.append(pa.array(columns[AlarmRow._fields.index(f.name)], f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
