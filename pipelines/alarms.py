@@ -258,7 +258,7 @@ class DetectorAlarms(beam.PTransform):
     """(rank, `SegmentEvidence`) of the golden and suspect runs (`pipelines.source.ReadRuns`) -> TABLES:
     detector_alarms and guard_decisions of the suspect (the golden run is the twin)."""
 
-    def __init__(self, golden: RunLayout, suspect: RunLayout) -> None:
+    def __init__(self, suspect: RunLayout) -> None:
         super().__init__()
         self.who = {rank: (r.header.run_id, r.header.node_label) for rank, r in suspect.ranks.items()}
 

@@ -132,7 +132,7 @@ def build_pipeline(p: beam.Pipeline, plan: DiffPlan, staging: str) -> None:
         diffs[tensor_diff.FINDINGS] | "Rank findings" >> detections.RankFindings(faults, events[events_mod.CHECKS]),
         events[events_mod.STEPS] | "Loss curves" >> metrics.LossCurves(),
         *([p | "Parameter drift" >> metrics.ParamDrift(plan.drift, spread)] if plan.drift else []),
-        read[source.EVIDENCE] | "Detector alarms" >> alarms.DetectorAlarms(plan.golden, plan.suspect),
+        read[source.EVIDENCE] | "Detector alarms" >> alarms.DetectorAlarms(plan.suspect),
         p | "Pair" >> beam.Create([named("pairs", [_pair_row(plan)])]),
     )
     # The diff tables are written where they are made; the others, a few rows per rank or segment, meet first:
