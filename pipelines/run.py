@@ -52,7 +52,7 @@ from tracer.checkpoint import checkpoint_files
 from tracer.errors import LogCorruptionError, LogFormatError, SdcError, UsageError
 
 # Below this much log data the DirectRunner's in_memory mode wins: multi_processing pays for worker
-# start-up and moves every shuffled batch between processes (2M records on 2 cores: 2.4-2.5 s vs 6.7 s).
+# start-up and moves every shuffled batch between processes (2M records on 2 cores: 2.2 s vs 6.2-9.0 s).
 IN_MEMORY_BYTES = 1 << 30
 HEARTBEAT_S = 15.0
 Echo = Callable[[str], None]
