@@ -76,22 +76,23 @@ def _digest_bytes(names: np.ndarray, fingerprints: np.ndarray, strings: list[str
     """Every record's name, NUL and fingerprint (8 bytes, little-endian), one after another; and where each
     record's bytes end. Each record is first laid out padded to the longest name (a fixed-width row), then the
     padding is dropped with one mask, some thousands of records at a time."""
-    used = np.unique(names)
+    used, codes = np.unique(names, return_inverse=True)  # codes: per record, its name's row in `used`
     encoded = [strings[c].encode("utf-8") + b"\0" for c in used.tolist()]
-    width = max(len(e) for e in encoded)
-    lengths = np.zeros(len(strings), np.int64)
-    lengths[used] = [len(e) for e in encoded]
-    padded = np.zeros((len(strings), width), np.uint8)  # row per string code: its bytes and NUL, zero-padded
-    for code, e in zip(used.tolist(), encoded):
-        padded[code, : len(e)] = np.frombuffer(e, np.uint8)
+    lengths = np.array([len(e) for e in encoded], np.int64)
+    ends = np.cumsum(lengths[codes] + 8)
     fps = np.ascontiguousarray(fingerprints, "<u8").view(np.uint8).reshape(-1, 8)
-    keep_name = np.arange(width) < lengths[:, None]  # per string code: which of its padded bytes are real
+    width = int(lengths.max())
+    if len(used) * width > _CHUNK_BYTES:  # names of very different lengths: padding them all would cost too much
+        return b"".join(encoded[c] + fp.tobytes() for c, fp in zip(codes.tolist(), fps)), ends
+    padded = np.zeros((len(used), width), np.uint8)  # a row per name: its bytes and NUL, zero-padded
+    for row, e in enumerate(encoded):
+        padded[row, : len(e)] = np.frombuffer(e, np.uint8)
+    keep_name = np.arange(width) < lengths[:, None]  # per name: which of its padded bytes are real
     parts = []
     rows = max(1, _CHUNK_BYTES // (width + 8))
     for lo in range(0, len(names), rows):
-        codes = names[lo : lo + rows]
-        record = np.concatenate([padded[codes], fps[lo : lo + rows]], axis=1)
-        mask = np.concatenate([keep_name[codes], np.ones((len(codes), 8), bool)], axis=1)
+        chunk = codes[lo : lo + rows]
+        record = np.concatenate([padded[chunk], fps[lo : lo + rows]], axis=1)
+        mask = np.concatenate([keep_name[chunk], np.ones((len(chunk), 8), bool)], axis=1)
         parts.append(record[mask])
-    ends = np.cumsum(lengths[names] + 8)
     return np.concatenate(parts).tobytes(), ends
