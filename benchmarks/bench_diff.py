@@ -5,8 +5,9 @@
 A synthetic pair of runs, each with at least `--events` TENSOR records written by the
 real `tracer.log.LogWriter`, differing from one step on. The Beam job is the whole
 `sdc diff` pipeline (`pipelines.run.build_pipeline`: decode the logs, key, join,
-diff, derive metrics, write Parquet) on the DirectRunner with the options `sdc diff`
-would pick (in_memory at this size), or with the beam options given. The baseline
+diff, derive metrics and detector alarms, write Parquet), run as `sdc diff` runs it
+(`pipelines.run.run_job`) on the DirectRunner with the options `sdc diff` would pick
+(in_memory at this size), or with the beam options given. The baseline
 reads the same records from Parquet (converted beforehand, not timed) and writes the
 same per-event diff with one full outer join in DuckDB. The two alternate `--repeat`
 times; the ratio is of the medians. Events/s counts both sides' records. For
@@ -34,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET
-from pipelines.run import DiffPlan, build_pipeline, describe_runner, pipeline_options, plan_diff
+from pipelines.run import DiffPlan, build_pipeline, describe_runner, pipeline_options, plan_diff, run_job
 from pipelines.source import read_file
 from tracer.log import SCHEMA_VERSION, EventRecord, LogWriter, Phase, RunHeader, TensorRecord, rank_dir
 from tracer.log.columns import read_segment_columns
@@ -157,7 +158,7 @@ def beam_diff(con: duckdb.DuckDBPyConnection, root: Path, plan: DiffPlan, beam_a
     start = time.perf_counter()
     p = beam.Pipeline(options=opts)
     build_pipeline(p, plan, str(root / staging))
-    p.run().wait_until_finish()
+    run_job(p)
     seconds = time.perf_counter() - start
     beam_rows, duck_rows = (con.execute(
         f"SELECT count(*), count(*) FILTER (NOT equal), sum(hash(step, name, golden_fingerprint, suspect_fingerprint, "

@@ -4,7 +4,8 @@ A detector is a pure function of one step's `Evidence` and the accepted history
 (`tracer.guard`), and everything the evidence holds is in the log: the step's loss and
 its gradient norm before clipping (the `step` event's ``loss`` and ``grad_norm``), the
 NaN/Inf count and the step fingerprint (the GRAD tensor records), the ABFT flags
-(`abft` events). `step_facts` rebuilds it per step, `score` runs the detectors over it
+(`abft` events). `step_facts` rebuilds it per step from the segments' evidence that the
+diff's decoding hands on (`pipelines.evidence`), `score` runs the detectors over it
 with the same history rule as the guard (a step a detector set flags never joins that
 set's baseline), and `DetectorAlarms` does both for the suspect of a pair, with the
 golden run as the twin for `TwinMismatch`, into the ``detector_alarms`` table; a guarded
@@ -19,31 +20,29 @@ scored here. docs/guard.md ("Scoring the detectors") has the rules.
 
 from __future__ import annotations
 
+import hashlib
 import math
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 
-from pipelines.source import RunLayout, read_file
-from pipelines.tables import named
-from tracer.errors import LogError
-from tracer.guard import AbftFlags, Detector, Evidence, Guard, History, TwinMismatch, default_guard, step_fingerprint
-from tracer.guard.detectors import GradNormSpike, LossSpike, NonFinite
-from tracer.log import Sessions, read_segment_columns
-from tracer.log.columns import TensorColumns
-from tracer.log.records import EventRecord, Phase
+from pipelines.evidence import SegmentEvidence
+from pipelines.source import RunLayout
+from pipelines.tables import SCHEMAS, named
+from tracer.guard import AbftFlags, Detector, Evidence, Guard, History, TwinMismatch, default_guard
+from tracer.guard.detectors import Alarm, GradNormSpike, LossSpike, NonFinite
+from tracer.log.records import EventRecord
 
 ALARMS, DECISIONS = "detector_alarms", "guard_decisions"
 COMBINATION = "guard"  # the row name of the guard's default combination (`default_guard`)
 DETECTORS: tuple[Detector, ...] = (NonFinite(), LossSpike(), GradNormSpike(), AbftFlags())
 
 
-@dataclass(frozen=True)
-class StepFacts:
+class StepFacts(NamedTuple):
     """What the detectors saw of one step, and the ground truth: the fault events of that run."""
 
     step: int
@@ -57,58 +56,55 @@ class StepFacts:
     wall_s: float | None = None  # the step's wall time (the `step` event's), re-runs included
 
 
-@dataclass
 class _Step:
-    grads: list[tuple[str, int]] = field(default_factory=list)
-    squares: float = 0.0
-    nonfinite: int = 0
-    flags: int = 0
-    faults: int = 0
-    abft: bool = False
-    guard: Mapping[str, Any] | None = None
-    done: Mapping[str, Any] | None = None  # the step event's fields
+    __slots__ = ("grads", "digest", "squares", "nonfinite", "flags", "faults", "abft", "guard", "done")
+
+    def __init__(self) -> None:
+        self.grads = False
+        self.digest = hashlib.blake2b(digest_size=8)  # fed as `tracer.guard.step_fingerprint` feeds its own
+        self.squares, self.nonfinite, self.flags, self.faults = 0.0, 0, 0, 0
+        self.abft = False
+        self.guard: Mapping[str, Any] | None = None
+        self.done: Mapping[str, Any] | None = None  # the step event's fields
 
 
-class GradGroup(NamedTuple):
-    """One step's GRAD tensor records from one segment, as the column reader gives them: in log order, with
-    their squared L2 norms and NaN/Inf counts already summed."""
-
-    step: int
-    grads: list[tuple[str, int]]  # (name, fingerprint)
-    squares: float
-    nonfinite: int
-
-
-def step_facts(records: Iterable[GradGroup | EventRecord]) -> tuple[list[StepFacts], bool, list[EventRecord]]:
+def step_facts(segments: Iterable[SegmentEvidence]) -> tuple[list[StepFacts], bool, list[EventRecord]]:
     """Per completed step (with a `step` event and gradients), in step order: what a detector sees. Also whether
-    the run checked products with ABFT, and its `guard` events."""
+    the run checked products with ABFT, and its `guard` events. ``segments``: one rank log's, in order."""
     steps: dict[int, _Step] = {}
     guards: list[EventRecord] = []
-    for r in records:
-        s = steps.setdefault(r.step, _Step())
-        if isinstance(r, GradGroup):
-            s.grads += r.grads
-            s.squares += r.squares
-            s.nonfinite += r.nonfinite
-        elif r.kind == "fault":
-            s.faults += 1
-        elif r.kind == "abft":
-            s.abft = True
-            s.flags += r.fields.get("verdict") == "flag"
-        elif r.kind == "guard":
-            s.guard = r.fields
-            guards.append(r)
-        elif r.kind == "step":
-            s.done = r.fields
+    for seg in segments:
+        g = seg.grads
+        if g is not None:
+            for step, digest_input, squares, nonfinite in zip(g.steps.tolist(), g.digest_inputs(), g.squares.tolist(),
+                                                              g.nonfinite.tolist()):
+                s = steps.get(step) or steps.setdefault(step, _Step())
+                s.grads = True
+                s.digest.update(digest_input)
+                s.squares += squares
+                s.nonfinite += nonfinite
+        for step, kind, fields in seg.events:
+            s = steps.get(step) or steps.setdefault(step, _Step())
+            if kind == "fault":
+                s.faults += 1
+            elif kind == "abft":
+                s.abft = True
+                s.flags += fields.get("verdict") == "flag"
+            elif kind == "guard":
+                s.guard = fields
+                guards.append(EventRecord(kind, step, fields))
+            elif kind == "step":
+                s.done = fields
     facts = [_facts(step, s) for step, s in sorted(steps.items()) if s.done is not None and s.grads]
     return facts, any(s.abft for s in steps.values()), guards
 
 
 def _facts(step: int, s: _Step) -> StepFacts:
     assert s.done is not None
-    loss, norm, wall = (_number(s.done.get(k)) for k in ("loss", "grad_norm", "wall_s"))
+    done = s.done
+    loss, norm, wall = _number(done.get("loss")), _number(done.get("grad_norm")), _number(done.get("wall_s"))
     facts = StepFacts(step, loss, norm if norm is not None else math.sqrt(s.squares), s.nonfinite, s.flags,
-                      step_fingerprint(s.grads), s.faults, wall_s=wall)
+                      int.from_bytes(s.digest.digest(), "little"), s.faults, wall_s=wall)
     runs = s.guard.get("runs") if s.guard is not None else None
     if not runs or not isinstance(runs[0], Mapping):
         return facts
@@ -120,7 +116,8 @@ def _facts(step: int, s: _Step) -> StepFacts:
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return float(value) if type(value) is float or isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
 
 
 @dataclass(frozen=True)
@@ -133,51 +130,109 @@ class FingerprintTwin:
         return self.steps.get(step)
 
 
-class AlarmRow(NamedTuple):
-    step: int
-    detector: str
-    fired: bool
-    measured: float | None
-    threshold: float | None
-    detail: str | None
-    faults: int
-    guarded: bool
-    loss: float | None  # the loss the detectors saw
-    wall_s: float | None
+class Scored(NamedTuple):
+    """A set of detectors scored together: ``name`` for one row per step for the set as a whole (fired if any
+    fired; measured: how many), None for one row per step and detector."""
+
+    detectors: tuple[Detector, ...]
+    name: str | None = None
 
 
-def score(facts: list[StepFacts], detectors: tuple[Detector, ...], name: str | None = None) -> Iterator[AlarmRow]:
-    """Run ``detectors`` together over ``facts`` as a guard would: each step is checked against the history of the
-    steps before it that none of them flagged. One row per step and detector, or, with ``name``, one row per step
-    for the set as a whole (fired if any fired; measured: how many)."""
-    guard = Guard(detectors=detectors)
-    past = History()
-    for f in facts:
-        e = Evidence(f.step, 0, f.loss, f.grad_norm, f.nonfinite, f.abft_flags, f.fingerprint, None, past)
-        alarms = {a.detector: a for a in guard.check(e)}
-        if not alarms:
-            past = past.after(e, guard.keep)
-        if name is not None:
-            yield AlarmRow(f.step, name, bool(alarms), float(len(alarms)) if alarms else None, 1.0 if alarms else None,
-                           ",".join(alarms) or None, f.faults, f.guarded, f.loss, f.wall_s)
-            continue
-        for d in detectors:
-            a = alarms.get(d.name)
-            yield AlarmRow(f.step, d.name, a is not None, a.measured if a else None, a.threshold if a else None,
-                           a.detail if a else None, f.faults, f.guarded, f.loss, f.wall_s)
+def score(facts: list[StepFacts], sets: list[Scored]) -> list[dict[int, dict[str, Alarm]]]:
+    """Run each set of detectors over ``facts`` as a guard would: each step is checked against the history of the
+    steps before it that none of the set flagged. Per set: the alarms (detector name -> `Alarm`) of each step
+    that had any, by the step's index in ``facts``.
+
+    Sets whose histories are still the same object share their checks: a detector's verdict depends only on the
+    step and that history, so a detector in two sets is checked once until the sets' histories part (one set
+    flags a step the other accepts), which is rare: most steps are accepted by every set. (A detector is
+    shared by being the same object in both sets.)"""
+    keeps = [Guard(detectors=s.detectors).keep for s in sets]
+    pasts = [History()] * len(sets)
+    fired: list[dict[int, dict[str, Alarm]]] = [{} for _ in sets]
+    for k, f in enumerate(facts):
+        shared: dict[int, tuple[Evidence, dict[int, Any], dict[int, History]]] = {}  # per history: its checks
+        for i, s in enumerate(sets):
+            past = pasts[i]
+            entry = shared.get(id(past))
+            if entry is None:
+                e = Evidence(f.step, 0, f.loss, f.grad_norm, f.nonfinite, f.abft_flags, f.fingerprint, None, past)
+                entry = shared[id(past)] = (e, {}, {})
+            e, verdicts, accepted = entry
+            alarms = None
+            for d in s.detectors:
+                a = verdicts[id(d)] if id(d) in verdicts else verdicts.setdefault(id(d), d.check(e))
+                if a is not None:
+                    alarms = alarms or fired[i].setdefault(k, {})
+                    alarms[d.name] = a
+            if alarms is None and keeps[i]:
+                after = accepted.get(keeps[i])
+                pasts[i] = after if after is not None else accepted.setdefault(keeps[i], past.after(e, keeps[i]))
+    return fired
 
 
-def run_alarms(facts: list[StepFacts], abft: bool, twin: Mapping[int, int] | None) -> list[AlarmRow]:
-    """Every shipped detector alone (`AbftFlags` where the run checked with ABFT, `TwinMismatch` where there is a
-    twin) and the guard's default combination, over one run's steps."""
-    rows: list[AlarmRow] = []
-    for d in DETECTORS:
-        if abft or not isinstance(d, AbftFlags):
-            rows += score(facts, (d,))
+def run_alarms(facts: list[StepFacts], abft: bool, twin: Mapping[int, int] | None, rank: int = 0, run_id: str = "",
+               node_label: str = "") -> pa.Table:
+    """The ``detector_alarms`` rows of one run's steps: every shipped detector alone (`AbftFlags` where the run
+    checked with ABFT, `TwinMismatch` where there is a twin), then the guard's default combination; per set,
+    step by step."""
+    combination = default_guard(abft=abft).detectors
+    same = {id(d): c for d in DETECTORS for c in combination if type(c) is type(d) and c == d}
+    sets = [Scored((same.get(id(d), d),)) for d in DETECTORS if abft or not isinstance(d, AbftFlags)]
     if twin is not None:
-        rows += score(facts, (TwinMismatch(FingerprintTwin(twin)),))
-    rows += score(facts, default_guard(abft=abft).detectors, COMBINATION)
-    return rows
+        sets.append(Scored((TwinMismatch(FingerprintTwin(twin)),)))
+    sets.append(Scored(combination, COMBINATION))
+    return _alarm_table(facts, sets, score(facts, sets), rank, run_id, node_label)
+
+
+def _alarm_table(facts: list[StepFacts], sets: list[Scored], fired: list[dict[int, dict[str, Alarm]]], rank: int,
+                 run_id: str, node_label: str) -> pa.Table:
+    """Rows set by set, step by step, and within a step detector by detector: the columns that are the step's
+    repeated with numpy, the alarms' filled in where there are any."""
+    n = len(facts)
+    per_step = list(zip(*facts)) if facts else [()] * len(StepFacts._fields)
+    column = dict(zip(StepFacts._fields, per_step))
+    names: list[str] = []  # the detector column's dictionary
+    parts = []
+    for s, alarms_at in zip(sets, fired):
+        labels = [s.name] if s.name is not None else [d.name for d in s.detectors]
+        k = len(labels)
+        codes = np.arange(len(names), len(names) + k, dtype=np.int32)
+        names += labels
+        hit = np.zeros(n * k, bool)
+        measured = np.zeros(n * k)
+        threshold = np.zeros(n * k)
+        detail: list[str | None] = [None] * (n * k)
+        for step_index, alarms in alarms_at.items():
+            for j, label in enumerate(labels):
+                row = step_index * k + j
+                if s.name is not None:
+                    hit[row], measured[row], threshold[row] = True, float(len(alarms)), 1.0
+                    detail[row] = ",".join(alarms)
+                elif (a := alarms.get(label)) is not None:
+                    hit[row], measured[row], threshold[row], detail[row] = True, a.measured, a.threshold, a.detail
+        parts.append((k, np.tile(codes, n), hit, measured, threshold, detail))
+    repeat = lambda values, dtype: np.concatenate([np.repeat(np.array(values, dtype), k) for k, *_ in parts])  # noqa: E731
+    optional = lambda values: [v for k, *_ in parts for v in values for _ in range(k)]  # noqa: E731
+    hit = np.concatenate([p[2] for p in parts])
+    rows = len(hit)
+    arrays = {
+        "rank": pa.array(np.full(rows, rank, np.int32)),
+        "run_id": pa.array([run_id] * rows, pa.string()),
+        "node_label": pa.array([node_label] * rows, pa.string()),
+        "step": pa.array(repeat(column["step"], np.int64)),
+        "detector": pa.DictionaryArray.from_arrays(np.concatenate([p[1] for p in parts]), pa.array(names, pa.string())),
+        "fired": pa.array(hit),
+        "measured": pa.array(np.concatenate([p[3] for p in parts]), mask=~hit),
+        "threshold": pa.array(np.concatenate([p[4] for p in parts]), mask=~hit),
+        "detail": pa.array([d for p in parts for d in p[5]], pa.string()),
+        "faults": pa.array(repeat(column["faults"], np.int64)),
+        "guarded": pa.array(repeat(column["guarded"], bool)),
+        "loss": pa.array(optional(column["loss"]), pa.float64()),
+        "wall_s": pa.array(optional(column["wall_s"]), pa.float64()),
+    }
+    schema = SCHEMAS[ALARMS]
+    return pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
 
 
 def decision_rows(guards: Iterable[EventRecord]) -> list[dict[str, Any]]:
@@ -199,91 +254,47 @@ def decision_rows(guards: Iterable[EventRecord]) -> list[dict[str, Any]]:
     return rows
 
 
-class RankLog(NamedTuple):
-    """One rank of one run to read: its segments, in order."""
-
-    side: str
-    rank: int
-    run_id: str
-    node_label: str
-    segments: tuple[tuple[int, str], ...]
-    sessions: Sessions = Sessions()  # where a resumed log's records were superseded
-
-
-class RunFacts(NamedTuple):
-    side: str
-    log: RankLog
-    facts: list[StepFacts]
-    abft: bool
-    guards: list[EventRecord]
-
-
 class DetectorAlarms(beam.PTransform):
-    """The golden and suspect runs of a pair -> TABLES: detector_alarms and guard_decisions of the suspect (the
-    golden run is the twin)."""
+    """(rank, `SegmentEvidence`) of the golden and suspect runs (`pipelines.source.ReadRuns`) -> TABLES:
+    detector_alarms and guard_decisions of the suspect (the golden run is the twin)."""
 
-    def __init__(self, golden: RunLayout, suspect: RunLayout) -> None:
+    def __init__(self, suspect: RunLayout) -> None:
         super().__init__()
-        self.logs = [RankLog(side, r.rank, r.header.run_id, r.header.node_label, tuple(r.segments), r.sessions)
-                     for side, run in (("golden", golden), ("suspect", suspect)) for r in run.ranks.values()]
+        self.who = {rank: (r.header.run_id, r.header.node_label) for rank, r in suspect.ranks.items()}
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+    def expand(self, evidence: beam.PCollection) -> beam.PCollection:
         return (
-            pbegin
-            | "List logs" >> beam.Create(self.logs)
-            | "Step evidence" >> beam.Map(read_facts)
-            | "Key by rank" >> beam.Map(lambda f: (f.log.rank, f))
+            evidence
             | "Both runs of a rank" >> beam.GroupByKey()
-            | "Score detectors" >> beam.FlatMapTuple(rank_alarms)
+            | "Score detectors" >> beam.FlatMap(lambda kv, who: rank_alarms(*kv, who), self.who)
         )
 
 
-def read_facts(log: RankLog) -> RunFacts:
-    """Read one rank's log through Beam's file systems and tracer's column reader (a resumed log as its one
-    timeline); corruption is skipped here (the diff's own read reports it)."""
-    def records() -> Iterator[GradGroup | EventRecord]:
-        for i, (index, path) in enumerate(log.segments):
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    seg = read_segment_columns(read_file(path), path, last=i == len(log.segments) - 1,
-                                               on_corruption="skip", session_end=log.sessions.ends_session(index),
-                                               cutoff=log.sessions.cutoff(index))
-            except (LogError, OSError):
-                return  # an unreadable segment fails the diff on its own (errors table)
-            yield from _grad_groups(seg.tensors)
-            for entry in seg.events:
-                if isinstance(entry.record, EventRecord):
-                    yield entry.record
-
-    facts, abft, guards = step_facts(records())
-    return RunFacts(log.side, log, facts, abft, guards)
+def readable(segments: Iterable[SegmentEvidence]) -> list[SegmentEvidence]:
+    """One rank log's segments in order, up to the first unreadable one (that fails the diff on its own, in the
+    errors table; what follows it is not read)."""
+    out = []
+    for seg in sorted(segments, key=lambda e: e.index):
+        if not seg.readable:
+            break
+        out.append(seg)
+    return out
 
 
-def _grad_groups(t: TensorColumns) -> Iterator[GradGroup]:
-    """A segment's GRAD records, one group per run of equal steps (log order), sums taken with numpy."""
-    grad = t.phase == int(Phase.GRAD)
-    if not grad.any():
+def rank_alarms(rank: int, segments: Iterable[SegmentEvidence],
+                who: Mapping[int, tuple[str, str]]) -> Iterator[tuple[str, pa.Table]]:
+    by_side: dict[str, list[SegmentEvidence]] = {"golden": [], "suspect": []}
+    for seg in segments:
+        by_side[seg.side].append(seg)
+    if not by_side["suspect"] or rank not in who:
         return
-    steps, names, fps = t.step[grad], t.name[grad], t.fingerprint[grad]
-    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
-    squares = np.add.reduceat(t.l2[grad].astype(np.float64) ** 2, starts).tolist()
-    nonfinite = np.add.reduceat(t.nan[grad] + t.inf[grad], starts).tolist()
-    bounds = [*starts.tolist(), len(steps)]
-    strings, names, fps, steps = t.strings, names.tolist(), fps.tolist(), steps.tolist()
-    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        yield GradGroup(steps[a], [(strings[n], f) for n, f in zip(names[a:b], fps[a:b])], squares[k], nonfinite[k])
-
-
-def rank_alarms(rank: int, runs: Iterable[RunFacts]) -> Iterator[tuple[str, Any]]:
-    by_side = {r.side: r for r in runs}
-    suspect, golden = by_side.get("suspect"), by_side.get("golden")
-    if suspect is None:
-        return
-    twin = {f.step: f.fingerprint for f in golden.facts} if golden is not None else None
-    who = {"rank": rank, "run_id": suspect.log.run_id, "node_label": suspect.log.node_label}
-    rows = [{**who, **row._asdict()} for row in run_alarms(suspect.facts, suspect.abft, twin)]
-    if rows:
-        yield named(ALARMS, rows)
-    if suspect.guards:
-        yield named(DECISIONS, [{**who, **row} for row in decision_rows(suspect.guards)])
+    facts, abft, guards = step_facts(readable(by_side["suspect"]))
+    twin = {f.step: f.fingerprint for f in step_facts(readable(by_side["golden"]))[0]} if by_side["golden"] \
+        else None
+    run_id, node_label = who[rank]
+    table = run_alarms(facts, abft, twin, rank, run_id, node_label)
+    if table.num_rows:
+        yield ALARMS, table
+    if guards:
+        who_row = {"rank": rank, "run_id": run_id, "node_label": node_label}
+        yield named(DECISIONS, [{**who_row, **row} for row in decision_rows(guards)])

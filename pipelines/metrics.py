@@ -143,14 +143,14 @@ class ParamDrift(beam.PTransform):
     """Checkpoints both runs hold at the same (step, rank) -> TABLES: param_drift; a damaged checkpoint is
     a corruptions row, a pair of checkpoints of different models an errors row."""
 
-    def __init__(self, tasks: Sequence[DriftTask]) -> None:
+    def __init__(self, tasks: Sequence[DriftTask], spread: bool = True) -> None:
         super().__init__()
-        self.tasks = list(tasks)
+        self.tasks, self.spread = list(tasks), spread
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         return (
             pbegin
-            | "List checkpoint pairs" >> beam.Create(self.tasks)  # Create spreads its elements over the workers
+            | "List checkpoint pairs" >> beam.Create(self.tasks, reshuffle=self.spread)  # spread: over the workers
             | "Compare checkpoints" >> beam.ParDo(_Drift())
         )
 

@@ -17,6 +17,7 @@ job runs on the DirectRunner in multi_processing mode on every core.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import shutil
@@ -35,7 +36,7 @@ import apache_beam as beam
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
-from apache_beam.runners.runner import PipelineState, create_runner
+from apache_beam.runners.runner import PipelineResult, PipelineState, create_runner
 
 from analysis import queries
 from analysis.load import connect_writable, load_parquet
@@ -51,7 +52,7 @@ from tracer.checkpoint import checkpoint_files
 from tracer.errors import LogCorruptionError, LogFormatError, SdcError, UsageError
 
 # Below this much log data the DirectRunner's in_memory mode wins: multi_processing pays for worker
-# start-up and moves every shuffled batch between processes (2M records on 2 cores: 2.7-3.0 s vs 8.0-8.8 s).
+# start-up and moves every shuffled batch between processes (2M records on 2 cores: 2.2 s vs 6.2-9.0 s).
 IN_MEMORY_BYTES = 1 << 30
 HEARTBEAT_S = 15.0
 Echo = Callable[[str], None]
@@ -116,7 +117,8 @@ def _join(run: str, relpath: str) -> str:
 def build_pipeline(p: beam.Pipeline, plan: DiffPlan, staging: str) -> None:
     """Wire the whole job: read every run, diff, derive metrics, write one Parquet table per output."""
     sides = plan.sides()
-    read = p | "Read runs" >> source.ReadRuns(sides, plan.steps_per_bucket)
+    spread = not in_process(p.options)
+    read = p | "Read runs" >> source.ReadRuns(sides, plan.steps_per_bucket, spread)
     ranks = read[SEGMENTS] | "Summarise ranks" >> source.SummariseRanks(sides)
     bounds = ranks[source.RANKS] | "Compared steps" >> ComparisonBounds(plan.run_ids())
     events = read[EVENTS] | "Route events" >> events_mod.RouteEvents(plan.run_ids())
@@ -129,8 +131,8 @@ def build_pipeline(p: beam.Pipeline, plan: DiffPlan, staging: str) -> None:
         events[TABLES],
         diffs[tensor_diff.FINDINGS] | "Rank findings" >> detections.RankFindings(faults, events[events_mod.CHECKS]),
         events[events_mod.STEPS] | "Loss curves" >> metrics.LossCurves(),
-        p | "Parameter drift" >> metrics.ParamDrift(plan.drift),
-        p | "Detector alarms" >> alarms.DetectorAlarms(plan.golden, plan.suspect),
+        *([p | "Parameter drift" >> metrics.ParamDrift(plan.drift, spread)] if plan.drift else []),
+        read[source.EVIDENCE] | "Detector alarms" >> alarms.DetectorAlarms(plan.suspect),
         p | "Pair" >> beam.Create([named("pairs", [_pair_row(plan)])]),
     )
     # The diff tables are written where they are made; the others, a few rows per rank or segment, meet first:
@@ -185,6 +187,12 @@ def pipeline_options(beam_args: Sequence[str], input_bytes: int) -> PipelineOpti
     return PipelineOptions(args)
 
 
+def in_process(opts: PipelineOptions) -> bool:
+    """Whether the job runs in this one process (the DirectRunner in_memory): one worker, nothing to spread."""
+    runner = (opts.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
+    return runner == "DirectRunner" and opts.view_as(DirectOptions).direct_running_mode == "in_memory"
+
+
 def describe_runner(opts: PipelineOptions) -> str:
     runner = (opts.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
     if runner != "DirectRunner":
@@ -226,10 +234,7 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
         with _heartbeat(echo, start), _beam_temp():
             p = beam.Pipeline(options=opts)
             build_pipeline(p, plan, staging)
-            result = p.run()
-            state = result.wait_until_finish()
-            if hasattr(result, "client"):
-                result.client.close()  # the DaskRunner leaves its Dask client open
+            result, state = run_job(p)
         report.pipeline_s = time.perf_counter() - start
         if state != PipelineState.DONE:
             raise SdcError(f"the Beam job ended in state {state}; see the runner's log")
@@ -253,6 +258,22 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
     for line in summarize(request.db, plan.pair_id):
         echo(line)
     return report
+
+
+def run_job(p: beam.Pipeline) -> tuple[PipelineResult, str]:
+    """Run a built job to its end: its result and final state. The objects alive before it are kept out of the
+    garbage collector's way meanwhile (`gc.freeze`): on an in-process runner (the DirectRunner in_memory) each
+    full collection during the job walked every object this process holds, Beam's, pyarrow's and torch's
+    modules included, 0.7 s of a 4.5 s job on the benchmark pair (benchmarks/bench_diff.py)."""
+    gc.freeze()
+    try:
+        result = p.run()
+        state = result.wait_until_finish()
+    finally:
+        gc.unfreeze()
+    if hasattr(result, "client"):
+        result.client.close()  # the DaskRunner leaves its Dask client open
+    return result, state
 
 
 SCRATCH_PREFIX = ".sdc-diff-"  # + purpose-pid-random: what a diff leaves behind if it is killed

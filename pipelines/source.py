@@ -15,6 +15,9 @@ mode so that every problem in a segment is found, and emits:
 - ``events``: ``((side, kind, rank), EventBatch)``, one batch per segment and kind;
 - ``segments``: one `SegmentInfo` per segment, which `SummariseRanks` turns into the
   checks between segments (`tracer.log.check_chain`) and per-rank facts;
+- ``evidence`` (golden and suspect only): ``(rank, SegmentEvidence)``, what the guard's
+  detectors see of the segment (`pipelines.evidence`), for `pipelines.alarms`: the
+  logs are decoded once;
 - ``tables``: rows of the ``corruptions`` and ``errors`` tables, each problem counted in
   Beam metrics. Corruption is reported with file and byte offset; whether it fails
   the job is the launcher's decision (`pipelines.run`), so a job finds every problem.
@@ -35,6 +38,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from pipelines.evidence import SegmentEvidence, segment_evidence
 from pipelines.tables import TABLES, named
 from pipelines.tags import split
 from tracer.checkpoint import CHECKPOINT_GLOB, parse_checkpoint_path
@@ -58,7 +62,7 @@ from tracer.log import (
 from tracer.log.columns import TensorColumns
 
 NAMESPACE = "sdctrace"
-TENSORS, EVENTS, SEGMENTS, RANKS = "tensors", "events", "segments", "ranks"
+TENSORS, EVENTS, SEGMENTS, RANKS, EVIDENCE = "tensors", "events", "segments", "ranks", "evidence"
 DIFFED = ("golden", "suspect")  # the sides whose tensor records are joined; replay logs and the twin give events only
 TWIN = "twin"  # a fine-tune's shuffle-seed twin (`sdc diff --twin`)
 # Event kinds some table is made of; others are counted (events_of_unused_kinds), not kept.
@@ -255,12 +259,12 @@ def _quiet_head(data: bytes, path: str) -> tuple[RunHeader | None, Any, Any]:
 
 
 class ReadRuns(beam.PTransform):
-    """Decode every segment of every run (side -> layout) -> {TENSORS, EVENTS, SEGMENTS, TABLES (corruptions,
-    errors)}."""
+    """Decode every segment of every run (side -> layout) -> {TENSORS, EVENTS, SEGMENTS, EVIDENCE, TABLES
+    (corruptions, errors)}. `spread`: reshuffle the segments over the workers (pointless in one process)."""
 
-    def __init__(self, runs: Mapping[str, RunLayout], steps_per_bucket: int) -> None:
+    def __init__(self, runs: Mapping[str, RunLayout], steps_per_bucket: int, spread: bool = True) -> None:
         super().__init__()
-        self.runs, self.steps_per_bucket = dict(runs), steps_per_bucket
+        self.runs, self.steps_per_bucket, self.spread = dict(runs), steps_per_bucket, spread
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         tasks = [
@@ -272,10 +276,10 @@ class ReadRuns(beam.PTransform):
         ]
         decoded = (
             pbegin
-            | "List segments" >> beam.Create(tasks)  # Create spreads its elements over the workers
+            | "List segments" >> beam.Create(tasks, reshuffle=self.spread)  # spread: over the workers
             | "Decode segments" >> beam.ParDo(DecodeSegment(self.steps_per_bucket))
         )
-        return split(decoded, (TENSORS, EVENTS, SEGMENTS, TABLES), "Decoded")
+        return split(decoded, (TENSORS, EVENTS, SEGMENTS, EVIDENCE, TABLES), "Decoded")
 
 
 def used(side: str, kind: str) -> bool:
@@ -284,7 +288,8 @@ def used(side: str, kind: str) -> bool:
 
 
 class DecodeSegment(beam.DoFn):
-    """One segment file -> tensor batches per step bucket, event batches per kind, facts, problems."""
+    """One segment file -> tensor batches per step bucket, event batches per kind, facts, the detectors'
+    evidence (golden and suspect), problems."""
 
     def __init__(self, steps_per_bucket: int) -> None:
         self.steps_per_bucket = steps_per_bucket
@@ -313,6 +318,8 @@ class DecodeSegment(beam.DoFn):
             self.errors.inc()
             row = {"side": task.side, "rank": task.rank, "path": task.path, "message": str(e)}
             yield TABLES, named("errors", [row])
+            if task.side in DIFFED:
+                yield EVIDENCE, (task.rank, SegmentEvidence(task.side, task.index, None, (), readable=False))
             return
         status = seg.status
         self.segments.inc()
@@ -328,6 +335,7 @@ class DecodeSegment(beam.DoFn):
         if task.side in DIFFED:
             for key, batch in bucket_batches(seg.tensors, index, self.steps_per_bucket):
                 yield TENSORS, ((task.rank, key), (task.side, pack_batch(batch)))
+            yield EVIDENCE, (task.rank, segment_evidence(task.side, index, seg))
         by_kind: dict[str, list[tuple[int, int, int, int, dict[str, Any]]]] = {}
         for e in seg.events:
             by_kind.setdefault(e.record.kind, []).append((task.rank, e.record.step, index, e.offset, e.record.fields))

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import msgpack
+import numpy as np
 import pytest
 
 from tests.support import reframe
@@ -25,10 +26,12 @@ from tracer.log import (
     TensorRecord,
     chain_lost,
     check_chain,
+    columns,
     read_segment,
     read_segment_columns,
 )
 from tracer.log.columns import _decode_clean
+from tracer.log.framing import FRAME_SIZE, HEADER_SIZE
 from tracer.log.layout import list_segments, segment_path
 from tracer.log.reader import LogStatus, _Segment
 from tracer.log.records import MAX_MICROBATCH, MAX_STEP
@@ -239,3 +242,38 @@ def test_block_values_beyond_the_bounds_are_reported_by_both_readers(tmp_path: P
     assert (lost.start, lost.records) == (first, 3)
     _, entries, status = read_segment(path.read_bytes(), str(path), last=True, on_corruption="skip")
     assert len(list(entries)) == 3 and [r for _, _, r in status.corruptions] == reasons and status.lost == [lost]
+
+
+def chains(directory: Path) -> list:
+    """Per segment, `_frame_chain` after its HEADER: offsets and ends as lists, or None."""
+    out = []
+    for _, path in list_segments(directory):
+        raw = np.frombuffer(path.read_bytes(), np.uint8)
+        start = HEADER_SIZE + FRAME_SIZE + int.from_bytes(raw[HEADER_SIZE : HEADER_SIZE + 4].tobytes(), "little")
+        found = columns._frame_chain(raw, start)
+        out.append(None if found is None else [a.tolist() for a in found])
+    return out
+
+
+def test_both_ways_to_find_the_frames_agree(make_log, frames, monkeypatch) -> None:
+    """Frames followed one by one (`_walk`, for large records) and the scan over every byte find the same frames
+    in clean and damaged segments, and the reader agrees with the reference either way."""
+    logs = [make_log(500, segment_bytes=6_000, version=version, name=f"clean-v{version}") for version in (1, 2)]
+    damaged = make_log(600, segment_bytes=4_000, name="damaged")
+    for segment, frame, byte in (("000000", 5, 1), ("000001", 8, 8), ("000002", 3, 3)):  # length, type, length
+        seg = damaged / f"{segment}.sdclog"
+        data = bytearray(seg.read_bytes())
+        data[frames(seg)[frame][0] + byte] ^= 0x10
+        seg.write_bytes(bytes(data))
+    torn = make_log(200, close=False, name="torn")
+    seg = torn / "000000.sdclog"
+    seg.write_bytes(seg.read_bytes()[: frames(seg)[-1][0] + 5])
+    logs += [damaged, torn]
+    found = {}
+    for walk_bytes in (1, 1 << 40):  # every chain followed / every chain scanned
+        monkeypatch.setattr(columns, "_WALK_BYTES", walk_bytes)
+        found[walk_bytes] = [chains(log) for log in logs]
+        results = [same(log) for log in logs]
+        assert results[2][2] and results[3][3]  # problems in the damaged log, a torn tail
+    assert found[1] == found[1 << 40]
+    assert None in found[1][2] and None in found[1][3] and None not in found[1][0] + found[1][1]
