@@ -4,8 +4,9 @@ The fault emulator and the ABFT checker act on aten ops of the forward and backw
 passes. A Python ``TorchDispatchMode`` would see every op of the step and cost each a
 round trip through Python (about 1.2-1.3x a small model's step for a mode that does
 nothing). An `Interceptor` instead names its ops; while one is active, a dispatch key
-sits in this thread's dispatch-key set, and only the named ops have a kernel there (a
-Python one that runs the interceptors); every other op falls through it in C++.
+sits in this thread's dispatch-key set, and only the ops an active interceptor names
+have a kernel there (a Python one that runs the interceptors); every other op falls
+through it in C++.
 
 The key is torch's spare mode key, ``TESTING_ONLY_GenericMode``, the one functionality
 key torch leaves unused and that a thread can switch on by itself. It is above autograd:
@@ -63,7 +64,7 @@ class Interceptor:
 
 
 class _Router:
-    """The key's kernels: one per named op overload, registered once and kept for the process."""
+    """The key's kernels: one for each op overload that an active interceptor names, removed when none does."""
 
     def __init__(self) -> None:
         try:
@@ -76,16 +77,21 @@ class _Router:
         self.keys = torch._C.DispatchKeySet(self.key)
         self._fallthrough = torch.library.Library("_", "IMPL")
         self._fallthrough.fallback(torch.library.fallthrough_kernel, _KEY_NAME)
-        self._kernels = torch.library.Library("aten", "IMPL")
         self._lock = threading.Lock()
-        self._registered: set[str] = set()
+        self._overloads: dict[OpOverloadPacket, list[tuple[str, OpOverload]]] = {}
+        self._kernels: dict[str, tuple[int, torch.library.Library]] = {}  # overload -> (users, its registration)
         self.stack: list[Interceptor] = []
         self._calls: dict[OpOverload, Call] = {}  # each op through the interceptors that name it
 
     def push(self, interceptor: Interceptor) -> None:
         with self._lock:
             for packet in interceptor.ops:
-                self._register(packet)
+                for qualified, op in self._dispatched(packet):
+                    users, library = self._kernels.get(qualified, (0, None))
+                    if library is None:
+                        library = torch.library.Library("aten", "IMPL")
+                        library.impl(qualified.removeprefix("aten::"), self._kernel(op), _KEY_NAME)
+                    self._kernels[qualified] = (users + 1, library)
             self.stack.append(interceptor)
             self._calls = {}
         depth = getattr(_state, "entered", 0)
@@ -98,24 +104,33 @@ class _Router:
         with self._lock:
             self.stack = [i for i in self.stack if i is not interceptor]
             self._calls = {}
+            for packet in interceptor.ops:
+                for qualified, _ in self._dispatched(packet):
+                    users, library = self._kernels[qualified]
+                    if users > 1:
+                        self._kernels[qualified] = (users - 1, library)
+                    else:
+                        del self._kernels[qualified]
+                        library._destroy()  # an op no active interceptor names costs nothing again
         _state.entered = getattr(_state, "entered", 1) - 1
         if _state.entered == 0:
             torch._C._dispatch_tls_set_dispatch_key_included(self.key, _state.included)
 
-    def _register(self, packet: OpOverloadPacket) -> None:
-        for name in packet.overloads():
-            op = getattr(packet, name)
-            qualified = op._schema.name + ("" if name == "default" else f".{name}")
-            if qualified in self._registered:
-                continue
-            self._registered.add(qualified)
-            try:
-                decomposed = _decomposed(qualified)
-            except RuntimeError:
-                continue  # a TorchScript-only overload (aten::div.int): never dispatched
-            if decomposed:
-                continue  # seen as the ops it decomposes into
-            self._kernels.impl(qualified.removeprefix("aten::"), self._kernel(op), _KEY_NAME)
+    def _dispatched(self, packet: OpOverloadPacket) -> list[tuple[str, OpOverload]]:
+        """The packet's overloads that reach the key, by qualified name."""
+        known = self._overloads.get(packet)
+        if known is None:
+            known = self._overloads[packet] = []
+            for name in packet.overloads():
+                op = getattr(packet, name)
+                qualified = op._schema.name + ("" if name == "default" else f".{name}")
+                try:
+                    decomposed = _decomposed(qualified)
+                except RuntimeError:
+                    continue  # a TorchScript-only overload (aten::div.int): never dispatched
+                if not decomposed:  # else seen as the ops it decomposes into
+                    known.append((qualified, op))
+        return known
 
     def _kernel(self, op: OpOverload) -> Callable[..., Any]:
         def kernel(*args: Any, **kwargs: Any) -> Any:

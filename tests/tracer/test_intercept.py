@@ -97,3 +97,17 @@ def test_an_interceptor_that_raises_leaves_the_key_off() -> None:
             torch.ones(2) * 2
     assert active() == ()
     assert torch.equal(torch.ones(2) * 2, torch.full((2,), 2.0))
+
+
+def test_an_op_keeps_a_kernel_only_while_an_active_interceptor_names_it() -> None:
+    def has_kernel(op: str) -> bool:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op, "TESTING_ONLY_GenericMode")
+
+    first, second = Seen(aten.mul, aten.add), Seen(aten.add)
+    with second:
+        with first:
+            assert has_kernel("aten::mul.Tensor") and has_kernel("aten::add.Tensor")
+        assert not has_kernel("aten::mul.Tensor") and has_kernel("aten::add.Tensor")
+        torch.ones(2) * 2 + 1
+    assert not has_kernel("aten::add.Tensor")
+    assert first.calls == [] and second.calls == [("aten.add.Tensor", False)]
