@@ -6,8 +6,8 @@ A `Kernel` names one source file and the module it builds; `tracer` owns the dig
 (digest.cpp) and other packages declare theirs the same way (faults/abft_kernel.py). A
 training process never compiles: it loads a built module if there is one and otherwise
 its caller falls back to torch ops and says so once. The build directory is keyed on the
-source, the flags, torch and Python, so an upgrade builds afresh instead of loading a
-stale module.
+source, its path, the flags, torch and Python, so an upgrade builds afresh instead of
+loading a stale module, and two checkouts never rebuild each other's.
 """
 
 from __future__ import annotations
@@ -52,10 +52,11 @@ DIGEST = Kernel(
 
 
 def build_dir(kernel: Kernel) -> Path:
-    """Where this kernel's source, with its flags, for this torch and Python, is built."""
+    """Where this kernel's source, with its flags, for this torch and Python, is built. The source's path is part
+    of the key: the build files name it, so two checkouts sharing one cache would otherwise rebuild in turn."""
     key = hashlib.sha256()
-    for part in (kernel.source.read_bytes(), torch.__version__.encode(), sys.version.encode(),
-                 platform.machine().encode(), " ".join(kernel.cflags).encode()):
+    for part in (kernel.source.read_bytes(), str(kernel.source.resolve()).encode(), torch.__version__.encode(),
+                 sys.version.encode(), platform.machine().encode(), " ".join(kernel.cflags).encode()):
         key.update(part)
     root = Path(os.environ.get(DIR_ENV) or Path.home() / ".cache" / "sdctrace" / "kernel")
     return root / key.hexdigest()[:16]
