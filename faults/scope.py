@@ -137,7 +137,7 @@ class ScopedInterceptor(Interceptor):
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            _OptimizerSteps.resume()  # an optimizer step that raised left them lifted
+            _OptimizerSteps.resume()  # an optimizer step that raised left them paused
             super().__exit__(*exc)
         finally:
             _OptimizerSteps.release(self.scope)
@@ -149,25 +149,24 @@ class _OptimizerSteps:
     touch an op runs with the interceptors paused on its thread."""
 
     _lock = threading.Lock()
-    _users = 0
     _handles: list[RemovableHandle] = []
-    _scopes: list[ModuleScope] = []
+    _scopes: list[ModuleScope] = []  # of the active scoped interceptors
 
     @classmethod
     def hold(cls, scope: ModuleScope) -> None:
         with cls._lock:
-            if cls._users == 0:
+            if not cls._scopes:
                 cls._handles = [register_optimizer_step_pre_hook(cls._before),
                                 register_optimizer_step_post_hook(cls._after)]
-            cls._users += 1
             cls._scopes = [*cls._scopes, scope]
 
     @classmethod
     def release(cls, scope: ModuleScope) -> None:
         with cls._lock:
-            cls._users -= 1
-            cls._scopes = [s for s in cls._scopes if s is not scope]
-            if cls._users == 0:
+            scopes = list(cls._scopes)
+            scopes.remove(scope)  # one entry: an interceptor entered twice holds two
+            cls._scopes = scopes
+            if not cls._scopes:
                 for h in cls._handles:
                     h.remove()
 
