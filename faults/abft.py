@@ -180,19 +180,12 @@ def _operands(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, float, float]:
     """(A (batch, m, k), B (batch, k, n), D broadcastable to (batch, m, n) or None, alpha, beta)."""
     packet = func.overloadpacket
+    a, b, d, alpha, beta = _kernel_operands(packet, args, kwargs)
     if packet is aten.linear:
-        x, w = args[0], args[1]
-        bias = args[2] if len(args) > 2 else kwargs.get("bias")
-        return x.reshape(1, -1, w.shape[1]), w.t()[None], bias, 1.0, 1.0
-    alpha, beta = float(kwargs.get("alpha", 1)), float(kwargs.get("beta", 1))
-    if packet is aten.mm:
-        return args[0][None], args[1][None], None, 1.0, 1.0
-    if packet is aten.bmm:
-        return args[0], args[1], None, 1.0, 1.0
-    d = args[0] if beta != 0 else None
-    if packet is aten.addmm:
-        return args[1][None], args[2][None], d, alpha, beta
-    return args[1], args[2], d, alpha, beta  # baddbmm
+        return a.reshape(1, -1, b.shape[1]), b.t()[None], d, alpha, beta
+    if packet is aten.mm or packet is aten.addmm:
+        return a[None], b[None], d, alpha, beta
+    return a, b, d, alpha, beta  # bmm, baddbmm
 
 
 class AbftChecker(ScopedInterceptor):
