@@ -3,8 +3,7 @@
 // the same checksums over |A|, |B|, |D| for the bound, and the verdict, in float64.
 //
 // Each operand is read in its own dtype and strides: A once, B twice, C once, D once, with no float64 copy of
-// any of them. Single-threaded on the caller's thread, like the digest kernel: the training waits on the
-// check, and a pool of our own would spin against the training's OpenMP threads.
+// any of them. A large product's passes are split in blocks over torch's intra-op threads (`checks`).
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -157,6 +156,16 @@ void add_bias(const at::Tensor& d, double beta, Checks& out) {
   }
 }
 
+// Each pass over an operand is cut into at most kBlocks blocks (of A's and C's rows, of B's rows or columns), a split
+// that depends on the shape alone: the partial sums add up in block order, so the bits are the same whatever the
+// thread count. Blocks run on torch's intra-op threads, idle while the training waits on the check (a pool of our
+// own would spin against them); below kParallelWork elements read, waking them costs more than it saves.
+constexpr int64_t kBlocks = 8;
+constexpr int64_t kMinRows = 64;
+constexpr int64_t kParallelWork = int64_t{1} << 16;
+
+inline int64_t block_start(int64_t size, int64_t blocks, int64_t b) { return size * b / blocks; }
+
 template <typename T>
 Checks checks(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, const c10::optional<at::Tensor>& d, double alpha,
               double beta, double scale) {
@@ -168,22 +177,53 @@ Checks checks(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, const c10::opti
   Checks out{batch, m, k, n, std::vector<double>(total), std::vector<double>(total)};
   double* res = out.residual.data();  // the expected checksums until the last loop below
   double* bnd = out.bound.data();     // the magnitude checksums until then
+  const int64_t blocks = batch >= kBlocks ? 1 : std::clamp<int64_t>(std::max(m, n) / kMinRows, 1, kBlocks);
+  const int64_t tasks = batch * blocks;
+  const bool parallel = batch * (m * k + 2 * k * n + m * n) >= kParallelWork && !at::in_parallel_region();
+  auto run_tasks = [&](auto&& task) {
+    auto range = [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) task(t / blocks, t % blocks);
+    };
+    if (parallel)
+      at::parallel_for(0, tasks, 1, range);
+    else
+      range(0, tasks);
+  };
   const Mat<T> bt = b.t();  // (n x k): its column sums are B 1
-  std::vector<double> b_rows(k), b_rows_abs(k), a_cols(k), a_cols_abs(k), c_sums(total), ones(n, 1.0);
-  for (int64_t q = 0; q < batch; ++q) {
-    std::fill(b_rows.begin(), b_rows.end(), 0.0); std::fill(b_rows_abs.begin(), b_rows_abs.end(), 0.0);
-    std::fill(a_cols.begin(), a_cols.end(), 0.0); std::fill(a_cols_abs.begin(), a_cols_abs.end(), 0.0);
-    double *col = res + q * n, *col_abs = bnd + q * n;
-    double *row = res + batch * n + q * m, *row_abs = bnd + batch * n + q * m;
-    pass<T, false, true, true>(bt.at(q), n, k, bt.sr, bt.ss, nullptr, nullptr, nullptr, nullptr, b_rows.data(),
-                               b_rows_abs.data());
-    pass<T, true, true, true>(a.at(q), m, k, a.sr, a.ss, b_rows.data(), b_rows_abs.data(), row, row_abs,
-                              a_cols.data(), a_cols_abs.data());
-    pass<T, true, false, true>(bt.at(q), n, k, bt.sr, bt.ss, a_cols.data(), a_cols_abs.data(), col, col_abs,
-                               nullptr, nullptr);
-    pass<T, true, true, false>(c.at(q), m, n, c.sr, c.ss, ones.data(), nullptr, c_sums.data() + batch * n + q * m,
-                               nullptr, c_sums.data() + q * n, nullptr);
-  }
+  std::vector<double> b_rows(2 * batch * k);  // per product: B 1, then |B| 1
+  std::vector<double> a_parts(2 * tasks * k), c_parts(tasks * n);  // per block: 1^T A, 1^T |A|; 1^T C
+  std::vector<double> c_sums(total), ones(std::max(n, int64_t{1}), 1.0);
+  run_tasks([&](int64_t q, int64_t blk) {  // B 1 over a block of B's rows
+    const int64_t k0 = block_start(k, blocks, blk), k1 = block_start(k, blocks, blk + 1);
+    double* sums = b_rows.data() + 2 * q * k;
+    pass<T, false, true, true>(bt.at(q) + k0 * bt.ss, n, k1 - k0, bt.sr, bt.ss, nullptr, nullptr, nullptr, nullptr,
+                               sums + k0, sums + k + k0);
+  });
+  run_tasks([&](int64_t q, int64_t blk) {  // a block of A's and C's rows
+    const int64_t i0 = block_start(m, blocks, blk), i1 = block_start(m, blocks, blk + 1);
+    const double* sums = b_rows.data() + 2 * q * k;
+    double* a_part = a_parts.data() + 2 * (q * blocks + blk) * k;
+    pass<T, true, true, true>(a.at(q) + i0 * a.sr, i1 - i0, k, a.sr, a.ss, sums, sums + k, res + batch * n + q * m + i0,
+                              bnd + batch * n + q * m + i0, a_part, a_part + k);
+    pass<T, true, true, false>(c.at(q) + i0 * c.sr, i1 - i0, n, c.sr, c.ss, ones.data(), nullptr,
+                               c_sums.data() + batch * n + q * m + i0, nullptr, c_parts.data() + (q * blocks + blk) * n,
+                               nullptr);
+  });
+  for (int64_t q = 0; q < batch; ++q)  // the blocks' column sums, in block order
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const double* a_part = a_parts.data() + 2 * (q * blocks + blk) * k;
+      double* a_sums = a_parts.data() + 2 * q * blocks * k;
+      if (blk > 0)
+        for (int64_t x = 0; x < 2 * k; ++x) a_sums[x] += a_part[x];
+      const double* c_part = c_parts.data() + (q * blocks + blk) * n;
+      for (int64_t j = 0; j < n; ++j) c_sums[q * n + j] += c_part[j];
+    }
+  run_tasks([&](int64_t q, int64_t blk) {  // (1^T A) B over a block of B's columns
+    const int64_t j0 = block_start(n, blocks, blk), j1 = block_start(n, blocks, blk + 1);
+    const double* a_sums = a_parts.data() + 2 * q * blocks * k;
+    pass<T, true, false, true>(bt.at(q) + j0 * bt.sr, j1 - j0, k, bt.sr, bt.ss, a_sums, a_sums + k,
+                               res + q * n + j0, bnd + q * n + j0, nullptr, nullptr);
+  });
   if (alpha != 1)
     for (int64_t x = 0; x < total; ++x) { res[x] *= alpha; bnd[x] *= std::fabs(alpha); }
   if (d.has_value()) add_bias<T>(*d, beta, out);

@@ -156,6 +156,29 @@ def test_kernel_and_torch_ops_give_the_same_checks(module, with_kernel, dtype: t
         assert assert_same_verdict(op, args, kwargs, bad, name).flagged, name
 
 
+def test_checks_do_not_depend_on_the_thread_count(module, with_kernel) -> None:
+    threads = torch.get_num_threads()
+    large = [c for c in cases(torch.float32) if c[0].endswith("large")]
+    assert len(large) == 2
+
+    def every_check() -> list[tuple[torch.Tensor, torch.Tensor]]:
+        got = []
+        for _, op, args, kwargs in large:
+            a, b, d, alpha, beta = abft._kernel_operands(op.overloadpacket, args, kwargs)
+            got.append(module.residuals(a, b, run(op, args, kwargs), d, alpha, beta, 1e-6, False))
+        return got
+
+    try:
+        torch.set_num_threads(1)
+        one = every_check()
+        torch.set_num_threads(max(2, threads))
+        many = every_check()
+    finally:
+        torch.set_num_threads(threads)
+    for (r1, b1), (r2, b2) in zip(one, many):
+        assert torch.equal(r1, r2) and torch.equal(b1, b2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_non_finite_values_give_the_same_verdicts(module, with_kernel, dtype: torch.dtype) -> None:
     """An infinity or NaN in an input makes its rows and columns vacuous (never flagged); one in the result alone,

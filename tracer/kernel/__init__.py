@@ -29,7 +29,10 @@ import torch
 from tracer.errors import TraceWarning
 
 DIR_ENV = "SDCTRACE_KERNEL_DIR"  # where built kernels live (default ~/.cache/sdctrace/kernel)
-CFLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math")
+# -fopenmp makes at::parallel_for split work over torch's intra-op threads (without it the pragma is dropped and
+# the loop runs on one thread); the library it links, libgomp.so.1, resolves to the one torch has loaded already.
+CFLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Kernel:
     title: str  # what messages call it ("digest kernel")
     fallback: str  # what runs without it, for the message when building fails
     cflags: tuple[str, ...] = CFLAGS
+    ldflags: tuple[str, ...] = LDFLAGS
 
 
 DIGEST = Kernel(
@@ -56,7 +60,8 @@ def build_dir(kernel: Kernel) -> Path:
     of the key: the build files name it, so two checkouts sharing one cache would otherwise rebuild in turn."""
     key = hashlib.sha256()
     for part in (kernel.source.read_bytes(), str(kernel.source.resolve()).encode(), torch.__version__.encode(),
-                 sys.version.encode(), platform.machine().encode(), " ".join(kernel.cflags).encode()):
+                 sys.version.encode(), platform.machine().encode(), " ".join(kernel.cflags).encode(),
+                 " ".join(kernel.ldflags).encode()):
         key.update(part)
     root = Path(os.environ.get(DIR_ENV) or Path.home() / ".cache" / "sdctrace" / "kernel")
     return root / key.hexdigest()[:16]
@@ -104,7 +109,7 @@ def build(kernel: Kernel, verbose: bool = False) -> Path:
     folder = build_dir(kernel)
     folder.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(kernel.name, [str(kernel.source)], extra_cflags=list(kernel.cflags),
-                       build_directory=str(folder), verbose=verbose)
+                       extra_ldflags=list(kernel.ldflags), build_directory=str(folder), verbose=verbose)
     return _library(kernel, folder)
 
 
