@@ -19,16 +19,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any, NamedTuple
 
-import msgpack
 import numpy as np
 
 from tracer.log.codec import (
-    _EVENT_FIELDS,
-    _REQUIRED,
     BLOCK_COLUMNS,
     BLOCK_WIDTHS,
     PayloadError,
-    check_event,
     decode_end,
     decode_event,
     decode_string,
@@ -37,12 +33,10 @@ from tracer.log.framing import FRAME_SIZE, HEADER_SIZE, MAX_RECORD_BYTES, Record
 from tracer.log.reader import Entry, LogStatus, LostRange, OnCorruption, _report, _Segment, _skip_mode
 from tracer.log.records import (
     MAX_BLOCK_ROWS,
-    MAX_DEPTH,
     MAX_ELEMENTS,
     MAX_MICROBATCH,
     MAX_STEP,
     EndRecord,
-    EventRecord,
     Phase,
     RunHeader,
     TensorRecord,
@@ -299,7 +293,7 @@ def _decode_clean(data: Any, seg: _Segment, last: bool) -> tuple[TensorColumns, 
     try:
         strings = _strings(view, offsets[types == _STRING], stops[types == _STRING])
         events = [
-            Entry(seg.index, o, _event(view[o + FRAME_SIZE : s]))
+            Entry(seg.index, o, decode_event(view[o + FRAME_SIZE : s]))
             for o, s in zip(offsets[types == _EVENT].tolist(), stops[types == _EVENT].tolist())
         ]
     except PayloadError:
@@ -321,36 +315,6 @@ def _decode_clean(data: Any, seg: _Segment, last: bool) -> tuple[TensorColumns, 
     if end is not None and seg.first_record is not None and end.records != seg.first_record + len(tensors) + len(events):
         return None
     return tensors, events, end
-
-
-def _event(payload: memoryview) -> EventRecord:
-    """`decode_event`, with its checks inlined for the shape every valid event has."""
-    try:
-        m = msgpack.unpackb(payload, raw=False)
-    except (ValueError, TypeError, msgpack.UnpackException):
-        m = None
-    if type(m) is dict and len(m) == 3 and type(m.get("kind")) is str and type(m.get("step")) is int \
-            and type(m.get("fields")) is dict:
-        kind, step, fields = m["kind"], m["step"], m["fields"]
-        if not (kind in _CHECKED_KINDS or step < 0 or step > MAX_STEP or _nested(fields)):
-            return EventRecord(kind, step, fields)  # nothing in `check_event` could fail
-        check_event(kind, step, fields)  # the schema: ranges, nesting, known kinds' fields
-        return EventRecord(kind, step, fields)
-    return decode_event(payload)  # raises the PayloadError that says what is wrong
-
-
-_CHECKED_KINDS = frozenset(_EVENT_FIELDS) | frozenset(_REQUIRED)  # kinds with fields `check_event` checks
-_CONTAINERS = (dict, list, tuple)
-assert MAX_DEPTH >= 3, MAX_DEPTH  # `_nested` stops looking at the third level
-
-
-def _nested(fields: dict[str, Any]) -> bool:
-    """Whether a value of `fields` holds a container (then `check_event` measures the nesting): events are
-    mostly scalars and lists of scalars, whose depth is at most 3."""
-    for v in fields.values():
-        if isinstance(v, _CONTAINERS) and (type(v) is not list or any(isinstance(x, _CONTAINERS) for x in v)):
-            return True
-    return False
 
 
 def _u32le(raw: np.ndarray, at: np.ndarray) -> np.ndarray:
