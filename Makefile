@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 # The C++ kernels, the fused digest (tracer/kernel) and the ABFT checksums (faults/abft_sums.cpp): compiled
 # once per machine, checkout and source (the build key: tracer/kernel/__init__.py), about half a minute each.
 KERNEL := $(VENV)/.sdctrace-kernel
-$(KERNEL): $(STAMP) tracer/kernel/digest.cpp faults/abft_sums.cpp tracer/kernel/__init__.py
+$(KERNEL): $(STAMP) tracer/kernel/digest.cpp faults/abft_sums.cpp tracer/kernel/__init__.py faults/abft_kernel.py
 	$(PY) -m tracer.kernel
 	$(PY) -m faults.abft_kernel
 	touch $(KERNEL)
