@@ -10,14 +10,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tracer.kernel import CFLAGS, Kernel, build_main
+from tracer.kernel import Kernel, build_main
 
 ABFT = Kernel(
     "sdctrace_abft",
     Path(__file__).with_name("abft_sums.cpp"),
     "ABFT checksum kernel",
     "the ABFT checker falls back to torch ops (same verdicts, slower)",
-    CFLAGS,
 )
 
 if __name__ == "__main__":

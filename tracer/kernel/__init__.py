@@ -30,7 +30,8 @@ from tracer.errors import TraceWarning
 
 DIR_ENV = "SDCTRACE_KERNEL_DIR"  # where built kernels live (default ~/.cache/sdctrace/kernel)
 # -fopenmp makes at::parallel_for split work over torch's intra-op threads (without it the pragma is dropped and
-# the loop runs on one thread); the library it links, libgomp.so.1, resolves to the one torch has loaded already.
+# the loop runs on one thread) and lets `omp simd` reductions vectorise; the library it links, libgomp.so.1,
+# resolves to the one torch has loaded already.
 CFLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 
