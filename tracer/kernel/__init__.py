@@ -44,8 +44,6 @@ class Kernel:
     source: Path
     title: str  # what messages call it ("digest kernel")
     fallback: str  # what runs without it, for the message when building fails
-    cflags: tuple[str, ...] = CFLAGS
-    ldflags: tuple[str, ...] = LDFLAGS
 
 
 DIGEST = Kernel(
@@ -61,8 +59,8 @@ def build_dir(kernel: Kernel) -> Path:
     of the key: the build files name it, so two checkouts sharing one cache would otherwise rebuild in turn."""
     key = hashlib.sha256()
     for part in (kernel.source.read_bytes(), str(kernel.source.resolve()).encode(), torch.__version__.encode(),
-                 sys.version.encode(), platform.machine().encode(), " ".join(kernel.cflags).encode(),
-                 " ".join(kernel.ldflags).encode()):
+                 sys.version.encode(), platform.machine().encode(), " ".join(CFLAGS).encode(),
+                 " ".join(LDFLAGS).encode()):
         key.update(part)
     root = Path(os.environ.get(DIR_ENV) or Path.home() / ".cache" / "sdctrace" / "kernel")
     return root / key.hexdigest()[:16]
@@ -109,8 +107,8 @@ def build(kernel: Kernel, verbose: bool = False) -> Path:
 
     folder = build_dir(kernel)
     folder.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load(kernel.name, [str(kernel.source)], extra_cflags=list(kernel.cflags),
-                       extra_ldflags=list(kernel.ldflags), build_directory=str(folder), verbose=verbose)
+    cpp_extension.load(kernel.name, [str(kernel.source)], extra_cflags=list(CFLAGS),
+                       extra_ldflags=list(LDFLAGS), build_directory=str(folder), verbose=verbose)
     return _library(kernel, folder)
 
 
