@@ -86,7 +86,7 @@ class ModuleScope:
 
     def _enter_forward(self, path: str):  # noqa: ANN202 - torch hook signature
         def hook(module: nn.Module, args: Any) -> None:
-            _OptimizerSteps.resume()
+            resume()  # a step that raised left the interceptors paused
             self._forward.append(path)
             self._starts.append(torch._C._autograd._get_sequence_nr())
 
@@ -137,7 +137,7 @@ class ScopedInterceptor(Interceptor):
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            _OptimizerSteps.resume()  # an optimizer step that raised left them paused
+            resume()  # an optimizer step that raised left them paused
             super().__exit__(*exc)
         finally:
             _OptimizerSteps.release(self.scope)
@@ -171,13 +171,8 @@ class _OptimizerSteps:
                     h.remove()
 
     @classmethod
-    def resume(cls) -> None:
-        """Undo what a step paused: after it, or after it raised (on exit, or at the next forward)."""
-        resume()
-
-    @classmethod
     def _before(cls, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        cls.resume()
+        resume()
         # Phase None for every op: a torch.optim step turns grad off unless differentiable, only a closure
         # (LBFGS) runs a forward inside it, and it is outside the backward unless a gradient hook calls it.
         builtin = type(optimizer).__module__.startswith("torch.optim.")
@@ -191,7 +186,7 @@ class _OptimizerSteps:
 
     @classmethod
     def _after(cls, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        cls.resume()
+        resume()
 
 
 class OpTable(Generic[T]):
