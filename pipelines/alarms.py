@@ -116,8 +116,7 @@ def _facts(step: int, s: _Step) -> StepFacts:
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if type(value) is float or isinstance(value, int | float) and not isinstance(value, bool) \
-        else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)

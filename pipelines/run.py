@@ -187,14 +187,17 @@ def pipeline_options(beam_args: Sequence[str], input_bytes: int) -> PipelineOpti
     return PipelineOptions(args)
 
 
+def _runner_name(opts: PipelineOptions) -> str:
+    return (opts.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
+
+
 def in_process(opts: PipelineOptions) -> bool:
     """Whether the job runs in this one process (the DirectRunner in_memory): one worker, nothing to spread."""
-    runner = (opts.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
-    return runner == "DirectRunner" and opts.view_as(DirectOptions).direct_running_mode == "in_memory"
+    return _runner_name(opts) == "DirectRunner" and opts.view_as(DirectOptions).direct_running_mode == "in_memory"
 
 
 def describe_runner(opts: PipelineOptions) -> str:
-    runner = (opts.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
+    runner = _runner_name(opts)
     if runner != "DirectRunner":
         return runner
     d = opts.view_as(DirectOptions)
