@@ -15,29 +15,28 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from faults import abft
+from tracer.intercept import Call, Interceptor
 from workload.config import load_config
 from workload.protocol import run_step
 from workload.reference import build
 
-Call = tuple  # (op, args, kwargs, result)
+Recorded = tuple  # (op, args, kwargs, result)
 
 
-class _Record(TorchDispatchMode):
-    """Keeps a copy (same strides) of every checked call's tensors."""
+class _Record(Interceptor):
+    """Keeps a copy (same strides) of every call the checker would check, as the checker sees it."""
+
+    ops = abft.CHECKED
 
     def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[Call] = []
+        self.calls: list[Recorded] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func.overloadpacket in abft.CHECKED:
-            keep = [_copy(a) for a in (*args, out)]
-            self.calls.append((func, tuple(keep[:-1]), kwargs, keep[-1]))
+    def intercept(self, func, args, kwargs, call: Call):  # noqa: ANN001, ANN201
+        out = call(*args, **kwargs)
+        keep = [_copy(a) for a in (*args, out)]
+        self.calls.append((func, tuple(keep[:-1]), kwargs, keep[-1]))
         return out
 
 
@@ -47,7 +46,7 @@ def _copy(x: object) -> object:
     return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).copy_(x.detach())
 
 
-def step_calls(config: str | None) -> list[Call]:
+def step_calls(config: str | None) -> list[Recorded]:
     """The checked calls of one training step (the second: the first allocates)."""
     workload = build(load_config(config))
     run_step(workload, 0)
@@ -57,7 +56,7 @@ def step_calls(config: str | None) -> list[Call]:
     return record.calls
 
 
-def _per_call(calls: list[Call], run: Callable[[Call], object]) -> float:
+def _per_call(calls: list[Recorded], run: Callable[[Recorded], object]) -> float:
     start = time.perf_counter()
     for call in calls:
         run(call)
@@ -67,7 +66,7 @@ def _per_call(calls: list[Call], run: Callable[[Call], object]) -> float:
 def bench_abft(config: str | None = None, rounds: int = 8) -> dict[str, float]:
     """Median seconds per call of the op, the kernel check and the torch check; prints the ratios."""
     calls = step_calls(config)
-    variants: dict[str, Callable[[Call], object]] = {
+    variants: dict[str, Callable[[Recorded], object]] = {
         "matmul": lambda c: c[0](*c[1], **c[2]),
         "torch": lambda c: abft.torch_check(*c),
     }
