@@ -40,7 +40,7 @@ def kinds(log: list) -> list[str]:
     return [kind for kind, _ in log]
 
 
-def test_own_ops_lift_the_interceptors_and_put_them_back_in_order(write_profile) -> None:
+def test_own_ops_switch_the_interceptors_off_and_back_on_in_order(write_profile) -> None:
     model = nn.Linear(4, 4)
     emulator, checker, log = node(write_profile, model)
     x = torch.ones(3, 4)
@@ -89,7 +89,7 @@ def test_a_plain_optimizer_step_runs_without_them_and_nothing_in_it_is_hit(write
         optimizer.step()
         assert active() == (emulator, checker)
     assert stacks == [(), ()]
-    assert log[hits:] == []  # AdamW's add_ and mul_ have no phase: never corrupted, lifted or not
+    assert log[hits:] == []  # AdamW's add_ and mul_ have no phase: never corrupted, paused or not
 
 
 def test_steps_that_run_a_forward_or_sit_in_the_backward_keep_them(write_profile) -> None:
@@ -114,7 +114,7 @@ def test_steps_that_run_a_forward_or_sit_in_the_backward_keep_them(write_profile
         assert stacks == [(emulator, checker)] * 4
 
 
-def test_a_step_that_raises_leaves_them_lifted_only_until_the_next_forward(write_profile) -> None:
+def test_a_step_that_raises_leaves_them_paused_only_until_the_next_forward(write_profile) -> None:
     model = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 4))
     profile = '[[fault]]\nops = ["addmm"]\nsites = "1"\nphases = ["forward"]\nkind = "stuck"\nvalue = 9.0\n'
     emulator, checker, log = node(write_profile, model, profile)
