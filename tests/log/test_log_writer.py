@@ -9,6 +9,7 @@ import pytest
 
 from tracer.errors import UsageError
 from tracer.log import EventRecord, LogReader, LogWriter, Phase, RunHeader, TensorRecord
+from tracer.log.records import MAX_DEPTH, MAX_STEP
 
 T = TensorRecord(1, 0, "layers.0.mlp", Phase.FORWARD, 42, 1.0, 1.0, 0, 0, "float32[4]")
 
@@ -52,6 +53,13 @@ def test_closed_writer_refuses_records_and_closes_idempotently(tmp_path: Path, h
     assert LogReader(tmp_path / "r").header == header
 
 
+def nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     "event",
     [
@@ -60,6 +68,11 @@ def test_closed_writer_refuses_records_and_closes_idempotently(tmp_path: Path, h
         EventRecord("loss", 1, {"too_big": 2**64}),
         EventRecord("loss", 1.5, {}),
         EventRecord("loss", 1, ["not", "a", "dict"]),
+        EventRecord("loss", True, {}),
+        EventRecord("loss", MAX_STEP + 1, {}),
+        EventRecord("loss", 1, {"text": "\ud800"}),  # a lone surrogate: not UTF-8
+        EventRecord("loss", 1, {"deep": nested(MAX_DEPTH + 1)}),
+        EventRecord("loss", 1, {"rows": [{2: "an int key one level down"}]}),
     ],
 )
 def test_refuses_events_that_would_not_read_back(tmp_path: Path, header: RunHeader, event: EventRecord) -> None:
@@ -68,6 +81,34 @@ def test_refuses_events_that_would_not_read_back(tmp_path: Path, header: RunHead
             w.write_event(event)
         w.write_event(EventRecord("loss", 1, {"loss": 0.5}))  # the writer is still usable
     assert list(LogReader(tmp_path / "r").records()) == [EventRecord("loss", 1, {"loss": 0.5})]
+
+
+ABFT_EVENT = EventRecord("abft", 3, {"microbatch": 0, "op": "aten.mm.default", "shape": [512, 128, 384],
+                                     "residual": 1e-5, "verdict": "ok", "bound": float("inf"), "none": None, "no": False})
+EDGES = EventRecord("loss", 0, {"loss": -(2**63), "big": 2**64 - 1, "empty": [], "mixed": [1, "a", None, 2.5, True]})
+BLOB = EventRecord("blob", 1, {"microbatch": 0, "name": "w", "phase": 1, "fingerprint": 7})
+
+
+@pytest.mark.parametrize(
+    ("event", "undecoded", "read"),
+    [
+        (ABFT_EVENT, True, ABFT_EVENT),
+        (EDGES, True, EDGES),
+        (EventRecord("step", MAX_STEP, {}), True, EventRecord("step", MAX_STEP, {})),
+        (BLOB, False, BLOB),  # a kind whose fields have a schema: always decoded
+        (EventRecord("loss", 1, {"pair": (1, 2), "raw": b"\x00"}), False,  # decoded: a tuple reads back as a list
+         EventRecord("loss", 1, {"pair": [1, 2], "raw": b"\x00"})),
+    ],
+)
+def test_events_the_writer_does_not_decode_read_back_as_written(
+    tmp_path: Path, header: RunHeader, event: EventRecord, undecoded: bool, read: EventRecord
+) -> None:
+    from tracer.log.codec import reads_back
+
+    assert reads_back(event) is undecoded
+    with LogWriter(tmp_path / "r", header) as w:
+        w.write_event(event)
+    assert list(LogReader(tmp_path / "r").records()) == [read]
 
 
 @pytest.mark.parametrize(

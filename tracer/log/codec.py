@@ -331,6 +331,24 @@ _CONTAINERS = (dict, list, tuple)
 assert MAX_DEPTH >= 3, MAX_DEPTH  # `_nested` stops looking at the third level
 
 
+_SCALARS = frozenset({type(None), bool, int, float, str})
+
+
+def reads_back(rec: EventRecord) -> bool:
+    """Whether ``rec`` is sure to decode as it was written (once msgpack has packed it) without decoding it: a kind
+    no schema checks, a step in range, and under str keys only scalars and lists of scalars, the shape nearly
+    every event has. The writer decodes the others to refuse what would not read back."""
+    kind, step, fields = rec.kind, rec.step, rec.fields
+    if type(kind) is not str or kind in _CHECKED_KINDS or type(step) is not int or not 0 <= step <= MAX_STEP \
+            or type(fields) is not dict:
+        return False
+    for k, v in fields.items():
+        if type(k) is not str or type(v) not in _SCALARS and (type(v) is not list
+                                                               or any(type(x) not in _SCALARS for x in v)):
+            return False
+    return True
+
+
 def _nested(fields: dict[str, Any]) -> bool:
     """Whether a value of `fields` holds a container (then `check_event` measures the nesting): events are
     mostly scalars and lists of scalars, whose depth is at most 3."""

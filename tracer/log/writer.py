@@ -28,6 +28,7 @@ from tracer.log.codec import (
     encode_string,
     encode_tensor,
     encode_tensor_block,
+    reads_back,
 )
 from tracer.log.framing import MAX_RECORD_BYTES, RecordType, file_header, frame
 from tracer.log.layout import list_segments, segment_path
@@ -340,8 +341,9 @@ class HeaderAtFirstFlush:
 def _encoded_event(rec: EventRecord) -> bytes:
     """``rec``'s payload; refuses fields that would not read back."""
     try:
-        payload = encode_event(rec)
-        decode_event(payload)
+        payload = encode_event(rec)  # packing refuses what msgpack cannot hold (an int past 64 bits, a surrogate)
+        if not reads_back(rec):
+            decode_event(payload)
     except _ENCODE_ERRORS as e:
         raise UsageError(
             f"event {rec.kind!r} at step {rec.step} cannot be stored ({e}): kind must be str, step int, "
