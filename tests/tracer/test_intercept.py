@@ -99,6 +99,15 @@ def test_an_interceptor_that_raises_leaves_the_key_off() -> None:
     assert torch.equal(torch.ones(2) * 2, torch.full((2,), 2.0))
 
 
+def test_an_op_that_raises_leaves_the_interceptors_seeing_the_next_ops() -> None:
+    with Seen(aten.mul) as seen:
+        with pytest.raises(RuntimeError, match="size"):
+            torch.ones(2) * torch.ones(3)
+        assert active() == (seen,)
+        torch.ones(2) * 2
+    assert seen.calls == [("aten.mul.Tensor", False)]  # the failed call raised inside the op, before it returned
+
+
 def test_an_op_keeps_a_kernel_only_while_an_active_interceptor_names_it() -> None:
     def has_kernel(op: str) -> bool:
         return torch._C._dispatch_has_kernel_for_dispatch_key(op, "TESTING_ONLY_GenericMode")
