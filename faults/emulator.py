@@ -47,7 +47,7 @@ from faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
 from faults.ops import resolve_collectives, resolve_ops
 from faults.profile import Corruption, FaultProfile
 from faults.schedule import BurstChain
-from faults.scope import ModuleScope, OpTable, ScopedInterceptor
+from faults.scope import ModuleScope, ScopedInterceptor
 from tracer.collectives import Stage, observing
 from tracer.errors import ConfigError
 from tracer.intercept import Call, Clock, Sink, below_autograd, in_own_ops, own_ops
@@ -108,7 +108,7 @@ class FaultEmulator(ScopedInterceptor):
         self._clock_at: tuple[int, ...] | None = None  # the clock `_live` was decided for
         self._live: dict[Phase, frozenset[int]] = {}
         self._draws: dict[int, random.Random] = {}
-        self._rules_of = OpTable(lambda op: tuple(i for i, ops in enumerate(self._ops) if op.overloadpacket in ops))
+        self._rules_of: dict[Any, tuple[int, ...]] = {}  # op overload -> the rules that name its packet
         self.ops = frozenset().union(*self._ops)
 
     def __enter__(self) -> FaultEmulator:
@@ -155,7 +155,10 @@ class FaultEmulator(ScopedInterceptor):
             self._arm(clock)
         live = self._live[phase]
         if live:
-            for i in self._rules_of[func]:
+            rules = self._rules_of.get(func)
+            if rules is None:
+                rules = self._rules_of[func] = tuple(i for i, ops in enumerate(self._ops) if func.overloadpacket in ops)
+            for i in rules:
                 if i in live:
                     out = self._inject(i, func, phase, clock, args, out)
         return out

@@ -20,8 +20,8 @@ through Python: a plain ``torch.optim`` step runs with the interceptors paused.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,7 +33,6 @@ from tracer.intercept import Interceptor, pause, resume
 from tracer.log.records import Phase
 
 _KEY = "sdctrace.scope"
-T = TypeVar("T")
 
 
 def current_phase(forward_active: bool) -> Phase | None:
@@ -187,18 +186,3 @@ class _OptimizerSteps:
     @classmethod
     def _after(cls, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         resume()
-
-
-class OpTable(Generic[T]):
-    """``decide(op)``, computed once per op and then found by the op object's identity: an interceptor
-    asks on every dispatched op, and hashing an ``OpOverload`` runs Python code."""
-
-    def __init__(self, decide: Callable[[Any], T]) -> None:
-        self._decide = decide
-        self._known: dict[int, tuple[Any, T]] = {}
-
-    def __getitem__(self, op: Any) -> T:
-        known = self._known.get(id(op))
-        if known is None or known[0] is not op:
-            known = self._known[id(op)] = (op, self._decide(op))  # holding ``op`` keeps its id its own
-        return known[1]
