@@ -25,6 +25,7 @@ never corrupted.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from faults.abft_kernel import ABFT
 from faults.scope import ModuleScope, ScopedInterceptor
 from tracer import kernel
 from tracer.intercept import Call, Clock, Sink, own_ops
+from tracer.log.records import Phase
 from tracer.sites import SiteSpec, find_sites
 
 aten = torch.ops.aten
@@ -61,6 +63,12 @@ def error_factor(k: int, dtype: torch.dtype, device: torch.device) -> float:
         return math.inf
     gamma = n * u_acc / (1 - n * u_acc)
     return (1 + u_in) ** 2 * (1 + gamma) * (1 + u_out) - 1
+
+
+@functools.lru_cache(maxsize=1024)
+def _cpu_error_factor(k: int, dtype: torch.dtype) -> float:
+    """`error_factor` on the CPU, where no backend flag changes it: one look-up per check, not a microsecond."""
+    return error_factor(k, dtype, torch.device("cpu"))
 
 
 def _roundoffs(dtype: torch.dtype, device: torch.device) -> tuple[float, float, float]:
@@ -87,7 +95,7 @@ def check_matmul(func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety
         packet = func.overloadpacket
         a, b, d, alpha, beta = _kernel_operands(packet, args, kwargs)
         k = b.shape[-1] if packet is aten.linear else a.shape[-1]
-        scale = safety * error_factor(k, out.dtype, out.device)
+        scale = safety * _cpu_error_factor(k, out.dtype)
         got = module.check(a, b, out, d, alpha, beta, scale, packet is aten.linear)
         if got is not None:  # None: operands it does not read (mixed dtypes, another layout)
             m, k, n, residual, bound, flagged = got
@@ -188,6 +196,9 @@ def _operands(
     return a, b, d, alpha, beta  # bmm, baddbmm
 
 
+_PHASE_NAMES = {p: p.name.lower() for p in Phase}
+
+
 class AbftChecker(ScopedInterceptor):
     """Check every matmul of the forward and backward passes while active; log each to ``sink``."""
 
@@ -206,6 +217,7 @@ class AbftChecker(ScopedInterceptor):
         self._sink = sink
         self.scope = ModuleScope(find_sites(model, sites))
         self.ops = CHECKED
+        self._op_names: dict[Any, str] = {}  # str(op) runs Python code on every call
 
     def intercept(self, func: Any, args: tuple, kwargs: dict, call: Call) -> Any:
         out = call(*args, **kwargs)
@@ -214,13 +226,14 @@ class AbftChecker(ScopedInterceptor):
             return out
         result = check_matmul(func, args, kwargs, out, self.safety)
         stack = self.scope.stack(phase)
+        name = self._op_names.get(func) or self._op_names.setdefault(func, str(func))
         self._sink(
             "abft",
             {
                 "microbatch": self._clock()[1],
                 "site": stack[-1] if stack else "",
-                "op": str(func),
-                "phase": phase.name.lower(),
+                "op": name,
+                "phase": _PHASE_NAMES[phase],
                 "shape": list(result.shape),
                 "residual": result.residual,
                 "bound": result.bound,
