@@ -30,10 +30,11 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from pipelines.evidence import SegmentEvidence
+from pipelines.evidence import GradGroups, SegmentEvidence
+from pipelines.scoring import Scored, Steps, score
 from pipelines.source import RunLayout
 from pipelines.tables import SCHEMAS, named
-from tracer.guard import AbftFlags, Detector, Evidence, Guard, History, TwinMismatch, default_guard
+from tracer.guard import AbftFlags, Detector, TwinMismatch, default_guard
 from tracer.guard.detectors import Alarm, GradNormSpike, LossSpike, NonFinite
 from tracer.log.records import EventRecord
 
@@ -56,67 +57,71 @@ class StepFacts(NamedTuple):
     wall_s: float | None = None  # the step's wall time (the `step` event's), re-runs included
 
 
-class _Step:
-    __slots__ = ("grads", "digest", "squares", "nonfinite", "flags", "faults", "abft", "guard", "done")
-
-    def __init__(self) -> None:
-        self.grads = False
-        self.digest = hashlib.blake2b(digest_size=8)  # fed as `tracer.guard.step_fingerprint` feeds its own
-        self.squares, self.nonfinite, self.flags, self.faults = 0.0, 0, 0, 0
-        self.abft = False
-        self.guard: Mapping[str, Any] | None = None
-        self.done: Mapping[str, Any] | None = None  # the step event's fields
-
-
 def step_facts(segments: Iterable[SegmentEvidence]) -> tuple[list[StepFacts], bool, list[EventRecord]]:
     """Per completed step (with a `step` event and gradients), in step order: what a detector sees. Also whether
     the run checked products with ABFT, and its `guard` events. ``segments``: one rank log's, in order."""
-    steps: dict[int, _Step] = {}
+    segments = list(segments)
+    grads = _grad_sums([seg.grads for seg in segments if seg.grads is not None])
+    done: dict[int, Mapping[str, Any]] = {}  # the step event's fields
+    faults: dict[int, int] = {}
+    flags: dict[int, int] = {}
+    guard: dict[int, Mapping[str, Any]] = {}
     guards: list[EventRecord] = []
+    abft = False
     for seg in segments:
-        g = seg.grads
-        if g is not None:
-            for step, digest_input, squares, nonfinite in zip(g.steps.tolist(), g.digest_inputs(), g.squares.tolist(),
-                                                              g.nonfinite.tolist()):
-                s = steps.get(step) or steps.setdefault(step, _Step())
-                s.grads = True
-                s.digest.update(digest_input)
-                s.squares += squares
-                s.nonfinite += nonfinite
         for step, kind, fields in seg.events:
-            s = steps.get(step) or steps.setdefault(step, _Step())
-            if kind == "fault":
-                s.faults += 1
+            if kind == "step":
+                done[step] = fields
+            elif kind == "fault":
+                faults[step] = faults.get(step, 0) + 1
             elif kind == "abft":
-                s.abft = True
-                s.flags += fields.get("verdict") == "flag"
+                abft = True
+                flags[step] = flags.get(step, 0) + (fields.get("verdict") == "flag")
             elif kind == "guard":
-                s.guard = fields
+                guard[step] = fields
                 guards.append(EventRecord(kind, step, fields))
-            elif kind == "step":
-                s.done = fields
-    facts = [_facts(step, s) for step, s in sorted(steps.items()) if s.done is not None and s.grads]
-    return facts, any(s.abft for s in steps.values()), guards
+    facts = [_facts(step, *grads[step], done[step], faults.get(step, 0), flags.get(step, 0), guard.get(step))
+             for step in sorted(done.keys() & grads.keys())]
+    return facts, abft, guards
 
 
-def _facts(step: int, s: _Step) -> StepFacts:
-    assert s.done is not None
-    done = s.done
+def _grad_sums(groups: list[GradGroups]) -> dict[int, tuple[int, float, int]]:
+    """Per step with gradients: its step fingerprint (fed as `tracer.guard.step_fingerprint` feeds its own),
+    squared L2 norm and NaN/Inf count, over every group of that step in log order."""
+    if not groups:
+        return {}
+    steps = np.concatenate([g.steps for g in groups]).tolist()
+    inputs = [view for g in groups for view in g.digest_inputs()]
+    squares = np.concatenate([g.squares for g in groups]).tolist()
+    nonfinite = np.concatenate([g.nonfinite for g in groups]).tolist()
+    if len(set(steps)) == len(steps):  # each step in one group: the usual log
+        fingerprints = [int.from_bytes(hashlib.blake2b(v, digest_size=8).digest(), "little") for v in inputs]
+        return dict(zip(steps, zip(fingerprints, squares, nonfinite)))
+    sums: dict[int, tuple[Any, float, int]] = {}  # a step split across segments
+    for step, view, sq, nf in zip(steps, inputs, squares, nonfinite):
+        h, total, count = sums.get(step) or (hashlib.blake2b(digest_size=8), 0.0, 0)
+        h.update(view)
+        sums[step] = (h, total + sq, count + nf)
+    return {step: (int.from_bytes(h.digest(), "little"), sq, nf) for step, (h, sq, nf) in sums.items()}
+
+
+def _facts(step: int, fingerprint: int, squares: float, nonfinite: int, done: Mapping[str, Any], faults: int,
+           flags: int, guard: Mapping[str, Any] | None) -> StepFacts:
     loss, norm, wall = _number(done.get("loss")), _number(done.get("grad_norm")), _number(done.get("wall_s"))
-    facts = StepFacts(step, loss, norm if norm is not None else math.sqrt(s.squares), s.nonfinite, s.flags,
-                      int.from_bytes(s.digest.digest(), "little"), s.faults, wall_s=wall)
-    runs = s.guard.get("runs") if s.guard is not None else None
+    if norm is None:
+        norm = math.sqrt(squares)
+    runs = guard.get("runs") if guard is not None else None
     if not runs or not isinstance(runs[0], Mapping):
-        return facts
+        return StepFacts(step, loss, norm, nonfinite, flags, fingerprint, faults, wall_s=wall)
     first = runs[0]
     events = first.get("events") if isinstance(first.get("events"), Mapping) else {}
-    return StepFacts(step, _number(first.get("loss")), _number(first.get("grad_norm")) or facts.grad_norm,
-                     int(first.get("nonfinite") or 0), s.flags, int(first.get("fingerprint") or 0),
+    return StepFacts(step, _number(first.get("loss")), _number(first.get("grad_norm")) or norm,
+                     int(first.get("nonfinite") or 0), flags, int(first.get("fingerprint") or 0),
                      int(events.get("fault", 0)), guarded=True, wall_s=wall)
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return float(value) if type(value) in (float, int) else None  # bool is an int, but no number here
 
 
 @dataclass(frozen=True)
@@ -127,47 +132,6 @@ class FingerprintTwin:
 
     def fingerprint(self, step: int) -> int | None:
         return self.steps.get(step)
-
-
-class Scored(NamedTuple):
-    """A set of detectors scored together: ``name`` for one row per step for the set as a whole (fired if any
-    fired; measured: how many), None for one row per step and detector."""
-
-    detectors: tuple[Detector, ...]
-    name: str | None = None
-
-
-def score(facts: list[StepFacts], sets: list[Scored]) -> list[dict[int, dict[str, Alarm]]]:
-    """Run each set of detectors over ``facts`` as a guard would: each step is checked against the history of the
-    steps before it that none of the set flagged. Per set: the alarms (detector name -> `Alarm`) of each step
-    that had any, by the step's index in ``facts``.
-
-    Sets whose histories are still the same object share their checks: a detector's verdict depends only on the
-    step and that history, so a detector in two sets is checked once until the sets' histories part (one set
-    flags a step the other accepts), which is rare: most steps are accepted by every set. (A detector is
-    shared by being the same object in both sets.)"""
-    keeps = [Guard(detectors=s.detectors).keep for s in sets]
-    pasts = [History()] * len(sets)
-    fired: list[dict[int, dict[str, Alarm]]] = [{} for _ in sets]
-    for k, f in enumerate(facts):
-        shared: dict[int, tuple[Evidence, dict[int, Any], dict[int, History]]] = {}  # per history: its checks
-        for i, s in enumerate(sets):
-            past = pasts[i]
-            entry = shared.get(id(past))
-            if entry is None:
-                e = Evidence(f.step, 0, f.loss, f.grad_norm, f.nonfinite, f.abft_flags, f.fingerprint, None, past)
-                entry = shared[id(past)] = (e, {}, {})
-            e, verdicts, accepted = entry
-            alarms = None
-            for d in s.detectors:
-                a = verdicts[id(d)] if id(d) in verdicts else verdicts.setdefault(id(d), d.check(e))
-                if a is not None:
-                    alarms = alarms or fired[i].setdefault(k, {})
-                    alarms[d.name] = a
-            if alarms is None and keeps[i]:
-                after = accepted.get(keeps[i])
-                pasts[i] = after if after is not None else accepted.setdefault(keeps[i], past.after(e, keeps[i]))
-    return fired
 
 
 def run_alarms(facts: list[StepFacts], abft: bool, twin: Mapping[int, int] | None, rank: int = 0, run_id: str = "",
@@ -181,7 +145,20 @@ def run_alarms(facts: list[StepFacts], abft: bool, twin: Mapping[int, int] | Non
     if twin is not None:
         sets.append(Scored((TwinMismatch(FingerprintTwin(twin)),)))
     sets.append(Scored(combination, COMBINATION))
-    return _alarm_table(facts, sets, score(facts, sets), rank, run_id, node_label)
+    return _alarm_table(facts, sets, score(_steps(facts), sets), rank, run_id, node_label)
+
+
+def _steps(facts: list[StepFacts]) -> Steps:
+    loss = [f.loss for f in facts]
+    return Steps(
+        step=np.array([f.step for f in facts], np.int64),
+        loss=np.array([math.nan if x is None else x for x in loss], np.float64),
+        has_loss=np.array([x is not None for x in loss], bool),
+        grad_norm=np.array([f.grad_norm for f in facts], np.float64),
+        nonfinite=np.array([f.nonfinite for f in facts], np.int64),
+        abft_flags=np.array([f.abft_flags for f in facts], np.int64),
+        fingerprint=[f.fingerprint for f in facts],
+    )
 
 
 def _alarm_table(facts: list[StepFacts], sets: list[Scored], fired: list[dict[int, dict[str, Alarm]]], rank: int,
