@@ -28,14 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import apache_beam as beam
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET
-from pipelines.run import DiffPlan, build_pipeline, describe_runner, pipeline_options, plan_diff, run_job
+from pipelines.run import DiffPlan, build_pipeline, describe_runner, new_pipeline, pipeline_options, plan_diff, run_job
 from pipelines.source import read_file
 from tracer.log import SCHEMA_VERSION, EventRecord, LogWriter, Phase, RunHeader, TensorRecord, rank_dir
 from tracer.log.columns import read_segment_columns
@@ -156,7 +155,7 @@ def beam_diff(con: duckdb.DuckDBPyConnection, root: Path, plan: DiffPlan, beam_a
     """Seconds of the whole Beam job, after checking that its event_diffs agree with DuckDB's."""
     opts = pipeline_options(beam_args, plan.golden.bytes + plan.suspect.bytes)
     start = time.perf_counter()
-    p = beam.Pipeline(options=opts)
+    p = new_pipeline(opts)
     build_pipeline(p, plan, str(root / staging))
     run_job(p)
     seconds = time.perf_counter() - start

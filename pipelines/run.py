@@ -11,7 +11,8 @@ job: `pipelines.source`, `pipelines.diff`, `pipelines.metrics`,
 
 Options this module does not define pass through to Beam (``--runner``,
 ``--direct_num_workers``, ``--dask_client_address``, ...). Without ``--runner`` the
-job runs on the DirectRunner in multi_processing mode on every core.
+job runs on Beam's FnApiRunner, in this process below `IN_MEMORY_BYTES` of logs, else
+in a worker process per core (`pipeline_options`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ import apache_beam as beam
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.portability.api import beam_provision_api_pb2
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+from apache_beam.runners.portability.portable_runner import JobServiceHandle
 from apache_beam.runners.runner import PipelineResult, PipelineState, create_runner
 
 from analysis import queries
@@ -51,9 +55,13 @@ from pipelines.tables import SCHEMAS, TABLES, named
 from tracer.checkpoint import checkpoint_files
 from tracer.errors import LogCorruptionError, LogFormatError, SdcError, UsageError
 
-# Below this much log data the DirectRunner's in_memory mode wins: multi_processing pays for worker
-# start-up and moves every shuffled batch between processes (2M records on 2 cores: 2.2 s vs 6.2-9.0 s).
+# Below this much log data the in_memory mode wins: multi_processing pays for worker start-up and moves
+# every shuffled batch between processes (2M records on 2 cores: 2.2 s vs 6.2-9.0 s).
 IN_MEMORY_BYTES = 1 << 30
+# The engine the DirectRunner runs a batch job on. Named directly, because Beam 2.77's DirectRunner first tries
+# the Prism runner, downloading its binary from GitHub: offline that fails after a connection attempt and falls
+# back here (0.2 s of a 2 s job); online the job would run on a runner nothing here tests.
+DEFAULT_RUNNER = "FnApiRunner"
 HEARTBEAT_S = 15.0
 Echo = Callable[[str], None]
 
@@ -162,14 +170,14 @@ def _version() -> str:
 
 
 def pipeline_options(beam_args: Sequence[str], input_bytes: int) -> PipelineOptions:
-    """Beam options from the pass-through arguments. Without --runner: the DirectRunner, in_memory below
+    """Beam options from the pass-through arguments. Without --runner: `DEFAULT_RUNNER`, in_memory below
     `IN_MEMORY_BYTES` of log segments, else multi_processing with one worker per CPU."""
     args = list(beam_args)
     given = {a.split("=", 1)[0] for a in args if a.startswith("--")}
     if PipelineOptions(args).view_as(StandardOptions).runner is None:
         mode = PipelineOptions(args).view_as(DirectOptions).direct_running_mode if "--direct_running_mode" in given \
             else "in_memory" if input_bytes < IN_MEMORY_BYTES else "multi_processing"
-        defaults = ["--runner=DirectRunner", f"--direct_running_mode={mode}"]
+        defaults = [f"--runner={DEFAULT_RUNNER}", f"--direct_running_mode={mode}"]
         if "--direct_num_workers" not in given and mode != "in_memory":
             defaults.append("--direct_num_workers=0")  # 0: one worker per CPU
         args = defaults + args
@@ -187,23 +195,37 @@ def pipeline_options(beam_args: Sequence[str], input_bytes: int) -> PipelineOpti
     return PipelineOptions(args)
 
 
+def new_pipeline(opts: PipelineOptions) -> beam.Pipeline:
+    """A pipeline on the runner ``opts`` name. The FnApiRunner also gets the options for its workers, as the
+    DirectRunner hands them over: without them a worker process logs at INFO whatever was asked."""
+    if _runner_name(opts) != "FnApiRunner":
+        return beam.Pipeline(options=opts)
+    encoded = JobServiceHandle.encode_pipeline_options(opts.get_all_options())
+    provision = beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)
+    return beam.Pipeline(runner=fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(provision)),
+                         options=opts)
+
+
 def _runner_name(opts: PipelineOptions) -> str:
     return (opts.view_as(StandardOptions).runner or "DirectRunner").rsplit(".", 1)[-1]
 
 
+_LOCAL = ("FnApiRunner", "DirectRunner")  # runners that honour --direct_running_mode
+
+
 def in_process(opts: PipelineOptions) -> bool:
-    """Whether the job runs in this one process (the DirectRunner in_memory): one worker, nothing to spread."""
-    return _runner_name(opts) == "DirectRunner" and opts.view_as(DirectOptions).direct_running_mode == "in_memory"
+    """Whether the job runs in this one process (in_memory): one worker, nothing to spread."""
+    return _runner_name(opts) in _LOCAL and opts.view_as(DirectOptions).direct_running_mode == "in_memory"
 
 
 def describe_runner(opts: PipelineOptions) -> str:
     runner = _runner_name(opts)
-    if runner != "DirectRunner":
+    if runner not in _LOCAL:
         return runner
     d = opts.view_as(DirectOptions)
     if d.direct_running_mode == "in_memory":
-        return "DirectRunner (in_memory)"
-    return f"DirectRunner ({d.direct_running_mode}, {d.direct_num_workers or os.cpu_count()} workers)"
+        return f"{runner} (in_memory)"
+    return f"{runner} ({d.direct_running_mode}, {d.direct_num_workers or os.cpu_count()} workers)"
 
 
 def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
@@ -235,7 +257,7 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
         echo(f"[2/3] Beam job on {describe_runner(opts)}, Parquet to {staging} ...")
         start = time.perf_counter()
         with _heartbeat(echo, start), _beam_temp():
-            p = beam.Pipeline(options=opts)
+            p = new_pipeline(opts)
             build_pipeline(p, plan, staging)
             result, state = run_job(p)
         report.pipeline_s = time.perf_counter() - start
@@ -265,7 +287,7 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
 
 def run_job(p: beam.Pipeline) -> tuple[PipelineResult, str]:
     """Run a built job to its end: its result and final state. The objects alive before it are kept out of the
-    garbage collector's way meanwhile (`gc.freeze`): on an in-process runner (the DirectRunner in_memory) each
+    garbage collector's way meanwhile (`gc.freeze`): on an in-process runner (in_memory) each
     full collection during the job walked every object this process holds, Beam's, pyarrow's and torch's
     modules included, 0.7 s of a 4.5 s job on the benchmark pair (benchmarks/bench_diff.py)."""
     gc.freeze()

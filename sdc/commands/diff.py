@@ -24,9 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "loaded into --db, replacing this pair's earlier rows (analysis/SCHEMA.md describes them)."
         ),
         epilog=(
-            "Beam options go after `--`, e.g. `-- --runner=DirectRunner --direct_running_mode=multi_processing` or "
+            "Beam options go after `--`, e.g. `-- --direct_running_mode=multi_processing --direct_num_workers=4` or "
             "`-- --runner=apache_beam.runners.dask.dask_runner.DaskRunner --dask_client_address=HOST:8786`. "
-            "Default: the DirectRunner (docs/pipelines.md)."
+            "Default: Beam's FnApiRunner, in this process below 1 GiB of logs (docs/pipelines.md)."
         ),
     )
     add_arguments(p)

@@ -1,9 +1,10 @@
-"""`sdc diff` end to end on small real runs: Beam on the DirectRunner, Parquet, DuckDB."""
+"""`sdc diff` end to end on small real runs: Beam on its default runner, Parquet, DuckDB."""
 
 from __future__ import annotations
 
 import dataclasses
 import shutil
+import socket
 from pathlib import Path
 
 import duckdb
@@ -155,7 +156,7 @@ def test_cli_runs_the_diff_and_errors_in_one_line(runs, tmp_path: Path, capsys: 
     base = ["diff", "--golden", str(runs["golden"]), "--db", str(db)]
     assert main([*base, "--suspect", str(runs["hooked"]), "--", "--direct_running_mode=in_memory"]) == 0
     out = capsys.readouterr().out
-    assert "[2/3] Beam job on DirectRunner (in_memory)" in out
+    assert "[2/3] Beam job on FnApiRunner (in_memory)" in out
     assert f"first divergence: rank 0, step {FAULT_STEP}, microbatch {FAULT_MICROBATCH}, forward {FAULT_SITE}" in out
     assert main([*base, "--suspect", str(tmp_path / "missing")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -163,6 +164,22 @@ def test_cli_runs_the_diff_and_errors_in_one_line(runs, tmp_path: Path, capsys: 
     # python -m pipelines.run: the same job, Beam's options mixed in with its own
     assert run_module([*base[1:], "--suspect", str(runs["twin"]), "--direct_running_mode=in_memory"]) == 0
     assert "result: " in capsys.readouterr().out
+
+
+def test_the_default_job_looks_up_no_host(runs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beam's DirectRunner first tries to download the Prism runner from GitHub; the default runner never reaches
+    out (a cluster without internet access would wait on it, or run the diff on a runner nothing tested)."""
+    looked_up: list[str] = []
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: object, **kwargs: object) -> object:
+        looked_up.append(host)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    db = tmp_path / "offline.duckdb"
+    assert main(["diff", "--golden", str(runs["golden"]), "--suspect", str(runs["twin"]), "--db", str(db)]) == 0
+    assert [h for h in looked_up if h not in ("localhost", "127.0.0.1", "::1")] == []
 
 
 def write_two_ranks(out: Path, header, steps: dict[int, int], changed: tuple[int, int] | None = None) -> None:
