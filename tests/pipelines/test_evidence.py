@@ -1,5 +1,5 @@
 """The detector alarms' inputs and scoring: the digest bytes built with numpy against `step_fingerprint` fed
-record by record, and the scoring that shares checks between detector sets against each set run alone."""
+record by record, and the alarm rows of every detector set against each set run alone by a guard."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def naive(facts: list[StepFacts], detectors: tuple, name: str | None = None) -> 
     return rows
 
 
-def test_shared_scoring_equals_each_set_alone() -> None:
+def test_alarm_rows_equal_each_set_run_alone() -> None:
     """Spikes that one set flags and another accepts make their histories part; rows must not tell. From step 200
     to 300 the gradient norm is 20 times higher, and from step 200 on the loss is half: the guard's combination
     flags steps 200 to 299, so its loss history stays at step 199 while LossSpike's alone follows the lower loss;
