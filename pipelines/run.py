@@ -41,6 +41,7 @@ from apache_beam.portability.api import beam_provision_api_pb2
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.runners.portability.portable_runner import JobServiceHandle
 from apache_beam.runners.runner import PipelineResult, PipelineState, create_runner
+from apache_beam.runners.worker import statesampler
 
 from analysis import queries
 from analysis.load import connect_writable, load_parquet
@@ -286,19 +287,45 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
 
 
 def run_job(p: beam.Pipeline) -> tuple[PipelineResult, str]:
-    """Run a built job to its end: its result and final state. The objects alive before it are kept out of the
-    garbage collector's way meanwhile (`gc.freeze`): on an in-process runner (in_memory) each
-    full collection during the job walked every object this process holds, Beam's, pyarrow's and torch's
-    modules included, 0.7 s of a 4.5 s job on the benchmark pair (benchmarks/bench_diff.py)."""
+    """Run a built job to its end: its result and final state. Two costs of an in-process runner (in_memory) are
+    cut meanwhile, each measured on the benchmark pair (benchmarks/bench_diff.py):
+
+    - the objects alive before the job are kept out of the garbage collector's way (`gc.freeze`): each full
+      collection walked every object this process holds, Beam's, pyarrow's and torch's modules included
+      (0.7 s of a 4.5 s job);
+    - the state sampler wakes at least every `SAMPLING_PERIOD_MS` (`_prompt_state_sampler`)."""
     gc.freeze()
     try:
-        result = p.run()
-        state = result.wait_until_finish()
+        with _prompt_state_sampler():
+            result = p.run()
+            state = result.wait_until_finish()
     finally:
         gc.unfreeze()
     if hasattr(result, "client"):
         result.client.close()  # the DaskRunner leaves its Dask client open
     return result, state
+
+
+SAMPLING_PERIOD_MS = 5
+
+
+@contextmanager
+def _prompt_state_sampler() -> Iterator[None]:
+    """Beam's bundle processor ends every bundle by joining its state-sampling thread, which sleeps between samples
+    for up to 200 ms (`statesampler.DEFAULT_SAMPLING_PERIOD_MS`, bound as the constructor's default): 0.08-0.24 s
+    of waiting in a 2 s job, 0.1 s of its median time. A shorter longest sleep makes the join prompt; the thread
+    samples in C without the GIL, so waking every few milliseconds costs nothing measurable. Left alone if a
+    Beam version builds its sampler differently (tests/pipelines/test_units.py pins the one we know)."""
+    init = statesampler.StateSampler.__init__
+    saved = init.__defaults__
+    if saved != (statesampler.DEFAULT_SAMPLING_PERIOD_MS,):
+        yield
+        return
+    init.__defaults__ = (SAMPLING_PERIOD_MS,)
+    try:
+        yield
+    finally:
+        init.__defaults__ = saved
 
 
 SCRATCH_PREFIX = ".sdc-diff-"  # + purpose-pid-random: what a diff leaves behind if it is killed
