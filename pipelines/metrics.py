@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 import torch
 from apache_beam.metrics import Metrics
 
 from pipelines.events import NUMBER, Fields
 from pipelines.source import NAMESPACE, EventBatch, corruption_row, read_file
-from pipelines.tables import named, table
+from pipelines.tables import SCHEMAS, named, table
 from tracer.checkpoint import decode_checkpoint
 from tracer.errors import LogError
 
@@ -38,36 +38,69 @@ _LAYER = re.compile(r"^(.*?layers\.\d+)\.")
 
 def spikes(steps: Sequence[int], losses: Sequence[float | None]) -> list[dict[str, Any]]:
     """Spikes of one loss curve (steps ascending): step, loss, baseline (the rolling median), ratio."""
+    loss = np.array([math.nan if x is None else x for x in losses], np.float64)
+    given = np.array([x is not None for x in losses], bool)
+    baseline = _baselines(loss)
+    finite = np.isfinite(loss)
+    with np.errstate(invalid="ignore"):
+        spiked = given & (~finite | (loss > SPIKE_FACTOR * baseline))  # NaN baseline: no history, no spike
     out = []
-    for i, (step, loss) in enumerate(zip(steps, losses)):
-        if loss is None:
-            continue
-        history = [x for x in losses[max(0, i - SPIKE_WINDOW) : i] if x is not None and math.isfinite(x)]
-        baseline = statistics.median(history) if len(history) >= SPIKE_MIN_HISTORY else None
-        if not math.isfinite(loss):
-            out.append({"step": step, "loss": loss, "baseline": baseline, "ratio": None})
-        elif baseline is not None and loss > SPIKE_FACTOR * baseline:
-            out.append({"step": step, "loss": loss, "baseline": baseline, "ratio": loss / baseline if baseline else None})
+    for i in np.flatnonzero(spiked).tolist():
+        base = float(baseline[i]) if not math.isnan(baseline[i]) else None
+        value = float(loss[i])
+        ratio = value / base if finite[i] and base else None
+        out.append({"step": steps[i], "loss": value, "baseline": base, "ratio": ratio})
     return out
+
+
+def _baselines(loss: np.ndarray) -> np.ndarray:
+    """Per step, `statistics.median` of the finite losses among the `SPIKE_WINDOW` steps before it; NaN where
+    fewer than `SPIKE_MIN_HISTORY` are finite."""
+    n = len(loss)
+    finite = np.where(np.isfinite(loss), loss, np.nan)
+    before = np.full((n, SPIKE_WINDOW), np.nan)
+    for back in range(1, SPIKE_WINDOW + 1):
+        before[back:, back - 1] = finite[: max(0, n - back)]
+    ordered = np.sort(before, axis=1)  # NaN last
+    count = SPIKE_WINDOW - np.isnan(ordered).sum(axis=1)
+    rows = np.arange(n)
+    upper = ordered[rows, count // 2]
+    lower = ordered[rows, np.maximum(count - 1, 0) // 2]
+    median = np.where(count % 2 == 1, upper, (lower + upper) / 2)
+    return np.where(count >= SPIKE_MIN_HISTORY, median, np.nan)
 
 
 def loss_tables(rank: int, golden: Mapping[int, float | None], suspect: Mapping[int, float | None],
                 lrs: Mapping[int, float | None] | None = None) -> tuple[pa.Table, pa.Table]:
     """Both runs' per-step loss side by side (every step either run has), the golden's learning rate beside
     them (``lrs``), and each run's spikes."""
-    rows = []
-    for step in sorted(set(golden) | set(suspect)):
-        g, s = golden.get(step), suspect.get(step)
-        diff = s - g if g is not None and s is not None else None
-        rel = diff / abs(g) if diff is not None and g else None
-        rows.append({"rank": rank, "step": step, "golden_loss": g, "suspect_loss": s, "diff": diff, "rel_diff": rel,
-                     "lr": (lrs or {}).get(step)})
+    steps = sorted(golden.keys() | suspect.keys())
+    g, g_given = _column(golden, steps)
+    s, s_given = _column(suspect, steps)
+    lr, lr_given = _column(lrs or {}, steps)
+    both = g_given & s_given
+    with np.errstate(invalid="ignore", divide="ignore"):
+        diff = s - g
+        rel = diff / np.abs(g)
+    n = len(steps)
+    loss = pa.Table.from_arrays([
+        pa.array(np.full(n, rank, np.int32)), pa.array(np.array(steps, np.int64)),
+        pa.array(g, mask=~g_given), pa.array(s, mask=~s_given), pa.array(diff, mask=~both),
+        pa.array(rel, mask=~both | (g == 0)), pa.array(lr, mask=~lr_given),
+    ], schema=SCHEMAS[LOSS])
     spike_rows = []
     for side, curve in (("golden", golden), ("suspect", suspect)):
-        steps = sorted(curve)
-        for spike in spikes(steps, [curve[s] for s in steps]):
+        ordered = sorted(curve)
+        for spike in spikes(ordered, [curve[step] for step in ordered]):
             spike_rows.append({"rank": rank, "side": side, **spike})
-    return table(LOSS, rows), table(SPIKES, spike_rows)
+    return loss, table(SPIKES, spike_rows)
+
+
+def _column(values: Mapping[int, float | None], steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` at ``steps`` as floats, and where they are given (not None, not missing)."""
+    got = [values.get(step) for step in steps]
+    return (np.array([math.nan if v is None else v for v in got], np.float64),
+            np.array([v is not None for v in got], bool))
 
 
 class LossCurves(beam.PTransform):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,15 @@ import torch
 
 from pipelines.diff import diff_bucket
 from pipelines.events import Fault, fault_units
-from pipelines.metrics import SPIKE_FACTOR, drift_rows, parameter_group, spikes
+from pipelines.metrics import (
+    SPIKE_FACTOR,
+    SPIKE_MIN_HISTORY,
+    SPIKE_WINDOW,
+    drift_rows,
+    loss_tables,
+    parameter_group,
+    spikes,
+)
 from pipelines.pairing import differences, pair_id, validate_pair
 from pipelines.source import RankLayout, RunLayout, bucket_batches, describe_run
 from tests.pipelines.test_transforms import B, F, G, P, columns
@@ -82,6 +92,49 @@ def test_loss_spike_rule() -> None:
     assert [(s["step"], s["baseline"]) for s in found] == [(5, 2.0), (7, 2.0)]
     assert found[0]["ratio"] == pytest.approx(3.5 / 2.0) and 3.5 > SPIKE_FACTOR * 2.0
     assert spikes([0, 1, 2], [1.0, 100.0, math.inf]) == [{"step": 2, "loss": math.inf, "baseline": None, "ratio": None}]
+
+
+def _spikes_row_by_row(steps: list[int], losses: list[float | None]) -> list[dict]:
+    """The spike rule (analysis/SCHEMA.md) as it reads, step by step."""
+    out = []
+    for i, (step, loss) in enumerate(zip(steps, losses)):
+        if loss is None:
+            continue
+        history = [x for x in losses[max(0, i - SPIKE_WINDOW) : i] if x is not None and math.isfinite(x)]
+        baseline = statistics.median(history) if len(history) >= SPIKE_MIN_HISTORY else None
+        if not math.isfinite(loss):
+            out.append({"step": step, "loss": loss, "baseline": baseline, "ratio": None})
+        elif baseline is not None and loss > SPIKE_FACTOR * baseline:
+            ratio = loss / baseline if baseline else None
+            out.append({"step": step, "loss": loss, "baseline": baseline, "ratio": ratio})
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_loss_spikes_follow_the_rule_on_curves_with_gaps_and_non_finite_losses(seed: int) -> None:
+    rng = random.Random(seed)
+    losses: list[float | None] = []
+    for i in range(600):
+        value = rng.choice([2.0, 1.0, 0.0]) if i < 40 and seed % 2 else 2.0 + rng.gauss(0, 0.3)  # zero baselines too
+        roll = rng.random()
+        losses.append(None if roll < 0.05 else rng.choice([math.nan, math.inf, -math.inf]) if roll < 0.1
+                      else value * 2.5 if roll < 0.15 else value)
+    steps = sorted(rng.sample(range(5000), len(losses)))
+    assert repr(spikes(steps, losses)) == repr(_spikes_row_by_row(steps, losses))  # repr: NaN equals itself
+    assert spikes([], []) == [] and spikes([3], [math.nan])[0]["baseline"] is None
+
+
+def test_loss_table_pairs_the_curves_step_by_step() -> None:
+    golden = {0: 2.0, 1: 0.0, 2: None, 3: math.nan}
+    loss, spike = loss_tables(7, golden, {0: 2.5, 1: 1.0, 3: 1.0, 4: 3.0}, {0: 0.1, 1: None})
+    rows = [(r["step"], r["golden_loss"], r["suspect_loss"], r["diff"], r["rel_diff"], r["lr"])
+            for r in loss.to_pylist()]
+    assert repr(rows) == repr([(0, 2.0, 2.5, 0.5, 0.25, 0.1), (1, 0.0, 1.0, 1.0, None, None),
+                               (2, None, None, None, None, None), (3, math.nan, 1.0, math.nan, math.nan, None),
+                               (4, None, 3.0, None, None, None)])
+    assert {r["rank"] for r in loss.to_pylist()} == {7}
+    assert repr(spike.to_pylist()) == repr([{"rank": 7, "step": 3, "side": "golden", "loss": math.nan,
+                                             "baseline": None, "ratio": None}])
 
 
 def test_drift_is_relative_overall_and_per_layer() -> None:
