@@ -11,7 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_STEPS_PER_BUCKET = 64
+# Each joined batch costs the job about a millisecond whatever its size (packing, unpacking, the join's numpy
+# calls, a Parquet part): 256 steps of the benchmark pair (90 records a step) ran 0.2 s faster than 64 in 2 s
+# (benchmarks/bench_diff.py). A model with thousands of tensor records a step makes batches of a million records
+# and more (tens of MB a side): --steps-per-bucket lowers that.
+DEFAULT_STEPS_PER_BUCKET = 256
 
 
 @dataclass(frozen=True)

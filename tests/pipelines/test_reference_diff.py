@@ -10,6 +10,7 @@ from typing import Any
 import duckdb
 import pytest
 
+from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET
 from tests.pipelines.conftest import FAULT_MICROBATCH, FAULT_SITE, FAULT_STEP
 from tracer.log import EventRecord, LogReader, Phase, TensorRecord, rank_dir
 
@@ -79,7 +80,7 @@ def query(db: Path, sql: str) -> list[tuple[Any, ...]]:
         return con.execute(sql).fetchall()
 
 
-@pytest.mark.parametrize("steps_per_bucket", [64, 2])
+@pytest.mark.parametrize("steps_per_bucket", [DEFAULT_STEPS_PER_BUCKET, 2])
 def test_event_diffs_and_frontier_equal_an_independent_join(runs, run_diff, tmp_path: Path,
                                                             steps_per_bucket: int) -> None:
     run_diff(runs["golden"], runs["hooked"], steps_per_bucket=steps_per_bucket)
