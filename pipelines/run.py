@@ -50,9 +50,9 @@ from pipelines import diff as tensor_diff
 from pipelines import events as events_mod
 from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET, DiffRequest, add_arguments
 from pipelines.pairing import BOUNDS, LOST, ComparisonBounds, pair_id, validate_pair
-from pipelines.sink import WriteTables
+from pipelines.sink import WriteTables, write_table
 from pipelines.source import EVENTS, SEGMENTS, TENSORS, RunLayout
-from pipelines.tables import SCHEMAS, TABLES, named
+from pipelines.tables import SCHEMAS, TABLES, table
 from tracer.checkpoint import checkpoint_files
 from tracer.errors import LogCorruptionError, LogFormatError, SdcError, UsageError
 
@@ -124,7 +124,8 @@ def _join(run: str, relpath: str) -> str:
 
 
 def build_pipeline(p: beam.Pipeline, plan: DiffPlan, staging: str) -> None:
-    """Wire the whole job: read every run, diff, derive metrics, write one Parquet table per output."""
+    """Wire the whole job: read every run, diff, derive metrics, write one Parquet table per output (all but
+    ``pairs``, the plan's own row, which `diff` writes beside them)."""
     sides = plan.sides()
     spread = not in_process(p.options)
     read = p | "Read runs" >> source.ReadRuns(sides, plan.steps_per_bucket, spread)
@@ -142,7 +143,6 @@ def build_pipeline(p: beam.Pipeline, plan: DiffPlan, staging: str) -> None:
         events[events_mod.STEPS] | "Loss curves" >> metrics.LossCurves(),
         *([p | "Parameter drift" >> metrics.ParamDrift(plan.drift, spread)] if plan.drift else []),
         read[source.EVIDENCE] | "Detector alarms" >> alarms.DetectorAlarms(plan.suspect),
-        p | "Pair" >> beam.Create([named("pairs", [_pair_row(plan)])]),
     )
     # The diff tables are written where they are made; the others, a few rows per rank or segment, meet first:
     # one writing step for all of them costs less than a step each.
@@ -264,6 +264,7 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
         report.pipeline_s = time.perf_counter() - start
         if state != PipelineState.DONE:
             raise SdcError(f"the Beam job ended in state {state}; see the runner's log")
+        write_table(staging, "pairs", table("pairs", [_pair_row(plan)]))
         report.counters = c = _counters(result)
         counts = (f": {c.get('segments_read', 0)} segment(s), {c.get('tensor_records', 0):,} tensor records, "
                   f"{c.get('events_compared', 0):,} events compared") if c else " (this runner reports no metrics)"
