@@ -72,7 +72,8 @@ def score(steps: Steps, sets: Sequence[Scored]) -> list[Fired]:
 
 
 def score_stepwise(steps: Steps, detectors: tuple[Detector, ...]) -> Fired:
-    """The guard's own rule, step by step: the reference `score` agrees with (tests/pipelines/test_scoring.py)."""
+    """The guard's own rule applied step by step: what `score` decides with numpy (tests/pipelines/test_scoring.py
+    holds them equal), and what it falls back to."""
     guard, past, fired = Guard(detectors=detectors), _NO_HISTORY, {}
     for k in range(len(steps)):
         e = steps.evidence(k, past)
@@ -89,6 +90,7 @@ def _vectorised(d: Detector) -> bool:
 
 
 def _score_set(steps: Steps, detectors: tuple[Detector, ...]) -> Fired:
+    """`score_stepwise` for detectors that all have a numpy form (`_vectorised`)."""
     n = len(steps)
     fires = {d.name: _fires_without_history(steps, d) for d in detectors if not _windowed(d)}
     windowed = [d for d in detectors if _windowed(d)]
