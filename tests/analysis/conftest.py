@@ -9,7 +9,7 @@
   steps 3-5, both emulating node-7's profile;
 - ``node-3``: a healthy twin of 3 steps, diffed without replays.
 
-Both pairs are loaded with `sdc diff` (Beam's DirectRunner) into ``study.duckdb``.
+Both pairs are loaded with `sdc diff` (its default Beam runner) into ``study.duckdb``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from pipelines.diff import FINDINGS, DiffTensors
 from pipelines.events import CHECKS, FAULTS, STEPS, AbftCheck, Fault, RouteEvents
 from pipelines.metrics import LossCurves
 from pipelines.pairing import BOUNDS, ComparisonBounds
+from pipelines.run import DEFAULT_RUNNER
 from pipelines.sink import WriteTables
 from pipelines.source import EventBatch, RankInfo, RankLayout, RunLayout, SegmentInfo, SummariseRanks, bucket_batches
 from pipelines.tables import SCHEMAS, TABLES
@@ -23,6 +24,11 @@ from tracer.log import SCHEMA_VERSION, Phase, RunHeader, SegmentSummary
 from tracer.log.columns import TensorColumns
 
 F, B, G, P = Phase.FORWARD, Phase.BACKWARD, Phase.GRAD, Phase.PARAM
+
+
+def pipeline() -> test_pipeline.TestPipeline:
+    """On `sdc diff`'s runner: the TestPipeline's default, the DirectRunner, first tries to download Prism."""
+    return test_pipeline.TestPipeline(runner=DEFAULT_RUNNER)
 
 
 def columns(records: list[tuple[int, int, str, Phase, int]]) -> TensorColumns:
@@ -56,7 +62,7 @@ SUSPECT = [
 
 
 def test_diff_tensors_joins_buckets_and_stops_at_the_bound() -> None:
-    with test_pipeline.TestPipeline() as p:
+    with pipeline() as p:
         batches = p | "Batches" >> beam.Create(keyed("golden", GOLDEN) + keyed("suspect", SUSPECT))
         bounds = p | "Bounds" >> beam.Create([(0, 1)])  # steps 2 and 3 (bucket 1) are beyond it
         faults = p | "Faults" >> beam.Create([])
@@ -82,7 +88,7 @@ def test_comparison_bounds_take_the_shorter_run() -> None:
     infos = [RankInfo("golden", 0, 1, 10, True, False, 9), RankInfo("suspect", 0, 1, 8, False, True, 6),
              RankInfo("golden", 1, 1, 10, True, False, 9), RankInfo("suspect", 1, 1, 0, False, False, None),
              RankInfo("replay0", 0, 1, 3, True, False, 2)]
-    with test_pipeline.TestPipeline() as p:
+    with pipeline() as p:
         out = p | beam.Create(infos) | ComparisonBounds({("golden", 0): "g", ("suspect", 0): "s"})
         assert_that(out[BOUNDS], equal_to([(0, 6)]), label="Bounds")
         through = out[TABLES] | beam.Map(lambda t: tuple(t[1].select(["rank", "compared_through"]).to_pylist()[0].values()))
@@ -107,7 +113,7 @@ def test_route_events_parses_what_each_table_needs() -> None:
         (("replay0", "grad_noise", 0), _batch("grad_noise", 0, (1, {"name": "*", "diff_l2": 1.0, "golden_l2": 4.0,
                                                                    "ratio": 0.25}))),
     ]
-    with test_pipeline.TestPipeline() as p:
+    with pipeline() as p:
         out = p | beam.Create(elements) | RouteEvents({("replay0", 0): "r"})
         assert_that(out[FAULTS] | beam.Map(lambda f: (f.step, f.site, f.indices, f.detail)),
                     equal_to([(3, "layers.1.mlp.w1", [5], '{"bit": 30}'), (4, None, None, None)]), label="Faults")
@@ -127,7 +133,7 @@ def test_rank_findings_score_faults_against_both_detectors() -> None:
 
     findings = BucketFindings(None, (10, 1, 0, 0, 9, 0), [(fault.id, {"traced_site": "layers.1.mlp",
                                                                      "fingerprint_detected": True})])
-    with test_pipeline.TestPipeline() as p:
+    with pipeline() as p:
         out = (
             p | "Findings" >> beam.Create([(0, ("bucket", findings))])
             | RankFindings(p | "Faults" >> beam.Create([fault]), p | "Checks" >> beam.Create([flagged, clean]))
@@ -145,7 +151,7 @@ def test_loss_curves_join_both_runs_per_rank() -> None:
     golden = [(0, ("golden", _batch("step", 0, *[(s, {"loss": 2.0}) for s in range(12)])))]
     suspect = [(0, ("suspect", _batch("step", 0, *[(s, {"loss": 9.0 if s == 11 else 2.0}) for s in range(11)]
                                       + [(11, {"loss": 9.0})])))]
-    with test_pipeline.TestPipeline() as p:
+    with pipeline() as p:
         out = p | beam.Create(golden + suspect) | LossCurves()
         shape = out | beam.Map(lambda t: (t[0], t[1].num_rows))
         assert_that(shape, equal_to([("loss", 12), ("loss_spikes", 1)]))
@@ -157,7 +163,7 @@ def test_summarise_ranks_reports_problems_between_segments() -> None:
     seg = lambda index, first: SegmentInfo(  # noqa: E731
         "golden", 0, SegmentSummary(index, f"/runs/g/rank-00000/{index:06d}.sdclog", index, first, 5, False),
         5, index == 2, False, index, index)
-    with test_pipeline.TestPipeline() as p:
+    with pipeline() as p:
         out = p | beam.Create([seg(0, 0), seg(2, 10)]) | SummariseRanks({"golden": run})
         problems = out[TABLES] | beam.Filter(lambda t: t[0] == "corruptions") | beam.FlatMap(
             lambda t: [(r["path"], r["offset"]) for r in t[1].to_pylist()])
@@ -171,7 +177,7 @@ def test_write_tables_moves_committed_files_into_place(tmp_path: Path) -> None:
 
     staging = str(tmp_path / "staging")
     row = {"rank": 0, "step": 1, "golden_loss": 2.0, "suspect_loss": 2.5, "diff": 0.5, "rel_diff": 0.25}
-    with test_pipeline.TestPipeline() as p:
+    with pipeline() as p:
         part = p | beam.Create([named("loss", [row]), named("loss", [{**row, "step": 2}])])
         paths = (part,) | WriteTables(staging, SCHEMAS)
         assert_that(paths | beam.Map(lambda path: Path(path).parent.name), equal_to(["loss"]))
@@ -196,7 +202,7 @@ def test_route_events_keeps_fine_tune_rows_of_every_run_even_with_unreadable_fie
                                                      (4, {"task": "add", "example": 3, "predicted": 1, "answer": 2}),
                                                      (4, {"task": "add", "example": "three", "predicted": 1.5}))),
     ]
-    with test_pipeline.TestPipeline() as p:
+    with pipeline() as p:
         out = p | beam.Create(elements) | RouteEvents({("golden", 0): "g", ("twin", 0): "t"})
         rows = out[TABLES] | beam.FlatMap(lambda t: [(t[0], tuple(r.values())) for r in t[1].to_pylist()])
         assert_that(rows, equal_to([
