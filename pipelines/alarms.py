@@ -31,11 +31,11 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.evidence import GradGroups, SegmentEvidence
-from pipelines.scoring import Scored, Steps, score
+from pipelines.scoring import Fired, Scored, Steps, score
 from pipelines.source import RunLayout
 from pipelines.tables import SCHEMAS, named
 from tracer.guard import AbftFlags, Detector, TwinMismatch, default_guard
-from tracer.guard.detectors import Alarm, GradNormSpike, LossSpike, NonFinite
+from tracer.guard.detectors import GradNormSpike, LossSpike, NonFinite
 from tracer.log.records import EventRecord
 
 ALARMS, DECISIONS = "detector_alarms", "guard_decisions"
@@ -140,8 +140,7 @@ def run_alarms(facts: list[StepFacts], abft: bool, twin: Mapping[int, int] | Non
     checked with ABFT, `TwinMismatch` where there is a twin), then the guard's default combination; per set,
     step by step."""
     combination = default_guard(abft=abft).detectors
-    same = {id(d): c for d in DETECTORS for c in combination if type(c) is type(d) and c == d}
-    sets = [Scored((same.get(id(d), d),)) for d in DETECTORS if abft or not isinstance(d, AbftFlags)]
+    sets = [Scored((d,)) for d in DETECTORS if abft or not isinstance(d, AbftFlags)]
     if twin is not None:
         sets.append(Scored((TwinMismatch(FingerprintTwin(twin)),)))
     sets.append(Scored(combination, COMBINATION))
@@ -161,7 +160,7 @@ def _steps(facts: list[StepFacts]) -> Steps:
     )
 
 
-def _alarm_table(facts: list[StepFacts], sets: list[Scored], fired: list[dict[int, dict[str, Alarm]]], rank: int,
+def _alarm_table(facts: list[StepFacts], sets: list[Scored], fired: list[Fired], rank: int,
                  run_id: str, node_label: str) -> pa.Table:
     """Rows set by set, step by step, and within a step detector by detector: the columns that are the step's
     repeated with numpy, the alarms' filled in where there are any."""
