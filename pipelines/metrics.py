@@ -24,6 +24,7 @@ import torch
 from apache_beam.metrics import Metrics
 
 from pipelines.events import NUMBER, Fields
+from pipelines.scoring import sorted_median
 from pipelines.source import NAMESPACE, EventBatch, corruption_row, read_file
 from pipelines.tables import SCHEMAS, named, table
 from tracer.checkpoint import decode_checkpoint
@@ -63,11 +64,7 @@ def _baselines(loss: np.ndarray) -> np.ndarray:
         before[back:, back - 1] = finite[: max(0, n - back)]
     ordered = np.sort(before, axis=1)  # NaN last
     count = SPIKE_WINDOW - np.isnan(ordered).sum(axis=1)
-    rows = np.arange(n)
-    upper = ordered[rows, count // 2]
-    lower = ordered[rows, np.maximum(count - 1, 0) // 2]
-    median = np.where(count % 2 == 1, upper, (lower + upper) / 2)
-    return np.where(count >= SPIKE_MIN_HISTORY, median, np.nan)
+    return np.where(count >= SPIKE_MIN_HISTORY, sorted_median(ordered, count), np.nan)
 
 
 def loss_tables(rank: int, golden: Mapping[int, float | None], suspect: Mapping[int, float | None],

@@ -163,9 +163,9 @@ def _spikes(steps: Steps, d: LossSpike | GradNormSpike, accepted: np.ndarray, pu
 
 def _verdicts(d: LossSpike | GradNormSpike, value: np.ndarray, ordered: np.ndarray) -> np.ndarray:
     """`LossSpike.check` / `_RatioSpike.check` on full windows, each row sorted ascending."""
-    median = _median(ordered)
+    median = sorted_median(ordered)
     if isinstance(d, LossSpike):
-        mad = _median(np.sort(np.abs(ordered - median[:, None]), axis=1))
+        mad = sorted_median(np.sort(np.abs(ordered - median[:, None]), axis=1))
         scale = np.maximum(np.maximum(MAD_SIGMA * mad, d.floor * np.abs(median)), 1e-12)
         finite = np.isfinite(value)
         z = np.where(finite, value - median, 0.0) / scale
@@ -176,11 +176,14 @@ def _verdicts(d: LossSpike | GradNormSpike, value: np.ndarray, ordered: np.ndarr
     return np.where(finite, (median > 0) & (ratio > d.factor), True)
 
 
-def _median(ordered: np.ndarray) -> np.ndarray:
-    """`statistics.median` of each sorted row."""
-    n = ordered.shape[1]
-    half = n // 2
-    return ordered[:, half] if n % 2 else (ordered[:, half - 1] + ordered[:, half]) / 2
+def sorted_median(ordered: np.ndarray, count: np.ndarray | None = None) -> np.ndarray:
+    """`statistics.median` of each row's first ``count`` values (all of them without ``count``), rows sorted
+    ascending: the middle value, or the mean of the two middle ones, in float64."""
+    rows = np.arange(len(ordered))
+    count = np.full(len(ordered), ordered.shape[1]) if count is None else count
+    upper = ordered[rows, count // 2]
+    lower = ordered[rows, np.maximum(count - 1, 0) // 2]
+    return np.where(count % 2 == 1, upper, (lower + upper) / 2)
 
 
 class _Histories:
