@@ -37,6 +37,7 @@ from timing import warmup
 
 from faults import FaultEmulator, load_profile
 from faults.abft import AbftChecker
+from faults.emulator import emulator_implementation
 from tracer.log import rank_dir
 from tracer.log.reader import LogReader
 from tracer.log.records import TensorRecord
@@ -100,7 +101,9 @@ def bench_interceptor_overhead(steps: int, config: str | None) -> tuple[float, f
     plain, emulator, abft = (statistics.median(t[warm:]) for t in times)
     print(
         f"fault emulator     : emulator-on/traced step time = {emulator / plain:.3f}  "
-        f"(median {emulator * 1e3:.1f} ms vs {plain * 1e3:.1f} ms; healthy-node: no fault fires; target <= 1.10)"
+        f"(median {emulator * 1e3:.1f} ms vs {plain * 1e3:.1f} ms; healthy-node: no fault fires; decided in "
+        f"{'the C++ gate' if emulator_implementation() == 'gate' else 'Python: the gate is not built'}; "
+        "target <= 1.10)"
     )
     print(
         f"ABFT checker       : abft-on/traced step time = {abft / plain:.3f}  "

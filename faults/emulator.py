@@ -38,6 +38,8 @@ from __future__ import annotations
 import math
 import random
 import re
+import threading
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -48,13 +50,38 @@ from faults.ops import resolve_collectives, resolve_ops
 from faults.profile import Corruption, FaultProfile
 from faults.schedule import BurstChain
 from faults.scope import ModuleScope, ScopedInterceptor
+from tracer import kernel
 from tracer.collectives import Stage, observing
 from tracer.errors import ConfigError
-from tracer.intercept import Call, Clock, Sink, below_autograd, in_own_ops, own_ops
+from tracer.intercept import Call, Clock, NativeKernel, Sink, below_autograd, in_own_ops, own_ops
 from tracer.log.records import Phase
 from tracer.sites import SiteSpec, find_sites
 
 SHOWN = 8  # values and indices a fault event lists
+PREDRAWN = 1024  # draws handed to the C++ gate at a time
+
+GATE_ENV = "SDCTRACE_EMULATOR_GATE"  # "torch": every call through the Python kernel even where the gate is built
+_gate_state: list[ModuleType | None] = []  # [] until the first emulator looks
+_gate_lock = threading.Lock()
+
+
+def _gate_module() -> ModuleType | None:
+    """The built gate, loaded by the first emulator; None (said once) when it is not there."""
+    if _gate_state:
+        return _gate_state[0]
+    from faults.emulator_kernel import GATE  # not at import: ``python -m faults.emulator_kernel`` runs it
+
+    return kernel.load_once(
+        GATE, _gate_state, _gate_lock, GATE_ENV,
+        "sdctrace's fault emulator gate is not built for this torch and Python, so every call of an op a fault "
+        "rule names goes through Python: the same faults, about 4 us more a call. Build it once with "
+        "`python -m faults.emulator_kernel` (needs a C++ compiler and ninja; `make venv` does it).",
+    )
+
+
+def emulator_implementation() -> str:
+    """Where the per-call decision runs here: "gate" (C++) or "python"; benchmarks print it."""
+    return "gate" if _gate_module() is not None else "python"
 
 
 class FaultEmulator(ScopedInterceptor):
@@ -110,6 +137,14 @@ class FaultEmulator(ScopedInterceptor):
         self._draws: dict[int, random.Random] = {}
         self._rules_of: dict[Any, tuple[int, ...]] = {}  # op overload -> the rules that name its packet
         self.ops = frozenset().union(*self._ops)
+        # The C++ gate settles the calls no draw hits; it consumes draws the emulator pre-drew on a copy of the
+        # generator, which catches up (`_sync`) before Python draws again.
+        module = _gate_module() if 0 < len(rules) <= 64 else None
+        self._gate_module = module
+        self._gate = module.Gate(clock, self.scope.forward_paths, [r.p_call for r in rules]) if module else None
+        self._predrawn: random.Random | None = None  # the generator whose next draws the gate holds
+        self._gated = False  # the clock armed for lets the gate draw (attempt 0)
+        self._patterned = sum(1 << i for i, p in enumerate(self._patterns) if p is not None)
 
     def __enter__(self) -> FaultEmulator:
         super().__enter__()
@@ -145,6 +180,12 @@ class FaultEmulator(ScopedInterceptor):
                     self._hit(i, hit, rng, point, op, where, microbatch)
         return hit
 
+    def native_kernel(self, op: Any) -> NativeKernel | None:
+        if self._gate is None:
+            return None
+        gate, rules = self._gate, sum(1 << i for i in self._rules(op))
+        return lambda name, python: self._gate_module.register(gate, name, rules, python)
+
     def intercept(self, func: Any, args: tuple, kwargs: dict, call: Call) -> Any:
         out = call(*args, **kwargs)
         phase = self.scope.phase()
@@ -155,20 +196,49 @@ class FaultEmulator(ScopedInterceptor):
             self._arm(clock)
         live = self._live[phase]
         if live:
-            rules = self._rules_of.get(func)
-            if rules is None:
-                rules = self._rules_of[func] = tuple(i for i, ops in enumerate(self._ops) if func.overloadpacket in ops)
-            for i in rules:
+            for i in self._rules(func):
                 if i in live:
                     out = self._inject(i, func, phase, clock, args, out)
+        if self._gated and self._predrawn is None:
+            self._predraw()
         return out
+
+    def _rules(self, func: Any) -> tuple[int, ...]:
+        """The rules that name ``func``'s packet."""
+        rules = self._rules_of.get(func)
+        if rules is None:
+            rules = self._rules_of[func] = tuple(i for i, ops in enumerate(self._ops) if func.overloadpacket in ops)
+        return rules
 
     def _arm(self, clock: tuple[int, ...]) -> None:
         """The rules that may fire in each phase at this (step, microbatch): decided once, not on every call."""
+        self._sync()
         step, microbatch = clock[0], clock[1]
         armed = [i for i in range(len(self.profile.faults)) if self._armed(i, step, microbatch)]
         self._live = {p: frozenset(i for i in armed if p in self.profile.faults[i].phases) for p in Phase}
         self._clock_at = clock
+        if self._gate is not None:
+            # A guarded re-run's draws (attempt > 0) come from more than one stream: Python makes them.
+            self._gated = len(clock) < 3 or clock[2] == 0
+            masks = {p: sum(1 << i for i in self._live[p]) for p in (Phase.FORWARD, Phase.BACKWARD)}
+            slow = self._patterned if self._gated else (1 << 64) - 1
+            self._gate.arm(clock, masks[Phase.FORWARD], masks[Phase.BACKWARD], slow)
+
+    def _predraw(self) -> None:
+        """Hand the gate the next draws of attempt 0's generator at the armed clock, drawn on a copy."""
+        step, microbatch = self._clock_at[0], self._clock_at[1]
+        rng = self._stream(0, step, microbatch, 0)
+        copy = random.Random()
+        copy.setstate(rng.getstate())
+        self._gate.fill([copy.random() for _ in range(PREDRAWN)])
+        self._predrawn = rng
+
+    def _sync(self) -> None:
+        """Advance the generator past the draws the gate consumed, and take the rest back."""
+        if self._predrawn is not None:
+            rng, self._predrawn = self._predrawn, None
+            for _ in range(self._gate.fill([])):
+                rng.random()
 
     def _inject(self, i: int, func: Any, phase: Phase, clock: tuple[int, ...], args: tuple, out: Any) -> Any:
         """Rule ``i``'s draw for this call (no tensor ops: cheap on the many calls that are not hit), then the
@@ -198,11 +268,14 @@ class FaultEmulator(ScopedInterceptor):
         return None if pattern is not None else ""
 
     def _draws_for(self, rule: int, step: int, microbatch: int, attempt: int = 0) -> random.Random:
+        self._sync()
+        # Attempt 0 is one stream for every rule; a re-run replays it for persistent rules, draws anew for the rest.
+        return self._stream(0 if self.profile.faults[rule].persistent else attempt, step, microbatch, attempt)
+
+    def _stream(self, drawn: int, step: int, microbatch: int, attempt: int) -> random.Random:
         key = (step, microbatch, attempt)
         if key != self._draws_key:
             self._draws, self._draws_key = {}, key
-        # Attempt 0 is one stream for every rule; a re-run replays it for persistent rules, draws anew for the rest.
-        drawn = 0 if self.profile.faults[rule].persistent else attempt
         rng = self._draws.get(drawn)
         if rng is None:
             # A string seed is hashed with SHA-512: stable across processes and platforms.

@@ -73,6 +73,12 @@ class ModuleScope:
         """A hooked module's forward is running."""
         return bool(self._forward)
 
+    @property
+    def forward_paths(self) -> list[str]:
+        """The paths of the hooked modules whose forward is running, outermost first: the live list, which the
+        fault emulator's C++ gate reads on every call."""
+        return self._forward
+
     def phase(self) -> Phase | None:
         return current_phase(bool(self._forward))
 

@@ -44,6 +44,9 @@ _state = threading.local()
 Clock = Callable[[], tuple[int, ...]]  # the current (step, microbatch[, attempt of a guarded re-run])
 Sink = Callable[[str, dict[str, Any]], None]  # log one event: (kind, fields)
 Call = Callable[..., Any]  # runs the op through the interceptors below: call(*args, **kwargs)
+# Registers a C++ kernel for one overload (its qualified name, without "aten::") that hands the calls it cannot
+# settle to the given Python kernel; returns what removes it again (``close()``).
+NativeKernel = Callable[[str, Callable[..., Any]], Any]
 
 
 class Interceptor:
@@ -54,6 +57,12 @@ class Interceptor:
     def intercept(self, func: OpOverload, args: tuple, kwargs: dict, call: Call) -> Any:
         """Run ``call(*args, **kwargs)`` (the op) and return its result, or what replaces it."""
         return call(*args, **kwargs)
+
+    def native_kernel(self, op: OpOverload) -> NativeKernel | None:
+        """A C++ kernel for ``op``, used while this interceptor is the only active one naming it: it settles the
+        calls it can without Python and hands the others to the Python kernel, which calls `intercept`. None:
+        every call comes to `intercept`."""
+        return None
 
     def __enter__(self) -> Interceptor:
         _router().push(self)
@@ -79,21 +88,16 @@ class _Router:
         self._fallthrough.fallback(torch.library.fallthrough_kernel, _KEY_NAME)
         self._lock = threading.Lock()
         self._overloads: dict[OpOverloadPacket, list[tuple[str, OpOverload]]] = {}
-        self._kernels: dict[str, tuple[int, torch.library.Library]] = {}  # overload -> (users, its registration)
+        # overload -> (the interceptor whose C++ kernel it has, None for the Python one; what removes it)
+        self._kernels: dict[str, tuple[Interceptor | None, Callable[[], None]]] = {}
         self.stack: list[Interceptor] = []
         self._calls: dict[OpOverload, Call] = {}  # each op through the interceptors that name it
 
     def push(self, interceptor: Interceptor) -> None:
         with self._lock:
-            for packet in interceptor.ops:
-                for qualified, op in self._dispatched(packet):
-                    users, library = self._kernels.get(qualified, (0, None))
-                    if library is None:
-                        library = torch.library.Library("aten", "IMPL")
-                        library.impl(qualified.removeprefix("aten::"), self._kernel(op), _KEY_NAME)
-                    self._kernels[qualified] = (users + 1, library)
             self.stack.append(interceptor)
             self._calls = {}
+            self._register()
         depth = getattr(_state, "entered", 0)
         if depth == 0:
             _state.included = torch._C._dispatch_tls_is_dispatch_key_included(self.key)
@@ -104,17 +108,38 @@ class _Router:
         with self._lock:
             self.stack = [i for i in self.stack if i is not interceptor]
             self._calls = {}
-            for packet in interceptor.ops:
-                for qualified, _ in self._dispatched(packet):
-                    users, library = self._kernels[qualified]
-                    if users > 1:
-                        self._kernels[qualified] = (users - 1, library)
-                    else:
-                        del self._kernels[qualified]
-                        library._destroy()  # an op no active interceptor names costs nothing again
+            self._register()
         _state.entered = getattr(_state, "entered", 1) - 1
         if _state.entered == 0:
             torch._C._dispatch_tls_set_dispatch_key_included(self.key, _state.included)
+
+    def _register(self) -> None:
+        """One kernel for each overload an active interceptor names: that interceptor's C++ kernel where it is
+        the only one and offers one, else the Python kernel that runs the chain. An overload no active
+        interceptor names loses its kernel and costs nothing again."""
+        chains: dict[str, tuple[OpOverload, list[Interceptor]]] = {}
+        for interceptor in self.stack:
+            for packet in interceptor.ops:
+                for qualified, op in self._dispatched(packet):
+                    chains.setdefault(qualified, (op, []))[1].append(interceptor)
+        for qualified in [q for q in self._kernels if q not in chains]:
+            self._kernels.pop(qualified)[1]()
+        for qualified, (op, chain) in chains.items():
+            native = chain[0].native_kernel(op) if len(chain) == 1 else None
+            owner = chain[0] if native is not None else None
+            held = self._kernels.get(qualified)
+            if held is not None and held[0] is owner:
+                continue
+            if held is not None:
+                held[1]()
+            name = qualified.removeprefix("aten::")
+            if native is not None:
+                remove = native(name, self._kernel(op)).close
+            else:
+                library = torch.library.Library("aten", "IMPL")
+                library.impl(name, self._kernel(op), _KEY_NAME)
+                remove = library._destroy
+            self._kernels[qualified] = (owner, remove)
 
     def _dispatched(self, packet: OpOverloadPacket) -> list[tuple[str, OpOverload]]:
         """The packet's overloads that reach the key, by qualified name."""

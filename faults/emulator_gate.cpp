@@ -1,0 +1,206 @@
+// The fault emulator's per-call decision in C++ (faults/emulator_kernel.py builds it, faults/emulator.py uses it).
+//
+// A rule that names an op family makes one draw on every call of its ops: the healthy-node profile sends about
+// half the ops of a step through the emulator. A Python kernel costs each of those calls about 4 us (boxing the
+// arguments into Python, the interceptor chain, calling the op again from Python). This kernel runs the op below
+// the dispatch key without Python and decides in C++ whether the emulator must see the call: it reads the phase
+// as faults.scope does, calls the emulator's clock, and consumes the rules' draws from a buffer the emulator
+// pre-drew from its own generator. A call it cannot settle (a draw that hits, a rule with a site pattern, a
+// guarded re-run, the clock moved, the buffer ran out) goes to the emulator's Python kernel untouched, which
+// replays the consumed draws first: the faults are the same bits as with the Python kernel alone.
+
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr c10::DispatchKey KEY = c10::DispatchKey::TESTING_ONLY_GenericMode;
+constexpr int FORWARD = 0, BACKWARD = 1;
+
+// Shared with the emulator, which arms it for each clock and refills its draws; touched only under the GIL.
+struct Gate {
+  py::object clock;    // the emulator's clock: () -> tuple
+  py::object clock_at;  // the clock the masks hold for (None: not armed)
+  py::list forward;    // the scope's stack of hooked modules whose forward runs
+  uint64_t live[2] = {0, 0};  // rules that may fire now, forward and backward
+  uint64_t slow = ~uint64_t{0};  // rules only Python decides
+  std::vector<double> p_call;  // per rule
+  std::vector<double> draws;
+  size_t used = 0;
+
+  Gate(py::object clock_, py::list forward_, std::vector<double> p_call_)
+      : clock(std::move(clock_)), clock_at(py::none()), forward(std::move(forward_)), p_call(std::move(p_call_)) {}
+
+  // True when the call needs nothing from the emulator: no phase, no rule live for it, or every draw a miss.
+  bool passes(uint64_t rules) {
+    int phase;
+    if (torch::autograd::get_current_graph_task_id() != -1) {
+      phase = BACKWARD;
+    } else if (PyList_GET_SIZE(forward.ptr()) > 0 || c10::GradMode::is_enabled()) {
+      phase = FORWARD;
+    } else {
+      return true;  // optimizer step, clipping, bookkeeping: never corrupted
+    }
+    PyObject* now = PyObject_CallNoArgs(clock.ptr());
+    if (now == nullptr) {
+      PyErr_Clear();  // Python calls the clock again and raises
+      return false;
+    }
+    int same = PyObject_RichCompareBool(now, clock_at.ptr(), Py_EQ);
+    Py_DECREF(now);
+    if (same != 1) {
+      PyErr_Clear();
+      return false;  // a new step or microbatch: the emulator arms for it
+    }
+    uint64_t mine = rules & live[phase];
+    if (mine == 0) return true;
+    if (mine & slow) return false;
+    size_t k = used;
+    for (uint64_t left = mine; left; left &= left - 1) {
+      if (k >= draws.size() || draws[k] < p_call[__builtin_ctzll(left)]) return false;
+      ++k;
+    }
+    used = k;
+    return true;
+  }
+};
+
+bool is_kind(const c10::Argument& arg, c10::TypeKind kind) {
+  const auto& t = arg.real_type();
+  if (t->kind() == kind) return true;
+  auto optional = t->cast<c10::OptionalType>();
+  return optional && optional->getElementType()->kind() == kind;
+}
+
+// An argument as a Python kernel receives it (the boxed stack holds dtypes, layouts and memory formats as ints).
+py::object to_python(const c10::Argument& arg, const c10::IValue& value) {
+  if (value.isNone()) return py::none();
+  if (is_kind(arg, c10::ScalarTypeType::Kind)) {
+    return py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(value.toInt()))));
+  }
+  if (is_kind(arg, c10::LayoutType::Kind)) {
+    return py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(value.toInt()))));
+  }
+  if (is_kind(arg, c10::MemoryFormatType::Kind)) {
+    return py::reinterpret_borrow<py::object>(
+        torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(value.toInt())));
+  }
+  return torch::jit::toPyObject(value);
+}
+
+struct GateKernel final : c10::OperatorKernel {
+  std::shared_ptr<Gate> gate;
+  uint64_t rules;  // the rules that name this op
+  py::object python;  // the emulator's Python kernel for this op
+
+  GateKernel(std::shared_ptr<Gate> gate_, uint64_t rules_, py::object python_)
+      : gate(std::move(gate_)), rules(rules_), python(std::move(python_)) {}
+
+  ~GateKernel() override {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire hold;
+      python = py::object();
+      gate.reset();
+    } else {  // the interpreter is gone: leak rather than touch it
+      python.release();
+      new std::shared_ptr<Gate>(std::move(gate));
+    }
+  }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    bool passes;
+    {
+      py::gil_scoped_acquire hold;
+      passes = gate->passes(rules);
+    }
+    if (passes) {
+      // As the Python kernel's call: the key off for everything the op runs.
+      c10::impl::ExcludeDispatchKeyGuard off(KEY);
+      op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, KEY), stack);
+      return;
+    }
+    const auto& schema = op.schema();
+    auto arguments = torch::jit::pop(*stack, schema.arguments().size());
+    py::gil_scoped_acquire hold;
+    py::list args;
+    py::dict kwargs;
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const auto& arg = schema.arguments()[i];
+      py::object value = to_python(arg, arguments[i]);
+      if (arg.kwarg_only()) {
+        kwargs[py::str(arg.name())] = value;
+      } else {
+        args.append(value);
+      }
+    }
+    py::object out = python(*py::tuple(args), **kwargs);
+    const auto& returns = schema.returns();
+    if (returns.size() == 1) {
+      stack->push_back(torch::jit::toIValue(out, returns[0].real_type()));
+    } else if (returns.size() > 1) {
+      auto results = out.cast<py::tuple>();
+      for (size_t i = 0; i < returns.size(); ++i) {
+        stack->push_back(torch::jit::toIValue(results[i], returns[i].real_type()));
+      }
+    }
+  }
+};
+
+// One op's kernel on the key, removed by close() (or when the registration is collected).
+struct Registration {
+  std::unique_ptr<torch::Library> library;
+  void close() { library.reset(); }
+};
+
+Registration register_kernel(std::shared_ptr<Gate> gate, const std::string& op, uint64_t rules,
+                             py::object python) {
+  auto library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", KEY, __FILE__, __LINE__);
+  library->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunctor(
+                                std::make_unique<GateKernel>(std::move(gate), rules, std::move(python))));
+  return Registration{std::move(library)};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<Gate, std::shared_ptr<Gate>>(m, "Gate")
+      .def(py::init<py::object, py::list, std::vector<double>>(), py::arg("clock"), py::arg("forward"),
+           py::arg("p_call"))
+      .def(
+          "arm",
+          [](Gate& g, py::object clock_at, uint64_t forward, uint64_t backward, uint64_t slow) {
+            g.clock_at = std::move(clock_at);
+            g.live[FORWARD] = forward;
+            g.live[BACKWARD] = backward;
+            g.slow = slow;
+          },
+          "The clock the masks hold for, the rules live in each phase, and those only Python decides.")
+      .def(
+          "fill",
+          [](Gate& g, std::vector<double> draws) {
+            size_t used = g.used;
+            g.draws = std::move(draws);
+            g.used = 0;
+            return used;
+          },
+          "Hand over the next draws of the emulator's generator; returns how many of the last ones were used.");
+  py::class_<Registration>(m, "Registration").def("close", &Registration::close);
+  m.def("register", &register_kernel, py::arg("gate"), py::arg("op"), py::arg("rules"), py::arg("python"),
+        "Register the gate's kernel for one aten overload on the interceptors' dispatch key.");
+}
