@@ -18,18 +18,18 @@ with the golden ones through the same two callbacks. What a site's tensors are:
 
 Why not ``register_full_backward_hook``: it sees only positional inputs, and only
 those that require grad, so keyword-called attention and a first layer fed raw data
-would record no gradient. Here a forward pre-hook passes the site input through an
-identity autograd function whose backward reports (and may replace) the gradient;
-when the input does not require grad, a scalar "anchor" that does is passed along,
-so autograd computes the site's input gradient anyway.
+would record no gradient. Here a forward pre-hook passes the site a view of its
+input with a tensor hook that reports (and may replace) the gradient; when the input
+does not require grad, it passes through an identity autograd function instead,
+with a scalar "anchor" that does, so autograd computes the site's input gradient
+anyway.
 
 Like any hook that adds autograd nodes, this can change the order in which
 gradients are summed: trace a healthy and a suspect run at the same sites.
 A site that can still not give an input gradient (its only tensor input is an
-integer tensor, or its output does not depend on its input differentiably) is
-reported once through ``on_unrecordable`` at its first forward under autograd.
-As with torch's full backward hooks, a site must not modify its input in place
-(``nn.ReLU(inplace=True)`` as a site): autograd refuses that on the tapped input.
+integer tensor, its output does not depend on its input differentiably, or it
+modifies its input in place, as ``nn.ReLU(inplace=True)`` does) is reported once
+through ``on_unrecordable``.
 
 The callbacks know nothing of steps or microbatches: read those from your own
 clock (the Tracer's ``step_index`` and ``microbatch_index``). ``on_input_grad``
@@ -92,6 +92,7 @@ class SiteHooks:
         self._on_unrecordable = on_unrecordable
         self.unrecordable: dict[str, str] = {}  # site -> why it gives no input gradient
         self._checked: set[str] = set()  # sites whose first forward under autograd has been seen
+        self._taps: dict[str, list[tuple[torch.Tensor, int]]] = {}  # site -> (input view, its version) per forward
         self._anchors: dict[torch.device, torch.Tensor] = {}
         self._handles: list[RemovableHandle] = []
 
@@ -128,8 +129,13 @@ class SiteHooks:
                 self._unrecordable(name, "it has no floating-point tensor input (positional or keyword)")
                 return None
             with own_ops():
-                anchor = None if x.requires_grad else self._anchor(x.device)
-                tapped = _InputGrad.apply(x, anchor, report)
+                if x.requires_grad:
+                    # A view's tensor hook: a fraction of a Python autograd Function's cost in a step.
+                    tapped = x.view_as(x)
+                    tapped.register_hook(report)
+                    self._taps.setdefault(name, []).append((tapped, tapped._version))
+                else:
+                    tapped = _InputGrad.apply(x, self._anchor(x.device), report)
             if isinstance(key, int):
                 return (*args[:key], tapped, *args[key + 1 :]), kwargs
             return args, {**kwargs, key: tapped}
@@ -151,6 +157,11 @@ class SiteHooks:
 
     def _take_output(self, name: str):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+            taps = self._taps.get(name)
+            if taps:
+                tapped, version = taps.pop()
+                if tapped._version != version:  # the view's hook would never run
+                    self._unrecordable(name, "it modifies its input in place")
             key, out = site_output(output)
             if out is None:
                 if torch.is_grad_enabled():

@@ -202,6 +202,18 @@ def test_a_site_whose_output_does_not_depend_on_its_input_is_reported() -> None:
     assert reported == ["d"] and "differentiably" in hooks.unrecordable["d"]
 
 
+def test_a_site_that_modifies_its_input_in_place_is_reported_and_the_sites_around_it_record() -> None:
+    """The in-place op leaves the input view's gradient hook without a gradient to report."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 1))
+    grads, reported = [], []
+    with SiteHooks([("relu", net[1]), ("out", net[2])], on_input_grad=lambda s, g: grads.append(s),
+                   on_unrecordable=lambda s, why: reported.append((s, why))):
+        for _ in range(2):
+            net(torch.randn(4, 3)).sum().backward()
+    assert reported == [("relu", "it modifies its input in place")] and grads == ["out", "out"]
+
+
 def test_a_replacement_of_the_wrong_shape_is_a_clear_error() -> None:
     net, x = net_and_input()
     with SiteHooks(sites(net), on_output=lambda s, t: torch.zeros(2)):
