@@ -10,8 +10,9 @@ An `Interceptor` (`tracer.intercept`): the calls of the aten ops its rules name,
 the forward and backward passes, reach it, and a corrupted result flows on exactly as
 a faulty unit's would. Each corruption is logged as a ``fault`` event
 (docs/log-format.md), the ground truth detectors are scored against. Ops no rule
-names never reach Python; sdctrace's own ops and plain optimizer steps never reach it
-(`faults.scope`).
+names never reach Python, and of the calls of those it names, a C++ gate
+(faults/emulator_gate.cpp) settles the ones no draw hits; sdctrace's own ops and
+plain optimizer steps never reach it (`faults.scope`).
 
 Deterministic without touching any global RNG (that would change training): the
 burst chains and the per-call draws come from private generators seeded from the

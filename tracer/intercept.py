@@ -15,6 +15,12 @@ an interceptor sees an op as called, forward ops with their autograd history att
 them. CompositeImplicitAutograd ops (``linear``, ``matmul`` on CPU) get no kernel: they
 are seen as the ops they decompose into, as a dispatch mode below autograd sees them.
 
+An interceptor that can settle most calls without Python (the fault emulator: a draw that
+misses changes nothing) may offer a C++ kernel for the ops it alone names
+(`Interceptor.native_kernel`); the router registers that one instead and hands it the
+Python kernel for the calls it cannot settle. While a second interceptor names the op,
+the op gets the Python kernel that runs both.
+
 Fingerprints, checkpoints and replay bookkeeping are sdctrace's own computations, not
 the workload's, so they run inside `own_ops()`, which switches the key off: the
 interceptors never see them. A plain optimizer step is switched off the same way
