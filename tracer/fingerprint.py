@@ -253,11 +253,8 @@ def digest_many(tensors: Sequence[torch.Tensor]) -> list[TensorDigest]:
 def _fused_digests(fused: ModuleType, tensors: Sequence[torch.Tensor]) -> list[TensorDigest]:
     metas = [tensor_meta(t) for t in tensors]
     w, r = _TABLES.get(_CPU, max(_chunks(t) for t in tensors) if tensors else 1)
-    ints, floats = fused.digest_many(tensors, w, r, [h - (1 << 64) if h >> 63 else h for _, h in metas])
-    return [
-        TensorDigest(fp & _MASK64, l2, absmax, nan, inf, meta)
-        for (fp, nan, inf), (l2, absmax), (meta, _) in zip(ints.tolist(), floats.tolist(), metas)
-    ]
+    rows = fused.digest_many(tensors, w, r, [h for _, h in metas])
+    return [TensorDigest(fp, l2, absmax, nan, inf, meta) for (fp, nan, inf, l2, absmax), (meta, _) in zip(rows, metas)]
 
 
 _CPU = torch.device("cpu")

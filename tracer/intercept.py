@@ -232,19 +232,26 @@ def active() -> tuple[Interceptor, ...]:
     return tuple(r.stack)
 
 
-@contextmanager
-def own_ops() -> Iterator[None]:
-    """Mark the ops run inside as sdctrace's own (not to be corrupted or checked)."""
-    depth = getattr(_state, "depth", 0)
-    _state.depth = depth + 1
-    try:
-        if _the_router is None:
-            yield
-        else:
-            with torch._C._ExcludeDispatchKeyGuard(_the_router.keys):
-                yield
-    finally:
-        _state.depth = depth
+class own_ops:  # noqa: N801 - used as a function: ``with own_ops():``
+    """Mark the ops run inside as sdctrace's own (not to be corrupted or checked).
+
+    A class, not a generator-based context manager: every fingerprint enters it, and this costs a third."""
+
+    __slots__ = ("_depth", "_key", "_was")
+
+    def __enter__(self) -> None:
+        self._depth = depth = getattr(_state, "depth", 0)
+        _state.depth = depth + 1
+        router = _the_router
+        self._key = key = router.key if router is not None else None
+        if key is not None:
+            self._was = torch._C._dispatch_tls_is_dispatch_key_excluded(key)
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._key is not None:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(self._key, self._was)
+        _state.depth = self._depth
 
 
 def in_own_ops() -> bool:

@@ -95,12 +95,11 @@ def train(tmp_path: Path, name: str, profile: FaultProfile, *, steps: int = 3, a
 
         emulated = Counted(profile, w.model, clock=clock, sink=sink, seed=2)
         checker = AbftChecker(w.model, clock=clock, sink=lambda kind, fields: None) if abft else None
-        with emulated:
-            with checker if checker is not None else nullcontext():
-                for step in range(steps):
-                    for attempt[0] in range(attempts):
-                        with tracer.step(step):
-                            run_step(w, step, tracer)
+        with emulated, checker if checker is not None else nullcontext():
+            for step in range(steps):
+                for attempt[0] in range(attempts):
+                    with tracer.step(step):
+                        run_step(w, step, tracer)
     return faults, [p.detach().clone() for p in w.model.parameters()], emulated.seen
 
 
@@ -173,7 +172,7 @@ def test_calls_handed_to_python_keep_every_argument(gate, monkeypatch, write_pro
     for name, module in (("python", None), ("gate", gate)):
         use(monkeypatch, module)
         log: list[dict] = []
-        with FaultEmulator(profile, model, clock=lambda: (0, 0), sink=lambda k, f: log.append(f)):
+        with FaultEmulator(profile, model, clock=lambda: (0, 0), sink=lambda k, f, log=log: log.append(f)):
             results[name] = (ops_of_every_argument_kind(x, y), log)
     (expected, expected_log), (got, got_log) = results["python"], results["gate"]
     assert got_log == expected_log and len(got_log) >= 10
