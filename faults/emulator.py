@@ -141,7 +141,7 @@ class FaultEmulator(ScopedInterceptor):
         # The C++ gate settles the calls no draw hits; it consumes draws the emulator pre-drew on a copy of the
         # generator, which catches up (`_sync`) before Python draws again.
         module = _gate_module() if 0 < len(rules) <= 64 else None
-        self._gate_module = module
+        self._native = module
         self._gate = module.Gate(clock, self.scope.forward_paths, [r.p_call for r in rules]) if module else None
         self._predrawn: random.Random | None = None  # the generator whose next draws the gate holds
         self._gated = False  # the clock armed for lets the gate draw (attempt 0)
@@ -185,7 +185,7 @@ class FaultEmulator(ScopedInterceptor):
         if self._gate is None:
             return None
         gate, rules = self._gate, sum(1 << i for i in self._rules(op))
-        return lambda name, python: self._gate_module.register(gate, name, rules, python)
+        return lambda name, python: self._native.register(gate, name, rules, python)
 
     def intercept(self, func: Any, args: tuple, kwargs: dict, call: Call) -> Any:
         out = call(*args, **kwargs)
