@@ -120,11 +120,13 @@ class FaultEmulator(ScopedInterceptor):
         self._site_names = {path for path, _ in traced}
         hooked = {path for path, _ in traced}
         named = [(path, m) for path, m in model.named_modules() if path]
+        # Per rule with a pattern and ops here, the module paths it matches (the scope's stacks hold no others).
+        self._matched: list[frozenset[str] | None] = [None] * len(rules)
         for i, pattern in enumerate(self._patterns):
             # Collectives are named by their observation point, which need not be a module.
             if pattern is None or not self._ops[i]:
                 continue
-            hits = {path for path, _ in named if pattern.fullmatch(path)}
+            hits = self._matched[i] = frozenset(path for path, _ in named if pattern.fullmatch(path))
             if not hits:
                 raise ConfigError(
                     f"{profile.path}: fault[{i}].sites = {pattern.pattern!r} matches no module path of the model "
@@ -142,10 +144,12 @@ class FaultEmulator(ScopedInterceptor):
         # generator, which catches up (`_sync`) before Python draws again.
         module = _gate_module() if 0 < len(rules) <= 64 else None
         self._native = module
-        self._gate = module.Gate(clock, self.scope.forward_paths, [r.p_call for r in rules]) if module else None
+        self._gate = module.Gate(
+            clock, self.scope.forward_paths, lambda: self.scope.stack(Phase.BACKWARD), [r.p_call for r in rules],
+            self._matched,
+        ) if module else None
         self._predrawn: random.Random | None = None  # the generator whose next draws the gate holds
         self._gated = False  # the clock armed for lets the gate draw (attempt 0)
-        self._patterned = sum(1 << i for i, p in enumerate(self._patterns) if p is not None)
 
     def __enter__(self) -> FaultEmulator:
         super().__enter__()
@@ -222,7 +226,7 @@ class FaultEmulator(ScopedInterceptor):
             # A guarded re-run's draws (attempt > 0) come from more than one stream: Python makes them.
             self._gated = len(clock) < 3 or clock[2] == 0
             masks = {p: sum(1 << i for i in self._live[p]) for p in (Phase.FORWARD, Phase.BACKWARD)}
-            slow = self._patterned if self._gated else (1 << 64) - 1
+            slow = 0 if self._gated else (1 << 64) - 1
             self._gate.arm(clock, masks[Phase.FORWARD], masks[Phase.BACKWARD], slow)
 
     def _predraw(self) -> None:

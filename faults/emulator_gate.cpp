@@ -5,9 +5,10 @@
 // arguments into Python, the interceptor chain, calling the op again from Python). This kernel runs the op below
 // the dispatch key without Python and decides in C++ whether the emulator must see the call: it reads the phase
 // as faults.scope does, calls the emulator's clock, and consumes the rules' draws from a buffer the emulator
-// pre-drew from its own generator. A call it cannot settle (a draw that hits, a rule with a site pattern, a
-// guarded re-run, the clock moved, the buffer ran out) goes to the emulator's Python kernel untouched, which
-// replays the consumed draws first: the faults are the same bits as with the Python kernel alone.
+// pre-drew from its own generator; a rule with a site pattern draws only inside a module it matches, which the
+// gate reads off the scope's module stack. A call it cannot settle (a draw that hits, a guarded re-run, the
+// clock moved, the buffer ran out) goes to the emulator's Python kernel untouched, which replays the consumed
+// draws first: the faults are the same bits as with the Python kernel alone.
 
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -36,14 +37,37 @@ struct Gate {
   py::object clock;    // the emulator's clock: () -> tuple
   py::object clock_at;  // the clock the masks hold for (None: not armed)
   py::list forward;    // the scope's stack of hooked modules whose forward runs
+  py::object backward;  // () -> the paths of the modules the running backward node belongs to
   uint64_t live[2] = {0, 0};  // rules that may fire now, forward and backward
   uint64_t slow = ~uint64_t{0};  // rules only Python decides
+  uint64_t patterned = 0;  // rules with a site pattern
   std::vector<double> p_call;  // per rule
+  std::vector<py::object> matched;  // per rule with a pattern: the set of module paths it matches; else None
   std::vector<double> draws;
   size_t used = 0;
 
-  Gate(py::object clock_, py::list forward_, std::vector<double> p_call_)
-      : clock(std::move(clock_)), clock_at(py::none()), forward(std::move(forward_)), p_call(std::move(p_call_)) {}
+  Gate(py::object clock_, py::list forward_, py::object backward_, std::vector<double> p_call_,
+       std::vector<py::object> matched_)
+      : clock(std::move(clock_)), clock_at(py::none()), forward(std::move(forward_)), backward(std::move(backward_)),
+        p_call(std::move(p_call_)), matched(std::move(matched_)) {
+    TORCH_CHECK(matched.size() == p_call.size(), "sdctrace emulator gate: one path set (or None) per rule");
+    for (size_t i = 0; i < matched.size(); ++i)
+      if (!matched[i].is_none()) patterned |= uint64_t{1} << i;
+  }
+
+  // The rules of `mine` (all with a pattern) that no module on `stack` (a list or tuple of paths) matches: they
+  // make no draw here.
+  uint64_t unmatched(uint64_t mine, PyObject* stack) const {
+    uint64_t out = 0;
+    for (uint64_t left = mine; left; left &= left - 1) {
+      PyObject* paths = matched[__builtin_ctzll(left)].ptr();
+      bool hit = false;
+      for (Py_ssize_t k = 0, n = PySequence_Fast_GET_SIZE(stack); k < n && !hit; ++k)
+        hit = PySet_Contains(paths, PySequence_Fast_GET_ITEM(stack, k)) == 1;
+      if (!hit) out |= left & (~left + 1);
+    }
+    return out;
+  }
 
   // True when the call needs nothing from the emulator: no phase, no rule live for it, or every draw a miss.
   bool passes(uint64_t rules) {
@@ -69,6 +93,16 @@ struct Gate {
     uint64_t mine = rules & live[phase];
     if (mine == 0) return true;
     if (mine & slow) return false;
+    if (mine & patterned) {
+      py::object stack = phase == FORWARD
+                             ? py::object(forward)
+                             : py::reinterpret_steal<py::object>(PyObject_CallNoArgs(backward.ptr()));
+      if (!stack || !(PyList_Check(stack.ptr()) || PyTuple_Check(stack.ptr()))) {
+        PyErr_Clear();
+        return false;  // Python reads the stack again and raises
+      }
+      mine &= ~unmatched(mine & patterned, stack.ptr());
+    }
     size_t k = used;
     for (uint64_t left = mine; left; left &= left - 1) {
       if (k >= draws.size() || draws[k] < p_call[__builtin_ctzll(left)]) return false;
@@ -180,8 +214,8 @@ Registration register_kernel(std::shared_ptr<Gate> gate, const std::string& op, 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Gate, std::shared_ptr<Gate>>(m, "Gate")
-      .def(py::init<py::object, py::list, std::vector<double>>(), py::arg("clock"), py::arg("forward"),
-           py::arg("p_call"))
+      .def(py::init<py::object, py::list, py::object, std::vector<double>, std::vector<py::object>>(),
+           py::arg("clock"), py::arg("forward"), py::arg("backward"), py::arg("p_call"), py::arg("matched"))
       .def(
           "arm",
           [](Gate& g, py::object clock_at, uint64_t forward, uint64_t backward, uint64_t slow) {

@@ -117,6 +117,7 @@ def test_the_gate_gives_the_python_kernels_faults_bit_for_bit(gate, monkeypatch,
     assert got == expected
     assert {f["op"].split(".")[1] for f in got} >= {"mm", "mul", "add"} and len({f["step"] for f in got}) == 3
     assert {f["kind"] for f in got} == {"bitflip", "scale", "stuck"}
+    assert {f["phase"] for f in got if f["kind"] == "scale"} == {"forward", "backward"}  # the patterned rule
     assert all(torch.equal(a, b) for a, b in zip(gate_params, python_params))
 
 
@@ -130,10 +131,21 @@ def test_a_rerun_draws_what_the_python_kernel_draws(gate, monkeypatch, tmp_path:
     assert got == expected and {f["attempt"] for f in got} == {0, 1, 2}
 
 
-def test_calls_no_draw_hits_stay_out_of_python(gate, monkeypatch, tmp_path: Path) -> None:
-    """healthy-node: every op of five families makes its draw, none hits. Python sees a step's first call in each
-    microbatch (to arm the rules) and one call per refill of the pre-drawn draws."""
-    profile = load_profile("healthy-node")
+PATTERNED_MISSES = """
+[[fault]]
+ops = ["elementwise", "reduction"]
+sites = 'layers\\.1\\..*'
+p_call = 0.0
+kind = "bitflip"
+"""
+
+
+@pytest.mark.parametrize("name", ["healthy-node", "patterned"])
+def test_calls_no_draw_hits_stay_out_of_python(gate, monkeypatch, tmp_path: Path, write_profile, name: str) -> None:
+    """healthy-node: every op of five families makes its draw, none hits; a rule with a site pattern draws inside
+    the modules it matches, forward and backward. Python sees a step's first call in each microbatch (to arm the
+    rules) and one call per refill of the pre-drawn draws."""
+    profile = load_profile(name) if name == "healthy-node" else write_profile(PATTERNED_MISSES)
     use(monkeypatch, None)
     _, python_params, every = train(tmp_path, "python", profile, steps=2)
     use(monkeypatch, gate)
