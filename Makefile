@@ -14,15 +14,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,hf,lightning]'
 	touch $(STAMP)
 
-# The C++ kernels, the fused digest (tracer/kernel), the ABFT checksums (faults/abft_sums.cpp) and the fault
-# emulator's gate (faults/emulator_gate.cpp): compiled once per machine, checkout and source (the build key:
+# The C++ kernels, the fused digest (tracer/kernel), the ABFT checksums (faults/abft_sums.cpp) and faults' native
+# kernel (faults/native.cpp: the emulator's gate, the scope's node labels): compiled once per machine, checkout and source (the build key:
 # tracer/kernel/__init__.py), about half a minute each.
 KERNEL := $(VENV)/.sdctrace-kernel
-$(KERNEL): $(STAMP) tracer/kernel/digest.cpp faults/abft_sums.cpp faults/emulator_gate.cpp tracer/kernel/__init__.py \
-		faults/abft_kernel.py faults/emulator_kernel.py
+$(KERNEL): $(STAMP) tracer/kernel/digest.cpp faults/abft_sums.cpp faults/native.cpp tracer/kernel/__init__.py \
+		faults/abft_kernel.py faults/native_kernel.py
 	$(PY) -m tracer.kernel
 	$(PY) -m faults.abft_kernel
-	$(PY) -m faults.emulator_kernel
+	$(PY) -m faults.native_kernel
 	touch $(KERNEL)
 
 venv: $(KERNEL)

@@ -11,7 +11,7 @@ the forward and backward passes, reach it, and a corrupted result flows on exact
 a faulty unit's would. Each corruption is logged as a ``fault`` event
 (docs/log-format.md), the ground truth detectors are scored against. Ops no rule
 names never reach Python, and of the calls of those it names, a C++ gate
-(faults/emulator_gate.cpp) settles the ones no draw hits; sdctrace's own ops and
+(faults/native.cpp) settles the ones no draw hits; sdctrace's own ops and
 plain optimizer steps never reach it (`faults.scope`).
 
 Deterministic without touching any global RNG (that would change training): the
@@ -39,8 +39,6 @@ from __future__ import annotations
 import math
 import random
 import re
-import threading
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -50,8 +48,7 @@ from faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
 from faults.ops import resolve_collectives, resolve_ops
 from faults.profile import Corruption, FaultProfile
 from faults.schedule import BurstChain
-from faults.scope import ModuleScope, ScopedInterceptor
-from tracer import kernel
+from faults.scope import ModuleScope, ScopedInterceptor, native
 from tracer.collectives import Stage, observing
 from tracer.errors import ConfigError
 from tracer.intercept import Call, Clock, NativeKernel, Sink, below_autograd, in_own_ops, own_ops
@@ -61,28 +58,10 @@ from tracer.sites import SiteSpec, find_sites
 SHOWN = 8  # values and indices a fault event lists
 PREDRAWN = 1024  # draws handed to the C++ gate at a time
 
-GATE_ENV = "SDCTRACE_EMULATOR_GATE"  # "torch": every call through the Python kernel even where the gate is built
-_gate_state: list[ModuleType | None] = []  # [] until the first emulator looks
-_gate_lock = threading.Lock()
-
-
-def _gate_module() -> ModuleType | None:
-    """The built gate, loaded by the first emulator; None (said once) when it is not there."""
-    if _gate_state:
-        return _gate_state[0]
-    from faults.emulator_kernel import GATE  # not at import: ``python -m faults.emulator_kernel`` runs it
-
-    return kernel.load_once(
-        GATE, _gate_state, _gate_lock, GATE_ENV,
-        "sdctrace's fault emulator gate is not built for this torch and Python, so every call of an op a fault "
-        "rule names goes through Python: the same faults, about 4 us more a call. Build it once with "
-        "`python -m faults.emulator_kernel` (needs a C++ compiler and ninja; `make venv` does it).",
-    )
-
 
 def emulator_implementation() -> str:
     """Where the per-call decision runs here: "gate" (C++) or "python"; benchmarks print it."""
-    return "gate" if _gate_module() is not None else "python"
+    return "gate" if native() is not None else "python"
 
 
 class FaultEmulator(ScopedInterceptor):
@@ -142,7 +121,7 @@ class FaultEmulator(ScopedInterceptor):
         self.ops = frozenset().union(*self._ops)
         # The C++ gate settles the calls no draw hits; it consumes draws the emulator pre-drew on a copy of the
         # generator, which catches up (`_sync`) before Python draws again.
-        module = _gate_module() if 0 < len(rules) <= 64 else None
+        module = native() if 0 < len(rules) <= 64 else None
         self._native = module
         self._gate = module.Gate(
             clock, self.scope.forward_paths, lambda: self.scope.stack(Phase.BACKWARD), [r.p_call for r in rules],

@@ -10,7 +10,8 @@ running. Backward: when a module's forward returns, the autograd nodes it create
 get the module's path in their ``metadata``; the autograd engine runs one node at
 a time, so the current node's metadata names the modules an op of the backward
 belongs to. Full backward hooks would be simpler but insert identity nodes that
-change how gradients are summed, i.e. the bits of training; metadata does not.
+change how gradients are summed, i.e. the bits of training; metadata does not. The
+walk runs in faults' native kernel (faults/native.cpp) where it is built.
 
 An op without a phase (the optimizer step, gradient clipping, bookkeeping) is never
 corrupted or checked, yet every call of an op an interceptor names costs a round trip
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -29,10 +31,31 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
 
+from tracer import kernel
 from tracer.intercept import Interceptor, pause, resume
 from tracer.log.records import Phase
 
 _KEY = "sdctrace.scope"
+
+NATIVE_ENV = "SDCTRACE_FAULTS_NATIVE"  # "torch": Python only, even where faults' native kernel is built
+_native_state: list[ModuleType | None] = []  # [] until the first scope looks
+_native_lock = threading.Lock()
+
+
+def native() -> ModuleType | None:
+    """faults' native kernel (faults/native.cpp: the emulator's gate, the scope's node labels), loaded by the
+    first scope; None (said once) when it is not built."""
+    if _native_state:
+        return _native_state[0]
+    from faults.native_kernel import NATIVE  # not at import: ``python -m faults.native_kernel`` runs it
+
+    return kernel.load_once(
+        NATIVE, _native_state, _native_lock, NATIVE_ENV,
+        "sdctrace's native kernel for the fault emulator and the ABFT checker is not built for this torch and "
+        "Python, so the emulator sees every call of an op a rule names in Python (the same faults, about 4 us more "
+        "a call) and sites are labelled in Python (about 3 % of a small model's step). Build it once with "
+        "`python -m faults.native_kernel` (needs a C++ compiler and ninja; `make venv` does it).",
+    )
 
 
 def current_phase(forward_active: bool) -> Phase | None:
@@ -51,6 +74,8 @@ class ModuleScope:
 
     def __init__(self, modules: Sequence[tuple[str, nn.Module]]) -> None:
         self.modules = list(modules)
+        built = native()
+        self._label = (lambda *a: _label_natively(built, *a)) if built is not None else _label
         self._forward: list[str] = []
         self._starts: list[int] = []
         self._handles: list[RemovableHandle] = []
@@ -102,9 +127,14 @@ class ModuleScope:
             self._forward.pop()
             start = self._starts.pop()
             if torch.is_grad_enabled():
-                _label(output, path, start, torch._C._autograd._get_sequence_nr())
+                self._label(output, path, start, torch._C._autograd._get_sequence_nr())
 
         return hook
+
+
+def _label_natively(built: ModuleType, output: Any, path: str, start: int, end: int) -> None:
+    """`_label` in faults' native kernel: the same labels."""
+    built.label([t for t in tree_leaves(output) if isinstance(t, torch.Tensor)], path, start, end, _KEY)
 
 
 def _label(output: Any, path: str, start: int, end: int) -> None:

@@ -1,6 +1,6 @@
-"""The fault emulator's C++ gate (faults/emulator_gate.cpp) against the emulator's Python kernel alone: the same
-faults to the bit, on real training with every kind of rule, while the gate keeps the calls no draw hits away
-from Python."""
+"""faults' native kernel (faults/native.cpp) against Python alone: the emulator's gate gives the same faults to
+the bit, on real training with every kind of rule, while it keeps the calls no draw hits away from Python; the
+scope's node labels are the same."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from faults import FaultEmulator, FaultProfile, emulator, load_profile
+from faults import FaultEmulator, FaultProfile, emulator, load_profile, scope
 from faults.abft import AbftChecker
-from faults.emulator_kernel import GATE
+from faults.native_kernel import NATIVE
 from tests.support import small_config
 from tracer import kernel
 from tracer.errors import TraceWarning
@@ -52,16 +52,16 @@ value = 3.0
 
 @pytest.fixture(scope="module")
 def gate() -> ModuleType:
-    built = kernel.load(GATE)
+    built = kernel.load(NATIVE)
     if built is None:
-        pytest.skip(f"the emulator's gate is not built here ({kernel.build_dir(GATE)}): "
-                    "`python -m faults.emulator_kernel`")
+        pytest.skip(f"faults' native kernel is not built here ({kernel.build_dir(NATIVE)}): "
+                    "`python -m faults.native_kernel`")
     return built
 
 
 def use(monkeypatch: pytest.MonkeyPatch, module: ModuleType | None) -> None:
-    """Emulators made from now on decide in ``module`` (None: in Python alone)."""
-    monkeypatch.setattr(emulator, "_gate_state", [module])
+    """Emulators and scopes made from now on use ``module`` (None: Python alone)."""
+    monkeypatch.setattr(scope, "_native_state", [module])
 
 
 class Counted(FaultEmulator):
@@ -197,7 +197,7 @@ def test_calls_handed_to_python_keep_every_argument(gate, monkeypatch, write_pro
 
 def test_without_the_gate_python_decides_and_says_so_once(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv(kernel.DIR_ENV, str(tmp_path / "nothing-built-here"))
-    monkeypatch.setattr(emulator, "_gate_state", [])
+    monkeypatch.setattr(scope, "_native_state", [])
     model = nn.Linear(3, 3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -205,13 +205,13 @@ def test_without_the_gate_python_decides_and_says_so_once(monkeypatch, tmp_path:
             with FaultEmulator(load_profile("healthy-node"), model, clock=lambda: (0, 0), sink=lambda k, f: None):
                 model(torch.ones(2, 3))
     notes = [w for w in caught if issubclass(w.category, TraceWarning)]
-    assert len(notes) == 1 and "python -m faults.emulator_kernel" in str(notes[0].message)
+    assert len(notes) == 1 and "python -m faults.native_kernel" in str(notes[0].message)
     assert emulator.emulator_implementation() == "python"
 
 
 def test_the_environment_forces_python_without_a_warning(monkeypatch) -> None:
-    monkeypatch.setenv(emulator.GATE_ENV, "torch")
-    monkeypatch.setattr(emulator, "_gate_state", [])
+    monkeypatch.setenv(scope.NATIVE_ENV, "torch")
+    monkeypatch.setattr(scope, "_native_state", [])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert emulator.emulator_implementation() == "python"
@@ -236,3 +236,33 @@ def test_a_second_interceptor_on_an_op_takes_it_through_python_until_it_leaves(g
         model(x).sum().backward()
         after = emulated.seen - alone - shared
     assert alone == 1 and shared == 3 and after == 0  # mm: forward, and the input's and weight's gradients
+
+
+def labels(model: nn.Module, x: torch.Tensor) -> list[tuple[str, tuple[str, ...]]]:
+    """Every autograd node of a forward under the scope, in a fixed walk from the loss: (its kind, its label)."""
+    named = [(path, m) for path, m in model.named_modules() if path]
+    with scope.ModuleScope(named):
+        loss = model(x).square().sum()
+    out, todo, seen = [], [loss.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        out.append((type(node).__name__, node.metadata.get("sdctrace.scope")))
+        todo.extend(n for n, _ in node.next_functions)
+    return out
+
+
+def test_the_native_labels_are_the_pythons(gate, monkeypatch) -> None:
+    """Nested modules, a module called twice, and a node reachable from two modules' outputs."""
+    torch.manual_seed(0)
+    shared = nn.Linear(6, 6)
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 6), nn.Tanh(), shared), shared, nn.Sequential(nn.Linear(6, 2)))
+    x = torch.randn(3, 4)
+    use(monkeypatch, None)
+    expected = labels(model, x)
+    use(monkeypatch, gate)
+    got = labels(model, x)
+    assert got == expected
+    assert ("AddmmBackward0", ("0", "0.0")) in got and sum(1 for _, at in got if at == ("0", "0.2")) >= 1
