@@ -36,6 +36,7 @@ result as hardware-level detection would.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import re
@@ -124,8 +125,9 @@ class FaultEmulator(ScopedInterceptor):
         module = native() if 0 < len(rules) <= 64 else None
         self._native = module
         self._gate = module.Gate(
-            clock, self.scope.forward_paths, lambda: self.scope.stack(Phase.BACKWARD), [r.p_call for r in rules],
-            self._matched,
+            # Nothing here may refer to the emulator: the gate is opaque to the garbage collector.
+            clock, self.scope.forward_paths, functools.partial(self.scope.stack, Phase.BACKWARD),
+            [r.p_call for r in rules], self._matched,
         ) if module else None
         self._predrawn: random.Random | None = None  # the generator whose next draws the gate holds
         self._gated = False  # the clock armed for lets the gate draw (attempt 0)

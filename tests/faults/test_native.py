@@ -4,7 +4,9 @@ scope's node labels are the same."""
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 from contextlib import nullcontext
 from pathlib import Path
 from types import ModuleType
@@ -266,3 +268,17 @@ def test_the_native_labels_are_the_pythons(gate, monkeypatch) -> None:
     got = labels(model, x)
     assert got == expected
     assert ("AddmmBackward0", ("0", "0.0")) in got and sum(1 for _, at in got if at == ("0", "0.2")) >= 1
+
+
+def test_an_emulator_with_its_gate_is_collected_after_use(gate, monkeypatch) -> None:
+    """The gate is opaque to the garbage collector: a reference from it back to the emulator would keep the
+    emulator, and the model its scope holds, alive for good."""
+    use(monkeypatch, gate)
+    model = nn.Linear(3, 3)
+    emulated = FaultEmulator(load_profile("healthy-node"), model, clock=lambda: (0, 0), sink=lambda k, f: None)
+    with emulated:
+        model(torch.ones(2, 3)).sum().backward()
+    gone = weakref.ref(emulated)
+    del emulated
+    gc.collect()
+    assert gone() is None
