@@ -1,15 +1,15 @@
 // faults' native kernel (faults/native_kernel.py builds it): the fault emulator's per-call decision (the gate,
 // used by faults/emulator.py) and the module scope's labels on autograd nodes (faults/scope.py).
 //
-// The gate. A rule that names an op family makes one draw on every call of its ops: the healthy-node profile sends about
-// half the ops of a step through the emulator. A Python kernel costs each of those calls about 4 us (boxing the
-// arguments into Python, the interceptor chain, calling the op again from Python). This kernel runs the op below
-// the dispatch key without Python and decides in C++ whether the emulator must see the call: it reads the phase
-// as faults.scope does, calls the emulator's clock, and consumes the rules' draws from a buffer the emulator
-// pre-drew from its own generator; a rule with a site pattern draws only inside a module it matches, which the
-// gate reads off the scope's module stack. A call it cannot settle (a draw that hits, a guarded re-run, the
-// clock moved, the buffer ran out) goes to the emulator's Python kernel untouched, which replays the consumed
-// draws first: the faults are the same bits as with the Python kernel alone.
+// The gate. A rule that names an op family makes one draw on every call of its ops: the healthy-node profile
+// sends about half the ops of a step through the emulator. A Python kernel costs each of those calls about 4 us
+// (boxing the arguments into Python, the interceptor chain, calling the op again from Python). This kernel runs
+// the op below the dispatch key without Python and decides in C++ whether the emulator must see the call: it
+// reads the phase as faults.scope does, calls the emulator's clock, and consumes the rules' draws from a buffer
+// the emulator pre-drew from its own generator; a rule with a site pattern draws only inside a module it
+// matches, which the gate reads off the scope's module stack. A call it cannot settle (a draw that hits, a
+// guarded re-run, the clock moved, the buffer ran out) goes to the emulator's Python kernel untouched, which
+// replays the consumed draws first: the faults are the same bits as with the Python kernel alone.
 
 #include <torch/extension.h>
 #include <torch/library.h>
