@@ -123,7 +123,6 @@ class FaultEmulator(ScopedInterceptor):
         # The C++ gate settles the calls no draw hits; it consumes draws the emulator pre-drew on a copy of the
         # generator, which catches up (`_sync`) before Python draws again.
         module = native() if 0 < len(rules) <= 64 else None
-        self._native = module
         self._gate = module.Gate(
             # Nothing here may refer to the emulator: the gate is opaque to the garbage collector.
             clock, self.scope.forward_paths, functools.partial(self.scope.stack, Phase.BACKWARD),
@@ -169,8 +168,8 @@ class FaultEmulator(ScopedInterceptor):
     def native_kernel(self, op: Any) -> NativeKernel | None:
         if self._gate is None:
             return None
-        gate, rules = self._gate, sum(1 << i for i in self._rules(op))
-        return lambda name, python: self._native.register(gate, name, rules, python)
+        gate, rules, register = self._gate, sum(1 << i for i in self._rules(op)), native().register
+        return lambda name, python: register(gate, name, rules, python)
 
     def intercept(self, func: Any, args: tuple, kwargs: dict, call: Call) -> Any:
         out = call(*args, **kwargs)
@@ -204,11 +203,10 @@ class FaultEmulator(ScopedInterceptor):
         self._live = {p: frozenset(i for i in armed if p in self.profile.faults[i].phases) for p in Phase}
         self._clock_at = clock
         if self._gate is not None:
-            # A guarded re-run's draws (attempt > 0) come from more than one stream: Python makes them.
+            # A guarded re-run's draws (attempt > 0) come from more than one stream: Python makes them all.
             self._gated = len(clock) < 3 or clock[2] == 0
-            masks = {p: sum(1 << i for i in self._live[p]) for p in (Phase.FORWARD, Phase.BACKWARD)}
-            slow = 0 if self._gated else (1 << 64) - 1
-            self._gate.arm(clock, masks[Phase.FORWARD], masks[Phase.BACKWARD], slow)
+            masks = [sum(1 << i for i in self._live[p]) for p in (Phase.FORWARD, Phase.BACKWARD)]
+            self._gate.arm(clock if self._gated else None, *masks)
 
     def _predraw(self) -> None:
         """Hand the gate the next draws of attempt 0's generator at the armed clock, drawn on a copy."""

@@ -39,11 +39,10 @@ constexpr int FORWARD = 0, BACKWARD = 1;
 // Shared with the emulator, which arms it for each clock and refills its draws; touched only under the GIL.
 struct Gate {
   py::object clock;    // the emulator's clock: () -> tuple
-  py::object clock_at;  // the clock the masks hold for (None: not armed)
+  py::object clock_at;  // the clock the masks hold for (None: Python decides every call)
   py::list forward;    // the scope's stack of hooked modules whose forward runs
   py::object backward;  // () -> the paths of the modules the running backward node belongs to
   uint64_t live[2] = {0, 0};  // rules that may fire now, forward and backward
-  uint64_t slow = ~uint64_t{0};  // rules only Python decides
   uint64_t patterned = 0;  // rules with a site pattern
   std::vector<double> p_call;  // per rule
   std::vector<py::object> matched;  // per rule with a pattern: the set of module paths it matches; else None
@@ -96,7 +95,6 @@ struct Gate {
     }
     uint64_t mine = rules & live[phase];
     if (mine == 0) return true;
-    if (mine & slow) return false;
     if (mine & patterned) {
       py::object stack = phase == FORWARD
                              ? py::object(forward)
@@ -145,7 +143,7 @@ py::object to_python(const c10::Argument& arg, const c10::IValue& value) {
 struct GateKernel final : c10::OperatorKernel {
   std::shared_ptr<Gate> gate;
   uint64_t rules;  // the rules that name this op
-  py::object python;  // the emulator's Python kernel for this op
+  py::object python;  // the op's Python kernel (tracer.intercept's), for the calls the gate cannot settle
 
   GateKernel(std::shared_ptr<Gate> gate_, uint64_t rules_, py::object python_)
       : gate(std::move(gate_)), rules(rules_), python(std::move(python_)) {}
@@ -251,13 +249,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("clock"), py::arg("forward"), py::arg("backward"), py::arg("p_call"), py::arg("matched"))
       .def(
           "arm",
-          [](Gate& g, py::object clock_at, uint64_t forward, uint64_t backward, uint64_t slow) {
+          [](Gate& g, py::object clock_at, uint64_t forward, uint64_t backward) {
             g.clock_at = std::move(clock_at);
             g.live[FORWARD] = forward;
             g.live[BACKWARD] = backward;
-            g.slow = slow;
           },
-          "The clock the masks hold for, the rules live in each phase, and those only Python decides.")
+          "The clock the masks hold for (None: Python decides every call) and the rules live in each phase.")
       .def(
           "fill",
           [](Gate& g, std::vector<double> draws) {
