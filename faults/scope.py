@@ -20,6 +20,7 @@ through Python: a plain ``torch.optim`` step runs with the interceptors paused.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 from types import ModuleType
@@ -75,7 +76,7 @@ class ModuleScope:
     def __init__(self, modules: Sequence[tuple[str, nn.Module]]) -> None:
         self.modules = list(modules)
         built = native()
-        self._label = (lambda *a: _label_natively(built, *a)) if built is not None else _label
+        self._label = functools.partial(_label_natively, built) if built is not None else _label
         self._forward: list[str] = []
         self._starts: list[int] = []
         self._handles: list[RemovableHandle] = []

@@ -130,7 +130,7 @@ class SiteHooks:
                 return None
             with own_ops():
                 if x.requires_grad:
-                    # A view's tensor hook: a fraction of a Python autograd Function's cost in a step.
+                    # A view's tensor hook costs less than a Python autograd Function.
                     tapped = x.view_as(x)
                     tapped.register_hook(report)
                     self._taps.setdefault(name, []).append((tapped, tapped._version))
