@@ -41,6 +41,10 @@ def _cases() -> list[torch.Tensor]:
     out += [big, big[1:], big.to(torch.bfloat16)[3:]]
     special = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), -2.0, float("nan")])
     out += [special, special.half(), special[2:4]]
+    # Non-finite values inside the vector loops (not only the tail), in blocks before and after finite ones.
+    holes = torch.randn(3 * 2048 + 50, generator=g)
+    holes[[3, 17, 2050, 2051, 6150]] = torch.tensor([float("nan"), float("inf"), -float("inf"), float("nan"), 1e38])
+    out += [holes, holes.double(), holes.half(), holes[1:], torch.randn(3000, generator=g).double() * 1e300]
     return out
 
 

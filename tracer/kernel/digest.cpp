@@ -41,7 +41,6 @@ SDC_CLONES uint64_t lane_dot(const int32_t* x, const uint64_t* w, int64_t n) {
 
 typedef double v8d __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
-typedef int64_t v8l __attribute__((vector_size(64)));
 static_assert(kLanes == 8, "one v8d per lane group");
 
 // Lane j of a chunk's stats takes the elements at positions == j (mod kLanes); the few left at the very end of
@@ -50,11 +49,10 @@ static_assert(kLanes == 8, "one v8d per lane group");
 struct Stats {
   double sumsq[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   double lo[kLanes], hi[kLanes];
-  int64_t nan[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t inf[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};  // non-finite, NaN included: `combine` takes NaNs out
+  int64_t nan = 0;
+  int64_t inf = 0;  // non-finite, NaN included: `combine` takes NaNs out
   double tail_sumsq = 0, tail_lo = std::numeric_limits<double>::infinity(),
          tail_hi = -std::numeric_limits<double>::infinity();
-  int64_t tail_nan = 0, tail_inf = 0;
 
   Stats() {
     for (int j = 0; j < kLanes; ++j) {
@@ -64,56 +62,64 @@ struct Stats {
   }
 
   void add_tail(double v) {
-    const double kInf = std::numeric_limits<double>::infinity();
     tail_sumsq += v * v;
     tail_lo = v < tail_lo ? v : tail_lo;
     tail_hi = v > tail_hi ? v : tail_hi;
-    tail_nan += (v != v);
-    tail_inf += (v == kInf) | (v == -kInf);
+    count(v);
+  }
+
+  void count(double v) {
+    const double kInf = std::numeric_limits<double>::infinity();
+    nan += (v != v);
+    inf += (v != v) | (v == kInf) | (v == -kInf);
   }
 };
 
+// A block's sum of squares, min and max in registers. The NaN and Inf counts are not kept per element: a
+// block's sum of squares is finite unless an element is not (or a float64 beyond 1e154 overflows it), so only
+// such a block is read again to count them (`recount`), and the loop does half the work.
 struct Acc {
-  v8d sumsq, lo, hi;
-  v8l nan, inf;
+  v8d sumsq = {}, lo, hi;
 
   __attribute__((always_inline)) inline explicit Acc(const Stats& s) {
-    std::memcpy(&sumsq, s.sumsq, sizeof sumsq);
     std::memcpy(&lo, s.lo, sizeof lo);
     std::memcpy(&hi, s.hi, sizeof hi);
-    std::memcpy(&nan, s.nan, sizeof nan);
-    std::memcpy(&inf, s.inf, sizeof inf);
   }
 
-  __attribute__((always_inline)) inline void store(Stats& s) const {
-    std::memcpy(s.sumsq, &sumsq, sizeof sumsq);
-    std::memcpy(s.lo, &lo, sizeof lo);
-    std::memcpy(s.hi, &hi, sizeof hi);
-    std::memcpy(s.nan, &nan, sizeof nan);
-    std::memcpy(s.inf, &inf, sizeof inf);
-  }
-
-  // NaN compares false: min and max skip it, and the count has it.
+  // NaN compares false: min and max skip it.
   __attribute__((always_inline)) inline void add(v8d v) {
-    const v8d z = v - v;  // NaN where v is NaN or infinite
     sumsq += v * v;
     lo = v < lo ? v : lo;
     hi = v > hi ? v : hi;
-    nan -= (v != v);  // a true comparison is -1 in every bit
-    inf -= (z != z);
+  }
+
+  // True when the block needs its counts taken.
+  __attribute__((always_inline)) inline bool store(Stats& s) const {
+    double total = 0;
+    for (int j = 0; j < kLanes; ++j) {
+      s.sumsq[j] += sumsq[j];
+      total += sumsq[j];
+    }
+    std::memcpy(s.lo, &lo, sizeof lo);
+    std::memcpy(s.hi, &hi, sizeof hi);
+    return !std::isfinite(total);
   }
 };
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
+template <typename T>
+void recount(const T* x, int64_t n, Stats& s) {
+  for (int64_t i = 0; i < n; ++i) s.count(static_cast<double>(x[i]));
+}
 
-// Sixteen floats at a time: min, max and the NaN/Inf counts stay in float lanes (twice as many per register);
-// only the sum of squares widens to float64. Element i + j and i + 8 + j both go to lane j, in that order, as
-// eight at a time would. Per-call int32 counts cannot overflow: a call covers one block.
+typedef float v16f __attribute__((vector_size(64)));
+
+// Sixteen floats at a time: min and max stay in float lanes (twice as many per register); only the sum of
+// squares widens to float64, in two accumulators so the adds do not wait on each other. Element i + j and
+// i + 8 + j both go to lane j.
 SDC_CLONES void stats_f32(const float* x, int64_t n, Stats& s, bool last) {
   Acc a(s);
   v16f lo = v16f{} + std::numeric_limits<float>::infinity(), hi = -lo;
-  v16i nan = v16i{}, inf = v16i{};
+  v8d odd = {};
   int64_t i = 0;
   for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
     v16f f;
@@ -121,26 +127,22 @@ SDC_CLONES void stats_f32(const float* x, int64_t n, Stats& s, bool last) {
     const v8d d0 = __builtin_convertvector(__builtin_shufflevector(f, f, 0, 1, 2, 3, 4, 5, 6, 7), v8d);
     const v8d d1 = __builtin_convertvector(__builtin_shufflevector(f, f, 8, 9, 10, 11, 12, 13, 14, 15), v8d);
     a.sumsq += d0 * d0;
-    a.sumsq += d1 * d1;
-    const v16f z = f - f;
+    odd += d1 * d1;
     lo = f < lo ? f : lo;
     hi = f > hi ? f : hi;
-    nan -= (f != f);
-    inf -= (z != z);
   }
+  a.sumsq += odd;
   for (int j = 0; j < kLanes; ++j) {
     const double l = std::min(lo[j], lo[j + kLanes]), h = std::max(hi[j], hi[j + kLanes]);
     a.lo[j] = l < a.lo[j] ? l : a.lo[j];
     a.hi[j] = h > a.hi[j] ? h : a.hi[j];
-    a.nan[j] += nan[j] + nan[j + kLanes];
-    a.inf[j] += inf[j] + inf[j + kLanes];
   }
   for (; i + kLanes <= n; i += kLanes) {
     v8f f;
     std::memcpy(&f, x + i, sizeof f);
     a.add(__builtin_convertvector(f, v8d));
   }
-  a.store(s);
+  if (a.store(s)) recount(x, i, s);
   TORCH_CHECK(last || i == n, "sdctrace digest: block not a multiple of the lane count");
   for (; i < n; ++i) s.add_tail(x[i]);
 }
@@ -153,7 +155,7 @@ SDC_CLONES void stats_f64(const double* x, int64_t n, Stats& s, bool last) {
     std::memcpy(&d, x + i, sizeof d);
     a.add(d);
   }
-  a.store(s);
+  if (a.store(s)) recount(x, i, s);
   TORCH_CHECK(last || i == n, "sdctrace digest: block not a multiple of the lane count");
   for (; i < n; ++i) s.add_tail(x[i]);
 }
@@ -255,14 +257,12 @@ void combine(const Input& in, const Part* parts, const uint64_t* sums, const uin
       sumsq += s.sumsq[j];
       lo = s.lo[j] < lo ? s.lo[j] : lo;
       hi = s.hi[j] > hi ? s.hi[j] : hi;
-      nan += s.nan[j];
-      inf += s.inf[j] - s.nan[j];
     }
+    nan += s.nan;
+    inf += s.inf - s.nan;
     sumsq += s.tail_sumsq;
     lo = s.tail_lo < lo ? s.tail_lo : lo;
     hi = s.tail_hi > hi ? s.tail_hi : hi;
-    nan += s.tail_nan;
-    inf += s.tail_inf;
   }
   uint64_t h = 0;
   for (int64_t c = 0; c < in.chunks; ++c) {
