@@ -10,10 +10,10 @@ diff, derive metrics and detector alarms, write Parquet), run as `sdc diff` runs
 (in_memory at this size), or with the beam options given. The baseline
 reads the same records from Parquet (converted beforehand, not timed) and writes the
 same per-event diff with one full outer join in DuckDB. After one untimed run of each,
-the two alternate `--repeat` times; the ratio is of the medians. Events/s counts both sides' records. For
-comparison the script also times, once each, the Beam job in multi_processing mode
-and the decoding of both runs' segments alone (`tracer.log.read_segment_columns`,
-which every reader of the log pays).
+the two alternate `--repeat` times; the ratio is of the medians. Events/s counts both
+sides' records. For comparison the script also times, once each, the Beam job in
+multi_processing mode and the decoding of both runs' segments alone
+(`tracer.log.read_segment_columns`, which every reader of the log pays).
 
 Targets (issue 16): >= 800 000 events/s, and the Beam job <= 3x the DuckDB time.
 """

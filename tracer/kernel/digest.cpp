@@ -1,5 +1,6 @@
 // sdctrace's fused CPU digest: the lanes64-v1 fingerprint (tracer/fingerprint.py defines it) and the stats
-// that ride along (sum of squares, min, max, NaN and Inf counts), in one pass over each tensor's bytes.
+// that ride along (sum of squares, min, max, NaN and Inf counts), in one pass over each tensor's bytes (and a
+// second over a block that holds a NaN or an Inf, to count them).
 //
 // Work items of a batch run on torch's own intra-op threads, idle while training is blocked in the hook (a pool
 // of our own would spin against them). Work goes in blocks that stay in L1: the block's
