@@ -27,8 +27,8 @@ from tracer.tracing import Tracer
 from workload.protocol import run_step
 from workload.reference import build
 
-# Rules the gate settles (no site pattern), one it leaves to Python (a pattern), and a persistent one, on the
-# families the small workload runs; rates that hit a few times a step.
+# A rule with no site pattern, one with a pattern (the gate reads its modules off the scope's stack) and a
+# persistent one, on the families the small workload runs; rates that hit a few times a step.
 MIXED = """
 seed = 5
 [[fault]]
