@@ -257,6 +257,22 @@ def _fused_digests(fused: ModuleType, tensors: Sequence[torch.Tensor]) -> list[T
     return [TensorDigest(fp, l2, absmax, nan, inf, meta) for (fp, nan, inf, l2, absmax), (meta, _) in zip(rows, metas)]
 
 
+Row = tuple[int, int, int, float, float]
+"""One tensor's digest as the fused kernel returns it: (fingerprint, NaN count, Inf count, L2, absmax)."""
+
+
+def cpu_row(t: torch.Tensor) -> tuple[Row, str] | None:
+    """One CPU tensor's kernel row and meta string, and nothing else: a hook that digests an activation now
+    builds the records later, outside the forward and backward passes. None where the fused kernel cannot take
+    ``t`` (not built, or a dtype it lacks)."""
+    fused = _fused()
+    if fused is None or t.dtype not in _FUSED_DTYPES:
+        return None
+    meta, meta_hash = tensor_meta(t)
+    w, r = _TABLES.get(_CPU, _chunks(t))
+    return fused.digest_many([t], w, r, [meta_hash])[0], meta
+
+
 _CPU = torch.device("cpu")
 
 

@@ -19,9 +19,10 @@ optimizer hooks record every gradient before the step and every parameter after
 it; collectives that report to `tracer.collectives` have their input and output
 recorded. Under ``torch.distributed`` each rank writes its own log (``rank-NNNNN``)
 and its header records the parallel layout (`tracer.parallel.Layout`). Digests are
-computed inside the hook (no tensor is kept alive); records are framed in memory
-and written by an I/O thread (`tracer.background`). Every hook is removed when the
-``with`` block exits.
+computed inside the hook (no tensor is kept alive); a CPU activation's record is built
+when the step ends or another record comes, outside the passes' hot loops. Records are
+framed in memory and written by an I/O thread (`tracer.background`). Every hook is
+removed when the ``with`` block exits.
 
 On a lazy device (XLA) nothing is read mid-step: digests and losses join the step's
 graph, and at the step's end the Tracer marks the step (``torch_xla.sync()``, a no-op
@@ -35,6 +36,7 @@ memory until then, so the log holds the run that training used (docs/guard.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import platform
@@ -59,13 +61,22 @@ from tracer.collectives import Stage, observing, record_name
 from tracer.config import config_fingerprint, header_config
 from tracer.determinism import determinism_settings
 from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
-from tracer.errors import CaptureError, ConfigError, GuardStop, TraceWarning
-from tracer.fingerprint import ALGORITHM, TensorDigest, batched_parts, digest_many, resolve_rows, tensor_meta
+from tracer.errors import CaptureError, ConfigError, GuardStop, TraceWarning, UsageError
+from tracer.fingerprint import (
+    ALGORITHM,
+    Row,
+    TensorDigest,
+    batched_parts,
+    cpu_row,
+    digest_many,
+    resolve_rows,
+    tensor_meta,
+)
 from tracer.guard.guard import Guard, classify, verdict
 from tracer.guard.runtime import StepGuard
 from tracer.intercept import own_ops, workload_ops
 from tracer.log import rank_dir
-from tracer.log.records import SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
+from tracer.log.records import MAX_MICROBATCH, MAX_STEP, SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.writer import HeaderAtFirstFlush
 from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
@@ -197,6 +208,14 @@ class Tracer:
         self._step_start = 0.0
         # Lazy devices: what the step has recorded but not read yet, in log order.
         self._pending: list[tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], None]]] = []
+        # CPU digests taken inside a step, written when the step (or any other record) comes next: building
+        # records between the ops of a forward or backward pass costs several times what it costs in one loop.
+        # A sink (replay's checker) reads each record as it comes, and a subclass that overrides record_many
+        # sees every record there: neither holds.
+        self._held: list[tuple[int, int, str, Phase, tuple[Row, str]]] = []
+        self._holds = sink is None and type(self).record_many is Tracer.record_many
+        self._holding = False  # inside a step of a Tracer that holds
+        self._capturing = self.capture.active and self.blobs is not None
         self._paused = False
 
     # -- lifecycle ------------------------------------------------------------------
@@ -244,6 +263,7 @@ class Tracer:
         self._remove_hooks()
         if exc is None and self._log is not None:
             try:
+                self._drain()
                 self._read_pending()
             except BaseException as e:
                 self._close(e)
@@ -252,6 +272,10 @@ class Tracer:
 
     def _close(self, exc: BaseException | None) -> None:
         self._pending.clear()  # after a failure: a lazy step's graph may not run
+        if exc is not None:
+            with contextlib.suppress(Exception):  # the training error stays the one the user sees
+                self._drain()  # what the failed step recorded before the failure
+        self._held.clear()
         log, io = self._log, self._io
         self._log = self._io = None
         if log is None:
@@ -288,6 +312,7 @@ class Tracer:
 
     def sync(self) -> None:
         """Block until everything recorded so far has reached the OS."""
+        self._drain()
         self._read_pending()
         self.log.flush()
         if self._io is not None:
@@ -304,6 +329,8 @@ class Tracer:
         gradients and repeats the step's `microbatch` and `loss` calls (`rerun_with` sets it later). Without
         it, an optimizer step given a closure re-runs through the closure, unless ``closure_reruns`` is False
         (a closure that holds only the last of several accumulated microbatches)."""
+        _check_index("step", step, MAX_STEP)
+        self._drain()
         self.step_index = step
         self._begin_attempt(0)
         self._lrs = []
@@ -311,12 +338,18 @@ class Tracer:
         self._rerun, self._closure_reruns = rerun, closure_reruns
         if self._guard is not None:
             self._log = self._guard.begin(self.log)
+        self._holding = self._holds
         try:
             yield
         except BaseException:
+            self._holding = False
+            with contextlib.suppress(Exception):  # the training error stays the one the user sees
+                self._drain()
             if self._guard is not None:
                 self._log = self._guard.release()  # what the step recorded, as it would be without a guard
             raise
+        self._holding = False
+        self._drain()
         if self._guard is not None:
             self._log = self._guard.release()  # a step without an optimizer step: nothing to decide
         norm: list[float] = []
@@ -360,6 +393,7 @@ class Tracer:
 
     def microbatch(self, index: int, inputs: torch.Tensor | tuple[torch.Tensor, ...] | None = None) -> None:
         """Start microbatch ``index`` (gradient accumulation) and fingerprint its inputs."""
+        _check_index("microbatch", index, MAX_MICROBATCH)
         self.microbatch_index = index
         self._backward_passes = 0
         if inputs is None:
@@ -370,6 +404,7 @@ class Tracer:
 
     def loss(self, value: torch.Tensor | float) -> None:
         """Log this microbatch's loss (as it contributes to the step: already scaled)."""
+        self._drain()
         step, mb, log = self.step_index, self.microbatch_index, self.log
 
         def write(v: float) -> None:
@@ -388,6 +423,7 @@ class Tracer:
         the ``state_dict`` of every object in ``states`` (an LR scheduler, a sampler), by name."""
         if self.out is None:
             raise CaptureError("this Tracer writes to a sink, not a run directory: it cannot checkpoint")
+        self._drain()
         self._read_pending()
         self._states = states
         with own_ops():
@@ -397,6 +433,7 @@ class Tracer:
 
     def event(self, kind: str, /, *, at_step: int | None = None, **fields: Any) -> None:
         """Log a custom event at the current step, or at ``at_step``."""
+        self._drain()
         rec, log = EventRecord(kind, self.step_index if at_step is None else at_step, fields), self.log
         if self._pending:  # keep log order
             self._pending.append(([], lambda host: log.write_event(rec)))
@@ -415,7 +452,28 @@ class Tracer:
 
     def record(self, name: str, tensor: torch.Tensor, phase: Phase, microbatch: int | None = None) -> None:
         """Fingerprint one tensor at the current step and microbatch (and capture it if asked)."""
+        if self._holding and tensor.is_cpu and not self._capturing:
+            with own_ops():
+                row = cpu_row(tensor)
+            if row is not None:
+                held = self._held
+                held.append((self.step_index, self.microbatch_index if microbatch is None else microbatch, name,
+                             phase, row))
+                if len(held) >= _HOLD_ROWS:
+                    self._drain()
+                return
         self.record_many([(name, tensor)], phase, microbatch)
+
+    def _drain(self) -> None:
+        """Write the records `record` held, in order: before any other record is written or deferred, and
+        before the guard moves what it holds."""
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        write = self.log.write_tensor
+        for step, mb, name, phase, ((fp, nan, inf, l2, absmax), meta) in held:
+            write(TensorRecord(step, mb, name, phase, fp, l2, absmax, nan, inf, meta))
 
     def record_many(
         self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None, *,
@@ -425,6 +483,7 @@ class Tracer:
         parameters), which is what keeps per-tensor overhead out of the step. Returns the digests; None on an
         accelerator, whose digests are read at the step's end unless ``read_now`` (the guard needs them
         before the optimizer step)."""
+        self._drain()
         if not named:
             return []
         step, mb = self.step_index, self.microbatch_index if microbatch is None else microbatch
@@ -551,6 +610,7 @@ class Tracer:
         def traced() -> Any:
             checks = self._guard is not None and self._guard.pending
             if checks and self._rerun is None:
+                self._drain()
                 self._guard.mark_rerun_start()
             loss = closure()
             grads = self._record_gradients(optimizer)
@@ -685,6 +745,16 @@ def _no_default_sites(model: nn.Module) -> str:
         f"below (e.g. sites=r\"{example}\") or a list of modules, or TraceOptions(activations=False) to trace "
         f"only gradients and parameters. The model's modules:\n{module_tree(model)}"
     )
+
+
+_HOLD_ROWS = 4096  # held records at most: a step of many microbatches writes as it goes
+
+
+def _check_index(what: str, value: object, limit: int) -> None:
+    """A step or microbatch index the log can store, refused where the loop gives it rather than at a later
+    write."""
+    if type(value) is not int or not 0 <= value <= limit:
+        raise UsageError(f"the {what} index must be an int in 0..{limit}, found {value!r} ({type(value).__name__})")
 
 
 def _deferred(device: torch.device) -> bool:
