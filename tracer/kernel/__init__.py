@@ -12,6 +12,8 @@ loading a stale module, and two checkouts never rebuild each other's.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -20,6 +22,7 @@ import platform
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -107,9 +110,26 @@ def build(kernel: Kernel, verbose: bool = False) -> Path:
 
     folder = build_dir(kernel)
     folder.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load(kernel.name, [str(kernel.source)], extra_cflags=list(CFLAGS),
-                       extra_ldflags=list(LDFLAGS), build_directory=str(folder), verbose=verbose)
+    with _building(kernel, folder):
+        # torch's lock file outlives a build that was killed, and torch then waits on it forever without a word.
+        # Under `_building`'s lock, which the system drops when its holder dies, any such file is stale.
+        (folder / "lock").unlink(missing_ok=True)
+        cpp_extension.load(kernel.name, [str(kernel.source)], extra_cflags=list(CFLAGS),
+                           extra_ldflags=list(LDFLAGS), build_directory=str(folder), verbose=verbose)
     return _library(kernel, folder)
+
+
+@contextlib.contextmanager
+def _building(kernel: Kernel, folder: Path) -> Iterator[None]:
+    """One build of ``folder`` at a time, saying so when this one waits for another."""
+    with open(folder / "sdctrace-build.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"sdctrace: another process is building the {kernel.title} in {folder}; waiting for it",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield  # closing the file drops the lock
 
 
 def build_main(kernel: Kernel, argv: list[str]) -> int:
