@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -257,20 +257,20 @@ def _fused_digests(fused: ModuleType, tensors: Sequence[torch.Tensor]) -> list[T
     return [TensorDigest(fp, l2, absmax, nan, inf, meta) for (fp, nan, inf, l2, absmax), (meta, _) in zip(rows, metas)]
 
 
-Row = tuple[int, int, int, float, float]
-"""One tensor's digest as the fused kernel returns it: (fingerprint, NaN count, Inf count, L2, absmax)."""
+HeldRow = tuple[int, int, int, float, float, str]
+"""One tensor's digest as a hook keeps it: (fingerprint, NaN count, Inf count, L2, absmax, meta)."""
 
 
-def cpu_row(t: torch.Tensor) -> tuple[Row, str] | None:
-    """One CPU tensor's kernel row and meta string, and nothing else: a hook that digests an activation now
-    builds the records later, outside the forward and backward passes. None where the fused kernel cannot take
-    ``t`` (not built, or a dtype it lacks)."""
+def held_digester() -> Callable[[torch.Tensor], HeldRow | None] | None:
+    """The fused kernel's one-tensor digest for a hook, or None without the kernel. It computes `tensor_meta`
+    itself and returns a plain tuple: a hook runs between a pass's large ops, where each line of Python costs
+    several microseconds out of cache. It returns None for a tensor it does not take (not a contiguous CPU tensor
+    of a kernel dtype, or longer than the tables registered here cover), which the caller digests as usual."""
     fused = _fused()
-    if fused is None or t.dtype not in _FUSED_DTYPES:
+    if fused is None:
         return None
-    meta, meta_hash = tensor_meta(t)
-    w, r = _TABLES.get(_CPU, _chunks(t))
-    return fused.digest_many([t], w, r, [meta_hash])[0], meta
+    fused.use_tables(*_TABLES.get(_CPU, 1))
+    return fused.digest_held  # type: ignore[no-any-return]
 
 
 _CPU = torch.device("cpu")

@@ -64,11 +64,11 @@ from tracer.device import device_determinism, device_versions, is_lazy, mark_ste
 from tracer.errors import CaptureError, ConfigError, GuardStop, TraceWarning, UsageError
 from tracer.fingerprint import (
     ALGORITHM,
-    Row,
+    HeldRow,
     TensorDigest,
     batched_parts,
-    cpu_row,
     digest_many,
+    held_digester,
     resolve_rows,
     tensor_meta,
 )
@@ -210,12 +210,12 @@ class Tracer:
         self._pending: list[tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], None]]] = []
         # CPU digests taken inside a step, written when the step (or any other record) comes next: building
         # records between the ops of a forward or backward pass costs several times what it costs in one loop.
-        # A sink (replay's checker) reads each record as it comes, and a subclass that overrides record_many
-        # sees every record there: neither holds.
-        self._held: list[tuple[int, int, str, Phase, tuple[Row, str]]] = []
-        self._holds = sink is None and type(self).record_many is Tracer.record_many
-        self._holding = False  # inside a step of a Tracer that holds
-        self._capturing = self.capture.active and self.blobs is not None
+        # A sink (replay's checker) reads each record as it comes, a subclass that overrides record_many sees
+        # every record there, and a capture copies the tensor as it is: none of them holds.
+        self._held: list[tuple[int, int, str, Phase, HeldRow]] = []
+        self._holds = (sink is None and type(self).record_many is Tracer.record_many
+                       and not (self.capture.active and self.blobs is not None))
+        self._digest_held: Callable[[torch.Tensor], HeldRow | None] | None = None  # set inside a step that holds
         self._paused = False
 
     # -- lifecycle ------------------------------------------------------------------
@@ -338,17 +338,17 @@ class Tracer:
         self._rerun, self._closure_reruns = rerun, closure_reruns
         if self._guard is not None:
             self._log = self._guard.begin(self.log)
-        self._holding = self._holds
+        self._digest_held = held_digester() if self._holds else None
         try:
             yield
         except BaseException:
-            self._holding = False
+            self._digest_held = None
             with contextlib.suppress(Exception):  # the training error stays the one the user sees
                 self._drain()
             if self._guard is not None:
                 self._log = self._guard.release()  # what the step recorded, as it would be without a guard
             raise
-        self._holding = False
+        self._digest_held = None
         self._drain()
         if self._guard is not None:
             self._log = self._guard.release()  # a step without an optimizer step: nothing to decide
@@ -452,9 +452,9 @@ class Tracer:
 
     def record(self, name: str, tensor: torch.Tensor, phase: Phase, microbatch: int | None = None) -> None:
         """Fingerprint one tensor at the current step and microbatch (and capture it if asked)."""
-        if self._holding and tensor.is_cpu and not self._capturing:
-            with own_ops():
-                row = cpu_row(tensor)
+        digest = self._digest_held
+        if digest is not None:
+            row = digest(tensor)  # no torch op: the fault emulator and the ABFT checker see nothing of it
             if row is not None:
                 held = self._held
                 held.append((self.step_index, self.microbatch_index if microbatch is None else microbatch, name,
@@ -472,7 +472,7 @@ class Tracer:
             return
         self._held = []
         write = self.log.write_tensor
-        for step, mb, name, phase, ((fp, nan, inf, l2, absmax), meta) in held:
+        for step, mb, name, phase, (fp, nan, inf, l2, absmax, meta) in held:
             write(TensorRecord(step, mb, name, phase, fp, l2, absmax, nan, inf, meta))
 
     def record_many(

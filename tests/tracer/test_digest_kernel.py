@@ -71,6 +71,25 @@ def test_kernel_torch_and_batched_ops_agree(fused) -> None:
         _same(fp.PendingDigest(brow, *fp.tensor_meta(t)).resolve(brow), exact, rel=1e-10)
 
 
+def test_a_hooks_one_tensor_digest_equals_the_general_one(fused) -> None:
+    held = fp.held_digester()
+    assert held is not None
+    taken = 0
+    for t in _cases() + [torch.randn(3, 4, 5, 2), torch.randn(2, 3).requires_grad_()]:
+        row = held(t)
+        if not t.is_contiguous():
+            assert row is None, t.shape  # a view goes the general way, which reads it through a buffer
+            continue
+        d = fp.digest_many([t])[0]
+        assert row is not None and row[0] == d.fingerprint and row[1:3] == (d.nan, d.inf) and row[5] == d.meta
+        for x, y in zip(row[3:5], (d.l2, d.absmax)):
+            assert (math.isnan(x) and math.isnan(y)) or x == y
+        taken += 1
+    assert taken > 30
+    assert held(torch.randn(4, dtype=torch.complex64)) is None  # a dtype the kernel lacks
+    assert held(torch.randn(fp.CHUNK * (fp._TABLES.get(fp._CPU, 1)[1].numel() + 1))) is None  # past the tables
+
+
 def test_kernel_detects_every_bit_of_an_element_in_a_misaligned_view(fused) -> None:
     t = torch.randn(4097).to(torch.bfloat16)[1:]  # starts mid-word: the kernel reads it through its buffer
     base = fp.digest_many([t])[0].fingerprint

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -279,20 +281,14 @@ void combine(const Input& in, const Part* parts, const uint64_t* sums, const uin
   floats[1] = nan ? std::numeric_limits<double>::quiet_NaN() : std::max(std::fabs(lo), std::fabs(hi));
 }
 
-}  // namespace
-
-// The digest of every tensor, as (fingerprint, NaN count, Inf count, L2, absmax) tuples (plain Python values:
-// a traced step digests its activations one at a time, and two result tensors and their conversion cost more
-// than a small tensor's bytes), `meta_hashes` being fingerprint.py's hash of each tensor's dtype and shape. The
-// work items (`digest_group`) run on torch's own intra-op threads (idle while training waits for this) and
-// combine in a fixed order, so the bits do not depend on the thread count. The GIL is released while the bytes
-// of work for both threads are read; a smaller call keeps it (giving it up and taking it back cost a traced
-// tiny step 0.6 ms over its 32 activation digests).
-pybind11::list digest_many(const std::vector<at::Tensor>& tensors, const at::Tensor& w, const at::Tensor& r,
-                           const std::vector<uint64_t>& meta_hashes) {
-  TORCH_CHECK(w.scalar_type() == at::kLong && w.is_contiguous() && w.numel() == kChunk, "sdctrace digest: bad W table");
-  TORCH_CHECK(r.scalar_type() == at::kLong && r.is_contiguous(), "sdctrace digest: bad R table");
-  TORCH_CHECK(meta_hashes.size() == tensors.size(), "sdctrace digest: one meta hash per tensor");
+// The digests of `tensors` (CPU, supported dtypes): fingerprint, NaN and Inf counts into `ints` (three per tensor),
+// L2 and absmax into `floats` (two per tensor), `meta_hashes` being fingerprint.py's hash of each tensor's dtype
+// and shape. The work items (`digest_group`) run on torch's own intra-op threads (idle while training waits for
+// this) and combine in a fixed order, so the bits do not depend on the thread count. The GIL (held by the
+// caller) is released while the bytes of work for both threads are read; a smaller call keeps it (giving it up
+// and taking it back cost a traced tiny step 0.6 ms over its 32 activation digests).
+void digest_into(const std::vector<at::Tensor>& tensors, const at::Tensor& w, const at::Tensor& r,
+                 const uint64_t* meta_hashes, int64_t* ints, double* floats) {
   at::NoGradGuard no_grad;  // contiguous() of a tensor that requires grad records nothing
   std::vector<Input> inputs;
   std::vector<int64_t> first_part;  // index of each tensor's first work item
@@ -321,32 +317,44 @@ pybind11::list digest_many(const std::vector<at::Tensor>& tensors, const at::Ten
       parts[k].first_sum = static_cast<int64_t>(at);
     }
   std::vector<uint64_t> sums(nsums);
-  const size_t n = tensors.size();
-  std::vector<int64_t> ints(3 * n);
-  std::vector<double> floats(2 * n);
   const auto* wp = reinterpret_cast<const uint64_t*>(w.data_ptr<int64_t>());
   const auto* rp = reinterpret_cast<const uint64_t*>(r.data_ptr<int64_t>());
   // From two work items on, the pool's second thread pays for its wake-up even inside a training step (a tiny
   // step's digests: 2.4 ms on this thread alone, 1.5 ms split). One item stays here, with the GIL.
   const bool split = total_words >= kParallelWords;
-  {
-    std::optional<pybind11::gil_scoped_release> release;
-    if (split) release.emplace();
-    auto run = [&](int64_t begin, int64_t end) {
-      std::vector<double> tmp;
-      for (int64_t k = begin; k < end; ++k) {
-        const int64_t i = owner[k];
-        digest_group(inputs[i], k - first_part[i], wp, parts[k], sums.data() + parts[k].first_sum, tmp);
-      }
-    };
-    if (split)
-      at::parallel_for(0, items, 1, run);
-    else
-      run(0, items);
-    for (size_t i = 0; i < n; ++i)
-      combine(inputs[i], parts.data() + first_part[i], sums.data(), rp, meta_hashes[i], ints.data() + 3 * i,
-              floats.data() + 2 * i);
-  }
+  std::optional<pybind11::gil_scoped_release> release;
+  if (split) release.emplace();
+  auto run = [&](int64_t begin, int64_t end) {
+    std::vector<double> tmp;
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t i = owner[k];
+      digest_group(inputs[i], k - first_part[i], wp, parts[k], sums.data() + parts[k].first_sum, tmp);
+    }
+  };
+  if (split)
+    at::parallel_for(0, items, 1, run);
+  else
+    run(0, items);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    combine(inputs[i], parts.data() + first_part[i], sums.data(), rp, meta_hashes[i], ints + 3 * i, floats + 2 * i);
+}
+
+void check_tables(const at::Tensor& w, const at::Tensor& r) {
+  TORCH_CHECK(w.scalar_type() == at::kLong && w.is_contiguous() && w.numel() == kChunk, "sdctrace digest: bad W table");
+  TORCH_CHECK(r.scalar_type() == at::kLong && r.is_contiguous(), "sdctrace digest: bad R table");
+}
+
+// The digest of every tensor as (fingerprint, NaN count, Inf count, L2, absmax) tuples: plain Python values (a
+// traced step digests its activations one at a time, and two result tensors and their conversion cost more
+// than a small tensor's bytes).
+pybind11::list digest_many(const std::vector<at::Tensor>& tensors, const at::Tensor& w, const at::Tensor& r,
+                           const std::vector<uint64_t>& meta_hashes) {
+  check_tables(w, r);
+  TORCH_CHECK(meta_hashes.size() == tensors.size(), "sdctrace digest: one meta hash per tensor");
+  const size_t n = tensors.size();
+  std::vector<int64_t> ints(3 * n);
+  std::vector<double> floats(2 * n);
+  digest_into(tensors, w, r, meta_hashes.data(), ints.data(), floats.data());
   pybind11::list rows(n);
   for (size_t i = 0; i < n; ++i) {
     const int64_t* k = ints.data() + 3 * i;
@@ -356,7 +364,70 @@ pybind11::list digest_many(const std::vector<at::Tensor>& tensors, const at::Ten
   return rows;
 }
 
+// The tables `digest_held` digests with: fingerprint.py's, registered by `use_tables`. Never freed, so that no
+// destructor runs at interpreter exit.
+std::pair<at::Tensor, at::Tensor>* held_tables = nullptr;
+
+void use_tables(const at::Tensor& w, const at::Tensor& r) {
+  check_tables(w, r);
+  if (held_tables == nullptr)
+    held_tables = new std::pair<at::Tensor, at::Tensor>(w, r);
+  else
+    *held_tables = {w, r};
+}
+
+// A dtype's name as Python prints it after "torch.", for the supported dtypes; nullptr for any other.
+const char* dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kByte: return "uint8";
+    case at::kChar: return "int8";
+    case at::kShort: return "int16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kBool: return "bool";
+    default: return nullptr;
+  }
+}
+
+// One tensor's digest and meta as (fingerprint, NaN count, Inf count, L2, absmax, meta), with fingerprint.py's
+// tensor_meta computed here: a hook calls this alone, without the Python around a digest (each line of which,
+// between a pass's large ops, runs out of cache at several microseconds). None for what it does not take: a
+// tensor that is not a contiguous CPU tensor of a supported dtype, or one longer than the registered tables
+// cover, whose caller takes the general path.
+pybind11::object digest_held(const at::Tensor& t) {
+  const char* name = dtype_name(t.scalar_type());
+  if (held_tables == nullptr || name == nullptr || !t.device().is_cpu() || !t.is_contiguous())
+    return pybind11::none();
+  const auto [w, r] = *held_tables;
+  const int64_t words = (t.numel() * static_cast<int64_t>(t.element_size()) + 3) / 4;
+  if (std::max<int64_t>(1, (words + kChunk - 1) / kChunk) > r.numel()) return pybind11::none();
+  constexpr uint64_t kPrime = 0x100000001B3ULL;
+  uint64_t h = 0xCBF29CE484222325ULL;  // FNV-1a over "torch." and the name, as fingerprint.py
+  for (const char* c : {"torch.", name})
+    for (; *c; ++c) h = (h ^ static_cast<uint8_t>(*c)) * kPrime;
+  std::string meta = std::string(name) + "[";
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t size = t.size(d);
+    h = mix64(h * kPrime + static_cast<uint64_t>(size) + 1);
+    meta += (d ? "," : "") + std::to_string(size);
+  }
+  meta += "]";
+  h = mix64(h ^ (static_cast<uint64_t>(t.dim()) << 56));
+  int64_t ints[3];
+  double floats[2];
+  digest_into({t}, w, r, &h, ints, floats);
+  return pybind11::make_tuple(static_cast<uint64_t>(ints[0]), ints[1], ints[2], floats[0], floats[1], meta);
+}
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("digest_many", &digest_many, "lanes64-v1 fingerprints and stats of CPU tensors");
+  m.def("use_tables", &use_tables, "register the weight tables digest_held uses");
+  m.def("digest_held", &digest_held, "one tensor's digest and meta, or None");
   m.attr("CHUNK") = kChunk;
 }
