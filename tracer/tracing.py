@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import operator
 import platform
 import re
 import time
@@ -329,7 +330,7 @@ class Tracer:
         gradients and repeats the step's `microbatch` and `loss` calls (`rerun_with` sets it later). Without
         it, an optimizer step given a closure re-runs through the closure, unless ``closure_reruns`` is False
         (a closure that holds only the last of several accumulated microbatches)."""
-        _check_index("step", step, MAX_STEP)
+        step = _index("step", step, MAX_STEP)
         self._drain()
         self.step_index = step
         self._begin_attempt(0)
@@ -393,7 +394,7 @@ class Tracer:
 
     def microbatch(self, index: int, inputs: torch.Tensor | tuple[torch.Tensor, ...] | None = None) -> None:
         """Start microbatch ``index`` (gradient accumulation) and fingerprint its inputs."""
-        _check_index("microbatch", index, MAX_MICROBATCH)
+        index = _index("microbatch", index, MAX_MICROBATCH)
         self.microbatch_index = index
         self._backward_passes = 0
         if inputs is None:
@@ -750,11 +751,15 @@ def _no_default_sites(model: nn.Module) -> str:
 _HOLD_ROWS = 4096  # held records at most: a step of many microbatches writes as it goes
 
 
-def _check_index(what: str, value: object, limit: int) -> None:
-    """A step or microbatch index the log can store, refused where the loop gives it rather than at a later
-    write."""
-    if type(value) is not int or not 0 <= value <= limit:
-        raise UsageError(f"the {what} index must be an int in 0..{limit}, found {value!r} ({type(value).__name__})")
+def _index(what: str, value: object, limit: int) -> int:
+    """A step or microbatch index as the int the log stores (a NumPy or torch integer from the loop's own
+    counter included), refused where the loop gives it rather than at a later write."""
+    if not isinstance(value, bool):
+        with contextlib.suppress(TypeError):  # no __index__, or a float or many-element tensor's
+            index = operator.index(value)  # type: ignore[arg-type]
+            if 0 <= index <= limit:
+                return index
+    raise UsageError(f"the {what} index must be an int in 0..{limit}, found {value!r} ({type(value).__name__})")
 
 
 def _deferred(device: torch.device) -> bool:

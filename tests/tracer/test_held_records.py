@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,12 +91,24 @@ def test_a_long_step_writes_as_it_goes(tmp_path: Path) -> None:
     ]
 
 
+def test_a_numpy_or_torch_integer_index_is_stored_as_an_int(tmp_path: Path) -> None:
+    model = Mixer()
+    with Tracer(model, None, out=tmp_path / "run", run=RunInfo("x"), options=MIXER) as tr:
+        for step in np.arange(2, 4):
+            with tr.step(step):
+                tr.microbatch(torch.tensor(1))
+                model(torch.randn(2, 16))
+    recs = [r for r in LogReader(rank_dir(tmp_path / "run", 0)).records() if isinstance(r, TensorRecord)]
+    assert {(type(r.step), r.step, type(r.microbatch), r.microbatch) for r in recs} == {(int, 2, int, 1), (int, 3, int, 1)}
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
         (lambda tr: tr.step(-1).__enter__(), r"step index must be an int in 0\.\.\d+, found -1 \(int\)"),
         (lambda tr: tr.step(2.0).__enter__(), r"step index must be an int in 0\.\.\d+, found 2\.0 \(float\)"),
         (lambda tr: tr.microbatch(True), r"microbatch index must be an int in 0\.\.\d+, found True \(bool\)"),
+        (lambda tr: tr.microbatch(torch.tensor(1.0)), r"microbatch index must be an int .*found tensor\(1\.\) \(Tensor\)"),
     ],
 )
 def test_a_bad_step_or_microbatch_index_is_refused_where_it_is_given(tmp_path: Path, call, message: str) -> None:
