@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from timing import side_by_side, warmup
+from timing import machine_load, side_by_side, warmup
 
 from tracer.fingerprint import digest_implementation, digest_many
 from tracer.options import RunInfo
@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=15, help="steps per model size (default 15)")
     args = p.parse_args(argv)
+    print(machine_load(), flush=True)
     bench_throughput()
     bench_scaling(args.steps)
     bench_cuda(args.steps)

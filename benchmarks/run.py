@@ -34,7 +34,7 @@ from bench_guard import bench_guard_overhead
 from bench_parallel import bench_parallel
 from bench_replay import bench_replay
 from bench_watch import bench_watch
-from timing import warmup
+from timing import machine_load, warmup
 
 from faults import FaultEmulator, load_profile
 from faults.abft import AbftChecker
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30, help="steps per measurement (default 30)")
     p.add_argument("--config", help="workload config (default: tiny)")
     args = p.parse_args(argv)
+    print(machine_load(), flush=True)
     bench_tracing_overhead(args.steps, args.config)
     bench_tracing.bench_throughput()
     bench_tracing.bench_scaling(max(10, args.steps // 2))
