@@ -171,13 +171,20 @@ void stats_converted(const T* x, int64_t n, Stats& s, bool last, std::vector<dou
   stats_f64(tmp.data(), n, s, last);
 }
 
-bool supported(at::ScalarType t) {
+// A supported dtype's name as Python prints it after "torch."; nullptr for a dtype the kernel does not take.
+const char* dtype_name(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
-    case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong: case at::kBool:
-      return true;
-    default:
-      return false;
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kByte: return "uint8";
+    case at::kChar: return "int8";
+    case at::kShort: return "int16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kBool: return "bool";
+    default: return nullptr;
   }
 }
 
@@ -296,7 +303,7 @@ void digest_into(const std::vector<at::Tensor>& tensors, const at::Tensor& w, co
   inputs.reserve(tensors.size());
   for (const auto& t : tensors) {
     TORCH_CHECK(t.device().is_cpu(), "sdctrace digest: CPU tensors only, found ", t.device());
-    TORCH_CHECK(supported(t.scalar_type()), "sdctrace digest: unsupported dtype ", t.scalar_type());
+    TORCH_CHECK(dtype_name(t.scalar_type()) != nullptr, "sdctrace digest: unsupported dtype ", t.scalar_type());
     at::Tensor c = t.contiguous();
     const int64_t nbytes = c.numel() * static_cast<int64_t>(c.element_size());
     const int64_t words = (nbytes + 3) / 4;
@@ -376,22 +383,6 @@ void use_tables(const at::Tensor& w, const at::Tensor& r) {
     *held_tables = {w, r};
 }
 
-// A dtype's name as Python prints it after "torch.", for the supported dtypes; nullptr for any other.
-const char* dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kByte: return "uint8";
-    case at::kChar: return "int8";
-    case at::kShort: return "int16";
-    case at::kInt: return "int32";
-    case at::kLong: return "int64";
-    case at::kBool: return "bool";
-    default: return nullptr;
-  }
-}
 
 // One tensor's digest and meta as (fingerprint, NaN count, Inf count, L2, absmax, meta), with fingerprint.py's
 // tensor_meta computed here: a hook calls this alone, without the Python around a digest (each line of which,
