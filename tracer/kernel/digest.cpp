@@ -208,44 +208,42 @@ void stats_block(const at::Tensor& t, const uint8_t* bytes, int64_t n, Stats& s,
 struct Input {
   at::Tensor t;
   const uint8_t* base;
-  int64_t nbytes, words, chunks, groups;
+  int64_t nbytes, words, groups;
 };
 
-// Words [g * kGroup, (g + 1) * kGroup) of every chunk of a tensor: one work item. Its slice of the weight
-// table (kGroup weights, 256 KiB) stays in L2 while the item reads that slice's words in every chunk, so a
-// tensor of many chunks streams its own bytes only, not the table's 8 bytes a word again per chunk.
+// Words [g * kGroup, (g + 1) * kGroup) of a tensor: one work item, read front to back, its weights read from L3 as
+// it goes. (Items that each took one slice of every chunk, to keep that slice of the weight table in L2, digested
+// a 256 MB float32 tensor at 10.8 GB/s on one core of an AMD EPYC; front to back, 15.2 GB/s.)
 constexpr int64_t kGroup = 16 * kBlock;
 constexpr int64_t kParallelWords = 2 * kGroup;  // 256 KiB: two work items
-static_assert(kChunk % kGroup == 0, "groups tile a chunk");
+static_assert(kChunk % kBlock == 0, "blocks tile a chunk");
 
-// One work item's result: its part of each chunk's lane sum (before the chunk weight) and its stats.
+// One work item's result: its part of the tensor's lane sum (chunk weights applied) and its stats.
 struct Part {
   Stats stats;
-  int64_t first_sum = 0;  // where its chunk sums start in the shared array
+  uint64_t lane = 0;
 };
 
-void digest_group(const Input& in, int64_t g, const uint64_t* w, Part& part, uint64_t* sums, std::vector<double>& tmp) {
+void digest_group(const Input& in, int64_t g, const uint64_t* w, const uint64_t* r, Part& part,
+                  std::vector<double>& tmp) {
   alignas(64) int32_t buf[kBlock];
   const int64_t elem = in.t.element_size();
-  for (int64_t c = 0; c < in.chunks; ++c) {
-    const int64_t chunk = c * kChunk;
-    const int64_t first = chunk + g * kGroup, stop = std::min(in.words, std::min(first + kGroup, chunk + kChunk));
-    uint64_t sum = 0;
-    for (int64_t b = first; b < stop; b += kBlock) {
-      const int64_t n = std::min(kBlock, stop - b);
-      const uint8_t* p = in.base + b * 4;
-      const int64_t have = std::min(n * 4, in.nbytes - b * 4);  // bytes present; the last word may be partial
-      const int32_t* x = reinterpret_cast<const int32_t*>(p);
-      if (have != n * 4 || reinterpret_cast<uintptr_t>(p) % alignof(int32_t) != 0) {
-        std::memset(buf, 0, sizeof buf);
-        std::memcpy(buf, p, have);
-        x = buf;
-      }
-      sum += lane_dot(x, w + (b - chunk), n);
-      stats_block(in.t, p, have / elem, part.stats, /*last=*/b + n >= in.words, tmp);
+  const int64_t first = g * kGroup, stop = std::min(in.words, first + kGroup);
+  uint64_t lane = 0;
+  for (int64_t b = first; b < stop; b += kBlock) {
+    const int64_t n = std::min(kBlock, stop - b);
+    const uint8_t* p = in.base + b * 4;
+    const int64_t have = std::min(n * 4, in.nbytes - b * 4);  // bytes present; the last word may be partial
+    const int32_t* x = reinterpret_cast<const int32_t*>(p);
+    if (have != n * 4 || reinterpret_cast<uintptr_t>(p) % alignof(int32_t) != 0) {
+      std::memset(buf, 0, sizeof buf);
+      std::memcpy(buf, p, have);
+      x = buf;
     }
-    sums[c] = sum;
+    lane += lane_dot(x, w + b % kChunk, n) * r[b / kChunk];  // a block lies in one chunk
+    stats_block(in.t, p, have / elem, part.stats, /*last=*/b + n >= in.words, tmp);
   }
+  part.lane = lane;
 }
 
 // splitmix64's finaliser, as fingerprint.py's mix64.
@@ -257,8 +255,7 @@ uint64_t mix64(uint64_t z) {
 
 // A tensor's digest from its work items, combined in item order: the fingerprint (its lane sum mixed with
 // `meta_hash`), NaN and Inf counts into `ints`; L2 and absmax (NaN when a NaN was seen) into `floats`.
-void combine(const Input& in, const Part* parts, const uint64_t* sums, const uint64_t* r, uint64_t meta_hash,
-             int64_t* ints, double* floats) {
+void combine(const Input& in, const Part* parts, uint64_t meta_hash, int64_t* ints, double* floats) {
   double sumsq = 0, lo = std::numeric_limits<double>::infinity(), hi = -lo;
   int64_t nan = 0, inf = 0;
   for (int64_t g = 0; g < in.groups; ++g) {
@@ -274,12 +271,8 @@ void combine(const Input& in, const Part* parts, const uint64_t* sums, const uin
     lo = s.tail_lo < lo ? s.tail_lo : lo;
     hi = s.tail_hi > hi ? s.tail_hi : hi;
   }
-  uint64_t h = 0;
-  for (int64_t c = 0; c < in.chunks; ++c) {
-    uint64_t chunk_sum = 0;  // addition mod 2^64: any order gives these bits
-    for (int64_t g = 0; g < in.groups; ++g) chunk_sum += sums[parts[g].first_sum + c];
-    h += chunk_sum * r[c];
-  }
+  uint64_t h = 0;  // addition mod 2^64: any order gives these bits
+  for (int64_t g = 0; g < in.groups; ++g) h += parts[g].lane;
   if (in.t.numel() == 0) lo = hi = 0;
   ints[0] = static_cast<int64_t>(mix64(h ^ meta_hash));
   ints[1] = nan;
@@ -299,7 +292,7 @@ void digest_into(const std::vector<at::Tensor>& tensors, const at::Tensor& w, co
   at::NoGradGuard no_grad;  // contiguous() of a tensor that requires grad records nothing
   std::vector<Input> inputs;
   std::vector<int64_t> first_part;  // index of each tensor's first work item
-  int64_t items = 0, nsums = 0, total_words = 0;
+  int64_t items = 0, total_words = 0;
   inputs.reserve(tensors.size());
   for (const auto& t : tensors) {
     TORCH_CHECK(t.device().is_cpu(), "sdctrace digest: CPU tensors only, found ", t.device());
@@ -308,22 +301,17 @@ void digest_into(const std::vector<at::Tensor>& tensors, const at::Tensor& w, co
     const int64_t nbytes = c.numel() * static_cast<int64_t>(c.element_size());
     const int64_t words = (nbytes + 3) / 4;
     const int64_t chunks = std::max<int64_t>(1, (words + kChunk - 1) / kChunk);
-    const int64_t groups = chunks > 1 ? kChunk / kGroup : std::max<int64_t>(1, (words + kGroup - 1) / kGroup);
+    const int64_t groups = std::max<int64_t>(1, (words + kGroup - 1) / kGroup);
     TORCH_CHECK(chunks <= r.numel(), "sdctrace digest: chunk table too short (", r.numel(), " < ", chunks, ")");
-    inputs.push_back({c, static_cast<const uint8_t*>(c.data_ptr()), nbytes, words, chunks, groups});
+    inputs.push_back({c, static_cast<const uint8_t*>(c.data_ptr()), nbytes, words, groups});
     first_part.push_back(items);
     items += groups;
-    nsums += groups * chunks;
     total_words += words;
   }
   std::vector<int64_t> owner(items);
   std::vector<Part> parts(items);
-  for (size_t i = 0, k = 0, at = 0; i < inputs.size(); ++i)
-    for (int64_t g = 0; g < inputs[i].groups; ++g, ++k, at += inputs[i].chunks) {
-      owner[k] = static_cast<int64_t>(i);
-      parts[k].first_sum = static_cast<int64_t>(at);
-    }
-  std::vector<uint64_t> sums(nsums);
+  for (size_t i = 0, k = 0; i < inputs.size(); ++i)
+    for (int64_t g = 0; g < inputs[i].groups; ++g, ++k) owner[k] = static_cast<int64_t>(i);
   const auto* wp = reinterpret_cast<const uint64_t*>(w.data_ptr<int64_t>());
   const auto* rp = reinterpret_cast<const uint64_t*>(r.data_ptr<int64_t>());
   // From two work items on, the pool's second thread pays for its wake-up even inside a training step (a tiny
@@ -335,7 +323,7 @@ void digest_into(const std::vector<at::Tensor>& tensors, const at::Tensor& w, co
     std::vector<double> tmp;
     for (int64_t k = begin; k < end; ++k) {
       const int64_t i = owner[k];
-      digest_group(inputs[i], k - first_part[i], wp, parts[k], sums.data() + parts[k].first_sum, tmp);
+      digest_group(inputs[i], k - first_part[i], wp, rp, parts[k], tmp);
     }
   };
   if (split)
@@ -343,7 +331,7 @@ void digest_into(const std::vector<at::Tensor>& tensors, const at::Tensor& w, co
   else
     run(0, items);
   for (size_t i = 0; i < inputs.size(); ++i)
-    combine(inputs[i], parts.data() + first_part[i], sums.data(), rp, meta_hashes[i], ints + 3 * i, floats + 2 * i);
+    combine(inputs[i], parts.data() + first_part[i], meta_hashes[i], ints + 3 * i, floats + 2 * i);
 }
 
 void check_tables(const at::Tensor& w, const at::Tensor& r) {
