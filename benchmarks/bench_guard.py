@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from timing import warmup
+from timing import interleave, traced_step, warmup
 
 from faults import load_profile
 from faults.node import emulated_node
@@ -38,11 +38,10 @@ from workload.reference import build
 
 
 def bench_guard_overhead(steps: int, config: str | None = None) -> float:
-    """Alternate a traced step and a guarded traced step (default detectors, healthy: nothing fires) of two
-    identical workloads; the ratio of their median step times."""
+    """Interleave traced steps and guarded traced steps (default detectors, healthy: nothing fires) of two
+    identical workloads; the median of their per-step ratios."""
     cfg = load_config(config)
     traced, guarded = build(cfg), build(cfg)
-    times: dict[str, list[float]] = {"traced": [], "guarded": []}
     own: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         run = RunInfo("bench", config=cfg.to_dict())
@@ -50,21 +49,14 @@ def bench_guard_overhead(steps: int, config: str | None = None) -> float:
                 Tracer(guarded.model, guarded.optimizer, out=Path(tmp) / "guarded", run=run,
                        guard=default_guard()) as t_guard:
             timed(t_guard._guard, own)
-            pair = (("traced", traced, t_plain), ("guarded", guarded, t_guard))
-            for step in range(steps):
-                for name, w, tracer in pair if step % 2 else pair[::-1]:  # neither always runs first
-                    s = time.perf_counter()
-                    with tracer.step(step):
-                        run_step(w, step, tracer)
-                    times[name].append(time.perf_counter() - s)
+            steps_timed = interleave({"traced": traced_step(traced, t_plain), "guarded": traced_step(guarded, t_guard)},
+                                     steps)
     warm = warmup(steps)
-    plain_s, guard_s = (statistics.median(times[n][warm:]) for n in ("traced", "guarded"))
-    ratio = guard_s / plain_s
     per_step = sum(own[warm * 3:]) / (steps - warm)  # three timed calls a step
-    print(f"guard overhead     : guarded/traced step time = {ratio:.3f}  (median {guard_s * 1e3:.1f} ms vs "
-          f"{plain_s * 1e3:.1f} ms, {steps - warm} steps, healthy: nothing fires; target <= 1.02); the guard's "
-          f"own work {per_step * 1e6:.0f} us a step = {per_step / plain_s:.4f} of a traced step")
-    return ratio
+    print(f"guard overhead     : guarded/traced step time = {steps_timed.describe('guarded', 'traced')}, healthy: "
+          f"nothing fires; target <= 1.02); the guard's own work {per_step * 1e6:.0f} us a step = "
+          f"{per_step / steps_timed.median('traced'):.4f} of a traced step")
+    return steps_timed.ratio("guarded", "traced")
 
 
 def timed(guard: object, into: list[float]) -> None:

@@ -19,11 +19,10 @@ sequence parallel) reports its own traced / untraced ratio (bench_parallel.py).
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from bench_guard import bench_guard_overhead
 from bench_parallel import bench_parallel
 from bench_replay import bench_replay
 from bench_watch import bench_watch
-from timing import machine_load, warmup
+from timing import interleave, machine_load, traced_step
 
 from faults import FaultEmulator, load_profile
 from faults.abft import AbftChecker
@@ -50,26 +49,22 @@ from workload.reference import build
 
 
 def bench_tracing_overhead(steps: int, config: str | None) -> tuple[float, float]:
-    """Interleave untraced and traced steps of two identical workloads; median step times, and the log's size."""
+    """Interleave untraced and traced steps of two identical workloads; their ratio, and the log's size."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         r = bench_tracing.tracing_overhead(config or "tiny", (), steps, out=out)
-        ratio, plain_s, traced_s = r.ratio, r.plain_s, r.traced_s
         per_event = _tensor_event_bytes(out)
-    print(
-        f"tracing overhead   : traced/untraced step time = {ratio:.3f}  "
-        f"(median {traced_s * 1e3:.1f} ms vs {plain_s * 1e3:.1f} ms, {steps - warmup(steps)} steps, target <= 1.05, "
-        f"stretch 1.03)"
-    )
+    print(f"tracing overhead   : traced/untraced step time = {r.describe()}, target <= 1.05, stretch 1.03)")
     print(f"log size           : {per_event:.1f} bytes per fingerprint event on disk (whole log / tensor records: "
           "run header, strings and events included; target <= 32)")
-    return ratio, per_event
+    return r.ratio, per_event
 
 
 def bench_interceptor_overhead(steps: int, config: str | None) -> tuple[float, float]:
     """Interleave steps of three identical traced workloads: plain, with the fault emulator
     (healthy-node: every family named, so every forward and backward op of those families, about half
-    the step's, reaches it and makes its draw; none is corrupted), with the ABFT checker."""
+    the step's, reaches it and makes its draw; none is corrupted), with the ABFT checker. The emulator and the
+    checker are entered around their own steps only (each is process-wide), outside the time measured."""
     cfg = load_config(config)
     names = ("plain", "emulator", "abft")
     workloads = [build(cfg) for _ in names]
@@ -90,27 +85,20 @@ def bench_interceptor_overhead(steps: int, config: str | None) -> tuple[float, f
             FaultEmulator(load_profile("healthy-node"), workloads[1].model, **hooks[1]),
             AbftChecker(workloads[2].model, **hooks[2]),
         ]
-        times: list[list[float]] = [[] for _ in names]
-        for step in range(steps):
-            for w, tracer, mode, t in zip(workloads, tracers, modes, times):
+        def inside(mode: AbstractContextManager, step: Callable[[int], float]) -> Callable[[int], float]:
+            def run(index: int) -> float:
                 with mode:
-                    s = time.perf_counter()
-                    with tracer.step(step):
-                        run_step(w, step, tracer)
-                    t.append(time.perf_counter() - s)
-    warm = max(1, steps // 5)
-    plain, emulator, abft = (statistics.median(t[warm:]) for t in times)
-    print(
-        f"fault emulator     : emulator-on/traced step time = {emulator / plain:.3f}  "
-        f"(median {emulator * 1e3:.1f} ms vs {plain * 1e3:.1f} ms; healthy-node: no fault fires; decided in "
-        f"{'the C++ gate' if emulator_implementation() == 'gate' else 'Python: the gate is not built'}; "
-        "target <= 1.10)"
-    )
-    print(
-        f"ABFT checker       : abft-on/traced step time = {abft / plain:.3f}  "
-        f"(median {abft * 1e3:.1f} ms vs {plain * 1e3:.1f} ms, {steps - warm} steps, target <= 1.30)"
-    )
-    return emulator / plain, abft / plain
+                    return step(index)
+
+            return run
+
+        timed = interleave({name: inside(mode, traced_step(w, tracer))
+                            for name, w, tracer, mode in zip(names, workloads, tracers, modes)}, steps)
+    gate = "the C++ gate" if emulator_implementation() == "gate" else "Python: the gate is not built"
+    print(f"fault emulator     : emulator-on/traced step time = {timed.describe('emulator', 'plain')}; healthy-node: "
+          f"no fault fires; decided in {gate}; target <= 1.10)")
+    print(f"ABFT checker       : abft-on/traced step time = {timed.describe('abft', 'plain')}, target <= 1.30)")
+    return timed.ratio("emulator", "plain"), timed.ratio("abft", "plain")
 
 
 def _tensor_event_bytes(run: Path) -> float:
@@ -123,7 +111,7 @@ def _tensor_event_bytes(run: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=30, help="steps per measurement (default 30)")
+    p.add_argument("--steps", type=int, default=40, help="steps per measurement (default 40)")
     p.add_argument("--config", help="workload config (default: tiny)")
     args = p.parse_args(argv)
     print(machine_load(), flush=True)

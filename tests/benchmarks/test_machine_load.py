@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-_TIMING = Path(__file__).parents[2] / "benchmarks" / "timing.py"
-
-
-def _machine_load():
-    spec = importlib.util.spec_from_file_location("bench_timing", _TIMING)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.machine_load
-
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc/stat")
-def test_a_busy_core_beside_the_benchmark_is_named_and_warned_of() -> None:
-    machine_load = _machine_load()
+def test_a_busy_core_beside_the_benchmark_is_named_and_warned_of(timing) -> None:
+    machine_load = timing.machine_load
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         line = machine_load(0.5)
