@@ -19,8 +19,9 @@ optimizer hooks record every gradient before the step and every parameter after
 it; collectives that report to `tracer.collectives` have their input and output
 recorded. Under ``torch.distributed`` each rank writes its own log (``rank-NNNNN``)
 and its header records the parallel layout (`tracer.parallel.Layout`). Digests are
-computed inside the hook (no tensor is kept alive); a CPU activation's record is built
-when the step ends or another record comes, outside the passes' hot loops. Records are
+computed inside the hook (no tensor is kept alive); inside a step, the records of CPU
+tensors and the loss events are built when the step ends (or a record comes that cannot
+wait), outside the passes' hot loops. Records are
 framed in memory and written by an I/O thread (`tracer.background`). Every hook is
 removed when the ``with`` block exits.
 
@@ -209,11 +210,11 @@ class Tracer:
         self._step_start = 0.0
         # Lazy devices: what the step has recorded but not read yet, in log order.
         self._pending: list[tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], None]]] = []
-        # CPU digests taken inside a step, written when the step (or any other record) comes next: building
-        # records between the ops of a forward or backward pass costs several times what it costs in one loop.
+        # CPU digests and loss events taken inside a step, written when the step ends (or another record comes
+        # that cannot wait): building records between the ops of a pass costs several times what it costs in a loop.
         # A sink (replay's checker) reads each record as it comes, a subclass that overrides record_many sees
         # every record there, and a capture copies the tensor as it is: none of them holds.
-        self._held: list[tuple[int, int, str, Phase, HeldRow]] = []
+        self._held: list[tuple[int, int, str, Phase, HeldRow] | EventRecord] = []
         self._holds = (sink is None and type(self).record_many is Tracer.record_many
                        and not (self.capture.active and self.blobs is not None))
         self._digest_held: Callable[[torch.Tensor], HeldRow | None] | None = None  # set inside a step that holds
@@ -405,17 +406,20 @@ class Tracer:
 
     def loss(self, value: torch.Tensor | float) -> None:
         """Log this microbatch's loss (as it contributes to the step: already scaled)."""
-        self._drain()
-        step, mb, log = self.step_index, self.microbatch_index, self.log
-
-        def write(v: float) -> None:
-            self._losses.append(v)
-            log.write_event(EventRecord("loss", step, {"microbatch": mb, "loss": v}))
-
+        step, mb = self.step_index, self.microbatch_index
         if isinstance(value, torch.Tensor) and _deferred(value.device):
+            self._drain()
+            log = self.log
+
+            def write(v: float) -> None:
+                self._losses.append(v)
+                log.write_event(EventRecord("loss", step, {"microbatch": mb, "loss": v}))
+
             self._pending.append(([value.detach().reshape(1)], lambda host: write(host[0].item())))
-        else:
-            write(float(value.detach().item() if isinstance(value, torch.Tensor) else value))
+            return
+        v = float(value.detach().item() if isinstance(value, torch.Tensor) else value)
+        self._losses.append(v)
+        self._hold_or_write(EventRecord("loss", step, {"microbatch": mb, "loss": v}))
 
     def checkpoint(
         self, step: int, data: Mapping[str, Any] | None = None, states: Mapping[str, Stateful] | None = None
@@ -472,9 +476,25 @@ class Tracer:
         if not held:
             return
         self._held = []
-        write = self.log.write_tensor
-        for step, mb, name, phase, (fp, nan, inf, l2, absmax, meta) in held:
+        log = self.log
+        write = log.write_tensor
+        for item in held:
+            if type(item) is EventRecord:
+                log.write_event(item)
+                continue
+            step, mb, name, phase, (fp, nan, inf, l2, absmax, meta) = item  # type: ignore[misc]
             write(TensorRecord(step, mb, name, phase, fp, l2, absmax, nan, inf, meta))
+
+    def _hold_or_write(self, event: EventRecord) -> None:
+        """Write one of the Tracer's own events, or inside a step that holds, keep it in order with the held
+        records: written between a pass's ops, a loss event cost a traced tiny step 40 us, 3 us in a loop."""
+        if self._digest_held is None:
+            self._drain()
+            self.log.write_event(event)
+            return
+        self._held.append(event)
+        if len(self._held) >= _HOLD_ROWS:
+            self._drain()
 
     def record_many(
         self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None, *,
@@ -484,12 +504,16 @@ class Tracer:
         parameters), which is what keeps per-tensor overhead out of the step. Returns the digests; None on an
         accelerator, whose digests are read at the step's end unless ``read_now`` (the guard needs them
         before the optimizer step)."""
-        self._drain()
+        tensors = [t for _, t in named]
+        # Inside a step that holds, CPU records wait with the others for the step's end (not with a guard, which
+        # reads them now and moves what the log holds).
+        hold = bool(named) and not read_now and self._digest_held is not None and not _deferred(tensors[0].device)
+        if not hold:
+            self._drain()
         if not named:
             return []
         step, mb = self.step_index, self.microbatch_index if microbatch is None else microbatch
         log = self.log
-        tensors = [t for _, t in named]
         if read_now:
             self._read_pending()  # what was recorded before keeps its place in the log
         elif _deferred(tensors[0].device):
@@ -508,6 +532,13 @@ class Tracer:
             return None
         with own_ops():
             digests = digest_many(tensors)
+        if hold:
+            held = self._held
+            held.extend((step, mb, name, phase, (d.fingerprint, d.nan, d.inf, d.l2, d.absmax, d.meta))
+                        for (name, _), d in zip(named, digests))
+            if len(held) >= _HOLD_ROWS:
+                self._drain()
+            return digests
         for (name, tensor), d in zip(named, digests):
             self._write(log, step, mb, name, phase, d, tensor)
         return digests

@@ -1,5 +1,5 @@
-"""Inside a step, a Tracer writing its own log digests each CPU activation at once but builds its record later
-(tracing.py, `Tracer.record`). What reaches the log must not change: the same records in the same order as a
+"""Inside a step, a Tracer writing its own log digests each CPU tensor at once but builds its record later, and
+holds its loss events with them (tracing.py, `Tracer.record`). What reaches the log must not change: the same records in the same order as a
 sink sees them (a sink is never held), nothing lost when the step fails, memory bounded in a long step, and a
 bad step or microbatch index refused where the loop gives it."""
 
@@ -71,6 +71,24 @@ def test_a_failing_step_keeps_what_it_recorded_before_the_failure(tmp_path: Path
         (f"blocks.{i}.{site}", phase)
         for i in range(2) for site in ("token_mix", "channel_mix") for phase in (Phase.FORWARD, Phase.BACKWARD)
     }
+
+
+def test_a_step_failing_after_its_update_keeps_its_loss_gradients_and_parameters(tmp_path: Path) -> None:
+    model = Mixer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracer = Tracer(model, opt, out=tmp_path / "run", run=RunInfo("x"), options=MIXER)
+    with pytest.raises(RuntimeError, match="boom"), tracer as tr, tr.step(0):
+        loss = model(torch.randn(2, 16)).sum()
+        loss.backward()
+        tr.loss(loss)
+        opt.step()
+        raise RuntimeError("boom")
+    recs = list(LogReader(rank_dir(tmp_path / "run", 0)).records())
+    losses = [r.fields["loss"] for r in recs if isinstance(r, EventRecord) and r.kind == "loss"]
+    assert losses == [pytest.approx(loss.item())]
+    params = {name for name, _ in model.named_parameters()}
+    for phase in (Phase.GRAD, Phase.PARAM):
+        assert {r.name for r in recs if isinstance(r, TensorRecord) and r.phase == phase} == params
 
 
 def test_a_long_step_writes_as_it_goes(tmp_path: Path) -> None:
