@@ -327,7 +327,6 @@ def decode_event(payload: Any) -> EventRecord:
 
 
 _CHECKED_KINDS = frozenset(_EVENT_FIELDS) | frozenset(_REQUIRED)  # kinds with fields `check_event` checks
-_CONTAINERS = (dict, list, tuple)
 assert MAX_DEPTH >= 3, MAX_DEPTH  # `_nested` stops looking at the third level
 
 
@@ -350,10 +349,12 @@ def reads_back(rec: EventRecord) -> bool:
 
 
 def _nested(fields: dict[str, Any]) -> bool:
-    """Whether a value of `fields` holds a container (then `check_event` measures the nesting): events are
-    mostly scalars and lists of scalars, whose depth is at most 3."""
+    """Whether a value of `fields` may hold a container (then `check_event` measures the nesting): events are
+    mostly scalars and lists of scalars, whose depth is at most 3. True for anything else, which only costs the
+    full check."""
     for v in fields.values():
-        if isinstance(v, _CONTAINERS) and (type(v) is not list or any(isinstance(x, _CONTAINERS) for x in v)):
+        t = type(v)
+        if t not in _SCALARS and (t is not list or not _SCALARS.issuperset(map(type, v))):
             return True
     return False
 
