@@ -261,16 +261,24 @@ HeldRow = tuple[int, int, int, float, float, str]
 """One tensor's digest as a hook keeps it: (fingerprint, NaN count, Inf count, L2, absmax, meta)."""
 
 
-def held_digester() -> Callable[[torch.Tensor], HeldRow | None] | None:
-    """The fused kernel's one-tensor digest for a hook, or None without the kernel. It computes `tensor_meta`
-    itself and returns a plain tuple: a hook runs between a pass's large ops, where each line of Python costs
-    several microseconds out of cache. It returns None for a tensor it does not take (not a contiguous CPU tensor
-    of a kernel dtype, or longer than the tables registered here cover), which the caller digests as usual."""
+@dataclass(frozen=True, slots=True)
+class HeldDigesters:
+    """The fused kernel's digests for the Tracer's hot paths. They compute `tensor_meta` themselves and return
+    plain tuples: a hook runs between a pass's large ops, where each line of Python costs several microseconds out
+    of cache. Each returns None for what it does not take (a tensor that is not a contiguous CPU tensor of a kernel
+    dtype, or longer than the tables registered here cover), which the caller digests as usual."""
+
+    one: Callable[[torch.Tensor], HeldRow | None]
+    many: Callable[[Sequence[torch.Tensor]], list[HeldRow] | None]  # None unless it takes every tensor
+
+
+def held_digesters() -> HeldDigesters | None:
+    """The fused kernel's `HeldDigesters`, or None without the kernel."""
     fused = _fused()
     if fused is None:
         return None
     fused.use_tables(*_TABLES.get(_CPU, 1))
-    return fused.digest_held  # type: ignore[no-any-return]
+    return HeldDigesters(fused.digest_held, fused.digest_held_many)
 
 
 _CPU = torch.device("cpu")

@@ -70,7 +70,7 @@ from tracer.fingerprint import (
     TensorDigest,
     batched_parts,
     digest_many,
-    held_digester,
+    held_digesters,
     resolve_rows,
     tensor_meta,
 )
@@ -217,7 +217,9 @@ class Tracer:
         self._held: list[tuple[int, int, str, Phase, HeldRow] | EventRecord] = []
         self._holds = (sink is None and type(self).record_many is Tracer.record_many
                        and not (self.capture.active and self.blobs is not None))
-        self._digest_held: Callable[[torch.Tensor], HeldRow | None] | None = None  # set inside a step that holds
+        # Set inside a step that holds (fingerprint.HeldDigesters).
+        self._digest_held: Callable[[torch.Tensor], HeldRow | None] | None = None
+        self._digest_held_many: Callable[[list[torch.Tensor]], list[HeldRow] | None] | None = None
         self._paused = False
 
     # -- lifecycle ------------------------------------------------------------------
@@ -340,17 +342,18 @@ class Tracer:
         self._rerun, self._closure_reruns = rerun, closure_reruns
         if self._guard is not None:
             self._log = self._guard.begin(self.log)
-        self._digest_held = held_digester() if self._holds else None
+        held = held_digesters() if self._holds else None
+        self._digest_held, self._digest_held_many = (held.one, held.many) if held is not None else (None, None)
         try:
             yield
         except BaseException:
-            self._digest_held = None
+            self._digest_held = self._digest_held_many = None
             with contextlib.suppress(Exception):  # the training error stays the one the user sees
                 self._drain()
             if self._guard is not None:
                 self._log = self._guard.release()  # what the step recorded, as it would be without a guard
             raise
-        self._digest_held = None
+        self._digest_held = self._digest_held_many = None
         self._drain()
         if self._guard is not None:
             self._log = self._guard.release()  # a step without an optimizer step: nothing to decide
@@ -485,6 +488,19 @@ class Tracer:
             step, mb, name, phase, (fp, nan, inf, l2, absmax, meta) = item  # type: ignore[misc]
             write(TensorRecord(step, mb, name, phase, fp, l2, absmax, nan, inf, meta))
 
+    def _hold_many(self, named: list[tuple[str, torch.Tensor]], phase: Phase) -> bool:
+        """Hold a step's gradient or parameter records from one kernel call, with no Python per tensor but the
+        record's tuple; False (nothing held) outside a step that holds, or when the kernel does not take them all."""
+        many = self._digest_held_many
+        rows = many([t for _, t in named]) if many is not None and named else None
+        if rows is None:
+            return False
+        step, held = self.step_index, self._held
+        held.extend([(step, 0, name, phase, row) for (name, _), row in zip(named, rows)])
+        if len(held) >= _HOLD_ROWS:
+            self._drain()
+        return True
+
     def _hold_or_write(self, event: EventRecord) -> None:
         """Write one of the Tracer's own events, or inside a step that holds, keep it in order with the held
         records: written between a pass's ops, a loss event cost a traced tiny step 40 us, 3 us in a loop."""
@@ -504,16 +520,12 @@ class Tracer:
         parameters), which is what keeps per-tensor overhead out of the step. Returns the digests; None on an
         accelerator, whose digests are read at the step's end unless ``read_now`` (the guard needs them
         before the optimizer step)."""
-        tensors = [t for _, t in named]
-        # Inside a step that holds, CPU records wait with the others for the step's end (not with a guard, which
-        # reads them now and moves what the log holds).
-        hold = bool(named) and not read_now and self._digest_held is not None and not _deferred(tensors[0].device)
-        if not hold:
-            self._drain()
+        self._drain()
         if not named:
             return []
         step, mb = self.step_index, self.microbatch_index if microbatch is None else microbatch
         log = self.log
+        tensors = [t for _, t in named]
         if read_now:
             self._read_pending()  # what was recorded before keeps its place in the log
         elif _deferred(tensors[0].device):
@@ -532,13 +544,6 @@ class Tracer:
             return None
         with own_ops():
             digests = digest_many(tensors)
-        if hold:
-            held = self._held
-            held.extend((step, mb, name, phase, (d.fingerprint, d.nan, d.inf, d.l2, d.absmax, d.meta))
-                        for (name, _), d in zip(named, digests))
-            if len(held) >= _HOLD_ROWS:
-                self._drain()
-            return digests
         for (name, tensor), d in zip(named, digests):
             self._write(log, step, mb, name, phase, d, tensor)
         return digests
@@ -662,6 +667,8 @@ class Tracer:
             for pi, p in enumerate(group["params"])
             if p.grad is not None
         ]
+        if self._guard is None and self._hold_many(grads, Phase.GRAD):
+            return []  # only the guard reads them
         digests = self.record_many(grads, Phase.GRAD, microbatch=0, read_now=self._guard is not None) or []
         return [(name, d) for (name, _), d in zip(grads, digests)]
 
@@ -731,7 +738,8 @@ class Tracer:
             for gi, group in enumerate(optimizer.param_groups)
             for pi, p in enumerate(group["params"])
         ]
-        self.record_many(params, Phase.PARAM, microbatch=0)
+        if not self._hold_many(params, Phase.PARAM):
+            self.record_many(params, Phase.PARAM, microbatch=0)
 
 
 def batch_tensors(batch: Any) -> torch.Tensor | tuple[torch.Tensor, ...] | None:

@@ -71,23 +71,27 @@ def test_kernel_torch_and_batched_ops_agree(fused) -> None:
         _same(fp.PendingDigest(brow, *fp.tensor_meta(t)).resolve(brow), exact, rel=1e-10)
 
 
-def test_a_hooks_one_tensor_digest_equals_the_general_one(fused) -> None:
-    held = fp.held_digester()
+def test_the_tracers_held_digests_equal_the_general_ones(fused) -> None:
+    held = fp.held_digesters()
     assert held is not None
-    taken = 0
-    for t in _cases() + [torch.randn(3, 4, 5, 2), torch.randn(2, 3).requires_grad_()]:
-        row = held(t)
+    cases = _cases() + [torch.randn(3, 4, 5, 2), torch.randn(2, 3).requires_grad_()]
+    taken = [t for t in cases if t.is_contiguous()]
+    rows = [held.one(t) for t in cases]
+    for t, row in zip(cases, rows):
         if not t.is_contiguous():
             assert row is None, t.shape  # a view goes the general way, which reads it through a buffer
-            continue
+    assert repr(held.many(taken)) == repr([row for row in rows if row is not None])  # repr: NaN equals NaN
+    assert len(taken) > 30
+    for t, row in zip(taken, held.many(taken)):
         d = fp.digest_many([t])[0]
-        assert row is not None and row[0] == d.fingerprint and row[1:3] == (d.nan, d.inf) and row[5] == d.meta
+        assert row[0] == d.fingerprint and row[1:3] == (d.nan, d.inf) and row[5] == d.meta
         for x, y in zip(row[3:5], (d.l2, d.absmax)):
             assert (math.isnan(x) and math.isnan(y)) or x == y
-        taken += 1
-    assert taken > 30
-    assert held(torch.randn(4, dtype=torch.complex64)) is None  # a dtype the kernel lacks
-    assert held(torch.randn(fp.CHUNK * (fp._TABLES.get(fp._CPU, 1)[1].numel() + 1))) is None  # past the tables
+    past_tables = torch.randn(fp.CHUNK * (fp._TABLES.get(fp._CPU, 1)[1].numel() + 1))
+    for odd in (torch.randn(4, dtype=torch.complex64), past_tables, torch.randn(4, 6).t()):  # dtype, length, view
+        assert held.one(odd) is None
+        assert held.many([taken[0], odd]) is None  # one it does not take: the caller digests them all as usual
+    assert held.many([]) == []
 
 
 def test_kernel_detects_every_bit_of_an_element_in_a_misaligned_view(fused) -> None:

@@ -359,7 +359,7 @@ pybind11::list digest_many(const std::vector<at::Tensor>& tensors, const at::Ten
   return rows;
 }
 
-// The tables `digest_held` digests with: fingerprint.py's, registered by `use_tables`. Never freed, so that no
+// The tables `digest_held` and `digest_held_many` digest with: fingerprint.py's, registered by `use_tables`. Never freed, so that no
 // destructor runs at interpreter exit.
 std::pair<at::Tensor, at::Tensor>* held_tables = nullptr;
 
@@ -372,33 +372,60 @@ void use_tables(const at::Tensor& w, const at::Tensor& r) {
 }
 
 
-// One tensor's digest and meta as (fingerprint, NaN count, Inf count, L2, absmax, meta), with fingerprint.py's
-// tensor_meta computed here: a hook calls this alone, without the Python around a digest (each line of which,
-// between a pass's large ops, runs out of cache at several microseconds). None for what it does not take: a
-// tensor that is not a contiguous CPU tensor of a supported dtype, or one longer than the registered tables
-// cover, whose caller takes the general path.
-pybind11::object digest_held(const at::Tensor& t) {
+// fingerprint.py's tensor_meta of `t` (its text into `meta`, its hash returned), computed here so that a hook's
+// digest runs no Python around it (each line of which, between a pass's large ops, runs out of cache at several
+// microseconds). False for what `digest_held` does not take: a tensor that is not a contiguous CPU tensor of a
+// supported dtype, or one longer than the registered tables cover, whose caller takes the general path.
+bool held_meta(const at::Tensor& t, uint64_t& hash, std::string& meta) {
   const char* name = dtype_name(t.scalar_type());
-  if (held_tables == nullptr || name == nullptr || !t.device().is_cpu() || !t.is_contiguous())
-    return pybind11::none();
-  const auto [w, r] = *held_tables;
+  if (held_tables == nullptr || name == nullptr || !t.device().is_cpu() || !t.is_contiguous()) return false;
   const int64_t words = (t.numel() * static_cast<int64_t>(t.element_size()) + 3) / 4;
-  if (std::max<int64_t>(1, (words + kChunk - 1) / kChunk) > r.numel()) return pybind11::none();
+  if (std::max<int64_t>(1, (words + kChunk - 1) / kChunk) > held_tables->second.numel()) return false;
   constexpr uint64_t kPrime = 0x100000001B3ULL;
   uint64_t h = 0xCBF29CE484222325ULL;  // FNV-1a over "torch." and the name, as fingerprint.py
   for (const char* c : {"torch.", name})
     for (; *c; ++c) h = (h ^ static_cast<uint8_t>(*c)) * kPrime;
-  std::string meta = std::string(name) + "[";
+  meta = std::string(name) + "[";
   for (int64_t d = 0; d < t.dim(); ++d) {
     const int64_t size = t.size(d);
     h = mix64(h * kPrime + static_cast<uint64_t>(size) + 1);
     meta += (d ? "," : "") + std::to_string(size);
   }
   meta += "]";
-  h = mix64(h ^ (static_cast<uint64_t>(t.dim()) << 56));
+  hash = mix64(h ^ (static_cast<uint64_t>(t.dim()) << 56));
+  return true;
+}
+
+// The digests and metas of `tensors` as (fingerprint, NaN count, Inf count, L2, absmax, meta) tuples, in one
+// pass over all of them, or None when `held_meta` refuses any one of them.
+pybind11::object digest_held_many(const std::vector<at::Tensor>& tensors) {
+  const size_t n = tensors.size();
+  std::vector<uint64_t> hashes(n);
+  std::vector<std::string> metas(n);
+  for (size_t i = 0; i < n; ++i)
+    if (!held_meta(tensors[i], hashes[i], metas[i])) return pybind11::none();
+  std::vector<int64_t> ints(3 * n);
+  std::vector<double> floats(2 * n);
+  const auto [w, r] = *held_tables;  // held here: another thread may register new tables while the GIL is released
+  digest_into(tensors, w, r, hashes.data(), ints.data(), floats.data());
+  pybind11::list rows(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t* k = ints.data() + 3 * i;
+    const double* f = floats.data() + 2 * i;
+    rows[i] = pybind11::make_tuple(static_cast<uint64_t>(k[0]), k[1], k[2], f[0], f[1], metas[i]);
+  }
+  return std::move(rows);
+}
+
+// One tensor's `digest_held_many`: what a hook calls.
+pybind11::object digest_held(const at::Tensor& t) {
+  uint64_t hash;
+  std::string meta;
+  if (!held_meta(t, hash, meta)) return pybind11::none();
   int64_t ints[3];
   double floats[2];
-  digest_into({t}, w, r, &h, ints, floats);
+  const auto [w, r] = *held_tables;
+  digest_into({t}, w, r, &hash, ints, floats);
   return pybind11::make_tuple(static_cast<uint64_t>(ints[0]), ints[1], ints[2], floats[0], floats[1], meta);
 }
 
@@ -406,7 +433,8 @@ pybind11::object digest_held(const at::Tensor& t) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("digest_many", &digest_many, "lanes64-v1 fingerprints and stats of CPU tensors");
-  m.def("use_tables", &use_tables, "register the weight tables digest_held uses");
+  m.def("use_tables", &use_tables, "register the weight tables digest_held and digest_held_many use");
   m.def("digest_held", &digest_held, "one tensor's digest and meta, or None");
+  m.def("digest_held_many", &digest_held_many, "the digests and metas of many tensors, or None");
   m.attr("CHUNK") = kChunk;
 }
