@@ -34,8 +34,8 @@ def steps_side_by_side(config: dict[str, Any], steps: int, out: str) -> dict[str
     with Tracer(traced.model, traced.optimizer, out=out, run=RunInfo("bench", config=cfg.to_dict()),
                 parallel=traced.layout) as tracer:
         timed = side_by_side(plain, traced, tracer, steps)
-    return {"plain": timed.median("untraced"), "traced": timed.median("traced"), "ratio": timed.ratio("traced", "untraced"),
-            "steps": len(timed.seconds["traced"])}
+    return {"plain": timed.median("untraced"), "traced": timed.median("traced"),
+            "ratio": timed.ratio("traced", "untraced"), "steps": len(timed.seconds["traced"])}
 
 
 def bench_parallel(steps: int = 10, config: str | None = None) -> float:

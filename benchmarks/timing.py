@@ -44,8 +44,9 @@ class Interleaved:
     def describe(self, name: str, base: str) -> str:
         """The ratio with its spread and both medians, as the benchmarks print it."""
         low, high = self.spread(name, base)
+        steps = len(self.seconds[base])
         return (f"{self.ratio(name, base):.3f}  (middle half of steps {low:.3f}-{high:.3f}; median "
-                f"{self.median(name) * 1e3:.1f} ms vs {self.median(base) * 1e3:.1f} ms, {len(self.seconds[base])} steps")
+                f"{self.median(name) * 1e3:.1f} ms vs {self.median(base) * 1e3:.1f} ms, {steps} steps")
 
 
 def interleave(variants: Mapping[str, Callable[[int], float]], steps: int, seed: int = 0) -> Interleaved:

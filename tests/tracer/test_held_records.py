@@ -1,7 +1,7 @@
 """Inside a step, a Tracer writing its own log digests each CPU tensor at once but builds its record later, and
-holds its loss events with them (tracing.py, `Tracer.record`). What reaches the log must not change: the same records in the same order as a
-sink sees them (a sink is never held), nothing lost when the step fails, memory bounded in a long step, and a
-bad step or microbatch index refused where the loop gives it."""
+holds its loss events with them (tracing.py, `Tracer.record`). What reaches the log must not change: the same
+records in the same order as a sink sees them (a sink is never held), nothing lost when the step fails, memory
+bounded in a long step, and a bad step or microbatch index refused where the loop gives it."""
 
 from __future__ import annotations
 
