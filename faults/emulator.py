@@ -68,6 +68,8 @@ def emulator_implementation() -> str:
 class FaultEmulator(ScopedInterceptor):
     """Corrupt op results as ``profile`` says while active; log every corruption to ``sink``."""
 
+    title = "fault emulator"
+
     def __init__(
         self,
         profile: FaultProfile,

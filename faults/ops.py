@@ -50,7 +50,8 @@ _UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos
 _BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "where", "addcmul", "addcdiv", "lerp")
 
 FAMILIES: dict[str, frozenset[OpOverloadPacket]] = {
-    "matmul": _packets("mm", "addmm", "bmm", "baddbmm", "linear", "matmul", *_ATTENTION),
+    # _grouped_mm: every expert of a mixture-of-experts layer in one call (its CPU kernel calls mm inside it).
+    "matmul": _packets("mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "_grouped_mm", *_ATTENTION),
     "attention": _packets(*_ATTENTION),
     "softmax": _packets("_softmax", "_log_softmax", "_safe_softmax",
                         "_softmax_backward_data", "_log_softmax_backward_data"),

@@ -39,6 +39,16 @@ def _one_line_warnings(message, category, filename, lineno, file=None, line=None
     print(f"sdc: warning: {message}", file=sys.stderr)
 
 
+def _sdc_error(exc: BaseException) -> SdcError | None:
+    """The SdcError behind ``exc``: itself, or one that torch.compile's Dynamo re-raised as its own error (an
+    sdctrace check that runs while Dynamo compiles, `tracer.compiled`)."""
+    if isinstance(exc, SdcError):
+        return exc
+    if type(exc).__module__.startswith("torch._dynamo") and isinstance(exc.__context__, SdcError):
+        return exc.__context__
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = os.environ.get("SDC_DEBUG") == "1"
@@ -46,11 +56,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.showwarning = _one_line_warnings
     try:
         return int(args.handler(args) or 0)
-    except SdcError as exc:
-        if debug:
+    except Exception as exc:
+        error = _sdc_error(exc)
+        if debug or error is None:
             raise
-        print(f"sdc: error: {exc}", file=sys.stderr)
-        return getattr(exc, "exit_code", EXIT_ERROR)
+        print(f"sdc: error: {error}", file=sys.stderr)
+        return getattr(error, "exit_code", EXIT_ERROR)
     except KeyboardInterrupt:
         print("sdc: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

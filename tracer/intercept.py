@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
+from tracer.compiled import refuse_compilation
 from tracer.errors import ConfigError
 
 _KEY_NAME = "TESTING_ONLY_GenericMode"
@@ -59,6 +60,7 @@ class Interceptor:
     """Sees the workload's calls of the aten ops in ``ops`` while entered (a context manager)."""
 
     ops: frozenset[OpOverloadPacket] = frozenset()
+    title = "operator interceptor"  # what it is, in messages: "fault emulator"
 
     def intercept(self, func: OpOverload, args: tuple, kwargs: dict, call: Call) -> Any:
         """Run ``call(*args, **kwargs)`` (the op) and return its result, or what replaces it."""
@@ -100,6 +102,7 @@ class _Router:
         self._calls: dict[OpOverload, Call] = {}  # each op through the interceptors that name it
 
     def push(self, interceptor: Interceptor) -> None:
+        refuse_compilation(active)  # what torch.compile runs never reaches the key
         with self._lock:
             self.stack.append(interceptor)
             self._calls = {}

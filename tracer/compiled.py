@@ -1,0 +1,92 @@
+"""torch.compile and the interceptors: refused in one line, never silently ignored.
+
+An `tracer.intercept.Interceptor` sees the aten ops that eager execution dispatches. Code that
+``torch.compile`` compiled does not dispatch them where an interceptor can act: inductor fuses them into
+kernels of its own, and AOTAutograd runs a compiled forward with autograd off and no module hooks, so the
+scope (`faults.scope`) finds no phase and no site. A fault emulator or ABFT checker around compiled code
+would do nothing and say nothing, and a faulty node would look healthy. So while an interceptor is active on
+a thread, a compilation that starts on that thread raises `ConfigError`, naming what cannot work and how to
+record without compiling.
+
+The hook is Dynamo's start-of-compilation callback. A model compiled before the interceptor entered is
+compiled again when it next runs: the scope's module hooks fail the compiled code's guards. Importing
+``torch._dynamo`` takes seconds, so it is not imported for this: when it is not loaded as the first
+interceptor enters, nothing has been compiled yet, and a finder registers the callback the moment something
+imports it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tracer.errors import ConfigError
+
+_DYNAMO = "torch._dynamo"
+_lock = threading.Lock()
+_watched = False  # the callback is registered, or the finder waits for Dynamo to load
+
+
+def refuse_compilation(active: Callable[[], Sequence[Any]]) -> None:
+    """From now on, a compilation that starts on a thread where ``active()`` names interceptors raises
+    ConfigError. Call it when an interceptor enters; later calls cost a flag check."""
+    global _watched
+    if _watched:
+        return
+    with _lock:
+        if _watched:
+            return
+        _watched = True
+        if _DYNAMO in sys.modules:
+            _register(active)
+        else:
+            sys.meta_path.insert(0, _WhenDynamoLoads(active))
+
+
+def refusal(titles: Sequence[str]) -> ConfigError:
+    """The error for a compilation under the interceptors with these titles."""
+    names = " and the ".join(dict.fromkeys(titles)) or "operator interceptor"
+    return ConfigError(
+        f"sdctrace's {names} cannot act inside torch.compile'd code: compiled kernels do not call the aten ops it "
+        "acts on, so it would silently do nothing; record this node and its golden twin without torch.compile "
+        "(no torch.compile(model) or model.compile(); TrainingArguments(torch_compile=False); Lightning: no "
+        "compile in configure_model), or without the fault profile and ABFT"
+    )
+
+
+def _register(active: Callable[[], Sequence[Any]]) -> None:
+    from torch._dynamo.callback import on_compile_start
+
+    def refuse(_: Any) -> None:
+        interceptors = active()
+        if interceptors:
+            raise refusal([getattr(i, "title", "operator interceptor") for i in interceptors])
+
+    on_compile_start(refuse)
+
+
+class _WhenDynamoLoads(importlib.abc.MetaPathFinder):
+    """Registers the callback once ``torch._dynamo`` has loaded (by whoever imports it), then steps aside."""
+
+    def __init__(self, active: Callable[[], Sequence[Any]]) -> None:
+        self.active = active
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != _DYNAMO:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        load, active = spec.loader.exec_module, self.active
+
+        def exec_module(module: Any) -> None:
+            load(module)
+            _register(active)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
