@@ -156,7 +156,8 @@ class FaultEmulator(ScopedInterceptor):
         hit = None
         for i, rule in enumerate(self.profile.faults):
             pattern = self._patterns[i]
-            if op not in self._collectives[i] or where not in rule.phases or not self._armed(i, step, microbatch):
+            armed = self._armed(i, step, microbatch, *attempt)
+            if op not in self._collectives[i] or where not in rule.phases or not armed:
                 continue
             if pattern is not None and not pattern.fullmatch(point):
                 continue
@@ -200,8 +201,7 @@ class FaultEmulator(ScopedInterceptor):
     def _arm(self, clock: tuple[int, ...]) -> None:
         """The rules that may fire in each phase at this (step, microbatch): decided once, not on every call."""
         self._sync()
-        step, microbatch = clock[0], clock[1]
-        armed = [i for i in range(len(self.profile.faults)) if self._armed(i, step, microbatch)]
+        armed = [i for i in range(len(self.profile.faults)) if self._armed(i, *clock)]
         self._live = {p: frozenset(i for i in armed if p in self.profile.faults[i].phases) for p in Phase}
         self._clock_at = clock
         if self._gate is not None:
@@ -239,10 +239,12 @@ class FaultEmulator(ScopedInterceptor):
                 out = self._corrupt(i, func, args, out, rng, site, phase, microbatch)
         return out
 
-    def _armed(self, rule: int, step: int, microbatch: int) -> bool:
-        """The rule may fire in this step (its schedule) and microbatch (its ``microbatches``, if any)."""
-        only = self.profile.faults[rule].microbatches
-        return (only is None or microbatch in only) and self._chains[rule].armed(step)
+    def _armed(self, rule: int, step: int, microbatch: int, attempt: int = 0) -> bool:
+        """The rule may fire in this step (its schedule), microbatch and attempt (its ``microbatches`` and
+        ``attempts``, if any)."""
+        r = self.profile.faults[rule]
+        return ((r.microbatches is None or microbatch in r.microbatches)
+                and (r.attempts is None or attempt in r.attempts) and self._chains[rule].armed(step))
 
     def _site(self, rule: int, phase: Phase) -> str | None:
         """Deepest module on the stack the rule's pattern matches (None: rule does not apply here);

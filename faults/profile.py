@@ -91,6 +91,8 @@ class FaultRule:
         None, expected="a non-empty array of ranks (integers >= 0)")
     microbatches: tuple[int, ...] | None = toml_field(  # microbatches of a step it fires in; None: every one
         None, expected="a non-empty array of microbatch indices (integers >= 0)")
+    attempts: tuple[int, ...] | None = toml_field(  # runs of a step it fires in: 0 the first, 1, 2, ... the
+        None, expected="a non-empty array of attempts (integers >= 0; 0 is a step's first run)")  # guard's re-runs
     roles: tuple[Role, ...] | None = toml_field(  # roles of the runs it fires in (pretraining or fine-tuning);
         None, expected='a non-empty array of "train" and/or "finetune"')  # None: every role
     persistent: bool = toml_field(  # a stuck unit: a re-run of the step (the guard's) repeats its faults;
@@ -120,7 +122,7 @@ class FaultRule:
         _require(self, self.roles is None or bool(self.roles), "roles")
         if self.roles is not None:
             object.__setattr__(self, "roles", tuple(r for r in ROLES if r in self.roles))
-        for key in ("ranks", "microbatches"):
+        for key in ("ranks", "microbatches", "attempts"):
             indices = getattr(self, key)
             if indices is not None:
                 _require(self, bool(indices) and min(indices) >= 0, key)

@@ -48,6 +48,11 @@ def test_a_rule_can_name_microbatches(write_profile) -> None:
     assert write_profile(RULE).faults[0].microbatches is None  # every microbatch
 
 
+def test_a_rule_can_name_the_attempts_of_a_step_it_fires_in(write_profile) -> None:
+    assert write_profile(RULE + "attempts = [0]\n").faults[0].attempts == (0,)  # the first run only
+    assert write_profile(RULE).faults[0].attempts is None  # the first run and every re-run
+
+
 def test_a_rule_is_transient_unless_persistent(write_profile) -> None:
     assert write_profile(RULE).faults[0].persistent is False
     assert write_profile(RULE + "persistent = true\n").faults[0].persistent is True
@@ -140,6 +145,7 @@ def test_a_tampered_header_is_refused(write_profile) -> None:
         (RULE + "steps = [1, -2]\n", ["fault[0].steps = [1, -2]", "integers >= 0"]),
         (RULE + "ranks = []\n", ["fault[0].ranks = []", "non-empty array of ranks"]),
         (RULE + "microbatches = []\n", ["fault[0].microbatches = []", "non-empty array of microbatch indices"]),
+        (RULE + "attempts = [-1]\n", ["fault[0].attempts = [-1]", "non-empty array of attempts"]),
         (RULE + 'ranks = ["1"]\n', ["fault[0].ranks must be", "non-empty array of ranks", "found array ['1']"]),
         (RULE + 'persistent = "yes"\n', ["fault[0].persistent must be true or false, found string 'yes'"]),
         ("sed = 1\n" + RULE, ["unknown key sed", "did you mean seed?"]),

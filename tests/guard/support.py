@@ -32,9 +32,15 @@ persistent = {persistent}
 """
 
 
-def stuck_logit(tmp: Path, step: int, *, persistent: bool, p_call: float = 1.0) -> FaultProfile:
-    path = tmp / f"stuck-{step}-{'persistent' if persistent else 'transient'}-{p_call}.toml"
-    path.write_text(STUCK_LOGIT.format(step=step, p_call=p_call, persistent=str(persistent).lower()), encoding="utf-8")
+def stuck_logit(tmp: Path, step: int, *, persistent: bool, p_call: float = 1.0,
+                attempts: list[int] | None = None) -> FaultProfile:
+    """``attempts``: the runs of the step it fires in (the first only: ``[0]``); None, every run."""
+    kind = "persistent" if persistent else "transient"
+    path = tmp / f"stuck-{step}-{kind}-{p_call}-{'_'.join(map(str, attempts or []))}.toml"
+    text = STUCK_LOGIT.format(step=step, p_call=p_call, persistent=str(persistent).lower())
+    if attempts is not None:
+        text += f"attempts = {attempts}\n"
+    path.write_text(text, encoding="utf-8")
     return load_profile(path)
 
 
