@@ -149,3 +149,20 @@ def test_guard_description_and_window() -> None:
                        "min_history": GradNormSpike.min_history}],
         "on_deterministic": "stop", "max_runs": 3,
     }
+
+
+def test_the_guard_says_once_at_the_start_which_detectors_are_quiet_for_their_first_steps() -> None:
+    import warnings
+
+    import torch
+    from torch import nn
+
+    from tracer.errors import TraceWarning
+    from tracer.guard.runtime import StepGuard
+
+    optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    with pytest.warns(TraceWarning, match=r"loss_spike \(the first 8 steps\), grad_norm_spike \(the first 8 steps\)"):
+        StepGuard(Guard(), optimizer)  # the defaults
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        StepGuard(Guard(detectors=(NonFinite(),)), optimizer)  # nothing to warm up

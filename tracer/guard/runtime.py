@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import sys
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,6 +27,7 @@ import torch
 from tracer.guard.detectors import AbftFlags, Alarm
 from tracer.guard.evidence import Evidence, History, gradient_evidence
 from tracer.guard.guard import Guard, Verdict
+from tracer.errors import TraceWarning
 from tracer.guard.update import require_closed_form, update_rms
 from tracer.intercept import own_ops
 from tracer.log.records import EventRecord, TensorRecord
@@ -102,6 +104,17 @@ class Run:
                 "nonfinite": e.nonfinite, "events": dict(sorted(events.items()))}
 
 
+def _say_warm_up(guard: Guard) -> None:
+    """Say once, at the start, which detectors are quiet until they have a history to compare with."""
+    quiet = {d.name: d.min_history for d in guard.detectors if getattr(d, "min_history", 0) > 0}
+    if not quiet:
+        return
+    names = ", ".join(f"{name} (the first {n} steps)" for name, n in quiet.items())
+    warnings.warn(f"the guard's spike detectors compare a step with the accepted steps before it, so they do not "
+                  f"look at the first steps of a run or of a resume: {names}; a spike there goes unnoticed. Lower a "
+                  "detector's min_history (e.g. LossSpike(min_history=2)) to watch sooner", TraceWarning, stacklevel=3)
+
+
 class StepGuard:
     """One Tracer's guard state: the accepted `History` and the current step's runs."""
 
@@ -109,6 +122,7 @@ class StepGuard:
         if guard.wants_update_rms:
             require_closed_form(optimizer)
         self.guard = guard
+        _say_warm_up(guard)
         self.history = History()
         self.pending = False  # the current step's first run awaits its check
         self.warned_no_rerun = False
