@@ -95,6 +95,10 @@ class Workload:
     layout: Layout = field(default_factory=Layout)
     grad_clip: float = 0.0  # max global gradient norm; 0 = off
 
+    def __post_init__(self) -> None:
+        """Runs after the fields are set. Override it to finish building (a subclass need not be a dataclass
+        itself: this one being here is what makes the generated ``__init__`` call a subclass's)."""
+
     @property
     def run(self) -> RunSettings:
         return RunSettings.of(self.config)

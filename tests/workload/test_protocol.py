@@ -61,3 +61,26 @@ def test_a_step_without_update_leaves_the_final_gradients_and_the_parameters() -
     assert norm <= w.grad_clip * (1 + 1e-6)  # finish_backward clipped them
     run_step(w, 0)
     assert not all(torch.equal(before[n], p) for n, p in w.model.named_parameters())
+
+
+def test_a_subclass_s_own_post_init_runs_whether_or_not_it_is_a_dataclass() -> None:
+    from dataclasses import dataclass
+
+    from workload.protocol import Workload
+
+    class Plain(Workload):
+        def __post_init__(self) -> None:
+            self.built = type(self.model).__name__
+
+    @dataclass
+    class Declared(Workload):
+        extra: int = 3
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            self.built = self.extra
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert Plain(model=model, optimizer=optimizer, config={}).built == "Linear"
+    assert Declared(model=model, optimizer=optimizer, config={}).built == 3
