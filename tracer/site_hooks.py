@@ -72,8 +72,8 @@ replacement's own graph)."""
 
 InputGradCallback = Callable[[str, torch.Tensor], torch.Tensor | None]
 """``(site, grad) -> replacement or None``: runs in the backward pass once the gradient
-w.r.t. the site input is complete; ``site`` is ``name[k]`` for the site's k-th other input. A replacement (same shape, dtype, device) is what
-flows on to the layers before the site."""
+w.r.t. the site input is complete (``site`` is ``name[k]`` for the site's k-th other input).
+A replacement (same shape, dtype, device) is what flows on to the layers before the site."""
 
 UnrecordableCallback = Callable[[str, str], None]
 """``(site, reason)``: called once per site that cannot give an input gradient."""
@@ -151,7 +151,7 @@ class SiteHooks:
                 else:
                     tapped = _InputGrad.apply(x, self._anchor(x.device), report)
                     taps = ()
-                if _more_inputs(args, kwargs, key, x):
+                if len(args) + len(kwargs) > 1 and _more_inputs(args, kwargs, key, x):
                     args, kwargs, taps = self._tap_others(name, args, kwargs, x, tapped, taps)
                 elif isinstance(key, int):
                     args = (*args[:key], tapped, *args[key + 1 :])
@@ -204,8 +204,11 @@ class SiteHooks:
     def _take_output(self, name: str):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
             taps = self._taps.get(name)
-            if taps and any(tapped._version != version for tapped, version in taps.pop()):
-                self._unrecordable(name, "it modifies its input in place")  # the view's hook would never run
+            if taps:
+                for tapped, version in taps.pop():
+                    if tapped._version != version:  # the view's hook would never run
+                        self._unrecordable(name, "it modifies its input in place")
+                        break
             key, out = site_output(output)
             if out is None:
                 if torch.is_grad_enabled():

@@ -24,8 +24,8 @@ from workload.protocol import Workload
 WORKLOAD = "tests.replay.torch_transformer:build"
 DEFAULTS = {"kind": "torch", "dim": 16, "heads": 2, "layers": 2, "ffn": 32, "vocab": 32, "seq": 8, "batch": 2,
             "microbatches": 1, "seed": 0, "lr": 1e-2}
-# The default sites are the layers' self_attn; these add the decoder layers' cross-attention.
-ALL_ATTENTION = r"transformer\.(encoder|decoder)\.layers\.\d+\.(self_attn|multihead_attn)"
+SELF_ATTENTION = r"transformer\.(encoder|decoder)\.layers\.\d+\.self_attn"  # self_attn(x, x, x)
+ALL_ATTENTION = r"transformer\.(encoder|decoder)\.layers\.\d+\.(self_attn|multihead_attn)"  # and cross-attention
 
 
 class Seq2Seq(nn.Module):
