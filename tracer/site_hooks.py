@@ -20,9 +20,10 @@ lockstep site but a golden one. What a site's tensors are:
   ``residual``) is tapped too, since its gradient leaves the site as well: the
   k-th such tensor, in call order, reports as site ``name[k]``
   (``decoder.layers.0.multihead_attn[1]``). Arguments that do not require grad
-  (masks, position tables) and tensors nested in containers are not tapped. A
-  site whose only such argument is its input pays one scan of its arguments for
-  this and records exactly what it did before.
+  (masks, position tables) are not tapped, nor are tensors nested in a tuple,
+  list or mapping argument: one that requires grad is named once in a
+  ``TraceWarning``. A site whose only such argument is its input pays one scan
+  of its arguments for this and records exactly what it did before.
 - its *output* is the tensor that flows on: the output itself, the first tensor of a
   tuple or list, the first tensor field of a dataclass (Hugging Face ``ModelOutput``),
   or the first tensor value of a mapping. A replacement is put back into a copy of
@@ -53,6 +54,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -60,7 +62,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tracer.errors import CaptureError
+from tracer.errors import CaptureError, TraceWarning
 from tracer.intercept import own_ops
 
 OutputCallback = Callable[[str, torch.Tensor], torch.Tensor | None]
@@ -138,6 +140,8 @@ class SiteHooks:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if not torch.is_grad_enabled():
                 return None
+            if name not in self._checked:  # the site's first forward under autograd
+                _warn_nested(name, args, kwargs)
             key, x = site_input(args, kwargs)
             if x is None:
                 self._unrecordable(name, "it has no floating-point tensor input (positional or keyword)")
@@ -265,6 +269,21 @@ def _more_inputs(args: tuple[Any, ...], kwargs: Mapping[str, Any], key: _Key, x:
         if k != key and isinstance(v, torch.Tensor) and (v is x or v.requires_grad):
             return True
     return False
+
+
+def _warn_nested(site: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """Say once that a gradient can leave the site through a tensor nested in an argument, which is not tapped."""
+    for where, value in [*enumerate(args), *kwargs.items()]:
+        items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (tuple, list)) else ()
+        if any(isinstance(v, torch.Tensor) and v.requires_grad for v in items):
+            warnings.warn(
+                f"site {site}: its argument {where!r} ({type(value).__name__}) holds a tensor that requires grad; "
+                "its gradient is neither recorded nor replaced at the site (only tensors passed as arguments of "
+                "their own are), so lockstep compares it only downstream: pass it as an argument of its own",
+                TraceWarning,
+                stacklevel=3,
+            )
+            return
 
 
 def site_output(output: Any) -> tuple[_Key, torch.Tensor | None]:

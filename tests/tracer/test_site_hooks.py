@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import namedtuple
 from dataclasses import dataclass
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from tracer.errors import CaptureError
+from tracer.errors import CaptureError, TraceWarning
 from tracer.site_hooks import SiteHooks, site_input, site_output
 
 
@@ -135,6 +136,23 @@ def test_each_other_input_that_requires_grad_reports_its_own_gradient_by_index()
     with SiteHooks([("cross", attn)], on_input_grad=lambda s, g: torch.full_like(g, float(len(s)))):
         attn(x, key=memory, value=memory)[0].sum().backward()
     assert torch.equal(x.grad, torch.full_like(x, 5.0)) and torch.equal(memory.grad, torch.full_like(memory, 8.0))
+
+
+def test_a_tensor_that_requires_grad_nested_in_an_argument_is_named_once() -> None:
+    class Mixer(nn.Module):
+        def forward(self, x: torch.Tensor, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            return x * pair[0] + pair[1]
+
+    x, a, b = (torch.ones(3, requires_grad=True) for _ in range(3))
+    with pytest.warns(TraceWarning, match=r"site mix: its argument 1 \(tuple\) holds a tensor that requires grad") as w:
+        with SiteHooks([("mix", Mixer())], on_input_grad=lambda s, g: None) as hooks:
+            for _ in range(2):
+                hooks.sites[0][1](x, (a, b)).sum().backward()
+    assert len(w) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with SiteHooks([("mix", Mixer())], on_input_grad=lambda s, g: None) as hooks:
+            hooks.sites[0][1](x, (a.detach(), b.detach())).sum().backward()
 
 
 @dataclass
