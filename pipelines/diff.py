@@ -369,10 +369,17 @@ def _fault_scores(
     if in_bucket:
         site_codes = set(np.unique(name[site]).tolist())
         site_names = {n: code for n, code in names.items() if code in site_codes}
+        # A site's backward unit holds the gradients w.r.t. its other inputs too, recorded as SITE[k].
+        backward: dict[str, list[int]] = {n: [c] for n, c in site_names.items()}
+        for n, c in site_names.items():
+            if n.endswith("]") and (base := n[: n.rfind("[")]) in backward:
+                backward[base].append(c)
         for f, traced, phase_code in fault_units(in_bucket, site_names):
             detected = None
             if traced is not None:
-                at = site & (step == f.step) & (mb == f.microbatch) & (name == names[traced]) & (phase == phase_code)
+                codes = backward[traced] if phase_code == _BACKWARD else [names[traced]]
+                at = site & (step == f.step) & (mb == f.microbatch) & (phase == phase_code)
+                at &= (name == codes[0]) if len(codes) == 1 else np.isin(name, codes)
                 if at.any():
                     faulted |= at
                     detected = bool(differ[at].any())

@@ -6,11 +6,24 @@
         model(x).sum().backward()
 
 The Tracer records through it, and replay's lockstep overwrites each site's tensors
-with the golden ones through the same two callbacks. What a site's tensors are:
+with the golden ones through the same two callbacks, so that no gradient leaves a
+lockstep site but a golden one. What a site's tensors are:
 
 - its *input* is the first floating-point tensor among the positional arguments,
   else the first among the keyword arguments in call order (Hugging Face decoder
-  layers call ``self_attn(hidden_states=...)``). Other arguments are not tapped.
+  layers call ``self_attn(hidden_states=...)``). Where the same tensor is passed
+  again (``nn.MultiheadAttention`` is called as ``self_attn(x, x, x)``), every
+  occurrence gets the one tapped view, so its gradient is the sum over all uses
+  and a replacement is all that flows back into it.
+- every *other* distinct floating-point tensor argument that requires grad
+  (cross-attention's ``memory`` in ``multihead_attn(x, memory, memory)``, a
+  ``residual``) is tapped too, since its gradient leaves the site as well: the
+  k-th such tensor, in call order, reports as site ``name[k]``
+  (``decoder.layers.0.multihead_attn[1]``). Arguments that do not require grad
+  (masks, position tables) are not tapped, nor are tensors nested in a tuple,
+  list or mapping argument: one that requires grad is named once in a
+  ``TraceWarning``. A site whose only such argument is its input pays one scan
+  of its arguments for this and records exactly what it did before.
 - its *output* is the tensor that flows on: the output itself, the first tensor of a
   tuple or list, the first tensor field of a dataclass (Hugging Face ``ModelOutput``),
   or the first tensor value of a mapping. A replacement is put back into a copy of
@@ -41,6 +54,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -48,7 +62,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tracer.errors import CaptureError
+from tracer.errors import CaptureError, TraceWarning
 from tracer.intercept import own_ops
 
 OutputCallback = Callable[[str, torch.Tensor], torch.Tensor | None]
@@ -60,8 +74,8 @@ replacement's own graph)."""
 
 InputGradCallback = Callable[[str, torch.Tensor], torch.Tensor | None]
 """``(site, grad) -> replacement or None``: runs in the backward pass once the gradient
-w.r.t. the site input is complete. A replacement (same shape, dtype, device) is what
-flows on to the layers before the site."""
+w.r.t. the site input is complete (``site`` is ``name[k]`` for the site's k-th other input).
+A replacement (same shape, dtype, device) is what flows on to the layers before the site."""
 
 UnrecordableCallback = Callable[[str, str], None]
 """``(site, reason)``: called once per site that cannot give an input gradient."""
@@ -92,8 +106,10 @@ class SiteHooks:
         self._on_unrecordable = on_unrecordable
         self.unrecordable: dict[str, str] = {}  # site -> why it gives no input gradient
         self._checked: set[str] = set()  # sites whose first forward under autograd has been seen
-        self._taps: dict[str, list[tuple[torch.Tensor, int]]] = {}  # site -> (input view, its version) per forward
+        # site -> per forward, (input view, its version) per tapped input
+        self._taps: dict[str, list[tuple[tuple[torch.Tensor, int], ...]]] = {}
         self._anchors: dict[torch.device, torch.Tensor] = {}
+        self._reporters: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}  # name[k] -> its gradient's reporter
         self._handles: list[RemovableHandle] = []
 
     def __enter__(self) -> SiteHooks:
@@ -124,6 +140,8 @@ class SiteHooks:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if not torch.is_grad_enabled():
                 return None
+            if name not in self._checked:  # the site's first forward under autograd
+                _warn_nested(name, args, kwargs)
             key, x = site_input(args, kwargs)
             if x is None:
                 self._unrecordable(name, "it has no floating-point tensor input (positional or keyword)")
@@ -133,14 +151,46 @@ class SiteHooks:
                     # A view's tensor hook costs less than a Python autograd Function.
                     tapped = x.view_as(x)
                     tapped.register_hook(report)
-                    self._taps.setdefault(name, []).append((tapped, tapped._version))
+                    taps: tuple[tuple[torch.Tensor, int], ...] = ((tapped, tapped._version),)
                 else:
                     tapped = _InputGrad.apply(x, self._anchor(x.device), report)
-            if isinstance(key, int):
-                return (*args[:key], tapped, *args[key + 1 :]), kwargs
-            return args, {**kwargs, key: tapped}
+                    taps = ()
+                if len(args) + len(kwargs) > 1 and _more_inputs(args, kwargs, key, x):
+                    args, kwargs, taps = self._tap_others(name, args, kwargs, x, tapped, taps)
+                elif isinstance(key, int):
+                    args = (*args[:key], tapped, *args[key + 1 :])
+                else:
+                    kwargs = {**kwargs, key: tapped}
+            if taps:
+                self._taps.setdefault(name, []).append(taps)
+            return args, kwargs
 
         return hook
+
+    def _tap_others(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], x: torch.Tensor, tapped: torch.Tensor,
+        taps: tuple[tuple[torch.Tensor, int], ...],
+    ) -> tuple[tuple[Any, ...], dict[str, Any], tuple[tuple[torch.Tensor, int], ...]]:
+        """Put ``tapped`` wherever the site input ``x`` recurs, and a tapped view in place of every other
+        distinct tensor input that requires grad (the k-th reports as ``name[k]``); the new arguments and taps."""
+        views: dict[int, torch.Tensor] = {id(x): tapped}
+        new_taps = list(taps)
+
+        def tap(v: Any) -> Any:
+            if not isinstance(v, torch.Tensor):
+                return v
+            view = views.get(id(v))
+            if view is None and v.requires_grad and v.is_floating_point():
+                view = views[id(v)] = v.view_as(v)
+                other = f"{name}[{len(views) - 1}]"
+                report = self._reporters.get(other)
+                if report is None:
+                    report = self._reporters[other] = self._input_grad_reporter(other)
+                view.register_hook(report)
+                new_taps.append((view, view._version))
+            return v if view is None else view
+
+        return tuple(tap(a) for a in args), {k: tap(v) for k, v in kwargs.items()}, tuple(new_taps)
 
     def _input_grad_reporter(self, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         callback = self._on_input_grad
@@ -159,9 +209,10 @@ class SiteHooks:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
             taps = self._taps.get(name)
             if taps:
-                tapped, version = taps.pop()
-                if tapped._version != version:  # the view's hook would never run
-                    self._unrecordable(name, "it modifies its input in place")
+                for tapped, version in taps.pop():
+                    if tapped._version != version:  # the view's hook would never run
+                        self._unrecordable(name, "it modifies its input in place")
+                        break
             key, out = site_output(output)
             if out is None:
                 if torch.is_grad_enabled():
@@ -207,6 +258,32 @@ def site_input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[_Key, 
         if isinstance(v, torch.Tensor) and v.is_floating_point():
             return k, v
     return (), None
+
+
+def _more_inputs(args: tuple[Any, ...], kwargs: Mapping[str, Any], key: _Key, x: torch.Tensor) -> bool:
+    """Whether an argument other than the site input at ``key`` is ``x`` again or a tensor that requires grad."""
+    for i, a in enumerate(args):
+        if i != key and isinstance(a, torch.Tensor) and (a is x or a.requires_grad):
+            return True
+    for k, v in kwargs.items():
+        if k != key and isinstance(v, torch.Tensor) and (v is x or v.requires_grad):
+            return True
+    return False
+
+
+def _warn_nested(site: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """Say once that a gradient can leave the site through a tensor nested in an argument, which is not tapped."""
+    for where, value in [*enumerate(args), *kwargs.items()]:
+        items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (tuple, list)) else ()
+        if any(isinstance(v, torch.Tensor) and v.requires_grad for v in items):
+            warnings.warn(
+                f"site {site}: its argument {where!r} ({type(value).__name__}) holds a tensor that requires grad; "
+                "its gradient is neither recorded nor replaced at the site (only tensors passed as arguments of "
+                "their own are), so lockstep compares it only downstream: pass it as an argument of its own",
+                TraceWarning,
+                stacklevel=3,
+            )
+            return
 
 
 def site_output(output: Any) -> tuple[_Key, torch.Tensor | None]:

@@ -86,6 +86,15 @@ def test_fingerprint_scores_separate_unexplained_from_propagated_differences() -
     assert hits == {102: True, 101: False}  # the fault at step 9 is beyond the comparison
 
 
+def test_a_fault_in_a_sites_backward_is_located_at_the_gradients_of_all_its_inputs() -> None:
+    """A fault in cross-attention's backward corrupts the gradients w.r.t. its query (a) and its memory (a[1])."""
+    golden = [(0, 0, "a", F, 1), (0, 0, "a", B, 2), (0, 0, "a[1]", B, 3), (0, 0, "b", B, 4)]
+    suspect = [(0, 0, "a", F, 1), (0, 0, "a", B, 20), (0, 0, "a[1]", B, 30), (0, 0, "b", B, 40)]
+    result = diff_bucket(0, batch(golden), batch(suspect), bound=3, faults=[fault(0, "a", phase="backward")])
+    units, tp, fp, fn, tn, propagated = result.findings.scores
+    assert (units, tp, fp, fn, tn, propagated) == (4, 2, 0, 0, 1, 1)
+
+
 def test_loss_spike_rule() -> None:
     losses = [2.0, 2.1, 1.9, 2.0, 2.05, 3.5, 2.0, math.nan, 2.0]
     found = spikes(list(range(len(losses))), losses)

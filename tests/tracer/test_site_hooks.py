@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import namedtuple
 from dataclasses import dataclass
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from tracer.errors import CaptureError
+from tracer.errors import CaptureError, TraceWarning
 from tracer.site_hooks import SiteHooks, site_input, site_output
 
 
@@ -102,6 +103,56 @@ def test_replacing_an_input_gradient_changes_upstream_parameter_gradients() -> N
     h = net.first(x)
     expected = torch.autograd.grad(net.head(h + net.attn(hidden_states=h.detach())[0]).sum(), net.first.weight)[0]
     assert torch.equal(net.first.weight.grad, expected) and not torch.equal(net.first.weight.grad, plain)
+
+
+def test_a_tensor_taken_several_times_is_tapped_once_and_its_whole_gradient_replaced() -> None:
+    """``self_attn(x, x, x)``: one input gradient, the sum over the three uses, and a replacement is all that
+    flows back into x. A float mask that does not require grad is no input of the site's gradient."""
+    torch.manual_seed(0)
+    attn = nn.MultiheadAttention(8, 2, batch_first=True)
+    x, mask = torch.randn(2, 5, 8, requires_grad=True), nn.Transformer.generate_square_subsequent_mask(5)
+    expected = torch.autograd.grad(attn(x, x, x, attn_mask=mask)[0].sum(), x)[0]
+    grads: dict[str, torch.Tensor] = {}
+    with SiteHooks([("attn", attn)], on_input_grad=keep(grads)):
+        attn(x, x, x, attn_mask=mask)[0].sum().backward()
+    assert set(grads) == {"attn"} and torch.equal(grads["attn"], expected) and torch.equal(x.grad, expected)
+    x.grad = None
+    with SiteHooks([("attn", attn)], on_input_grad=lambda s, g: torch.full_like(g, 2.0)):
+        attn(x, x, x, attn_mask=mask)[0].sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 2.0))
+
+
+def test_each_other_input_that_requires_grad_reports_its_own_gradient_by_index() -> None:
+    """Cross-attention ``attn(x, key=memory, value=memory)``: x's gradient as ``cross``, memory's as ``cross[1]``."""
+    torch.manual_seed(0)
+    attn = nn.MultiheadAttention(8, 2, batch_first=True)
+    x, memory = torch.randn(2, 5, 8, requires_grad=True), torch.randn(2, 3, 8, requires_grad=True)
+    grads: dict[str, torch.Tensor] = {}
+    with SiteHooks([("cross", attn)], on_input_grad=keep(grads)):
+        attn(x, key=memory, value=memory)[0].sum().backward()
+    assert set(grads) == {"cross", "cross[1]"}
+    assert torch.equal(grads["cross"], x.grad) and torch.equal(grads["cross[1]"], memory.grad)
+    x.grad = memory.grad = None
+    with SiteHooks([("cross", attn)], on_input_grad=lambda s, g: torch.full_like(g, float(len(s)))):
+        attn(x, key=memory, value=memory)[0].sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 5.0)) and torch.equal(memory.grad, torch.full_like(memory, 8.0))
+
+
+def test_a_tensor_that_requires_grad_nested_in_an_argument_is_named_once() -> None:
+    class Mixer(nn.Module):
+        def forward(self, x: torch.Tensor, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            return x * pair[0] + pair[1]
+
+    x, a, b = (torch.ones(3, requires_grad=True) for _ in range(3))
+    with pytest.warns(TraceWarning, match=r"site mix: its argument 1 \(tuple\) holds a tensor that requires grad") as w:
+        with SiteHooks([("mix", Mixer())], on_input_grad=lambda s, g: None) as hooks:
+            for _ in range(2):
+                hooks.sites[0][1](x, (a, b)).sum().backward()
+    assert len(w) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with SiteHooks([("mix", Mixer())], on_input_grad=lambda s, g: None) as hooks:
+            hooks.sites[0][1](x, (a.detach(), b.detach())).sum().backward()
 
 
 @dataclass
