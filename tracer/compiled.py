@@ -47,6 +47,18 @@ def refuse_compilation(active: Callable[[], Sequence[Any]]) -> None:
             sys.meta_path.insert(0, _WhenDynamoLoads(active))
 
 
+def eager(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
+    """``fn``, which torch.compile then calls as it is instead of tracing into it (a hook that hands tensors to
+    sdctrace's own kernels, which Dynamo cannot trace: without this it warns about them and breaks the graph
+    there anyway). Only where Dynamo is loaded, as it is by Hugging Face, Lightning and any compiled model: the
+    wrapper costs about 1.5 us a call, and a model compiled after the hooks went in keeps Dynamo's warning."""
+    if _DYNAMO not in sys.modules:
+        return fn
+    import torch
+
+    return torch.compiler.disable(fn, reason=reason)
+
+
 def refusal(titles: Sequence[str]) -> ConfigError:
     """The error for a compilation under the interceptors with these titles."""
     names = " and the ".join(dict.fromkeys(titles)) or "operator interceptor"

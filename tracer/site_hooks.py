@@ -62,6 +62,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from tracer.compiled import eager
 from tracer.errors import CaptureError, TraceWarning
 from tracer.intercept import own_ops
 
@@ -118,7 +119,8 @@ class SiteHooks:
                 if self._on_input_grad is not None:
                     self._handles.append(module.register_forward_pre_hook(self._tap_input(name), with_kwargs=True))
                 if self._on_output is not None or self._on_input_grad is not None:
-                    self._handles.append(module.register_forward_hook(self._take_output(name)))
+                    take = eager(self._take_output(name), "sdctrace fingerprints (or replaces) a site's output here")
+                    self._handles.append(module.register_forward_hook(take))
         except BaseException:
             self.remove()
             raise
@@ -203,7 +205,7 @@ class SiteHooks:
             _check_replacement(name, "input gradient", grad, new)
             return new
 
-        return report
+        return eager(report, "sdctrace fingerprints (or replaces) a site's input gradient here")
 
     def _take_output(self, name: str):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
