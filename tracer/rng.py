@@ -7,8 +7,8 @@ replay rebuilds a step from the checkpoint and the steps before it, never from t
 at each step's start, an ``rng`` event with the fingerprint of the torch generators' states (CPU, and every
 initialised CUDA device's), and where they are not what the last point a replay rebuilds left (the previous
 step's end, or a checkpoint since), it stores them as a blob too: then replay restores them there. A loop that
-draws nothing between steps pays two 5 KB copies and fingerprints a step, and writes 30 bytes; one that does
-(once an epoch for the HF Trainer) writes a 5 KB blob at those steps.
+draws nothing between steps pays two 5 KB copies, a comparison and a fingerprint a step, and writes 30 bytes;
+one that does (once an epoch for the HF Trainer) writes a 5 KB blob at those steps.
 
 Python's and NumPy's generators are in checkpoints only: data pipelines draw from them, the step's tensors
 from torch's.
@@ -68,13 +68,14 @@ class StepRng:
 
     def __init__(self, blobs: BlobStore) -> None:
         self.blobs = blobs
-        self._rebuilt: int | None = None  # fingerprint at the last step's end or checkpoint since; None: none yet
+        self._rebuilt: torch.Tensor | None = None  # the state at the last step's end or checkpoint since
 
     def step_start(self) -> dict[str, Any]:
         """The ``rng`` event's fields for the step starting now; stores the state if a replay could not rebuild it."""
         rng = TorchRng.now()
         fp = rng.fingerprint
-        stored = fp != self._rebuilt
+        with own_ops():
+            stored = self._rebuilt is None or not torch.equal(rng.state, self._rebuilt)
         if stored:
             with own_ops():
                 self.blobs.put(fp, rng.state)
@@ -82,7 +83,7 @@ class StepRng:
 
     def rebuilt_here(self) -> None:
         """A step ended or a checkpoint was saved: a replay has the generators' states of this point."""
-        self._rebuilt = TorchRng.now().fingerprint
+        self._rebuilt = TorchRng.now().state
 
 
 def recorded_rng(blobs: BlobStore, fields: dict[str, Any]) -> TorchRng:
