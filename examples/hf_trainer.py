@@ -17,8 +17,8 @@ of two accumulated microbatches, on the CPU, in seconds. From the repository roo
 Recording is the Trainer's own ``train()`` with `SdcTraceCallback` among its callbacks. Replay cannot call
 ``train()`` (it runs single steps from a checkpoint), so it imports ``build``, which makes the same Trainer
 (same seed, model config, TrainingArguments and data) and wraps it in `TrainerWorkload`: the Trainer's own
-dataloader, loss, clipping, optimizer and scheduler, step by step. docs/integrations.md says what else makes a
-run replayable (dropout off: replay draws no random numbers in step with the recording).
+dataloader, loss, clipping, optimizer and scheduler, step by step; GPT-2's dropout replays too (the Tracer logs
+the torch RNG at each step's start). docs/integrations.md says what else makes a run replayable.
 """
 
 from __future__ import annotations
@@ -39,11 +39,9 @@ from tracer.integrations.hf import SdcTraceCallback
 from workload.hf import TrainerWorkload
 
 SEED = 0
-# No dropout: a replayed step must draw the same random numbers as the recorded one, and replay does not
-# keep the global RNG in step with the recording (docs/integrations.md, limits).
-# (A dict, not a config object: saving a checkpoint writes into the model's config, and the run header records it.)
-MODEL = {"vocab_size": 64, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 4, "resid_pdrop": 0.0,
-         "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+# GPT-2's default dropout (0.1) stays on. A dict, not a config object: saving a checkpoint writes into the model's
+# config, and the run header records it.
+MODEL = {"vocab_size": 64, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 4}
 
 
 def dataset(n: int = 24, length: int = 16) -> list[dict[str, torch.Tensor]]:

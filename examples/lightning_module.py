@@ -18,7 +18,7 @@ Recording is Lightning's own ``fit`` with `SdcTraceCallback` among the callbacks
 ``layers.N.mlp``). Replay imports ``build``, which makes the same module and Trainer settings and wraps them in
 `LightningWorkload`: ``training_step``, the clipping, optimizer and scheduler Lightning would run, step by step.
 What makes it replayable: ``train_dataloader()`` shuffles with its own seeded generator, made afresh on each
-call, and there is no dropout (docs/integrations.md).
+call (docs/integrations.md); dropout would replay too (the Tracer logs the torch RNG at each step's start).
 """
 
 from __future__ import annotations

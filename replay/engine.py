@@ -47,6 +47,7 @@ from torch import nn
 from tqdm import tqdm
 
 from faults import FaultEmulator, FaultProfile, load_profile, profile_from_header
+from replay.diagnosis import likely_causes
 from replay.golden import GoldenRun, Key, VerifyingSink
 from replay.metrics import TOTAL, Mismatch, gradient_noise, mismatch
 from tracer.blobs import BlobStore
@@ -61,6 +62,7 @@ from tracer.log import LogReader, LogWriter, claim_out_dir, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
 from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import check_pair
+from tracer.rng import TorchRng, recorded_rng
 from tracer.site_hooks import SiteHooks
 from tracer.sites import find_sites
 from tracer.tracing import Tracer, software_versions
@@ -392,6 +394,8 @@ class Replayer:
         that a fault fired or a fingerprint differed, and the step was undone.
         """
         sink = VerifyingSink(self.golden.expected)
+        rng_problem = self._rng_at_start(step)
+        start = RngState()  # the suspect's step starts from the same RNG state (its dropout draws the same masks)
         kept: dict[Key, torch.Tensor] = {}
         phases = {Phase.GRAD} | ({Phase.FORWARD, Phase.BACKWARD} if self.mode == "lockstep" else set())
         tracer = _KeepingTracer(
@@ -413,7 +417,10 @@ class Replayer:
                 if keep and self.golden_from != "reexec":
                     self._substitute_blobs(step, kept)
                 with unobserved():  # the suspect's collectives are not the golden run's
+                    after = RngState()
+                    start.restore()
                     between(kept)
+                    after.restore()
             w.update(step)
         summary.checked += sink.checked
         if sink.divergences:
@@ -426,14 +433,39 @@ class Replayer:
                         {"microbatch": d.microbatch, "name": d.name, "phase": int(d.phase), "expected": d.expected, "found": d.found},
                     )
                 )
-            first = sink.divergences[0]
-            raise ValidationError(
-                f"re-executing the golden run on this machine diverged from its log at {first.describe()} "
-                f"({len(sink.divergences)} tensors differ in step {step}): this machine is not deterministic "
-                "with the golden run's settings, or it corrupts data itself; run the replay on a healthy "
-                "machine with the same software, or check with `sdc verify-determinism`"
-            )
+            raise ValidationError(self._divergence_message(w, step, sink, rng_problem))
         return kept, loss
+
+    def _rng_at_start(self, step: int) -> str | None:
+        """Give the global torch RNG the state the recording had at ``step``'s start where its log stored it
+        (tracer/rng.py); None, or what is wrong with the state here when the log has only its fingerprint."""
+        fields = self.golden.rng.get(step)
+        if fields is None:
+            return None  # recorded before `rng` events: the checkpoint's RNG, as before
+        if fields["stored"]:
+            recorded_rng(BlobStore(self.golden.path), fields).restore()
+            return None
+        here = TorchRng.now().fingerprint
+        if here == fields["fingerprint"]:
+            return None
+        return (f"its state at step {step}'s start is not the recording's (fingerprint {here:016x}, the log has "
+                f"{fields['fingerprint']:016x}), and the log did not store it because the recording had it at the "
+                "step before's end or at a checkpoint: the replay workload drew from the global RNG between steps "
+                "(building or iterating a data loader without its own generator?); make it draw from its own "
+                "generators, e.g. DataLoader(..., generator=torch.Generator().manual_seed(s))")
+
+    def _divergence_message(self, w: Workload, step: int, sink: VerifyingSink, rng_problem: str | None) -> str:
+        first = sink.divergences[0]
+        where = (f"re-executing the golden run on this machine diverged from its log at {first.describe()} "
+                 f"({len(sink.divergences)} tensors differ in step {step})")
+        causes = likely_causes(sink.divergences, self.golden.metas, w.model, logs_rng=self.golden.logs_rng,
+                               rng_problem=rng_problem, checkpoint=self.golden.start_checkpoint)
+        if causes:
+            return (f"{where}; replay does not reproduce the recording here: " + "; ".join(causes)
+                    + ". Only if none of this applies, suspect this machine (check with `sdc verify-determinism`)")
+        return (f"{where}: this machine is not deterministic with the golden run's settings, or it corrupts data "
+                "itself; run the replay on a healthy machine with the same software, or check with "
+                "`sdc verify-determinism`")
 
     def _substitute_blobs(self, step: int, kept: dict[Key, torch.Tensor]) -> None:
         store = BlobStore(self.golden.path)

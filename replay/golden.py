@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tracer.checkpoint import list_checkpoints
 from tracer.errors import LogError, ValidationError
@@ -40,6 +41,9 @@ class GoldenRun:
     rank: int = 0
     start_checkpoint: int = 0  # the checkpoint reconstruction starts from
     expected: dict[Key, int] = field(default_factory=dict)  # fingerprints of the indexed steps
+    metas: dict[Key, str] = field(default_factory=dict)  # their dtypes and shapes, e.g. "bfloat16[2,16,32]"
+    rng: dict[int, dict[str, Any]] = field(default_factory=dict)  # `rng` events (tracer/rng.py) by step
+    logs_rng: bool = False  # the log has `rng` events (recorded by a Tracer that writes them)
     blobs: dict[Key, int] = field(default_factory=dict)  # captured full tensors
     sites: list[str] = field(default_factory=list)  # forward sites in recording order
 
@@ -68,7 +72,12 @@ class GoldenRun:
                 if rec.phase == Phase.FORWARD:
                     seen_sites.setdefault(rec.name)
                 if first <= rec.step < stop:
-                    run.expected[(rec.step, rec.microbatch, rec.name, Phase(rec.phase))] = rec.fingerprint
+                    key = (rec.step, rec.microbatch, rec.name, Phase(rec.phase))
+                    run.expected[key], run.metas[key] = rec.fingerprint, rec.meta
+            elif isinstance(rec, EventRecord) and rec.kind == "rng":
+                run.logs_rng = True
+                if first <= rec.step < stop:
+                    run.rng[rec.step] = _rng_fields(path, rec)
             elif isinstance(rec, EventRecord) and rec.kind == "blob" and first <= rec.step < stop:
                 f = rec.fields
                 run.blobs[(rec.step, f["microbatch"], f["name"], Phase(f["phase"]))] = f["fingerprint"]
@@ -87,6 +96,16 @@ class GoldenRun:
         return usable[-1]
 
 
+def _rng_fields(path: Path, rec: EventRecord) -> dict[str, Any]:
+    f = rec.fields
+    fp, devices, stored = f.get("fingerprint"), f.get("devices"), f.get("stored")
+    if not (type(fp) is int and 0 <= fp < 1 << 64 and type(devices) is int and 0 <= devices < 1 << 16
+            and type(stored) is bool):
+        raise LogError(f"{path}: the rng event of step {rec.step} must hold fingerprint (uint64), devices (int) and "
+                       f"stored (bool), found {f!r:.120}; the log is damaged")
+    return f
+
+
 @dataclass(frozen=True)
 class Divergence:
     step: int
@@ -95,6 +114,7 @@ class Divergence:
     phase: Phase
     expected: int
     found: int
+    meta: str = ""  # the re-executed tensor's dtype and shape
 
     def describe(self) -> str:
         return (
@@ -118,7 +138,7 @@ class VerifyingSink:
             return  # the golden run did not trace this tensor
         self.checked += 1
         if want != rec.fingerprint:
-            self.divergences.append(Divergence(*key, want, rec.fingerprint))
+            self.divergences.append(Divergence(*key, want, rec.fingerprint, rec.meta))
 
     def write_event(self, rec: EventRecord) -> None:
         pass

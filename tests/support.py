@@ -30,10 +30,12 @@ def events(run: Path, kind: str) -> list[EventRecord]:
     return [r for r in LogReader(rank_dir(run, 0)).records() if isinstance(r, EventRecord) and r.kind == kind]
 
 
-def rewrite_header(run: Path, **changes: Any) -> None:
-    """Write rank 0's log again, record for record, under a header with ``changes`` (a crafted run)."""
+def rewrite_header(run: Path, *, drop: str | None = None, **changes: Any) -> None:
+    """Write rank 0's log again, record for record, under a header with ``changes`` (a crafted run); without the
+    events of kind ``drop`` (e.g. ``rng``: a log as an sdctrace before them wrote it)."""
     reader = LogReader(rank_dir(run, 0))
-    header, records = dataclasses.replace(reader.header, **changes), list(reader.records())
+    header = dataclasses.replace(reader.header, **changes)
+    records = [r for r in reader.records() if not (isinstance(r, EventRecord) and r.kind == drop)]
     shutil.rmtree(rank_dir(run, 0))
     with LogWriter(rank_dir(run, 0), header) as w:
         for r in records:

@@ -82,6 +82,7 @@ from tracer.log.records import MAX_MICROBATCH, MAX_STEP, SCHEMA_VERSION, EventRe
 from tracer.log.writer import HeaderAtFirstFlush
 from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
+from tracer.rng import StepRng
 from tracer.site_hooks import SiteHooks
 from tracer.sites import find_sites, module_path, module_tree
 
@@ -150,6 +151,7 @@ class Tracer:
             raise ConfigError(_no_default_sites(model))
         self.capture = options.capture
         self.blobs = BlobStore(self.out) if self.out is not None else None
+        self._rng = StepRng(self.blobs) if self.blobs is not None else None  # `rng` events (tracer/rng.py)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             self.rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         else:
@@ -340,6 +342,8 @@ class Tracer:
         self._lrs = []
         self._step_start = time.perf_counter()
         self._rerun, self._closure_reruns = rerun, closure_reruns
+        if self._rng is not None:
+            self.event("rng", **self._rng.step_start())
         if self._guard is not None:
             self._log = self._guard.begin(self.log)
         held = held_digesters() if self._holds else None
@@ -354,6 +358,8 @@ class Tracer:
                 self._log = self._guard.release()  # what the step recorded, as it would be without a guard
             raise
         self._digest_held = self._digest_held_many = None
+        if self._rng is not None:
+            self._rng.rebuilt_here()
         self._drain()
         if self._guard is not None:
             self._log = self._guard.release()  # a step without an optimizer step: nothing to decide
@@ -436,6 +442,8 @@ class Tracer:
         self._states = states
         with own_ops():
             path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}), states)
+        if self._rng is not None:
+            self._rng.rebuilt_here()
         self.log.write_event(EventRecord("checkpoint", step, {"rank": self.rank}))
         return path
 

@@ -18,6 +18,8 @@ Every part of a step is the Trainer's own code, so replay's fingerprint check pa
   dataloader (accelerate's seedable sampler, epoch ``e`` seeded ``seed + e``; its collator), grouped by
   ``gradient_accumulation_steps`` with the last group of an epoch taking the rest, and the group's
   ``num_items_in_batch`` from ``Trainer.get_batch_samples``;
+- the forward: the model as accelerate prepares it for the Trainer, so under its autocast with
+  ``TrainingArguments(bf16=True)`` (or fp16 without a scaler), as ``Trainer.train`` runs it;
 - ``loss``: ``Trainer.training_step`` itself (so a ``compute_loss`` override, label smoothing or a
   ``compute_loss_func`` are the Trainer's), stopped where it would call ``accelerator.backward``, and divided
   as that does;
@@ -74,6 +76,10 @@ class TrainerWorkload(Workload):
                               "from a step number, so TrainerWorkload cannot rebuild them")
         _, _, _, _, _, batches_per_epoch, max_steps = trainer.set_initial_training_values(trainer.args, loader)
         trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
+        # As Trainer._prepare_for_training on one process: accelerate wraps the model's forward in its autocast
+        # (bf16 or fp16 mixed precision) and keeps the same module, so replay computes in the recording's dtypes.
+        prepared = trainer.accelerator.prepare_model(trainer.model)
+        assert prepared is trainer.model, "on one process accelerate prepares the model in place"
         if isinstance(trainer.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             raise ConfigError("ReduceLROnPlateau steps on an evaluation metric, which replay does not compute")
 

@@ -46,7 +46,7 @@ from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import pairing_differences
 from tracer.tracing import Tracer
 from workload.config import Config
-from workload.protocol import REFERENCE, Workload, build_workload, run_step
+from workload.protocol import REFERENCE, RunSettings, Workload, build_workload, run_step
 from workload.sharpness import sharpness
 
 
@@ -120,19 +120,23 @@ def record(
         lock = (reclaim_out_dir(request.out, role="train") if request.resume
                 else claim_out_dir(request.out, role="train", overwrite=request.overwrite))
     with lock or nullcontext():
-        return _record(w, request, rank, on_step)
+        asked = {f.name: config["run"][f.name] for f in fields(RunSettings) if f.name in config.get("run", {})}
+        return _record(w, request, rank, on_step, asked)
 
 
-def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[int, float], None] | None) -> RunSummary:
-    """Train and trace into the claimed ``request.out``."""
-    run = w.run
+def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[int, float], None] | None,
+            asked: Mapping[str, Any]) -> RunSummary:
+    """Train and trace into the claimed ``request.out``; ``asked``: the config's ``[run]`` (``--steps``,
+    ``--checkpoint-every``), which wins over the workload's own (a Trainer's ``max_steps`` and save interval)."""
+    config = {**w.config, "run": {**w.config.get("run", {}), **asked}}
+    run = RunSettings.of(config)
     if w.layout.world_size > 1:
         torch.distributed.barrier()  # no rank writes before rank 0 has cleared the directory
     extra = {"workload": request.workload, **node_header(request.fault_profile, request.fault_seed, request.abft)}
     log = rank_dir(request.out, rank)
     first = resume_step(request.out, w.layout.world_size) if request.resume else None
     recorded = _header(log) if first is not None else None
-    run_info = RunInfo(request.node_label, config=w.config, seed=w.seed,
+    run_info = RunInfo(request.node_label, config=config, seed=w.seed,
                        data_order_fingerprint=w.data_order_fingerprint, extra=extra,
                        run_id=recorded.run_id if recorded is not None else None)
     guard = default_guard(request.guard, abft=request.abft) if request.guard is not None else None

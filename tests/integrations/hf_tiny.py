@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import (BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,
+                          TrainingArguments)
 
 from tracer.determinism import configure_determinism
 from tracer.integrations.hf import SdcTraceCallback
@@ -22,6 +23,11 @@ from tracer.options import CapturePolicy, TraceOptions
 from workload.hf import TrainerWorkload
 
 SEED = 0
+# The variants a test's own config section ``variant`` selects (the header keeps it): ``bf16`` trains under
+# accelerate's bf16 autocast, ``bert`` is a BERT with its default dropout (0.1) in training mode.
+BERT = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "max_position_embeddings": 32}
+BERT_SITES = r"bert\.encoder\.layer\.\d+\.(attention|output)"
 MODEL = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32}
 SITES = None  # the defaults: every layer's self_attn (called with keyword arguments, tuple output) and mlp
@@ -37,12 +43,13 @@ def dataset() -> list[dict[str, torch.Tensor]]:
     return [{"input_ids": row, "labels": row.clone()} for row in ids]
 
 
-def make_trainer(output_dir: Path, callbacks: Sequence[TrainerCallback] = (), *, loss_kwargs: bool = True) -> Trainer:
+def make_trainer(output_dir: Path, callbacks: Sequence[TrainerCallback] = (), *, loss_kwargs: bool = True,
+                 bf16: bool = False, bert: bool = False) -> Trainer:
     """The Trainer; ``loss_kwargs=False`` makes it treat the model as one that takes no ``num_items_in_batch``,
     so it divides each microbatch's mean loss by the step's microbatches instead."""
     configure_determinism(SEED, threads=1)
-    model = LlamaForCausalLM(LlamaConfig(**MODEL))
-    args = TrainingArguments(
+    model = BertForMaskedLM(BertConfig(**BERT)) if bert else LlamaForCausalLM(LlamaConfig(**MODEL))
+    args = TrainingArguments(bf16=bf16,
         output_dir=str(output_dir), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=STEPS,
         learning_rate=1e-3, warmup_steps=0, max_grad_norm=1.0, save_strategy="steps", save_steps=SAVE_STEPS,
         save_only_model=True, logging_strategy="no", report_to="none", use_cpu=True, seed=SEED, disable_tqdm=True,
@@ -53,9 +60,12 @@ def make_trainer(output_dir: Path, callbacks: Sequence[TrainerCallback] = (), *,
 
 
 def record(out: Path, label: str, capture: CapturePolicy = CapturePolicy(), **callback: Any) -> Path:
-    """Train with the callback into ``out``; the Trainer's own output directory is a sibling."""
-    cb = SdcTraceCallback(out, label, options=TraceOptions(sites=SITES, capture=capture), **callback)
-    trainer = make_trainer(out.with_name(out.name + "-hf"), [cb], loss_kwargs=loss_kwargs(cb.settings.config))
+    """Train with the callback into ``out``; the Trainer's own output directory is a sibling. A ``config``
+    with a ``variant`` section trains that variant."""
+    options = variant(callback.get("config", {}))
+    sites = BERT_SITES if options["bert"] else SITES
+    cb = SdcTraceCallback(out, label, options=TraceOptions(sites=sites, capture=capture), **callback)
+    trainer = make_trainer(out.with_name(out.name + "-hf"), [cb], **options)
     with cb:
         trainer.train()
     return out
@@ -63,10 +73,12 @@ def record(out: Path, label: str, capture: CapturePolicy = CapturePolicy(), **ca
 
 def build(config: Mapping[str, Any], device: torch.device) -> TrainerWorkload:
     """The replay factory: the same Trainer, never trained (its output directory stays unwritten)."""
-    return TrainerWorkload.of(make_trainer(Path(tempfile.gettempdir()) / "sdctrace-hf-replay",
-                                           loss_kwargs=loss_kwargs(config)))
+    return TrainerWorkload.of(make_trainer(Path(tempfile.gettempdir()) / "sdctrace-hf-replay", **variant(config)))
 
 
-def loss_kwargs(config: Mapping[str, Any]) -> bool:
-    """The test's own config section, which the header keeps: ``variant.loss_kwargs`` (default true)."""
-    return bool(config.get("variant", {}).get("loss_kwargs", True))
+def variant(config: Mapping[str, Any]) -> dict[str, bool]:
+    """The test's own config section, which the header keeps: ``variant.loss_kwargs`` (default true), ``bf16``
+    and ``bert`` (default false), as `make_trainer`'s keywords."""
+    section = config.get("variant", {})
+    return {"loss_kwargs": bool(section.get("loss_kwargs", True)), "bf16": bool(section.get("bf16", False)),
+            "bert": bool(section.get("bert", False))}

@@ -34,21 +34,21 @@ WORKLOAD = "tests.integrations.lightning_tiny:build"
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(2 * dim, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.mlp(self.norm(x))
 
 
 class TinyLM(pl.LightningModule):
-    def __init__(self, vocab: int = 64, dim: int = 32, layers: int = 2, lr: float = 1e-2) -> None:
+    def __init__(self, vocab: int = 64, dim: int = 32, layers: int = 2, lr: float = 1e-2, dropout: float = 0.0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.embed = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(Block(dim) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(dim, dropout) for _ in range(layers))
         self.head = nn.Linear(dim, vocab)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -75,11 +75,15 @@ class TinyLM(pl.LightningModule):
         return DataLoader(data, batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(SEED))
 
 
-def make(root_dir: Path, callbacks: Sequence[pl.Callback] = ()) -> tuple[TinyLM, pl.Trainer]:
+def make(root_dir: Path, callbacks: Sequence[pl.Callback] = (), *, bf16: bool = False,
+         dropout: float = 0.0) -> tuple[TinyLM, pl.Trainer]:
+    """The module and Trainer; ``bf16``: Lightning's ``precision="bf16-mixed"`` (autocast), ``dropout``: in each
+    block's MLP."""
     configure_determinism(SEED, threads=1)
-    module = TinyLM()
+    module = TinyLM(dropout=dropout)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=STEPS, accumulate_grad_batches=2, gradient_clip_val=CLIP,
+        precision="bf16-mixed" if bf16 else "32-true", accelerator="cpu", devices=1, max_steps=STEPS,
+        accumulate_grad_batches=2, gradient_clip_val=CLIP,
         deterministic=True, enable_checkpointing=False, logger=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(root_dir), callbacks=list(callbacks),
     )
@@ -87,15 +91,23 @@ def make(root_dir: Path, callbacks: Sequence[pl.Callback] = ()) -> tuple[TinyLM,
 
 
 def record(out: Path, label: str, capture: CapturePolicy = CapturePolicy(), **callback: Any) -> Path:
-    """Fit with the callback into ``out``; Lightning's own directory is a sibling."""
+    """Fit with the callback into ``out``; Lightning's own directory is a sibling. A ``config`` with a ``variant``
+    section fits that variant."""
     cb = SdcTraceCallback(out, label, seed=SEED, options=TraceOptions(sites=SITES, capture=capture),
                          checkpoint_every=CHECKPOINT_EVERY, **callback)
-    module, trainer = make(out.with_name(out.name + "-lightning"), [cb])
+    module, trainer = make(out.with_name(out.name + "-lightning"), [cb], **variant(callback.get("config", {})))
     trainer.fit(module)
     return out
 
 
 def build(config: Mapping[str, Any], device: torch.device) -> LightningWorkload:
     """The replay factory: the same module and Trainer settings, never fitted."""
-    module, trainer = make(Path(tempfile.gettempdir()) / "sdctrace-lightning-replay")
+    module, trainer = make(Path(tempfile.gettempdir()) / "sdctrace-lightning-replay", **variant(config))
     return LightningWorkload.of(module, trainer, checkpoint_every=CHECKPOINT_EVERY)
+
+
+def variant(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The test's own config section, which the header keeps: ``variant.bf16`` (default false) and
+    ``variant.dropout`` (default 0), as `make`'s keywords."""
+    section = config.get("variant", {})
+    return {"bf16": bool(section.get("bf16", False)), "dropout": float(section.get("dropout", 0.0))}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from replay.engine import Replayer, ReplayRequest, parse_steps, suspect_from_profile
 from tests.integrations import lightning_tiny
 from tests.support import events
 from tracer.checkpoint import list_checkpoints, load_checkpoint
@@ -62,3 +63,19 @@ def test_an_exception_in_fit_closes_the_log_as_failed(tmp_path: Path) -> None:
     assert reader.status.end.status == "failed" and "boom" in reader.status.end.detail
     assert [e.step for e in events(tmp_path / "run", "step")] == [0, 1]
     assert cb.run.tracer is None and not any(m._forward_hooks for m in module.modules())
+
+
+@pytest.mark.slow
+def test_a_bf16_mixed_run_with_dropout_replays_from_every_checkpoint(tmp_path: Path) -> None:
+    """Lightning's precision plugin runs the replayed forward under the recording's autocast, and the dropout
+    masks are the recording's: every fingerprint of steps 0 to 4 is verified."""
+    run = lightning_tiny.record(tmp_path / "run", "golden", config={"variant": {"bf16": True, "dropout": 0.1}})
+    metas = {r.meta for r in LogReader(rank_dir(run, 0)).records()
+             if isinstance(r, TensorRecord) and r.phase == Phase.FORWARD}
+    assert metas == {"bfloat16[2,16,32]"}
+    for steps in ("0:2", "2:4", "4:5"):
+        request = ReplayRequest(run, tmp_path / f"replay-{steps.replace(':', '-')}", parse_steps(steps), "lockstep",
+                                workload=lightning_tiny.WORKLOAD, progress=False)
+        Replayer(request, suspect_from_profile("healthy-node")).run()
+        sites = events(request.out, "site_mismatch")
+        assert sites and all(e.fields["mismatched"] == 0 for e in sites)
