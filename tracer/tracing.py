@@ -43,6 +43,7 @@ import functools
 import operator
 import platform
 import re
+import sys
 import time
 import uuid
 import warnings
@@ -83,7 +84,7 @@ from tracer.log.writer import HeaderAtFirstFlush
 from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
 from tracer.site_hooks import SiteHooks
-from tracer.sites import find_sites, module_path, module_tree
+from tracer.sites import describe_sites, find_sites, module_tree, named_modules, named_parameters, stripped_wrappers
 
 
 class RecordSink(Protocol):
@@ -182,11 +183,12 @@ class Tracer:
             extra={
                 **dict(run.extra),
                 "sites": [name for name, _ in self.sites],
+                **({"wrappers": wrapped} if (wrapped := stripped_wrappers(model)) else {}),
                 "parallel": self.layout.header(self.rank),
                 **({"guard": guard.describe()} if guard is not None else {}),
             },
         )
-        self._names = {id(p): module_path(n) for n, p in model.named_parameters()}
+        self._names = {id(p): n for n, p in named_parameters(model)}
         self._handles: list[RemovableHandle] = []
         self._site_hooks: SiteHooks | None = None
         self.sites_without_backward: dict[str, str] = {}  # site -> why it records no BACKWARD
@@ -253,6 +255,8 @@ class Tracer:
             if self.options.collectives:
                 self._observing = observing(self._collective)
                 self._observing.__enter__()
+            if self.sites and self.rank == 0 and self._sink is None:
+                self._say_sites()
         except BaseException:
             self._remove_hooks()
             if self._log is not None:
@@ -618,6 +622,15 @@ class Tracer:
             stacklevel=2,
         )
 
+    def _say_sites(self) -> None:
+        """Name the traced sites once, in a few lines, so that a part of the model left out is seen at the start."""
+        chosen = "the defaults" if self.options.sites is None else "as chosen"
+        wrapped = self.header.extra.get("wrappers")
+        left_out = f"; names leave out the wrappers' {', '.join(wrapped)}" if wrapped else ""
+        lines = "".join(f"\n  {line}" for line in describe_sites([n for n, _ in self.sites]))
+        print(f"sdctrace: tracing {len(self.sites)} sites ({chosen}: TraceOptions(sites=...) or sdc record --sites "
+              f"to change them{left_out}):{lines}", file=sys.stderr)
+
     def _final_header(self) -> RunHeader:
         """The header as the log stores it: with the sites that turned out to give no input gradient."""
         if not self.sites_without_backward:
@@ -777,7 +790,7 @@ def _step_guard(
 
 
 def _no_default_sites(model: nn.Module) -> str:
-    weighted = [module_path(n) for n, m in model.named_modules() if n and list(m.parameters(recurse=False))]
+    weighted = [n for n, m in named_modules(model) if list(m.parameters(recurse=False))]
     example = "|".join(re.escape(n) for n in weighted[:2]) or ".*"
     return (
         f"the Tracer found no default sites in {type(model).__name__} (no attention or MLP submodule of a "
