@@ -113,6 +113,10 @@ def software_versions() -> dict[str, str]:
     return dict(_versions())
 
 
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
 class Tracer:
     """Record fingerprints of one training process into ``out/rank-NNNNN``.
 
@@ -120,7 +124,8 @@ class Tracer:
     the default records everything). With ``sink`` instead of ``out``, records go to
     that sink (no files are written): replay uses this to check a re-execution against
     a recorded log. ``parallel`` is the rank layout of a multi-rank run. ``guard`` checks each
-    step before the optimizer uses it and re-runs a flagged one (`tracer.guard.Guard`).
+    step before the optimizer uses it and re-runs a flagged one (`tracer.guard.Guard`). ``echo`` is told
+    the traced sites once, when rank 0 starts writing a run (default: stderr; None: nothing).
     """
 
     def __init__(
@@ -134,6 +139,7 @@ class Tracer:
         sink: RecordSink | None = None,
         parallel: Layout | None = None,
         guard: Guard | None = None,
+        echo: Callable[[str], None] | None = _to_stderr,
     ) -> None:
         if (out is None) == (sink is None):
             raise CaptureError("give the Tracer exactly one of out (a run directory) or sink")
@@ -223,6 +229,7 @@ class Tracer:
         self._digest_held: Callable[[torch.Tensor], HeldRow | None] | None = None
         self._digest_held_many: Callable[[list[torch.Tensor]], list[HeldRow] | None] | None = None
         self._paused = False
+        self._echo = echo
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
@@ -255,8 +262,8 @@ class Tracer:
             if self.options.collectives:
                 self._observing = observing(self._collective)
                 self._observing.__enter__()
-            if self.sites and self.rank == 0 and self._sink is None:
-                self._say_sites()
+            if self.sites and self.rank == 0 and self._sink is None and self._echo is not None:
+                self._echo(self._sites_said())
         except BaseException:
             self._remove_hooks()
             if self._log is not None:
@@ -622,14 +629,14 @@ class Tracer:
             stacklevel=2,
         )
 
-    def _say_sites(self) -> None:
-        """Name the traced sites once, in a few lines, so that a part of the model left out is seen at the start."""
+    def _sites_said(self) -> str:
+        """The traced sites in a few lines, said once, so that a part of the model left out is seen at the start."""
         chosen = "the defaults" if self.options.sites is None else "as chosen"
         wrapped = self.header.extra.get("wrappers")
         left_out = f"; names leave out the wrappers' {', '.join(wrapped)}" if wrapped else ""
         lines = "".join(f"\n  {line}" for line in describe_sites([n for n, _ in self.sites]))
-        print(f"sdctrace: tracing {len(self.sites)} sites ({chosen}: TraceOptions(sites=...) or sdc record --sites "
-              f"to change them{left_out}):{lines}", file=sys.stderr)
+        return (f"sdctrace: tracing {len(self.sites)} sites ({chosen}: TraceOptions(sites=...) or sdc record --sites "
+                f"to change them{left_out}):{lines}")
 
     def _final_header(self) -> RunHeader:
         """The header as the log stores it: with the sites that turned out to give no input gradient."""

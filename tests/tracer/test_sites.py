@@ -86,6 +86,12 @@ def test_the_sites_are_said_once_at_start_in_a_few_lines(tmp_path: Path, capsys:
     err = capsys.readouterr().err
     assert err.count("sdctrace: tracing 96 sites (the defaults") == 1
     assert err.splitlines()[-1] == "  layers.{0..31}.{self_attn,linear1,linear2}"
+    said: list[str] = []
+    with Tracer(model, None, out=tmp_path / "quiet", run=RunInfo("x"), echo=None):
+        pass
+    with Tracer(model, None, out=tmp_path / "told", run=RunInfo("x"), echo=said.append):
+        pass
+    assert capsys.readouterr().err == "" and len(said) == 1 and said[0].count("\n") == 1
 
 
 def bert_profile(tmp_path: Path, module: str, step: int = 1):  # noqa: ANN201
