@@ -75,9 +75,14 @@ def module_path(name: str, top: Sequence[str] = ()) -> str:
 
 
 def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``model.named_modules()`` under the names of the model as written (`module_path`), the root left out."""
+    """``model.named_modules()`` under the names of the model as written (`module_path`), the root left out; where
+    a wrapper and what it wraps get one name (an FSDP unit around ``h.0``), the wrapper, which is called first."""
     top = wrappers(model)
-    return [(p, m) for n, m in model.named_modules() if (p := module_path(n, top))]
+    named = {}
+    for n, m in model.named_modules():
+        named.setdefault(module_path(n, top), m)
+    named.pop("", None)
+    return list(named.items())
 
 
 def named_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -114,7 +119,8 @@ def find_sites(model: nn.Module, spec: SiteSpec = None) -> list[tuple[str, nn.Mo
                 f"site pattern {spec!r} matches no module path (it must match a whole path such as {sample}{hint})"
             )
         return found
-    ids = {id(m): n for n, m in named}
+    top = wrappers(model)
+    ids = {id(m): p for n, m in model.named_modules() if (p := module_path(n, top))}  # a wrapped module too
     out = []
     for m in spec:
         if id(m) not in ids:
@@ -155,6 +161,8 @@ def block_parts(named: Sequence[tuple[str, nn.Module]]) -> list[tuple[str, nn.Mo
     embedding (BERT's ``intermediate`` and ``output``, ``nn.TransformerEncoderLayer``'s ``linear1/2``)."""
     out: list[tuple[str, nn.Module]] = []
     for path, block in blocks(named):
+        while (attr := _wrapper_attribute(block)) is not None:  # an FSDP unit or a compiled block: what it wraps
+            block = getattr(block, attr)
         attention, feed_forward, rest = [], [], []
         for name, child in block.named_children():
             kind = type(child).__name__

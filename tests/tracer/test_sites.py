@@ -181,3 +181,35 @@ def test_a_ddp_run_pairs_with_the_unwrapped_one_and_says_what_it_left_out(tmp_pa
              for run in (plain, ddp)]
     assert names[0] == names[1] and not any(n.startswith("module.") for n in names[1])
     assert compare_runs(plain, ddp).first is None  # one rank's all-reduce changes no bit
+
+
+def test_a_ddp_checkpoint_restores_into_the_model_unwrapped_and_back(tmp_path: Path) -> None:
+    from tracer.checkpoint import load_checkpoint, save_checkpoint
+
+    with one_rank_group(tmp_path):
+        ddp = nn.parallel.DistributedDataParallel(tiny_gpt())
+        save_checkpoint(tmp_path / "run", 0, 0, ddp, None, {})
+        checkpoint = load_checkpoint(tmp_path / "run", 0)
+        assert set(checkpoint.model) == set(tiny_gpt().state_dict())
+        plain = tiny_gpt()
+        with torch.no_grad():
+            for p in plain.parameters():
+                p.zero_()
+        checkpoint.restore(plain)
+        assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), ddp.module.state_dict().values()))
+        checkpoint.restore(ddp)
+
+
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`")
+def test_fsdp_units_around_each_layer_keep_the_names_and_sites_of_the_model(tmp_path: Path) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    with one_rank_group(tmp_path):
+        wrapped = FullyShardedDataParallel(tiny_bert(), device_id=torch.device("cpu"), use_orig_params=True,
+                                           auto_wrap_policy=ModuleWrapPolicy({BertLayer}))
+        assert sites(wrapped) == sites(tiny_bert())
+        assert [n for n, _ in named_parameters(wrapped)] == [n for n, _ in tiny_bert().named_parameters()]
+        assert [n for n, _ in find_sites(wrapped, r"bert\.encoder\.layer\.\d+")] == [
+            "bert.encoder.layer.0", "bert.encoder.layer.1"]  # the FSDP unit, once, not also the layer it wraps
