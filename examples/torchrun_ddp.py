@@ -6,7 +6,8 @@
 Any model and optimizer work; here a small MLP wrapped in DistributedDataParallel
 on gloo. The Tracer reads rank and world size from torch.distributed, writes
 ``runs/ddp/rank-NNNNN/`` and records the layout (pure data parallelism unless you
-pass ``parallel=Layout(...)``). Run it twice and compare with
+pass ``parallel=Layout(...)``). Names leave out DDP's ``module.`` (sites ``0.mlp``, not ``module.0.mlp``), so
+the job pairs with the same model trained unwrapped. Run it twice and compare with
 ``tracer.compare.compare_runs``: a deterministic job gives bit-identical logs.
 """
 
@@ -51,7 +52,7 @@ def main() -> None:
     config = {"example": "torchrun_ddp", "width": args.width, **settings}
     try:
         run = RunInfo(f"example-rank{rank}", config=config)
-        with Tracer(ddp, optimizer, out=args.out, run=run, options=TraceOptions(sites=r"module\.\d+\.mlp")) as tracer:
+        with Tracer(ddp, optimizer, out=args.out, run=run, options=TraceOptions(sites=r"\d+\.mlp")) as tracer:
             for step in range(args.steps):
                 with tracer.step(step):
                     x = torch.randn(16, args.width, generator=data)  # (B, C)

@@ -40,6 +40,7 @@ import functools
 import math
 import random
 import re
+import warnings
 from typing import Any
 
 import torch
@@ -51,10 +52,10 @@ from faults.profile import Corruption, FaultProfile
 from faults.schedule import BurstChain
 from faults.scope import ModuleScope, ScopedInterceptor, native
 from tracer.collectives import Stage, observing
-from tracer.errors import ConfigError
+from tracer.errors import ConfigError, TraceWarning
 from tracer.intercept import Call, Clock, NativeKernel, Sink, below_autograd, in_own_ops, own_ops
 from tracer.log.records import Phase
-from tracer.sites import SiteSpec, find_sites
+from tracer.sites import SiteSpec, find_sites, named_modules
 
 SHOWN = 8  # values and indices a fault event lists
 PREDRAWN = 1024  # draws handed to the C++ gate at a time
@@ -101,7 +102,7 @@ class FaultEmulator(ScopedInterceptor):
         traced = find_sites(model, sites)
         self._site_names = {path for path, _ in traced}
         hooked = {path for path, _ in traced}
-        named = [(path, m) for path, m in model.named_modules() if path]
+        named = named_modules(model)  # the paths of the model as written: no wrapper's `module.` or `_orig_mod.`
         # Per rule with a pattern and ops here, the module paths it matches (the scope's stacks hold no others).
         self._matched: list[frozenset[str] | None] = [None] * len(rules)
         for i, pattern in enumerate(self._patterns):
@@ -132,6 +133,7 @@ class FaultEmulator(ScopedInterceptor):
         ) if module else None
         self._predrawn: random.Random | None = None  # the generator whose next draws the gate holds
         self._gated = False  # the clock armed for lets the gate draw (attempt 0)
+        self._untraced: set[str] = set()  # hit modules no traced site holds, said once each
 
     def __enter__(self) -> FaultEmulator:
         super().__enter__()
@@ -288,6 +290,8 @@ class FaultEmulator(ScopedInterceptor):
         if not func._schema.is_mutable and _aliases(target, args):
             target = target.clone()
         self._hit(i, target, rng, site, str(func), phase, microbatch)
+        if site not in self._site_names:
+            self._say_untraced(site, str(func))
         if target is outputs[j]:
             return out
         outputs[j] = target
@@ -323,6 +327,19 @@ class FaultEmulator(ScopedInterceptor):
                 "corrupted": corrupted[:SHOWN].tolist(),
                 "detail": detail,
             },
+        )
+
+    def _say_untraced(self, site: str, op: str) -> None:
+        """Warn once per module when a fault lands outside every traced site: its ``traced_site`` stays empty and
+        a fingerprint diff finds it downstream, in the next traced site, not where it happened."""
+        if site in self._untraced or any(site.startswith(s + ".") for s in self._site_names):
+            return
+        self._untraced.add(site)
+        where = f"in module {site}, which no traced site holds" if site else "outside every traced site"
+        warnings.warn(
+            f"a fault hit {op} {where}: its traced_site stays empty and a diff "
+            f"shows the divergence downstream, at the next traced site; trace it with TraceOptions(sites=...) "
+            f"or sdc record --sites (traced: {len(self._site_names)} sites)", TraceWarning, stacklevel=2,
         )
 
     def _apply(self, i: int, c: Corruption, values: torch.Tensor, rng: random.Random) -> tuple[torch.Tensor, dict]:

@@ -5,7 +5,9 @@ optimizer tensors (safetensors), optimizer scalars, every RNG state, the data
 cursor, and the ``state_dict`` of any other stateful object the training names
 (an LR scheduler, a sampler): their tensors in safetensors, the rest in msgpack. Every tensor's fingerprint is stored beside it and checked on
 load, so a checkpoint damaged on disk or in transit is refused rather than
-silently replayed. No pickle anywhere.
+silently replayed. No pickle anywhere. Model tensors are named as the model is written, without a wrapper's
+``module.`` or ``_orig_mod.`` (`tracer.sites.module_path`), so a DDP run's checkpoint restores into the model
+unwrapped and back; one written with those prefixes still restores into the wrapped model.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tracer.files import read_regular
 from tracer.fingerprint import fingerprint
 from tracer.log.layout import CHECKPOINT_DIR
 from tracer.log.records import MAX_DEPTH, MAX_STEP, MAX_WORLD_SIZE, nesting_depth_over
+from tracer.sites import module_path, wrappers
 
 CHECKPOINT_GLOB = f"{CHECKPOINT_DIR}/step-*/rank-*.msgpack"  # every complete checkpoint's manifest (renamed in last)
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
@@ -54,7 +57,10 @@ class Checkpoint:
         states: Mapping[str, Stateful] | None = None,
     ) -> None:
         """Load model, optimizer, the named objects' and RNG state (the data cursor is the caller's)."""
-        model.load_state_dict(self.model, strict=True)
+        # Saved under the names of the model as written (no DDP `module.`, no `_orig_mod.`): put back its own.
+        top = wrappers(model)
+        own = {module_path(k, top): k for k in model.state_dict()}
+        model.load_state_dict({own.get(k, k): v for k, v in self.model.items()}, strict=True)
         if optimizer is not None and self.optimizer is not None:
             optimizer.load_state_dict(self.optimizer)
         for name, obj in (states or {}).items():
@@ -100,8 +106,9 @@ def save_checkpoint(
     d = checkpoint_dir(run_dir, step)
     d.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
+    top = wrappers(model)  # saved under the names of the model as written: a wrapped and an unwrapped run's agree
     for name, t in model.state_dict().items():
-        tensors[f"model/{name}"] = t.detach().to("cpu", copy=True).contiguous()
+        tensors[f"model/{module_path(name, top)}"] = t.detach().to("cpu", copy=True).contiguous()
     optim_meta: dict[str, Any] | None = None
     if optimizer is not None:
         sd = optimizer.state_dict()

@@ -1,19 +1,30 @@
 """Which submodules of a model are traced sites.
 
 The reference study compared each block's attention and feed-forward submodule,
-so those are the defaults, found by name first (``layers.3.attention``,
-``h.0.mlp``, ...) and by class name as a fallback. Users override with a regex
-over module paths or an explicit list of modules.
+so those are the defaults, found by structure and by name: the repeated blocks
+(the children of an ``nn.ModuleList`` or ``nn.Sequential`` of one class, such as
+``encoder.layer.N``, ``h.N``, ``layers.N``) and in each block the children that
+hold the attention (``attention``, ``attn``, ``self_attn``, ``crossattention``,
+``multihead_attn``, an ``nn.MultiheadAttention``) and the feed-forward (``mlp``,
+``ffn``, ``feed_forward``, a mixture of experts; in a block without one, the
+children with parameters that are neither attention nor a norm, dropout or
+embedding: BERT's ``intermediate`` and ``output``, ``nn.TransformerEncoderLayer``'s
+``linear1`` and ``linear2``). Any ``N.attention``/``N.mlp``-style path is a site
+too, and a model with none of these falls back to class names. Users override
+with a regex over module paths or an explicit list of modules.
 
-Paths are those of the model as written: ``torch.compile`` wraps a model as
-``_orig_mod``, and those segments are left out of every site and parameter name
-(`module_path`), so a compiled and an eager run pair.
+Paths are those of the model as written: the wrappers that training stacks put
+around it, ``DistributedDataParallel``'s ``module``, FSDP's
+``_fsdp_wrapped_module`` and ``torch.compile``'s ``_orig_mod``, are left out of
+every site and parameter name (`named_modules`, `named_parameters`), so a wrapped
+and an unwrapped run pair. ``module`` is left out only where DDP put it, at the top.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Sequence
 
 from torch import nn
 
@@ -21,27 +32,79 @@ from tracer.errors import ConfigError
 
 DEFAULT_NAME_PATTERN = r"(^|\.)\d+\.(attention|attn|self_attn|self_attention|feed_forward|mlp|ffn)$"
 DEFAULT_CLASS_PATTERN = r"(Attention|MLP|FeedForward|FFN)$"
+_ATTENTION = re.compile(r"att(n|ention)", re.IGNORECASE)  # a block child's name or class
+_FEED_FORWARD = re.compile(r"mlp|ffn|feed_?forward|moe|expert", re.IGNORECASE)
+_NOT_A_SITE = re.compile(r"Norm|Dropout|Embedding")  # classes of block children that are never sites
 
 SiteSpec = str | Sequence[nn.Module] | None
 
+# Segments only wrappers use: left out wherever they occur (a block compiled alone, FSDP's nested units).
+_WRAPPER_SEGMENTS = ("_orig_mod", "_fsdp_wrapped_module")
+_SEGMENTS = re.compile(r"(?:^|(?<=\.))(?:_orig_mod|_fsdp_wrapped_module)(?:\.|$)")
 
-_COMPILED = re.compile(r"(?:^|(?<=\.))_orig_mod(?:\.|$)")
+
+def wrappers(model: nn.Module) -> tuple[str, ...]:
+    """The wrapper attributes at the top of ``model``, outermost first: ``("module",)`` under DDP,
+    ``("_orig_mod", "module")`` for a compiled DDP model, ``()`` for a plain one."""
+    chain: list[str] = []
+    while (attr := _wrapper_attribute(model)) is not None:
+        chain.append(attr)
+        model = getattr(model, attr)
+    return tuple(chain)
 
 
-def module_path(name: str) -> str:
-    """``name`` without torch.compile's ``_orig_mod`` segments: ``_orig_mod.h.0.attn`` -> ``h.0.attn``."""
-    return _COMPILED.sub("", name).rstrip(".") if "_orig_mod" in name else name
+def _wrapper_attribute(m: nn.Module) -> str | None:
+    if isinstance(m, nn.parallel.DistributedDataParallel):
+        return "module"
+    # No instance of these can exist before its module is imported: no import here.
+    dynamo, fsdp = sys.modules.get("torch._dynamo.eval_frame"), sys.modules.get("torch.distributed.fsdp")
+    if dynamo is not None and isinstance(m, dynamo.OptimizedModule):
+        return "_orig_mod"
+    if fsdp is not None and isinstance(m, fsdp.FullyShardedDataParallel):
+        return "_fsdp_wrapped_module"
+    return None
+
+
+def module_path(name: str, top: Sequence[str] = ()) -> str:
+    """``name`` without the wrapper attributes ``top`` (`wrappers`) at its start and without
+    ``_orig_mod``/``_fsdp_wrapped_module`` segments: ``module._orig_mod.h.0.attn`` -> ``h.0.attn``."""
+    prefix = ".".join(top)
+    if prefix and (name == prefix or name.startswith(prefix + ".")):
+        name = name[len(prefix) + 1:]
+    return _SEGMENTS.sub("", name).rstrip(".") if any(w in name for w in _WRAPPER_SEGMENTS) else name
+
+
+def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``model.named_modules()`` under the names of the model as written (`module_path`), the root left out; where
+    a wrapper and what it wraps get one name (an FSDP unit around ``h.0``), the wrapper, which is called first."""
+    top = wrappers(model)
+    named = {}
+    for n, m in model.named_modules():
+        named.setdefault(module_path(n, top), m)
+    named.pop("", None)
+    return list(named.items())
+
+
+def named_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``model.named_parameters()`` under the names of the model as written (`module_path`)."""
+    top = wrappers(model)
+    return [(module_path(n, top), p) for n, p in model.named_parameters()]
+
+
+def stripped_wrappers(model: nn.Module) -> list[str]:
+    """The wrapper attributes `module_path` leaves out of this model's names, in the order first met: what the run
+    header records (``extra.wrappers``)."""
+    found = dict.fromkeys(wrappers(model))
+    for name, _ in model.named_modules():
+        found.update(dict.fromkeys(s for s in name.split(".") if s in _WRAPPER_SEGMENTS))
+    return list(found)
 
 
 def find_sites(model: nn.Module, spec: SiteSpec = None) -> list[tuple[str, nn.Module]]:
     """Resolve ``spec`` to ``(path, module)`` pairs in the model's registration order."""
-    named = [(p, m) for n, m in model.named_modules() if (p := module_path(n))]
+    named = named_modules(model)
     if spec is None:
-        by_name = [(n, m) for n, m in named if re.search(DEFAULT_NAME_PATTERN, n)]
-        if by_name:
-            return by_name
-        by_class = [(n, m) for n, m in named if re.search(DEFAULT_CLASS_PATTERN, type(m).__name__)]
-        return _outermost(by_class)
+        return default_sites(named)
     if isinstance(spec, str):
         try:
             pattern = re.compile(spec)
@@ -50,17 +113,109 @@ def find_sites(model: nn.Module, spec: SiteSpec = None) -> list[tuple[str, nn.Mo
         found = [(n, m) for n, m in named if pattern.fullmatch(n)]
         if not found:
             sample = ", ".join(n for n, _ in named[:8])
+            unwrapped = wrappers(model)
+            hint = f"; paths leave out the wrapper's {'.'.join(unwrapped)!r}" if unwrapped else ""
             raise ConfigError(
-                f"site pattern {spec!r} matches no module path (it must match a whole path such as {sample})"
+                f"site pattern {spec!r} matches no module path (it must match a whole path such as {sample}{hint})"
             )
         return found
-    ids = {id(m): n for n, m in named}
+    top = wrappers(model)
+    ids = {id(m): p for n, m in model.named_modules() if (p := module_path(n, top))}  # a wrapped module too
     out = []
     for m in spec:
         if id(m) not in ids:
             raise ConfigError(f"site {type(m).__name__} is not a submodule of the traced model")
         out.append((ids[id(m)], m))
     return out
+
+
+def default_sites(named: Sequence[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """Every block's attention and feed-forward (`block_parts`) and every ``N.attention``-style path, in
+    registration order; where there are none, the outermost modules whose class is named like one."""
+    by_name = [(n, m) for n, m in named if re.search(DEFAULT_NAME_PATTERN, n)]
+    taken = {n for n, _ in by_name}
+    by_structure = {n for n, _ in block_parts(named) if not _overlaps(n, taken)}
+    found = [(n, m) for n, m in named if n in taken or n in by_structure]
+    if found:
+        return found
+    by_class = [(n, m) for n, m in named if re.search(DEFAULT_CLASS_PATTERN, type(m).__name__)]
+    return _outermost(by_class)
+
+
+def blocks(named: Sequence[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """The repeated blocks: children of an ``nn.ModuleList``/``nn.Sequential`` whose children are all of one
+    class with submodules of their own (``h.0``, ``encoder.layer.3``), outermost only."""
+    found: list[tuple[str, nn.Module]] = []
+    for path, m in named:
+        if not isinstance(m, (nn.ModuleList, nn.Sequential)) or any(path.startswith(b + ".") for b, _ in found):
+            continue
+        kids = list(m.named_children())
+        if kids and len({type(k) for _, k in kids}) == 1 and next(kids[0][1].children(), None) is not None:
+            found += [(f"{path}.{name}", k) for name, k in kids]
+    return found
+
+
+def block_parts(named: Sequence[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """In each block that has an attention child, that attention and the feed-forward: the children named or
+    classed like an MLP, or, where none is, every other child with parameters that is no norm, dropout or
+    embedding (BERT's ``intermediate`` and ``output``, ``nn.TransformerEncoderLayer``'s ``linear1/2``)."""
+    out: list[tuple[str, nn.Module]] = []
+    for path, block in blocks(named):
+        while (attr := _wrapper_attribute(block)) is not None:  # an FSDP unit or a compiled block: what it wraps
+            block = getattr(block, attr)
+        attention, feed_forward, rest = [], [], []
+        for name, child in block.named_children():
+            kind = type(child).__name__
+            if next(child.parameters(), None) is None or _NOT_A_SITE.search(kind) or "norm" in name.lower():
+                continue
+            part = (f"{path}.{name}", child)
+            if isinstance(child, nn.MultiheadAttention) or _ATTENTION.search(name) or _ATTENTION.search(kind):
+                attention.append(part)
+            elif _FEED_FORWARD.search(name) or _FEED_FORWARD.search(kind):
+                feed_forward.append(part)
+            else:
+                rest.append(part)
+        if attention:
+            chosen = {n for n, _ in attention + (feed_forward or rest)}
+            out += [(f"{path}.{name}", c) for name, c in block.named_children() if f"{path}.{name}" in chosen]
+    return out
+
+
+def _overlaps(path: str, others: Iterable[str]) -> bool:
+    return any(path == o or path.startswith(o + ".") or o.startswith(path + ".") for o in others)
+
+
+def describe_sites(paths: Sequence[str]) -> list[str]:
+    """Site paths in a few lines: ``layer.{0..11}.{attention,intermediate,output}``, one per group of blocks
+    with the same parts; paths without a block index as they are."""
+    groups: dict[str, dict[str, list[int]]] = {}  # head -> tail -> block indices; a path alone: path -> {}
+    for p in paths:
+        m = re.fullmatch(r"(?:(.*)\.)?(\d+)\.([^.]+)", p)
+        if m is None:
+            groups.setdefault(p, {})
+            continue
+        head = f"{m[1]}." if m[1] is not None else ""
+        groups.setdefault(head, {}).setdefault(m[3], []).append(int(m[2]))
+    lines = []
+    for head, tails in groups.items():
+        if not tails:
+            lines.append(head)
+            continue
+        by_indices: dict[tuple[int, ...], list[str]] = {}
+        for tail, indices in tails.items():
+            by_indices.setdefault(tuple(indices), []).append(tail)
+        for indices, names in by_indices.items():
+            parts = names[0] if len(names) == 1 else "{" + ",".join(names) + "}"
+            lines.append(f"{head}{_indices(indices)}.{parts}")
+    return lines
+
+
+def _indices(indices: Sequence[int]) -> str:
+    if len(indices) == 1:
+        return str(indices[0])
+    if list(indices) == list(range(indices[0], indices[0] + len(indices))):
+        return f"{{{indices[0]}..{indices[-1]}}}"
+    return "{" + ",".join(map(str, indices)) + "}"
 
 
 def _outermost(pairs: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
@@ -75,7 +230,7 @@ def _outermost(pairs: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]
 def module_tree(model: nn.Module, lines: int = 8) -> str:
     """The top of the model's module tree, one indented ``path ClassName`` per line, for error messages."""
     rows = [f"{type(model).__name__}"]
-    named = [(p, m) for n, m in model.named_modules() if (p := module_path(n))]
+    named = named_modules(model)
     for path, m in named[: lines - 1]:
         rows.append(f"{'  ' * (path.count('.') + 1)}{path} {type(m).__name__}")
     if len(named) > lines - 1:

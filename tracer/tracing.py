@@ -43,6 +43,7 @@ import functools
 import operator
 import platform
 import re
+import sys
 import time
 import uuid
 import warnings
@@ -84,7 +85,7 @@ from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
 from tracer.rng import StepRng
 from tracer.site_hooks import SiteHooks
-from tracer.sites import find_sites, module_path, module_tree
+from tracer.sites import describe_sites, find_sites, module_tree, named_modules, named_parameters, stripped_wrappers
 
 
 class RecordSink(Protocol):
@@ -113,6 +114,10 @@ def software_versions() -> dict[str, str]:
     return dict(_versions())
 
 
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
 class Tracer:
     """Record fingerprints of one training process into ``out/rank-NNNNN``.
 
@@ -120,7 +125,8 @@ class Tracer:
     the default records everything). With ``sink`` instead of ``out``, records go to
     that sink (no files are written): replay uses this to check a re-execution against
     a recorded log. ``parallel`` is the rank layout of a multi-rank run. ``guard`` checks each
-    step before the optimizer uses it and re-runs a flagged one (`tracer.guard.Guard`).
+    step before the optimizer uses it and re-runs a flagged one (`tracer.guard.Guard`). ``echo`` is told
+    the traced sites once, when rank 0 starts writing a run (default: stderr; None: nothing).
     """
 
     def __init__(
@@ -134,6 +140,7 @@ class Tracer:
         sink: RecordSink | None = None,
         parallel: Layout | None = None,
         guard: Guard | None = None,
+        echo: Callable[[str], None] | None = _to_stderr,
     ) -> None:
         if (out is None) == (sink is None):
             raise CaptureError("give the Tracer exactly one of out (a run directory) or sink")
@@ -184,11 +191,12 @@ class Tracer:
             extra={
                 **dict(run.extra),
                 "sites": [name for name, _ in self.sites],
+                **({"wrappers": wrapped} if (wrapped := stripped_wrappers(model)) else {}),
                 "parallel": self.layout.header(self.rank),
                 **({"guard": guard.describe()} if guard is not None else {}),
             },
         )
-        self._names = {id(p): module_path(n) for n, p in model.named_parameters()}
+        self._names = {id(p): n for n, p in named_parameters(model)}
         self._handles: list[RemovableHandle] = []
         self._site_hooks: SiteHooks | None = None
         self.sites_without_backward: dict[str, str] = {}  # site -> why it records no BACKWARD
@@ -223,6 +231,7 @@ class Tracer:
         self._digest_held: Callable[[torch.Tensor], HeldRow | None] | None = None
         self._digest_held_many: Callable[[list[torch.Tensor]], list[HeldRow] | None] | None = None
         self._paused = False
+        self._echo = echo
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
@@ -255,6 +264,8 @@ class Tracer:
             if self.options.collectives:
                 self._observing = observing(self._collective)
                 self._observing.__enter__()
+            if self.sites and self.rank == 0 and self._sink is None and self._echo is not None:
+                self._echo(self._sites_said())
         except BaseException:
             self._remove_hooks()
             if self._log is not None:
@@ -626,6 +637,15 @@ class Tracer:
             stacklevel=2,
         )
 
+    def _sites_said(self) -> str:
+        """The traced sites in a few lines, said once, so that a part of the model left out is seen at the start."""
+        chosen = "the defaults" if self.options.sites is None else "as chosen"
+        wrapped = self.header.extra.get("wrappers")
+        left_out = f"; names leave out the wrappers' {', '.join(wrapped)}" if wrapped else ""
+        lines = "".join(f"\n  {line}" for line in describe_sites([n for n, _ in self.sites]))
+        return (f"sdctrace: tracing {len(self.sites)} sites ({chosen}: TraceOptions(sites=...) or sdc record --sites "
+                f"to change them{left_out}):{lines}")
+
     def _final_header(self) -> RunHeader:
         """The header as the log stores it: with the sites that turned out to give no input gradient."""
         if not self.sites_without_backward:
@@ -785,7 +805,7 @@ def _step_guard(
 
 
 def _no_default_sites(model: nn.Module) -> str:
-    weighted = [module_path(n) for n, m in model.named_modules() if n and list(m.parameters(recurse=False))]
+    weighted = [n for n, m in named_modules(model) if list(m.parameters(recurse=False))]
     example = "|".join(re.escape(n) for n in weighted[:2]) or ".*"
     return (
         f"the Tracer found no default sites in {type(model).__name__} (no attention or MLP submodule of a "

@@ -257,7 +257,7 @@ def finetune_run(
                    "tasks": {t.name: t.fingerprint for t in task_list},
                    **node_header(fault_profile, fault_seed, False)},
         )
-        tracer = Tracer(model, optimizer, out=out, run=run)
+        tracer = Tracer(model, optimizer, out=out, run=run, **({} if progress else {"echo": None}))
         node = emulated_node(tracer, model, fault_profile=fault_profile, fault_seed=fault_seed)
         losses: list[float] = []
         start = time.perf_counter()

@@ -141,7 +141,7 @@ def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[i
                        run_id=recorded.run_id if recorded is not None else None)
     guard = default_guard(request.guard, abft=request.abft) if request.guard is not None else None
     tracer = Tracer(w.model, w.optimizer, out=request.out, run=run_info, options=request.trace, parallel=w.layout,
-                    guard=guard)
+                    guard=guard, **({} if request.progress else {"echo": None}))
     continued: Any = nullcontext()
     if first is not None and recorded is not None:
         _check_resumable(recorded, tracer.header, request.out)
