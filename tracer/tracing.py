@@ -79,6 +79,7 @@ from tracer.guard.runtime import StepGuard
 from tracer.intercept import own_ops, workload_ops
 from tracer.log import rank_dir
 from tracer.log.records import MAX_MICROBATCH, MAX_STEP, SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
+from tracer.log.runlock import RunLock
 from tracer.log.writer import HeaderAtFirstFlush
 from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
@@ -221,6 +222,7 @@ class Tracer:
         self._digest_held: Callable[[torch.Tensor], HeldRow | None] | None = None
         self._digest_held_many: Callable[[list[torch.Tensor]], list[HeldRow] | None] | None = None
         self._paused = False
+        self._lock: RunLock | None = None
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
@@ -230,6 +232,12 @@ class Tracer:
                 self._log = self._sink
             else:
                 assert self.out is not None
+                if self.rank == 0:
+                    # Rank 0 holds the run's writer lock while it records (the one its process or launcher holds
+                    # already, as under `sdc record`), so `sdc watch` tells a crashed writer from a slow one, also
+                    # in a user's own script or torchrun job.
+                    self.out.mkdir(parents=True, exist_ok=True)
+                    self._lock = RunLock.ensure(self.out)
                 # The header is written at the first flush (the end of the first step), so that it can
                 # name the sites found at their first forward to give no input gradient.
                 self._log = HeaderAtFirstFlush(
@@ -260,19 +268,28 @@ class Tracer:
             if io is not None:
                 io.stop()
             self._log = self._io = None
+            self._release_lock()
             raise
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self._remove_hooks()
-        if exc is None and self._log is not None:
-            try:
-                self._drain()
-                self._read_pending()
-            except BaseException as e:
-                self._close(e)
-                raise
-        self._close(exc)
+        try:
+            if exc is None and self._log is not None:
+                try:
+                    self._drain()
+                    self._read_pending()
+                except BaseException as e:
+                    self._close(e)
+                    raise
+            self._close(exc)
+        finally:
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def _close(self, exc: BaseException | None) -> None:
         self._pending.clear()  # after a failure: a lazy step's graph may not run
