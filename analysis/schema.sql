@@ -73,7 +73,7 @@ CREATE TABLE IF NOT EXISTS event_diffs (
     pair_id VARCHAR NOT NULL,
     rank INTEGER NOT NULL,
     step BIGINT NOT NULL,
-    microbatch BIGINT NOT NULL,
+    microbatch BIGINT,                        -- null: a gradient no microbatch was the last to change (SCHEMA.md)
     name VARCHAR NOT NULL,                    -- site or parameter
     phase VARCHAR NOT NULL,                   -- forward, backward, grad, param, input
     occurrence INTEGER NOT NULL,              -- 0, or n for the n-th repeat of this key in the step (log order)
@@ -101,7 +101,7 @@ CREATE TABLE IF NOT EXISTS first_divergence (
     pair_id VARCHAR NOT NULL,
     rank INTEGER NOT NULL,
     step BIGINT NOT NULL,
-    microbatch BIGINT NOT NULL,
+    microbatch BIGINT,
     name VARCHAR NOT NULL,
     phase VARCHAR NOT NULL,
     occurrence INTEGER NOT NULL,

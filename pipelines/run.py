@@ -475,8 +475,7 @@ def summarize(db: str | Path, pid: str) -> list[str]:
     firsts = _pair_rows(db, "rq1_first_divergence_by_rank", pid)  # in execution order across ranks
     for r in firsts:
         order = "" if len(firsts) == 1 else " (went first)" if r["went_first"] else f" (#{r['divergence_order']})"
-        step_level = r["microbatch"] is None or r["phase"] in ("grad", "param")
-        mb = "step-level" if step_level else f"microbatch {r['microbatch']}"
+        mb = "the whole step" if r["microbatch"] is None else f"microbatch {r['microbatch']}"
         lines.append(f"  first divergence: rank {r['rank']}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}")
     drift, spikes = totals["max_drift"], totals["loss_spikes"]
     lines.append(f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)" if drift is not None

@@ -7,7 +7,7 @@
 --   role                    train (a pretraining pair) or finetune (a pair of fine-tunes, `sdc diff --twin`)
 --   first_rank, first_step, first_microbatch, first_site   the earliest first divergence over ranks, in
 --                           execution order (SCHEMA.md; the lower rank on a tie): the rank where corruption
---                           entered, and the record's step, microbatch (null: step-level) and site and phase;
+--                           entered, and the record's step, microbatch (null: the whole step's) and site and phase;
 --                           never inside a step corruption made unknown (lost_ranges): corruption on disk is not SDC
 --   golden_status, suspect_status   complete, failed, crashed (no END record) or corrupt
 --   lost_steps              compared steps corruption made unknown, over ranks: no divergence is reported there

@@ -104,12 +104,18 @@ def test_data_parallel_fault_on_rank_1_is_the_first_divergence_of_the_summary(
     out = capsys.readouterr().out
     firsts = {r["rank"]: r for r in query_rows(db, "rq1_first_divergence_by_rank")}
     assert firsts[0]["phase"] == "grad" and firsts[1]["phase"] == "forward", firsts
+    # The gradients are all-reduced after the step's microbatches: no microbatch, rather than a misleading 0.
+    assert firsts[0]["microbatch"] is None
+    con = duckdb.connect(str(db), read_only=True)
+    labels = con.sql("SELECT DISTINCT phase, microbatch FROM event_diffs WHERE phase IN ('grad', 'param')").fetchall()
+    con.close()
+    assert sorted(labels) == [("grad", None), ("param", None)]
     assert firsts[1]["went_first"] and not firsts[0]["went_first"]
     row = summary(db)
     assert (row["first_rank"], row["first_step"], row["first_microbatch"], row["first_site"]) == (
         1, 1, 0, "layers.1.feed_forward forward")
     assert "first divergence: rank 1 (went first), step 1, microbatch 0, forward layers.1.feed_forward" in out, out
-    assert "first divergence: rank 0 (#2), step 1" in out, out
+    assert "first divergence: rank 0 (#2), step 1, the whole step, grad " in out, out
 
 
 def test_corruption_in_a_collective_is_told_apart_from_compute(runs: SimpleNamespace) -> None:
