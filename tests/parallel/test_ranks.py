@@ -76,6 +76,7 @@ def test_fault_on_rank_1_alone_shows_up_first_on_rank_1(runs: SimpleNamespace) -
     # Rank 0 sees the fault only when rank 1's partial sum reaches it through the reduce-scatter.
     assert by_rank[0]["name"] == "layers.1.feed_forward_out.reduce_scatter.out"
     assert (by_rank[0]["step"], by_rank[0]["microbatch"]) == (by_rank[1]["step"], by_rank[1]["microbatch"])
+    con.close()
     row = summary(db)
     assert (row["first_rank"], row["first_step"], row["first_site"]) == (1, 1, "layers.1.feed_forward forward")
 
