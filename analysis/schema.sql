@@ -73,7 +73,7 @@ CREATE TABLE IF NOT EXISTS event_diffs (
     pair_id VARCHAR NOT NULL,
     rank INTEGER NOT NULL,
     step BIGINT NOT NULL,
-    microbatch BIGINT NOT NULL,
+    microbatch BIGINT,                        -- null: a gradient no microbatch was the last to change (SCHEMA.md)
     name VARCHAR NOT NULL,                    -- site or parameter
     phase VARCHAR NOT NULL,                   -- forward, backward, grad, param, input
     occurrence INTEGER NOT NULL,              -- 0, or n for the n-th repeat of this key in the step (log order)
@@ -101,7 +101,7 @@ CREATE TABLE IF NOT EXISTS first_divergence (
     pair_id VARCHAR NOT NULL,
     rank INTEGER NOT NULL,
     step BIGINT NOT NULL,
-    microbatch BIGINT NOT NULL,
+    microbatch BIGINT,
     name VARCHAR NOT NULL,
     phase VARCHAR NOT NULL,
     occurrence INTEGER NOT NULL,
@@ -383,6 +383,45 @@ SELECT
     sum(lost_steps) AS lost_steps
 FROM pair_ranks
 GROUP BY pair_id;
+
+-- Each rank's first divergence (first_divergence) and its place in execution order across the pair's ranks
+-- (SCHEMA.md, "Execution order"): the rank that diverged first is where corruption entered. Key: (pair_id, rank).
+-- `position` is the record's index among its rank's records of the step, in log order: ranks of one layout
+-- record the same sequence of tensors, so it compares across ranks. `divergence_order` is 1 for the rank(s)
+-- that diverged first, 2 for the next, ...; ranks tie only at the same point of that order.
+CREATE VIEW IF NOT EXISTS first_divergence_ranked AS
+WITH
+first_steps AS (
+    SELECT DISTINCT pair_id, rank, step FROM first_divergence
+),
+positioned AS (
+    SELECT
+        e.pair_id, e.rank, e.step, e.microbatch, e.name, e.phase, e.occurrence,
+        row_number() OVER (
+            PARTITION BY e.pair_id, e.rank, e.step
+            ORDER BY coalesce(e.golden_segment, e.suspect_segment), coalesce(e.golden_offset, e.suspect_offset)
+        ) - 1 AS position
+    FROM event_diffs AS e
+    JOIN first_steps USING (pair_id, rank, step)
+),
+firsts AS (
+    SELECT
+        f.*,
+        p.position,
+        -- the step-level records (gradients, parameters) after every microbatch
+        CASE WHEN f.phase IN ('grad', 'param') THEN NULL ELSE f.microbatch END AS order_microbatch,
+        list_position(['input', 'forward', 'backward', 'grad', 'param'], f.phase) AS order_phase
+    FROM first_divergence AS f
+    JOIN positioned AS p
+      ON p.pair_id = f.pair_id AND p.rank = f.rank AND p.step = f.step AND p.name = f.name AND p.phase = f.phase
+     AND p.occurrence = f.occurrence AND p.microbatch IS NOT DISTINCT FROM f.microbatch
+)
+SELECT
+    * EXCLUDE (order_microbatch, order_phase),
+    rank() OVER (
+        PARTITION BY pair_id ORDER BY step, order_microbatch NULLS LAST, order_phase, position
+    ) AS divergence_order
+FROM firsts;
 
 -- RQ3: each pretraining pair's drift per checkpoint step (param_drift's group '*', combined over
 -- ranks), beside its baseline pair's drift at the same step and whether the step lies in the pair's

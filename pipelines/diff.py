@@ -9,6 +9,9 @@ in log order. Steps after the last one both runs completed are not compared.
 Execution order, for first divergences, is (step, microbatch-level phases before the
 step-level GRAD and PARAM, microbatch, INPUT < FORWARD < BACKWARD < GRAD < PARAM,
 position in the golden log): the order in which a training step produces the tensors.
+A GRAD record's microbatch (the one whose backward last changed it: the step's last, or
+NO_MICROBATCH) labels it and takes no part in the order. The tables show a microbatch of
+null for a PARAM record and for a GRAD record with NO_MICROBATCH: they belong to the step.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from pipelines.pairing import in_lost_steps
 from pipelines.source import NAMESPACE, unpack_batch
 from pipelines.tables import PHASES, SCHEMAS, STATUSES, TABLES
 from pipelines.tags import split
-from tracer.log import Phase
+from tracer.log import NO_MICROBATCH, Phase
 
 EVENT_DIFFS, DIVERGENCE_STEPS, FIRST = "event_diffs", "divergence_steps", "first_divergence"
 FINDINGS = "findings"  # per-rank results of a bucket, gathered by `pipelines.detections.RankFindings`
 EQUAL, DIFFER, GOLDEN_ONLY, SUSPECT_ONLY = range(4)  # indexes into tables.STATUSES
 _FORWARD, _BACKWARD = int(Phase.FORWARD), int(Phase.BACKWARD)  # the phases of site events
+_PARAM = int(Phase.PARAM)
 # Phase value -> rank in a microbatch's execution (INPUT first, then FORWARD, BACKWARD; GRAD, PARAM after).
 _PHASE_ORDER = np.zeros(len(Phase), np.int8)
 for _rank, _phase in enumerate((Phase.INPUT, Phase.FORWARD, Phase.BACKWARD, Phase.GRAD, Phase.PARAM)):
@@ -181,7 +185,7 @@ def diff_bucket(
         [
             pa.array(np.full(n, rank, np.int32)),
             pa.array(step),
-            pa.array(mb),
+            _microbatches(mb, phase),
             coded(name, dictionary),
             coded(phase, _PHASE_DICT),
             pa.array(occurrence.astype(np.int32)),
@@ -203,7 +207,8 @@ def diff_bucket(
     candidates = differ & ~in_lost_steps(step, lost) if lost else differ
     if candidates.any():
         i = int(np.argmax(candidates))
-        key = (int(step[i]), int(_STEP_LEVEL[phase[i]]), int(mb[i]), int(_PHASE_ORDER[phase[i]]), int(position[i]))
+        level = bool(_STEP_LEVEL[phase[i]])
+        key = (int(step[i]), int(level), 0 if level else int(mb[i]), int(_PHASE_ORDER[phase[i]]), int(position[i]))
         first = (key, table.slice(i, 1).to_pylist()[0])
     site = (phase == _FORWARD) | (phase == _BACKWARD)
     steps = _divergence_steps(rank, step, mb, name, phase, site, differ, list(strings))
@@ -276,11 +281,20 @@ def _execution_order(step: np.ndarray, mb: np.ndarray, phase: np.ndarray, positi
     """The permutation that puts events in execution order (module docstring); None if they are in it already,
     which a log written in step order usually is."""
     p = phase.astype(np.intp)
-    keys = (step, _STEP_LEVEL[p], mb, _PHASE_ORDER[p], position)  # most significant first
+    level = _STEP_LEVEL[p]
+    keys = (step, level, np.where(level, 0, mb), _PHASE_ORDER[p], position)  # most significant first
     ordered = keys[-1][1:] >= keys[-1][:-1]
     for k in reversed(keys[:-1]):
         ordered = (k[1:] > k[:-1]) | ((k[1:] == k[:-1]) & ordered)
     return None if ordered.all() else np.lexsort(keys[::-1])
+
+
+def _microbatches(mb: np.ndarray, phase: np.ndarray, none: np.ndarray | None = None) -> pa.Array:
+    """A microbatch column: null for the records that belong to the whole step (module docstring)."""
+    step_level = (phase == _PARAM) | (mb == NO_MICROBATCH)
+    if none is not None:
+        step_level |= none
+    return pa.array(mb, mask=step_level) if step_level.any() else pa.array(mb)
 
 
 def _pick(a: np.ndarray, b: np.ndarray, ai: np.ndarray, bi: np.ndarray) -> np.ndarray:
@@ -347,7 +361,7 @@ def _divergence_steps(
             pa.array(count(differ & (phase == int(Phase.INPUT)))),
             pa.array(count(differ & (phase == int(Phase.GRAD)))),
             pa.array(count(differ & (phase == int(Phase.PARAM)))),
-            pa.array(mb[first_of].astype(np.int64), mask=none),
+            _microbatches(mb[first_of].astype(np.int64), phase[first_of], none),
             pa.array(np.array(names, object)[name[first_of]], pa.string(), mask=none),
             pa.array(phases[phase[first_of]], pa.string(), mask=none),
         ],

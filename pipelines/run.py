@@ -472,10 +472,11 @@ def summarize(db: str | Path, pid: str) -> list[str]:
                      f"suspect {totals['suspect_status']}): no divergence is reported there; see table lost_ranges")
     elif (totals["golden_status"], totals["suspect_status"]) != ("complete", "complete"):
         lines.append(f"  runs: golden {totals['golden_status']}, suspect {totals['suspect_status']}")
-    for r in _pair_rows(db, "rq3_first_divergence", pid):
-        if r["step"] is not None:
-            lines.append(f"  first divergence: rank {r['rank']}, step {r['step']}, microbatch {r['microbatch']}, "
-                         f"{r['phase']} {r['name']}")
+    firsts = _pair_rows(db, "rq1_first_divergence_by_rank", pid)  # in execution order across ranks
+    for r in firsts:
+        order = "" if len(firsts) == 1 else " (went first)" if r["went_first"] else f" (#{r['divergence_order']})"
+        mb = "the whole step" if r["microbatch"] is None else f"microbatch {r['microbatch']}"
+        lines.append(f"  first divergence: rank {r['rank']}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}")
     drift, spikes = totals["max_drift"], totals["loss_spikes"]
     lines.append(f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)" if drift is not None
                  else f"  no checkpoint pair for drift; {spikes} loss spike(s)")

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from torch import nn
 
-from replay.golden import Divergence, Key
+from replay.golden import Divergence, Key, index_key
 
 DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
@@ -38,7 +38,7 @@ def likely_causes(
     """What sdctrace can detect that makes the re-execution differ, each with its fix; empty if nothing."""
     causes = []
     for d in divergences:
-        recorded, here = _dtype(metas.get((d.step, d.microbatch, d.name, d.phase), "")), _dtype(d.meta)
+        recorded, here = _dtype(metas.get(index_key(d.step, d.microbatch, d.name, d.phase), "")), _dtype(d.meta)
         if recorded and here and recorded != here:
             causes.append(
                 f"precision: {d.phase.name.lower()} {d.name} is {recorded} in the recording and {here} here, so the "

@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from faults import FaultEmulator, FaultProfile, load_profile, profile_from_header
 from replay.diagnosis import likely_causes
-from replay.golden import GoldenRun, Key, VerifyingSink
+from replay.golden import GoldenRun, Key, VerifyingSink, index_key
 from replay.metrics import TOTAL, Mismatch, gradient_noise, mismatch
 from tracer.blobs import BlobStore
 from tracer.checkpoint import load_checkpoint
@@ -598,7 +598,7 @@ class _KeepingTracer(Tracer):
             for name, tensor in named:
                 # Collectives record GRAD-phase tensors too; the suspect is compared on parameter gradients only.
                 if phase != Phase.GRAD or name in self._params:
-                    self._kept[(self.step_index, mb, name, phase)] = tensor.detach().clone()
+                    self._kept[index_key(self.step_index, mb, name, phase)] = tensor.detach().clone()
         return digests
 
 

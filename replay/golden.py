@@ -14,9 +14,16 @@ from typing import Any
 from tracer.checkpoint import list_checkpoints
 from tracer.errors import LogError, ValidationError
 from tracer.log import LogReader, list_ranks, rank_dir
-from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord
+from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord, describe_microbatch
 
 Key = tuple[int, int, str, Phase]  # step, microbatch, name, phase
+
+
+def index_key(step: int, microbatch: int, name: str, phase: Phase) -> Key:
+    """A record's key in replay's indexes. A step has one gradient and one parameter record of each name, so their
+    microbatch is left out: a log of schema 1 labels every gradient 0, a later one the microbatch whose backward
+    last changed it."""
+    return (step, 0 if phase in (Phase.GRAD, Phase.PARAM) else microbatch, name, phase)
 
 
 def check_rank_logs(path: Path, world_size: int) -> None:
@@ -72,7 +79,7 @@ class GoldenRun:
                 if rec.phase == Phase.FORWARD:
                     seen_sites.setdefault(rec.name)
                 if first <= rec.step < stop:
-                    key = (rec.step, rec.microbatch, rec.name, Phase(rec.phase))
+                    key = index_key(rec.step, rec.microbatch, rec.name, Phase(rec.phase))
                     run.expected[key], run.metas[key] = rec.fingerprint, rec.meta
             elif isinstance(rec, EventRecord) and rec.kind == "rng":
                 run.logs_rng = True
@@ -80,7 +87,7 @@ class GoldenRun:
                     run.rng[rec.step] = _rng_fields(path, rec)
             elif isinstance(rec, EventRecord) and rec.kind == "blob" and first <= rec.step < stop:
                 f = rec.fields
-                run.blobs[(rec.step, f["microbatch"], f["name"], Phase(f["phase"]))] = f["fingerprint"]
+                run.blobs[index_key(rec.step, f["microbatch"], f["name"], Phase(f["phase"]))] = f["fingerprint"]
         # The header names the traced modules; records also hold collectives, which are no lockstep sites.
         run.sites = list(header.extra.get("sites", seen_sites))
         return run
@@ -118,7 +125,7 @@ class Divergence:
 
     def describe(self) -> str:
         return (
-            f"step {self.step}, microbatch {self.microbatch}, {self.phase.name.lower()} {self.name}: "
+            f"step {self.step}, {describe_microbatch(self.microbatch)}, {self.phase.name.lower()} {self.name}: "
             f"fingerprint {self.found:016x}, the golden log has {self.expected:016x}"
         )
 
@@ -132,13 +139,13 @@ class VerifyingSink:
         self.checked = 0
 
     def write_tensor(self, rec: TensorRecord) -> None:
-        key = (rec.step, rec.microbatch, rec.name, Phase(rec.phase))
-        want = self.expected.get(key)
+        want = self.expected.get(index_key(rec.step, rec.microbatch, rec.name, Phase(rec.phase)))
         if want is None:
             return  # the golden run did not trace this tensor
         self.checked += 1
         if want != rec.fingerprint:
-            self.divergences.append(Divergence(*key, want, rec.fingerprint, rec.meta))
+            self.divergences.append(Divergence(rec.step, rec.microbatch, rec.name, Phase(rec.phase), want,
+                                              rec.fingerprint, rec.meta))
 
     def write_event(self, rec: EventRecord) -> None:
         pass

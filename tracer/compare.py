@@ -13,7 +13,7 @@ from pathlib import Path
 from tracer.errors import ValidationError
 from tracer.log import list_ranks, rank_dir
 from tracer.log.reader import LogReader
-from tracer.log.records import Phase, TensorRecord
+from tracer.log.records import Phase, TensorRecord, describe_microbatch
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class Difference:
     b: TensorRecord | None
 
     def describe(self) -> str:
-        where = f"rank {self.rank}, step {self.step}, microbatch {self.microbatch}, {self.phase.name.lower()} {self.name}"
+        mb = describe_microbatch(self.microbatch)
+        where = f"rank {self.rank}, step {self.step}, {mb}, {self.phase.name.lower()} {self.name}"
         if self.a is None or self.b is None:
             return f"{where}: the runs recorded different events here (one has no matching event)"
         if (self.a.name, self.a.phase) != (self.b.name, self.b.phase):

@@ -79,7 +79,8 @@ from tracer.guard.guard import Guard, classify, verdict
 from tracer.guard.runtime import StepGuard
 from tracer.intercept import own_ops, workload_ops
 from tracer.log import rank_dir
-from tracer.log.records import MAX_MICROBATCH, MAX_STEP, SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
+from tracer.log.records import MAX_STEP, NO_MICROBATCH, SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
+from tracer.log.runlock import RunLock
 from tracer.log.writer import HeaderAtFirstFlush
 from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
@@ -210,6 +211,8 @@ class Tracer:
         self._log: RecordSink | None = None
         self.step_index = -1
         self.microbatch_index = 0
+        # A gradient all-reduce ran since the last microbatch began: the step's gradients belong to no microbatch.
+        self._grads_reduced = False
         self.attempt = 0  # which run of the current step: 0, or the guard's re-runs 1, 2, ...
         self._rerun: Callable[[], Any] | None = None
         self._closure_reruns = True
@@ -232,6 +235,7 @@ class Tracer:
         self._digest_held_many: Callable[[list[torch.Tensor]], list[HeldRow] | None] | None = None
         self._paused = False
         self._echo = echo
+        self._lock: RunLock | None = None
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
@@ -241,6 +245,12 @@ class Tracer:
                 self._log = self._sink
             else:
                 assert self.out is not None
+                if self.rank == 0:
+                    # Rank 0 holds the run's writer lock while it records (the one its process or launcher holds
+                    # already, as under `sdc record`), so `sdc watch` tells a crashed writer from a slow one, also
+                    # in a user's own script or torchrun job.
+                    self.out.mkdir(parents=True, exist_ok=True)
+                    self._lock = RunLock.ensure(self.out)
                 # The header is written at the first flush (the end of the first step), so that it can
                 # name the sites found at their first forward to give no input gradient.
                 self._log = HeaderAtFirstFlush(
@@ -273,19 +283,28 @@ class Tracer:
             if io is not None:
                 io.stop()
             self._log = self._io = None
+            self._release_lock()
             raise
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self._remove_hooks()
-        if exc is None and self._log is not None:
-            try:
-                self._drain()
-                self._read_pending()
-            except BaseException as e:
-                self._close(e)
-                raise
-        self._close(exc)
+        try:
+            if exc is None and self._log is not None:
+                try:
+                    self._drain()
+                    self._read_pending()
+                except BaseException as e:
+                    self._close(e)
+                    raise
+            self._close(exc)
+        finally:
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def _close(self, exc: BaseException | None) -> None:
         self._pending.clear()  # after a failure: a lazy step's graph may not run
@@ -408,6 +427,7 @@ class Tracer:
     def _begin_attempt(self, attempt: int) -> None:
         self.attempt = attempt
         self.microbatch_index = 0
+        self._grads_reduced = False
         self._backward_passes = 0
         self._after_forward = False
         self._losses = []
@@ -415,8 +435,9 @@ class Tracer:
 
     def microbatch(self, index: int, inputs: torch.Tensor | tuple[torch.Tensor, ...] | None = None) -> None:
         """Start microbatch ``index`` (gradient accumulation) and fingerprint its inputs."""
-        index = _index("microbatch", index, MAX_MICROBATCH)
+        index = _index("microbatch", index, NO_MICROBATCH - 1)
         self.microbatch_index = index
+        self._grads_reduced = False
         self._backward_passes = 0
         if inputs is None:
             return
@@ -507,7 +528,7 @@ class Tracer:
             step, mb, name, phase, (fp, nan, inf, l2, absmax, meta) = item  # type: ignore[misc]
             write(TensorRecord(step, mb, name, phase, fp, l2, absmax, nan, inf, meta))
 
-    def _hold_many(self, named: list[tuple[str, torch.Tensor]], phase: Phase) -> bool:
+    def _hold_many(self, named: list[tuple[str, torch.Tensor]], phase: Phase, mb: int = 0) -> bool:
         """Hold a step's gradient or parameter records from one kernel call, with no Python per tensor but the
         record's tuple; False (nothing held) outside a step that holds, or when the kernel does not take them all."""
         many = self._digest_held_many
@@ -515,7 +536,7 @@ class Tracer:
         if rows is None:
             return False
         step, held = self.step_index, self._held
-        held.extend([(step, 0, name, phase, row) for (name, _), row in zip(named, rows)])
+        held.extend([(step, mb, name, phase, row) for (name, _), row in zip(named, rows)])
         if len(held) >= _HOLD_ROWS:
             self._drain()
         return True
@@ -657,7 +678,10 @@ class Tracer:
     def _collective(self, point: str, op: str, phase: Phase, stage: Stage, tensor: torch.Tensor) -> None:
         if self._paused:
             return
-        self.record(record_name(point, op, stage), tensor, phase, microbatch=0 if phase == Phase.GRAD else None)
+        if phase == Phase.GRAD:  # a gradient collective completes the step's gradients after its microbatches
+            self._grads_reduced = True
+        self.record(record_name(point, op, stage), tensor, phase,
+                    microbatch=NO_MICROBATCH if phase == Phase.GRAD else None)
 
     def _param_name(self, group: int, index: int, p: torch.Tensor) -> str:
         return self._names.get(id(p), f"optimizer.group{group}.{index}")
@@ -695,9 +719,12 @@ class Tracer:
             for pi, p in enumerate(group["params"])
             if p.grad is not None
         ]
-        if self._guard is None and self._hold_many(grads, Phase.GRAD):
+        # The microbatch whose backward last changed them: the last one begun (under DDP, the one whose backward
+        # ran the all-reduce), unless a gradient collective ran after it.
+        mb = NO_MICROBATCH if self._grads_reduced else self.microbatch_index
+        if self._guard is None and self._hold_many(grads, Phase.GRAD, mb):
             return []  # only the guard reads them
-        digests = self.record_many(grads, Phase.GRAD, microbatch=0, read_now=self._guard is not None) or []
+        digests = self.record_many(grads, Phase.GRAD, microbatch=mb, read_now=self._guard is not None) or []
         return [(name, d) for (name, _), d in zip(grads, digests)]
 
     def _check_step(

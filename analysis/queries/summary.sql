@@ -5,8 +5,10 @@
 -- parameter-sync replay, drift two checkpoints of the same step.
 --   compared_through        last step both runs hold (max over ranks)
 --   role                    train (a pretraining pair) or finetune (a pair of fine-tunes, `sdc diff --twin`)
---   first_step, first_site  the earliest first divergence over ranks (site and phase); never inside a step
---                           corruption made unknown (lost_ranges): corruption on disk is not SDC
+--   first_rank, first_step, first_microbatch, first_site   the earliest first divergence over ranks, in
+--                           execution order (SCHEMA.md; the lower rank on a tie): the rank where corruption
+--                           entered, and the record's step, microbatch (null: the whole step's) and site and phase;
+--                           never inside a step corruption made unknown (lost_ranges): corruption on disk is not SDC
 --   golden_status, suspect_status   complete, failed, crashed (no END record) or corrupt
 --   lost_steps              compared steps corruption made unknown, over ranks: no divergence is reported there
 --   mismatch_frequency, mismatch_severity, mismatching_steps, lockstep_steps   RQ1
@@ -27,14 +29,15 @@ compared AS (
 ),
 
 first_divergence_per_pair AS (
-    SELECT pair_id, step AS first_step, name || ' ' || phase AS first_site
-    FROM first_divergence AS f
+    SELECT pair_id, rank AS first_rank, step AS first_step, microbatch AS first_microbatch,
+           name || ' ' || phase AS first_site
+    FROM first_divergence_ranked AS f
     WHERE NOT EXISTS (
         SELECT 1 FROM lost_ranges AS l
         WHERE l.pair_id = f.pair_id AND l.rank = f.rank
           AND (l.first_step IS NULL OR f.step >= l.first_step) AND (l.last_step IS NULL OR f.step <= l.last_step)
     )
-    QUALIFY row_number() OVER (PARTITION BY pair_id ORDER BY step, rank) = 1
+    QUALIFY row_number() OVER (PARTITION BY pair_id ORDER BY divergence_order, rank) = 1
 ),
 
 statuses AS (
@@ -96,7 +99,9 @@ SELECT
     n.golden_node,
     n.pair_id,
     c.compared_through,
+    f.first_rank,
     f.first_step,
+    f.first_microbatch,
     f.first_site,
     st.golden_status,
     st.suspect_status,

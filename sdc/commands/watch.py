@@ -35,6 +35,7 @@ from typing import TextIO
 from tracer.errors import UsageError
 from tracer.log import Entry, EventRecord, LostRange, Phase, TensorRecord, rank_dir
 from tracer.log.follow import POLL_S, LogFollower, Resumed
+from tracer.log.records import describe_microbatch
 from tracer.pairing import check_pair
 
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_INCOMPLETE = 0, 3, 4
@@ -103,8 +104,8 @@ class Divergence:
     suspect: TensorRecord | None
 
     def describe(self) -> str:
-        head = (f"DIVERGENCE at step {self.step}, rank {self.rank}, microbatch {self.microbatch}: {self.name} "
-                f"{self.phase.name.lower()}")
+        mb = describe_microbatch(self.microbatch)
+        head = f"DIVERGENCE at step {self.step}, rank {self.rank}, {mb}: {self.name} {self.phase.name.lower()}"
         sides = zip(SIDES, (self.golden, self.suspect))
         return "\n".join([head, *(f"  {side:<8}{_stats(rec)}" for side, rec in sides)])
 

@@ -9,7 +9,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.load import PAIR_TABLES, RUN_TABLES, TABLES, load_parquet, schema_sql
+from analysis.load import PAIR_TABLES, RUN_TABLES, SCHEMA_VERSION, TABLES, load_parquet, schema_sql
 from pipelines.tables import SCHEMAS, table
 from tracer.errors import UsageError
 
@@ -100,5 +100,5 @@ def test_detector_tables_load_and_a_version_3_database_is_refused(tmp_path: Path
     old = tmp_path / "old.duckdb"
     with duckdb.connect(str(old)) as con:
         con.execute("CREATE TABLE sdctrace_schema (version INTEGER NOT NULL); INSERT INTO sdctrace_schema VALUES (3)")
-    with pytest.raises(UsageError, match=r"schema version \[3\], this sdctrace writes version 5"):
+    with pytest.raises(UsageError, match=rf"schema version \[3\], this sdctrace writes version {SCHEMA_VERSION}"):
         load_parquet(old, root, "pair-a")

@@ -6,6 +6,8 @@ import dataclasses
 import struct
 from pathlib import Path
 
+import pytest
+
 from tests.log.conftest import records
 from tests.log.v1 import FIXTURE, format_version, write_v1_log
 from tracer.log import FORMAT_VERSION, LogReader, Phase, RunHeader, TensorRecord, read_segment_columns
@@ -13,6 +15,12 @@ from tracer.log import FORMAT_VERSION, LogReader, Phase, RunHeader, TensorRecord
 
 def f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+@pytest.fixture
+def header(header: RunHeader) -> RunHeader:
+    """The header the v1 writer wrote: of schema 1, as every log of its time."""
+    return dataclasses.replace(header, schema_version=1)
 
 
 def stored(n: int) -> list:

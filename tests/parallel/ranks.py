@@ -41,3 +41,32 @@ def claim_on_rank_0(out: str) -> str:
         with claim_out_dir(Path(out), role="train", overwrite=False):
             pass
     return "claimed"
+
+
+def trace_in_torchrun(out: str, crash: bool) -> bool | None:
+    """A user's own torchrun job (no launcher's lock): each rank traces one step into ``out``; returns whether a
+    writer held the run's lock meanwhile, as `sdc watch` sees it. With ``crash``, rank 0 dies inside the Tracer."""
+    import os
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    from tracer.log import rank_dir
+    from tracer.log.follow import LogFollower
+    from tracer.options import RunInfo, TraceOptions
+    from tracer.tracing import Tracer
+
+    rank = dist.get_rank()
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Tracer(model, optimizer, out=out, run=RunInfo(f"rank{rank}"), options=TraceOptions(activations=False)) as tr:
+        with tr.step(0):
+            model(torch.ones(2, 4)).sum().backward()
+            optimizer.step()
+        dist.barrier()  # every Tracer is open
+        alive = LogFollower(rank_dir(Path(out), rank)).writer_alive()
+        if crash and rank == 0:
+            os._exit(3)  # no clean close: the operating system drops what the process held
+        dist.barrier()
+    return alive

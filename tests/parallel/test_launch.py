@@ -31,3 +31,18 @@ def test_a_hung_rank_fails_the_job_after_the_collective_timeout() -> None:
     with pytest.raises(CaptureError, match=r"^rank 0 failed: RuntimeError: .*[Tt]imed out") as err:
         launch("tests.parallel.ranks:hang_on_rank_1", {}, 2, timeout_s=3)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow  # launches ranks
+def test_rank_0_of_a_torchrun_job_holds_the_writer_lock_while_it_traces(tmp_path: Path) -> None:
+    from tracer.log import rank_dir
+    from tracer.log.follow import LogFollower
+
+    out = tmp_path / "run"
+    assert launch("tests.parallel.ranks:trace_in_torchrun", {"out": str(out), "crash": False}, 2) == [True, True]
+    assert LogFollower(rank_dir(out, 0)).writer_alive() is False  # released at the clean close
+    crashed = tmp_path / "crashed"
+    with pytest.raises(CaptureError, match="rank 0 failed"):
+        launch("tests.parallel.ranks:trace_in_torchrun", {"out": str(crashed), "crash": True}, 2, timeout_s=20)
+    # A crashed writer, not one whose state is unknown: `sdc watch` stops waiting for it.
+    assert LogFollower(rank_dir(crashed, 0)).writer_alive() is False

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import duckdb
 import pytest
 
+from analysis import queries
 from sdc.cli import main
 from tests.sdc.test_cli import sdc
 from tests.support import ONE_FLIP
@@ -75,6 +76,47 @@ def test_fault_on_rank_1_alone_shows_up_first_on_rank_1(runs: SimpleNamespace) -
     # Rank 0 sees the fault only when rank 1's partial sum reaches it through the reduce-scatter.
     assert by_rank[0]["name"] == "layers.1.feed_forward_out.reduce_scatter.out"
     assert (by_rank[0]["step"], by_rank[0]["microbatch"]) == (by_rank[1]["step"], by_rank[1]["microbatch"])
+    con.close()
+    row = summary(db)
+    assert (row["first_rank"], row["first_step"], row["first_site"]) == (1, 1, "layers.1.feed_forward forward")
+
+
+def summary(db: Path) -> dict:
+    (row,) = query_rows(db, "summary")
+    return row
+
+
+def query_rows(db: Path, name: str) -> list[dict]:
+    return queries.run(db, name).records()
+
+
+def test_data_parallel_fault_on_rank_1_is_the_first_divergence_of_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Rank 0's gradients differ after the step's all-reduce; rank 1's forward differed before it."""
+    profile = tmp_path / "rank1.toml"
+    profile.write_text(one_flip(1))
+    dp2 = ["--nproc", "2", "--dp", "2", "--steps", "2", "--checkpoint-every", "0"]
+    golden = record(tmp_path / "golden", *dp2)
+    suspect = record(tmp_path / "suspect", *dp2, "--fault-profile", str(profile))
+    db = tmp_path / "study.duckdb"
+    capsys.readouterr()
+    assert main(["diff", "--golden", str(golden), "--suspect", str(suspect), "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    firsts = {r["rank"]: r for r in query_rows(db, "rq1_first_divergence_by_rank")}
+    assert firsts[0]["phase"] == "grad" and firsts[1]["phase"] == "forward", firsts
+    # The gradients are all-reduced after the step's microbatches: no microbatch, rather than a misleading 0.
+    assert firsts[0]["microbatch"] is None
+    con = duckdb.connect(str(db), read_only=True)
+    labels = con.sql("SELECT DISTINCT phase, microbatch FROM event_diffs WHERE phase IN ('grad', 'param')").fetchall()
+    con.close()
+    assert sorted(labels) == [("grad", None), ("param", None)]
+    assert firsts[1]["went_first"] and not firsts[0]["went_first"]
+    row = summary(db)
+    assert (row["first_rank"], row["first_step"], row["first_microbatch"], row["first_site"]) == (
+        1, 1, 0, "layers.1.feed_forward forward")
+    assert "first divergence: rank 1 (went first), step 1, microbatch 0, forward layers.1.feed_forward" in out, out
+    assert "first divergence: rank 0 (#2), step 1, the whole step, grad " in out, out
 
 
 def test_corruption_in_a_collective_is_told_apart_from_compute(runs: SimpleNamespace) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from analysis.load import SCHEMA_VERSION
 from analysis.queries import LIBRARY
 from faults import load_profile
 from pipelines.arguments import DiffRequest
@@ -152,7 +153,7 @@ def test_guard_decisions_are_the_guard_events(scored: tuple[Path, dict[str, Path
     # p_call = 1: every re-run is hit too, elsewhere, so no two runs agree and the policy skips both steps.
     assert [(s, o, a, n) for s, _, o, a, _, n, *_ in got] == [(10, "unresolved", "skip", 3), (11, "unresolved", "skip", 3)]
     assert guarded == [(10,), (11,)]
-    assert wall > 0 and schema == [(5,)]
+    assert wall > 0 and schema == [(SCHEMA_VERSION,)]
 
 
 def test_the_step_event_holds_the_norm_before_clipping(tmp_path: Path) -> None:

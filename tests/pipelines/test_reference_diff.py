@@ -12,7 +12,7 @@ import pytest
 
 from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET
 from tests.pipelines.conftest import FAULT_MICROBATCH, FAULT_SITE, FAULT_STEP
-from tracer.log import EventRecord, LogReader, Phase, TensorRecord, rank_dir
+from tracer.log import NO_MICROBATCH, EventRecord, LogReader, Phase, TensorRecord, rank_dir
 
 pytestmark = pytest.mark.slow  # runs a Beam job on runs recorded by a session fixture
 
@@ -52,13 +52,15 @@ def expected_tables(golden: Path, suspect: Path) -> tuple[list[tuple], list[tupl
         equal = gr is not None and sr is not None and gr.fingerprint == sr.fingerprint
         status = "equal" if equal else "differ" if gr and sr else "golden_only" if gr else "suspect_only"
         field = lambda r, f: getattr(r, f) if r is not None else None  # noqa: E731
-        row = (0, step, mb, name, Phase(phase).name.lower(), occurrence, status, equal,
+        # A parameter, and a gradient no microbatch was the last to change, belong to the whole step: null.
+        shown = None if Phase(phase) == Phase.PARAM or mb == NO_MICROBATCH else mb
+        row = (0, step, shown, name, Phase(phase).name.lower(), occurrence, status, equal,
                *(field(r, f) for f in ("fingerprint", "l2", "absmax", "nan", "inf") for r in (gr, sr)),
                (gr or sr).meta, field(ge, "segment"), field(ge, "offset"), field(se, "segment"), field(se, "offset"))
         rows.append(row)
         first = ge or se
         step_level = Phase(phase) in (Phase.GRAD, Phase.PARAM)
-        order[row] = (step, step_level, mb, ORDER.index(Phase(phase)), first.segment, first.offset)
+        order[row] = (step, step_level, 0 if step_level else mb, ORDER.index(Phase(phase)), first.segment, first.offset)
     steps = []
     for step in sorted({r[1] for r in rows}):
         mine = sorted((r for r in rows if r[1] == step), key=order.__getitem__)

@@ -26,7 +26,7 @@ from pipelines.pairing import differences, pair_id, validate_pair
 from pipelines.source import RankLayout, RunLayout, bucket_batches, describe_run
 from tests.pipelines.test_transforms import B, F, G, P, columns
 from tracer.errors import LogFormatError, ValidationError
-from tracer.log import SCHEMA_VERSION, LogWriter, Phase, RunHeader, rank_dir
+from tracer.log import NO_MICROBATCH, SCHEMA_VERSION, LogWriter, Phase, RunHeader, rank_dir
 
 
 def batch(records):
@@ -46,13 +46,15 @@ def test_repeated_calls_of_one_site_pair_up_in_log_order() -> None:
 
 
 def test_execution_order_puts_step_level_phases_after_every_microbatch() -> None:
-    golden = [(0, 0, "in", Phase.INPUT, 1), (0, 0, "a", F, 2), (0, 0, "a", B, 3), (0, 1, "a", F, 4), (0, 0, "w", G, 5),
-              (0, 0, "w", P, 6)]
+    # A gradient says the microbatch that last changed it (1), or none (an all-reduce after the microbatches).
+    none = NO_MICROBATCH
+    golden = [(0, 0, "in", Phase.INPUT, 1), (0, 0, "a", F, 2), (0, 0, "a", B, 3), (0, 1, "a", F, 4),
+              (0, none, "sum.all_reduce.out", G, 7), (0, 1, "w", G, 5), (0, 0, "w", P, 6)]
     suspect = [(0, 0, "in", Phase.INPUT, 1), (0, 0, "a", F, 2), (0, 0, "a", B, 3), (0, 1, "a", F, 40),
-               (0, 0, "w", G, 50), (0, 0, "w", P, 60)]
+               (0, none, "sum.all_reduce.out", G, 7), (0, 1, "w", G, 50), (0, 0, "w", P, 60)]
     result = diff_bucket(0, batch(golden), batch(suspect), bound=10)
     assert [(r[1], r[3]) for r in rows(result, "step", "microbatch", "name", "phase")] == [
-        (0, "input"), (0, "forward"), (0, "backward"), (1, "forward"), (0, "grad"), (0, "param")]
+        (0, "input"), (0, "forward"), (0, "backward"), (1, "forward"), (None, "grad"), (1, "grad"), (None, "param")]
     first = result.findings.first[1]
     assert (first["microbatch"], first["phase"], first["name"]) == (1, "forward", "a")
     (steps,) = result.divergence_steps.to_pylist()

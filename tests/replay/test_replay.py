@@ -214,3 +214,29 @@ def test_replay_cli_at_first_divergence(run_factory, one_site_profile: Path, tmp
                  "--mode", "lockstep", "--out", str(tmp_path / "r"), "--quiet"])
     text = capsys.readouterr().out
     assert code == 0 and "step     3: worst site mismatch frequency" in text and "1 injected fault" not in text
+
+
+@pytest.mark.slow
+def test_a_golden_log_of_schema_1_still_replays_with_every_fingerprint_checked(run_factory, tmp_path: Path) -> None:
+    """Schema 1 labelled every gradient microbatch 0, schema 2 the microbatch that last changed it: replay indexes a
+    step's gradients by name, so an old golden log's gradients are checked too, not silently skipped."""
+    import dataclasses
+
+    golden = run_factory("golden", "run.steps=3", "run.checkpoint_every=2")
+    old = tmp_path / "old"
+    shutil.copytree(golden, old)
+    reader = LogReader(rank_dir(golden, 0))
+    grads = 0
+    shutil.rmtree(rank_dir(old, 0))
+    with LogWriter(rank_dir(old, 0), dataclasses.replace(reader.header, schema_version=1)) as w:
+        for r in reader.records():
+            if isinstance(r, TensorRecord):
+                grads += r.phase == Phase.GRAD and r.microbatch != 0
+                w.write_tensor(dataclasses.replace(r, microbatch=0) if r.phase == Phase.GRAD else r)
+            else:
+                w.write_event(r)
+    assert grads > 0  # the small config accumulates two microbatches: schema 2 labels its gradients 1
+    checked = [Replayer(ReplayRequest(run, tmp_path / f"replay-{run.name}", parse_steps("2:3"), "param-sync",
+                                      progress=False), suspect_from_profile("healthy-node")).run().checked
+               for run in (golden, old)]
+    assert checked[0] == checked[1] > 0

@@ -72,6 +72,34 @@ def test_every_step_records_what_the_issue_lists(run_factory, small_cfg) -> None
     assert fwd == ["layers.0.attention", "layers.0.feed_forward", "layers.1.attention", "layers.1.feed_forward"]
     assert bwd == fwd[::-1]
     assert all(r.meta == "float32[2,32,128]" for r in tensors if r.phase == Phase.FORWARD)
+    # A gradient carries the microbatch whose backward last changed it; a parameter belongs to the step.
+    assert {r.microbatch for r in tensors if r.phase == Phase.GRAD} == {mbs - 1} and mbs > 1
+    assert {r.microbatch for r in tensors if r.phase == Phase.PARAM} == {0}
+
+
+def test_gradients_reduced_after_the_microbatches_carry_none(tmp_path: Path) -> None:
+    """A gradient all-reduce at the step's end (as a data-parallel workload's) leaves gradients that no
+    microbatch's backward was the last to change; a step without one labels them with its last microbatch."""
+    from tracer.collectives import observe
+    from tracer.log import NO_MICROBATCH
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Tracer(model, optimizer, out=tmp_path / "r", run=RunInfo("n"), options=TraceOptions(sites=r"\d")) as tr:
+        for step in range(2):
+            with tr.step(step):
+                for mb in range(3):
+                    tr.microbatch(mb)
+                    model(torch.ones(2, 4)).sum().backward()
+                if step == 1:
+                    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+                    observe("grads", "all_reduce", Phase.GRAD, "out", grads)
+                optimizer.step()
+                optimizer.zero_grad()
+    grads = {(r.step, r.name): r.microbatch for r in tensor_records(tmp_path / "r") if r.phase == Phase.GRAD}
+    assert {mb for (step, _), mb in grads.items() if step == 0} == {2}
+    assert {mb for (step, _), mb in grads.items() if step == 1} == {NO_MICROBATCH}
+    assert grads[(1, "grads.all_reduce.out")] == NO_MICROBATCH
 
 
 def test_header_carries_pairing_and_determinism_fields(run_factory, small_cfg) -> None:

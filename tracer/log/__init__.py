@@ -32,13 +32,14 @@ from tracer.log.reader import (
     read_segment,
     resumption_in,
 )
-from tracer.log.records import SCHEMA_VERSION, EndRecord, EventRecord, Phase, RunHeader, TensorRecord
+from tracer.log.records import NO_MICROBATCH, SCHEMA_VERSION, EndRecord, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.runlock import RunLock
 from tracer.log.sessions import Resumption, Sessions
 from tracer.log.writer import LogWriter
 
 __all__ = [
     "FORMAT_VERSION",
+    "NO_MICROBATCH",
     "SCHEMA_VERSION",
     "EndRecord",
     "Entry",

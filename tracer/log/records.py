@@ -18,12 +18,16 @@ from tracer.errors import LogFormatError
 
 # Version of what the records mean (header fields, event kinds). The byte layout has
 # its own FORMAT_VERSION in framing.py; see docs/log-format.md for when each moves.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a GRAD record's microbatch is the one whose backward last changed it, or NO_MICROBATCH
 
 # Bounds on values read from a file, checked where bytes become objects, before anything is
 # sized by them (docs/log-format.md, "Bounds"). A value beyond one is corruption, never data.
 MAX_STEP = 1 << 40  # optimizer steps (and `--steps`): far beyond any training run
 MAX_MICROBATCH = 1 << 20
+# A GRAD record's microbatch when no microbatch's backward was the last to change the gradient (a gradient
+# all-reduce at the step's end): after every microbatch of the step. The largest value the log stores; a training
+# loop's microbatch index stays below it. Tables show it as null.
+NO_MICROBATCH = MAX_MICROBATCH
 MAX_WORLD_SIZE = 1 << 20  # ranks of one run
 MAX_ELEMENTS = (1 << 63) - 1  # a tensor's NaN / Inf counts (int64)
 MAX_STRING_ID = (1 << 32) - 1
@@ -124,7 +128,7 @@ class TensorRecord:
     """One fingerprinted tensor; about 20 bytes on disk, as a row of a TENSOR_BLOCK (docs/log-format.md)."""
 
     step: int
-    microbatch: int
+    microbatch: int  # GRAD: the microbatch whose backward last changed it, or NO_MICROBATCH; PARAM: 0
     name: str
     phase: Phase
     fingerprint: int  # unsigned 64-bit
@@ -133,6 +137,11 @@ class TensorRecord:
     nan: int  # count of NaN elements
     inf: int  # count of Inf elements
     meta: str  # dtype and shape, e.g. "float32[8,64,128]"
+
+
+def describe_microbatch(microbatch: int) -> str:
+    """``microbatch N``, or what NO_MICROBATCH means, for messages."""
+    return "after every microbatch" if microbatch == NO_MICROBATCH else f"microbatch {microbatch}"
 
 
 @dataclass(frozen=True, slots=True)

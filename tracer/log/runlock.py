@@ -11,7 +11,9 @@ held by two processes at once). A process that launches ranks hands them its ope
 lock (file descriptor and path in ``SDC_RUN_LOCK``): the lock then lasts as long as
 any of them runs, and a rank that claims the directory recognises the lock as its
 own instead of failing on it. A job started by a user's own ``torchrun`` has no such
-parent: there rank 0 claims the directory and holds the lock while it records.
+parent: there the Tracer of rank 0 takes the lock while it records, as in any script. A process that
+already holds a run's lock (it claimed the directory, then traces into it) gets it
+again from `ensure`, as a view that leaves the lock to the first holder.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tracer.log.layout import LOCK_FILE
 
 ENV = "SDC_RUN_LOCK"  # "<fd>:<lock file>" of a lock a launched rank inherits
 _TRIES, _RETRY_S = 5, 0.01
+_HELD: dict[Path, int] = {}  # lock file (resolved) -> descriptor of the locks this process acquired and holds
 
 
 class RunLock:
@@ -56,7 +59,16 @@ class RunLock:
                              "or choose another --out") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
+        _HELD[path.resolve()] = fd
         return cls(path, fd, owned=True)
+
+    @classmethod
+    def ensure(cls, run: Path) -> RunLock:
+        """`acquire`, except that a lock this process already holds on ``run`` (it claimed the directory before it
+        traces into it) is handed back as a view that leaves releasing it to its holder."""
+        path = Path(run) / LOCK_FILE
+        fd = _HELD.get(path.resolve()) if path.exists() else None
+        return cls(path, fd, owned=False) if fd is not None else cls.acquire(run)
 
     def inherit(self) -> tuple[dict[str, str], tuple[int, ...]]:
         """(environment, file descriptors) that hand this lock to a launched process."""
@@ -67,6 +79,7 @@ class RunLock:
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None and self._owned:
+            _HELD.pop(self.path.resolve(), None)
             os.close(fd)  # closing the last descriptor of the open file drops the flock
 
     def __enter__(self) -> RunLock:
