@@ -26,8 +26,11 @@ def test_record_guard_stop_checkpoints_and_exits_with_its_own_status(
     args = ["record", "--out", str(out), "--steps", "3", "--quiet", "--fault-profile", str(tmp_path / "nan.toml"),
             "--checkpoint-every", "0", *SMALL_ARGS]
     assert main([*args, "--guard", "stop"]) == GuardStop.exit_code == 3
-    warning, err = capsys.readouterr().err.strip().split("\n")  # the default detectors' warm-up, said once
+    # The default detectors' warm-up, said once; the fault is in the LM head, which no default site holds: said
+    # once as untraced; then the guard's one error line.
+    warning, untraced, err = capsys.readouterr().err.strip().split("\n")
     assert warning.startswith("sdc: warning: the guard's spike detectors") and "loss_spike (the first 8" in warning
+    assert untraced.startswith("sdc: warning: a fault hit aten.mm.default in module output, which no traced site")
     assert err.startswith("sdc: error: step 1: the guard stopped training (deterministic: non_finite")
     assert list_checkpoints(out) == [1]
     (event,) = kinds(out, "guard")
