@@ -35,13 +35,15 @@ record_run(small_config(*sys.argv[2:]), sys.argv[1], node_label="node", progress
 
 
 def timeline(run: Path) -> list[tuple]:
-    """Every record, but the `step` events' wall times and the resume marker."""
+    """Every record, but the `step` events' wall times, the resume marker and whether an `rng` event stored its
+    state (the resumed process cannot tell that its first step's state is the checkpoint's, so it stores it: the
+    same state, once more)."""
     out = []
     for r in LogReader(rank_dir(run, 0)).records():
         if isinstance(r, TensorRecord):
             out.append(r)
         elif r.kind != RESUME:
-            out.append((r.kind, r.step, {k: v for k, v in r.fields.items() if k != "wall_s"}))
+            out.append((r.kind, r.step, {k: v for k, v in r.fields.items() if k not in ("wall_s", "stored")}))
     return out
 
 
