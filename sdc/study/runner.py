@@ -128,7 +128,8 @@ def run_jobs(jobs: list[Job], state: StudyState, finished: list[str], *, progres
             t0 = time.perf_counter()
             log.write(f"\n== {job.describe} ==\n")
             log.flush()
-            with contextlib.redirect_stdout(log):  # the terminal gets one line per job
+            # The terminal gets one line per job; what a job says (the sites it traces, warnings) goes to the log.
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 line = job.action()
             bar.write(f"{prefix}: {line} ({time.perf_counter() - t0:.1f} s)")
             finished.append(job.name)
