@@ -462,6 +462,12 @@ class Tracer:
         self._losses.append(v)
         self._hold_or_write(EventRecord("loss", step, {"microbatch": mb, "loss": v}))
 
+    def restored(self) -> None:
+        """Training state was just restored from one of this run's checkpoints (a resumed recording): the global
+        RNG is what a replay from that checkpoint has, so the next step's ``rng`` event need not store it."""
+        if self._rng is not None:
+            self._rng.rebuilt_here()
+
     def checkpoint(
         self, step: int, data: Mapping[str, Any] | None = None, states: Mapping[str, Stateful] | None = None
     ) -> Path:

@@ -157,6 +157,7 @@ def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[i
     with continued, tracer, node:
         if first is not None:  # last, so that nothing between it and the step draws from the restored RNGs
             load_checkpoint(request.out, first, rank).restore(w.model, w.optimizer, w.states())
+            tracer.restored()
         for step in bar:
             if every and step % every == 0 and step == first:
                 tracer.event("checkpoint", at_step=step, rank=rank)  # saved before the crash: logged, not rewritten

@@ -35,15 +35,13 @@ record_run(small_config(*sys.argv[2:]), sys.argv[1], node_label="node", progress
 
 
 def timeline(run: Path) -> list[tuple]:
-    """Every record, but the `step` events' wall times, the resume marker and whether an `rng` event stored its
-    state (the resumed process cannot tell that its first step's state is the checkpoint's, so it stores it: the
-    same state, once more)."""
+    """Every record, but the `step` events' wall times and the resume marker."""
     out = []
     for r in LogReader(rank_dir(run, 0)).records():
         if isinstance(r, TensorRecord):
             out.append(r)
         elif r.kind != RESUME:
-            out.append((r.kind, r.step, {k: v for k, v in r.fields.items() if k not in ("wall_s", "stored")}))
+            out.append((r.kind, r.step, {k: v for k, v in r.fields.items() if k != "wall_s"}))
     return out
 
 
