@@ -45,9 +45,9 @@ def bench_guard_overhead(steps: int, config: str | None = None) -> float:
     own: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         run = RunInfo("bench", config=cfg.to_dict())
-        with Tracer(traced.model, traced.optimizer, out=Path(tmp) / "traced", run=run) as t_plain, \
+        with Tracer(traced.model, traced.optimizer, out=Path(tmp) / "traced", run=run, echo=None) as t_plain, \
                 Tracer(guarded.model, guarded.optimizer, out=Path(tmp) / "guarded", run=run,
-                       guard=default_guard()) as t_guard:
+                       guard=default_guard(), echo=None) as t_guard:
             timed(t_guard._guard, own)
             steps_timed = interleave({"traced": traced_step(traced, t_plain), "guarded": traced_step(guarded, t_guard)},
                                      steps)
@@ -99,7 +99,7 @@ def run_evidence(config: str | None, steps: int, seed: int, profile: str | None 
     guard = Guard(detectors=(recorder, UpdateRmsSpike(factor=1e30)))
     with tempfile.TemporaryDirectory() as tmp:
         tracer = Tracer(w.model, w.optimizer, out=Path(tmp) / "run", run=RunInfo("rates", config=cfg.to_dict()),
-                        guard=guard)
+                        guard=guard, echo=None)
         node = emulated_node(tracer, w.model, fault_profile=load_profile(profile) if profile else None)
         with tracer, node:
             for step in range(steps):

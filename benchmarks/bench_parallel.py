@@ -32,7 +32,7 @@ def steps_side_by_side(config: dict[str, Any], steps: int, out: str) -> dict[str
     cfg = Config.from_dict(config)
     plain, traced = build(cfg), build(cfg)
     with Tracer(traced.model, traced.optimizer, out=out, run=RunInfo("bench", config=cfg.to_dict()),
-                parallel=traced.layout) as tracer:
+                parallel=traced.layout, echo=None) as tracer:
         timed = side_by_side(plain, traced, tracer, steps)
     return {"plain": timed.median("untraced"), "traced": timed.median("traced"),
             "ratio": timed.ratio("traced", "untraced"), "steps": len(timed.seconds["traced"])}

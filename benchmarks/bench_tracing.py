@@ -60,7 +60,7 @@ def tracing_overhead(
     plain, traced = build(cfg, device), build(cfg, device)
     with tempfile.TemporaryDirectory() as tmp:
         run = RunInfo("bench", config=cfg.to_dict())
-        with Tracer(traced.model, traced.optimizer, out=out or Path(tmp) / "run", run=run) as tracer:
+        with Tracer(traced.model, traced.optimizer, out=out or Path(tmp) / "run", run=run, echo=None) as tracer:
             timed = side_by_side(plain, traced, tracer, steps)
     label = config + "".join(f" {o}" for o in overrides)
     return Overhead(label, sum(p.numel() for p in traced.model.parameters()), timed)

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tracers = {
             n: Tracer(w.model, w.optimizer, out=Path(tmp) / n.replace(" ", "-"),
-                      run=RunInfo("bench", config=cfg.to_dict()))
+                      run=RunInfo("bench", config=cfg.to_dict()), echo=None)
             for n, w in zip(names, workloads) if n.endswith("traced")
         }
         for tracer in tracers.values():

@@ -71,7 +71,8 @@ def bench_interceptor_overhead(steps: int, config: str | None) -> tuple[float, f
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         tracers = [
             stack.enter_context(
-                Tracer(w.model, w.optimizer, out=Path(tmp) / name, run=RunInfo("bench", config=cfg.to_dict()))
+                Tracer(w.model, w.optimizer, out=Path(tmp) / name, run=RunInfo("bench", config=cfg.to_dict()),
+                       echo=None)
             )
             for w, name in zip(workloads, names)
         ]
