@@ -18,7 +18,7 @@ from typing import Any
 
 from timing import side_by_side
 
-from tracer.launch import launch
+from jobs.launch import launch
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
 from workload.config import Config, load_config

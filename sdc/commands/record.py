@@ -19,7 +19,7 @@ from sdc.commands._common import (
 )
 from tracer.errors import ConfigError
 from tracer.guard import Policy
-from tracer.launch import launch
+from jobs.launch import launch
 from tracer.log import claim_out_dir
 from tracer.log.claim import reclaim_out_dir
 from tracer.options import CapturePolicy, TraceOptions

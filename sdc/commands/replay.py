@@ -11,7 +11,7 @@ from replay.engine import MODES, ReplayRequest, parse_steps, replay, suspect_fro
 from replay.golden import check_rank_logs
 from tracer.compare import compare_runs
 from tracer.errors import UsageError
-from tracer.launch import launch, max_local_ranks
+from jobs.launch import launch, max_local_ranks
 from tracer.log import LogReader, claim_out_dir, rank_dir
 
 

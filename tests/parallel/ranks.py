@@ -1,4 +1,4 @@
-"""Targets the multi-rank tests launch in every rank (``tracer.launch``); they return JSON."""
+"""Targets the multi-rank tests launch in every rank (``jobs.launch``); they return JSON."""
 
 from __future__ import annotations
 

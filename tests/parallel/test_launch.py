@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tracer.errors import CaptureError, UsageError
-from tracer.launch import launch, max_local_ranks
+from jobs.launch import launch, max_local_ranks
 from tracer.log import claim_out_dir
 
 

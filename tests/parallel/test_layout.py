@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support import small_config
-from tracer.launch import launch
+from jobs.launch import launch
 from workload.protocol import run_step
 from workload.reference import build
 

@@ -2,7 +2,7 @@
 
     results = launch("sdc.commands.record:record_rank", {"config": cfg.to_dict(), ...}, nproc=4)
 
-Each rank is a fresh Python process (``python -m tracer.launch SPEC``) with torchrun's
+Each rank is a fresh Python process (``python -m jobs.launch SPEC``) with torchrun's
 environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the code it
 runs is the code a user's own ``torchrun`` job runs. It joins a gloo process group and
 calls the target (``module:function``) with the spec's JSON arguments; what the
@@ -75,7 +75,7 @@ def launch(target: str, kwargs: Mapping[str, Any], nproc: int, *, timeout_s: flo
                     "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                     **lock_env,
                 }
-                procs.append(subprocess.Popen([sys.executable, "-m", "tracer.launch", str(spec)], env=env,
+                procs.append(subprocess.Popen([sys.executable, "-m", "jobs.launch", str(spec)], env=env,
                                               pass_fds=lock_fds))
             failed = _wait(procs)
         finally:
