@@ -31,7 +31,7 @@ from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
 from workload.config import load_config
 from workload.protocol import run_step
-from workload.record import record_run
+from jobs.record import record_run
 from workload.reference import build
 
 KINDS = {

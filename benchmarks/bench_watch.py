@@ -28,7 +28,7 @@ from tracer.log import EventRecord, LogReader, LogWriter, TensorRecord, rank_dir
 from tracer.log.follow import POLL_S
 from tracer.log.runlock import RunLock
 from workload.config import load_config
-from workload.record import record_run
+from jobs.record import record_run
 
 DIVERGE_AT = 6
 

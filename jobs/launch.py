@@ -1,6 +1,6 @@
 """Start the ranks of a job on this machine, as torchrun would, and report a failed rank in one line.
 
-    results = launch("sdc.commands.record:record_rank", {"config": cfg.to_dict(), ...}, nproc=4)
+    results = launch("jobs.record:record_rank", {"config": cfg.to_dict(), "request": request.to_json()}, nproc=4)
 
 Each rank is a fresh Python process (``python -m jobs.launch SPEC``) with torchrun's
 environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the code it

@@ -19,7 +19,7 @@ def small_cfg() -> Config:
 @pytest.fixture
 def run_factory(tmp_path: Path):
     """Record small real runs by name: ``run_factory("golden", "train.seed=1")``."""
-    from workload.record import record_run
+    from jobs.record import record_run
 
     def make(name: str, *overrides: str, **kwargs) -> Path:
         out = tmp_path / name
@@ -32,7 +32,7 @@ def run_factory(tmp_path: Path):
 @pytest.fixture(scope="session")
 def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small pretraining run, finished, with its final checkpoint."""
-    from workload.record import record_run
+    from jobs.record import record_run
 
     out = tmp_path_factory.mktemp("pretrained") / "golden"
     record_run(small_config(), out, node_label="golden", progress=False)

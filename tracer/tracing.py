@@ -81,6 +81,7 @@ from tracer.intercept import own_ops, workload_ops
 from tracer.log import rank_dir
 from tracer.log.records import MAX_STEP, NO_MICROBATCH, SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.runlock import RunLock
+from tracer.log.sessions import Resumption
 from tracer.log.writer import HeaderAtFirstFlush
 from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
@@ -127,7 +128,8 @@ class Tracer:
     that sink (no files are written): replay uses this to check a re-execution against
     a recorded log. ``parallel`` is the rank layout of a multi-rank run. ``guard`` checks each
     step before the optimizer uses it and re-runs a flagged one (`tracer.guard.Guard`). ``echo`` is told
-    the traced sites once, when rank 0 starts writing a run (default: stderr; None: nothing).
+    the traced sites once, when rank 0 starts writing a run (default: stderr; None: nothing). ``resume``
+    continues this rank's crashed log in ``out`` instead of starting one (`tracer.log.resume`).
     """
 
     def __init__(
@@ -142,6 +144,7 @@ class Tracer:
         parallel: Layout | None = None,
         guard: Guard | None = None,
         echo: Callable[[str], None] | None = _to_stderr,
+        resume: Resumption | None = None,
     ) -> None:
         if (out is None) == (sink is None):
             raise CaptureError("give the Tracer exactly one of out (a run directory) or sink")
@@ -236,6 +239,7 @@ class Tracer:
         self._paused = False
         self._echo = echo
         self._lock: RunLock | None = None
+        self._resume = resume
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
@@ -258,6 +262,7 @@ class Tracer:
                     self._final_header,
                     segment_bytes=self.options.segment_bytes,
                     open_file=lambda path: AsyncFile(path, io),
+                    resume=self._resume,
                 )
             self._io = io
             self._site_hooks = SiteHooks(

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from tracer.errors import ConfigError
-from workload.config import Config, load_config, shipped_configs
+from workload.config import load_config, shipped_configs
 from workload.protocol import load_workload_config
 
 
@@ -37,14 +37,6 @@ def add_workload_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def workload_config_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """A user workload's config: the --config TOML file (or empty) with --set and --steps applied."""
-    overrides = list(args.overrides)
-    if args.steps is not None:
-        overrides.append(f"run.steps={args.steps}")
-    return load_workload_config(args.config, overrides)
-
-
 def add_device_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device",
@@ -65,13 +57,21 @@ def add_parallel_options(p: argparse.ArgumentParser) -> None:
                    help="seconds a rank may wait in one collective before the job fails (default 300)")
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
+def config_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+    """The config a job builds the workload from, with --set and --steps applied, and how many ranks run it.
+
+    For the reference workload: the validated `Config` (--config, default tiny) with the rank layout of --nproc,
+    --tp, --dp and --sp; for a user workload (--workload): its --config TOML file (or empty) as a dict, on
+    --nproc ranks (default 1)."""
     overrides = list(args.overrides)
     if args.steps is not None:
         overrides.append(f"run.steps={args.steps}")
+    if args.workload is not None:
+        return load_workload_config(args.config, overrides), args.nproc or 1
     if any(getattr(args, k, None) not in (None, False) for k in ("nproc", "tp", "dp", "sp")):
         overrides += _layout_overrides(args)
-    return load_config(args.config, overrides)
+    cfg = load_config(args.config, overrides)
+    return cfg.to_dict(), cfg.parallel.dp * cfg.parallel.tp
 
 
 def _layout_overrides(args: argparse.Namespace) -> list[str]:
@@ -88,7 +88,3 @@ def _layout_overrides(args: argparse.Namespace) -> list[str]:
         raise ConfigError("--sp splits the sequence over tensor-parallel ranks; give --tp 2 or more with it")
     overrides = [f"parallel.dp={dp}", f"parallel.tp={tp}"]
     return [*overrides, "parallel.sp=true"] if args.sp else overrides
-
-
-def ranks(cfg: Config) -> int:
-    return cfg.parallel.dp * cfg.parallel.tp

@@ -5,26 +5,21 @@ from __future__ import annotations
 import argparse
 import socket
 from pathlib import Path
-from typing import Any, get_args
+from typing import get_args
 
 from faults import load_profile, shipped_profiles
+from jobs.record import RecordRequest, record
 from sdc.commands._common import (
     add_config_options,
     add_device_option,
     add_parallel_options,
     add_workload_option,
     config_from_args,
-    ranks,
-    workload_config_from_args,
 )
 from tracer.errors import ConfigError
 from tracer.guard import Policy
-from jobs.launch import launch
-from tracer.log import claim_out_dir
-from tracer.log.claim import reclaim_out_dir
 from tracer.options import CapturePolicy, TraceOptions
 from workload.protocol import REFERENCE
-from workload.record import RecordRequest, record
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -94,43 +89,16 @@ def run(args: argparse.Namespace) -> int:
         fault_profile=load_profile(args.fault_profile) if args.fault_profile is not None else None,
         fault_seed=args.fault_seed, abft=args.abft, device=args.device, guard=args.guard, resume=args.resume,
     )
-    config, n = config_and_ranks(args)
-    summary = record_on_ranks(config, request, n, args.rank_timeout)
-    steps = summary["steps"]
-    resumed = "" if summary.get("resumed_from") is None else f" (resumed at step {summary['resumed_from']})"
+    config, n = config_from_args(args)
+    summary = record(config, request, nproc=n, rank_timeout=args.rank_timeout)
+    steps = summary.steps
+    resumed = "" if summary.resumed_from is None else f" (resumed at step {summary.resumed_from})"
     print(
         f"recorded {steps} step{'' if steps == 1 else 's'}{resumed} on {n} rank{'' if n == 1 else 's'} "
-        f"to {args.out} (final loss {summary['final_loss']:.4f}, {summary['wall_s']:.1f} s)\n"
+        f"to {args.out} (final loss {summary.final_loss:.4f}, {summary.wall_s:.1f} s)\n"
         f"next: sdc inspect {args.out}"
     )
     return 0
-
-
-def config_and_ranks(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
-    """The config the workload is built from, and how many ranks record it."""
-    if args.workload is None:
-        cfg = config_from_args(args)
-        return cfg.to_dict(), ranks(cfg)
-    return workload_config_from_args(args), args.nproc or 1
-
-
-def record_on_ranks(config: dict[str, Any], request: RecordRequest, n: int, rank_timeout: float) -> dict[str, Any]:
-    """Record on ``n`` ranks (in this process when ``n`` is 1); rank 0's summary."""
-    if n == 1:
-        return record_rank(config, request.to_json())
-    job = {"config": config, "request": request.to_json()}
-    # Claimed before the ranks start, so a refusal is quick; every rank inherits the lock.
-    claim = (reclaim_out_dir(request.out, role="train") if request.resume
-             else claim_out_dir(request.out, role="train", overwrite=request.overwrite))
-    with claim as lock:
-        return launch("sdc.commands.record:record_rank", job, n, timeout_s=rank_timeout, lock=lock)[0]
-
-
-def record_rank(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
-    """One rank of `sdc record` (all of it with --nproc 1): what the launcher runs in each process."""
-    summary = record(config, RecordRequest.from_json(request))
-    return {"steps": summary.steps, "final_loss": summary.final_loss, "wall_s": summary.wall_s,
-            "resumed_from": summary.resumed_from}
 
 
 def _int_list(text: str) -> list[int]:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 
-from sdc.commands._common import add_config_options, add_device_option, add_parallel_options, add_workload_option
-from sdc.commands.record import config_and_ranks, record_on_ranks
-from tracer.compare import compare_runs
+from jobs.verify import verify_determinism
+from sdc.commands._common import (
+    add_config_options,
+    add_device_option,
+    add_parallel_options,
+    add_workload_option,
+    config_from_args,
+)
 from workload.protocol import REFERENCE
-from workload.record import RecordRequest
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,14 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config, n = config_and_ranks(args)
-    with tempfile.TemporaryDirectory(prefix="sdc-verify-") as tmp:
-        root = args.keep or Path(tmp)
-        for name in ("a", "b"):
-            request = RecordRequest(out=root / name, node_label=f"verify-{name}", workload=args.workload or REFERENCE,
-                                    overwrite=True, progress=not args.quiet, device=args.device)
-            record_on_ranks(config, request, n, args.rank_timeout)
-        result = compare_runs(root / "a", root / "b")
+    config, n = config_from_args(args)
+    result = verify_determinism(config, workload=args.workload or REFERENCE, device=args.device, nproc=n,
+                                rank_timeout=args.rank_timeout, keep=args.keep, progress=not args.quiet)
     if result.first is None:
         print(f"bit-identical: {result.events:,} tensor events over {result.steps} steps"
               + (f" on {n} ranks" if n > 1 else ""))

@@ -36,7 +36,7 @@ from pipelines.arguments import DiffRequest
 from replay.engine import ReplayRequest, replay
 from sdc.study.config import Finetune, Study
 from tracer.errors import UsageError
-from workload.record import record_run
+from jobs.record import record_run
 
 STATE = "study-state.json"
 LOG = "study.log"

@@ -23,7 +23,7 @@ from faults import load_profile
 from replay.engine import Replayer, ReplayRequest, parse_steps, suspect_from_profile
 from sdc.cli import main
 from tests.support import small_config
-from workload.record import record_run
+from jobs.record import record_run
 
 NODE_7 = """
 description = "test node: a burst of scaled results (steps 1-2), a last-bit flip (step 4), a blown-up LM head (step 5)"

@@ -8,7 +8,7 @@ import pytest
 
 from faults import FaultProfile, load_profile
 from tests.support import small_config
-from workload.record import record_run
+from jobs.record import record_run
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from sdc.cli import main
 from tests.faults.support import events
 from tests.support import small_config
 from tracer.errors import ConfigError
-from workload.record import record_run
+from jobs.record import record_run
 
 WINDOW = 24  # steps of the fleet study's RQ1 lockstep window
 

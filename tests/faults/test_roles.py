@@ -15,7 +15,7 @@ from tests.support import TINY_FINETUNE, small_config
 from tracer.checkpoint import load_checkpoint
 from tracer.errors import ConfigError
 from workload.finetune import finetune_run
-from workload.record import record_run
+from jobs.record import record_run
 
 
 def test_roles_default_to_every_role_and_are_validated(write_profile) -> None:

@@ -46,7 +46,7 @@ def stuck_logit(tmp: Path, step: int, *, persistent: bool, p_call: float = 1.0,
 
 def record_guarded(out: Path, guard: Guard | None, steps: int, profile: FaultProfile | None = None,
                    fault_seed: int = 0) -> list[float]:
-    """What `workload.record` does, with any guard: train ``steps`` steps (a checkpoint before the first)."""
+    """What `jobs.record` does, with any guard: train ``steps`` steps (a checkpoint before the first)."""
     w = build(small_config(f"run.steps={steps}", "run.checkpoint_every=0"))
     run = RunInfo(out.name, config=w.config, seed=w.seed, data_order_fingerprint=w.data_order_fingerprint)
     tracer = Tracer(w.model, w.optimizer, out=out, run=run, guard=guard)

@@ -28,7 +28,7 @@ WRONG = ["x", -1, 2**64 - 1, -(2**63), 1.5, None, True, [1], {"a": 1}, b"\x00", 
 @pytest.fixture(scope="module")
 def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.support import small_config
-    from workload.record import record_run
+    from jobs.record import record_run
 
     out = tmp_path_factory.mktemp("fuzz") / "golden"
     from tracer.options import TraceOptions

@@ -27,7 +27,7 @@ from tracer.options import RunInfo
 from tracer.tracing import Tracer
 from workload.config import Config
 from workload.protocol import run_step
-from workload.record import record_run
+from jobs.record import record_run
 from workload.reference import build
 
 FAULT_STEP, FAULT_MICROBATCH, FAULT_SITE = 2, 1, "layers.1.attention"

@@ -20,7 +20,7 @@ from tracer.guard import Evidence, GradNormSpike, History, LossSpike, NonFinite,
 from tracer.guard.evidence import step_fingerprint
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord, Phase, TensorRecord
-from workload.record import record_run
+from jobs.record import record_run
 
 STEPS = 14  # the loss-spike profile corrupts steps 10 and 11; LossSpike needs 8 accepted steps first
 IN_MEMORY = ["--direct_running_mode=in_memory"]

@@ -25,7 +25,7 @@ from tracer.checkpoint import list_checkpoints, load_checkpoint
 from tracer.errors import ValidationError
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
-from workload.record import record_run
+from jobs.record import record_run
 
 pytestmark = pytest.mark.slow
 

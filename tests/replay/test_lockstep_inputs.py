@@ -12,7 +12,7 @@ from replay.engine import Replayer, ReplayRequest, parse_steps, suspect_from_pro
 from tests.replay import torch_transformer
 from tests.support import events
 from tracer.options import TraceOptions
-from workload.record import record_run
+from jobs.record import record_run
 
 STEP = 1
 

@@ -15,7 +15,7 @@ from tracer.errors import LogCorruptionError
 from tracer.log import EventRecord, LogReader, LogWriter, LostRange, RecordType, TornTailWarning, rank_dir
 from tracer.log.follow import LogFollower, Resumed
 from tracer.log.reader import Entry
-from tracer.log.resume import log_end, resuming
+from tracer.log.resume import log_end
 from tracer.log.runlock import RunLock
 from tracer.log.sessions import Resumption
 
@@ -152,8 +152,8 @@ def test_a_resumption_is_announced_and_its_records_follow(run: Path) -> None:
 
     lock = RunLock.acquire(run)
     end = log_end(rank_dir(run, 0))
-    with resuming(rank_dir(run, 0), Resumption(end.segments, 5, end.records, end.last_step)):
-        w = LogWriter(rank_dir(run, 0), HEADER, segment_bytes=2000)
+    w = LogWriter(rank_dir(run, 0), HEADER, segment_bytes=2000,
+                  resume=Resumption(end.segments, 5, end.records, end.last_step))
     assert follower.state == "writing"
     write_steps(w, range(5, 10))
     w.close()
@@ -184,9 +184,8 @@ def test_a_follower_started_after_a_resumption_yields_the_timeline(run: Path) ->
     write_steps(w, range(7))
     w.abandon()
     end = log_end(rank_dir(run, 0))
-    with resuming(rank_dir(run, 0), Resumption(end.segments, 5, end.records, end.last_step)):
-        with LogWriter(rank_dir(run, 0), HEADER) as w:
-            write_steps(w, range(5, 9))
+    with LogWriter(rank_dir(run, 0), HEADER, resume=Resumption(end.segments, 5, end.records, end.last_step)) as w:
+        write_steps(w, range(5, 9))
     items = list(LogFollower(rank_dir(run, 0)).follow(poll_s=0.001, idle_timeout_s=5))
     timeline = [r for r in LogReader(rank_dir(run, 0)).records() if getattr(r, "kind", None) != "resume"]
     assert records(items) == steps_records(range(9)) == timeline

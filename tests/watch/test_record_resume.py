@@ -17,7 +17,7 @@ from tracer.compare import compare_runs
 from tracer.errors import UsageError
 from tracer.log import EventRecord, LogReader, TensorRecord, rank_dir
 from tracer.log.sessions import RESUME
-from workload.record import record_run
+from jobs.record import record_run
 
 pytestmark = pytest.mark.slow  # records three small runs, one in a subprocess that dies
 
@@ -26,7 +26,7 @@ STEPS = ["run.steps=8", "run.checkpoint_every=3"]
 DIES = """
 import os, sys
 from tests.support import small_config
-from workload.record import record_run
+from jobs.record import record_run
 def die(step, loss):
     if step == 5:
         os._exit(9)

@@ -10,7 +10,7 @@ import pytest
 from tests.watch.support import HEADER, step_records, uninterrupted, write_steps
 from tracer.errors import UsageError
 from tracer.log import EventRecord, LogReader, LogWriter, TornTailWarning
-from tracer.log.resume import log_end, resuming
+from tracer.log.resume import log_end
 from tracer.log.sessions import RESUME, Resumption
 
 
@@ -29,9 +29,9 @@ def crash(directory: Path, steps: range, *, torn: bytes = b"", **kwargs) -> None
 def resume(directory: Path, steps: range, **kwargs) -> None:
     """Continue from the checkpoint of `steps.start`, as `sdc record --resume` does, and finish."""
     end = log_end(directory)
-    with resuming(directory, Resumption(end.segments, steps.start, end.records, end.last_step)):
-        with LogWriter(directory, HEADER, **kwargs) as w:
-            write_steps(w, steps)
+    with LogWriter(directory, HEADER, resume=Resumption(end.segments, steps.start, end.records, end.last_step),
+                   **kwargs) as w:
+        write_steps(w, steps)
 
 
 def timeline(directory: Path) -> tuple[list, LogReader]:
@@ -61,10 +61,9 @@ def test_a_log_resumed_twice_supersedes_from_the_earliest_later_checkpoint(tmp_p
     log = tmp_path / "thrice"
     crash(log, range(8))
     end = log_end(log)
-    with resuming(log, Resumption(end.segments, 5, end.records)):
-        w = LogWriter(log, HEADER)
-        write_steps(w, range(5, 11))
-        w.abandon()
+    w = LogWriter(log, HEADER, resume=Resumption(end.segments, 5, end.records))
+    write_steps(w, range(5, 11))
+    w.abandon()
     resume(log, range(10, 16))
     found, reader = timeline(log)
     assert found == expected and reader.status.complete

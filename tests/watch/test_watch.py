@@ -12,7 +12,7 @@ from sdc.cli import main
 from sdc.commands.watch import EXIT_DIVERGED, EXIT_IDENTICAL, EXIT_INCOMPLETE, Watch, WatchOptions
 from tests.watch.support import HEADER, steps_records, uninterrupted, write_steps
 from tracer.log import LogWriter, TensorRecord, rank_dir
-from tracer.log.resume import log_end, resuming
+from tracer.log.resume import log_end
 from tracer.log.runlock import RunLock
 from tracer.log.sessions import Resumption
 
@@ -98,10 +98,10 @@ def test_a_crashed_writer_is_waited_for_and_its_resumption_compared_again(tmp_pa
 
     with RunLock.acquire(suspect):  # `sdc record --resume`, from the checkpoint of step 5, on a node gone bad
         end = log_end(rank_dir(suspect, 0))
-        with resuming(rank_dir(suspect, 0), Resumption(end.segments, 5, end.records, end.last_step)):
-            with LogWriter(rank_dir(suspect, 0), HEADER) as w:
-                for r in flipped(range(5, 12), (6, "layers.0.attention")):
-                    w.write_tensor(r) if isinstance(r, TensorRecord) else w.write_event(r)
+        resume = Resumption(end.segments, 5, end.records, end.last_step)
+        with LogWriter(rank_dir(suspect, 0), HEADER, resume=resume) as w:
+            for r in flipped(range(5, 12), (6, "layers.0.attention")):
+                w.write_tensor(r) if isinstance(r, TensorRecord) else w.write_event(r)
     watcher.join(120)
     text = out.getvalue()
     assert result == [EXIT_DIVERGED], text

@@ -15,7 +15,7 @@ from tests.support import ONE_FLIP, events, small_config
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord, TensorRecord
 from workload.protocol import Workload
-from workload.record import record_run
+from jobs.record import record_run
 from workload.sharpness import EXACT, FINITE_DIFFERENCE, sharpness
 
 

@@ -17,7 +17,7 @@ from tests.support import events, small_config  # noqa: E402
 from tracer.blobs import BlobStore  # noqa: E402
 from tracer.fingerprint import fingerprint  # noqa: E402
 from tracer.log import LogReader, Phase, TensorRecord, rank_dir  # noqa: E402
-from workload.record import record_run  # noqa: E402
+from jobs.record import record_run  # noqa: E402
 
 STEPS = 4  # checkpoints before steps 0 and 2 (SMALL); steps 1 and 3 are plain steps
 CAPTURED = r"layers\.1\.attention"

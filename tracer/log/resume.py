@@ -1,8 +1,8 @@
-"""Continue a crashed log: where it stands, and handing a resumption to the writer that code you call opens.
+"""Continue a crashed log: where it stands, for the writer that continues it.
 
     end = log_end(rank_dir(run, rank))                  # segments, records, last completed step
-    with resuming(rank_dir(run, rank), Resumption(end.segments, step=10, records=end.records)):
-        ...a LogWriter opened in that directory continues its log (the Tracer's, say)...
+    resume = Resumption(end.segments, step=10, records=end.records, last_step=end.last_step)
+    Tracer(model, optimizer, out=run, run=info, resume=resume)  # or LogWriter(rank_dir(run, rank), header, resume=resume)
 
 The writer appends segment files after the last one and never rewrites a byte; its
 first segment starts with the ``resume`` marker (`tracer.log.sessions`).
@@ -11,16 +11,12 @@ first segment starts with the ``resume`` marker (`tracer.log.sessions`).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracer.errors import UsageError
 from tracer.log.layout import list_segments
 from tracer.log.reader import LogReader, LogStatus, TornTailWarning, _load, _Segment
 from tracer.log.records import EventRecord
-from tracer.log.sessions import Resumption
 
 
 @dataclass(frozen=True)
@@ -56,24 +52,3 @@ def _records(segments: list[tuple[int, Path]]) -> int:
         if seg.first_record is not None:
             return seg.first_record + seg.data_records
     return 0
-
-
-_PENDING: dict[Path, Resumption] = {}
-
-
-@contextmanager
-def resuming(directory: Path, resumption: Resumption) -> Iterator[None]:
-    """Inside, a LogWriter opened in `directory` without ``resume`` continues its log as `resumption` says."""
-    key = Path(directory).resolve()
-    if key in _PENDING:
-        raise UsageError(f"{directory}: already being resumed in this process")
-    _PENDING[key] = resumption
-    try:
-        yield
-    finally:
-        del _PENDING[key]
-
-
-def pending_resumption(directory: Path) -> Resumption | None:
-    """The resumption `resuming` set for `directory`, if any."""
-    return _PENDING.get(Path(directory).resolve()) if _PENDING else None

@@ -45,7 +45,6 @@ from tracer.log.records import (
     RunHeader,
     TensorRecord,
 )
-from tracer.log.resume import pending_resumption
 from tracer.log.sessions import Resumption, marker
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
@@ -77,7 +76,6 @@ class LogWriter:
         open_file: Callable[[Path], BinaryIO] | None = None,
         resume: Resumption | None = None,
     ) -> None:
-        resume = resume or pending_resumption(directory)
         self.directory = _claim(directory, header, segment_bytes, resume)
         self._header = header
         self._open_file = open_file or (lambda path: open(path, "xb", buffering=_BUFFER_BYTES))
@@ -294,7 +292,7 @@ class HeaderAtFirstFlush:
         open_file: Callable[[Path], BinaryIO] | None = None,
         resume: Resumption | None = None,
     ) -> None:
-        self._resume = resume or pending_resumption(directory)
+        self._resume = resume
         self.directory = _claim(directory, header(), segment_bytes, self._resume)
         self._header = header
         self._segment_bytes = segment_bytes

@@ -1,17 +1,21 @@
-"""Record any workload: train it deterministically under a Tracer into a run directory.
+"""The record job: train any workload deterministically under a Tracer into a run directory.
 
     summary = record(cfg.to_dict(), RecordRequest(out=Path("runs/a"), node_label="node-a"))
-    summary = record(config, RecordRequest(out=..., node_label=..., workload="my_pkg.train:build"))
+    summary = record(config, RecordRequest(out=..., node_label=..., workload="my_pkg.train:build"), nproc=4)
 
-This is what ``sdc record`` runs on every rank. The workload comes from the factory
-the request names (`workload.protocol`), the reference one by default; with a fault
-profile or ABFT the node plays an unhealthy one (`faults.node`), and the header's
-``extra`` records both while its pairing fields stay those of the healthy twin.
+This is what ``sdc record`` and ``sdc verify-determinism`` run. The job claims the run
+directory once (`tracer.log.claim`), then records on one rank in this process, or on
+``nproc`` ranks launched by `jobs.launch`, which inherit the claim's lock and get the
+request as JSON (`record_rank`). The workload comes from the factory the request
+names (`workload.protocol`), the reference one by default; with a fault profile or
+ABFT the node plays an unhealthy one (`faults.node`), and the header's ``extra``
+records both while its pairing fields stay those of the healthy twin.
 
 With ``resume`` a crashed recording goes on: training restarts from the newest
 checkpoint that every rank has and that the log reaches (`resume_step`), and each
-rank's log is continued, not rewritten (`tracer.log.resume`): the steps recorded
-since that checkpoint are recorded again and supersede the first recording.
+rank's log is continued, not rewritten (`tracer.log.resume`, the Tracer's ``resume``):
+the steps recorded since that checkpoint are recorded again and supersede the first
+recording.
 
 With ``sharpness=K`` every checkpoint step also logs a ``sharpness`` event: the top Hessian
 eigenvalue of the state the checkpoint holds (`workload.sharpness`, K iterations), computed
@@ -23,7 +27,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ from tqdm import tqdm
 
 from faults import FaultProfile, profile_from_header
 from faults.node import emulated_node, node_header
+from jobs.launch import launch
 from tracer.checkpoint import list_checkpoints, load_checkpoint
 from tracer.device import is_lazy, resolve_device
 from tracer.errors import LogError, UsageError
@@ -40,7 +44,7 @@ from tracer.guard import Policy, default_guard
 from tracer.intercept import own_ops
 from tracer.log import LogReader, RunHeader, claim_out_dir, list_ranks, rank_dir
 from tracer.log.claim import reclaim_out_dir
-from tracer.log.resume import log_end, resuming
+from tracer.log.resume import log_end
 from tracer.log.sessions import Resumption
 from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import pairing_differences
@@ -98,55 +102,77 @@ class RunSummary:
     losses: list[float]  # of the steps this call ran
     resumed_from: int | None = None  # the checkpoint a resumed recording restarted from
 
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for the launcher, which hands rank 0's summary back to the job."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "out": str(self.out)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunSummary:
+        return cls(**{**data, "out": Path(data["out"])})
+
 
 def record(
     config: Config | Mapping[str, Any],
     request: RecordRequest,
     *,
+    nproc: int = 1,
+    rank_timeout: float = 300.0,
     on_step: Callable[[int, float], None] | None = None,
 ) -> RunSummary:
-    """Train ``config``'s ``run.steps`` steps under a Tracer, checkpointing every ``run.checkpoint_every``."""
+    """Claim ``request.out``, then train ``config``'s ``run.steps`` steps under a Tracer on ``nproc`` ranks (in this
+    process when it is 1), checkpointing every ``run.checkpoint_every``; rank 0's summary. ``rank_timeout`` bounds
+    every collective of a multi-rank job; ``on_step`` (one rank only) is told each step's loss."""
     config = config.to_dict() if isinstance(config, Config) else dict(config)
     dev = resolve_device(request.device)
     if is_lazy(dev) and (request.fault_profile is not None or request.abft):
         raise UsageError(f"--device {request.device}: the fault emulator and ABFT run on eager devices only (cpu, cuda)")
-    w = build_workload(request.workload, config, dev)
-    if request.sharpness and (w.layout.world_size > 1 or is_lazy(dev)):
+    if request.sharpness and (nproc > 1 or is_lazy(dev)):
         raise UsageError(f"sharpness: runs on single-rank recordings on eager devices only (cpu, cuda), not "
-                         f"{w.layout.world_size} rank(s) on {request.device}")
-    rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
-    lock = None
-    if rank == 0:
-        lock = (reclaim_out_dir(request.out, role="train") if request.resume
-                else claim_out_dir(request.out, role="train", overwrite=request.overwrite))
-    with lock or nullcontext():
-        asked = {f.name: config["run"][f.name] for f in fields(RunSettings) if f.name in config.get("run", {})}
-        return _record(w, request, rank, on_step, asked)
+                         f"{nproc} rank(s) on {request.device}")
+    if on_step is not None and nproc > 1:
+        raise UsageError(f"on_step: reports the steps of a recording on one rank, not {nproc}")
+    # Claimed once, before any rank starts, so a refusal is quick; launched ranks inherit the lock.
+    claim = (reclaim_out_dir(request.out, role="train") if request.resume
+             else claim_out_dir(request.out, role="train", overwrite=request.overwrite))
+    with claim as lock:
+        if nproc == 1:
+            return _record_rank(config, request, on_step)
+        job = {"config": config, "request": request.to_json()}
+        return RunSummary.from_json(launch("jobs.record:record_rank", job, nproc, timeout_s=rank_timeout,
+                                           lock=lock)[0])
 
 
-def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[int, float], None] | None,
-            asked: Mapping[str, Any]) -> RunSummary:
-    """Train and trace into the claimed ``request.out``; ``asked``: the config's ``[run]`` (``--steps``,
-    ``--checkpoint-every``), which wins over the workload's own (a Trainer's ``max_steps`` and save interval)."""
+def record_rank(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """One rank of a multi-rank record job: what `jobs.launch` runs in each process (the job holds the claim)."""
+    return _record_rank(config, RecordRequest.from_json(request), None).to_json()
+
+
+def _record_rank(config: dict[str, Any], request: RecordRequest,
+                 on_step: Callable[[int, float], None] | None) -> RunSummary:
+    """Build the workload and train and trace it into the claimed ``request.out``. The config's ``[run]``
+    (``--steps``, ``--checkpoint-every``) wins over the workload's own (a Trainer's ``max_steps`` and save
+    interval)."""
+    w = build_workload(request.workload, config, resolve_device(request.device))
+    asked = {f.name: config["run"][f.name] for f in fields(RunSettings) if f.name in config.get("run", {})}
     config = {**w.config, "run": {**w.config.get("run", {}), **asked}}
     run = RunSettings.of(config)
-    if w.layout.world_size > 1:
-        torch.distributed.barrier()  # no rank writes before rank 0 has cleared the directory
+    rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
     extra = {"workload": request.workload, **node_header(request.fault_profile, request.fault_seed, request.abft)}
     log = rank_dir(request.out, rank)
     first = resume_step(request.out, w.layout.world_size) if request.resume else None
     recorded = _header(log) if first is not None else None
+    resumption = None
+    if first is not None:
+        end = log_end(log)
+        resumption = Resumption(end.segments, first, end.records, end.last_step)
     run_info = RunInfo(request.node_label, config=config, seed=w.seed,
                        data_order_fingerprint=w.data_order_fingerprint, extra=extra,
                        run_id=recorded.run_id if recorded is not None else None)
     guard = default_guard(request.guard, abft=request.abft) if request.guard is not None else None
     tracer = Tracer(w.model, w.optimizer, out=request.out, run=run_info, options=request.trace, parallel=w.layout,
-                    guard=guard, **({} if request.progress else {"echo": None}))
-    continued: Any = nullcontext()
-    if first is not None and recorded is not None:
+                    guard=guard, resume=resumption, **({} if request.progress else {"echo": None}))
+    if recorded is not None:
         _check_resumable(recorded, tracer.header, request.out)
-        end = log_end(log)
-        continued = resuming(log, Resumption(end.segments, first, end.records, end.last_step))
     node = emulated_node(tracer, w.model, fault_profile=request.fault_profile, fault_seed=request.fault_seed,
                          abft=request.abft, sites=request.trace.sites)
     losses: list[float] = []
@@ -154,7 +180,7 @@ def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[i
     every = run.checkpoint_every
     bar = tqdm(range(first or 0, run.steps), desc=f"record {request.out.name}", unit="step", leave=False,
                disable=None if request.progress and rank == 0 else True)
-    with continued, tracer, node:
+    with tracer, node:
         if first is not None:  # last, so that nothing between it and the step draws from the restored RNGs
             load_checkpoint(request.out, first, rank).restore(w.model, w.optimizer, w.states())
             tracer.restored()
@@ -177,8 +203,6 @@ def _record(w: Workload, request: RecordRequest, rank: int, on_step: Callable[[i
             tracer.checkpoint(run.steps, data={"step": run.steps}, states=w.states())
         if every and request.sharpness:
             _log_sharpness(w, tracer, run.steps, request.sharpness)
-    if w.layout.world_size > 1:
-        torch.distributed.barrier()  # rank 0 holds the writer lock until every rank has closed its log
     final = losses[-1] if losses else float("nan")
     return RunSummary(request.out, run.steps, final, time.perf_counter() - start, losses, first)
 
@@ -237,6 +261,6 @@ def _check_resumable(recorded: RunHeader, header: RunHeader, out: Path) -> None:
 
 def record_run(config: Config | Mapping[str, Any], out: str | Path, *, node_label: str,
                on_step: Callable[[int, float], None] | None = None, **options: Any) -> RunSummary:
-    """`record` with the request's fields as keywords: the short form for scripts and tests."""
+    """`record` on one rank with the request's fields as keywords: the short form for scripts and tests."""
     return record(config, RecordRequest(out=Path(out), node_label=node_label, **options), on_step=on_step)
 
