@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tracer import typed_toml
-from tracer.log.records import MAX_STEP
 from tracer.typed_toml import check, require
+from workload.protocol import RunSettings
 
 DEFAULT_CONFIG = "tiny"
 # Largest model the reference workload builds (a llama3-style 8B is 8e9): a typo such as dim=1048576 is refused
@@ -179,20 +179,6 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """How long and how a run executes; not part of the fingerprint."""
-
-    steps: int = 30
-    checkpoint_every: int = 10  # optimizer steps between checkpoints; 0 = never
-
-    def __post_init__(self) -> None:
-        check(1 <= self.steps <= MAX_STEP, "steps",
-              lambda at: f"{at}steps = {self.steps} must be in 1..{MAX_STEP} (the largest step a log records)")
-        check(self.checkpoint_every >= 0, "checkpoint_every",
-              lambda at: f"{at}checkpoint_every = {self.checkpoint_every} must be >= 0 (0 = never)")
-
-
-@dataclass(frozen=True)
 class Config:
     """The whole workload; the dataclass defaults are the shipped `tiny` config."""
 
@@ -201,7 +187,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    run: RunConfig = field(default_factory=RunConfig)
+    run: RunSettings = field(default_factory=RunSettings)
 
     def __post_init__(self) -> None:
         check(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",

@@ -39,6 +39,7 @@ from torch import nn
 from tracer import typed_toml
 from tracer.device import mark_step, to_host
 from tracer.errors import ConfigError
+from tracer.log.records import MAX_STEP
 from tracer.parallel import Layout
 from tracer.tracing import Tracer, batch_tensors
 
@@ -48,8 +49,8 @@ REFERENCE = "workload.reference:build"
 
 @dataclass(frozen=True)
 class RunSettings:
-    """How long a run trains and how often it checkpoints: the config's ``[run]`` section,
-    which the config fingerprint leaves out (`tracer.config`)."""
+    """How long a run trains and how often it checkpoints: the config's ``[run]`` section (the reference
+    workload's `workload.config.Config.run` too), which the config fingerprint leaves out (`tracer.config`)."""
 
     steps: int = 30
     checkpoint_every: int = 10  # optimizer steps between checkpoints; 0 = never
@@ -58,7 +59,9 @@ class RunSettings:
         for name, low in (("steps", 1), ("checkpoint_every", 0)):
             value = getattr(self, name)
             typed_toml.check(value >= low, name, lambda at, n=name, v=value, lo=low: f"{at}{n} = {v} must be an "
-                             f"integer >= {lo}")
+                             f"integer >= {lo}" + (" (0 = never)" if n == "checkpoint_every" else ""))
+        typed_toml.check(self.steps <= MAX_STEP, "steps",
+                         lambda at: f"{at}steps = {self.steps} must be in 1..{MAX_STEP} (the largest step a log records)")
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> RunSettings:
