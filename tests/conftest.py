@@ -46,7 +46,7 @@ def tuned(pretrained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     import dataclasses
 
     from faults import load_profile
-    from workload.finetune import finetune_run
+    from jobs.finetune import finetune_run
 
     root = tmp_path_factory.mktemp("tuned")
     (root / "scale.toml").write_text(SCALE_AT_1, encoding="utf-8")

@@ -7,7 +7,8 @@ import socket
 from pathlib import Path
 
 from faults import load_profile, shipped_profiles
-from workload.finetune import FinetuneSettings, finetune_run
+from jobs.finetune import finetune_run
+from workload.finetune import FinetuneSettings
 from workload.tasks import TASK_NAMES
 
 
@@ -50,9 +51,8 @@ def run(args: argparse.Namespace) -> int:
         args.pretrained,
         args.out,
         node_label=args.node_label,
-        shuffle_seed=args.shuffle_seed,
-        steps=args.steps,
-        tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],
+        settings=FinetuneSettings(shuffle_seed=args.shuffle_seed, steps=args.steps,
+                                  tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip())),
         fault_profile=load_profile(args.fault_profile) if args.fault_profile is not None else None,
         fault_seed=args.fault_seed,
         overwrite=args.overwrite,

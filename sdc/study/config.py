@@ -23,6 +23,7 @@ from tracer.errors import ConfigError
 from tracer.guard import Policy
 from tracer.typed_toml import check, require, toml_field
 from workload.config import Config, load_config, shipped_configs
+from workload.finetune import FinetuneSettings
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 DERIVED = ("-twin", "-lockstep", "-param-sync", "-guarded")  # suffixes of the runs a study derives from a node
@@ -67,10 +68,10 @@ class Replay:
 
 @dataclass(frozen=True)
 class Finetune:
-    """RQ3b: fine-tune every node's final model; 0 steps skips fine-tuning."""
+    """RQ3b: fine-tune every node's final model with ``settings``, and the golden one a second time with
+    ``twin_shuffle_seed`` as its shuffle seed (the twin: the baseline of prediction disagreement)."""
 
-    steps: int | None
-    tasks: tuple[str, ...]  # empty: every shipped task
+    settings: FinetuneSettings
     twin_shuffle_seed: int
 
 
@@ -123,16 +124,24 @@ def _check_mode(mode: str) -> None:
 
 
 @dataclass(frozen=True)
-class _Finetune:
+class FinetuneTable:
+    """A study file's ``[finetune]`` table: whether to fine-tune, the `FinetuneSettings` it changes (the others
+    keep their defaults) and the twin's shuffle seed."""
+
     enabled: bool = True
     steps: int | None = None  # None: the fine-tuning default
-    tasks: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()  # empty: the default ladder
     twin_shuffle_seed: int = 1
 
     def __post_init__(self) -> None:
-        steps = self.steps
-        check(steps is None or steps >= 1, "steps",
-              lambda at: f"{at}steps: {steps} must be >= 1 (set enabled = false to skip fine-tuning)")
+        self.plan()  # FinetuneSettings checks the values; the loader names the key
+
+    def plan(self) -> Finetune | None:
+        """What the study fine-tunes; None when the table disables fine-tuning."""
+        if not self.enabled:
+            return None
+        given = {"steps": self.steps, "tasks": self.tasks or None}
+        return Finetune(FinetuneSettings(**{k: v for k, v in given.items() if v is not None}), self.twin_shuffle_seed)
 
 
 @dataclass(frozen=True)
@@ -142,7 +151,7 @@ class _StudyFile:
     golden: _Golden = field(default_factory=_Golden)
     node: tuple[Node, ...] = ()
     replay: _Replay = field(default_factory=_Replay)
-    finetune: _Finetune = field(default_factory=_Finetune)
+    finetune: FinetuneTable = field(default_factory=FinetuneTable)
 
 
 def is_fleet_file(data: dict) -> bool:
@@ -172,12 +181,11 @@ def _build(f: _StudyFile, path: Path, overrides: tuple[str, ...]) -> Study:
                           "(label = \"node-1\", profile = \"bursty-mismatch\")")
     nodes = [Node(n.label, n.profile if "/" not in n.profile and not n.profile.endswith(".toml")
                   else str(_relative(path, n.profile)), n.fault_seed, n.abft, n.guard) for n in f.node]
-    ft = f.finetune
     return build_study(
         name=path.name.removesuffix(".toml"), source=path, description=f.description, config=f.train.config,
         sets=f.train.set + tuple(overrides), golden=f.golden.label, abft_golden=f.golden.abft, nodes=nodes,
         replay_steps=f.replay.steps, modes=f.replay.modes or MODES,
-        finetune=Finetune(ft.steps, ft.tasks, ft.twin_shuffle_seed) if ft.enabled else None,
+        finetune=f.finetune.plan(),
     )
 
 

@@ -30,8 +30,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from faults.fleet import DEFAULT_SEED, FleetSpec, trigger_profile_text, write_fleet
-from sdc.study.config import Finetune, Node, Study, _Finetune, build_study, is_fleet_file, shipped_studies
-from sdc.study.runner import Job, StudyPaths, StudyState, _diff, _record, file_fingerprint, plan_jobs, run_jobs
+from sdc.study.config import Finetune, FinetuneTable, Node, Study, build_study, is_fleet_file, shipped_studies
+from sdc.study.runner import (
+    Job,
+    StudyPaths,
+    StudyState,
+    diff_into_db,
+    file_fingerprint,
+    plan_jobs,
+    record_node,
+    run_jobs,
+)
 from tracer import typed_toml
 from tracer.errors import ConfigError
 from tracer.typed_toml import require, toml_field
@@ -86,7 +95,7 @@ class _FleetFile:
     rq1: _Replayed = field(default_factory=lambda: _Replayed("llama3-16l-mini"))
     rq2: _Replayed = field(default_factory=lambda: _Replayed("llama3-32l-mini"))
     rq3: _Pretrain = field(default_factory=_Pretrain)
-    finetune: _Finetune = field(default_factory=_Finetune)
+    finetune: FinetuneTable = field(default_factory=FinetuneTable)
 
 
 @dataclass(frozen=True)
@@ -155,12 +164,11 @@ def load_fleet_study(spec: str | Path, overrides: tuple[str, ...] = ()) -> Fleet
     if not is_fleet_file(data):
         raise ConfigError(f"{path}: has no [fleet] table, so it is not a fleet study; run it with `sdc study`")
     f = typed_toml.from_dict(_FleetFile, data, str(path))
-    ft = f.finetune
     study = FleetStudy(
         name=path.name.removesuffix(".toml"), source=path, description=f.description,
         fleet=FleetSpec(nodes=f.fleet.nodes, seed=f.fleet.seed), healthy_twin=f.fleet.healthy_twin,
         rq1=f.rq1, rq2=f.rq2, rq3=f.rq3,
-        finetune=Finetune(ft.steps, ft.tasks, ft.twin_shuffle_seed) if ft.enabled else None,
+        finetune=f.finetune.plan(),
         overrides=tuple(overrides),
     )
     with tempfile.TemporaryDirectory() as scratch:  # every experiment checked before anything runs
@@ -230,9 +238,9 @@ def _with_baseline(fleet: FleetStudy, study: Study, paths: StudyPaths, jobs: lis
     train = dataclasses.replace(study.train, data=dataclasses.replace(study.train.data, shuffle_seed=seed))
     twin = dataclasses.replace(study, train=train, sharpness=0)
     record = Job(f"record:{TWIN}", f"record {TWIN} (healthy, data shuffle seed {seed})",
-                 lambda: _record(twin, paths.run(TWIN), TWIN, None, 0, False, progress))
+                 lambda: record_node(twin, paths.run(TWIN), TWIN, None, 0, False, progress))
     diff = Job(f"diff:{TWIN}", f"diff {GOLDEN} vs {TWIN} (the drift baseline)",
-               lambda: _diff(paths.run(GOLDEN), paths.run(TWIN), [], paths.db, beam_args, baseline=True))
+               lambda: diff_into_db(paths.run(GOLDEN), paths.run(TWIN), [], paths.db, beam_args, baseline=True))
     first_diff = next(i for i, j in enumerate(jobs) if j.name.startswith("diff:"))
     return [jobs[0], record, *jobs[1:first_diff], diff, *jobs[first_diff:]]
 

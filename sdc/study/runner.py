@@ -20,6 +20,7 @@ skips what finished and redoes the rest, refusing if the study file changed sinc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,11 +33,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from faults import load_profile
+from jobs.record import record_run
 from pipelines.arguments import DiffRequest
 from replay.engine import ReplayRequest, replay
 from sdc.study.config import Finetune, Study
 from tracer.errors import UsageError
-from jobs.record import record_run
 
 STATE = "study-state.json"
 LOG = "study.log"
@@ -141,17 +142,17 @@ def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tup
     """Every job of the study, in the order they must run."""
     golden = study.golden
     jobs = [Job(f"record:{golden}", f"record {golden} (healthy)",
-                lambda: _record(study, paths.run(golden), golden, None, 0, study.abft_golden, progress,
-                                sharpness=study.sharpness))]
+                lambda: record_node(study, paths.run(golden), golden, None, 0, study.abft_golden, progress,
+                                    sharpness=study.sharpness))]
     for n in study.nodes:
         jobs.append(Job(f"record:{n.label}", f"record {n.label} ({n.profile}{', ABFT' if n.abft else ''})",
-                        lambda n=n: _record(study, paths.run(n.label), n.label, n.profile, n.fault_seed, n.abft,
-                                            progress)))
+                        lambda n=n: record_node(study, paths.run(n.label), n.label, n.profile, n.fault_seed, n.abft,
+                                                progress)))
     for n in study.nodes:
         if n.guarded is not None:
             jobs.append(Job(f"record:{n.guarded}", f"record {n.guarded} ({n.profile}, guard {n.guard})",
-                            lambda n=n: _record(study, paths.run(n.guarded), n.guarded, n.profile, n.fault_seed, n.abft,
-                                                progress, guard=n.guard)))
+                            lambda n=n: record_node(study, paths.run(n.guarded), n.guarded, n.profile, n.fault_seed,
+                                                    n.abft, progress, guard=n.guard)))
     steps = study.replay.steps
     for n in study.nodes:
         for mode in study.replay.modes:
@@ -160,11 +161,11 @@ def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tup
     for n in study.nodes:
         replays = [paths.replay(n.label, m) for m in study.replay.modes]
         jobs.append(Job(f"diff:{n.label}", f"diff {golden} vs {n.label}",
-                        lambda n=n, replays=replays: _diff(paths.run(golden), paths.run(n.label), replays,
+                        lambda n=n, replays=replays: diff_into_db(paths.run(golden), paths.run(n.label), replays,
                                                            paths.db, beam_args)))
         if n.guarded is not None:  # no replays: the guarded run is compared as it trained
             jobs.append(Job(f"diff:{n.guarded}", f"diff {golden} vs {n.guarded}",
-                            lambda n=n: _diff(paths.run(golden), paths.run(n.guarded), [], paths.db, beam_args)))
+                            lambda n=n: diff_into_db(paths.run(golden), paths.run(n.guarded), [], paths.db, beam_args)))
     if study.finetune is not None:
         jobs += _finetune_jobs(study, paths, progress=progress, beam_args=beam_args)
     jobs.append(Job("report", "report", lambda: _report(paths, progress)))
@@ -182,23 +183,24 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
     jobs = []
     for label, source, profile, seed, shuffle in runs:
         detail = profile or (f"shuffle seed {shuffle}" if shuffle is not None else "")
-        describe = f"fine-tune {label} ({detail + ', ' if detail else ''}{ft.steps or 'default'} steps)"
+        describe = f"fine-tune {label} ({detail + ', ' if detail else ''}{ft.settings.steps} steps)"
         jobs.append(Job(f"finetune:{label}", describe,
                         lambda label=label, source=source, profile=profile, seed=seed, shuffle=shuffle: _finetune(
                             ft, paths.run(source), paths.finetune(label), label, profile, seed, shuffle, progress)))
     for label in [n.label for n in study.nodes] + [n.guarded for n in study.nodes if n.guarded is not None]:
         jobs.append(Job(f"diff-finetune:{label}", f"diff fine-tuned {golden} vs {label} (twin baseline)",
-                        lambda label=label: _diff(paths.finetune(golden), paths.finetune(label), [], paths.db,
+                        lambda label=label: diff_into_db(paths.finetune(golden), paths.finetune(label), [], paths.db,
                                                   beam_args, twin=paths.finetune(twin))))
     return jobs
 
 
 def _finetune(ft: Finetune, pretrained: Path, out: Path, label: str, profile: str | None, seed: int,
               shuffle: int | None, progress: bool) -> str:
-    from workload.finetune import finetune_run
+    from jobs.finetune import finetune_run
 
+    settings = ft.settings if shuffle is None else dataclasses.replace(ft.settings, shuffle_seed=shuffle)
     summary = finetune_run(
-        pretrained, out, node_label=label, shuffle_seed=shuffle, steps=ft.steps, tasks=ft.tasks or None,
+        pretrained, out, node_label=label, settings=settings,
         fault_profile=load_profile(profile) if profile else None, fault_seed=seed, overwrite=True, progress=progress,
     )
     accuracy = ", ".join(f"{e.task} {e.accuracy:.0%}" for e in summary.final)
@@ -219,8 +221,9 @@ def summary_tables(db: Path) -> list[tuple[str, str]]:
     return out
 
 
-def _record(study: Study, out: Path, label: str, profile: str | None, seed: int, abft: bool, progress: bool,
-            guard: str | None = None, sharpness: int = 0) -> str:
+def record_node(study: Study, out: Path, label: str, profile: str | None, seed: int, abft: bool, progress: bool,
+                guard: str | None = None, sharpness: int = 0) -> str:
+    """Record one node of ``study`` into ``out`` (replacing a run there); the job's one-line result."""
     summary = record_run(
         study.train, out, node_label=label, overwrite=True, progress=progress,
         fault_profile=load_profile(profile) if profile else None, fault_seed=seed, abft=abft, guard=guard,
@@ -240,8 +243,9 @@ def _replay(paths: StudyPaths, golden: str, label: str, mode: str, steps: range,
     return f"worst noise-to-signal {worst:.3g}"
 
 
-def _diff(golden: Path, suspect: Path, replays: list[Path], db: Path, beam_args: tuple[str, ...],
-          twin: Path | None = None, baseline: bool = False) -> str:
+def diff_into_db(golden: Path, suspect: Path, replays: list[Path], db: Path, beam_args: tuple[str, ...],
+                 twin: Path | None = None, baseline: bool = False) -> str:
+    """Diff ``suspect`` against ``golden`` (with its replays, a twin baseline) into ``db``; the one-line result."""
     from sdc.commands.diff import diff_job  # imports Beam: only when a diff runs
 
     request = DiffRequest(golden=str(golden), suspect=str(suspect), db=db, replays=tuple(map(str, replays)),

@@ -14,7 +14,7 @@ from tests.faults.support import events
 from tests.support import TINY_FINETUNE, small_config
 from tracer.checkpoint import load_checkpoint
 from tracer.errors import ConfigError
-from workload.finetune import finetune_run
+from jobs.finetune import finetune_run
 from jobs.record import record_run
 
 

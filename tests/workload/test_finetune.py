@@ -15,7 +15,8 @@ from tracer.compare import compare_runs
 from tracer.errors import ConfigError, UsageError
 from tracer.log import LogReader, Phase, TensorRecord, rank_dir
 from tracer.pairing import pairing_differences, twin_differences
-from workload.finetune import FinetuneSettings, collapsed, finetune_run
+from jobs.finetune import finetune_run
+from workload.finetune import FinetuneSettings, collapsed
 from workload.tasks import CHOICES, LADDER, LETTERS, MAX_PROMPT, TASK_NAMES, load_tasks, make_task
 
 

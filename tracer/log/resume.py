@@ -2,7 +2,7 @@
 
     end = log_end(rank_dir(run, rank))                  # segments, records, last completed step
     resume = Resumption(end.segments, step=10, records=end.records, last_step=end.last_step)
-    Tracer(model, optimizer, out=run, run=info, resume=resume)  # or LogWriter(rank_dir(run, rank), header, resume=resume)
+    Tracer(model, optimizer, out=run, run=info, resume=resume)   # or LogWriter(rank_dir(run, rank), header, resume=...)
 
 The writer appends segment files after the last one and never rewrites a byte; its
 first segment starts with the ``resume`` marker (`tracer.log.sessions`).
