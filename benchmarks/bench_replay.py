@@ -12,7 +12,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from replay.engine import Replayer, ReplayRequest, Suspect, suspect_from_profile
+from replay.replayer import Replayer
+from replay.request import ReplayRequest, Suspect, suspect_from_profile
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
 from workload.config import load_config
@@ -38,7 +39,8 @@ def bench_replay(steps: int = 8, config: str | None = None) -> dict[str, float]:
                 # Per-step time inside the replay loop: building the workloads and loading
                 # the checkpoint happen once per replay, not once per step.
                 out = Path(tmp) / f"{who}-{mode}"
-                summary = Replayer(ReplayRequest(golden, out, range(1, steps + 1), mode, progress=False), suspect).run()
+                request = ReplayRequest(golden, out, range(1, steps + 1), suspect, mode=mode, progress=False)
+                summary = Replayer(request).run()
                 ratios[f"{who} {mode}"] = statistics.median(r.wall_s for r in summary.steps) / recorded
     print(
         f"replay cost        : param-sync {ratios['machine param-sync']:.2f}x, lockstep {ratios['machine lockstep']:.2f}x "

@@ -1,6 +1,6 @@
 """Why re-executing the golden run diverged from its log, where sdctrace can tell.
 
-Replay checks every re-executed fingerprint against the golden log (`replay.golden`). Before a divergence is put
+Replay checks every re-executed fingerprint against the golden log (`replay.golden`). Before a mismatch is put
 down to the machine, what sdctrace can see on its own side is named, with its fix:
 
 - precision: a tensor the recording computed in one dtype is computed in another here: the recording ran under
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from torch import nn
 
-from replay.golden import Divergence, Key, index_key
+from replay.golden import GoldenMismatch, Key, index_key
 
 DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
@@ -27,7 +27,7 @@ def dropout_modules(model: nn.Module) -> list[str]:
 
 
 def likely_causes(
-    divergences: Sequence[Divergence],
+    mismatches: Sequence[GoldenMismatch],
     metas: Mapping[Key, str],
     model: nn.Module,
     *,
@@ -37,7 +37,7 @@ def likely_causes(
 ) -> list[str]:
     """What sdctrace can detect that makes the re-execution differ, each with its fix; empty if nothing."""
     causes = []
-    for d in divergences:
+    for d in mismatches:
         recorded, here = _dtype(metas.get(index_key(d.step, d.microbatch, d.name, d.phase), "")), _dtype(d.meta)
         if recorded and here and recorded != here:
             causes.append(
@@ -46,7 +46,7 @@ def likely_causes(
                 "reverse); build the workload with the recording's precision (the same TrainingArguments(bf16=..., "
                 "fp16=...), Lightning Trainer(precision=...), or torch.autocast around your loss)")
             break
-    step = divergences[0].step if divergences else checkpoint
+    step = mismatches[0].step if mismatches else checkpoint
     dropout = dropout_modules(model)
     shown = ", ".join(dropout[:3]) + (f" and {len(dropout) - 3} more" if len(dropout) > 3 else "")
     if rng_problem is not None:

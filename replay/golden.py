@@ -1,20 +1,30 @@
 """The golden side of a replay: what the healthy run recorded, and a checker for re-execution.
 
 A replay never trusts that re-running a step on this machine gives the golden
-bits: every re-executed fingerprint is compared with the golden log, and the first
-disagreement is a replay divergence.
+bits: every re-executed fingerprint is compared with the golden log (`VerifyingSink`), and
+each disagreement is a `GoldenMismatch` (logged as a ``replay_divergence`` event). The
+golden re-execution runs under a `KeepingTracer`, which also keeps the tensors the
+suspect is compared with; `workload_entry` names the factory that rebuilds the run.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from tracer.checkpoint import list_checkpoints
-from tracer.errors import LogError, ValidationError
+from tracer.errors import ConfigError, LogError, ValidationError
+from tracer.fingerprint import TensorDigest
+from tracer.intercept import own_ops
 from tracer.log import LogReader, list_ranks, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord, describe_microbatch
+from tracer.tracing import Tracer
+from workload.config import Config
+from workload.protocol import REFERENCE
 
 Key = tuple[int, int, str, Phase]  # step, microbatch, name, phase
 
@@ -103,6 +113,32 @@ class GoldenRun:
         return usable[-1]
 
 
+def workload_entry(golden: GoldenRun, named: str | None) -> str:
+    """The factory that rebuilds ``golden``: the one the user named, or the reference workload when the
+    run says it was recorded with it. A run's header never makes replay import code by itself."""
+    recorded = golden.header.extra.get("workload")
+    if named is not None:
+        if recorded is not None and recorded != named:
+            print(f"note: {golden.path} was recorded with --workload {recorded}; replaying with {named}",
+                  file=sys.stderr)
+        return named
+    if recorded == REFERENCE or (recorded is None and _is_reference_config(golden.header.config)):
+        return REFERENCE
+    if recorded is not None:
+        raise ConfigError(f"{golden.path}: was recorded with workload {recorded!r}; replay imports only code you "
+                          f"name, so pass --workload {recorded} if you trust it")
+    raise ConfigError(f"{golden.path}: was recorded by a training loop of your own; pass --workload "
+                      "package.module:factory naming a factory that rebuilds it (README: Your own training)")
+
+
+def _is_reference_config(config: dict[str, Any]) -> bool:
+    try:
+        Config.from_dict(config)
+    except ConfigError:
+        return False
+    return True
+
+
 def _rng_fields(path: Path, rec: EventRecord) -> dict[str, Any]:
     f = rec.fields
     fp, devices, stored = f.get("fingerprint"), f.get("devices"), f.get("stored")
@@ -114,7 +150,10 @@ def _rng_fields(path: Path, rec: EventRecord) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Divergence:
+class GoldenMismatch:
+    """A fingerprint of the golden run's re-execution that differs from its log: this machine did not
+    reproduce the recording (not a difference between two runs, which is `tracer.compare`'s)."""
+
     step: int
     microbatch: int
     name: str
@@ -135,7 +174,7 @@ class VerifyingSink:
 
     def __init__(self, expected: dict[Key, int]) -> None:
         self.expected = expected
-        self.divergences: list[Divergence] = []
+        self.mismatches: list[GoldenMismatch] = []
         self.checked = 0
 
     def write_tensor(self, rec: TensorRecord) -> None:
@@ -144,8 +183,8 @@ class VerifyingSink:
             return  # the golden run did not trace this tensor
         self.checked += 1
         if want != rec.fingerprint:
-            self.divergences.append(Divergence(rec.step, rec.microbatch, rec.name, Phase(rec.phase), want,
-                                              rec.fingerprint, rec.meta))
+            self.mismatches.append(GoldenMismatch(rec.step, rec.microbatch, rec.name, Phase(rec.phase), want,
+                                                  rec.fingerprint, rec.meta))
 
     def write_event(self, rec: EventRecord) -> None:
         pass
@@ -158,3 +197,30 @@ class VerifyingSink:
 
     def abandon(self) -> None:
         pass
+
+
+class KeepingTracer(Tracer):
+    """The golden re-execution's Tracer, which also keeps the tensors the suspect is compared with: the
+    same hooks that recorded the golden run, so re-execution builds the very same autograd graph."""
+
+    _kept: dict[Key, torch.Tensor] | None = None
+    _phases: frozenset[Phase] = frozenset()
+
+    def keep(self, kept: dict[Key, torch.Tensor] | None, phases: set[Phase]) -> None:
+        self._kept, self._phases = kept, frozenset(phases)
+        self._params = frozenset(self._names.values())
+
+    def record_many(
+        self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None, *,
+        read_now: bool = False,
+    ) -> list[TensorDigest] | None:
+        digests = super().record_many(named, phase, microbatch, read_now=read_now)
+        if self._kept is None or phase not in self._phases:
+            return digests
+        mb = self.microbatch_index if microbatch is None else microbatch
+        with own_ops():
+            for name, tensor in named:
+                # Collectives record GRAD-phase tensors too; the suspect is compared on parameter gradients only.
+                if phase != Phase.GRAD or name in self._params:
+                    self._kept[index_key(self.step_index, mb, name, phase)] = tensor.detach().clone()
+        return digests

@@ -1,18 +1,17 @@
-"""``sdc replay``: re-run recorded steps with golden state injected (parameter sync or lockstep)."""
+"""``sdc replay``: re-run recorded steps with golden state injected (parameter sync or lockstep).
+
+The command parses its arguments, builds the `ReplayRequest` and prints what the replay job (jobs/replay.py)
+returns; the job claims the output directory and runs or launches the ranks."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
-from typing import Any
 
-from replay.engine import MODES, ReplayRequest, parse_steps, replay, suspect_from_profile, suspect_from_run
-from replay.golden import check_rank_logs
+from jobs.replay import golden_header, replay
+from replay.request import MODES, ReplayRequest, parse_steps, suspect_from_profile, suspect_from_run
 from tracer.compare import compare_runs
 from tracer.errors import UsageError
-from jobs.launch import launch, max_local_ranks
-from tracer.log import LogReader, claim_out_dir, rank_dir
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -64,16 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    golden_header = LogReader(rank_dir(args.golden, 0)).header if args.golden.is_dir() else None
-    if golden_header is None:
-        raise UsageError(f"{args.golden}: not a run directory; pass the golden run made by `sdc record`")
-    n = golden_header.world_size  # read from a file: checked against the disk and this machine before any launch
-    check_rank_logs(args.golden, n)
-    if n > max_local_ranks():
-        raise UsageError(f"{args.golden}: a replay runs all {n} of its ranks on this machine, which runs at most "
-                         f"{max_local_ranks()}; replay it on a machine with more CPU cores")
+    golden = golden_header(args.golden)
     if args.suspect is not None:
-        suspect = suspect_from_run(args.suspect, golden_header, args.golden)
+        suspect = suspect_from_run(args.suspect, golden, args.golden)
     else:
         suspect = suspect_from_profile(args.fault_profile, args.fault_seed)
     if args.at_first_divergence:
@@ -90,34 +82,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         steps = parse_steps(args.steps)
     request = ReplayRequest(
-        golden=args.golden, out=args.out, steps=steps, mode=args.mode, suspect=args.suspect,
-        fault_profile=None if args.suspect is not None else args.fault_profile, fault_seed=args.fault_seed,
+        golden=args.golden, out=args.out, steps=steps, suspect=suspect, mode=args.mode,
         golden_from=args.golden_from, workload=args.workload, overwrite=args.overwrite, progress=not args.quiet,
         clip=args.at_first_divergence,
     )
-    if n == 1:
-        results = [replay_rank(request.to_json())]
-    else:  # claimed before the ranks start, so a refusal is quick; every rank inherits the lock
-        inputs = (args.golden, args.suspect)
-        with claim_out_dir(args.out, role="replay", overwrite=args.overwrite, inputs=inputs) as lock:
-            results = launch("sdc.commands.replay:replay_rank", {"request": request.to_json()}, n,
-                             timeout_s=args.rank_timeout, lock=lock)
-    checked = sum(r["checked"] for r in results)
-    print(f"replayed {len(results[0]['steps'])} step(s) in {args.mode} mode on {suspect.label}, {n} rank(s) "
-          f"({checked:,} golden fingerprints verified, {results[0]['wall_s']:.1f} s) -> {args.out}")
-    for rank, result in enumerate(results):
-        for r in result["steps"]:
-            detail = (f"worst site mismatch frequency {r['worst_frequency']:.3g}" if args.mode == "lockstep"
-                      else f"noise-to-signal {r['noise']:.3g}")
+    summaries = replay(request, golden, rank_timeout_s=args.rank_timeout)
+    n = len(summaries)
+    checked = sum(s.checked for s in summaries)
+    print(f"replayed {len(summaries[0].steps)} step(s) in {args.mode} mode on {suspect.label}, {n} rank(s) "
+          f"({checked:,} golden fingerprints verified, {summaries[0].wall_s:.1f} s) -> {args.out}")
+    for rank, summary in enumerate(summaries):
+        for r in summary.steps:
+            detail = (f"worst site mismatch frequency {r.worst_frequency:.3g}" if args.mode == "lockstep"
+                      else f"noise-to-signal {r.noise:.3g}")
             where = f"rank {rank} " if n > 1 else ""
-            print(f"  {where}step {r['step']:>5}: {detail}; loss golden {r['golden_loss']:.6f} "
-                  f"suspect {r['suspect_loss']:.6f}; {r['faults']} injected fault(s)")
+            print(f"  {where}step {r.step:>5}: {detail}; loss golden {r.golden_loss:.6f} "
+                  f"suspect {r.suspect_loss:.6f}; {r.faults} injected fault(s)")
     print(f"next: sdc inspect {args.out}")
     return 0
-
-
-def replay_rank(request: dict[str, Any]) -> dict[str, Any]:
-    """One rank of `sdc replay` (all of it for a single-rank run): what the launcher runs in each process."""
-    summary = replay(ReplayRequest.from_json(request))
-    steps_done = [dataclasses.asdict(r) for r in summary.steps]
-    return {"steps": steps_done, "checked": summary.checked, "wall_s": summary.wall_s}

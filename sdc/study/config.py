@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import get_args
 
 from faults import load_profile
-from replay.engine import MODES, parse_steps
+from replay.request import MODES, parse_steps
 from tracer import typed_toml
 from tracer.errors import ConfigError
 from tracer.guard import Policy

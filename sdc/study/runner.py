@@ -34,8 +34,9 @@ from tqdm import tqdm
 
 from faults import load_profile
 from jobs.record import record_run
+from jobs.replay import golden_header, replay
 from pipelines.arguments import DiffRequest
-from replay.engine import ReplayRequest, replay
+from replay.request import ReplayRequest, suspect_from_run
 from sdc.study.config import Finetune, Study
 from tracer.errors import UsageError
 
@@ -234,12 +235,15 @@ def record_node(study: Study, out: Path, label: str, profile: str | None, seed: 
 
 def _replay(paths: StudyPaths, golden: str, label: str, mode: str, steps: range,
             progress: bool) -> str:
-    summary = replay(ReplayRequest(golden=paths.run(golden), out=paths.replay(label, mode), steps=steps, mode=mode,
-                                   suspect=paths.run(label), overwrite=True, progress=progress))
+    header = golden_header(paths.run(golden))
+    suspect = suspect_from_run(paths.run(label), header, paths.run(golden))
+    summaries = replay(ReplayRequest(golden=paths.run(golden), out=paths.replay(label, mode), steps=steps,
+                                     suspect=suspect, mode=mode, overwrite=True, progress=progress), header)
+    results = [r for summary in summaries for r in summary.steps]
     if mode == "lockstep":
-        worst = max((r.worst_frequency for r in summary.steps), default=0.0)
+        worst = max((r.worst_frequency for r in results), default=0.0)
         return f"worst site mismatch frequency {worst:.3g}"
-    worst = max((r.noise for r in summary.steps), default=0.0)
+    worst = max((r.noise for r in results), default=0.0)
     return f"worst noise-to-signal {worst:.3g}"
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from faults import load_profile
-from replay.engine import Replayer, ReplayRequest, parse_steps, suspect_from_profile
+from replay.replayer import Replayer
+from replay.request import ReplayRequest, parse_steps, suspect_from_profile
 from sdc.cli import main
 from tests.support import small_config
 from jobs.record import record_run
@@ -87,8 +88,9 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Study:
     record_run(cfg, s.node7, node_label="node-7", progress=False, abft=True, fault_profile=load_profile(profile))
     record_run(small_config("run.steps=3"), s.node3, node_label="node-3", progress=False)
     emulated = suspect_from_profile(str(profile))
-    Replayer(ReplayRequest(s.golden, s.lockstep, parse_steps("0:6"), "lockstep", progress=False), emulated).run()
-    Replayer(ReplayRequest(s.golden, s.param_sync, parse_steps("3:6"), "param-sync", progress=False), emulated).run()
+    Replayer(ReplayRequest(s.golden, s.lockstep, parse_steps("0:6"), emulated, mode="lockstep", progress=False)).run()
+    Replayer(ReplayRequest(s.golden, s.param_sync, parse_steps("3:6"), emulated, mode="param-sync",
+                           progress=False)).run()
     diff(s.golden, s.node7, s.db, s.lockstep, s.param_sync)
     diff(s.golden, s.node3, s.db)
     return s

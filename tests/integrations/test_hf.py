@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from transformers import TrainerCallback, TrainerState
 
-from replay.engine import Replayer, ReplayRequest, parse_steps, suspect_from_profile
+from replay.replayer import Replayer
+from replay.request import ReplayRequest, parse_steps, suspect_from_profile
 from tests.integrations import hf_tiny
 from tests.support import events
 from tracer.checkpoint import list_checkpoints, load_checkpoint
@@ -59,9 +60,10 @@ def test_a_model_without_loss_kwargs_logs_losses_divided_by_the_steps_microbatch
     assert sum(losses) / 5 == pytest.approx(output.training_loss, rel=1e-6)
     assert LogReader(rank_dir(tmp_path / "run", 0)).header.config["variant"] == {"loss_kwargs": False}
     # The workload scales the same way, bit for bit: replay verifies every fingerprint of steps 0 to 3.
-    request = ReplayRequest(tmp_path / "run", tmp_path / "replay", parse_steps("1:4"), "lockstep",
-                            workload=hf_tiny.WORKLOAD, progress=False)
-    Replayer(request, suspect_from_profile("healthy-node")).run()
+    request = ReplayRequest(tmp_path / "run", tmp_path / "replay", parse_steps("1:4"),
+                            suspect_from_profile("healthy-node"), mode="lockstep", workload=hf_tiny.WORKLOAD,
+                            progress=False)
+    Replayer(request).run()
     assert all(e.fields["mismatched"] == 0 for e in events(tmp_path / "replay", "site_mismatch"))
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from replay.engine import Replayer, ReplayRequest, parse_steps, suspect_from_profile
+from replay.replayer import Replayer
+from replay.request import ReplayRequest, parse_steps, suspect_from_profile
 from sdc.cli import main
 from tests.integrations import hf_tiny
 from tests.integrations.conftest import fault_profile
@@ -29,9 +30,9 @@ BERT = {"variant": {"bert": True}}
 
 
 def replay(run: Path, steps: str, out: Path, profile: str = "healthy-node") -> Path:
-    request = ReplayRequest(run, out, parse_steps(steps), "lockstep", workload=hf_tiny.WORKLOAD, progress=False)
-    suspect = suspect_from_profile(profile)
-    Replayer(request, suspect).run()
+    request = ReplayRequest(run, out, parse_steps(steps), suspect_from_profile(profile), mode="lockstep",
+                            workload=hf_tiny.WORKLOAD, progress=False)
+    Replayer(request).run()
     return out
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from replay.engine import Replayer, ReplayRequest, parse_steps, suspect_from_profile
+from replay.replayer import Replayer
+from replay.request import ReplayRequest, parse_steps, suspect_from_profile
 from tests.integrations import lightning_tiny
 from tests.support import events
 from tracer.checkpoint import list_checkpoints, load_checkpoint
@@ -74,8 +75,9 @@ def test_a_bf16_mixed_run_with_dropout_replays_from_every_checkpoint(tmp_path: P
              if isinstance(r, TensorRecord) and r.phase == Phase.FORWARD}
     assert metas == {"bfloat16[2,16,32]"}
     for steps in ("0:2", "2:4", "4:5"):
-        request = ReplayRequest(run, tmp_path / f"replay-{steps.replace(':', '-')}", parse_steps(steps), "lockstep",
+        request = ReplayRequest(run, tmp_path / f"replay-{steps.replace(':', '-')}", parse_steps(steps),
+                                suspect_from_profile("healthy-node"), mode="lockstep",
                                 workload=lightning_tiny.WORKLOAD, progress=False)
-        Replayer(request, suspect_from_profile("healthy-node")).run()
+        Replayer(request).run()
         sites = events(request.out, "site_mismatch")
         assert sites and all(e.fields["mismatched"] == 0 for e in sites)

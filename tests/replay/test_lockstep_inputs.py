@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from replay.engine import Replayer, ReplayRequest, parse_steps, suspect_from_profile
+from replay.replayer import Replayer
+from replay.request import ReplayRequest, parse_steps, suspect_from_profile
 from tests.replay import torch_transformer
 from tests.support import events
 from tracer.options import TraceOptions
@@ -42,9 +43,9 @@ def lockstep_hits(tmp_path: Path, kind: str, sites: str | None, faulty: str) -> 
     record_run(config, golden, node_label="golden", workload=torch_transformer.WORKLOAD, progress=False,
                trace=TraceOptions(sites=sites))
     out = tmp_path / "lock"
-    request = ReplayRequest(golden, out, parse_steps(f"{STEP}"), "lockstep", workload=torch_transformer.WORKLOAD,
-                            progress=False)
-    Replayer(request, suspect_from_profile(profile(tmp_path, faulty))).run()
+    request = ReplayRequest(golden, out, parse_steps(f"{STEP}"), suspect_from_profile(profile(tmp_path, faulty)),
+                            mode="lockstep", workload=torch_transformer.WORKLOAD, progress=False)
+    Replayer(request).run()
     faults = events(out, "fault")
     assert faults and {(f.fields["site"], f.fields["phase"]) for f in faults} == {(faulty, "backward")}
     compared = events(out, "site_mismatch")

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from faults import FaultEmulator, load_profile
-from replay.engine import Replayer, ReplayRequest, parse_steps, suspect_from_profile, suspect_from_run
+from replay.replayer import Replayer
+from replay.request import ReplayRequest, parse_steps, suspect_from_profile, suspect_from_run
 from tests.support import ONE_FLIP, events, small_config
 from tracer.checkpoint import load_checkpoint
 from tracer.errors import ConfigError, ValidationError
@@ -29,7 +30,7 @@ def one_site_profile(tmp_path: Path) -> Path:
 
 
 def replay(golden: Path, suspect, steps: str, mode: str, out: Path, **kw) -> Path:
-    Replayer(ReplayRequest(golden, out, parse_steps(steps), mode, progress=False, **kw), suspect).run()
+    Replayer(ReplayRequest(golden, out, parse_steps(steps), suspect, mode=mode, progress=False, **kw)).run()
     return out
 
 
@@ -176,9 +177,9 @@ def test_bad_input_is_named(run_factory, tmp_path: Path) -> None:
         suspect_from_run(other, header, golden)
     no_ckpt = run_factory("no-ckpt", "run.steps=3", "run.checkpoint_every=0")
     with pytest.raises(ValidationError, match="no checkpoint at or before step 1"):
-        Replayer(ReplayRequest(no_ckpt, tmp_path / "x", parse_steps("1:2")), suspect_from_profile("healthy-node"))
+        Replayer(ReplayRequest(no_ckpt, tmp_path / "x", parse_steps("1:2"), suspect_from_profile("healthy-node")))
     with pytest.raises(ValidationError, match="reach beyond the recorded steps 0..3"):
-        Replayer(ReplayRequest(golden, tmp_path / "x", parse_steps("2:9")), suspect_from_profile("healthy-node"))
+        Replayer(ReplayRequest(golden, tmp_path / "x", parse_steps("2:9"), suspect_from_profile("healthy-node")))
     with pytest.raises(ValidationError, match="no captured tensor for step 2"):
         replay(golden, suspect_from_profile("healthy-node"), "2:3", "lockstep", tmp_path / "y", golden_from="blobs")
     for bad in ("x", "5:5", "3:1"):
@@ -236,7 +237,8 @@ def test_a_golden_log_of_schema_1_still_replays_with_every_fingerprint_checked(r
             else:
                 w.write_event(r)
     assert grads > 0  # the small config accumulates two microbatches: schema 2 labels its gradients 1
-    checked = [Replayer(ReplayRequest(run, tmp_path / f"replay-{run.name}", parse_steps("2:3"), "param-sync",
-                                      progress=False), suspect_from_profile("healthy-node")).run().checked
+    healthy = suspect_from_profile("healthy-node")
+    checked = [Replayer(ReplayRequest(run, tmp_path / f"replay-{run.name}", parse_steps("2:3"), healthy,
+                                      mode="param-sync", progress=False)).run().checked
                for run in (golden, old)]
     assert checked[0] == checked[1] > 0

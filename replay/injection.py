@@ -1,0 +1,79 @@
+"""Golden state injected into the suspect's step: the parameter sync before it, and lockstep's
+compare-and-overwrite at every site during it.
+
+    sync_parameters(golden_w.model, suspect_w.model)           # both modes: start from the golden parameters
+    clock = StepClock(step)                                    # what run_step and the fault emulator report to
+    with lockstep_hooks(sites, golden, clock, report):         # lockstep; param-sync: passthrough_hooks(sites)
+        run_step(suspect_w, step, clock, update=False)
+
+``golden`` holds the golden re-execution's tensors by `replay.golden.Key`; each
+site's output (forward) and input gradient (backward) is compared with its golden
+tensor, reported, and replaced by it, so every site computes on golden inputs and
+its own error is isolated (RQ1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from replay.golden import Key
+from replay.metrics import Mismatch, mismatch
+from tracer.intercept import own_ops
+from tracer.log.records import Phase
+from tracer.site_hooks import SiteHooks
+
+
+class StepClock:
+    """The step/microbatch bookkeeping `run_step` and the fault emulator need, without a log."""
+
+    def __init__(self, step: int) -> None:
+        self.step_index = step
+        self.microbatch_index = 0
+
+    def microbatch(self, index: int, inputs: Any = None) -> None:
+        self.microbatch_index = index
+
+    def loss(self, value: torch.Tensor | float) -> None:
+        pass  # `run_step` returns the step's loss
+
+
+def sync_parameters(golden: nn.Module, suspect: nn.Module) -> None:
+    """Give the suspect the golden parameters; it never updates, so no optimizer state is needed."""
+    with own_ops(), torch.no_grad():
+        for (name, g), (_, s) in zip(golden.state_dict().items(), suspect.state_dict().items()):
+            s.copy_(g)
+
+
+def passthrough_hooks(sites: list[tuple[str, nn.Module]]) -> SiteHooks:
+    """Site hooks that change nothing: the same hooks as lockstep's and the golden Tracer's, so a param-sync
+    suspect sums its gradients in the same order."""
+    return SiteHooks(sites, on_output=_unchanged, on_input_grad=_unchanged)
+
+
+def _unchanged(site: str, tensor: torch.Tensor) -> None:
+    return None
+
+
+def lockstep_hooks(
+    sites: list[tuple[str, nn.Module]],
+    golden: dict[Key, torch.Tensor],
+    clock: StepClock,
+    report: Callable[[int, str, Phase, Mismatch], None],
+) -> SiteHooks:
+    """Compare each site's output and input gradient with the golden one, report it, and go on with the golden one."""
+
+    def overwrite(phase: Phase) -> Callable[[str, torch.Tensor], torch.Tensor]:
+        def callback(site: str, suspect: torch.Tensor) -> torch.Tensor:
+            mb = clock.microbatch_index
+            g = golden[(clock.step_index, mb, site, phase)]
+            with own_ops():
+                report(mb, site, phase, mismatch(suspect, g))
+                return g.clone()
+
+        return callback
+
+    return SiteHooks(sites, on_output=overwrite(Phase.FORWARD), on_input_grad=overwrite(Phase.BACKWARD))

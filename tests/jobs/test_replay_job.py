@@ -1,0 +1,52 @@
+"""The replay job: the output directory is claimed once, by the job, and a launched rank gets the request
+serialised (the fault profile in its header form) and hands back its summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs.replay import golden_header, replay, replay_rank
+from replay.replayer import Replayer
+from replay.request import ReplayRequest, parse_steps, suspect_from_profile, suspect_from_run
+from replay.results import ReplaySummary
+from tests.support import ONE_FLIP, events, hold_run_dir
+from tracer.errors import UsageError
+from tracer.log import claim_out_dir, list_ranks
+
+
+def test_the_replayer_writes_into_the_directory_its_job_claimed(run_factory, tmp_path: Path) -> None:
+    golden = run_factory("golden", "run.steps=3", "run.checkpoint_every=2")
+    request = ReplayRequest(golden, tmp_path / "replay", parse_steps("2"), suspect_from_profile("healthy-node"),
+                            progress=False)
+    # The job's one claim: the Replayer claims nothing itself (a second claim in this process would be refused).
+    with claim_out_dir(request.out, role="replay", overwrite=False, inputs=(golden,)):
+        summary = Replayer(request).run()
+    assert [r.step for r in summary.steps] == [2] and events(request.out, "site_mismatch")
+
+
+def test_a_held_directory_is_refused_before_anything_is_written(run_factory, tmp_path: Path) -> None:
+    golden = run_factory("golden", "run.steps=3", "run.checkpoint_every=2")
+    out = tmp_path / "replay"
+    holder = hold_run_dir(out)
+    try:
+        request = ReplayRequest(golden, out, parse_steps("2"), suspect_from_profile("healthy-node"), progress=False)
+        with pytest.raises(UsageError, match=f"another process \\(pid {holder.pid}\\) is writing this run"):
+            replay(request, golden_header(golden))
+        assert list_ranks(out) == []
+    finally:
+        holder.communicate("")
+
+
+def test_a_launched_rank_gets_the_parsed_request_back_and_returns_its_summary(run_factory, tmp_path: Path) -> None:
+    profile = tmp_path / "one-site.toml"
+    profile.write_text(ONE_FLIP, encoding="utf-8")
+    golden = run_factory("golden", "run.steps=4", "run.checkpoint_every=3")
+    twin = run_factory("twin", "run.steps=4", "run.checkpoint_every=3")
+    header = golden_header(golden)
+    for suspect in (suspect_from_profile(str(profile), fault_seed=3), suspect_from_run(twin, header, golden)):
+        request = ReplayRequest(golden, tmp_path / "r", parse_steps("3"), suspect, mode="param-sync", progress=False)
+        assert ReplayRequest.from_json(request.to_json()) == request  # the profile, parsed again from its header form
+    summary = ReplaySummary.from_json(replay_rank(request.to_json()))
+    assert summary.out == request.out and [r.step for r in summary.steps] == [3] and summary.checked > 0
