@@ -57,6 +57,7 @@ from tracer.determinism import determinism_settings
 from tracer.errors import ConfigError, SdcError, ValidationError
 from tracer.fingerprint import TensorDigest
 from tracer.guard.runtime import RngState
+from tracer.header import software_versions
 from tracer.intercept import own_ops
 from tracer.log import LogReader, LogWriter, claim_out_dir, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
@@ -65,7 +66,7 @@ from tracer.pairing import check_pair
 from tracer.rng import TorchRng, recorded_rng
 from tracer.site_hooks import SiteHooks
 from tracer.sites import find_sites
-from tracer.tracing import Tracer, software_versions
+from tracer.tracing import Tracer
 from workload.config import Config
 from workload.protocol import REFERENCE, Workload, build_workload, run_step
 
