@@ -33,7 +33,7 @@ from tracer.log import (
 from tracer.log.columns import _decode_clean
 from tracer.log.framing import FRAME_SIZE, HEADER_SIZE
 from tracer.log.layout import list_segments, segment_path
-from tracer.log.reader import LogStatus, _Segment
+from tracer.log.segment import LogStatus, Segment
 from tracer.log.records import MAX_MICROBATCH, MAX_STEP
 
 
@@ -127,7 +127,7 @@ def test_clean_multi_segment_log_matches_the_reference(make_log, version: int) -
     for i, (_, path) in enumerate(segments := list_segments(log)):  # each clean segment takes the array path
         data = path.read_bytes()
         status = LogStatus()
-        seg = _Segment(data, str(path), last=i == len(segments) - 1, skip=False, status=status)
+        seg = Segment(data, str(path), last=i == len(segments) - 1, skip=False, status=status)
         assert _decode_clean(data, seg, last=i == len(segments) - 1) is not None, path
 
 

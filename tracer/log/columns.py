@@ -30,7 +30,7 @@ from tracer.log.codec import (
     decode_string,
 )
 from tracer.log.framing import FRAME_SIZE, HEADER_SIZE, MAX_RECORD_BYTES, RecordType
-from tracer.log.reader import Entry, LogStatus, LostRange, OnCorruption, _report, _Segment, _skip_mode
+from tracer.log.segment import Entry, LogStatus, LostRange, OnCorruption, Segment, report_corruption, skip_mode
 from tracer.log.records import (
     MAX_BLOCK_ROWS,
     MAX_ELEMENTS,
@@ -131,9 +131,9 @@ def read_segment_columns(
     (`tracer.log.sessions`), `session_end` and `cutoff` are what `Sessions` says of the
     segment: it may end torn; its records from step `cutoff` on are superseded, left out.
     """
-    skip = _skip_mode(on_corruption)
+    skip = skip_mode(on_corruption)
     status = LogStatus()
-    seg = _Segment(data, name, last=last, skip=skip, status=status, session_end=session_end)
+    seg = Segment(data, name, last=last, skip=skip, status=status, session_end=session_end)
     status.first_record = seg.first_record
     clean = seg.header is not None and not status.corruptions and not status.torn_tail
     fast = _decode_clean(data, seg, last) if clean else None
@@ -226,7 +226,7 @@ def _attribute(ranges: list[LostRange], file: str, missing: int, counted: int) -
 # -- the reference path ------------------------------------------------------------------------
 
 
-def _from_entries(seg: _Segment, name: str, skip: bool, status: LogStatus) -> tuple[TensorColumns, list[Entry]]:
+def _from_entries(seg: Segment, name: str, skip: bool, status: LogStatus) -> tuple[TensorColumns, list[Entry]]:
     records: list[tuple[int, TensorRecord]] = []
     events: list[Entry] = []
     for entry in seg.entries:
@@ -236,7 +236,7 @@ def _from_entries(seg: _Segment, name: str, skip: bool, status: LogStatus) -> tu
         elif _fits(rec):
             records.append((entry.offset, rec))
         else:
-            _report(status, skip, name, entry.offset, "TENSOR value out of range: step, microbatch, nan and inf must "
+            report_corruption(status, skip, name, entry.offset, "TENSOR value out of range: step, microbatch, nan and inf must "
                     "fit int64 and the fingerprint uint64")
             status.records -= 1
             status.skipped_records += 1
@@ -267,7 +267,7 @@ def _fits(r: TensorRecord) -> bool:
 # -- the fast path -----------------------------------------------------------------------------
 
 
-def _decode_clean(data: Any, seg: _Segment, last: bool) -> tuple[TensorColumns, list[Entry], EndRecord | None] | None:
+def _decode_clean(data: Any, seg: Segment, last: bool) -> tuple[TensorColumns, list[Entry], EndRecord | None] | None:
     """Decode the records after the HEADER with array operations; None if the segment is not clean."""
     raw = np.frombuffer(data, np.uint8)
     start = HEADER_SIZE + FRAME_SIZE + int(_u32le(raw, np.array([HEADER_SIZE]))[0])
