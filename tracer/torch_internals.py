@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import torch
@@ -29,16 +30,22 @@ DYNAMO = "torch._dynamo"  # Dynamo's module, which takes seconds to import: look
 
 @dataclass(frozen=True)
 class PrivateApi:
-    """One private torch API: its dotted name, the sdctrace feature that needs it, and whether this torch has it
-    in the expected shape."""
+    """One private API of ``package`` (torch here; transformers and Lightning in workload/'s `hf_internals` and
+    `lightning_internals`): its dotted name, the sdctrace feature that needs it, and whether the installed
+    package has it in the expected shape."""
 
     name: str
     feature: str
     present: Callable[[], bool]
+    package: str = "torch"
 
     def message(self) -> str:
-        return (f"torch {torch.__version__} removed or changed {self.name}, which sdctrace's {self.feature} needs; "
-                "use the torch version pinned in pyproject.toml")
+        try:
+            version = metadata.version(self.package)
+        except metadata.PackageNotFoundError:
+            version = "(not installed)"
+        return (f"{self.package} {version} removed or changed {self.name}, which sdctrace's {self.feature} needs; "
+                "use the version pinned in pyproject.toml")
 
     def stand_in(self) -> Callable[..., Any]:
         """What sdctrace calls in place of the API where this torch lacks it: it raises, saying so."""
@@ -90,7 +97,8 @@ AutoDispatchBelowAutograd = _private("torch._C._AutoDispatchBelowADInplaceOrView
 # -- op objects (tracer.intercept, faults.ops) ---------------------------------------------------------------
 OpOverload: type = _lookup("torch._ops.OpOverload")
 OpOverloadPacket: type = _lookup("torch._ops.OpOverloadPacket")
-_APIS.append(PrivateApi("torch._ops.OpOverload", _INTERCEPT, lambda: isinstance(_lookup("torch._ops.OpOverload"), type)))
+_APIS.append(PrivateApi("torch._ops.OpOverload", _INTERCEPT,
+                        lambda: isinstance(_lookup("torch._ops.OpOverload"), type)))
 _APIS.append(PrivateApi("torch._ops.OpOverloadPacket", _INTERCEPT,
                         lambda: isinstance(_lookup("torch._ops.OpOverloadPacket"), type)))
 _APIS.append(PrivateApi("OpOverload._op, ._schema.name and ._schema.is_mutable", _INTERCEPT,
