@@ -31,7 +31,15 @@ import torch
 from tracer.background import IOThread
 from tracer.blobs import BlobStore
 from tracer.device import is_lazy, mark_step, to_host
-from tracer.fingerprint import HeldRow, TensorDigest, batched_parts, digest_many, held_digesters, resolve_rows, tensor_meta
+from tracer.fingerprint import (
+    HeldRow,
+    TensorDigest,
+    batched_parts,
+    digest_many,
+    held_digesters,
+    resolve_rows,
+    tensor_meta,
+)
 from tracer.intercept import own_ops
 from tracer.log.records import EventRecord, Phase, TensorRecord
 from tracer.options import CapturePolicy
@@ -153,7 +161,8 @@ class RecordBuffer:
                 parts = batched_parts(tensors)
                 # A tensor captured later could have changed in place by then; an XLA tensor is a value.
                 kept = [
-                    (t.detach() if is_lazy(t.device) else t.detach().clone()) if self._captures(step, n, phase) else None
+                    (t.detach() if is_lazy(t.device) else t.detach().clone()) if self._captures(step, n, phase)
+                    else None
                     for n, t in named
                 ]
             metas = [tensor_meta(t) for t in tensors]
