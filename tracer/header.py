@@ -23,7 +23,7 @@ from importlib import metadata
 import torch
 from torch import nn
 
-from tracer.config import config_fingerprint, header_config
+from tracer.config_fingerprint import config_fingerprint, header_config
 from tracer.determinism import determinism_settings
 from tracer.device import device_determinism, device_versions
 from tracer.fingerprint import ALGORITHM

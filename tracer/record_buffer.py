@@ -28,7 +28,7 @@ from typing import Protocol
 
 import torch
 
-from tracer.background import IOThread
+from tracer.io_thread import IOThread
 from tracer.blobs import BlobStore
 from tracer.device import is_lazy, mark_step, to_host
 from tracer.fingerprint import (

@@ -22,7 +22,7 @@ and its header (`tracer.header`) records the parallel layout (`tracer.parallel.L
 Digests are computed inside the hook (no tensor is kept alive); inside a step, the records
 of CPU tensors and the loss events wait in a `tracer.record_buffer.RecordBuffer` until the
 step ends, outside the passes' hot loops. Records are framed in memory and written by an
-I/O thread (`tracer.background`). Every hook is removed when the ``with`` block exits.
+I/O thread (`tracer.io_thread`). Every hook is removed when the ``with`` block exits.
 
 On a lazy device (XLA) nothing is read mid-step: digests and losses join the step's
 graph, and at the step's end the Tracer marks the step (``torch_xla.sync()``, a no-op
@@ -52,7 +52,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tracer.background import AsyncFile, IOThread
+from tracer.io_thread import AsyncFile, IOThread
 from tracer.blobs import BlobStore
 from tracer.checkpoint import Stateful, save_checkpoint
 from tracer.collectives import Stage, observing, record_name

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from tracer.errors import LogFormatError
-from tracer.files import open_regular
+from tracer.regular_files import open_regular
 from tracer.log.framing import FRAME, FRAME_SIZE, HEADER_SIZE
 from tracer.log.layout import LOCK_FILE, segment_path
 from tracer.log.reader import find_sessions

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from tracer.errors import LogCorruptionError, LogFormatError, UsageError
-from tracer.files import open_regular
+from tracer.regular_files import open_regular
 from tracer.log.codec import (
     PayloadError,
     block_rows,
