@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import operator
 import sys
 import time
 import warnings
@@ -56,14 +55,14 @@ from tracer.io_thread import AsyncFile, IOThread
 from tracer.blobs import BlobStore
 from tracer.checkpoint import Stateful, save_checkpoint
 from tracer.collectives import Stage, observing, record_name
-from tracer.errors import CaptureError, ConfigError, TraceWarning, UsageError
+from tracer.errors import CaptureError, ConfigError, TraceWarning
 from tracer.fingerprint import TensorDigest
 from tracer.guard.guard import Guard
 from tracer.guard.step_check import Attempt, check_step, step_guard, step_loss
 from tracer.header import run_header, with_sites_without_backward
 from tracer.intercept import own_ops, workload_ops
 from tracer.log import rank_dir
-from tracer.log.records import MAX_STEP, NO_MICROBATCH, EventRecord, Phase, RunHeader
+from tracer.log.records import MAX_STEP, NO_MICROBATCH, EventRecord, Phase, RunHeader, checked_index
 from tracer.log.runlock import RunLock
 from tracer.log.writer import HeaderAtFirstFlush
 from tracer.options import RunInfo, TraceOptions
@@ -295,7 +294,7 @@ class Tracer:
         gradients and repeats the step's `microbatch` and `loss` calls (`rerun_with` sets it later). Without
         it, an optimizer step given a closure re-runs through the closure, unless ``closure_reruns`` is False
         (a closure that holds only the last of several accumulated microbatches)."""
-        step = _index("step", step, MAX_STEP)
+        step = checked_index("step", step, MAX_STEP)
         self._records.drain()
         self.step_index = step
         self._begin_attempt(0)
@@ -365,7 +364,7 @@ class Tracer:
 
     def microbatch(self, index: int, inputs: torch.Tensor | tuple[torch.Tensor, ...] | None = None) -> None:
         """Start microbatch ``index`` (gradient accumulation) and fingerprint its inputs."""
-        index = _index("microbatch", index, NO_MICROBATCH - 1)
+        index = checked_index("microbatch", index, NO_MICROBATCH - 1)
         self.microbatch_index = index
         self._grads_reduced = False
         self._backward_passes = 0
@@ -586,15 +585,3 @@ def batch_tensors(batch: Any) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
     if isinstance(batch, (tuple, list)):
         return tuple(v for v in batch if isinstance(v, torch.Tensor)) or None
     return None
-
-
-def _index(what: str, value: object, limit: int) -> int:
-    """A step or microbatch index as the int the log stores (a NumPy or torch integer from the loop's own
-    counter included), refused where the loop gives it rather than at a later write."""
-    if not isinstance(value, bool):
-        with contextlib.suppress(TypeError):  # no __index__, or a float or many-element tensor's
-            index = operator.index(value)  # type: ignore[arg-type]
-            if 0 <= index <= limit:
-                return index
-    raise UsageError(f"the {what} index must be an int in 0..{limit}, found {value!r} ({type(value).__name__})")
-
