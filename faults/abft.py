@@ -42,11 +42,12 @@ from tracer import kernel
 from tracer.errors import TraceWarning
 from tracer.intercept import Call, Clock, Sink, own_ops
 from tracer.log.records import Phase
+from tracer.torch_internals import GROUPED_MM
 from tracer.sites import SiteSpec, find_sites
 
 aten = torch.ops.aten
 # _grouped_mm: a mixture-of-experts layer's experts in one call, each group checked as one mm (`_grouped_check`).
-_GROUPED = getattr(aten, "_grouped_mm", None)
+_GROUPED = GROUPED_MM
 CHECKED = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.linear} | ({_GROUPED} - {None}))
 SAFETY = 2.0
 

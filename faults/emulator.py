@@ -56,6 +56,7 @@ from tracer.errors import ConfigError, TraceWarning
 from tracer.intercept import Call, Clock, NativeKernel, Sink, below_autograd, in_own_ops, own_ops
 from tracer.log.records import Phase
 from tracer.sites import SiteSpec, find_sites, named_modules
+from tracer.torch_internals import op_is_mutable
 
 SHOWN = 8  # values and indices a fault event lists
 PREDRAWN = 1024  # draws handed to the C++ gate at a time
@@ -287,7 +288,7 @@ class FaultEmulator(ScopedInterceptor):
         # a backward op's outputs are gradients of equal standing.
         j = candidates[0] if phase == Phase.FORWARD or len(candidates) == 1 else rng.choice(candidates)
         target = outputs[j]
-        if not func._schema.is_mutable and _aliases(target, args):
+        if not op_is_mutable(func) and _aliases(target, args):
             target = target.clone()
         self._hit(i, target, rng, site, str(func), phase, microbatch)
         if site not in self._site_names:

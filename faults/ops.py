@@ -25,10 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch._ops import OpOverloadPacket
-
 from tracer.collectives import OPS as COLLECTIVE_OPS
 from tracer.errors import ConfigError
+from tracer.torch_internals import GROUPED_MM, OpOverloadPacket
 
 COLLECTIVE_FAMILY = "collective"  # every collective a model reports to `tracer.collectives`
 
@@ -50,8 +49,8 @@ _UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos
 _BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "where", "addcmul", "addcdiv", "lerp")
 
 FAMILIES: dict[str, frozenset[OpOverloadPacket]] = {
-    # _grouped_mm: every expert of a mixture-of-experts layer in one call (its CPU kernel calls mm inside it).
-    "matmul": _packets("mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "_grouped_mm", *_ATTENTION),
+    # GROUPED_MM: every expert of a mixture-of-experts layer in one call (its CPU kernel calls mm inside it).
+    "matmul": _packets("mm", "addmm", "bmm", "baddbmm", "linear", "matmul", *_ATTENTION) | ({GROUPED_MM} - {None}),
     "attention": _packets(*_ATTENTION),
     "softmax": _packets("_softmax", "_log_softmax", "_safe_softmax",
                         "_softmax_backward_data", "_log_softmax_backward_data"),

@@ -29,12 +29,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
 
 from tracer import kernel
 from tracer.intercept import Interceptor, pause, resume
 from tracer.log.records import Phase
+from tracer.torch_internals import autograd_sequence_nr, current_autograd_node, in_backward, tree_leaves
 
 _KEY = "sdctrace.scope"
 
@@ -63,7 +63,7 @@ def current_phase(forward_active: bool) -> Phase | None:
     """BACKWARD inside the autograd engine, FORWARD inside a hooked module or with
     grad enabled, None otherwise (optimizer step, gradient clipping, bookkeeping)."""
     # torch.utils.checkpoint relies on this too: -1 unless the engine runs a graph task.
-    if torch._C._current_graph_task_id() != -1:
+    if in_backward():
         return Phase.BACKWARD
     if forward_active or torch.is_grad_enabled():
         return Phase.FORWARD
@@ -112,14 +112,14 @@ class ModuleScope:
         """Paths of the hooked modules the current op belongs to, outermost first."""
         if phase == Phase.FORWARD:
             return tuple(self._forward)
-        node = torch._C._current_autograd_node()
+        node = current_autograd_node()
         return node.metadata.get(_KEY, ()) if node is not None else ()
 
     def _enter_forward(self, path: str):  # noqa: ANN202 - torch hook signature
         def hook(module: nn.Module, args: Any) -> None:
             resume()  # a step that raised left the interceptors paused
             self._forward.append(path)
-            self._starts.append(torch._C._autograd._get_sequence_nr())
+            self._starts.append(autograd_sequence_nr())
 
         return hook
 
@@ -128,7 +128,7 @@ class ModuleScope:
             self._forward.pop()
             start = self._starts.pop()
             if torch.is_grad_enabled():
-                self._label(output, path, start, torch._C._autograd._get_sequence_nr())
+                self._label(output, path, start, autograd_sequence_nr())
 
         return hook
 
@@ -213,8 +213,7 @@ class _OptimizerSteps:
         # (LBFGS) runs a forward inside it, and it is outside the backward unless a gradient hook calls it.
         builtin = type(optimizer).__module__.startswith("torch.optim.")
         closure = len(args) > 1 or kwargs.get("closure") is not None
-        in_backward = torch._C._current_graph_task_id() != -1
-        if not builtin or closure or optimizer.defaults.get("differentiable") or in_backward:
+        if not builtin or closure or optimizer.defaults.get("differentiable") or in_backward():
             return
         if any(scope.forward_active for scope in cls._scopes):
             return

@@ -43,7 +43,7 @@ from pipelines.tables import TABLES, named
 from pipelines.tags import split
 from tracer.checkpoint import CHECKPOINT_GLOB, parse_checkpoint_path
 from tracer.errors import LogError, LogFormatError, UsageError
-from tracer.files import open_regular, read_regular
+from tracer.regular_files import open_regular, read_regular
 from tracer.log import (
     SEGMENT_GLOB,
     LostRange,
@@ -213,7 +213,7 @@ def list_checkpoints(path: str) -> dict[int, set[int]]:
 
 def read_file(path: str, limit: int | None = None) -> bytes:
     """A file's bytes (at most `limit`), bounded by its size: a local path must be a regular file (a FIFO
-    would block, /dev/zero never end, tracer.files); any other file system reads at most its listed size."""
+    would block, /dev/zero never end, tracer.regular_files); any other file system reads at most its listed size."""
     if FileSystems.get_scheme(path) in (None, "file"):
         local = path.removeprefix("file://")
         if limit is None:

@@ -60,13 +60,14 @@ from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ValidationError
 from tracer.guard.runtime import RngState
+from tracer.header import software_versions
 from tracer.intercept import own_ops
 from tracer.log import LogWriter, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
 from tracer.options import RunInfo, TraceOptions
 from tracer.rng import TorchRng, recorded_rng
 from tracer.sites import find_sites
-from tracer.tracing import Tracer, software_versions
+from tracer.tracing import Tracer
 from workload.protocol import Workload, build_workload, run_step
 
 

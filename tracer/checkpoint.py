@@ -28,7 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
 from tracer.errors import CaptureError, LogError
-from tracer.files import read_regular
+from tracer.regular_files import read_regular
 from tracer.fingerprint import fingerprint
 from tracer.log.layout import CHECKPOINT_DIR
 from tracer.log.records import MAX_DEPTH, MAX_STEP, MAX_WORLD_SIZE, nesting_depth_over

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tracer.errors import ConfigError
+from tracer.torch_internals import DYNAMO, on_compile_start
 
-_DYNAMO = "torch._dynamo"
 _lock = threading.Lock()
 _watched = False  # the callback is registered, or the finder waits for Dynamo to load
 
@@ -41,7 +41,7 @@ def refuse_compilation(active: Callable[[], Sequence[Any]]) -> None:
         if _watched:
             return
         _watched = True
-        if _DYNAMO in sys.modules:
+        if DYNAMO in sys.modules:
             _register(active)
         else:
             sys.meta_path.insert(0, _WhenDynamoLoads(active))
@@ -52,7 +52,7 @@ def eager(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
     sdctrace's own kernels, which Dynamo cannot trace: without this it warns about them and breaks the graph
     there anyway). Only where Dynamo is loaded, as it is by Hugging Face, Lightning and any compiled model: the
     wrapper costs about 1.5 us a call, and a model compiled after the hooks went in keeps Dynamo's warning."""
-    if _DYNAMO not in sys.modules:
+    if DYNAMO not in sys.modules:
         return fn
     import torch
 
@@ -71,8 +71,6 @@ def refusal(titles: Sequence[str]) -> ConfigError:
 
 
 def _register(active: Callable[[], Sequence[Any]]) -> None:
-    from torch._dynamo.callback import on_compile_start
-
     def refuse(_: Any) -> None:
         interceptors = active()
         if interceptors:
@@ -88,7 +86,7 @@ class _WhenDynamoLoads(importlib.abc.MetaPathFinder):
         self.active = active
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != _DYNAMO:
+        if fullname != DYNAMO:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)

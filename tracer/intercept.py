@@ -33,16 +33,30 @@ threads. The last one entered sees an op first and calls it through the ones bel
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch._ops import OpOverload, OpOverloadPacket
-
 from tracer.compiled import refuse_compilation
 from tracer.errors import ConfigError
+from tracer.torch_internals import (
+    AutoDispatchBelowAutograd,
+    DispatchKeySet,
+    OpOverload,
+    OpOverloadPacket,
+    destroy_library,
+    dispatch_key_excluded,
+    dispatch_key_included,
+    has_kernel_for_dispatch_key,
+    op_entry,
+    op_name,
+    parse_dispatch_key,
+    set_dispatch_key_excluded,
+    set_dispatch_key_included,
+)
 
 _KEY_NAME = "TESTING_ONLY_GenericMode"
 _state = threading.local()
@@ -85,13 +99,13 @@ class _Router:
 
     def __init__(self) -> None:
         try:
-            self.key = torch._C._parse_dispatch_key(_KEY_NAME)
+            self.key = parse_dispatch_key(_KEY_NAME)
         except RuntimeError as e:
             raise ConfigError(
                 f"torch {torch.__version__} has no {_KEY_NAME} dispatch key, which sdctrace's fault emulator and "
                 "ABFT checker use; use torch 2.x as pinned in pyproject.toml"
             ) from e
-        self.keys = torch._C.DispatchKeySet(self.key)
+        self.keys = DispatchKeySet(self.key)
         self._fallthrough = torch.library.Library("_", "IMPL")
         self._fallthrough.fallback(torch.library.fallthrough_kernel, _KEY_NAME)
         self._lock = threading.Lock()
@@ -109,8 +123,8 @@ class _Router:
             self._register()
         depth = getattr(_state, "entered", 0)
         if depth == 0:
-            _state.included = torch._C._dispatch_tls_is_dispatch_key_included(self.key)
-            torch._C._dispatch_tls_set_dispatch_key_included(self.key, True)
+            _state.included = dispatch_key_included(self.key)
+            set_dispatch_key_included(self.key, True)
         _state.entered = depth + 1
 
     def pop(self, interceptor: Interceptor) -> None:
@@ -120,7 +134,7 @@ class _Router:
             self._register()
         _state.entered = getattr(_state, "entered", 1) - 1
         if _state.entered == 0:
-            torch._C._dispatch_tls_set_dispatch_key_included(self.key, _state.included)
+            set_dispatch_key_included(self.key, _state.included)
 
     def _register(self) -> None:
         """One kernel for each overload an active interceptor names: that interceptor's C++ kernel where it is
@@ -147,7 +161,7 @@ class _Router:
             else:
                 library = torch.library.Library("aten", "IMPL")
                 library.impl(name, self._kernel(op), _KEY_NAME)
-                remove = library._destroy
+                remove = functools.partial(destroy_library, library)
             self._kernels[qualified] = (owner, remove)
 
     def _dispatched(self, packet: OpOverloadPacket) -> list[tuple[str, OpOverload]]:
@@ -157,7 +171,7 @@ class _Router:
             known = self._overloads[packet] = []
             for name in packet.overloads():
                 op = getattr(packet, name)
-                qualified = op._schema.name + ("" if name == "default" else f".{name}")
+                qualified = op_name(op) + ("" if name == "default" else f".{name}")
                 try:
                     decomposed = _decomposed(qualified)
                 except RuntimeError:
@@ -180,7 +194,7 @@ class _Router:
 def _decomposed(qualified: str) -> bool:
     """The op reaches the devices interceptors run on (CPU, CUDA) only as the ops its CompositeImplicitAutograd
     kernel calls."""
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    has = has_kernel_for_dispatch_key
     return has(qualified, "CompositeImplicitAutograd") and not any(
         has(qualified, key) for key in ("CPU", "CUDA", "CompositeExplicitAutograd")
     )
@@ -188,8 +202,8 @@ def _decomposed(qualified: str) -> bool:
 
 def _through(chain: tuple[Interceptor, ...], op: OpOverload, key: Any) -> Call:
     """``op`` called through ``chain`` (outermost first), the key off below the last."""
-    run = op._op  # the op's C++ entry, without OpOverload.__call__'s Python frame
-    exclude = torch._C._dispatch_tls_set_dispatch_key_excluded
+    run = op_entry(op)  # the op's C++ entry, without OpOverload.__call__'s Python frame
+    exclude = set_dispatch_key_excluded
 
     def bare(*args: Any, **kwargs: Any) -> Any:
         # The key was not excluded, or this kernel would not run. Two calls, not ExcludeDispatchKeyGuard's
@@ -228,9 +242,9 @@ def _router() -> _Router:
 def active() -> tuple[Interceptor, ...]:
     """The interceptors that see this thread's ops now, in the order entered (none inside `own_ops`)."""
     r = _the_router
-    if r is None or not torch._C._dispatch_tls_is_dispatch_key_included(r.key):
+    if r is None or not dispatch_key_included(r.key):
         return ()
-    if torch._C._dispatch_tls_is_dispatch_key_excluded(r.key):
+    if dispatch_key_excluded(r.key):
         return ()
     return tuple(r.stack)
 
@@ -248,12 +262,12 @@ class own_ops:  # noqa: N801 - used as a function: ``with own_ops():``
         router = _the_router
         self._key = key = router.key if router is not None else None
         if key is not None:
-            self._was = torch._C._dispatch_tls_is_dispatch_key_excluded(key)
-            torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
+            self._was = dispatch_key_excluded(key)
+            set_dispatch_key_excluded(key, True)
 
     def __exit__(self, *exc: object) -> None:
         if self._key is not None:
-            torch._C._dispatch_tls_set_dispatch_key_excluded(self._key, self._was)
+            set_dispatch_key_excluded(self._key, self._was)
         _state.depth = self._depth
 
 
@@ -266,22 +280,22 @@ def in_own_ops() -> bool:
 def below_autograd() -> Iterator[None]:
     """Edit a tensor in place unseen by autograd: no history and no version bump, so a result an op saved for
     backward carries the edit as if the op had produced it (an interceptor runs above autograd)."""
-    with torch.no_grad(), torch._C._AutoDispatchBelowADInplaceOrView():
+    with torch.no_grad(), AutoDispatchBelowAutograd():
         yield
 
 
 def pause() -> None:
     """Switch the interceptors off on this thread for a plain optimizer step, until `resume`."""
     r = _the_router
-    if r is not None and not torch._C._dispatch_tls_is_dispatch_key_excluded(r.key):
-        torch._C._dispatch_tls_set_dispatch_key_excluded(r.key, True)
+    if r is not None and not dispatch_key_excluded(r.key):
+        set_dispatch_key_excluded(r.key, True)
         _state.paused = True
 
 
 def resume() -> None:
     """Undo a `pause`, if one is in effect on this thread."""
     if paused():
-        torch._C._dispatch_tls_set_dispatch_key_excluded(_the_router.key, False)
+        set_dispatch_key_excluded(_the_router.key, False)
         _state.paused = False
 
 

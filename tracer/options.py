@@ -52,7 +52,7 @@ class RunInfo:
     """Who wrote the run: the header's identity and pairing fields."""
 
     node_label: str  # the machine, e.g. "node-7": what reports name
-    config: Mapping[str, Any] = field(default_factory=dict)  # any JSON-like mapping; fingerprinted (tracer.config)
+    config: Mapping[str, Any] = field(default_factory=dict)  # any JSON-like mapping (tracer.config_fingerprint)
     seed: int = 0
     data_order_fingerprint: str = ""  # what fixes the order of the data; runs pair only if equal
     role: str = "train"  # "train", "finetune", "replay", ...

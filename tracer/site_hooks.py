@@ -65,6 +65,7 @@ from torch.utils.hooks import RemovableHandle
 from tracer.compiled import eager
 from tracer.errors import CaptureError, TraceWarning
 from tracer.intercept import own_ops
+from tracer.torch_internals import version_counter
 
 OutputCallback = Callable[[str, torch.Tensor], torch.Tensor | None]
 """``(site, output) -> replacement or None``: runs after the site's forward.
@@ -153,7 +154,7 @@ class SiteHooks:
                     # A view's tensor hook costs less than a Python autograd Function.
                     tapped = x.view_as(x)
                     tapped.register_hook(report)
-                    taps: tuple[tuple[torch.Tensor, int], ...] = ((tapped, tapped._version),)
+                    taps: tuple[tuple[torch.Tensor, int], ...] = ((tapped, version_counter(tapped)),)
                 else:
                     tapped = _InputGrad.apply(x, self._anchor(x.device), report)
                     taps = ()
@@ -189,7 +190,7 @@ class SiteHooks:
                 if report is None:
                     report = self._reporters[other] = self._input_grad_reporter(other)
                 view.register_hook(report)
-                new_taps.append((view, view._version))
+                new_taps.append((view, version_counter(view)))
             return v if view is None else view
 
         return tuple(tap(a) for a in args), {k: tap(v) for k, v in kwargs.items()}, tuple(new_taps)
@@ -212,7 +213,7 @@ class SiteHooks:
             taps = self._taps.get(name)
             if taps:
                 for tapped, version in taps.pop():
-                    if tapped._version != version:  # the view's hook would never run
+                    if version_counter(tapped) != version:  # the view's hook would never run
                         self._unrecordable(name, "it modifies its input in place")
                         break
             key, out = site_output(output)

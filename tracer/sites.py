@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from torch import nn
 
 from tracer.errors import ConfigError
+from tracer.torch_internals import compiled_module_type
 
 DEFAULT_NAME_PATTERN = r"(^|\.)\d+\.(attention|attn|self_attn|self_attention|feed_forward|mlp|ffn)$"
 DEFAULT_CLASS_PATTERN = r"(Attention|MLP|FeedForward|FFN)$"
@@ -57,8 +58,8 @@ def _wrapper_attribute(m: nn.Module) -> str | None:
     if isinstance(m, nn.parallel.DistributedDataParallel):
         return "module"
     # No instance of these can exist before its module is imported: no import here.
-    dynamo, fsdp = sys.modules.get("torch._dynamo.eval_frame"), sys.modules.get("torch.distributed.fsdp")
-    if dynamo is not None and isinstance(m, dynamo.OptimizedModule):
+    compiled, fsdp = compiled_module_type(), sys.modules.get("torch.distributed.fsdp")
+    if compiled is not None and isinstance(m, compiled):
         return "_orig_mod"
     if fsdp is not None and isinstance(m, fsdp.FullyShardedDataParallel):
         return "_fsdp_wrapped_module"
@@ -236,3 +237,25 @@ def module_tree(model: nn.Module, lines: int = 8) -> str:
     if len(named) > lines - 1:
         rows.append(f"  ... and {len(named) - (lines - 1)} more modules")
     return "\n".join(rows)
+
+
+def no_default_sites(model: nn.Module) -> str:
+    """Why a model has no default sites, and how to choose some: the error a Tracer raises."""
+    weighted = [n for n, m in named_modules(model) if list(m.parameters(recurse=False))]
+    example = "|".join(re.escape(n) for n in weighted[:2]) or ".*"
+    return (
+        f"the Tracer found no default sites in {type(model).__name__} (no attention or MLP submodule of a "
+        f"numbered block, by path or class name): pass TraceOptions(sites=...) a regex over the module paths "
+        f"below (e.g. sites=r\"{example}\") or a list of modules, or TraceOptions(activations=False) to trace "
+        f"only gradients and parameters. The model's modules:\n{module_tree(model)}"
+    )
+
+
+def sites_said(paths: Sequence[str], *, defaults: bool, wrappers: Sequence[str] = ()) -> str:
+    """The traced sites in a few lines, said once, so that a part of the model left out is seen at the start;
+    ``defaults``: found by the default rule rather than chosen, ``wrappers``: those left out of the names."""
+    chosen = "the defaults" if defaults else "as chosen"
+    left_out = f"; names leave out the wrappers' {', '.join(wrappers)}" if wrappers else ""
+    lines = "".join(f"\n  {line}" for line in describe_sites(paths))
+    return (f"sdctrace: tracing {len(paths)} sites ({chosen}: TraceOptions(sites=...) or sdc record --sites "
+            f"to change them{left_out}):{lines}")

@@ -10,7 +10,8 @@ from typing import Literal
 from tracer.checkpoint import list_checkpoints
 from tracer.errors import LogFormatError
 from tracer.log import list_ranks, rank_dir
-from tracer.log.reader import LogReader, LogStatus
+from tracer.log.reader import LogReader
+from tracer.log.segment import LogStatus
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord
 
 

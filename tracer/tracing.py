@@ -18,12 +18,11 @@ the site's calling convention (`tracer.site_hooks` says which tensors those are)
 optimizer hooks record every gradient before the step and every parameter after
 it; collectives that report to `tracer.collectives` have their input and output
 recorded. Under ``torch.distributed`` each rank writes its own log (``rank-NNNNN``)
-and its header records the parallel layout (`tracer.parallel.Layout`). Digests are
-computed inside the hook (no tensor is kept alive); inside a step, the records of CPU
-tensors and the loss events are built when the step ends (or a record comes that cannot
-wait), outside the passes' hot loops. Records are
-framed in memory and written by an I/O thread (`tracer.background`). Every hook is
-removed when the ``with`` block exits.
+and its header (`tracer.header`) records the parallel layout (`tracer.parallel.Layout`).
+Digests are computed inside the hook (no tensor is kept alive); inside a step, the records
+of CPU tensors and the loss events wait in a `tracer.record_buffer.RecordBuffer` until the
+step ends, outside the passes' hot loops. Records are framed in memory and written by an
+I/O thread (`tracer.io_thread`). Every hook is removed when the ``with`` block exits.
 
 On a lazy device (XLA) nothing is read mid-step: digests and losses join the step's
 graph, and at the step's end the Tracer marks the step (``torch_xla.sync()``, a no-op
@@ -31,89 +30,49 @@ if the loop already did) and reads all of them in one transfer (docs/xla.md).
 
 With ``guard=`` (`tracer.guard`), detectors look at each step in the optimizer pre-hook, after
 its gradients are recorded, and a flagged step is run again (``tr.step(step, rerun=fn)``, or
-the optimizer step's closure) before the optimizer may use it; the step's records are held in
-memory until then, so the log holds the run that training used (docs/guard.md).
+the optimizer step's closure) before the optimizer may use it (`tracer.guard.step_check`); the
+step's records are held in memory until then, so the log holds the run that training used
+(docs/guard.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
-import operator
-import platform
-import re
 import sys
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from importlib import metadata
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tracer.background import AsyncFile, IOThread
+from tracer.io_thread import AsyncFile, IOThread
 from tracer.blobs import BlobStore
 from tracer.checkpoint import Stateful, save_checkpoint
 from tracer.collectives import Stage, observing, record_name
-from tracer.config import config_fingerprint, header_config
-from tracer.determinism import determinism_settings
-from tracer.device import device_determinism, device_versions, is_lazy, mark_step, to_host
-from tracer.errors import CaptureError, ConfigError, GuardStop, TraceWarning, UsageError
-from tracer.fingerprint import (
-    ALGORITHM,
-    HeldRow,
-    TensorDigest,
-    batched_parts,
-    digest_many,
-    held_digesters,
-    resolve_rows,
-    tensor_meta,
-)
-from tracer.guard.guard import Guard, classify, verdict
-from tracer.guard.runtime import StepGuard
+from tracer.errors import CaptureError, ConfigError, TraceWarning
+from tracer.fingerprint import TensorDigest
+from tracer.guard.guard import Guard
+from tracer.guard.step_check import Attempt, check_step, step_guard, step_loss
+from tracer.header import run_header, with_sites_without_backward
 from tracer.intercept import own_ops, workload_ops
 from tracer.log import rank_dir
-from tracer.log.records import MAX_STEP, NO_MICROBATCH, SCHEMA_VERSION, EventRecord, Phase, RunHeader, TensorRecord
+from tracer.log.records import MAX_STEP, NO_MICROBATCH, EventRecord, Phase, RunHeader, checked_index
 from tracer.log.runlock import RunLock
 from tracer.log.sessions import Resumption
 from tracer.log.writer import HeaderAtFirstFlush
 from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
+from tracer.record_buffer import RecordBuffer, RecordSink
 from tracer.rng import StepRng
 from tracer.site_hooks import SiteHooks
-from tracer.sites import describe_sites, find_sites, module_tree, named_modules, named_parameters, stripped_wrappers
-
-
-class RecordSink(Protocol):
-    """Where a Tracer's records go: a `LogWriter`, or a checker such as replay's verifier."""
-
-    def write_tensor(self, rec: TensorRecord) -> None: ...
-    def write_event(self, rec: EventRecord) -> None: ...
-    def flush(self) -> None: ...
-    def close(self, status: str = "complete", detail: str = "") -> None: ...
-    def abandon(self) -> None: ...
-
-
-@functools.cache
-def _versions() -> tuple[tuple[str, str], ...]:
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.machine()}
-    for dist in ("sdctrace", "msgpack", "safetensors"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = "unknown"
-    return tuple(versions.items())
-
-
-def software_versions() -> dict[str, str]:
-    """The software a run was recorded with (read once per process: package metadata is slow to query)."""
-    return dict(_versions())
+from tracer.sites import find_sites, named_parameters, no_default_sites, sites_said
+from tracer.torch_internals import in_backward
 
 
 def _to_stderr(text: str) -> None:
@@ -159,7 +118,7 @@ class Tracer:
         self.options = options = options or TraceOptions()
         self.sites = find_sites(model, options.sites) if options.activations else []
         if options.activations and options.sites is None and not self.sites:
-            raise ConfigError(_no_default_sites(model))
+            raise ConfigError(no_default_sites(model))
         self.capture = options.capture
         self.blobs = BlobStore(self.out) if self.out is not None else None
         self._rng = StepRng(self.blobs) if self.blobs is not None else None  # `rng` events (tracer/rng.py)
@@ -172,34 +131,9 @@ class Tracer:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
         self.guard = guard
-        self._guard = _step_guard(guard, optimizer, options, device, self.world_size)
-        config = header_config(run.config)
-        self.header = RunHeader(
-            schema_version=SCHEMA_VERSION,
-            run_id=run.run_id or uuid.uuid4().hex,
-            node_label=run.node_label,
-            role=run.role,
-            world_size=self.world_size,
-            rank=self.rank,
-            config=config,
-            config_fingerprint=config_fingerprint(config),
-            seed=run.seed,
-            data_order_fingerprint=run.data_order_fingerprint,
-            fingerprint_algorithm=ALGORITHM,
-            versions={**software_versions(), **device_versions(device)},
-            device=str(device),
-            determinism={**determinism_settings(), **device_determinism(device)},
-            created_unix=time.time(),
-            # Site hooks add autograd nodes, which can change gradient summation order:
-            # the traced sites are part of what makes two runs bit-comparable.
-            extra={
-                **dict(run.extra),
-                "sites": [name for name, _ in self.sites],
-                **({"wrappers": wrapped} if (wrapped := stripped_wrappers(model)) else {}),
-                "parallel": self.layout.header(self.rank),
-                **({"guard": guard.describe()} if guard is not None else {}),
-            },
-        )
+        self._guard = step_guard(guard, optimizer, options, device, self.world_size)
+        self.header = run_header(run, model, self.sites, self.layout, rank=self.rank, world_size=self.world_size,
+                                 device=device, guard=guard)
         self._names = {id(p): n for n, p in named_parameters(model)}
         self._handles: list[RemovableHandle] = []
         self._site_hooks: SiteHooks | None = None
@@ -224,18 +158,12 @@ class Tracer:
         self._grad_norm: torch.Tensor | float | None = None  # before clipping, if the loop reports it
         self._lrs: list[float] = []
         self._step_start = 0.0
-        # Lazy devices: what the step has recorded but not read yet, in log order.
-        self._pending: list[tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], None]]] = []
-        # CPU digests and loss events taken inside a step, written when the step ends (or another record comes
-        # that cannot wait): building records between the ops of a pass costs several times what it costs in a loop.
-        # A sink (replay's checker) reads each record as it comes, a subclass that overrides record_many sees
-        # every record there, and a capture copies the tensor as it is: none of them holds.
-        self._held: list[tuple[int, int, str, Phase, HeldRow] | EventRecord] = []
+        # What the Tracer has taken but not written yet (`tracer.record_buffer`). A sink (replay's checker) reads
+        # each record as it comes, a subclass that overrides record_many sees every record there, and a capture
+        # copies the tensor as it is: none of them holds.
+        self._records = RecordBuffer(lambda: self.log, self.capture, self.blobs)
         self._holds = (sink is None and type(self).record_many is Tracer.record_many
                        and not (self.capture.active and self.blobs is not None))
-        # Set inside a step that holds (fingerprint.HeldDigesters).
-        self._digest_held: Callable[[torch.Tensor], HeldRow | None] | None = None
-        self._digest_held_many: Callable[[list[torch.Tensor]], list[HeldRow] | None] | None = None
         self._paused = False
         self._echo = echo
         self._lock: RunLock | None = None
@@ -264,7 +192,7 @@ class Tracer:
                     open_file=lambda path: AsyncFile(path, io),
                     resume=self._resume,
                 )
-            self._io = io
+            self._io = self._records.io = io
             self._site_hooks = SiteHooks(
                 self.sites,
                 on_output=self._site_output,
@@ -280,7 +208,8 @@ class Tracer:
                 self._observing = observing(self._collective)
                 self._observing.__enter__()
             if self.sites and self.rank == 0 and self._sink is None and self._echo is not None:
-                self._echo(self._sites_said())
+                self._echo(sites_said([n for n, _ in self.sites], defaults=self.options.sites is None,
+                                      wrappers=self.header.extra.get("wrappers", ())))
         except BaseException:
             self._remove_hooks()
             if self._log is not None:
@@ -297,8 +226,8 @@ class Tracer:
         try:
             if exc is None and self._log is not None:
                 try:
-                    self._drain()
-                    self._read_pending()
+                    self._records.drain()
+                    self._records.read_pending()
                 except BaseException as e:
                     self._close(e)
                     raise
@@ -312,13 +241,13 @@ class Tracer:
             lock.release()
 
     def _close(self, exc: BaseException | None) -> None:
-        self._pending.clear()  # after a failure: a lazy step's graph may not run
+        self._records.discard_pending()  # after a failure: a lazy step's graph may not run
         if exc is not None:
             with contextlib.suppress(Exception):  # the training error stays the one the user sees
-                self._drain()  # what the failed step recorded before the failure
-        self._held.clear()
+                self._records.drain()  # what the failed step recorded before the failure
+        self._records.discard_held()
         log, io = self._log, self._io
-        self._log = self._io = None
+        self._log = self._io = self._records.io = None
         if log is None:
             return
         if exc is None:
@@ -353,8 +282,8 @@ class Tracer:
 
     def sync(self) -> None:
         """Block until everything recorded so far has reached the OS."""
-        self._drain()
-        self._read_pending()
+        self._records.drain()
+        self._records.read_pending()
         self.log.flush()
         if self._io is not None:
             self._io.drain()
@@ -370,8 +299,8 @@ class Tracer:
         gradients and repeats the step's `microbatch` and `loss` calls (`rerun_with` sets it later). Without
         it, an optimizer step given a closure re-runs through the closure, unless ``closure_reruns`` is False
         (a closure that holds only the last of several accumulated microbatches)."""
-        step = _index("step", step, MAX_STEP)
-        self._drain()
+        step = checked_index("step", step, MAX_STEP)
+        self._records.drain()
         self.step_index = step
         self._begin_attempt(0)
         self._lrs = []
@@ -381,27 +310,27 @@ class Tracer:
             self.event("rng", **self._rng.step_start())
         if self._guard is not None:
             self._log = self._guard.begin(self.log)
-        held = held_digesters() if self._holds else None
-        self._digest_held, self._digest_held_many = (held.one, held.many) if held is not None else (None, None)
+        if self._holds:
+            self._records.start_holding()
         try:
             yield
         except BaseException:
-            self._digest_held = self._digest_held_many = None
+            self._records.stop_holding()
             with contextlib.suppress(Exception):  # the training error stays the one the user sees
-                self._drain()
+                self._records.drain()
             if self._guard is not None:
                 self._log = self._guard.release()  # what the step recorded, as it would be without a guard
             raise
-        self._digest_held = self._digest_held_many = None
+        self._records.stop_holding()
         if self._rng is not None:
             self._rng.rebuilt_here()
-        self._drain()
+        self._records.drain()
         if self._guard is not None:
             self._log = self._guard.release()  # a step without an optimizer step: nothing to decide
         norm: list[float] = []
-        if isinstance(self._grad_norm, torch.Tensor) and _deferred(self._grad_norm.device):
-            self._pending.append(([self._grad_norm.detach().reshape(1)], lambda host: norm.append(host[0].item())))
-        self._read_pending()  # on an accelerator, the step's one transfer: the norm rides along
+        if isinstance(self._grad_norm, torch.Tensor) and self._records.defers(self._grad_norm):
+            self._records.defer([self._grad_norm.detach().reshape(1)], lambda host: norm.append(host[0].item()))
+        self._records.read_pending()  # on an accelerator, the step's one transfer: the norm rides along
         log = self.log
         wall = time.perf_counter() - self._step_start
         lrs = self._lrs or ([float(g["lr"]) for g in self.optimizer.param_groups] if self.optimizer else [])
@@ -440,7 +369,7 @@ class Tracer:
 
     def microbatch(self, index: int, inputs: torch.Tensor | tuple[torch.Tensor, ...] | None = None) -> None:
         """Start microbatch ``index`` (gradient accumulation) and fingerprint its inputs."""
-        index = _index("microbatch", index, NO_MICROBATCH - 1)
+        index = checked_index("microbatch", index, NO_MICROBATCH - 1)
         self.microbatch_index = index
         self._grads_reduced = False
         self._backward_passes = 0
@@ -453,19 +382,19 @@ class Tracer:
     def loss(self, value: torch.Tensor | float) -> None:
         """Log this microbatch's loss (as it contributes to the step: already scaled)."""
         step, mb = self.step_index, self.microbatch_index
-        if isinstance(value, torch.Tensor) and _deferred(value.device):
-            self._drain()
+        if isinstance(value, torch.Tensor) and self._records.defers(value):
+            self._records.drain()
             log = self.log
 
             def write(v: float) -> None:
                 self._losses.append(v)
                 log.write_event(EventRecord("loss", step, {"microbatch": mb, "loss": v}))
 
-            self._pending.append(([value.detach().reshape(1)], lambda host: write(host[0].item())))
+            self._records.defer([value.detach().reshape(1)], lambda host: write(host[0].item()))
             return
         v = float(value.detach().item() if isinstance(value, torch.Tensor) else value)
         self._losses.append(v)
-        self._hold_or_write(EventRecord("loss", step, {"microbatch": mb, "loss": v}))
+        self._records.hold_event(EventRecord("loss", step, {"microbatch": mb, "loss": v}))
 
     def restored(self) -> None:
         """Training state was just restored from one of this run's checkpoints (a resumed recording): the global
@@ -480,8 +409,8 @@ class Tracer:
         the ``state_dict`` of every object in ``states`` (an LR scheduler, a sampler), by name."""
         if self.out is None:
             raise CaptureError("this Tracer writes to a sink, not a run directory: it cannot checkpoint")
-        self._drain()
-        self._read_pending()
+        self._records.drain()
+        self._records.read_pending()
         self._states = states
         with own_ops():
             path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}), states)
@@ -492,12 +421,7 @@ class Tracer:
 
     def event(self, kind: str, /, *, at_step: int | None = None, **fields: Any) -> None:
         """Log a custom event at the current step, or at ``at_step``."""
-        self._drain()
-        rec, log = EventRecord(kind, self.step_index if at_step is None else at_step, fields), self.log
-        if self._pending:  # keep log order
-            self._pending.append(([], lambda host: log.write_event(rec)))
-        else:
-            log.write_event(rec)
+        self._records.write_event(EventRecord(kind, self.step_index if at_step is None else at_step, fields))
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -511,57 +435,9 @@ class Tracer:
 
     def record(self, name: str, tensor: torch.Tensor, phase: Phase, microbatch: int | None = None) -> None:
         """Fingerprint one tensor at the current step and microbatch (and capture it if asked)."""
-        digest = self._digest_held
-        if digest is not None:
-            row = digest(tensor)  # no torch op: the fault emulator and the ABFT checker see nothing of it
-            if row is not None:
-                held = self._held
-                held.append((self.step_index, self.microbatch_index if microbatch is None else microbatch, name,
-                             phase, row))
-                if len(held) >= _HOLD_ROWS:
-                    self._drain()
-                return
-        self.record_many([(name, tensor)], phase, microbatch)
-
-    def _drain(self) -> None:
-        """Write the records `record` held, in order: before any other record is written or deferred, and
-        before the guard moves what it holds."""
-        held = self._held
-        if not held:
-            return
-        self._held = []
-        log = self.log
-        write = log.write_tensor
-        for item in held:
-            if type(item) is EventRecord:
-                log.write_event(item)
-                continue
-            step, mb, name, phase, (fp, nan, inf, l2, absmax, meta) = item  # type: ignore[misc]
-            write(TensorRecord(step, mb, name, phase, fp, l2, absmax, nan, inf, meta))
-
-    def _hold_many(self, named: list[tuple[str, torch.Tensor]], phase: Phase, mb: int = 0) -> bool:
-        """Hold a step's gradient or parameter records from one kernel call, with no Python per tensor but the
-        record's tuple; False (nothing held) outside a step that holds, or when the kernel does not take them all."""
-        many = self._digest_held_many
-        rows = many([t for _, t in named]) if many is not None and named else None
-        if rows is None:
-            return False
-        step, held = self.step_index, self._held
-        held.extend([(step, mb, name, phase, row) for (name, _), row in zip(named, rows)])
-        if len(held) >= _HOLD_ROWS:
-            self._drain()
-        return True
-
-    def _hold_or_write(self, event: EventRecord) -> None:
-        """Write one of the Tracer's own events, or inside a step that holds, keep it in order with the held
-        records: written between a pass's ops, a loss event cost a traced tiny step 40 us, 3 us in a loop."""
-        if self._digest_held is None:
-            self._drain()
-            self.log.write_event(event)
-            return
-        self._held.append(event)
-        if len(self._held) >= _HOLD_ROWS:
-            self._drain()
+        mb = self.microbatch_index if microbatch is None else microbatch
+        if not self._records.hold(self.step_index, mb, name, phase, tensor):
+            self.record_many([(name, tensor)], phase, microbatch)
 
     def record_many(
         self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None, *,
@@ -571,75 +447,14 @@ class Tracer:
         parameters), which is what keeps per-tensor overhead out of the step. Returns the digests; None on an
         accelerator, whose digests are read at the step's end unless ``read_now`` (the guard needs them
         before the optimizer step)."""
-        self._drain()
-        if not named:
-            return []
-        step, mb = self.step_index, self.microbatch_index if microbatch is None else microbatch
-        log = self.log
-        tensors = [t for _, t in named]
-        if read_now:
-            self._read_pending()  # what was recorded before keeps its place in the log
-        elif _deferred(tensors[0].device):
-            # Reading a digest now would stall the device (or, on XLA, run the graph up to here on its own):
-            # the digests stay on the device and the step's end reads all of them in one transfer.
-            with own_ops():
-                parts = batched_parts(tensors)
-                # A tensor captured later could have changed in place by then; an XLA tensor is a value.
-                kept = [
-                    (t.detach() if is_lazy(t.device) else t.detach().clone()) if self._captures(step, n, phase) else None
-                    for n, t in named
-                ]
-            metas = [tensor_meta(t) for t in tensors]
-            self._pending.append(([parts], functools.partial(self._write_rows, log, step, mb, phase, named, metas,
-                                                             kept)))
-            return None
-        with own_ops():
-            digests = digest_many(tensors)
-        for (name, tensor), d in zip(named, digests):
-            self._write(log, step, mb, name, phase, d, tensor)
-        return digests
-
-    def _write_rows(
-        self, log: RecordSink, step: int, mb: int, phase: Phase, named: list[tuple[str, torch.Tensor]],
-        metas: list[tuple[str, int]], kept: list[torch.Tensor | None], host: list[torch.Tensor],
-    ) -> None:
-        for (name, _), tensor, d in zip(named, kept, resolve_rows(host[0], metas)):
-            self._write(log, step, mb, name, phase, d, tensor)
-
-    def _captures(self, step: int, name: str, phase: Phase) -> bool:
-        return self.capture.active and self.blobs is not None and self.capture.wants(step, name, phase)
-
-    def _write(
-        self, log: RecordSink, step: int, mb: int, name: str, phase: Phase, d: TensorDigest, tensor: torch.Tensor | None
-    ) -> None:
-        log.write_tensor(TensorRecord(step, mb, name, phase, d.fingerprint, d.l2, d.absmax, d.nan, d.inf, d.meta))
-        if tensor is not None and self._captures(step, name, phase):
-            with own_ops():
-                copy = tensor.detach().to("cpu", copy=True)
-            fp = d.fingerprint
-            assert self._io is not None
-            self._io.submit(lambda: self.blobs.put(fp, copy))
-            log.write_event(
-                EventRecord("blob", step, {"microbatch": mb, "name": name, "phase": int(phase), "fingerprint": fp})
-            )
-
-    def _read_pending(self) -> None:
-        """Mark the step on a lazy device, then read what an accelerator recorded in one transfer and log it."""
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        tensors = [t for ts, _ in pending for t in ts]
-        if tensors:
-            mark_step(tensors[0].device)
-        host = iter(to_host(tensors))
-        for ts, finish in pending:
-            finish([next(host) for _ in ts])
+        mb = self.microbatch_index if microbatch is None else microbatch
+        return self._records.write_many(named, phase, self.step_index, mb, read_now=read_now)
 
     # -- hooks -------------------------------------------------------------------------
     def _site_output(self, name: str, output: torch.Tensor) -> None:
         if self._paused:
             return
-        if not _in_backward():  # activation checkpointing recomputes forwards inside the backward pass
+        if not in_backward():  # activation checkpointing recomputes forwards inside the backward pass
             self._after_forward = True
         self.record(name, output, Phase.FORWARD)
 
@@ -669,21 +484,9 @@ class Tracer:
             stacklevel=2,
         )
 
-    def _sites_said(self) -> str:
-        """The traced sites in a few lines, said once, so that a part of the model left out is seen at the start."""
-        chosen = "the defaults" if self.options.sites is None else "as chosen"
-        wrapped = self.header.extra.get("wrappers")
-        left_out = f"; names leave out the wrappers' {', '.join(wrapped)}" if wrapped else ""
-        lines = "".join(f"\n  {line}" for line in describe_sites([n for n, _ in self.sites]))
-        return (f"sdctrace: tracing {len(self.sites)} sites ({chosen}: TraceOptions(sites=...) or sdc record --sites "
-                f"to change them{left_out}):{lines}")
-
     def _final_header(self) -> RunHeader:
         """The header as the log stores it: with the sites that turned out to give no input gradient."""
-        if not self.sites_without_backward:
-            return self.header
-        extra = {**self.header.extra, "sites_without_backward": dict(self.sites_without_backward)}
-        self.header = dataclasses.replace(self.header, extra=extra)
+        self.header = with_sites_without_backward(self.header, self.sites_without_backward)
         return self.header
 
     def _collective(self, point: str, op: str, phase: Phase, stage: Stage, tensor: torch.Tensor) -> None:
@@ -710,7 +513,7 @@ class Tracer:
         def traced() -> Any:
             checks = self._guard is not None and self._guard.pending
             if checks and self._rerun is None:
-                self._drain()
+                self._records.drain()
                 self._guard.mark_rerun_start()
             loss = closure()
             grads = self._record_gradients(optimizer)
@@ -733,7 +536,7 @@ class Tracer:
         # The microbatch whose backward last changed them: the last one begun (under DDP, the one whose backward
         # ran the all-reduce), unless a gradient collective ran after it.
         mb = NO_MICROBATCH if self._grads_reduced else self.microbatch_index
-        if self._guard is None and self._hold_many(grads, Phase.GRAD, mb):
+        if self._guard is None and self._records.hold_many(grads, Phase.GRAD, self.step_index, mb):
             return []  # only the guard reads them
         digests = self.record_many(grads, Phase.GRAD, microbatch=mb, read_now=self._guard is not None) or []
         return [(name, d) for (name, _), d in zip(grads, digests)]
@@ -742,61 +545,29 @@ class Tracer:
         self, optimizer: torch.optim.Optimizer, grads: list[tuple[str, TensorDigest]], rerun: Callable[[], Any] | None,
         result: Any = None,
     ) -> Any:
-        """The guard's decision on this step, before the optimizer uses its gradients; returns what the
-        accepted run's closure returned."""
-        g = self._guard
-        assert g is not None
-        g.pending = False
-        alarms = g.guard.check(g.evidence(self.step_index, 0, self._step_loss(result), grads, optimizer, result,
-                                          self._grad_norm))
-        if not alarms:
-            self._log = g.accept()
-            return result
-        if rerun is None:
-            self._warn_no_rerun()
-            outcome = "unclassified"
-        else:
-            while (outcome := classify(g.fingerprints, g.guard.max_runs)) is None:
-                self._log = g.next_run()
-                self._begin_attempt(self.attempt + 1)
-                with torch.enable_grad(), workload_ops():
-                    out = rerun()
-                grads = self._record_gradients(optimizer)
-                g.evidence(self.step_index, self.attempt, self._step_loss(out), grads, optimizer, out, self._grad_norm)
-        decided = verdict(outcome, g.guard.on_deterministic, self.attempt)
-        if decided.action != "continue":
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    p.grad = None
-        result = g.result
-        self._log = g.settle(self.step_index, decided, alarms)
-        if decided.action == "stop":
-            g.restore_rng()  # the checkpoint holds the state the step began from, as every checkpoint does
-            path = None
-            if self.out is not None:
-                path = str(self.checkpoint(self.step_index, data={"step": self.step_index}, states=self._states))
-            said = "; ".join(f"{a.detector} {a.measured:.4g} > {a.threshold:.4g}" for a in alarms)
-            raise GuardStop(self.step_index, outcome, said, path)
-        return result
+        """The guard's decision on this step (`tracer.guard.step_check`); returns what the accepted run's closure
+        returned."""
+        assert self._guard is not None
+        first = Attempt(self.attempt, step_loss(self._losses, result), grads, result, self._grad_norm)
+        return check_step(self._guard, self.step_index, optimizer, first, rerun, use_sink=self._use_sink,
+                          run_again=functools.partial(self._run_again, optimizer), checkpoint=self._stop_checkpoint)
 
-    def _step_loss(self, result: Any) -> float | None:
-        """The run's loss: its logged microbatch losses, or else what its closure returned."""
-        if self._losses:
-            return sum(self._losses)
-        if isinstance(result, torch.Tensor) and result.numel() == 1:
-            return float(result.detach())
-        return float(result) if isinstance(result, int | float) else None
+    def _use_sink(self, sink: RecordSink) -> None:
+        self._log = sink
 
-    def _warn_no_rerun(self) -> None:
-        g = self._guard
-        if g is not None and not g.warned_no_rerun:
-            g.warned_no_rerun = True
-            warnings.warn(
-                f"step {self.step_index}: a guard detector fired but the step cannot be run again (no "
-                "tracer.step(..., rerun=fn) and no re-runnable optimizer closure): its alarm is logged as "
-                f"unclassified and the policy on_deterministic={g.guard.on_deterministic!r} applies",
-                TraceWarning, stacklevel=3,
-            )
+    def _run_again(self, optimizer: torch.optim.Optimizer, rerun: Callable[[], Any]) -> Attempt:
+        """The guard's next run of the step: its forward and backward again, and its gradients recorded."""
+        self._begin_attempt(self.attempt + 1)
+        with torch.enable_grad(), workload_ops():
+            out = rerun()
+        grads = self._record_gradients(optimizer)
+        return Attempt(self.attempt, step_loss(self._losses, out), grads, out, self._grad_norm)
+
+    def _stop_checkpoint(self) -> str | None:
+        """The checkpoint a guard's ``stop`` leaves: the state the step began from (None without a run directory)."""
+        if self.out is None:
+            return None
+        return str(self.checkpoint(self.step_index, data={"step": self.step_index}, states=self._states))
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         params = [
@@ -804,7 +575,7 @@ class Tracer:
             for gi, group in enumerate(optimizer.param_groups)
             for pi, p in enumerate(group["params"])
         ]
-        if not self._hold_many(params, Phase.PARAM):
+        if not self._records.hold_many(params, Phase.PARAM, self.step_index, 0):
             self.record_many(params, Phase.PARAM, microbatch=0)
 
 
@@ -819,59 +590,3 @@ def batch_tensors(batch: Any) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
     if isinstance(batch, (tuple, list)):
         return tuple(v for v in batch if isinstance(v, torch.Tensor)) or None
     return None
-
-
-def _step_guard(
-    guard: Guard | None, optimizer: torch.optim.Optimizer | None, options: TraceOptions, device: torch.device,
-    world_size: int,
-) -> StepGuard | None:
-    """The guard's state for a Tracer, after checking that this Tracer can guard at all."""
-    if guard is None:
-        return None
-    if not isinstance(guard, Guard):
-        raise ConfigError(f"Tracer(guard=...) takes a tracer.guard.Guard, found {type(guard).__name__}")
-    if optimizer is None or not options.gradients:
-        raise ConfigError("the guard checks each step in the optimizer's pre-hook, from the recorded gradients: "
-                          "give the Tracer the optimizer and keep TraceOptions(gradients=True)")
-    if is_lazy(device):
-        raise ConfigError(f"the guard reads each step's evidence before the optimizer step, which a lazy device "
-                          f"({device}) only computes at the step's end: guard on an eager device (cpu, cuda)")
-    if world_size > 1:
-        raise ConfigError(f"the guard decides each rank's steps alone, and {world_size} ranks would re-run and skip "
-                          "apart (deadlocking in their collectives): guard single-rank runs")
-    return StepGuard(guard, optimizer)
-
-
-def _no_default_sites(model: nn.Module) -> str:
-    weighted = [n for n, m in named_modules(model) if list(m.parameters(recurse=False))]
-    example = "|".join(re.escape(n) for n in weighted[:2]) or ".*"
-    return (
-        f"the Tracer found no default sites in {type(model).__name__} (no attention or MLP submodule of a "
-        f"numbered block, by path or class name): pass TraceOptions(sites=...) a regex over the module paths "
-        f"below (e.g. sites=r\"{example}\") or a list of modules, or TraceOptions(activations=False) to trace "
-        f"only gradients and parameters. The model's modules:\n{module_tree(model)}"
-    )
-
-
-_HOLD_ROWS = 4096  # held records at most: a step of many microbatches writes as it goes
-
-
-def _index(what: str, value: object, limit: int) -> int:
-    """A step or microbatch index as the int the log stores (a NumPy or torch integer from the loop's own
-    counter included), refused where the loop gives it rather than at a later write."""
-    if not isinstance(value, bool):
-        with contextlib.suppress(TypeError):  # no __index__, or a float or many-element tensor's
-            index = operator.index(value)  # type: ignore[arg-type]
-            if 0 <= index <= limit:
-                return index
-    raise UsageError(f"the {what} index must be an int in 0..{limit}, found {value!r} ({type(value).__name__})")
-
-
-def _deferred(device: torch.device) -> bool:
-    """Whether digests on ``device`` are read at the step's end rather than when recorded: on accelerators."""
-    return device.type != "cpu"
-
-
-def _in_backward() -> bool:
-    """True while the autograd engine runs a backward pass (torch.autograd.graph asks the same way)."""
-    return torch._C._current_graph_task_id() != -1

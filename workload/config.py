@@ -3,7 +3,7 @@
     cfg = load_config("tiny", overrides=["model.dim=256", "optim.name=sgd"])
 
 One frozen dataclass per component, nested in `Config`. Everything except `run`
-decides the bits a training step produces, so it is what `tracer.config.config_fingerprint`
+decides the bits a training step produces, so it is what `tracer.config_fingerprint.config_fingerprint`
 hashes and what a pair of runs must agree on; `run` only says how long to train,
 so a 20-step and a 200-step run of the same config still pair. `parallel` (the
 layout) decides the bits too, but pairing compares it field by field, so it stays

@@ -42,6 +42,7 @@ from tracer.errors import ConfigError
 from tracer.integrations.hf import trainer_config
 from tracer.tracing import batch_tensors
 from workload.epochs import EpochBatches
+from workload.hf_internals import clip_grad_norm, take_grad_norm
 from workload.protocol import Workload
 
 
@@ -127,5 +128,5 @@ class TrainerWorkload(Workload):
 
     def finish_backward(self, step: int) -> None:
         t = self._trainer
-        norm = t._clip_grad_norm(self.model) if t.args.max_grad_norm > 0 else None
-        t._get_grad_norm(self.model, grad_norm=norm)  # without clipping, the Trainer still takes the norm this way
+        norm = clip_grad_norm(t, self.model) if t.args.max_grad_norm > 0 else None
+        take_grad_norm(t, self.model, norm)  # without clipping, the Trainer still takes the norm this way

@@ -33,8 +33,6 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from lightning_fabric.utilities.data import _set_sampler_epoch
-from pytorch_lightning.core.optimizer import _configure_optimizers, _configure_schedulers_automatic_opt
 from pytorch_lightning.utilities import GradClipAlgorithmType
 from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
 from pytorch_lightning.utilities.types import LRSchedulerConfig
@@ -45,6 +43,7 @@ from tracer.errors import ConfigError
 from tracer.integrations.lightning import module_config, scheduler_states
 from tracer.tracing import batch_tensors
 from workload.epochs import EpochBatches
+from workload.lightning_internals import configure_optimizers, set_sampler_epoch, transfer_batch
 from workload.protocol import Workload
 
 
@@ -68,8 +67,7 @@ class LightningWorkload(Workload):
     def of(cls, module: pl.LightningModule, trainer: pl.Trainer, *, datamodule: pl.LightningDataModule | None = None,
            checkpoint_every: int = 10) -> LightningWorkload:
         """Configure the module's optimizers and its train dataloader as ``trainer.fit`` would, without fitting."""
-        optimizers, schedulers, monitor = _configure_optimizers(module.configure_optimizers())
-        configs = _configure_schedulers_automatic_opt(schedulers, monitor)
+        optimizers, configs = configure_optimizers(module)
         if not module.automatic_optimization or len(optimizers) != 1:
             raise ConfigError("LightningWorkload replays automatic optimization with one optimizer")
         if any(c.reduce_on_plateau for c in configs):
@@ -82,7 +80,7 @@ class LightningWorkload(Workload):
         def open_epoch(epoch: int) -> Iterator[Any]:
             if epoch == 0 or not loaders:  # a fresh loader: its generator starts where the fit's did
                 loaders[:] = [source.train_dataloader()]
-            _set_sampler_epoch(loaders[0], epoch)
+            set_sampler_epoch(loaders[0], epoch)
             return iter(loaders[0])
 
         batches_per_epoch = len(source.train_dataloader())
@@ -105,8 +103,8 @@ class LightningWorkload(Workload):
         first = step % batches.steps_per_epoch * batches.per_step
         out = []
         for i, batch in enumerate(batches.step(step)):
-            batch = module._on_before_batch_transfer(trainer.precision_plugin.convert_input(batch), 0)
-            out.append(LightningMicrobatch(module._apply_batch_transfer_handler(batch, module.device), first + i))
+            batch = transfer_batch(module, trainer.precision_plugin.convert_input(batch))
+            out.append(LightningMicrobatch(batch, first + i))
         return out
 
     def inputs(self, batch: LightningMicrobatch) -> torch.Tensor | tuple[torch.Tensor, ...] | None:

@@ -26,14 +26,14 @@ from tracer.log import (
     TensorRecord,
     chain_lost,
     check_chain,
-    columns,
     read_segment,
     read_segment_columns,
 )
-from tracer.log.columns import _decode_clean
+from tracer.log import frame_scan
+from tracer.log.columns import decode_clean
 from tracer.log.framing import FRAME_SIZE, HEADER_SIZE
 from tracer.log.layout import list_segments, segment_path
-from tracer.log.reader import LogStatus, _Segment
+from tracer.log.segment import LogStatus, Segment
 from tracer.log.records import MAX_MICROBATCH, MAX_STEP
 
 
@@ -127,8 +127,8 @@ def test_clean_multi_segment_log_matches_the_reference(make_log, version: int) -
     for i, (_, path) in enumerate(segments := list_segments(log)):  # each clean segment takes the array path
         data = path.read_bytes()
         status = LogStatus()
-        seg = _Segment(data, str(path), last=i == len(segments) - 1, skip=False, status=status)
-        assert _decode_clean(data, seg, last=i == len(segments) - 1) is not None, path
+        seg = Segment(data, str(path), last=i == len(segments) - 1, skip=False, status=status)
+        assert decode_clean(data, seg, last=i == len(segments) - 1) is not None, path
 
 
 def test_every_encoding_the_writer_can_produce(tmp_path: Path, header: RunHeader, frames) -> None:
@@ -245,12 +245,12 @@ def test_block_values_beyond_the_bounds_are_reported_by_both_readers(tmp_path: P
 
 
 def chains(directory: Path) -> list:
-    """Per segment, `_frame_chain` after its HEADER: offsets and ends as lists, or None."""
+    """Per segment, `frame_scan.frame_chain` after its HEADER: offsets and ends as lists, or None."""
     out = []
     for _, path in list_segments(directory):
         raw = np.frombuffer(path.read_bytes(), np.uint8)
         start = HEADER_SIZE + FRAME_SIZE + int.from_bytes(raw[HEADER_SIZE : HEADER_SIZE + 4].tobytes(), "little")
-        found = columns._frame_chain(raw, start)
+        found = frame_scan.frame_chain(raw, start)
         out.append(None if found is None else [a.tolist() for a in found])
     return out
 
@@ -271,7 +271,7 @@ def test_both_ways_to_find_the_frames_agree(make_log, frames, monkeypatch) -> No
     logs += [damaged, torn]
     found = {}
     for walk_bytes in (1, 1 << 40):  # every chain followed / every chain scanned
-        monkeypatch.setattr(columns, "_WALK_BYTES", walk_bytes)
+        monkeypatch.setattr(frame_scan, "_WALK_BYTES", walk_bytes)
         found[walk_bytes] = [chains(log) for log in logs]
         results = [same(log) for log in logs]
         assert results[2][2] and results[3][3]  # problems in the damaged log, a torn tail

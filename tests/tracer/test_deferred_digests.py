@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import small_config
-from tracer import tracing
+from tracer import record_buffer
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord, TensorRecord
 from tracer.options import CapturePolicy, RunInfo, TraceOptions
@@ -35,7 +35,7 @@ def _record(out: Path, steps: int = 3) -> list:
 
 def test_deferred_digests_log_what_immediate_ones_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     immediate = _record(tmp_path / "immediate")
-    monkeypatch.setattr(tracing, "_deferred", lambda device: True)
+    monkeypatch.setattr(record_buffer, "deferred", lambda device: True)
     deferred = _record(tmp_path / "deferred")
     assert len(deferred) == len(immediate) and any(isinstance(r, TensorRecord) for r in deferred)
     for a, b in zip(immediate, deferred):

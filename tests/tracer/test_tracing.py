@@ -103,7 +103,7 @@ def test_gradients_reduced_after_the_microbatches_carry_none(tmp_path: Path) -> 
 
 
 def test_header_carries_pairing_and_determinism_fields(run_factory, small_cfg) -> None:
-    from tracer.config import config_fingerprint
+    from tracer.config_fingerprint import config_fingerprint
 
     h = LogReader(rank_dir(run_factory("golden"), 0)).header
     assert h.node_label == "golden" and h.role == "train" and (h.world_size, h.rank) == (1, 0)

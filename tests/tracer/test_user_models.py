@@ -148,7 +148,7 @@ def tensor_records(run: Path) -> list[TensorRecord]:
 
 
 def test_a_hugging_face_config_dict_is_the_run_config_and_its_fingerprint_is_stable(tmp_path: Path) -> None:
-    from tracer.config import config_fingerprint, header_config
+    from tracer.config_fingerprint import config_fingerprint, header_config
     from tracer.pairing import pairing_differences
 
     config = tiny_llama_config().to_dict()

@@ -14,7 +14,7 @@ from tests.watch.support import HEADER, step_records, steps_records, uninterrupt
 from tracer.errors import LogCorruptionError
 from tracer.log import EventRecord, LogReader, LogWriter, LostRange, RecordType, TornTailWarning, rank_dir
 from tracer.log.follow import LogFollower, Resumed
-from tracer.log.reader import Entry
+from tracer.log.segment import Entry
 from tracer.log.resume import log_end
 from tracer.log.runlock import RunLock
 from tracer.log.sessions import Resumption

@@ -15,7 +15,7 @@ import pytest
 from tracer.compare import compare_runs
 from tracer.log import EventRecord, TornTailWarning, rank_dir
 from tracer.log.follow import LogFollower
-from tracer.log.reader import Entry
+from tracer.log.segment import Entry
 
 pytestmark = pytest.mark.slow  # three real recordings and a watch, in processes
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tracer.config import config_fingerprint
+from tracer.config_fingerprint import config_fingerprint
 from tracer.errors import ConfigError
 from workload.config import Config, load_config, shipped_configs
 

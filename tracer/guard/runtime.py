@@ -34,7 +34,7 @@ from tracer.log.records import EventRecord, TensorRecord
 
 
 class Sink(Protocol):
-    """Where held records go in the end: the Tracer's log (`tracer.tracing.RecordSink`)."""
+    """Where held records go in the end: the Tracer's log (`tracer.record_buffer.RecordSink`)."""
 
     def write_tensor(self, rec: TensorRecord) -> None: ...
     def write_event(self, rec: EventRecord) -> None: ...

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tracer.guard.evidence import step_fingerprint
 from tracer.log import LogReader, rank_dir
-from tracer.log.reader import TornTailWarning
+from tracer.log.segment import TornTailWarning
 from tracer.log.records import Phase, TensorRecord
 
 

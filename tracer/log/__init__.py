@@ -22,18 +22,10 @@ from tracer.log.columns import (
 from tracer.log.follow import LogFollower, Resumed
 from tracer.log.framing import FORMAT_VERSION, RecordType
 from tracer.log.layout import SEGMENT_GLOB, list_ranks, parse_segment_path, rank_dir, rank_dir_name, segment_name
-from tracer.log.reader import (
-    Entry,
-    LogReader,
-    LogStatus,
-    LostRange,
-    TornTailWarning,
-    find_sessions,
-    read_segment,
-    resumption_in,
-)
+from tracer.log.reader import LogReader, find_sessions, read_segment, resumption_in
 from tracer.log.records import NO_MICROBATCH, SCHEMA_VERSION, EndRecord, EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.runlock import RunLock
+from tracer.log.segment import Entry, LogStatus, LostRange, TornTailWarning
 from tracer.log.sessions import Resumption, Sessions
 from tracer.log.writer import LogWriter
 

@@ -7,7 +7,7 @@
 
 Reading: each `poll` decodes what was appended since the last one, at most
 `POLL_BYTES` of it (plus one record, if a record is larger), with LogReader's own
-decoder (`reader._Segment` in live mode), so the two agree on every record. A writer
+decoder (`tracer.log.segment.Segment` in live mode), so the two agree on every record. A writer
 only appends, and writes its buffer in chunks that may end inside a record: bytes on
 disk are final, but the last record may be incomplete. So at a problem that no valid
 frame follows (a frame cut short, a CRC that fails over the bytes there so far), the
@@ -48,10 +48,11 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from tracer.errors import LogFormatError
-from tracer.files import open_regular
+from tracer.regular_files import open_regular
 from tracer.log.framing import FRAME, FRAME_SIZE, HEADER_SIZE
 from tracer.log.layout import LOCK_FILE, segment_path
-from tracer.log.reader import Entry, LogStatus, LostRange, OnCorruption, _report, _Segment, _skip_mode, find_sessions
+from tracer.log.reader import find_sessions
+from tracer.log.segment import Entry, LogStatus, LostRange, OnCorruption, Segment, report_corruption, skip_mode
 from tracer.log.records import RunHeader
 from tracer.log.sessions import Sessions, resumption
 
@@ -90,14 +91,14 @@ class LogFollower:
         # started late yields the log's timeline; only resumptions that come later are announced (`Resumed`).
         self._sessions = find_sessions(self.directory) if self.directory.is_dir() else Sessions()
         self._lock = Path(lock) if lock is not None else self.directory.parent / LOCK_FILE
-        self._skip = _skip_mode(on_corruption)
+        self._skip = skip_mode(on_corruption)
         self._poll_bytes = poll_bytes
         self.status = LogStatus()  # as LogReader's: corruption, lost ranges, END
         self.header: RunHeader | None = None
         self._index = 0  # the segment being read
         self._file: BinaryIO | None = None
-        self._seg: _Segment | None = None
-        self._prev: _Segment | None = None  # the segment read before (its counts, for the next HEADER's checks)
+        self._seg: Segment | None = None
+        self._prev: Segment | None = None  # the segment read before (its counts, for the next HEADER's checks)
         self._first_data = True  # the segment's next data record is its first (a resumption's marker)
         self._expected_first: int | None = 0  # HEADER `first_record` the next segment must have (None: unknown)
         self._settled = False  # the current segment was judged final
@@ -159,7 +160,7 @@ class LogFollower:
                 return False
             self._file, _ = open_regular(path, "log segment")
         size = os.fstat(self._file.fileno()).st_size
-        seg = _Segment(_mapped(self._file, size), str(path), last=False, skip=self._skip, status=self.status,
+        seg = Segment(_mapped(self._file, size), str(path), last=False, skip=self._skip, status=self.status,
                        live=True)
         if seg.head_pending:
             if alive is False:  # the writer died before the head was out: the segment holds no record
@@ -177,7 +178,7 @@ class LogFollower:
                     f"{self.header.run_id} rank {self.header.rank}: two logs are mixed in one directory"
                 )
         if seg.index is not None and seg.index != self._index:
-            _report(self.status, self._skip, str(path), 12,
+            report_corruption(self.status, self._skip, str(path), 12,
                     f"file header says segment {seg.index} but the file name says {self._index}")
         prev = self._prev
         if prev is not None and prev.lost and prev.first_record is not None and seg.first_record is not None:
@@ -186,7 +187,7 @@ class LogFollower:
                                    prev.region_records)
         expected = self._expected_first
         if expected is not None and seg.first_record is not None and seg.first_record != expected:
-            _report(self.status, self._skip, str(path), HEADER_SIZE,
+            report_corruption(self.status, self._skip, str(path), HEADER_SIZE,
                     f"segment starts at record {seg.first_record} but the segments before it hold {expected}: "
                     "records are missing from the end of the previous segment")
         self._seg, self._first_data, self._settled, self._crashed = seg, True, False, False
@@ -298,7 +299,7 @@ def _starts_session(path: Path, index: int) -> tuple[bool, bool]:
     """(whether segment `index` shows its first data record yet, whether that record is a resumption's marker)."""
     f, size = open_regular(path, "log segment")
     with f:
-        seg = _Segment(_mapped(f, size), str(path), last=False, skip=True, status=LogStatus(), live=True)
+        seg = Segment(_mapped(f, size), str(path), last=False, skip=True, status=LogStatus(), live=True)
         first = next(seg.entries, None)
         seg.entries.close()
     if first is None:

@@ -9,12 +9,14 @@ schema.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import operator
 from dataclasses import asdict, dataclass
 from enum import IntEnum
 from typing import Any, Literal, get_origin, get_type_hints
 
-from tracer.errors import LogFormatError
+from tracer.errors import LogFormatError, UsageError
 
 # Version of what the records mean (header fields, event kinds). The byte layout has
 # its own FORMAT_VERSION in framing.py; see docs/log-format.md for when each moves.
@@ -137,6 +139,17 @@ class TensorRecord:
     nan: int  # count of NaN elements
     inf: int  # count of Inf elements
     meta: str  # dtype and shape, e.g. "float32[8,64,128]"
+
+
+def checked_index(what: str, value: object, limit: int) -> int:
+    """A step or microbatch index as the int the log stores (a NumPy or torch integer from the loop's own
+    counter included), refused where the loop gives it rather than at a later write."""
+    if not isinstance(value, bool):
+        with contextlib.suppress(TypeError):  # no __index__, or a float or many-element tensor's
+            index = operator.index(value)  # type: ignore[arg-type]
+            if 0 <= index <= limit:
+                return index
+    raise UsageError(f"the {what} index must be an int in 0..{limit}, found {value!r} ({type(value).__name__})")
 
 
 def describe_microbatch(microbatch: int) -> str:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracer.log.layout import list_segments
-from tracer.log.reader import LogReader, LogStatus, TornTailWarning, _load, _Segment
+from tracer.log.reader import LogReader
+from tracer.log.segment import LogStatus, Segment, TornTailWarning, load_segment
 from tracer.log.records import EventRecord
 
 
@@ -46,7 +47,7 @@ def _records(segments: list[tuple[int, Path]]) -> int:
     """Records the log holds as its chain counts them: the last segment with a HEADER, its first record plus its
     own (a segment torn inside its HEADER holds none)."""
     for _, path in reversed(segments):
-        seg = _Segment(_load(path), str(path), last=False, skip=True, status=LogStatus())
+        seg = Segment(load_segment(path), str(path), last=False, skip=True, status=LogStatus())
         for _ in seg.entries:
             pass
         if seg.first_record is not None:

@@ -62,7 +62,7 @@ class LogWriter:
 
     Not thread-safe: drive it from one thread. Each segment starts with the run header
     and has its own string table, so any one segment decodes alone. ``open_file`` lets
-    the tracer hand the system calls to another thread (`tracer.background.AsyncFile`);
+    the tracer hand the system calls to another thread (`tracer.io_thread.AsyncFile`);
     it must create the file exclusively and return an object with ``write``, ``flush``,
     ``close`` and either ``fsync`` or ``fileno``.
     """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tracer.background import AsyncFile, IOThread
+from tracer.io_thread import AsyncFile, IOThread
 from tracer.errors import CaptureError
 
 

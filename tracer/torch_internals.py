@@ -1,0 +1,191 @@
+"""Every private torch API sdctrace relies on, behind one small public name each.
+
+A torch upgrade may rename or remove any of these; this module is where that shows. Callers use the names
+here, never ``torch._C`` or ``torch._ops`` themselves. A name whose API this torch lacks stays importable and
+raises `ConfigError` when called, naming the API and the feature that needs it; `missing_apis` lists them
+all at once (tests/tracer/test_torch_internals.py fails on any)::
+
+    from tracer.torch_internals import in_backward, missing_apis
+    if in_backward(): ...
+    for api in missing_apis(): print(api.message())
+
+The dispatch-key functions are the very C++ entries (no Python frame added): `tracer.intercept` calls them
+on every intercepted op and every fingerprint.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from tracer.errors import ConfigError
+
+DYNAMO = "torch._dynamo"  # Dynamo's module, which takes seconds to import: looked up in sys.modules only
+
+
+@dataclass(frozen=True)
+class PrivateApi:
+    """One private API of ``package`` (torch here; transformers and Lightning in workload/'s `hf_internals` and
+    `lightning_internals`): its dotted name, the sdctrace feature that needs it, and whether the installed
+    package has it in the expected shape."""
+
+    name: str
+    feature: str
+    present: Callable[[], bool]
+    package: str = "torch"
+
+    def message(self) -> str:
+        try:
+            version = metadata.version(self.package)
+        except metadata.PackageNotFoundError:
+            version = "(not installed)"
+        return (f"{self.package} {version} removed or changed {self.name}, which sdctrace's {self.feature} needs; "
+                "use the version pinned in pyproject.toml")
+
+    def stand_in(self) -> Callable[..., Any]:
+        """What sdctrace calls in place of the API where this torch lacks it: it raises, saying so."""
+
+        def missing(*args: Any, **kwargs: Any) -> Any:
+            raise ConfigError(self.message())
+
+        return missing
+
+
+_APIS: list[PrivateApi] = []
+
+
+def _lookup(name: str) -> Any:
+    """The object at dotted ``name`` (``torch._C._foo``), or None."""
+    obj: Any = sys.modules["torch"]
+    for part in name.split(".")[1:]:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _private(name: str, feature: str) -> Any:
+    """The callable at ``name``, or a stand-in that raises `ConfigError` naming it when called."""
+    api = PrivateApi(name, feature, lambda: callable(_lookup(name)))
+    _APIS.append(api)
+    found = _lookup(name)
+    return found if callable(found) else api.stand_in()
+
+
+_INTERCEPT = "operator interception (fault emulator, ABFT checker)"
+_SCOPE = "fault scope (which module and phase an op belongs to)"
+
+# -- dispatch keys (tracer.intercept) ------------------------------------------------------------------------
+parse_dispatch_key = _private("torch._C._parse_dispatch_key", _INTERCEPT)
+DispatchKeySet = _private("torch._C.DispatchKeySet", _INTERCEPT)
+dispatch_key_included: Callable[[Any], bool] = _private("torch._C._dispatch_tls_is_dispatch_key_included", _INTERCEPT)
+set_dispatch_key_included: Callable[[Any, bool], None] = _private(
+    "torch._C._dispatch_tls_set_dispatch_key_included", _INTERCEPT)
+dispatch_key_excluded: Callable[[Any], bool] = _private("torch._C._dispatch_tls_is_dispatch_key_excluded", _INTERCEPT)
+set_dispatch_key_excluded: Callable[[Any, bool], None] = _private(
+    "torch._C._dispatch_tls_set_dispatch_key_excluded", _INTERCEPT)
+has_kernel_for_dispatch_key: Callable[[str, str], bool] = _private(
+    "torch._C._dispatch_has_kernel_for_dispatch_key", _INTERCEPT)
+# Edits below autograd: no history, no version bump (tracer.intercept.below_autograd).
+AutoDispatchBelowAutograd = _private("torch._C._AutoDispatchBelowADInplaceOrView", _INTERCEPT)
+
+# -- op objects (tracer.intercept, faults.ops) ---------------------------------------------------------------
+OpOverload: type = _lookup("torch._ops.OpOverload")
+OpOverloadPacket: type = _lookup("torch._ops.OpOverloadPacket")
+_APIS.append(PrivateApi("torch._ops.OpOverload", _INTERCEPT,
+                        lambda: isinstance(_lookup("torch._ops.OpOverload"), type)))
+_APIS.append(PrivateApi("torch._ops.OpOverloadPacket", _INTERCEPT,
+                        lambda: isinstance(_lookup("torch._ops.OpOverloadPacket"), type)))
+_APIS.append(PrivateApi("OpOverload._op, ._schema.name and ._schema.is_mutable", _INTERCEPT,
+                        lambda: callable(torch.ops.aten.mm.default._op)
+                        and torch.ops.aten.mm.default._schema.name == "aten::mm"
+                        and torch.ops.aten.add_.Tensor._schema.is_mutable is True))
+_APIS.append(PrivateApi("torch.library.Library._destroy", _INTERCEPT,
+                        lambda: callable(getattr(torch.library.Library, "_destroy", None))))
+# A mixture-of-experts layer's experts in one call (faults.ops' matmul family, faults.abft's grouped check).
+GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
+
+
+def op_entry(op: Any) -> Callable[..., Any]:
+    """An `OpOverload`'s C++ entry, called without ``OpOverload.__call__``'s Python frame."""
+    return op._op
+
+
+def op_name(op: Any) -> str:
+    """An `OpOverload`'s qualified schema name: ``aten::mm``."""
+    return op._schema.name
+
+
+def op_is_mutable(op: Any) -> bool:
+    """The op writes into one of its arguments (an in-place or ``out=`` overload)."""
+    return op._schema.is_mutable
+
+
+def destroy_library(library: torch.library.Library) -> None:
+    """Remove the kernels ``library`` registered (torch.library has no public way)."""
+    library._destroy()
+
+
+# -- autograd (tracer.tracing, faults.scope) ------------------------------------------------------------------
+_graph_task_id = _private("torch._C._current_graph_task_id", "Tracer and fault scope (is the backward running?)")
+current_autograd_node = _private("torch._C._current_autograd_node", _SCOPE)
+autograd_sequence_nr: Callable[[], int] = _private("torch._C._autograd._get_sequence_nr", _SCOPE)
+tree_leaves: Callable[[Any], list[Any]] = _private("torch.utils._pytree.tree_leaves", _SCOPE)
+_APIS.append(PrivateApi("Tensor._version", "site hooks (was a tapped tensor changed in place?)",
+                        lambda: isinstance(torch.zeros(1)._version, int)))
+
+
+def in_backward() -> bool:
+    """True while the autograd engine runs a backward pass (torch.utils.checkpoint asks the same way)."""
+    return _graph_task_id() != -1
+
+
+def version_counter(tensor: torch.Tensor) -> int:
+    """How many in-place changes ``tensor``'s storage has seen (autograd's version counter)."""
+    return tensor._version
+
+
+# -- torch.compile (tracer.compiled, tracer.sites) ------------------------------------------------------------
+def on_compile_start(callback: Callable[[Any], None]) -> None:
+    """Have Dynamo call ``callback`` as each compilation starts (imports Dynamo: call it once it is loaded)."""
+    from torch._dynamo.callback import on_compile_start as register
+
+    register(callback)
+
+
+def compiled_module_type() -> type | None:
+    """The class of a ``torch.compile``'d module (Dynamo's ``OptimizedModule``), or None while Dynamo is not
+    loaded (no instance can exist before)."""
+    eval_frame = sys.modules.get(DYNAMO + ".eval_frame")
+    return eval_frame.OptimizedModule if eval_frame is not None else None
+
+
+_APIS.append(PrivateApi("torch._dynamo.callback.on_compile_start", "refusal of torch.compile under interceptors",
+                        lambda: callable(_lookup_dynamo("callback", "on_compile_start"))))
+_APIS.append(PrivateApi("torch._dynamo.eval_frame.OptimizedModule", "site names of compiled models",
+                        lambda: isinstance(_lookup_dynamo("eval_frame", "OptimizedModule"), type)))
+
+
+def _lookup_dynamo(module: str, name: str) -> Any:
+    """Dynamo's ``module.name``, importing it (slow: for checks, not for recording)."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(f"{DYNAMO}.{module}"), name, None)
+    except ImportError:
+        return None
+
+
+def private_apis() -> tuple[PrivateApi, ...]:
+    """Every private torch API this module relies on."""
+    return tuple(_APIS)
+
+
+def missing_apis() -> list[PrivateApi]:
+    """The private APIs this torch lacks or has in another shape (none on the pinned torch)."""
+    return [api for api in _APIS if not api.present()]
