@@ -20,7 +20,7 @@ mode so that every problem in a segment is found, and emits:
   logs are decoded once;
 - ``tables``: rows of the ``corruptions`` and ``errors`` tables, each problem counted in
   Beam metrics. Corruption is reported with file and byte offset; whether it fails
-  the job is the launcher's decision (`pipelines.run`), so a job finds every problem.
+  the job is the launcher's decision (`pipelines.staging`), so a job finds every problem.
 """
 
 from __future__ import annotations

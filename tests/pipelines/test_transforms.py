@@ -16,7 +16,7 @@ from pipelines.diff import FINDINGS, DiffTensors
 from pipelines.events import CHECKS, FAULTS, STEPS, AbftCheck, Fault, RouteEvents
 from pipelines.metrics import LossCurves
 from pipelines.pairing import BOUNDS, ComparisonBounds
-from pipelines.run import DEFAULT_RUNNER
+from pipelines.runner_options import DEFAULT_RUNNER
 from pipelines.sink import WriteTables
 from pipelines.source import EventBatch, RankInfo, RankLayout, RunLayout, SegmentInfo, SummariseRanks, bucket_batches
 from pipelines.tables import SCHEMAS, TABLES
