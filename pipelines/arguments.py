@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracer.errors import UsageError
+
 # Each joined batch costs the job about a millisecond whatever its size (packing, unpacking, the join's numpy
 # calls, a Parquet part): 256 steps of the benchmark pair (90 records a step) ran 0.2 s faster than 64 in 2 s
 # (benchmarks/bench_diff.py). A model with thousands of tensor records a step makes batches of a million records
@@ -35,6 +37,12 @@ class DiffRequest:
     skip_corrupt: bool = False  # load what is readable and list corrupt records, instead of failing
     steps_per_bucket: int = DEFAULT_STEPS_PER_BUCKET  # steps per joined batch
     beam_args: tuple[str, ...] = ()  # Beam pipeline options, passed through untouched (--runner=...)
+
+    def __post_init__(self) -> None:
+        """The checks that need no file system: whether --staging is empty is the job's to find (a URL on a
+        cluster is read only through Beam's file systems)."""
+        if self.steps_per_bucket < 1:
+            raise UsageError(f"--steps-per-bucket must be >= 1, got {self.steps_per_bucket}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, beam_args: Sequence[str]) -> DiffRequest:

@@ -25,7 +25,6 @@ from pipelines.metrics import DriftTask
 from pipelines.source import RunLayout
 from pipelines.pairing import pair_id, validate_pair
 from tracer.checkpoint import checkpoint_files
-from tracer.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -65,8 +64,6 @@ class DiffPlan:
 
 def plan_diff(request: DiffRequest) -> DiffPlan:
     """Describe the runs, validate the pair (and twin) and find the checkpoints both hold."""
-    if request.steps_per_bucket < 1:
-        raise UsageError(f"--steps-per-bucket must be >= 1, got {request.steps_per_bucket}")
     golden, suspect = request.golden, request.suspect
     g, s = source.describe_run(golden), source.describe_run(suspect)
     rs = tuple(source.describe_run(r) for r in request.replays)
