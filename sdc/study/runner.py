@@ -242,7 +242,7 @@ def _replay(paths: StudyPaths, golden: str, label: str, mode: str, steps: range,
 
 def _diff(golden: Path, suspect: Path, replays: list[Path], db: Path, beam_args: tuple[str, ...],
           twin: Path | None = None, baseline: bool = False) -> str:
-    from sdc.commands.diff import diff_job  # imports Beam: only when a diff runs
+    from pipelines.arguments import diff_job  # its job imports Beam: only when a diff runs
 
     request = DiffRequest(golden=str(golden), suspect=str(suspect), db=db, replays=tuple(map(str, replays)),
                           twin=str(twin) if twin is not None else None, beam_args=beam_args, baseline=baseline)
