@@ -36,9 +36,9 @@ import pyarrow.parquet as pq
 
 from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET, DiffRequest
 from pipelines.beam_job import build_pipeline, run_job
+from pipelines.log_source import read_file
 from pipelines.plan import DiffPlan, plan_diff
 from pipelines.runner_options import describe_runner, new_pipeline, pipeline_options
-from pipelines.source import read_file
 from tracer.log import SCHEMA_VERSION, EventRecord, LogWriter, Phase, RunHeader, TensorRecord, rank_dir
 from tracer.log.columns import read_segment_columns
 

@@ -5,10 +5,10 @@
     result, state = run_job(p)
     job_counters(result)                    # {"segments_read": ..., "tensor_records": ...}
 
-The stages (docs/pipelines.md): read every run (`pipelines.source`), route the events
-(`pipelines.events`), key -> join -> diff the tensors (`pipelines.diff`), first
+The stages (docs/pipelines.md): read every run (`pipelines.log_source`), route the events
+(`pipelines.events`), key -> join -> diff the tensors (`pipelines.tensor_diff`), first
 divergences and detections (`pipelines.detections`), loss curves and parameter drift
-(`pipelines.metrics`), detector alarms (`pipelines.alarms`), and one Parquet table per
+(`pipelines.loss_and_drift`), detector alarms (`pipelines.alarms`), and one Parquet table per
 output under the staging directory (`pipelines.sink`).
 """
 
@@ -23,14 +23,13 @@ import apache_beam as beam
 from apache_beam.runners.runner import PipelineResult
 from apache_beam.runners.worker import statesampler
 
-from pipelines import alarms, detections, metrics, source
-from pipelines import diff as tensor_diff
+from pipelines import alarms, detections, log_source, loss_and_drift, tensor_diff
 from pipelines import events as events_mod
+from pipelines.log_source import EVENTS, SEGMENTS, TENSORS
 from pipelines.pairing import BOUNDS, LOST, ComparisonBounds
 from pipelines.plan import DiffPlan
 from pipelines.runner_options import in_process
 from pipelines.sink import WriteTables
-from pipelines.source import EVENTS, SEGMENTS, TENSORS
 from pipelines.tables import SCHEMAS, TABLES
 
 SAMPLING_PERIOD_MS = 5
@@ -41,9 +40,9 @@ def build_pipeline(p: beam.Pipeline, plan: DiffPlan, staging: str) -> None:
     ``pairs``, the plan's own row, which `diff` writes beside them)."""
     sides = plan.sides()
     spread = not in_process(p.options)
-    read = p | "Read runs" >> source.ReadRuns(sides, plan.steps_per_bucket, spread)
-    ranks = read[SEGMENTS] | "Summarise ranks" >> source.SummariseRanks(sides)
-    bounds = ranks[source.RANKS] | "Compared steps" >> ComparisonBounds(plan.run_ids())
+    read = p | "Read runs" >> log_source.ReadRuns(sides, plan.steps_per_bucket, spread)
+    ranks = read[SEGMENTS] | "Summarise ranks" >> log_source.SummariseRanks(sides)
+    bounds = ranks[log_source.RANKS] | "Compared steps" >> ComparisonBounds(plan.run_ids())
     events = read[EVENTS] | "Route events" >> events_mod.RouteEvents(plan.run_ids())
     faults = events[events_mod.FAULTS]
     diffs = read[TENSORS] | "Diff tensors" >> tensor_diff.DiffTensors(bounds[BOUNDS], faults, bounds[LOST])
@@ -53,9 +52,9 @@ def build_pipeline(p: beam.Pipeline, plan: DiffPlan, staging: str) -> None:
         bounds[TABLES],
         events[TABLES],
         diffs[tensor_diff.FINDINGS] | "Rank findings" >> detections.RankFindings(faults, events[events_mod.CHECKS]),
-        events[events_mod.STEPS] | "Loss curves" >> metrics.LossCurves(),
-        *([p | "Parameter drift" >> metrics.ParamDrift(plan.drift, spread)] if plan.drift else []),
-        read[source.EVIDENCE] | "Detector alarms" >> alarms.DetectorAlarms(plan.suspect),
+        events[events_mod.STEPS] | "Loss curves" >> loss_and_drift.LossCurves(),
+        *([p | "Parameter drift" >> loss_and_drift.ParamDrift(plan.drift, spread)] if plan.drift else []),
+        read[log_source.EVIDENCE] | "Detector alarms" >> alarms.DetectorAlarms(plan.suspect),
     )
     # The diff tables are written where they are made; the others, a few rows per rank or segment, meet first:
     # one writing step for all of them costs less than a step each.
@@ -110,7 +109,7 @@ def job_counters(result: Any) -> dict[str, int]:
         return {}
     out: dict[str, int] = {}
     for c in found:
-        if c.key.metric.namespace == source.NAMESPACE:
+        if c.key.metric.namespace == log_source.NAMESPACE:
             value = c.committed if c.committed is not None else c.attempted
             out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
     return out

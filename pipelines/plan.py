@@ -3,7 +3,7 @@
     plan = plan_diff(request)          # a DiffRequest (pipelines.arguments)
     plan.sides()                       # {"golden": RunLayout, "suspect": ..., "twin": ..., "replay0": ...}
 
-`plan_diff` describes every run (`pipelines.source.describe_run`: its segments and
+`plan_diff` describes every run (`pipelines.log_source.describe_run`: its segments and
 each rank's header), validates the pair (`pipelines.pairing.validate_pair`: it fails
 listing every differing field), and lists the checkpoints both runs hold, one
 `DriftTask` per rank and step. `DiffPlan.pair_row` is the plan's own row of the
@@ -19,10 +19,10 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines import source
+from pipelines import log_source
 from pipelines.arguments import DiffRequest
-from pipelines.metrics import DriftTask
-from pipelines.source import RunLayout
+from pipelines.log_source import RunLayout
+from pipelines.loss_and_drift import DriftTask
 from pipelines.pairing import pair_id, validate_pair
 from tracer.checkpoint import checkpoint_files
 
@@ -42,7 +42,7 @@ class DiffPlan:
 
     def sides(self) -> dict[str, RunLayout]:
         return {"golden": self.golden, "suspect": self.suspect,
-                **({source.TWIN: self.twin} if self.twin is not None else {}),
+                **({log_source.TWIN: self.twin} if self.twin is not None else {}),
                 **{f"replay{i}": r for i, r in enumerate(self.replays)}}
 
     def run_ids(self) -> dict[tuple[str, int], str]:
@@ -65,11 +65,11 @@ class DiffPlan:
 def plan_diff(request: DiffRequest) -> DiffPlan:
     """Describe the runs, validate the pair (and twin) and find the checkpoints both hold."""
     golden, suspect = request.golden, request.suspect
-    g, s = source.describe_run(golden), source.describe_run(suspect)
-    rs = tuple(source.describe_run(r) for r in request.replays)
-    t = source.describe_run(request.twin) if request.twin is not None else None
+    g, s = log_source.describe_run(golden), log_source.describe_run(suspect)
+    rs = tuple(log_source.describe_run(r) for r in request.replays)
+    t = log_source.describe_run(request.twin) if request.twin is not None else None
     validate_pair(g, s, rs, t, baseline=request.baseline)
-    g_ckpt, s_ckpt = source.list_checkpoints(golden), source.list_checkpoints(suspect)
+    g_ckpt, s_ckpt = log_source.list_checkpoints(golden), log_source.list_checkpoints(suspect)
     tasks = []
     for rank in sorted(g.ranks):
         for step in sorted(g_ckpt.get(rank, set()) & s_ckpt.get(rank, set())):

@@ -251,7 +251,7 @@ def _diff(golden: Path, suspect: Path, replays: list[Path], db: Path, beam_args:
 
 
 def _report(paths: StudyPaths, progress: bool) -> str:
-    from analysis.report import build_report
+    from analysis.study_report import build_report
 
     report = build_report(paths.db, paths.report, progress=progress)
     return f"{len(report.images)} plot(s) in {report.index}"
