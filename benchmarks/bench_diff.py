@@ -4,9 +4,9 @@
 
 A synthetic pair of runs, each with at least `--events` TENSOR records written by the
 real `tracer.log.LogWriter`, differing from one step on. The Beam job is the whole
-`sdc diff` pipeline (`pipelines.run.build_pipeline`: decode the logs, key, join,
+`sdc diff` pipeline (`pipelines.beam_job.build_pipeline`: decode the logs, key, join,
 diff, derive metrics and detector alarms, write Parquet), run as `sdc diff` runs it
-(`pipelines.run.run_job`) on the DirectRunner with the options `sdc diff` would pick
+(`pipelines.beam_job.run_job`) on the DirectRunner with the options `sdc diff` would pick
 (in_memory at this size), or with the beam options given. The baseline
 reads the same records from Parquet (converted beforehand, not timed) and writes the
 same per-event diff with one full outer join in DuckDB. After one untimed run of each,
@@ -34,9 +34,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET
-from pipelines.run import DiffPlan, build_pipeline, describe_runner, new_pipeline, pipeline_options, plan_diff, run_job
-from pipelines.source import read_file
+from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET, DiffRequest
+from pipelines.beam_job import build_pipeline, run_job
+from pipelines.log_source import read_file
+from pipelines.plan import DiffPlan, plan_diff
+from pipelines.runner_options import describe_runner, new_pipeline, pipeline_options
 from tracer.log import SCHEMA_VERSION, EventRecord, LogWriter, Phase, RunHeader, TensorRecord, rank_dir
 from tracer.log.columns import read_segment_columns
 
@@ -122,7 +124,9 @@ def bench(events: int, beam_args: list[str], steps_per_bucket: int, repeat: int 
         print(f"synthetic pair     : {steps:,} steps x {EVENTS_PER_STEP} tensor records per side "
               f"({total:,} in all), written in {time.perf_counter() - start:.1f} s")
         con = duckdb.connect()
-        plan = plan_diff(str(root / "golden"), str(root / "suspect"), steps_per_bucket=steps_per_bucket)
+        request = DiffRequest(golden=str(root / "golden"), suspect=str(root / "suspect"), db=root / "unused.duckdb",
+                              steps_per_bucket=steps_per_bucket)  # the plan reads no --db
+        plan = plan_diff(request)
         # One untimed run of each first: a fresh process's first DuckDB query took up to 1.7x its later ones.
         duckdb_diff(con, root)
         beam_diff(con, root, plan, beam_args, "staging-warmup")

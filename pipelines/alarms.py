@@ -5,7 +5,7 @@ A detector is a pure function of one step's `Evidence` and the accepted history
 its gradient norm before clipping (the `step` event's ``loss`` and ``grad_norm``), the
 NaN/Inf count and the step fingerprint (the GRAD tensor records), the ABFT flags
 (`abft` events). `step_facts` rebuilds it per step from the segments' evidence that the
-diff's decoding hands on (`pipelines.evidence`), `score` runs the detectors over it
+diff's decoding hands on (`pipelines.segment_evidence`), `score` runs the detectors over it
 with the same history rule as the guard (a step a detector set flags never joins that
 set's baseline), and `DetectorAlarms` does both for the suspect of a pair, with the
 golden run as the twin for `TwinMismatch`, into the ``detector_alarms`` table; a guarded
@@ -30,9 +30,9 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from pipelines.evidence import GradGroups, SegmentEvidence
+from pipelines.log_source import RunLayout
 from pipelines.scoring import Fired, Scored, Steps, score
-from pipelines.source import RunLayout
+from pipelines.segment_evidence import GradGroups, SegmentEvidence
 from pipelines.tables import SCHEMAS, named
 from tracer.guard import AbftFlags, Detector, TwinMismatch, default_guard
 from tracer.guard.detectors import GradNormSpike, LossSpike, NonFinite
@@ -230,7 +230,7 @@ def decision_rows(guards: Iterable[EventRecord]) -> list[dict[str, Any]]:
 
 
 class DetectorAlarms(beam.PTransform):
-    """(rank, `SegmentEvidence`) of the golden and suspect runs (`pipelines.source.ReadRuns`) -> TABLES:
+    """(rank, `SegmentEvidence`) of the golden and suspect runs (`pipelines.log_source.ReadRuns`) -> TABLES:
     detector_alarms and guard_decisions of the suspect (the golden run is the twin)."""
 
     def __init__(self, suspect: RunLayout) -> None:

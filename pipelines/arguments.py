@@ -1,15 +1,25 @@
 """The diff job's request: its options as ``python -m pipelines.run`` and ``sdc diff`` spell them, and as
 the typed `DiffRequest` that `pipelines.run.diff` takes from them (and ``sdc study`` builds directly).
 
-Kept apart from `pipelines.run` so that building the ``sdc`` parser does not import Beam.
+    report = diff_job()(DiffRequest(golden="runs/A", suspect="runs/B", db=Path("study.duckdb")))
+
+Kept apart from `pipelines.run` so that building the ``sdc`` parser does not import Beam:
+`diff_job` imports the job when one runs.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tracer.errors import UsageError
+
+if TYPE_CHECKING:
+    from pipelines.run import DiffReport
 
 # Each joined batch costs the job about a millisecond whatever its size (packing, unpacking, the join's numpy
 # calls, a Parquet part): 256 steps of the benchmark pair (90 records a step) ran 0.2 s faster than 64 in 2 s
@@ -35,6 +45,12 @@ class DiffRequest:
     skip_corrupt: bool = False  # load what is readable and list corrupt records, instead of failing
     steps_per_bucket: int = DEFAULT_STEPS_PER_BUCKET  # steps per joined batch
     beam_args: tuple[str, ...] = ()  # Beam pipeline options, passed through untouched (--runner=...)
+
+    def __post_init__(self) -> None:
+        """The checks that need no file system: whether --staging is empty is the job's to find (a URL on a
+        cluster is read only through Beam's file systems)."""
+        if self.steps_per_bucket < 1:
+            raise UsageError(f"--steps-per-bucket must be >= 1, got {self.steps_per_bucket}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, beam_args: Sequence[str]) -> DiffRequest:
@@ -63,3 +79,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="load what is readable and list corrupt records in the corruptions table, instead of failing")
     p.add_argument("--steps-per-bucket", type=int, default=DEFAULT_STEPS_PER_BUCKET, metavar="N",
                    help=f"steps per joined batch (default {DEFAULT_STEPS_PER_BUCKET}); lower it for very large models")
+
+
+def diff_job() -> Callable[[DiffRequest], DiffReport]:
+    """`pipelines.run.diff`, imported without the warnings importing Beam prints about Google Cloud clients."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        from pipelines.run import diff
+    finally:
+        root.setLevel(level)
+    return diff

@@ -6,7 +6,7 @@ The rules (analysis/SCHEMA.md repeats them for readers of the tables):
   same step, microbatch and phase ("forward": the site's output, "backward": the
   gradient w.r.t. its input).
 - Fingerprint divergence as a detector, over traced site events (FORWARD and
-  BACKWARD records compared, `pipelines.diff`): tp = a faulted unit that differs,
+  BACKWARD records compared, `pipelines.tensor_diff`): tp = a faulted unit that differs,
   fn = a faulted unit that does not, fp = an unfaulted unit that differs at a step
   before the rank's first fault (nothing injected explains it), propagated = an
   unfaulted unit that differs from the first faulted step on, tn = the rest.
@@ -23,9 +23,9 @@ from typing import Any
 
 import apache_beam as beam
 
-from pipelines.diff import FIRST, BucketFindings, earliest
 from pipelines.events import AbftCheck, Fault
 from pipelines.tables import named
+from pipelines.tensor_diff import FIRST, BucketFindings, earliest
 
 FAULTS, ABFT, SCORES = "faults", "abft", "detection_scores"
 _OUTCOMES = ("tp", "fp", "fn", "tn")

@@ -1,7 +1,7 @@
 """What each event kind becomes: typed records for the scoring steps, rows for the replay tables.
 
 `RouteEvents` sends every batch of events (``((side, kind, rank), EventBatch)`` from
-`pipelines.source`) where it is used, in one step: faults and ABFT checks of the
+`pipelines.log_source`) where it is used, in one step: faults and ABFT checks of the
 golden and suspect runs, their `step` events (the loss curves), and the RQ1/RQ2
 events of replay logs and the fine-tune evaluations of every run (RQ3) straight into
 their tables, and the golden and suspect runs' sharpness estimates. The kinds and fields are those of
@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipelines.source import DIFFED, NAMESPACE, EventBatch, EventRow
+from pipelines.log_source import DIFFED, NAMESPACE, EventBatch, EventRow
 from pipelines.tables import TABLES, named
-from pipelines.tags import split
+from pipelines.tagged_outputs import split
 from tracer.log import Phase
 
 FAULTS, CHECKS, STEPS = "faults", "checks", "steps"

@@ -18,9 +18,9 @@ from typing import Any
 
 import apache_beam as beam
 
-from pipelines.source import DIFFED, RankInfo, RunLayout
+from pipelines.log_source import DIFFED, RankInfo, RunLayout
 from pipelines.tables import TABLES, named
-from pipelines.tags import split
+from pipelines.tagged_outputs import split
 from tracer.errors import ValidationError
 from tracer.log import RunHeader
 from tracer.pairing import baseline_differences, pairing_differences, twin_differences

@@ -291,7 +291,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     ]),
 }
 
-# Written to staging but never loaded: any row fails the job (see pipelines/run.py).
+# Written to staging but never loaded: any row fails the job (see pipelines/staging.py).
 SCHEMAS["errors"] = pa.schema([("side", pa.string()), ("rank", pa.int32()), ("path", pa.string()),
                                ("message", pa.string())])
 

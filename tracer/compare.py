@@ -17,54 +17,58 @@ from tracer.log.records import Phase, TensorRecord, describe_microbatch
 
 
 @dataclass(frozen=True)
-class Difference:
-    """The first point where two runs stop agreeing."""
+class Divergence:
+    """Where two runs stop agreeing: the site, and each run's record there (None: only the other run holds one).
+
+    `compare_runs` and ``sdc watch`` (which follows two runs as they are written) both report them.
+    """
 
     rank: int
     step: int
     microbatch: int
     name: str
     phase: Phase
-    a: TensorRecord | None
-    b: TensorRecord | None
+    golden: TensorRecord | None
+    suspect: TensorRecord | None
 
     def describe(self) -> str:
+        """One line: where, and how the two records differ."""
         mb = describe_microbatch(self.microbatch)
         where = f"rank {self.rank}, step {self.step}, {mb}, {self.phase.name.lower()} {self.name}"
-        if self.a is None or self.b is None:
+        a, b = self.golden, self.suspect
+        if a is None or b is None:
             return f"{where}: the runs recorded different events here (one has no matching event)"
-        if (self.a.name, self.a.phase) != (self.b.name, self.b.phase):
-            return f"{where}: event order differs ({self.a.name} vs {self.b.name})"
-        return (
-            f"{where}: fingerprint {self.a.fingerprint:016x} vs {self.b.fingerprint:016x} "
-            f"(L2 {self.a.l2:.6g} vs {self.b.l2:.6g})"
-        )
+        if (a.name, a.phase) != (b.name, b.phase):
+            return f"{where}: event order differs ({a.name} vs {b.name})"
+        return f"{where}: fingerprint {a.fingerprint:016x} vs {b.fingerprint:016x} (L2 {a.l2:.6g} vs {b.l2:.6g})"
 
 
 @dataclass(frozen=True)
 class Comparison:
     events: int  # tensor events compared
     steps: int  # steps compared
-    first: Difference | None
+    first: Divergence | None
 
 
-def compare_runs(run_a: str | Path, run_b: str | Path) -> Comparison:
-    """Compare every tensor event of every rank, in recording order.
+def compare_runs(golden: str | Path, suspect: str | Path) -> Comparison:
+    """Compare every tensor event of every rank, in recording order (for ``sdc verify-determinism`` the first
+    run plays golden).
 
     The first difference reported is the earliest over all ranks: lowest step, then
     lowest position within that step's records (ranks of one layout record the same
     sequence), so a fault on one rank is reported on that rank, not on a rank it
     reached through a collective.
     """
-    ranks_a, ranks_b = list_ranks(Path(run_a)), list_ranks(Path(run_b))
+    ranks_a, ranks_b = list_ranks(Path(golden)), list_ranks(Path(suspect))
     if ranks_a != ranks_b:
-        raise ValidationError(f"{run_a} has ranks {ranks_a} but {run_b} has ranks {ranks_b}; they cannot be compared")
+        raise ValidationError(
+            f"{golden} has ranks {ranks_a} but {suspect} has ranks {ranks_b}; they cannot be compared")
     events = 0
     steps: set[int] = set()
-    firsts: list[tuple[tuple[int, int, int], Difference]] = []
+    firsts: list[tuple[tuple[int, int, int], Divergence]] = []
     for rank in ranks_a:
-        ra = (r for r in LogReader(rank_dir(Path(run_a), rank)).records() if isinstance(r, TensorRecord))
-        rb = (r for r in LogReader(rank_dir(Path(run_b), rank)).records() if isinstance(r, TensorRecord))
+        ra = (r for r in LogReader(rank_dir(Path(golden), rank)).records() if isinstance(r, TensorRecord))
+        rb = (r for r in LogReader(rank_dir(Path(suspect), rank)).records() if isinstance(r, TensorRecord))
         position, current = 0, None
         for a in ra:
             b = next(rb, None)
@@ -74,9 +78,9 @@ def compare_runs(run_a: str | Path, run_b: str | Path) -> Comparison:
             current = a.step
             if (a.step, a.microbatch, a.name, a.phase) != (b.step, b.microbatch, b.name, b.phase):
                 first = a if (a.step, a.microbatch) <= (b.step, b.microbatch) else b
-                diff = Difference(rank, first.step, first.microbatch, first.name, first.phase, a, b)
+                diff = Divergence(rank, first.step, first.microbatch, first.name, first.phase, a, b)
             elif a.fingerprint != b.fingerprint:
-                diff = Difference(rank, a.step, a.microbatch, a.name, a.phase, a, b)
+                diff = Divergence(rank, a.step, a.microbatch, a.name, a.phase, a, b)
             else:
                 events += 1
                 steps.add(a.step)

@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from pipelines.arguments import DiffRequest, add_arguments
-
-if TYPE_CHECKING:
-    from pipelines.run import DiffReport
+from pipelines.arguments import DiffRequest, add_arguments, diff_job
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -43,15 +37,3 @@ def request(args: argparse.Namespace) -> DiffRequest:
     """The typed request of a parsed command line; Beam's options are what follows `--`."""
     beam_args = args.beam_args[1:] if args.beam_args[:1] == ["--"] else args.beam_args
     return DiffRequest.from_args(args, beam_args)
-
-
-def diff_job() -> Callable[[DiffRequest], DiffReport]:
-    """`pipelines.run.diff`, imported without the warnings importing Beam prints about Google Cloud clients."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        from pipelines.run import diff
-    finally:
-        root.setLevel(level)
-    return diff

@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.report import build_report
+    from analysis.study_report import build_report
 
     report = build_report(args.db, args.out, progress=not args.quiet)
     missing = sum(len(s.notes) for s in report.sections)

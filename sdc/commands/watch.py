@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from tracer.compare import Divergence
 from tracer.errors import UsageError
-from tracer.log import Entry, EventRecord, LostRange, Phase, TensorRecord, rank_dir
+from tracer.log import Entry, EventRecord, LostRange, TensorRecord, rank_dir
 from tracer.log.follow import POLL_S, LogFollower, Resumed
 from tracer.log.records import describe_microbatch
 from tracer.pairing import check_pair
@@ -91,23 +92,12 @@ class WatchOptions:
     poll_s: float = POLL_S
 
 
-@dataclass(frozen=True)
-class Divergence:
-    """Where the two runs first differ in one step; a missing record means only the other run holds it."""
-
-    rank: int
-    step: int
-    microbatch: int
-    name: str
-    phase: Phase
-    golden: TensorRecord | None
-    suspect: TensorRecord | None
-
-    def describe(self) -> str:
-        mb = describe_microbatch(self.microbatch)
-        head = f"DIVERGENCE at step {self.step}, rank {self.rank}, {mb}: {self.name} {self.phase.name.lower()}"
-        sides = zip(SIDES, (self.golden, self.suspect))
-        return "\n".join([head, *(f"  {side:<8}{_stats(rec)}" for side, rec in sides)])
+def _render(d: Divergence) -> str:
+    """What watch prints of a divergence: where, then each run's record with its stats."""
+    head = f"DIVERGENCE at step {d.step}, rank {d.rank}, {describe_microbatch(d.microbatch)}: {d.name} " \
+           f"{d.phase.name.lower()}"
+    sides = zip(SIDES, (d.golden, d.suspect))
+    return "\n".join([head, *(f"  {side:<8}{_stats(rec)}" for side, rec in sides)])
 
 
 def _stats(rec: TensorRecord | None) -> str:
@@ -353,7 +343,7 @@ class Watch:
             return False
         self._reported.add((d.rank, d.step))
         self.divergences += 1
-        self._say(d.describe())
+        self._say(_render(d))
         return True
 
     def _first_step(self) -> int:

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from faults import load_profile
 from jobs.record import record_run
 from jobs.replay import golden_header, replay
-from pipelines.arguments import DiffRequest
+from pipelines.arguments import DiffRequest, diff_job
 from replay.request import ReplayRequest, suspect_from_run
 from sdc.study.config import Finetune, Study
 from tracer.errors import UsageError
@@ -250,7 +250,6 @@ def _replay(paths: StudyPaths, golden: str, label: str, mode: str, steps: range,
 def diff_into_db(golden: Path, suspect: Path, replays: list[Path], db: Path, beam_args: tuple[str, ...],
                  twin: Path | None = None, baseline: bool = False) -> str:
     """Diff ``suspect`` against ``golden`` (with its replays, a twin baseline) into ``db``; the one-line result."""
-    from sdc.commands.diff import diff_job  # imports Beam: only when a diff runs
 
     request = DiffRequest(golden=str(golden), suspect=str(suspect), db=db, replays=tuple(map(str, replays)),
                           twin=str(twin) if twin is not None else None, beam_args=beam_args, baseline=baseline)
@@ -259,7 +258,7 @@ def diff_into_db(golden: Path, suspect: Path, replays: list[Path], db: Path, bea
 
 
 def _report(paths: StudyPaths, progress: bool) -> str:
-    from analysis.report import build_report
+    from analysis.study_report import build_report
 
     report = build_report(paths.db, paths.report, progress=progress)
     return f"{len(report.images)} plot(s) in {report.index}"

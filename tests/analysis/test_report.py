@@ -11,7 +11,7 @@ import pytest
 
 from analysis import queries
 from analysis.load import schema_sql
-from analysis.report import build_report
+from analysis.study_report import build_report
 from sdc.cli import main
 from tests.analysis.conftest import Study
 

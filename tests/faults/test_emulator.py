@@ -42,7 +42,7 @@ def test_an_exponent_flip_at_one_step_and_op_is_the_first_difference(
 ) -> None:
     faulty = run_factory("faulty", fault_profile=write_profile(EXPONENT_FLIP.format(site=site, phase=phase)))
     first = compare_runs(healthy_run, faulty).first
-    assert first is not None and first.a is not None and first.b is not None
+    assert first is not None and first.golden is not None and first.suspect is not None
     # compare_runs walks both logs in order, so every event before this one is bit-identical.
     assert (first.step, first.microbatch, first.name, first.phase) == (2, 0, f"layers.1.{site}", Phase[phase.upper()])
     faults = events(faulty, "fault")

@@ -171,7 +171,7 @@ def test_a_baseline_must_differ_in_the_data_order_only(study: dict[str, Path], t
 
 
 def test_report_plots_drift_rates_beside_sharpness(study: dict[str, Path], tmp_path: Path) -> None:
-    from analysis.report import build_report
+    from analysis.study_report import build_report
 
     report = build_report(study["db"], tmp_path / "report", progress=False)
     drawn = [p.name for p in report.images if p.name.startswith("rq3_drift_rates_")]

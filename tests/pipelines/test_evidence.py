@@ -10,7 +10,7 @@ import random
 import numpy as np
 
 from pipelines.alarms import COMBINATION, DETECTORS, StepFacts, run_alarms, step_facts
-from pipelines.evidence import _CHUNK_BYTES, SegmentEvidence, grad_groups
+from pipelines.segment_evidence import CHUNK_BYTES, SegmentEvidence, grad_groups
 from tests.pipelines.test_transforms import columns
 from tracer.guard import AbftFlags, Evidence, Guard, History, TwinMismatch, default_guard, step_fingerprint
 from tracer.log import Phase
@@ -43,8 +43,8 @@ def test_grad_digest_bytes_hash_as_step_fingerprint_does() -> None:
 
 def test_grad_digest_bytes_span_chunks_and_skip_padding_that_would_cost_too_much() -> None:
     width = 1000
-    n = 3 * _CHUNK_BYTES // width
-    many = [f"n{i}" for i in range(_CHUNK_BYTES // width + 1)]  # with one long name: too much padding
+    n = 3 * CHUNK_BYTES // width
+    many = [f"n{i}" for i in range(CHUNK_BYTES // width + 1)]  # with one long name: too much padding
     for long_names, short_names in (([f"p{i}" + "x" * (width - 20) for i in range(5)], []), (["y" * width], many)):
         names = long_names + short_names
         records = [(i // 7, 0, names[i % len(names)], Phase.GRAD, i) for i in range(n)]

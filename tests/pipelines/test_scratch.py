@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.run import SCRATCH_PREFIX, scratch_dir
+from pipelines.scratch import SCRATCH_PREFIX, scratch_dir
 from tests.pipelines.conftest import flipped_copy
 from tracer.errors import SdcError
 

@@ -12,14 +12,14 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines.detections import RankFindings
-from pipelines.diff import FINDINGS, DiffTensors
 from pipelines.events import CHECKS, FAULTS, STEPS, AbftCheck, Fault, RouteEvents
-from pipelines.metrics import LossCurves
+from pipelines.log_source import EventBatch, RankInfo, RankLayout, RunLayout, SegmentInfo, SummariseRanks, bucket_batches
+from pipelines.loss_and_drift import LossCurves
 from pipelines.pairing import BOUNDS, ComparisonBounds
-from pipelines.run import DEFAULT_RUNNER
+from pipelines.runner_options import DEFAULT_RUNNER
 from pipelines.sink import WriteTables
-from pipelines.source import EventBatch, RankInfo, RankLayout, RunLayout, SegmentInfo, SummariseRanks, bucket_batches
 from pipelines.tables import SCHEMAS, TABLES
+from pipelines.tensor_diff import FINDINGS, DiffTensors
 from tracer.log import SCHEMA_VERSION, Phase, RunHeader, SegmentSummary
 from tracer.log.columns import TensorColumns
 
@@ -129,7 +129,7 @@ def test_rank_findings_score_faults_against_both_detectors() -> None:
                   [2.0], None)
     flagged = AbftCheck("suspect", 0, 3, 0, "layers.1.mlp.w1", "aten.mm.default", "forward", 2, 3, 4, 9.0, 1.0, "flag")
     clean = flagged._replace(step=2, verdict="ok")
-    from pipelines.diff import BucketFindings
+    from pipelines.tensor_diff import BucketFindings
 
     findings = BucketFindings(None, (10, 1, 0, 0, 9, 0), [(fault.id, {"traced_site": "layers.1.mlp",
                                                                      "fingerprint_detected": True})])

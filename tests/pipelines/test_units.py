@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipelines.diff import diff_bucket
 from pipelines.events import Fault, fault_units
-from pipelines.metrics import (
+from pipelines.log_source import RankLayout, RunLayout, bucket_batches, describe_run
+from pipelines.loss_and_drift import (
     SPIKE_FACTOR,
     SPIKE_MIN_HISTORY,
     SPIKE_WINDOW,
@@ -23,7 +23,7 @@ from pipelines.metrics import (
     spikes,
 )
 from pipelines.pairing import differences, pair_id, validate_pair
-from pipelines.source import RankLayout, RunLayout, bucket_batches, describe_run
+from pipelines.tensor_diff import diff_bucket
 from tests.pipelines.test_transforms import B, F, G, P, columns
 from tracer.errors import LogFormatError, ValidationError
 from tracer.log import NO_MICROBATCH, SCHEMA_VERSION, LogWriter, Phase, RunHeader, rank_dir

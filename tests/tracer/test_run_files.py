@@ -25,7 +25,7 @@ TIMEOUT_S = 120
 # Imports first, then cap the address space at 1 GiB above the current size, then run the case.
 _CHILD = """
 import resource, sys
-from pipelines.source import read_file
+from pipelines.log_source import read_file
 from tracer.blobs import BlobStore
 from tracer.checkpoint import load_checkpoint
 from tracer.errors import SdcError

@@ -16,11 +16,11 @@ mode so that every problem in a segment is found, and emits:
 - ``segments``: one `SegmentInfo` per segment, which `SummariseRanks` turns into the
   checks between segments (`tracer.log.check_chain`) and per-rank facts;
 - ``evidence`` (golden and suspect only): ``(rank, SegmentEvidence)``, what the guard's
-  detectors see of the segment (`pipelines.evidence`), for `pipelines.alarms`: the
+  detectors see of the segment (`pipelines.segment_evidence`), for `pipelines.alarms`: the
   logs are decoded once;
 - ``tables``: rows of the ``corruptions`` and ``errors`` tables, each problem counted in
   Beam metrics. Corruption is reported with file and byte offset; whether it fails
-  the job is the launcher's decision (`pipelines.run`), so a job finds every problem.
+  the job is the launcher's decision (`pipelines.staging`), so a job finds every problem.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from pipelines.evidence import SegmentEvidence, segment_evidence
+from pipelines.segment_evidence import SegmentEvidence, segment_evidence
 from pipelines.tables import TABLES, named
-from pipelines.tags import split
+from pipelines.tagged_outputs import split
 from tracer.checkpoint import CHECKPOINT_GLOB, parse_checkpoint_path
 from tracer.errors import LogError, LogFormatError, UsageError
 from tracer.regular_files import open_regular, read_regular

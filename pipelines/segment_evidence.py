@@ -1,6 +1,6 @@
 """What the guard's detectors see of one decoded segment, taken from the diff's own decoding of the log.
 
-`pipelines.source.DecodeSegment` decodes each segment once; for the golden and suspect
+`pipelines.log_source.DecodeSegment` decodes each segment once; for the golden and suspect
 runs it also hands `segment_evidence` to `pipelines.alarms`, which rebuilds each step's
 guard evidence from it: per step, the GRAD records' squared L2 norms and NaN/Inf counts
 summed, and their names and fingerprints, from which `GradGroups.digest_inputs` builds
@@ -19,7 +19,7 @@ from tracer.log.columns import SegmentColumns, TensorColumns
 from tracer.log.records import Phase
 
 EVIDENCE_KINDS = frozenset({"step", "fault", "abft", "guard"})  # the event kinds `pipelines.alarms` reads
-_CHUNK_BYTES = 8 << 20  # padded record bytes built at once: bounds the memory this takes beside the columns
+CHUNK_BYTES = 8 << 20  # padded record bytes built at once: bounds the memory this takes beside the columns
 
 
 class GradGroups(NamedTuple):
@@ -82,14 +82,14 @@ def _digest_bytes(names: np.ndarray, fingerprints: np.ndarray, strings: list[str
     ends = np.cumsum(lengths[codes] + 8)
     fps = np.ascontiguousarray(fingerprints, "<u8").view(np.uint8).reshape(-1, 8)
     width = int(lengths.max())
-    if len(used) * width > _CHUNK_BYTES:  # names of very different lengths: padding them all would cost too much
+    if len(used) * width > CHUNK_BYTES:  # names of very different lengths: padding them all would cost too much
         return b"".join(encoded[c] + fp.tobytes() for c, fp in zip(codes.tolist(), fps)), ends
     padded = np.zeros((len(used), width), np.uint8)  # a row per name: its bytes and NUL, zero-padded
     for row, e in enumerate(encoded):
         padded[row, : len(e)] = np.frombuffer(e, np.uint8)
     keep_name = np.arange(width) < lengths[:, None]  # per name: which of its padded bytes are real
     parts = []
-    rows = max(1, _CHUNK_BYTES // (width + 8))
+    rows = max(1, CHUNK_BYTES // (width + 8))
     for lo in range(0, len(names), rows):
         chunk = codes[lo : lo + rows]
         record = np.concatenate([padded[chunk], fps[lo : lo + rows]], axis=1)

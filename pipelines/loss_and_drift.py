@@ -24,8 +24,8 @@ import torch
 from apache_beam.metrics import Metrics
 
 from pipelines.events import NUMBER, Fields
+from pipelines.log_source import NAMESPACE, EventBatch, corruption_row, read_file
 from pipelines.scoring import sorted_median
-from pipelines.source import NAMESPACE, EventBatch, corruption_row, read_file
 from pipelines.tables import SCHEMAS, named, table
 from tracer.checkpoint import decode_checkpoint
 from tracer.errors import LogError

@@ -1,6 +1,6 @@
 """Diff the tensor records of a golden and a suspect run: key -> join -> diff.
 
-Both runs' record batches are keyed by (rank, step bucket) in `pipelines.source`; one
+Both runs' record batches are keyed by (rank, step bucket) in `pipelines.log_source`; one
 GroupByKey brings a bucket's batches from both sides together, and `diff_bucket`
 joins them with numpy on (step, microbatch, name, phase, occurrence), where
 occurrence numbers repeated records of one key (a module called twice in a forward)
@@ -26,10 +26,10 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from pipelines.events import Fault, fault_units
+from pipelines.log_source import NAMESPACE, unpack_batch
 from pipelines.pairing import in_lost_steps
-from pipelines.source import NAMESPACE, unpack_batch
 from pipelines.tables import PHASES, SCHEMAS, STATUSES, TABLES
-from pipelines.tags import split
+from pipelines.tagged_outputs import split
 from tracer.log import NO_MICROBATCH, Phase
 
 EVENT_DIFFS, DIVERGENCE_STEPS, FIRST = "event_diffs", "divergence_steps", "first_divergence"
@@ -67,7 +67,7 @@ class BucketDiff:
 class DiffTensors(beam.PTransform):
     """((rank, bucket), (side, batch)) -> {TABLES: event_diffs, divergence_steps; FINDINGS: (rank, findings)}.
 
-    A batch is a `pa.RecordBatch` of `pipelines.source.TENSOR_SCHEMA`, or one `pipelines.source.pack_batch` packed.
+    A batch is a `pa.RecordBatch` of `pipelines.log_source.TENSOR_SCHEMA`, or one `pipelines.log_source.pack_batch` packed.
 
     Side inputs: `bounds`, (rank, last compared step); `faults`, every `Fault` of both runs; `lost`, (rank,
     step ranges corruption made unknown).

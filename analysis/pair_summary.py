@@ -1,0 +1,61 @@
+"""The few lines `sdc diff` ends with: what one pair's tables say, read through the named queries.
+
+    for line in summarize_pair("study.duckdb", pair_id):
+        print(line)
+
+The totals (events compared and differing, runs' status, lost steps), the first
+divergence per rank in execution order, parameter drift and loss spikes, and per
+fine-tuning task the accuracies and the suspect's disagreement with golden (RQ3). The
+database is opened read-only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from analysis import queries
+
+
+def summarize_pair(db: str | Path, pid: str) -> list[str]:
+    """A few lines on what the pair's tables say, from the named queries (the database opened read-only)."""
+    (totals,) = _pair_rows(db, "summary_totals", pid)
+    result = (f"result: {totals['events_compared']:,} events compared through step {totals['compared_through']}; "
+              f"{totals['events_differing']:,} differ")
+    lines = [result]
+    if totals["lost_steps"]:
+        lines.append(f"  {totals['lost_steps']} compared step(s) lost to corruption (golden {totals['golden_status']}, "
+                     f"suspect {totals['suspect_status']}): no divergence is reported there; see table lost_ranges")
+    elif (totals["golden_status"], totals["suspect_status"]) != ("complete", "complete"):
+        lines.append(f"  runs: golden {totals['golden_status']}, suspect {totals['suspect_status']}")
+    firsts = _pair_rows(db, "rq1_first_divergence_by_rank", pid)  # in execution order across ranks
+    for r in firsts:
+        order = "" if len(firsts) == 1 else " (went first)" if r["went_first"] else f" (#{r['divergence_order']})"
+        mb = "the whole step" if r["microbatch"] is None else f"microbatch {r['microbatch']}"
+        lines.append(f"  first divergence: rank {r['rank']}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}")
+    drift, spikes = totals["max_drift"], totals["loss_spikes"]
+    lines.append(f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)" if drift is not None
+                 else f"  no checkpoint pair for drift; {spikes} loss spike(s)")
+    lines += _finetune_lines(db, pid, totals["suspect_run_id"])
+    lines.append(f"  tables: {db} (pair_id = '{pid}')")
+    return lines
+
+
+def _finetune_lines(db: str | Path, pid: str, suspect_run_id: str) -> list[str]:
+    """Per task, for fine-tunes: the final accuracies, collapses, and suspect vs twin disagreement (RQ3)."""
+    collapsed = {r["task"] for r in queries.run(db, "rq3_finetune_accuracy").records()
+                 if r["collapsed"] and r["run_id"] == suspect_run_id}
+    lines = []
+    for r in sorted(_pair_rows(db, "rq3_finetune_disagreement", pid), key=lambda r: r["task"]):
+        task, twin, baseline = r["task"], r["twin_accuracy"], r["baseline_disagreement"]
+        twin_text = f", twin {twin:.0%}" if twin is not None else ""
+        base_text = f" (twin baseline {baseline:.0%})" if baseline is not None else " (no --twin, no baseline)"
+        lines.append(f"  fine-tune {task}: accuracy golden {r['golden_accuracy']:.0%}, "
+                     f"suspect {r['suspect_accuracy']:.0%}{' COLLAPSED' if task in collapsed else ''}{twin_text}; "
+                     f"answers differ on {r['disagreement']:.0%}{base_text}")
+    return lines
+
+
+def _pair_rows(db: str | Path, query: str, pid: str) -> list[dict[str, Any]]:
+    """The rows of a named query (they cover every pair) that belong to pair `pid`."""
+    return [r for r in queries.run(db, query).records() if r["pair_id"] == pid]
