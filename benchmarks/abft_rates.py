@@ -29,7 +29,7 @@ from faults.abft import CHECKED, AbftChecker
 from tracer.intercept import Interceptor, below_autograd, own_ops
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
-from workload.config import load_config
+from workload.reference_config import load_config
 from workload.protocol import run_step
 from jobs.record import record_run
 from workload.reference import build

@@ -18,7 +18,7 @@ import torch
 
 from faults import abft
 from tracer.intercept import Call, Interceptor
-from workload.config import load_config
+from workload.reference_config import load_config
 from workload.protocol import run_step
 from workload.reference import build
 

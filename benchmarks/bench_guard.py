@@ -32,7 +32,7 @@ from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.config import load_config
+from workload.reference_config import load_config
 from workload.protocol import run_step
 from workload.reference import build
 

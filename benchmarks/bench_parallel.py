@@ -21,7 +21,7 @@ from timing import side_by_side
 from jobs.launch import launch
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.config import Config, load_config
+from workload.reference_config import Config, load_config
 from workload.reference import build
 
 LAYOUT = ["parallel.dp=2", "parallel.tp=2", "parallel.sp=true", "train.threads=1"]

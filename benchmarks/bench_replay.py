@@ -16,7 +16,7 @@ from replay.replayer import Replayer
 from replay.request import ReplayRequest, Suspect, suspect_from_profile
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
-from workload.config import load_config
+from workload.reference_config import load_config
 from jobs.record import record_run
 
 THIS_MACHINE = Suspect("this-machine", None, 0, {"kind": "machine"})

@@ -24,7 +24,7 @@ from timing import Interleaved, machine_load, side_by_side
 from tracer.fingerprint import digest_implementation, digest_many
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.config import load_config
+from workload.reference_config import load_config
 from workload.reference import build
 
 # Model sizes from the smallest shipped config to the largest: the ratio falls as compute per step grows

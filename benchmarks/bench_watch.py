@@ -27,7 +27,7 @@ from sdc.commands.watch import EXIT_DIVERGED, Watch, WatchOptions
 from tracer.log import EventRecord, LogReader, LogWriter, TensorRecord, rank_dir
 from tracer.log.follow import POLL_S
 from tracer.log.runlock import RunLock
-from workload.config import load_config
+from workload.reference_config import load_config
 from jobs.record import record_run
 
 DIVERGE_AT = 6

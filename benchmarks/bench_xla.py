@@ -25,7 +25,7 @@ import torch_xla.debug.metrics as met  # noqa: E402
 
 from tracer.options import RunInfo  # noqa: E402
 from tracer.tracing import Tracer  # noqa: E402
-from workload.config import load_config  # noqa: E402
+from workload.reference_config import load_config  # noqa: E402
 from workload.protocol import run_step
 from workload.reference import build  # noqa: E402
 

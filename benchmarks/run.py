@@ -43,7 +43,7 @@ from tracer.log.reader import LogReader
 from tracer.log.records import TensorRecord
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.config import load_config
+from workload.reference_config import load_config
 from workload.protocol import run_step
 from workload.reference import build
 

@@ -39,7 +39,7 @@ from tracer.intercept import own_ops
 from tracer.log import LogReader, RunHeader, claim_out_dir, rank_dir
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.config import Config, OptimConfig
+from workload.reference_config import Config, OptimConfig
 from workload.finetune import (
     ROLE,
     ExampleBatches,

@@ -49,7 +49,7 @@ from tracer.log.sessions import Resumption
 from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import pairing_differences
 from tracer.tracing import Tracer
-from workload.config import Config
+from workload.reference_config import Config
 from workload.protocol import REFERENCE, RunSettings, Workload, build_workload, run_step
 from workload.sharpness import sharpness
 

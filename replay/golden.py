@@ -23,7 +23,7 @@ from tracer.intercept import own_ops
 from tracer.log import LogReader, list_ranks, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord, describe_microbatch
 from tracer.tracing import Tracer
-from workload.config import Config
+from workload.reference_config import Config
 from workload.protocol import REFERENCE
 
 Key = tuple[int, int, str, Phase]  # step, microbatch, name, phase

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import SCALE_AT_1, TINY_FINETUNE, small_config
-from workload.config import Config
+from workload.reference_config import Config
 
 
 @pytest.fixture

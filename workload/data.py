@@ -22,7 +22,7 @@ from importlib import resources
 import torch
 
 from tracer.errors import ConfigError
-from workload.config import DataConfig
+from workload.reference_config import DataConfig
 
 CORPUS_FILE = "stdlib-docstrings.txt.gz"
 # Names the windowing and shuffling scheme; change it whenever either changes, so

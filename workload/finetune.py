@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from tracer.typed_toml import check
-from workload.config import OptimConfig
+from workload.reference_config import OptimConfig
 from workload.tasks import LADDER, LETTERS, TASK_NAMES, Example, Task
 
 ROLE = "finetune"

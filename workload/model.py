@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from workload.config import ModelConfig
+from workload.reference_config import ModelConfig
 from workload.model_parallel import ENTER, LEAVE, SINGLE, Collective, Groups
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

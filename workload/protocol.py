@@ -50,7 +50,8 @@ REFERENCE = "workload.reference:build"
 @dataclass(frozen=True)
 class RunSettings:
     """How long a run trains and how often it checkpoints: the config's ``[run]`` section (the reference
-    workload's `workload.config.Config.run` too), which the config fingerprint leaves out (`tracer.config_fingerprint`)."""
+    workload's `workload.reference_config.Config.run` too), which the config fingerprint leaves out
+    (`tracer.config_fingerprint`)."""
 
     steps: int = 30
     checkpoint_every: int = 10  # optimizer steps between checkpoints; 0 = never

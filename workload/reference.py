@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from tracer.determinism import configure_determinism
 from tracer.parallel import Layout
-from workload.config import Config, OptimConfig
+from workload.reference_config import Config, OptimConfig
 from workload.data import TokenData
 from workload.model import Transformer
 from workload.model_parallel import Groups, clip_grad_norm, process_groups, reduce_gradients

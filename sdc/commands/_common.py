@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from tracer.errors import ConfigError
-from workload.config import load_config, shipped_configs
+from workload.reference_config import load_config, shipped_configs
 from workload.protocol import load_workload_config
 
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from sdc.study import Study, load_study, run_study, shipped_studies
-from sdc.study.fleet import FleetStudy, is_fleet_file, load_fleet_study, run_fleet_study
+from sdc.study.fleet_study import FleetStudy, is_fleet_file, load_fleet_study, run_fleet_study
 from sdc.study.runner import summary_tables
 from tracer import typed_toml
 

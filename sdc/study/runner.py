@@ -37,7 +37,7 @@ from jobs.record import record_run
 from jobs.replay import golden_header, replay
 from pipelines.arguments import DiffRequest, diff_job
 from replay.request import ReplayRequest, suspect_from_run
-from sdc.study.config import Finetune, Study
+from sdc.study.study_file import Finetune, Study
 from tracer.errors import UsageError
 
 STATE = "study-state.json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workload.config import Config
+from workload.reference_config import Config
 from workload.protocol import run_step
 from workload.reference import build
 

@@ -25,7 +25,7 @@ from tests.support import ONE_FLIP, small_config
 from tracer.log import EventRecord, LogReader, LogWriter, rank_dir
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.config import Config
+from workload.reference_config import Config
 from workload.protocol import run_step
 from jobs.record import record_run
 from workload.reference import build

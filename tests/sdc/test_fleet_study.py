@@ -13,7 +13,7 @@ import pytest
 from analysis.queries import LIBRARY
 from analysis.reproduction import FINDINGS
 from sdc.cli import main
-from sdc.study.fleet import FleetPaths, load_fleet_study, run_fleet_study
+from sdc.study.fleet_study import FleetPaths, load_fleet_study, run_fleet_study
 from sdc.study.runner import StudyPaths
 from tests.support import events
 from tracer.errors import ConfigError

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # records a run in a subprocess and kills it
 
 SCRIPT = """
 import sys
-from workload.config import load_config
+from workload.reference_config import load_config
 from jobs.record import record_run
 cfg = load_config(None, ["model.n_layers=2", "data.batch_size=2", "data.seq_len=32", "run.steps=100000"])
 record_run(cfg, sys.argv[1], node_label="doomed", progress=False)

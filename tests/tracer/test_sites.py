@@ -63,7 +63,7 @@ def test_torch_transformer_layers_give_self_and_cross_attention_and_linear1_2() 
 def test_models_named_the_usual_way_keep_their_sites() -> None:
     from transformers import MixtralConfig, MixtralForCausalLM
 
-    from workload.config import Config
+    from workload.reference_config import Config
     from workload.reference import build
 
     blocks = [("h.", "attn", "mlp"), ("model.layers.", "self_attn", "mlp")]

@@ -9,7 +9,7 @@ from importlib import resources
 import pytest
 import torch
 
-from workload.config import DataConfig
+from workload.reference_config import DataConfig
 from workload.data import TokenData, load_corpus
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tracer.determinism import configure_determinism
-from workload.config import Config, load_config
+from workload.reference_config import Config, load_config
 from workload.data import TokenData
 from workload.model import Transformer
 

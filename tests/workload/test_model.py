@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from workload.config import ModelConfig, load_config, shipped_configs
+from workload.reference_config import ModelConfig, load_config, shipped_configs
 from workload.model import Transformer, apply_rotary, rotary_tables
 
 

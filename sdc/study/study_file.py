@@ -22,7 +22,7 @@ from tracer import typed_toml
 from tracer.errors import ConfigError
 from tracer.guard import Policy
 from tracer.typed_toml import check, require, toml_field
-from workload.config import Config, load_config, shipped_configs
+from workload.reference_config import Config, load_config, shipped_configs
 from workload.finetune import FinetuneSettings
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -155,7 +155,7 @@ class _StudyFile:
 
 
 def is_fleet_file(data: dict) -> bool:
-    """A study file with a ``[fleet]`` table is a fleet study (sdc.study.fleet)."""
+    """A study file with a ``[fleet]`` table is a fleet study (sdc.study.fleet_study)."""
     return isinstance(data.get("fleet"), dict)
 
 
@@ -170,7 +170,7 @@ def load_study(spec: str | Path, overrides: tuple[str, ...] = ()) -> Study:
     data = typed_toml.read(path)
     if is_fleet_file(data):
         raise ConfigError(f"{path}: is a fleet study (it has a [fleet] table); load it with "
-                          "sdc.study.fleet.load_fleet_study, or run it with `sdc study`")
+                          "sdc.study.fleet_study.load_fleet_study, or run it with `sdc study`")
     return _build(typed_toml.from_dict(_StudyFile, data, str(path)), path, overrides)
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from faults.fleet import DEFAULT_SEED, FleetSpec, trigger_profile_text, write_fleet
-from sdc.study.config import Finetune, FinetuneTable, Node, Study, build_study, is_fleet_file, shipped_studies
+from sdc.study.study_file import Finetune, FinetuneTable, Node, Study, build_study, is_fleet_file, shipped_studies
 from sdc.study.runner import (
     Job,
     StudyPaths,

@@ -10,7 +10,7 @@ import pytest
 
 from tracer.config_fingerprint import config_fingerprint
 from tracer.errors import ConfigError
-from workload.config import Config, load_config, shipped_configs
+from workload.reference_config import Config, load_config, shipped_configs
 
 
 def write(tmp_path: Path, text: str) -> Path:
