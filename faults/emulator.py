@@ -27,7 +27,7 @@ Under torch.distributed a rule may name the ranks it applies to (one bad
 accelerator in a node), and rules naming collectives corrupt what a collective
 delivers, through `tracer.collectives`. A rule may also name the roles of the runs
 it fires in (``role``: the run header's, ``"train"`` for pretraining and its
-replays, ``"finetune"`` for `workload.finetune`).
+replays, ``"finetune"`` for `jobs.finetune`).
 
 With the ABFT checker, enter the emulator first: the checker, entered second,
 sees each op first and calls it through the emulator, so it checks the corrupted

@@ -5,7 +5,7 @@
     sdc finetune --from runs/golden --out runs/golden-ft --node-label node-a
 
 Starts from the pretrained run's final checkpoint (verified against its fingerprints)
-and trains every weight to name the right letter (`workload.finetune`). Every step is
+and trains every weight to name the right letter (`workload.multiple_choice`). Every step is
 traced like a pretraining step (fingerprints, `tracer.loss`, checkpoints), so `sdc diff`
 of two fine-tunes gives event diffs, loss curves, loss spikes and parameter drift as for
 pretraining. Every ``eval_every`` steps and at the end, the model answers each task's
@@ -40,7 +40,7 @@ from tracer.log import LogReader, RunHeader, claim_out_dir, rank_dir
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
 from workload.reference_config import Config, OptimConfig
-from workload.finetune import (
+from workload.multiple_choice import (
     ROLE,
     ExampleBatches,
     FinetuneSettings,

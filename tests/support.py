@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tracer.log import LogReader, LogWriter, rank_dir
 from tracer.log.records import EventRecord, Phase, TensorRecord
 from workload.reference_config import Config, load_config
-from workload.finetune import FinetuneSettings
+from workload.multiple_choice import FinetuneSettings
 
 if TYPE_CHECKING:
     import numpy as np

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from faults import load_profile, shipped_profiles
 from jobs.finetune import finetune_run
-from workload.finetune import FinetuneSettings
+from workload.multiple_choice import FinetuneSettings
 from workload.tasks import TASK_NAMES
 
 

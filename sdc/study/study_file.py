@@ -23,7 +23,7 @@ from tracer.errors import ConfigError
 from tracer.guard import Policy
 from tracer.typed_toml import check, require, toml_field
 from workload.reference_config import Config, load_config, shipped_configs
-from workload.finetune import FinetuneSettings
+from workload.multiple_choice import FinetuneSettings
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 DERIVED = ("-twin", "-lockstep", "-param-sync", "-guarded")  # suffixes of the runs a study derives from a node

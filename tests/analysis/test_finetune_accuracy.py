@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from analysis.load import schema_sql
-from workload.finetune import collapsed
+from workload.multiple_choice import collapsed
 
 QUERY = Path(__file__).resolve().parents[2] / "analysis" / "queries" / "rq3_finetune_accuracy.sql"
 N = 128  # test examples per task, as in the default settings

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from jobs.finetune import finetune_run
 from tests.support import TINY_FINETUNE as TINY
 from tests.support import events
 from tracer.compare import compare_runs
 from tracer.errors import ConfigError, UsageError
 from tracer.log import LogReader, Phase, TensorRecord, rank_dir
 from tracer.pairing import pairing_differences, twin_differences
-from jobs.finetune import finetune_run
-from workload.finetune import FinetuneSettings, collapsed
+from workload.multiple_choice import FinetuneSettings, collapsed
 from workload.tasks import CHOICES, LADDER, LETTERS, MAX_PROMPT, TASK_NAMES, load_tasks, make_task
 
 
