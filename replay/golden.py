@@ -208,7 +208,7 @@ class KeepingTracer(Tracer):
 
     def keep(self, kept: dict[Key, torch.Tensor] | None, phases: set[Phase]) -> None:
         self._kept, self._phases = kept, frozenset(phases)
-        self._params = frozenset(self._names.values())
+        self._params = self.parameter_names
 
     def record_many(
         self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None, *,

@@ -275,6 +275,11 @@ class Tracer:
             self._observing = None
 
     @property
+    def parameter_names(self) -> frozenset[str]:
+        """The names the model's parameters are recorded under."""
+        return frozenset(self._names.values())
+
+    @property
     def log(self) -> RecordSink:
         if self._log is None:
             raise CaptureError("the Tracer is not active; use it as `with Tracer(...) as tracer:`")
