@@ -68,7 +68,7 @@ class Checkpoint:
                 raise LogError(f"checkpoint of step {self.step} holds no state for {name!r} "
                                f"(it has {sorted(self.states) or 'none'}); was the run recorded with it?")
             obj.load_state_dict(self.states[name])
-        _set_rng(self.rng)
+        set_rng_state(self.rng)
 
 
 class Stateful(Protocol):
@@ -122,11 +122,11 @@ def save_checkpoint(
                     plain[key] = val
             state_meta[str(pid)] = plain
         optim_meta = {"param_groups": sd["param_groups"], "state": state_meta}
-    rng, rng_tensors = _get_rng()
+    rng, rng_tensors = rng_state()
     tensors.update(rng_tensors)
     plain_states = {}
     for name, obj in (states or {}).items():
-        plain_states[name] = _split(obj.state_dict(), f"state/{name}", tensors)
+        plain_states[name] = split_tensors(obj.state_dict(), f"state/{name}", tensors)
     manifest = {
         "step": step,
         "rank": rank,
@@ -215,7 +215,7 @@ def decode_checkpoint(manifest_bytes: bytes, tensor_bytes: bytes, source: str) -
     rng = dict(manifest["rng"])
     rng["torch"] = tensors.get("rng/torch")
     rng["cuda"] = [tensors[k] for k in sorted(tensors) if k.startswith("rng/cuda/")]
-    states = {name: _join(plain, tensors) for name, plain in manifest.get("states", {}).items()}
+    states = {name: join_tensors(plain, tensors) for name, plain in manifest.get("states", {}).items()}
     return Checkpoint(step=manifest["step"], model=model, optimizer=optimizer, rng=rng, data=manifest["data"],
                       states=states)
 
@@ -243,7 +243,14 @@ def _manifest_problem(m: Any) -> str | None:
     for name in ("data", "states"):
         if not isinstance(m[name], dict) or nesting_depth_over(m[name]):
             return f"{name!r} must be a map nested at most {MAX_DEPTH} deep, found {type(m[name]).__name__}"
-    rng = m["rng"]
+    problem = rng_problem(m["rng"])
+    if problem:
+        return problem
+    return _optimizer_problem(m["optimizer"])
+
+
+def rng_problem(rng: Any) -> str | None:
+    """What is wrong with a manifest's ``rng`` map (as `rng_state` makes it); None if nothing."""
     if not (isinstance(rng, dict) and isinstance(rng.get("python"), list) and len(rng["python"]) == 3
             and type(rng["python"][0]) is int and isinstance(rng["python"][1], list) and len(rng["python"][1]) == 625
             and all(type(x) is int and 0 <= x < 1 << 32 for x in rng["python"][1])
@@ -257,7 +264,7 @@ def _manifest_problem(m: Any) -> str | None:
             and type(numpy_state[2]) is int and 0 <= numpy_state[2] <= 624 and type(numpy_state[3]) is int
             and isinstance(numpy_state[4], float)):
         return "'rng.numpy' must be [name, 624 ints < 2**32, pos 0..624, has_gauss, float] (numpy.random.get_state())"
-    return _optimizer_problem(m["optimizer"])
+    return None
 
 
 def _optimizer_problem(opt: Any) -> str | None:
@@ -284,35 +291,37 @@ _HEX16 = re.compile(r"[0-9a-f]{16}")
 _TENSOR_REF = "__sdctrace_tensor__"
 
 
-def _split(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+def split_tensors(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     """``value`` with every tensor moved into ``tensors`` (under ``path``) and replaced by a reference."""
     if isinstance(value, torch.Tensor):
         tensors[path] = value.detach().to("cpu", copy=True).contiguous()
         return {_TENSOR_REF: path}
     if isinstance(value, Mapping):
-        return {k: _split(v, f"{path}/{k}", tensors) for k, v in value.items()}
+        return {k: split_tensors(v, f"{path}/{k}", tensors) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_split(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]
+        return [split_tensors(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str, bytes)):
         return value
     raise LogError(f"checkpoint state {path!r}: cannot store a {type(value).__name__} without pickle; "
                    "keep state_dict() to tensors, numbers, strings, lists and dicts")
 
 
-def _join(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+def join_tensors(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """``value`` with each reference `split_tensors` left replaced by its tensor."""
     if isinstance(value, dict):
         if set(value) == {_TENSOR_REF}:
             ref = value[_TENSOR_REF]
             if ref not in tensors:
                 raise LogError(f"checkpoint state refers to a tensor {ref!r} that it does not hold")
             return tensors[ref]
-        return {k: _join(v, tensors) for k, v in value.items()}
+        return {k: join_tensors(v, tensors) for k, v in value.items()}
     if isinstance(value, list):
-        return [_join(v, tensors) for v in value]
+        return [join_tensors(v, tensors) for v in value]
     return value
 
 
-def _get_rng() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def rng_state() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Every RNG's state: the plain part (Python's, numpy's) for the manifest, the tensors by their names."""
     version, mt_state, gauss = random.getstate()
     plain: dict[str, Any] = {"python": [version, list(mt_state), gauss]}
     if "numpy" in sys.modules:  # data pipelines draw from it (HF Trainer seeds it too)
@@ -325,7 +334,8 @@ def _get_rng() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     return plain, tensors
 
 
-def _set_rng(rng: dict[str, Any]) -> None:
+def set_rng_state(rng: dict[str, Any]) -> None:
+    """Put back what `rng_state` took (its tensors under ``torch`` and ``cuda``)."""
     version, mt_state, gauss = rng["python"]
     random.setstate((version, tuple(mt_state), gauss))
     if rng.get("numpy") is not None:

@@ -6,6 +6,8 @@ Everything sdctrace writes in a run directory, and nothing else (`written_by_sdc
     <run>/checkpoints/step-000010/rank-00000.msgpack     a checkpoint's manifest (renamed in last) ...
     <run>/checkpoints/step-000010/rank-00000.safetensors ... and its tensors (each first written as *.tmp; safetensors
                                                          itself writes through a .tmpXXXXXX file, which a crash leaves)
+    <run>/checkpoints/step-000010/dcp/__0_0.distcp      a sharded (DCP) checkpoint: rank 0's shards, safetensors ...
+    <run>/checkpoints/step-000010/dcp/rank-00000.msgpack ... and rank 0's manifest (`tracer.dcp_checkpoint`)
     <run>/blobs/3f/3fa4...e1.safetensors                 captured full tensors (first written as *.tmp<pid>)
     <run>/.sdctrace-lock                                 the writer lock (`tracer.log.runlock`)
 """
@@ -20,6 +22,7 @@ from tracer.errors import UsageError
 SEGMENT_SUFFIX = ".sdclog"
 SEGMENT_GLOB = "rank-*/*" + SEGMENT_SUFFIX  # every segment of every rank, relative to the run
 CHECKPOINT_DIR = "checkpoints"
+DCP_DIR = "dcp"  # a sharded checkpoint's folder inside its step's
 BLOB_DIR = "blobs"
 LOCK_FILE = ".sdctrace-lock"
 _RANK_DIR = re.compile(r"rank-(\d{5,})")
@@ -75,6 +78,8 @@ _WRITTEN = (
     (_RANK_DIR, _SEGMENT),
     (re.compile(CHECKPOINT_DIR), re.compile(r"step-\d{6,}"),
      re.compile(r"rank-\d{5,}\.(msgpack|safetensors)(\.tmp)?|\.tmp[0-9A-Za-z]{6}")),
+    (re.compile(CHECKPOINT_DIR), re.compile(r"step-\d{6,}"), re.compile(DCP_DIR),
+     re.compile(r"rank-\d{5,}\.msgpack(\.tmp)?|__\d+_\d+\.distcp")),
     (re.compile(BLOB_DIR), re.compile(r"[0-9a-f]{2}"), re.compile(r"[0-9a-f]{16}\.(safetensors|tmp\d+)")),
     (re.compile(re.escape(LOCK_FILE)),),
 )

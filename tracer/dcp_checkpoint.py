@@ -1,0 +1,246 @@
+"""Sharded checkpoints of FSDP2 / DTensor training through ``torch.distributed.checkpoint``, verified on load.
+
+Every rank calls both, with the model (and optimizer) it trains; the state is that before ``step`` runs::
+
+    from tracer.dcp_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+    save_sharded_checkpoint(run_dir, step, model, optimizer, data={"step": step}, states={"sched": sched})
+    restored = load_sharded_checkpoint(run_dir, step, model, optimizer, states={"sched": sched})
+    restored.data  # the data cursor saved with it
+
+The model and optimizer state come from ``torch.distributed.checkpoint.state_dict`` (FSDP2 parameters and
+optimizer states are DTensors: each rank writes its own shards; a replicated tensor is written once) and go
+through ``dcp.save`` / ``dcp.load`` with `tracer.dcp_storage`'s writer and reader: safetensors files, no
+pickle written or read (DCP's ``.metadata`` is never written). Each rank's RNG states and the other states'
+tensors go in under the rank's own names; everything that is not a tensor is in the rank's manifest
+(`tracer.dcp_manifest`), with the fingerprint of every shard the rank wrote and the layout (global shape,
+mesh, placements) of every tensor it holds.
+
+On load, each shard is fingerprinted before it is used. A checkpoint written by another world size, or with
+another mesh or placements for any tensor, is refused in one line naming the fix: sdctrace does not reshard.
+
+    <run>/checkpoints/step-000010/dcp/__0_0.distcp        rank 0's shards (safetensors)
+    <run>/checkpoints/step-000010/dcp/rank-00000.msgpack  rank 0's manifest (renamed into place last)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from tracer.checkpoint import Stateful, checkpoint_dir, join_tensors, rng_state, set_rng_state, split_tensors
+from tracer.dcp_manifest import DcpManifest, TensorLayout, parse_manifest
+from tracer.dcp_storage import ShardWriter, VerifyingReader
+from tracer.errors import CaptureError, LogError, SdcError
+from tracer.log.layout import CHECKPOINT_DIR, DCP_DIR
+from tracer.regular_files import read_regular
+
+_STEP_DIR = re.compile(r"^step-(\d{6,})$")
+
+
+@dataclass(frozen=True)
+class RestoredCheckpoint:
+    """What `load_sharded_checkpoint` restored: its step, the world size that wrote it, the data cursor."""
+
+    step: int
+    world_size: int
+    data: dict[str, Any]
+
+
+def sharded_checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return checkpoint_dir(run_dir, step) / DCP_DIR
+
+
+def manifest_name(rank: int) -> str:
+    return f"rank-{rank:05d}.msgpack"
+
+
+def list_sharded_checkpoints(run_dir: str | Path) -> list[int]:
+    """Steps whose sharded checkpoint has rank 0's manifest, ascending."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(int(m[1]) for d in root.iterdir()
+                  if (m := _STEP_DIR.match(d.name)) and (d / DCP_DIR / manifest_name(0)).is_file())
+
+
+def save_sharded_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    data: Mapping[str, Any],
+    states: Mapping[str, Stateful] | None = None,
+) -> Path:
+    """Write this rank's part of the state before ``step`` (a collective: every rank calls it)."""
+    rank, world = _rank_and_world()
+    folder = sharded_checkpoint_dir(run_dir, step)
+    folder.mkdir(parents=True, exist_ok=True)
+    flat = {f"model/{k}": v for k, v in _model_state(model).items()}
+    optim_plain = None
+    if optimizer is not None:
+        osd = get_optimizer_state_dict(model, optimizer)
+        plain: dict[str, dict[str, Any]] = {}
+        for fqn, entries in osd["state"].items():
+            for key, val in entries.items():
+                if isinstance(val, torch.Tensor):
+                    flat[f"optim/{fqn}/{key}"] = val
+                else:
+                    plain.setdefault(fqn, {})[key] = val
+        optim_plain = {"param_groups": osd["param_groups"], "state": plain}
+    own = _own_prefix(rank)
+    rng, own_tensors = rng_state()
+    plain_states = {name: split_tensors(obj.state_dict(), f"state/{name}", own_tensors)
+                    for name, obj in (states or {}).items()}
+    flat.update({own + k: v for k, v in own_tensors.items()})
+    writer = ShardWriter(folder)
+    try:
+        dcp.save(flat, storage_writer=writer, no_dist=not dist.is_initialized())
+    except CheckpointException as exc:
+        _raise_first(exc, f"{folder}: cannot write the checkpoint of step {step}")
+    except OSError as exc:
+        raise CaptureError(f"{folder}: cannot write the checkpoint of step {step} ({exc}); free space on that "
+                           "file system or record somewhere else") from exc
+    manifest = DcpManifest(step, rank, world, {k: TensorLayout.of(v) for k, v in flat.items()}, writer.shards,
+                           optim_plain, rng, dict(data), plain_states)
+    try:
+        encoded = manifest.encode()
+    except (TypeError, ValueError) as exc:
+        raise LogError(f"checkpoint of step {step}: cannot store the optimizer's param_groups or the data cursor "
+                       f"without pickle ({exc}); keep them to numbers, strings, lists and dicts") from None
+    path = folder / manifest_name(rank)
+    tmp = path.with_suffix(".msgpack.tmp")
+    tmp.write_bytes(encoded)
+    os.replace(tmp, path)
+    return folder
+
+
+def load_sharded_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    states: Mapping[str, Stateful] | None = None,
+) -> RestoredCheckpoint:
+    """Restore this rank's model, optimizer, named states and RNG from the checkpoint of ``step`` (a collective)."""
+    rank, world = _rank_and_world()
+    folder = sharded_checkpoint_dir(run_dir, step)
+    first = _read_manifest(run_dir, step, 0)
+    if first.world_size != world:
+        raise LogError(f"{folder}: the checkpoint of step {step} was written by {first.world_size} ranks, this run "
+                       f"has {world}: resume it with {first.world_size} ranks (--nproc {first.world_size}); "
+                       "sdctrace does not reshard checkpoints")
+    manifests = [first] + [_read_manifest(run_dir, step, r) for r in range(1, world)]
+    mine = manifests[rank]
+    model_sd = _model_state(model)
+    flat = {f"model/{k}": v for k, v in model_sd.items()}
+    osd = get_optimizer_state_dict(model, optimizer) if optimizer is not None else None
+    if osd is not None:
+        flat.update({f"optim/{fqn}/{key}": val for fqn, entries in osd["state"].items()
+                     for key, val in entries.items() if isinstance(val, torch.Tensor)})
+    own = _own_prefix(rank)
+    own_tensors = {k: torch.empty(v.shape, dtype=getattr(torch, v.dtype))
+                   for k, v in mine.layout.items() if k.startswith(own)}
+    flat.update(own_tensors)
+    _check_layout(folder / manifest_name(rank), step, mine, flat)
+    try:
+        dcp.load(flat, storage_reader=VerifyingReader(folder, manifests, [str(folder / manifest_name(r))
+                                                                         for r in range(world)]),
+                 no_dist=not dist.is_initialized())
+    except CheckpointException as exc:
+        _raise_first(exc, f"{folder}: cannot read the checkpoint of step {step}")
+    set_model_state_dict(model, model_sd)
+    if optimizer is not None and osd is not None:
+        if mine.optimizer is None:
+            raise LogError(f"{folder / manifest_name(rank)}: the checkpoint of step {step} holds no optimizer state; "
+                           "was it saved without the optimizer?")
+        plain = mine.optimizer["state"]
+        state = {fqn: {**plain.get(fqn, {}), **{k: v for k, v in entries.items() if isinstance(v, torch.Tensor)}}
+                 for fqn, entries in osd["state"].items()}
+        set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": mine.optimizer["param_groups"]})
+    tensors = {k.removeprefix(own): v for k, v in own_tensors.items()}
+    for name, obj in (states or {}).items():
+        if name not in mine.states:
+            raise LogError(f"checkpoint of step {step} holds no state for {name!r} "
+                           f"(it has {sorted(mine.states) or 'none'}); was the run recorded with it?")
+        obj.load_state_dict(join_tensors(mine.states[name], tensors))
+    rng = dict(mine.rng)
+    rng["torch"] = tensors.get("rng/torch")
+    rng["cuda"] = [tensors[k] for k in sorted(tensors) if k.startswith("rng/cuda/")]
+    set_rng_state(rng)
+    return RestoredCheckpoint(step, first.world_size, dict(mine.data))
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _own_prefix(rank: int) -> str:
+    """Names of a rank's own tensors (RNG, other states): no other rank holds them."""
+    return f"rank-{rank:05d}/"
+
+
+def _model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    sd = get_model_state_dict(model)
+    for k, v in sd.items():
+        if not isinstance(v, torch.Tensor):
+            raise LogError(f"model state {k!r} is a {type(v).__name__}: a sharded checkpoint stores the model's "
+                           "tensors only")
+    return sd
+
+
+def _read_manifest(run_dir: str | Path, step: int, rank: int) -> DcpManifest:
+    path = sharded_checkpoint_dir(run_dir, step) / manifest_name(rank)
+    if not os.path.lexists(path):
+        have = list_sharded_checkpoints(run_dir)
+        raise LogError(f"{path}: no complete sharded checkpoint for step {step}, rank {rank} "
+                       f"(sharded checkpoints at steps {have or 'none'}; record with a smaller checkpoint interval)")
+    manifest = parse_manifest(read_regular(path, "checkpoint manifest"), str(path))
+    if (manifest.step, manifest.rank) != (step, rank):
+        raise LogError(f"{path}: the manifest is that of step {manifest.step}, rank {manifest.rank}: a checkpoint "
+                       "was copied into the wrong folder; record it again")
+    return manifest
+
+
+def _check_layout(source: Path, step: int, mine: DcpManifest, flat: Mapping[str, torch.Tensor]) -> None:
+    """Refuse, in one line, a checkpoint whose tensors are not this run's: other names, shapes, mesh, placements."""
+    missing = sorted(set(flat) - set(mine.layout))
+    extra = sorted(set(mine.layout) - set(flat))
+    if missing or extra:
+        what = f"holds no {missing[0]!r}" if missing else f"holds {extra[0]!r}, which this run has not"
+        raise LogError(f"{source}: the checkpoint of step {step} {what} ({len(missing)} missing, {len(extra)} "
+                       "extra): restore it into the model and optimizer it was saved from")
+    for name, t in flat.items():
+        diffs = mine.layout[name].differences(TensorLayout.of(t))
+        if diffs:
+            raise LogError(f"{source}: tensor {name!r} of the checkpoint of step {step}: {'; '.join(diffs)}: resume "
+                           "on the mesh and placements it was saved with; sdctrace does not reshard checkpoints")
+
+
+def _raise_first(exc: CheckpointException, context: str) -> NoReturn:
+    """DCP gathers every rank's failure; raise the first rank's as itself (an `SdcError` stays one line)."""
+    for rank in sorted(exc.failures):
+        failure = exc.failures[rank]
+        err = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(err, SdcError):
+            raise err.with_traceback(None) from None
+    first = exc.failures[min(exc.failures)] if exc.failures else None
+    err = first[0] if isinstance(first, tuple) else first
+    raise CaptureError(f"{context}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
+
