@@ -24,9 +24,11 @@ another mesh or placements for any tensor, is refused in one line naming the fix
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -109,7 +111,8 @@ def save_sharded_checkpoint(
     flat.update({own + k: v for k, v in own_tensors.items()})
     writer = ShardWriter(folder)
     try:
-        dcp.save(flat, storage_writer=writer, no_dist=not dist.is_initialized())
+        with _single_process_quietly():
+            dcp.save(flat, storage_writer=writer, no_dist=not dist.is_initialized())
     except CheckpointException as exc:
         _raise_first(exc, f"{folder}: cannot write the checkpoint of step {step}")
     except OSError as exc:
@@ -158,9 +161,9 @@ def load_sharded_checkpoint(
     flat.update(own_tensors)
     _check_layout(folder / manifest_name(rank), step, mine, flat)
     try:
-        dcp.load(flat, storage_reader=VerifyingReader(folder, manifests, [str(folder / manifest_name(r))
-                                                                         for r in range(world)]),
-                 no_dist=not dist.is_initialized())
+        reader = VerifyingReader(folder, manifests, [str(folder / manifest_name(r)) for r in range(world)])
+        with _single_process_quietly():
+            dcp.load(flat, storage_reader=reader, no_dist=not dist.is_initialized())
     except CheckpointException as exc:
         _raise_first(exc, f"{folder}: cannot read the checkpoint of step {step}")
     set_model_state_dict(model, model_sd)
@@ -189,6 +192,14 @@ def _rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+@contextlib.contextmanager
+def _single_process_quietly() -> Iterator[None]:
+    """DCP warns that it assumes one process when no process group exists: that is what the caller meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
 
 
 def _own_prefix(rank: int) -> str:

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +79,12 @@ def load_only(out: str, step: int) -> int:
     """Restore the checkpoint of ``step`` into a fresh model (fails on a damaged or foreign one)."""
     model, optimizer, scheduler = build_fsdp2(seed=1)
     return load_sharded_checkpoint(out, step, model, optimizer, {"scheduler": scheduler}).step
+
+
+def flip_byte_of(path: Path, tensor: str) -> None:
+    """Flip one bit in the data of ``tensor`` inside a safetensors file."""
+    raw = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    start = 8 + n + json.loads(raw[8:8 + n])[tensor]["data_offsets"][0]
+    raw[start] ^= 0x01
+    path.write_bytes(bytes(raw))
