@@ -4,6 +4,7 @@ under DistributedDataParallel on gloo, traced with a guard, and an emulated faul
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,8 +13,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from faults.node import emulated_node
+from faults.profile import load_profile
 from tracer.determinism import configure_determinism
 from tracer.guard import Guard, NonFinite, ReplicaAgreement
+from tracer.log import LogReader, rank_dir
+from tracer.log.records import EventRecord, Phase, TensorRecord
 from tracer.options import RunInfo, TraceOptions
 from tracer.tracing import Tracer
 
@@ -70,10 +75,7 @@ def train_with_replica_check(out: str, steps: int, fault_step: int = -1, fault_r
                 with CorruptUpdate(tracer) if faulty else contextlib.nullcontext():
                     optimizer.step()
                 optimizer.zero_grad()
-    from tracer.log import LogReader, rank_dir
-    from tracer.log.records import EventRecord
-
-    for r in LogReader(rank_dir(__import__("pathlib").Path(out), rank)).records():
+    for r in LogReader(rank_dir(Path(out), rank)).records():
         if isinstance(r, EventRecord) and r.kind in events:
             events[r.kind].append([r.step, r.fields])
     return events
@@ -97,13 +99,6 @@ value = inf
 def train_guarded(out: str, steps: int, profile_path: str = "") -> dict[str, Any]:
     """Train ``steps`` steps under the guard (`NonFinite`, re-running a flagged step), with the fault profile at
     ``profile_path`` if given. Returns this rank's ``guard`` events and its last parameter fingerprints."""
-    from pathlib import Path
-
-    from faults.node import emulated_node
-    from faults.profile import load_profile
-    from tracer.log import LogReader, rank_dir
-    from tracer.log.records import EventRecord, Phase, TensorRecord
-
     rank = dist.get_rank()
     ddp, optimizer = tiny_ddp()
     data = torch.Generator().manual_seed(100 + rank)
