@@ -13,7 +13,8 @@ within 3x of the same join in DuckDB at >= 800 000 events/s (bench_diff.py); on 
 where there is a device, traced / untraced <= 1.02; a guarded step, nothing firing, <= 1.02
 a traced one (bench_guard.py); `sdc watch` reports a divergence within one step of the suspect
 writing it (bench_watch.py). A 4-rank run (dp=2 x tp=2,
-sequence parallel) reports its own traced / untraced ratio (bench_parallel.py).
+sequence parallel) reports its own traced / untraced ratio (bench_parallel.py), and 2 data-parallel
+ranks the replica agreement check's time per step (bench_replicas.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from bench_abft import bench_abft
 from bench_guard import bench_guard_overhead
 from bench_parallel import bench_parallel
 from bench_replay import bench_replay
+from bench_replicas import bench_replicas
 from bench_watch import bench_watch
 from timing import interleave, machine_load, traced_step
 
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     subprocess.run([sys.executable, bench_diff.__file__], check=True)
     bench_parallel(config=args.config)
+    bench_replicas(config=args.config)
     return 0
 
 

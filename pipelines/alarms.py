@@ -9,7 +9,10 @@ diff's decoding hands on (`pipelines.segment_evidence`), `score` runs the detect
 with the same history rule as the guard (a step a detector set flags never joins that
 set's baseline), and `DetectorAlarms` does both for the suspect of a pair, with the
 golden run as the twin for `TwinMismatch`, into the ``detector_alarms`` table; a guarded
-run's `guard` events also become ``guard_decisions`` rows.
+run's `guard` events also become ``guard_decisions`` rows. Replica agreement compares ranks,
+which no one rank's evidence holds: a run that checked it (``Guard(replicas=...)`` in the
+header) gets rows of detector ``replica_agreement``, fired where the rank's `replicas` event
+blames it or names a tie it is part of.
 
 The ground truth of each row is ``faults``: the emulator's `fault` events of the run the
 detectors saw. On a step the guard re-ran, that is the first run: its evidence and its
@@ -34,8 +37,8 @@ from pipelines.log_source import RunLayout
 from pipelines.scoring import Fired, Scored, Steps, score
 from pipelines.segment_evidence import GradGroups, SegmentEvidence
 from pipelines.tables import SCHEMAS, named
-from tracer.guard import AbftFlags, Detector, TwinMismatch, default_guard
-from tracer.guard.detectors import GradNormSpike, LossSpike, NonFinite
+from tracer.guard import AbftFlags, Detector, ReplicaAgreement, TwinMismatch, default_guard
+from tracer.guard.detectors import Alarm, GradNormSpike, LossSpike, NonFinite
 from tracer.log.records import EventRecord
 
 ALARMS, DECISIONS = "detector_alarms", "guard_decisions"
@@ -55,6 +58,7 @@ class StepFacts(NamedTuple):
     faults: int
     guarded: bool = False  # the guard re-ran it: the evidence is the guard event's first run
     wall_s: float | None = None  # the step's wall time (the `step` event's), re-runs included
+    replicas: Mapping[str, Any] | None = None  # the step's `replicas` event: its replicas disagreed
 
 
 def step_facts(segments: Iterable[SegmentEvidence]) -> tuple[list[StepFacts], bool, list[EventRecord]]:
@@ -66,6 +70,7 @@ def step_facts(segments: Iterable[SegmentEvidence]) -> tuple[list[StepFacts], bo
     faults: dict[int, int] = {}
     flags: dict[int, int] = {}
     guard: dict[int, Mapping[str, Any]] = {}
+    replicas: dict[int, Mapping[str, Any]] = {}
     guards: list[EventRecord] = []
     abft = False
     for seg in segments:
@@ -80,8 +85,10 @@ def step_facts(segments: Iterable[SegmentEvidence]) -> tuple[list[StepFacts], bo
             elif kind == "guard":
                 guard[step] = fields
                 guards.append(EventRecord(kind, step, fields))
+            elif kind == "replicas":
+                replicas[step] = fields
     facts = [_facts(step, *grads[step], done[step], faults.get(step, 0), flags.get(step, 0), guard.get(step))
-             for step in sorted(done.keys() & grads.keys())]
+             ._replace(replicas=replicas.get(step)) for step in sorted(done.keys() & grads.keys())]
     return facts, abft, guards
 
 
@@ -135,16 +142,38 @@ class FingerprintTwin:
 
 
 def run_alarms(facts: list[StepFacts], abft: bool, twin: Mapping[int, int] | None, rank: int = 0, run_id: str = "",
-               node_label: str = "") -> pa.Table:
+               node_label: str = "", replicas: bool = False) -> pa.Table:
     """The ``detector_alarms`` rows of one run's steps: every shipped detector alone (`AbftFlags` where the run
-    checked with ABFT, `TwinMismatch` where there is a twin), then the guard's default combination; per set,
-    step by step."""
+    checked with ABFT, `TwinMismatch` where there is a twin), then the guard's default combination, then replica
+    agreement where the run checked it; per set, step by step."""
     combination = default_guard(abft=abft).detectors
     sets = [Scored((d,)) for d in DETECTORS if abft or not isinstance(d, AbftFlags)]
     if twin is not None:
         sets.append(Scored((TwinMismatch(FingerprintTwin(twin)),)))
     sets.append(Scored(combination, COMBINATION))
-    return _alarm_table(facts, sets, score(_steps(facts), sets), rank, run_id, node_label)
+    fired = score(_steps(facts), sets)
+    if replicas:
+        sets.append(Scored((ReplicaAgreement(),)))  # type: ignore[arg-type]  # logged, not computed from evidence
+        fired.append(replica_alarms(facts, rank))
+    return _alarm_table(facts, sets, fired, rank, run_id, node_label)
+
+
+def replica_alarms(facts: list[StepFacts], rank: int) -> Fired:
+    """The steps whose `replicas` event blames ``rank``, or is a tie among replicas ``rank`` is one of."""
+    fired: Fired = {}
+    for k, f in enumerate(facts):
+        e = f.replicas
+        if e is None or not (rank in (e.get("ranks") or ()) or (e.get("tie") and rank in (e.get("replicas") or ()))):
+            continue
+        fired[k] = {ReplicaAgreement.name: Alarm(ReplicaAgreement.name, float(e.get("measured") or 0.0),
+                                                 float(e.get("threshold") or 0.0), str(e.get("detail") or ""))}
+    return fired
+
+
+def checks_replicas(extra: Mapping[str, Any]) -> bool:
+    """Whether a run header's ``extra`` says the run checked replica agreement (``Guard(replicas=...)``)."""
+    guard = extra.get("guard")
+    return isinstance(guard, Mapping) and guard.get("replicas") is not None
 
 
 def _steps(facts: list[StepFacts]) -> Steps:
@@ -235,7 +264,8 @@ class DetectorAlarms(beam.PTransform):
 
     def __init__(self, suspect: RunLayout) -> None:
         super().__init__()
-        self.who = {rank: (r.header.run_id, r.header.node_label) for rank, r in suspect.ranks.items()}
+        self.who = {rank: (r.header.run_id, r.header.node_label, checks_replicas(r.header.extra))
+                    for rank, r in suspect.ranks.items()}
 
     def expand(self, evidence: beam.PCollection) -> beam.PCollection:
         return (
@@ -257,7 +287,7 @@ def readable(segments: Iterable[SegmentEvidence]) -> list[SegmentEvidence]:
 
 
 def rank_alarms(rank: int, segments: Iterable[SegmentEvidence],
-                who: Mapping[int, tuple[str, str]]) -> Iterator[tuple[str, pa.Table]]:
+                who: Mapping[int, tuple[str, str, bool]]) -> Iterator[tuple[str, pa.Table]]:
     by_side: dict[str, list[SegmentEvidence]] = {"golden": [], "suspect": []}
     for seg in segments:
         by_side[seg.side].append(seg)
@@ -266,8 +296,8 @@ def rank_alarms(rank: int, segments: Iterable[SegmentEvidence],
     facts, abft, guards = step_facts(readable(by_side["suspect"]))
     twin = {f.step: f.fingerprint for f in step_facts(readable(by_side["golden"]))[0]} if by_side["golden"] \
         else None
-    run_id, node_label = who[rank]
-    table = run_alarms(facts, abft, twin, rank, run_id, node_label)
+    run_id, node_label, replicas = who[rank]
+    table = run_alarms(facts, abft, twin, rank, run_id, node_label, replicas)
     if table.num_rows:
         yield ALARMS, table
     if guards:

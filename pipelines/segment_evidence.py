@@ -18,7 +18,7 @@ import numpy as np
 from tracer.log.columns import SegmentColumns, TensorColumns
 from tracer.log.records import Phase
 
-EVIDENCE_KINDS = frozenset({"step", "fault", "abft", "guard"})  # the event kinds `pipelines.alarms` reads
+EVIDENCE_KINDS = frozenset({"step", "fault", "abft", "guard", "replicas"})  # the event kinds `pipelines.alarms` reads
 CHUNK_BYTES = 8 << 20  # padded record bytes built at once: bounds the memory this takes beside the columns
 
 

@@ -131,7 +131,7 @@ class Tracer:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
         self.guard = guard
-        self._guard = step_guard(guard, optimizer, options, device, self.world_size)
+        self._guard = step_guard(guard, optimizer, options, device, self.layout, self.rank)
         self.header = run_header(run, model, self.sites, self.layout, rank=self.rank, world_size=self.world_size,
                                  device=device, guard=guard)
         self._names = {id(p): n for n, p in named_parameters(model)}
@@ -550,8 +550,7 @@ class Tracer:
         self, optimizer: torch.optim.Optimizer, grads: list[tuple[str, TensorDigest]], rerun: Callable[[], Any] | None,
         result: Any = None,
     ) -> Any:
-        """The guard's decision on this step (`tracer.guard.step_check`); returns what the accepted run's closure
-        returned."""
+        """The guard's decision on this step (`tracer.guard.step_check`): what the accepted run's closure returned."""
         assert self._guard is not None
         first = Attempt(self.attempt, step_loss(self._losses, result), grads, result, self._grad_norm)
         return check_step(self._guard, self.step_index, optimizer, first, rerun, use_sink=self._use_sink,
@@ -580,6 +579,9 @@ class Tracer:
             for gi, group in enumerate(optimizer.param_groups)
             for pi, p in enumerate(group["params"])
         ]
+        if self._guard is not None and self._guard.replicas is not None:  # the replicas compare the digests, now
+            digests = self.record_many(params, Phase.PARAM, microbatch=0, read_now=True) or []
+            return self._guard.replicas.compare(self.step_index, params, digests, self.event)
         if not self._records.hold_many(params, Phase.PARAM, self.step_index, 0):
             self.record_many(params, Phase.PARAM, microbatch=0)
 

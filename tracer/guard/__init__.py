@@ -17,10 +17,11 @@ from tracer.guard.detectors import (
 )
 from tracer.guard.evidence import Evidence, History, step_fingerprint
 from tracer.guard.guard import Guard, Outcome, Policy, Verdict, classify, default_guard
+from tracer.guard.replicas import Disagreement, ReplicaAgreement
 from tracer.guard.twin import RecordedTwin
 
 __all__ = [
-    "AbftFlags", "Alarm", "Detector", "Evidence", "GradNormSpike", "Guard", "History", "LossSpike", "NonFinite",
-    "Outcome", "Policy", "RecordedTwin", "TwinMismatch", "UpdateRmsSpike", "Verdict", "classify", "default_guard",
+    "AbftFlags", "Alarm", "Detector", "Disagreement", "Evidence", "GradNormSpike", "Guard", "History", "LossSpike", "NonFinite",
+    "Outcome", "Policy", "RecordedTwin", "ReplicaAgreement", "TwinMismatch", "UpdateRmsSpike", "Verdict", "classify", "default_guard",
     "step_fingerprint",
 ]

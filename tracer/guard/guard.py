@@ -33,6 +33,7 @@ from typing import Any, Literal, get_args
 from tracer.errors import ConfigError
 from tracer.guard.detectors import AbftFlags, Alarm, Detector, GradNormSpike, LossSpike, NonFinite, UpdateRmsSpike
 from tracer.guard.evidence import Evidence
+from tracer.guard.replicas import ReplicaAgreement
 
 Policy = Literal["continue", "skip", "stop"]
 Outcome = Literal["transient", "deterministic", "unresolved", "unclassified"]
@@ -41,11 +42,13 @@ Outcome = Literal["transient", "deterministic", "unresolved", "unclassified"]
 @dataclass(frozen=True)
 class Guard:
     """The detectors that look at each step, the policy for a fault that reproduces, and how many runs of
-    one step (the first included) the guard may make to tell a transient fault from a deterministic one."""
+    one step (the first included) the guard may make to tell a transient fault from a deterministic one; and
+    ``replicas``, the data-parallel replicas' agreement after each optimizer step (`tracer.guard.replicas`)."""
 
     detectors: tuple[Detector, ...] = field(default_factory=lambda: (NonFinite(), LossSpike(), GradNormSpike()))
     on_deterministic: Policy = "skip"
     max_runs: int = 3
+    replicas: ReplicaAgreement | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "detectors", tuple(self.detectors))
@@ -61,6 +64,8 @@ class Guard:
         if self.on_deterministic not in get_args(Policy):
             raise ConfigError(f"Guard(on_deterministic={self.on_deterministic!r}): expected one of "
                               f"{', '.join(get_args(Policy))}")
+        if self.replicas is not None and not isinstance(self.replicas, ReplicaAgreement):
+            raise ConfigError(f"Guard(replicas={self.replicas!r}): give a tracer.guard.ReplicaAgreement()")
         if self.max_runs < 2:
             raise ConfigError(f"Guard(max_runs={self.max_runs}): must be >= 2 (the first run and a re-run)")
 
@@ -80,7 +85,8 @@ class Guard:
     def describe(self) -> dict[str, Any]:
         """What the run header's ``extra["guard"]`` records: every detector with its parameters, and the policy."""
         return {"detectors": [{"name": d.name, **_parameters(d)} for d in self.detectors],
-                "on_deterministic": self.on_deterministic, "max_runs": self.max_runs}
+                "on_deterministic": self.on_deterministic, "max_runs": self.max_runs,
+                **({"replicas": self.replicas.describe()} if self.replicas is not None else {})}
 
 
 def default_guard(on_deterministic: Policy = "skip", *, abft: bool = False) -> Guard:

@@ -27,10 +27,13 @@ import torch
 from tracer.guard.detectors import AbftFlags, Alarm
 from tracer.guard.evidence import Evidence, History, gradient_evidence
 from tracer.guard.guard import Guard, Verdict
+from tracer.guard.ranks import GuardRanks
+from tracer.guard.replicas import ReplicaCheck
 from tracer.errors import TraceWarning
 from tracer.guard.update import require_closed_form, update_rms
 from tracer.intercept import own_ops
 from tracer.log.records import EventRecord, TensorRecord
+from tracer.parallel import Layout
 
 
 class Sink(Protocol):
@@ -116,12 +119,15 @@ def _say_warm_up(guard: Guard) -> None:
 
 
 class StepGuard:
-    """One Tracer's guard state: the accepted `History` and the current step's runs."""
+    """One Tracer's guard state: the accepted `History`, the current step's runs, the ranks that decide each step
+    together and the replica agreement check after it (None without ``Guard(replicas=...)``)."""
 
-    def __init__(self, guard: Guard, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, guard: Guard, optimizer: torch.optim.Optimizer, layout: Layout = Layout(), rank: int = 0) -> None:
         if guard.wants_update_rms:
             require_closed_form(optimizer)
         self.guard = guard
+        self.ranks = GuardRanks.of(layout.world_size)
+        self.replicas = ReplicaCheck(guard.replicas, layout, rank) if guard.replicas is not None else None
         _say_warm_up(guard)
         self.history = History()
         self.pending = False  # the current step's first run awaits its check
@@ -161,6 +167,8 @@ class StepGuard:
                 norm = float(unclipped)
             rms = update_rms(optimizer) if self.guard.wants_update_rms else None
         e = Evidence(step, attempt, loss, norm, nonfinite, flags, fp, rms, self.history)
+        if self.replicas is not None:
+            self.replicas.note_gradients(grads)
         run = self._runs[-1]
         run.evidence, run.result = e, result
         return e

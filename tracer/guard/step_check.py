@@ -2,13 +2,17 @@
 
 `tracer.tracing.Tracer` calls it with the step's first run and what it needs from the Tracer::
 
-    state = step_guard(guard, optimizer, options, device, world_size)   # once, when the Tracer is made
+    state = step_guard(guard, optimizer, options, device, layout, rank)   # once, when the Tracer is made
     result = check_step(state, step, optimizer, Attempt(0, loss, grads, result, norm), rerun,
                         use_sink=..., run_again=..., checkpoint=...)
 
 No alarm: the first run's records go to the log. An alarm: the step is run again (``run_again``) until
 `classify` tells transient from deterministic, the policy (`verdict`) applies, and the decided run's
 records and the ``guard`` event go to the log; ``stop`` checkpoints and raises `GuardStop`.
+
+Under torch.distributed every rank decides together (`tracer.guard.ranks`): one all-reduce of the alarm flag
+per step, so an alarm on any rank re-runs the step on all of them; a re-run while any rank is undecided; and
+the most severe rank's outcome, so all of them continue, skip or stop alike.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from tracer.device import is_lazy
 from tracer.errors import ConfigError, GuardStop, TraceWarning
 from tracer.fingerprint import TensorDigest
 from tracer.guard.evidence import Evidence
-from tracer.guard.guard import Guard, classify, verdict
+from tracer.guard.guard import Guard, Outcome, classify, verdict
 from tracer.guard.runtime import Sink, StepGuard
 from tracer.options import TraceOptions
+from tracer.parallel import Layout
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class Attempt:
 
 def step_guard(
     guard: Guard | None, optimizer: torch.optim.Optimizer | None, options: TraceOptions, device: torch.device,
-    world_size: int,
+    layout: Layout, rank: int,
 ) -> StepGuard | None:
     """The guard's state for a Tracer, after checking that this Tracer can guard at all."""
     if guard is None:
@@ -57,10 +62,7 @@ def step_guard(
     if is_lazy(device):
         raise ConfigError(f"the guard reads each step's evidence before the optimizer step, which a lazy device "
                           f"({device}) only computes at the step's end: guard on an eager device (cpu, cuda)")
-    if world_size > 1:
-        raise ConfigError(f"the guard decides each rank's steps alone, and {world_size} ranks would re-run and skip "
-                          "apart (deadlocking in their collectives): guard single-rank runs")
-    return StepGuard(guard, optimizer)
+    return StepGuard(guard, optimizer, layout, rank)
 
 
 def step_loss(losses: list[float], result: Any) -> float | None:
@@ -84,18 +86,21 @@ def check_step(
     a ``stop`` leaves (its path, or None for a Tracer without a run directory)."""
     g.pending = False
     alarms = g.guard.check(_evidence(g, step, optimizer, first))
-    if not alarms:
+    alarmed, cannot_rerun = g.ranks.any_of(bool(alarms), rerun is None)  # one all-reduce a step, on every rank
+    if not alarmed:
         use_sink(g.accept())
         return first.result
     last = first
-    if rerun is None:
+    if cannot_rerun or rerun is None:
         _warn_no_rerun(g, step)
-        outcome = "unclassified"
+        outcome: Outcome = "unclassified"
     else:
-        while (outcome := classify(g.fingerprints, g.guard.max_runs)) is None:
+        mine: Outcome | None = None  # this rank's outcome, kept once decided: another rank may need more runs
+        while g.ranks.any_of((mine := mine or classify(g.fingerprints, g.guard.max_runs)) is None)[0]:
             use_sink(g.next_run())
             last = run_again(rerun)
             _evidence(g, step, optimizer, last)
+        outcome = g.ranks.worst(mine)  # type: ignore[assignment]
     decided = verdict(outcome, g.guard.on_deterministic, last.index)
     if decided.action != "continue":
         for group in optimizer.param_groups:

@@ -1,0 +1,126 @@
+"""Targets the replica-agreement and multi-rank guard tests launch in every rank (``jobs.launch``): a tiny MLP
+under DistributedDataParallel on gloo, traced with a guard, and an emulated fault in the optimizer update."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from faults.node import emulated_node
+from faults.profile import load_profile
+from tracer.determinism import configure_determinism
+from tracer.guard import Guard, NonFinite, ReplicaAgreement
+from tracer.log import LogReader, rank_dir
+from tracer.log.records import EventRecord, Phase, TensorRecord
+from tracer.options import RunInfo, TraceOptions
+from tracer.tracing import Tracer
+
+UPDATE_OPS = ("aten.addcdiv_.", "aten._foreach_addcdiv_.")  # AdamW's update, one tensor at a time or foreach
+
+
+class CorruptUpdate(TorchDispatchMode):
+    """An unhealthy node's optimizer update: the first element the first AdamW ``addcdiv_`` (or its foreach form)
+    writes is scaled by ``factor``, and a ``fault`` event says so (the ground truth scoring reads)."""
+
+    def __init__(self, tracer: Tracer, factor: float = 1.5) -> None:
+        super().__init__()
+        self.tracer, self.factor, self.done = tracer, factor, False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if not self.done and str(func).startswith(UPDATE_OPS):
+            self.done = True
+            target = args[0][0] if isinstance(args[0], list | tuple) else args[0]
+            flat = target.view(-1)
+            original = float(flat[0])
+            flat[0] *= self.factor
+            self.tracer.event("fault", microbatch=0, site="", op=str(func), phase="optimizer", kind="scale",
+                              elements=1, index=[0], original=[original], corrupted=[float(flat[0])],
+                              detail={"dtype": str(target.dtype).removeprefix("torch."), "factor": self.factor})
+        return out
+
+
+def tiny_ddp(width: int = 8) -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
+    configure_determinism(seed=0, threads=1)  # the same initial weights on every rank
+    model = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+    ddp = DistributedDataParallel(model)
+    return ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+
+
+def train_with_replica_check(out: str, steps: int, fault_step: int = -1, fault_rank: int = 1) -> dict[str, Any]:
+    """Train ``steps`` steps with replica agreement on; rank ``fault_rank`` corrupts its update at ``fault_step``.
+    Returns the ``replicas`` and ``guard`` events this rank logged, as (step, fields)."""
+    rank = dist.get_rank()
+    ddp, optimizer = tiny_ddp()
+    data = torch.Generator().manual_seed(100 + rank)  # each replica its own data
+    guard = Guard(detectors=(NonFinite(),), replicas=ReplicaAgreement())
+    events: dict[str, list] = {"replicas": [], "guard": []}
+    tracer = Tracer(ddp, optimizer, out=out, run=RunInfo(f"rank{rank}"), options=TraceOptions(activations=False),
+                    guard=guard, echo=None)
+    with tracer:
+        for step in range(steps):
+            with tracer.step(step):
+                x = torch.randn(4, 8, generator=data)
+                loss = (ddp(x) - x.flip(-1)).pow(2).mean()
+                loss.backward()
+                tracer.loss(loss)
+                faulty = step == fault_step and rank == fault_rank
+                with CorruptUpdate(tracer) if faulty else contextlib.nullcontext():
+                    optimizer.step()
+                optimizer.zero_grad()
+    for r in LogReader(rank_dir(Path(out), rank)).records():
+        if isinstance(r, EventRecord) and r.kind in events:
+            events[r.kind].append([r.step, r.fields])
+    return events
+
+
+# Rank 1 only, at one step's first run only: one element of the last layer's forward matmul stuck at infinity.
+TRANSIENT_ON_RANK_1 = """
+[[fault]]
+ops = ["matmul"]
+sites = "2"
+phases = ["forward"]
+steps = [{step}]
+ranks = [1]
+attempts = [0]
+elements = 1
+kind = "stuck"
+value = inf
+"""
+
+
+def train_guarded(out: str, steps: int, profile_path: str = "") -> dict[str, Any]:
+    """Train ``steps`` steps under the guard (`NonFinite`, re-running a flagged step), with the fault profile at
+    ``profile_path`` if given. Returns this rank's ``guard`` events and its last parameter fingerprints."""
+    rank = dist.get_rank()
+    ddp, optimizer = tiny_ddp()
+    data = torch.Generator().manual_seed(100 + rank)
+    profile = load_profile(profile_path) if profile_path else None
+    tracer = Tracer(ddp, optimizer, out=out, run=RunInfo(f"rank{rank}"), options=TraceOptions(sites="0|2"),
+                    guard=Guard(detectors=(NonFinite(),)), echo=None)
+    with tracer, emulated_node(tracer, ddp, fault_profile=profile, fault_seed=0):
+        for step in range(steps):
+            x = torch.randn(4, 8, generator=data)
+
+            def forward_backward() -> None:
+                optimizer.zero_grad(set_to_none=True)
+                tracer.microbatch(0, inputs=x)
+                loss = (ddp(x) - x.flip(-1)).pow(2).mean()
+                loss.backward()
+                tracer.loss(loss)
+
+            with tracer.step(step, rerun=forward_backward):
+                forward_backward()
+                optimizer.step()
+    records = list(LogReader(rank_dir(Path(out), rank)).records())
+    last = {r.name: r.fingerprint for r in records if isinstance(r, TensorRecord) and r.phase == Phase.PARAM
+            and r.step == steps - 1}
+    guards = [[r.step, r.fields] for r in records if isinstance(r, EventRecord) and r.kind == "guard"]
+    return {"guard": guards, "params": {n: str(fp) for n, fp in last.items()}}
