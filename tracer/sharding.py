@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from tracer.torch_internals import local_shape_and_global_offset
+from tracer.torch_internals import local_shape_and_global_offset, waited
 
 DTENSOR = "torch.distributed.tensor"
 SHARD_FIELDS = ("mesh_shape", "mesh_dims", "placements", "global_shape", "offsets", "local_shape")
@@ -35,12 +35,13 @@ def dtensor_type() -> type | None:
 
 
 def local_shard(t: torch.Tensor) -> torch.Tensor:
-    """This rank's local shard of ``t`` if it is a DTensor (no communication), else ``t`` itself."""
+    """This rank's local shard of ``t`` if it is a DTensor (no communication), the result of a DTensor
+    collective once it is done, else ``t`` itself: the plain tensor a fingerprint reads."""
     cls = dtensor_type()
     if cls is None or not isinstance(t, cls):
-        return t
+        return waited(t)
     with torch.no_grad():
-        return t.to_local()
+        return waited(t.to_local())
 
 
 def local_shards(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:

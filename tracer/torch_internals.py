@@ -211,6 +211,30 @@ _SHARD_API = PrivateApi(DTENSOR_UTILS + ".compute_local_shape_and_global_offset"
 _APIS.append(_SHARD_API)
 
 
+# -- functional collectives (tracer.sharding) ----------------------------------------------------------------
+FUNCTIONAL_COLLECTIVES = "torch.distributed._functional_collectives"
+
+
+def waited(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or the plain tensor an ``AsyncCollectiveTensor`` (the output of a DTensor collective, such as
+    ``RowwiseParallel``'s all-reduce) holds, once its collective is done: fingerprints read plain tensors only."""
+    cls = getattr(sys.modules.get(FUNCTIONAL_COLLECTIVES), "AsyncCollectiveTensor", None)
+    return t.wait() if cls is not None and isinstance(t, cls) else t
+
+
+def _async_collective_tensor() -> Any:
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(FUNCTIONAL_COLLECTIVES), "AsyncCollectiveTensor", None)
+    except ImportError:
+        return None
+
+
+_APIS.append(PrivateApi(FUNCTIONAL_COLLECTIVES + ".AsyncCollectiveTensor.wait", "fingerprints of DTensor outputs",
+                        lambda: callable(getattr(_async_collective_tensor(), "wait", None))))
+
+
 def private_apis() -> tuple[PrivateApi, ...]:
     """Every private torch API this module relies on."""
     return tuple(_APIS)

@@ -36,9 +36,9 @@ factor = 100.0
 """
 
 
-def torchrun(out: Path, *args: str) -> Path:
+def torchrun(out: Path, *args: str, example: Path = EXAMPLE) -> Path:
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE),
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(example),
          "--out", str(out), "--steps", STEPS, *args],
         capture_output=True, text=True, timeout=300,
     )
