@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from sdc.cli import main
@@ -102,7 +103,16 @@ def test_a_fault_on_rank_1_in_block_1s_mlp_is_rank_1s_first_divergence(
     assert (firsts[1]["step"], firsts[1]["microbatch"], firsts[1]["name"], firsts[1]["phase"]) == (
         3, 0, "blocks.1.mlp", "forward"), firsts[1]
     assert firsts[0]["step"] == 3 and firsts[0]["phase"] in ("backward", "grad"), firsts[0]
-    assert "first divergence: rank 1 (went first), step 3, microbatch 0, forward blocks.1.mlp" in out, out
+    assert firsts[1]["slice"] is None  # a site's output, no parameter
+    # The gradient shards FSDP2 reduce-scattered: rank 0 names the slice of the parameter its fingerprint covers.
+    # Every gradient shard differs there; the first recorded is the embedding's (64, 32): rank 0 holds rows 0..31.
+    assert (firsts[0]["phase"], firsts[0]["name"], firsts[0]["slice"]) == ("grad", "embed.weight", "[0:32, 0:32]")
+    assert "grad embed.weight (shard [0:32, 0:32] of 64x32)" in out, out
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute(
+            "SELECT placements, global_shape, slice FROM param_shards WHERE rank = 1 AND name = 'embed.weight' "
+            "AND run_id = (SELECT suspect_run_id FROM pair_ranks WHERE rank = 1)").fetchall()
+    assert rows == [(["Shard(0)"], [64, 32], "[32:64, 0:32]")]
 
 
 def test_another_sharding_of_the_same_model_does_not_pair_and_one_line_says_which_field(
