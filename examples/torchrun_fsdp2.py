@@ -33,6 +33,8 @@ from tracer.determinism import configure_determinism
 from tracer.options import RunInfo, TraceOptions
 from tracer.tracing import Tracer
 
+SETTINGS = {"seed": 0, "threads": 1}
+
 
 class Attention(nn.Module):
     def __init__(self, width: int, heads: int) -> None:
@@ -74,46 +76,62 @@ class Transformer(nn.Module):
         return self.head(x)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def job_arguments(description: str | None) -> argparse.ArgumentParser:
+    """The options this example and examples/torchrun_tp.py share."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="run directory (one rank-NNNNN log per rank)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--vocab", type=int, default=64)
-    p.add_argument("--shard-dim", type=int, choices=(0, 1), default=0,
-                   help="the dimension of each matrix fully_shard splits (another layout: another run's bits)")
     p.add_argument("--fault-profile", help="play an emulated unhealthy node: a shipped profile's name or a TOML file")
     p.add_argument("--fault-seed", type=int, default=0)
-    args = p.parse_args()
-    profile = load_profile(args.fault_profile) if args.fault_profile else None
+    return p
 
-    dist.init_process_group("gloo")
+
+def traced_training(
+    model: nn.Module, args: argparse.Namespace, *, example: str, data_seed: int, sites: str | None = None,
+    clip: bool = True,
+) -> None:
+    """Train ``model`` with AdamW for ``args.steps`` steps of next-token prediction on random tokens drawn from
+    ``data_seed``, clipping the gradient norm to 1 if ``clip``, with a Tracer around it (and an emulated node's
+    faults)."""
     rank = dist.get_rank()
-    settings = {"seed": 0, "threads": 1}
-    configure_determinism(**settings)  # same init on every rank; bits depend on the thread count
-    model = Transformer(args.vocab, args.width, blocks=2)
-    placement = {"shard_placement_fn": lambda p: Shard(args.shard_dim if p.ndim > 1 else 0)}
-    for block in model.blocks:
-        fully_shard(block, **placement)
-    fully_shard(model, **placement)
+    profile = load_profile(args.fault_profile) if args.fault_profile else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    data = torch.Generator().manual_seed(1000 + rank)  # each rank its own shard of the data
-    config = {"example": "torchrun_fsdp2", "width": args.width, "vocab": args.vocab, **settings}
+    data = torch.Generator().manual_seed(data_seed)
+    config = {"example": example, "width": args.width, "vocab": args.vocab, **SETTINGS}
+    run = RunInfo(f"example-rank{rank}", config=config, extra=node_header(profile, args.fault_seed, False))
+    tracer = Tracer(model, optimizer, out=args.out, run=run, options=TraceOptions(sites=sites))
+    with tracer, emulated_node(tracer, model, fault_profile=profile, fault_seed=args.fault_seed):
+        for step in range(args.steps):
+            with tracer.step(step):
+                tokens = torch.randint(args.vocab, (4, 9), generator=data)  # (B, T+1)
+                tracer.microbatch(0, inputs=tokens)
+                logits = model(tokens[:, :-1])
+                loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+                loss.backward()  # FSDP2 reduce-scatters each block's gradients: every rank keeps its shard
+                tracer.loss(loss)
+                if clip:
+                    tracer.gradient_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))  # on DTensors
+                optimizer.step()
+                optimizer.zero_grad()
+
+
+def main() -> None:
+    p = job_arguments(__doc__)
+    p.add_argument("--shard-dim", type=int, choices=(0, 1), default=0,
+                   help="the dimension of each matrix fully_shard splits (another layout: another run's bits)")
+    args = p.parse_args()
+    dist.init_process_group("gloo")
     try:
-        run = RunInfo(f"example-rank{rank}", config=config, extra=node_header(profile, args.fault_seed, False))
-        tracer = Tracer(model, optimizer, out=args.out, run=run, options=TraceOptions())
-        with tracer, emulated_node(tracer, model, fault_profile=profile, fault_seed=args.fault_seed):
-            for step in range(args.steps):
-                with tracer.step(step):
-                    tokens = torch.randint(args.vocab, (4, 9), generator=data)  # (B, T+1)
-                    tracer.microbatch(0, inputs=tokens)
-                    logits = model(tokens[:, :-1])
-                    loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
-                    loss.backward()  # FSDP2 reduce-scatters each block's gradients: every rank keeps its shard
-                    tracer.loss(loss)
-                    tracer.gradient_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
-                    optimizer.step()
-                    optimizer.zero_grad()
+        configure_determinism(**SETTINGS)  # same init on every rank; bits depend on the thread count
+        model = Transformer(args.vocab, args.width, blocks=2)
+        placement = {"shard_placement_fn": lambda p: Shard(args.shard_dim if p.ndim > 1 else 0)}
+        for block in model.blocks:
+            fully_shard(block, **placement)
+        fully_shard(model, **placement)
+        # Each rank its own shard of the data.
+        traced_training(model, args, example="torchrun_fsdp2", data_seed=1000 + dist.get_rank())
     finally:
         dist.destroy_process_group()
 
