@@ -17,7 +17,7 @@ import duckdb
 
 from tracer.errors import UsageError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Tables keyed by (run_id, rank), shared by every pair a run belongs to; the runs loaded are those in <staging>/runs.
 RUN_TABLES = ("runs", "finetune_eval", "finetune_predictions", "sharpness")
 # Tables holding a pair_id column, each loaded from <staging>/<table>/*.parquet.

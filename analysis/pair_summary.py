@@ -32,7 +32,9 @@ def summarize_pair(db: str | Path, pid: str) -> list[str]:
     for r in firsts:
         order = "" if len(firsts) == 1 else " (went first)" if r["went_first"] else f" (#{r['divergence_order']})"
         mb = "the whole step" if r["microbatch"] is None else f"microbatch {r['microbatch']}"
-        lines.append(f"  first divergence: rank {r['rank']}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}")
+        shard = "" if r["slice"] is None else f" (shard {r['slice']} of {'x'.join(map(str, r['global_shape']))})"
+        lines.append(f"  first divergence: rank {r['rank']}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}"
+                     f"{shard}")
     drift, spikes = totals["max_drift"], totals["loss_spikes"]
     lines.append(f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)" if drift is not None
                  else f"  no checkpoint pair for drift; {spikes} loss spike(s)")

@@ -423,6 +423,24 @@ SELECT
     ) AS divergence_order
 FROM firsts;
 
+-- Which slice of each sharded (DTensor) parameter a run's rank holds and fingerprints, from its header's
+-- extra.shards (docs/log-format.md; FSDP2, parallelize_module, HSDP). Key: (run_id, rank, name). `slice` is
+-- the shard as indexing writes it, `[64:128, 0:32]`: rows 64..127 of a (128, 32) weight.
+CREATE VIEW IF NOT EXISTS param_shards AS
+WITH entries AS (
+    SELECT run_id, rank, unnest(map_entries(CAST(json_extract(extra, '$.shards') AS MAP(VARCHAR, STRUCT(
+        mesh_shape BIGINT[], mesh_dims VARCHAR[], placements VARCHAR[], global_shape BIGINT[], offsets BIGINT[],
+        local_shape BIGINT[]))))) AS e
+    FROM runs
+    WHERE json_extract(extra, '$.shards') IS NOT NULL
+)
+SELECT
+    run_id, rank, e.key AS name, e.value.mesh_shape, e.value.mesh_dims, e.value.placements, e.value.global_shape,
+    e.value.offsets, e.value.local_shape,
+    '[' || array_to_string(list_transform(range(1, len(e.value.offsets) + 1),
+        lambda i: e.value.offsets[i] || ':' || (e.value.offsets[i] + e.value.local_shape[i])), ', ') || ']' AS slice
+FROM entries;
+
 -- RQ3: each pretraining pair's drift per checkpoint step (param_drift's group '*', combined over
 -- ranks), beside its baseline pair's drift at the same step and whether the step lies in the pair's
 -- growth window (rule in SCHEMA.md). Key: (pair_id, step).

@@ -8,6 +8,8 @@
 --   position           that record's index among the rank's records of its step, in log order
 --   (the order, and the tie rule, are the view first_divergence_ranked's: analysis/SCHEMA.md)
 --   went_first         divergence_order = 1
+--   slice, global_shape   for a gradient or parameter of a sharded (DTensor) parameter, the slice of it this
+--                      rank's fingerprint covers (view param_shards, from the suspect's header); else null
 WITH
 
 nodes AS (
@@ -30,7 +32,12 @@ SELECT
     o.phase,
     o.status,
     o.position,
-    o.divergence_order = 1 AS went_first
+    o.divergence_order = 1 AS went_first,
+    ps.slice,
+    ps.global_shape
 FROM ordered AS o
 JOIN nodes AS n USING (pair_id)
+LEFT JOIN pair_ranks AS pr ON pr.pair_id = o.pair_id AND pr.rank = o.rank
+LEFT JOIN param_shards AS ps
+  ON ps.run_id = pr.suspect_run_id AND ps.rank = o.rank AND ps.name = o.name AND o.phase IN ('grad', 'param')
 ORDER BY node_label, o.pair_id, o.divergence_order, o.rank
