@@ -281,6 +281,13 @@ void combine(const Input& in, const Part* parts, uint64_t meta_hash, int64_t* in
   floats[1] = nan ? std::numeric_limits<double>::quiet_NaN() : std::max(std::fabs(lo), std::fabs(hi));
 }
 
+// Whether the kernel may read `t`'s bytes: a tensor subclass that dispatches its ops in Python (a wrapper such as
+// DTensor, AsyncCollectiveTensor) may have no storage of its own, and reading its data pointer reads garbage or
+// crashes; torch ops, which go through its dispatch, digest it instead (fingerprint.py).
+bool own_bytes(const at::Tensor& t) {
+  return t.has_storage() && !t.unsafeGetTensorImpl()->is_python_dispatch();
+}
+
 // The digests of `tensors` (CPU, supported dtypes): fingerprint, NaN and Inf counts into `ints` (three per tensor),
 // L2 and absmax into `floats` (two per tensor), `meta_hashes` being fingerprint.py's hash of each tensor's dtype
 // and shape. The work items (`digest_group`) run on torch's own intra-op threads (idle while training waits for
@@ -297,6 +304,8 @@ void digest_into(const std::vector<at::Tensor>& tensors, const at::Tensor& w, co
   for (const auto& t : tensors) {
     TORCH_CHECK(t.device().is_cpu(), "sdctrace digest: CPU tensors only, found ", t.device());
     TORCH_CHECK(dtype_name(t.scalar_type()) != nullptr, "sdctrace digest: unsupported dtype ", t.scalar_type());
+    TORCH_CHECK(own_bytes(t), "sdctrace digest: a tensor subclass that dispatches in Python has no bytes of its own "
+                "to read; fingerprint.py digests it with torch ops");
     at::Tensor c = t.contiguous();
     const int64_t nbytes = c.numel() * static_cast<int64_t>(c.element_size());
     const int64_t words = (nbytes + 3) / 4;
@@ -378,7 +387,8 @@ void use_tables(const at::Tensor& w, const at::Tensor& r) {
 // supported dtype, or one longer than the registered tables cover, whose caller takes the general path.
 bool held_meta(const at::Tensor& t, uint64_t& hash, std::string& meta) {
   const char* name = dtype_name(t.scalar_type());
-  if (held_tables == nullptr || name == nullptr || !t.device().is_cpu() || !t.is_contiguous()) return false;
+  if (held_tables == nullptr || name == nullptr || !t.device().is_cpu() || !t.is_contiguous() || !own_bytes(t))
+    return false;
   const int64_t words = (t.numel() * static_cast<int64_t>(t.element_size()) + 3) / 4;
   if (std::max<int64_t>(1, (words + kChunk - 1) / kChunk) > held_tables->second.numel()) return false;
   constexpr uint64_t kPrime = 0x100000001B3ULL;
