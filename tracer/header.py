@@ -31,7 +31,8 @@ from tracer.guard.guard import Guard
 from tracer.log.records import SCHEMA_VERSION, RunHeader
 from tracer.options import RunInfo
 from tracer.parallel import Layout
-from tracer.sites import stripped_wrappers
+from tracer.sharding import parameter_shards
+from tracer.sites import named_parameters, stripped_wrappers
 
 
 @functools.cache
@@ -79,6 +80,9 @@ def run_header(
             "sites": [name for name, _ in sites],
             **({"wrappers": wrapped} if (wrapped := stripped_wrappers(model)) else {}),
             "parallel": layout.header(rank),
+            # Which slice of each sharded (DTensor) parameter this rank holds and fingerprints.
+            **({"shards": {s.name: s.header() for s in shards}} if (shards := parameter_shards(
+                named_parameters(model))) else {}),
             **({"guard": guard.describe()} if guard is not None else {}),
         },
     )

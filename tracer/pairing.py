@@ -1,4 +1,8 @@
-"""Which run-header fields two runs must share to be compared bit for bit."""
+"""Which run-header fields two runs must share to be compared bit for bit, and how two headers differ in them:
+
+    pairing_differences(golden, suspect)   # ["world_size: 2 vs 4", "shards.placements: ...", ...]
+    check_pair(golden, suspect, "golden", "suspect")   # raises one ValidationError naming every field
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any
 from tracer.errors import ValidationError
 from tracer.log.records import RunHeader
 from tracer.parallel import LAYOUT_FIELDS, layout_of
+from tracer.sharding import shards_of
 
 PAIRING_FIELDS = (
     "schema_version",
@@ -31,6 +36,7 @@ def pairing_differences(golden: RunHeader, suspect: RunHeader, fields: Sequence[
     for name in LAYOUT_FIELDS:
         if layout_g.get(name) != layout_s.get(name):
             out.append(f"parallel.{name}: {layout_g.get(name)!r} vs {layout_s.get(name)!r}")
+    out += shard_differences(golden.extra, suspect.extra)
     threads = ("intra_op_threads", golden.determinism.get("intra_op_threads"), suspect.determinism.get("intra_op_threads"))
     if threads[1] != threads[2]:
         out.append(f"determinism.intra_op_threads: {threads[1]!r} vs {threads[2]!r}")
@@ -38,6 +44,29 @@ def pairing_differences(golden: RunHeader, suspect: RunHeader, fields: Sequence[
     sites_g, sites_s = golden.extra.get("sites"), suspect.extra.get("sites")
     if sites_g is not None and sites_s is not None and sites_g != sites_s:
         out.append(_sites_difference(sites_g, sites_s))
+    return out
+
+
+def shard_differences(golden: Mapping[str, Any], suspect: Mapping[str, Any], shown: int = 2) -> list[str]:
+    """How two headers' sharded layouts differ: one message per differing field (mesh shape, mesh dimension
+    names, placements, global shape), naming a few of the parameters, and one for parameters sharded in one
+    run only. Offsets and local shapes follow from these and the rank, so they are not compared."""
+    a, b = shards_of(golden), shards_of(suspect)
+    out = []
+    for which, names in (("first", [n for n in a if n not in b]), ("second", [n for n in b if n not in a])):
+        if names:
+            out.append(f"shards: {len(names)} parameters sharded only in the {which} run ({_few(names, shown)})")
+    both = [n for n in a if n in b]
+    for field in ("mesh_shape", "mesh_dims", "placements", "global_shape"):
+        differ = [n for n in both if getattr(a[n], field) != getattr(b[n], field)]
+        if differ:
+            first = differ[0]
+            out.append(
+                f"shards.{field}: {list(getattr(a[first], field))} vs {list(getattr(b[first], field))} for "
+                f"{len(differ)} parameters ({_few(differ, shown)})"
+            )
+    if out:
+        out[-1] += " (record both with the same device mesh and fully_shard/parallelize_module plan)"
     return out
 
 

@@ -65,6 +65,7 @@ from torch.utils.hooks import RemovableHandle
 from tracer.compiled import eager
 from tracer.errors import CaptureError, TraceWarning
 from tracer.intercept import own_ops
+from tracer.sharding import local_shard
 from tracer.torch_internals import version_counter
 
 OutputCallback = Callable[[str, torch.Tensor], torch.Tensor | None]
@@ -200,7 +201,7 @@ class SiteHooks:
 
         def report(grad: torch.Tensor) -> torch.Tensor:
             assert callback is not None
-            new = callback(name, grad)
+            new = callback(name, local_shard(grad))  # a DTensor's: what this rank holds
             if new is None:
                 return grad
             _check_replacement(name, "input gradient", grad, new)
@@ -227,7 +228,7 @@ class SiteHooks:
                     self._unrecordable(name, "its output does not depend differentiably on its input")
             if self._on_output is None:
                 return None
-            new = self._on_output(name, out)
+            new = self._on_output(name, local_shard(out))
             if new is None:
                 return None
             _check_replacement(name, "output", out, new)

@@ -181,6 +181,60 @@ def _lookup_dynamo(module: str, name: str) -> Any:
         return None
 
 
+# -- DTensor shards (tracer.sharding) -------------------------------------------------------------------------
+DTENSOR_UTILS = "torch.distributed.tensor._utils"
+
+
+def local_shape_and_global_offset(global_shape: tuple[int, ...], mesh: Any, placements: Any) -> tuple[
+        tuple[int, ...], tuple[int, ...]]:
+    """The local shape and global offsets of this rank's shard of a DTensor of ``global_shape`` laid out by
+    ``placements`` over ``mesh`` (call it only on a DTensor: its module is loaded by then)."""
+    compute = getattr(sys.modules.get(DTENSOR_UTILS), "compute_local_shape_and_global_offset", None)
+    if not callable(compute):
+        raise ConfigError(_SHARD_API.message())
+    shape, offset = compute(global_shape, mesh, placements)
+    return tuple(shape), tuple(offset)
+
+
+def _lookup_dtensor_utils() -> Any:
+    """``compute_local_shape_and_global_offset``, importing DTensor (slow: for checks, not for recording)."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(DTENSOR_UTILS), "compute_local_shape_and_global_offset", None)
+    except ImportError:
+        return None
+
+
+_SHARD_API = PrivateApi(DTENSOR_UTILS + ".compute_local_shape_and_global_offset", "shard offsets in run headers",
+                        lambda: callable(_lookup_dtensor_utils()))
+_APIS.append(_SHARD_API)
+
+
+# -- functional collectives (tracer.sharding) ----------------------------------------------------------------
+FUNCTIONAL_COLLECTIVES = "torch.distributed._functional_collectives"
+
+
+def waited(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or the plain tensor an ``AsyncCollectiveTensor`` (the output of a DTensor collective, such as
+    ``RowwiseParallel``'s all-reduce) holds, once its collective is done: fingerprints read plain tensors only."""
+    cls = getattr(sys.modules.get(FUNCTIONAL_COLLECTIVES), "AsyncCollectiveTensor", None)
+    return t.wait() if cls is not None and isinstance(t, cls) else t
+
+
+def _async_collective_tensor() -> Any:
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(FUNCTIONAL_COLLECTIVES), "AsyncCollectiveTensor", None)
+    except ImportError:
+        return None
+
+
+_APIS.append(PrivateApi(FUNCTIONAL_COLLECTIVES + ".AsyncCollectiveTensor.wait", "fingerprints of DTensor outputs",
+                        lambda: callable(getattr(_async_collective_tensor(), "wait", None))))
+
+
 def private_apis() -> tuple[PrivateApi, ...]:
     """Every private torch API this module relies on."""
     return tuple(_APIS)

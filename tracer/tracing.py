@@ -70,6 +70,7 @@ from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
 from tracer.record_buffer import RecordBuffer, RecordSink
 from tracer.rng import StepRng
+from tracer.sharding import local_shards
 from tracer.site_hooks import SiteHooks
 from tracer.sites import find_sites, named_parameters, no_default_sites, sites_said
 from tracer.torch_internals import in_backward
@@ -532,12 +533,12 @@ class Tracer:
         return (args[0], traced, *args[2:]), kwargs
 
     def _record_gradients(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, TensorDigest]]:
-        grads = [
+        grads = local_shards([
             (self._param_name(gi, pi, p), p.grad)
             for gi, group in enumerate(optimizer.param_groups)
             for pi, p in enumerate(group["params"])
             if p.grad is not None
-        ]
+        ])  # a DTensor's local shard: what this rank holds
         # The microbatch whose backward last changed them: the last one begun (under DDP, the one whose backward
         # ran the all-reduce), unless a gradient collective ran after it.
         mb = NO_MICROBATCH if self._grads_reduced else self.microbatch_index
@@ -574,11 +575,11 @@ class Tracer:
         return str(self.checkpoint(self.step_index, data={"step": self.step_index}, states=self._states))
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        params = [
+        params = local_shards([
             (self._param_name(gi, pi, p), p)
             for gi, group in enumerate(optimizer.param_groups)
             for pi, p in enumerate(group["params"])
-        ]
+        ])
         if self._guard is not None and self._guard.replicas is not None:  # the replicas compare the digests, now
             digests = self.record_many(params, Phase.PARAM, microbatch=0, read_now=True) or []
             return self._guard.replicas.compare(self.step_index, params, digests, self.event)

@@ -1,0 +1,119 @@
+"""A sharded job, FSDP2's ``fully_shard`` on 2 gloo ranks under torchrun (examples/torchrun_fsdp2.py), traced:
+each rank fingerprints its local shards, the header says which slice, and a fault on one rank is found there."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sdc.cli import main
+from tests.parallel.test_ranks import query_rows, summary
+from tracer.compare import compare_runs
+from tracer.log import LogReader, list_ranks, rank_dir
+from tracer.log.records import Phase, TensorRecord
+from tracer.pairing import pairing_differences
+from tracer.sharding import shards_of
+
+pytestmark = pytest.mark.slow  # torchrun launches ranks as processes
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torchrun_fsdp2.py"
+STEPS = "5"
+
+# Rank 1 only, step 3: one element of a matmul result in block 1's MLP, forward.
+RANK1_FAULT = """
+[[fault]]
+ops = ["matmul"]
+sites = "blocks[.]1[.]mlp"
+phases = ["forward"]
+steps = [3]
+ranks = [1]
+elements = 1
+kind = "scale"
+factor = 100.0
+"""
+
+
+def torchrun(out: Path, *args: str, example: Path = EXAMPLE) -> Path:
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(example),
+         "--out", str(out), "--steps", STEPS, *args],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return torchrun(tmp_path_factory.mktemp("fsdp2") / "golden")
+
+
+def test_each_rank_records_its_shard_and_which_slice_it_is(golden: Path) -> None:
+    assert list_ranks(golden) == [0, 1]
+    params: dict[int, dict[str, int]] = {}
+    for rank in (0, 1):
+        reader = LogReader(rank_dir(golden, rank))
+        shards = shards_of(reader.header.extra)
+        embed = shards["embed.weight"]  # (vocab 64, width 32), rows split over the 2 ranks
+        assert (embed.mesh_shape, embed.placements, embed.global_shape) == ((2,), ("Shard(0)",), (64, 32))
+        assert (embed.offsets, embed.local_shape) == ((32 * rank, 0), (32, 32))
+        assert shards["blocks.1.mlp.0.weight"].slice() == ("[0:64, 0:32]", "[64:128, 0:32]")[rank]
+        assert len(shards) == 27  # every parameter: fully_shard made each a DTensor
+        records = [r for r in reader.records() if isinstance(r, TensorRecord)]
+        # Site hooks fire on the fully_shard-ed blocks' attention and MLP, forward and backward.
+        sites = {(r.name, r.phase) for r in records if r.phase in (Phase.FORWARD, Phase.BACKWARD)}
+        assert sites == {(f"blocks.{b}.{part}", phase) for b in (0, 1) for part in ("attention", "mlp")
+                         for phase in (Phase.FORWARD, Phase.BACKWARD)}
+        params[rank] = {r.name: r.fingerprint for r in records if r.phase == Phase.PARAM and r.step == 4}
+        assert set(params[rank]) == set(shards)
+    # Every rank fingerprints its own half: no parameter's fingerprint is the same on both ranks.
+    assert all(params[0][n] != params[1][n] for n in params[0])
+
+
+def test_an_fsdp2_run_recorded_twice_is_bit_identical_on_every_rank(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    again = torchrun(tmp_path / "again")
+    comparison = compare_runs(golden, again)
+    assert comparison.first is None and comparison.steps == 5, comparison
+    capsys.readouterr()
+    assert main(["diff", "--golden", str(golden), "--suspect", str(again), "--db", str(tmp_path / "a.duckdb")]) == 0
+    assert "; 0 differ" in capsys.readouterr().out
+
+
+def test_a_fault_on_rank_1_in_block_1s_mlp_is_rank_1s_first_divergence(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """FSDP2 reduce-scatters the gradients: rank 0 sees rank 1's fault only in its gradient shards, after."""
+    (tmp_path / "rank1.toml").write_text(RANK1_FAULT, encoding="utf-8")
+    suspect = torchrun(tmp_path / "suspect", "--fault-profile", str(tmp_path / "rank1.toml"))
+    db = tmp_path / "fsdp2.duckdb"
+    capsys.readouterr()
+    assert main(["diff", "--golden", str(golden), "--suspect", str(suspect), "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    row = summary(db)
+    assert (row["first_rank"], row["first_step"], row["first_microbatch"], row["first_site"]) == (
+        1, 3, 0, "blocks.1.mlp forward"), row
+    firsts = {r["rank"]: r for r in query_rows(db, "rq1_first_divergence_by_rank")}
+    assert firsts[1]["went_first"] and not firsts[0]["went_first"]
+    assert (firsts[1]["step"], firsts[1]["microbatch"], firsts[1]["name"], firsts[1]["phase"]) == (
+        3, 0, "blocks.1.mlp", "forward"), firsts[1]
+    assert firsts[0]["step"] == 3 and firsts[0]["phase"] in ("backward", "grad"), firsts[0]
+    assert "first divergence: rank 1 (went first), step 3, microbatch 0, forward blocks.1.mlp" in out, out
+
+
+def test_another_sharding_of_the_same_model_does_not_pair_and_one_line_says_which_field(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    other = torchrun(tmp_path / "dim1", "--shard-dim", "1")
+    differences = pairing_differences(LogReader(rank_dir(golden, 1)).header, LogReader(rank_dir(other, 1)).header)
+    assert len(differences) == 1, differences
+    assert differences[0].startswith(
+        "shards.placements: ['Shard(0)'] vs ['Shard(1)'] for 10 parameters (embed.weight, "), differences
+    assert "same device mesh and fully_shard/parallelize_module plan" in differences[0]
+    capsys.readouterr()
+    assert main(["diff", "--golden", str(golden), "--suspect", str(other), "--db", str(tmp_path / "x.duckdb")]) != 0
+    assert "shards.placements: ['Shard(0)'] vs ['Shard(1)']" in capsys.readouterr().err
