@@ -55,7 +55,6 @@ from replay.metrics import TOTAL, Mismatch, gradient_noise
 from replay.request import ReplayRequest
 from replay.results import ReplaySummary, StepResult
 from tracer.blobs import BlobStore
-from tracer.checkpoint import load_checkpoint
 from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ValidationError
@@ -67,6 +66,7 @@ from tracer.log.records import EventRecord, Phase, RunHeader
 from tracer.options import RunInfo, TraceOptions
 from tracer.rng import TorchRng, recorded_rng
 from tracer.sites import find_sites
+from tracer.step_checkpoint import restore_step_checkpoint
 from tracer.tracing import Tracer
 from workload.protocol import Workload, build_workload, run_step
 
@@ -119,8 +119,8 @@ class Replayer:
         device = torch.device("cpu")
         config = self.golden.header.config
         golden_w, suspect_w = (build_workload(self.workload, config, device) for _ in range(2))
-        checkpoint = load_checkpoint(self.golden.path, self.golden.start_checkpoint, self.rank)
-        checkpoint.restore(golden_w.model, golden_w.optimizer, golden_w.states())
+        restore_step_checkpoint(self.golden.path, self.golden.start_checkpoint, self.rank, golden_w.model,
+                                golden_w.optimizer, golden_w.states())
         self._log = LogWriter(rank_dir(self.out, self.rank), self._header(str(next(golden_w.model.parameters()).device)))
         total = self.steps.stop - self.golden.start_checkpoint
         show = self.progress and self.rank == 0

@@ -53,7 +53,7 @@ from torch.utils.hooks import RemovableHandle
 
 from tracer.io_thread import AsyncFile, IOThread
 from tracer.blobs import BlobStore
-from tracer.checkpoint import Stateful, save_checkpoint
+from tracer.checkpoint import Stateful
 from tracer.collectives import Stage, observing, record_name
 from tracer.errors import CaptureError, ConfigError, TraceWarning
 from tracer.fingerprint import TensorDigest
@@ -73,6 +73,7 @@ from tracer.rng import StepRng
 from tracer.sharding import local_shards
 from tracer.site_hooks import SiteHooks
 from tracer.sites import find_sites, named_parameters, no_default_sites, sites_said
+from tracer.step_checkpoint import save_step_checkpoint
 from tracer.torch_internals import in_backward
 
 
@@ -419,7 +420,7 @@ class Tracer:
         self._records.read_pending()
         self._states = states
         with own_ops():
-            path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}), states)
+            path = save_step_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}), states)
         if self._rng is not None:
             self._rng.rebuilt_here()
         self.log.write_event(EventRecord("checkpoint", step, {"rank": self.rank}))
@@ -586,15 +587,3 @@ class Tracer:
         if not self._records.hold_many(params, Phase.PARAM, self.step_index, 0):
             self.record_many(params, Phase.PARAM, microbatch=0)
 
-
-def batch_tensors(batch: Any) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
-    """The tensors of a microbatch that `Tracer.microbatch` fingerprints as its input: the batch itself, or the
-    tensors among a mapping's values or a sequence's items, in order. Every integration and workload uses this
-    one rule, so a recording and its replay name the same inputs."""
-    if isinstance(batch, torch.Tensor):
-        return batch
-    if isinstance(batch, Mapping):
-        return tuple(v for v in batch.values() if isinstance(v, torch.Tensor)) or None
-    if isinstance(batch, (tuple, list)):
-        return tuple(v for v in batch if isinstance(v, torch.Tensor)) or None
-    return None

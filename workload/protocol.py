@@ -37,11 +37,12 @@ import torch
 from torch import nn
 
 from tracer import typed_toml
+from tracer.batch_inputs import batch_tensors
 from tracer.device import mark_step, to_host
 from tracer.errors import ConfigError
 from tracer.log.records import MAX_STEP
 from tracer.parallel import Layout
-from tracer.tracing import Tracer, batch_tensors
+from tracer.tracing import Tracer
 
 ENTRY_POINT = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 REFERENCE = "workload.reference:build"
