@@ -182,7 +182,8 @@ def _record_rank(config: dict[str, Any], request: RecordRequest,
                disable=None if request.progress and rank == 0 else True)
     with tracer, node:
         if first is not None:  # last, so that nothing between it and the step draws from the restored RNGs
-            restore_step_checkpoint(request.out, first, rank, w.model, w.optimizer, w.states())
+            with tracer.paused():  # restoring a sharded checkpoint may step the optimizer at lr 0 to create its state
+                restore_step_checkpoint(request.out, first, rank, w.model, w.optimizer, w.states())
             tracer.restored()
         for step in bar:
             if every and step % every == 0 and step == first:

@@ -419,7 +419,7 @@ class Tracer:
         self._records.drain()
         self._records.read_pending()
         self._states = states
-        with own_ops():
+        with self.paused(), own_ops():  # a sharded checkpoint may step the optimizer at lr 0 to create its state
             path = save_step_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}), states)
         if self._rng is not None:
             self._rng.rebuilt_here()
@@ -432,8 +432,8 @@ class Tracer:
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """Leave the forward and backward passes inside unrecorded: work on the model that is not a
-        training step, such as an evaluation between steps."""
+        """Leave the forward and backward passes and optimizer steps inside unrecorded: work on the model that is
+        not a training step, such as an evaluation between steps."""
         self._paused = True
         try:
             yield
@@ -508,6 +508,8 @@ class Tracer:
         return self._names.get(id(p), f"optimizer.group{group}.{index}")
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        if self._paused:
+            return None
         self._lrs = [float(g["lr"]) for g in optimizer.param_groups]
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0] is the optimizer
         if closure is None:
@@ -576,6 +578,8 @@ class Tracer:
         return str(self.checkpoint(self.step_index, data={"step": self.step_index}, states=self._states))
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._paused:
+            return
         params = local_shards([
             (self._param_name(gi, pi, p), p)
             for gi, group in enumerate(optimizer.param_groups)
