@@ -37,7 +37,6 @@ from tqdm import tqdm
 from faults import FaultProfile, profile_from_header
 from faults.node import emulated_node, node_header
 from jobs.launch import launch
-from tracer.checkpoint import list_checkpoints, load_checkpoint
 from tracer.device import is_lazy, resolve_device
 from tracer.errors import LogError, UsageError
 from tracer.guard import Policy, default_guard
@@ -48,6 +47,7 @@ from tracer.log.resume import log_end
 from tracer.log.sessions import Resumption
 from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import pairing_differences
+from tracer.step_checkpoint import list_step_checkpoints, restore_step_checkpoint
 from tracer.tracing import Tracer
 from workload.reference_config import Config
 from workload.protocol import REFERENCE, RunSettings, Workload, build_workload, run_step
@@ -182,7 +182,8 @@ def _record_rank(config: dict[str, Any], request: RecordRequest,
                disable=None if request.progress and rank == 0 else True)
     with tracer, node:
         if first is not None:  # last, so that nothing between it and the step draws from the restored RNGs
-            load_checkpoint(request.out, first, rank).restore(w.model, w.optimizer, w.states())
+            with tracer.paused():  # restoring a sharded checkpoint may step the optimizer at lr 0 to create its state
+                restore_step_checkpoint(request.out, first, rank, w.model, w.optimizer, w.states())
             tracer.restored()
         for step in bar:
             if every and step % every == 0 and step == first:
@@ -232,7 +233,7 @@ def resume_step(out: Path, world_size: int) -> int:
     if any(e.complete for e in ends):
         raise UsageError(f"{out}: the recording finished (its log has an END record): nothing to resume")
     reach = min(e.last_step + 1 if e.last_step is not None else 0 for e in ends)
-    common = set.intersection(*(set(list_checkpoints(out, rank)) for rank in ranks))
+    common = set.intersection(*(set(list_step_checkpoints(out, rank)) for rank in ranks))
     usable = [step for step in common if step <= reach]
     if not usable:
         raise UsageError(f"{out}: no checkpoint at or before step {reach}, the first step its log lacks, to resume "

@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from tracer.checkpoint import list_checkpoints
 from tracer.errors import ConfigError, LogError, ValidationError
 from tracer.fingerprint import TensorDigest
 from tracer.intercept import own_ops
 from tracer.log import LogReader, list_ranks, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord, describe_microbatch
+from tracer.step_checkpoint import list_step_checkpoints
 from tracer.tracing import Tracer
 from workload.reference_config import Config
 from workload.protocol import REFERENCE
@@ -80,7 +80,7 @@ class GoldenRun:
                 f"{path}: recorded on {header.device}; replay re-executes on the CPU, whose arithmetic is not XLA's, "
                 "so it cannot rebuild this run (docs/xla.md)"
             )
-        run = cls(path, header, list_checkpoints(path, rank), last_step=-1, rank=rank)
+        run = cls(path, header, list_step_checkpoints(path, rank), last_step=-1, rank=rank)
         first = run.start_checkpoint = run.checkpoint_before(start)
         seen_sites: dict[str, None] = {}
         for rec in reader.records():

@@ -54,8 +54,8 @@ from replay.injection import StepClock, lockstep_hooks, passthrough_hooks, sync_
 from replay.metrics import TOTAL, Mismatch, gradient_noise
 from replay.request import ReplayRequest
 from replay.results import ReplaySummary, StepResult
+from replay.sharded_noise import whole_parameter_noise
 from tracer.blobs import BlobStore
-from tracer.checkpoint import load_checkpoint
 from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ValidationError
@@ -66,7 +66,9 @@ from tracer.log import LogWriter, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
 from tracer.options import RunInfo, TraceOptions
 from tracer.rng import TorchRng, recorded_rng
+from tracer.sharding import local_shard, shards_of
 from tracer.sites import find_sites
+from tracer.step_checkpoint import restore_step_checkpoint
 from tracer.tracing import Tracer
 from workload.protocol import Workload, build_workload, run_step
 
@@ -119,8 +121,8 @@ class Replayer:
         device = torch.device("cpu")
         config = self.golden.header.config
         golden_w, suspect_w = (build_workload(self.workload, config, device) for _ in range(2))
-        checkpoint = load_checkpoint(self.golden.path, self.golden.start_checkpoint, self.rank)
-        checkpoint.restore(golden_w.model, golden_w.optimizer, golden_w.states())
+        restore_step_checkpoint(self.golden.path, self.golden.start_checkpoint, self.rank, golden_w.model,
+                                golden_w.optimizer, golden_w.states())
         self._log = LogWriter(rank_dir(self.out, self.rank), self._header(str(next(golden_w.model.parameters()).device)))
         total = self.steps.stop - self.golden.start_checkpoint
         show = self.progress and self.rank == 0
@@ -385,9 +387,12 @@ class Replayer:
         the golden ones."""
         assert self._log is not None
         golden_grads = {k[2]: t for k, t in golden.items() if k[3] == Phase.GRAD}
-        grads = golden_grads if w is None else {n: p.grad for n, p in w.model.named_parameters() if p.grad is not None}
+        grads = golden_grads if w is None else {n: local_shard(p.grad) for n, p in w.model.named_parameters()
+                                                if p.grad is not None}
         with own_ops():
             noises = gradient_noise(grads, golden_grads)
+            if shards := shards_of(self.golden.header.extra):  # every rank's shards: the whole parameters' noise
+                noises = whole_parameter_noise(noises, shards, self.golden.header.world_size)
         for noise in noises:
             self._log.write_event(EventRecord("grad_noise", step, noise.fields()))
             if noise.name == TOTAL:

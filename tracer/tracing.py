@@ -53,7 +53,7 @@ from torch.utils.hooks import RemovableHandle
 
 from tracer.io_thread import AsyncFile, IOThread
 from tracer.blobs import BlobStore
-from tracer.checkpoint import Stateful, save_checkpoint
+from tracer.checkpoint import Stateful
 from tracer.collectives import Stage, observing, record_name
 from tracer.errors import CaptureError, ConfigError, TraceWarning
 from tracer.fingerprint import TensorDigest
@@ -73,6 +73,7 @@ from tracer.rng import StepRng
 from tracer.sharding import local_shards
 from tracer.site_hooks import SiteHooks
 from tracer.sites import find_sites, named_parameters, no_default_sites, sites_said
+from tracer.step_checkpoint import save_step_checkpoint
 from tracer.torch_internals import in_backward
 
 
@@ -418,8 +419,8 @@ class Tracer:
         self._records.drain()
         self._records.read_pending()
         self._states = states
-        with own_ops():
-            path = save_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}), states)
+        with self.paused(), own_ops():  # a sharded checkpoint may step the optimizer at lr 0 to create its state
+            path = save_step_checkpoint(self.out, step, self.rank, self.model, self.optimizer, dict(data or {}), states)
         if self._rng is not None:
             self._rng.rebuilt_here()
         self.log.write_event(EventRecord("checkpoint", step, {"rank": self.rank}))
@@ -431,8 +432,8 @@ class Tracer:
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """Leave the forward and backward passes inside unrecorded: work on the model that is not a
-        training step, such as an evaluation between steps."""
+        """Leave the forward and backward passes and optimizer steps inside unrecorded: work on the model that is
+        not a training step, such as an evaluation between steps."""
         self._paused = True
         try:
             yield
@@ -507,6 +508,8 @@ class Tracer:
         return self._names.get(id(p), f"optimizer.group{group}.{index}")
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        if self._paused:
+            return None
         self._lrs = [float(g["lr"]) for g in optimizer.param_groups]
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0] is the optimizer
         if closure is None:
@@ -575,6 +578,8 @@ class Tracer:
         return str(self.checkpoint(self.step_index, data={"step": self.step_index}, states=self._states))
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._paused:
+            return
         params = local_shards([
             (self._param_name(gi, pi, p), p)
             for gi, group in enumerate(optimizer.param_groups)
@@ -586,15 +591,3 @@ class Tracer:
         if not self._records.hold_many(params, Phase.PARAM, self.step_index, 0):
             self.record_many(params, Phase.PARAM, microbatch=0)
 
-
-def batch_tensors(batch: Any) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
-    """The tensors of a microbatch that `Tracer.microbatch` fingerprints as its input: the batch itself, or the
-    tensors among a mapping's values or a sequence's items, in order. Every integration and workload uses this
-    one rule, so a recording and its replay name the same inputs."""
-    if isinstance(batch, torch.Tensor):
-        return batch
-    if isinstance(batch, Mapping):
-        return tuple(v for v in batch.values() if isinstance(v, torch.Tensor)) or None
-    if isinstance(batch, (tuple, list)):
-        return tuple(v for v in batch if isinstance(v, torch.Tensor)) or None
-    return None

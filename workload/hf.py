@@ -38,9 +38,9 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import has_length
 
+from tracer.batch_inputs import batch_tensors
 from tracer.errors import ConfigError
 from tracer.integrations.hf import trainer_config
-from tracer.tracing import batch_tensors
 from workload.epochs import EpochBatches
 from workload.hf_internals import clip_grad_norm, take_grad_norm
 from workload.protocol import Workload

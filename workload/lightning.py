@@ -38,10 +38,10 @@ from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signatu
 from pytorch_lightning.utilities.types import LRSchedulerConfig
 from torch.utils.data import DataLoader
 
+from tracer.batch_inputs import batch_tensors
 from tracer.checkpoint import Stateful
 from tracer.errors import ConfigError
 from tracer.integrations.lightning import module_config, scheduler_states
-from tracer.tracing import batch_tensors
 from workload.epochs import EpochBatches
 from workload.lightning_internals import configure_optimizers, set_sampler_epoch, transfer_batch
 from workload.protocol import Workload

@@ -19,6 +19,13 @@ rest of a step is split where sdctrace needs to see it (`run_step`):
     zero_grad -> start_step -> for each microbatch: loss -> backward -> finish_backward
               -> (the Tracer records gradients) -> update -> (the Tracer records parameters)
 
+On ``N`` ranks (``--nproc N``) the factory runs in each rank `jobs.launch` starts, with the gloo process group
+already made: it builds the same model on every rank, shards it as the training does (FSDP2's ``fully_shard``,
+DTensor), and sets ``layout`` to the ranks' layout (``Layout(dp=N)`` for FSDP2 or DDP). ``microbatches(step)``
+returns this rank's share of the data (draw it by ``torch.distributed.get_rank()``); gradient reduction is the
+framework's (FSDP2, DDP) or the workload's own ``finish_backward``. A model with DTensor parameters is
+checkpointed sharded (`tracer.step_checkpoint`); examples/fsdp2_workload.py is such a workload.
+
 `Workload` gives defaults for everything but ``microbatches`` and ``loss``;
 `workload.reference` is the reference LLaMA-style implementation and needs no
 special case anywhere.
@@ -37,11 +44,12 @@ import torch
 from torch import nn
 
 from tracer import typed_toml
+from tracer.batch_inputs import batch_tensors
 from tracer.device import mark_step, to_host
 from tracer.errors import ConfigError
 from tracer.log.records import MAX_STEP
 from tracer.parallel import Layout
-from tracer.tracing import Tracer, batch_tensors
+from tracer.tracing import Tracer
 
 ENTRY_POINT = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 REFERENCE = "workload.reference:build"

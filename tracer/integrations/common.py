@@ -23,12 +23,13 @@ from typing import Any, Self
 import torch
 from torch import nn
 
+from tracer.batch_inputs import batch_tensors
 from tracer.checkpoint import Stateful
 from tracer.errors import CaptureError, ConfigError, TraceWarning
 from tracer.guard import Guard
 from tracer.log import claim_out_dir
 from tracer.options import RunInfo, TraceOptions
-from tracer.tracing import Tracer, batch_tensors
+from tracer.tracing import Tracer
 
 # Builds the context a traced run trains in, from its open Tracer and model: e.g. an emulated unhealthy node,
 # ``lambda tracer, model: faults.node.emulated_node(tracer, model, fault_profile=...)``.

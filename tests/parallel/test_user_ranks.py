@@ -1,0 +1,78 @@
+"""A user's sharded (FSDP2) workload on 2 gloo ranks through the CLI (examples/fsdp2_workload.py): verified
+bit-identical, recorded with sharded checkpoints, resumed, replayed on both ranks in lockstep and parameter sync,
+and refused in one line on the wrong number of ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from jobs.launch import launch
+from sdc.cli import main
+from tests.parallel.test_fsdp2 import RANK1_FAULT
+from tests.parallel.test_ranks import rank_events
+from tracer.dcp_checkpoint import manifest_name, sharded_checkpoint_dir
+from tracer.log import LogReader, rank_dir
+from tracer.step_checkpoint import list_step_checkpoints
+
+pytestmark = pytest.mark.slow  # ranks are processes
+
+WORKLOAD = ["--workload", "examples.fsdp2_workload:build"]
+RECORD = [*WORKLOAD, "--nproc", "2", "--checkpoint-every", "2", "--quiet"]
+
+
+def record(out: Path, *args: str) -> Path:
+    assert main(["record", "--out", str(out), "--node-label", out.name, *RECORD, *args]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    root = tmp_path_factory.mktemp("user-ranks")
+    profile = root / "rank1.toml"
+    profile.write_text(RANK1_FAULT)
+    return SimpleNamespace(root=root, profile=profile, golden=record(root / "golden"),
+                           suspect=record(root / "suspect", "--fault-profile", str(profile)))
+
+
+def test_verify_determinism_of_an_fsdp2_workload_on_2_ranks(capsys: pytest.CaptureFixture) -> None:
+    assert main(["verify-determinism", *WORKLOAD, "--nproc", "2", "--steps", "3", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("bit-identical:") and "on 2 ranks" in out
+
+
+def test_record_writes_sharded_checkpoints(runs: SimpleNamespace) -> None:
+    for rank in (0, 1):
+        assert list_step_checkpoints(runs.golden, rank) == [0, 2, 4, 6]
+        assert (sharded_checkpoint_dir(runs.golden, 4) / manifest_name(rank)).is_file()
+        header = LogReader(rank_dir(runs.golden, rank)).header
+        assert (header.world_size, header.extra["parallel"]["dp"], len(header.extra["shards"])) == (2, 2, 27)
+
+
+def test_lockstep_replay_finds_the_fault_on_rank_1_in_block_1s_mlp_forward(runs: SimpleNamespace) -> None:
+    out = runs.root / "lockstep"
+    assert main(["replay", "--golden", str(runs.golden), "--suspect", str(runs.suspect), *WORKLOAD, "--steps", "3:4",
+                 "--mode", "lockstep", "--out", str(out), "--quiet"]) == 0
+    assert not [e for e in rank_events(out, 0, "site_mismatch") if e.fields["mismatched"]]
+    hits = {(e.step, e.fields["site"], e.fields["phase"]) for e in rank_events(out, 1, "site_mismatch")
+            if e.fields["mismatched"]}
+    # The site only: its backward reads the activations its own faulty forward saved, so it mismatches too.
+    assert hits == {(3, "blocks.1.mlp", "forward"), (3, "blocks.1.mlp", "backward")}
+
+
+def test_param_sync_noise_is_that_of_the_full_gradients(runs: SimpleNamespace) -> None:
+    out = runs.root / "param-sync"
+    assert main(["replay", "--golden", str(runs.golden), "--suspect", str(runs.suspect), *WORKLOAD, "--steps", "3:4",
+                 "--mode", "param-sync", "--out", str(out), "--quiet"]) == 0
+    grads = launch("tests.parallel.user_ranks:full_gradients",
+                   {"run": str(runs.golden), "profile": str(runs.profile), "step": 3, "checkpoint": 2}, 2)[0]
+    golden = np.concatenate([np.array(g) for g, _ in grads.values()])
+    suspect = np.concatenate([np.array(s) for _, s in grads.values()])
+    expected = np.linalg.norm(suspect - golden) / np.linalg.norm(golden)
+    assert expected > 0
+    for rank in (0, 1):
+        total = [e.fields["ratio"] for e in rank_events(out, rank, "grad_noise") if e.fields["name"] == "*"]
+        assert total == pytest.approx([expected], rel=1e-6)

@@ -1,0 +1,75 @@
+"""A step's checkpoint, plain or sharded: the one place that decides which, for saving and for restoring.
+
+    save_step_checkpoint(run_dir, step, rank, model, optimizer, data={"step": step}, states=w.states())
+    restore_step_checkpoint(run_dir, step, rank, model, optimizer, states=w.states())   # data cursor: the caller's
+    list_step_checkpoints(run_dir, rank)                                                 # steps either kind has
+
+A model with DTensor parameters (FSDP2's ``fully_shard``, DTensor tensor parallelism) is saved as a sharded
+checkpoint through ``torch.distributed.checkpoint`` (`tracer.dcp_checkpoint`: each rank its own shards, a
+collective every rank calls), any other as the plain per-rank one (`tracer.checkpoint`). A restore loads what
+the step has on disk: the sharded one where its folder exists (every rank sees the same folder, so every rank
+takes the same branch of the collective), else the plain one. The `Tracer`, a resumed recording
+(`jobs.record`) and the `Replayer` all go through here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tracer.checkpoint import Stateful, list_checkpoints, load_checkpoint, save_checkpoint
+from tracer.dcp_checkpoint import (
+    load_sharded_checkpoint,
+    manifest_name,
+    save_sharded_checkpoint,
+    sharded_checkpoint_dir,
+)
+from tracer.log.layout import CHECKPOINT_DIR
+from tracer.sharding import dtensor_type
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has DTensor parameters, whose state only a sharded checkpoint saves."""
+    cls = dtensor_type()
+    return cls is not None and any(isinstance(p, cls) for p in model.parameters())
+
+
+def save_step_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    rank: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    data: Mapping[str, Any],
+    states: Mapping[str, Stateful] | None = None,
+) -> Path:
+    """Write the state before ``step``: sharded (a collective) when the model is, else this rank's plain one."""
+    if is_sharded(model):
+        return save_sharded_checkpoint(run_dir, step, model, optimizer, data, states)
+    return save_checkpoint(run_dir, step, rank, model, optimizer, dict(data), states)
+
+
+def restore_step_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    rank: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    states: Mapping[str, Stateful] | None = None,
+) -> None:
+    """Restore model, optimizer, the named states and RNG from the checkpoint of ``step``, of the kind it is."""
+    if sharded_checkpoint_dir(run_dir, step).is_dir():
+        load_sharded_checkpoint(run_dir, step, model, optimizer, states)
+    else:
+        load_checkpoint(run_dir, step, rank).restore(model, optimizer, states)
+
+
+def list_step_checkpoints(run_dir: str | Path, rank: int = 0) -> list[int]:
+    """Steps with a complete checkpoint of ``rank``, plain or sharded (its manifest is written last), ascending."""
+    steps = (d.name.removeprefix("step-") for d in (Path(run_dir) / CHECKPOINT_DIR).glob("step-*"))
+    sharded = {int(s) for s in steps
+               if s.isdigit() and (sharded_checkpoint_dir(run_dir, int(s)) / manifest_name(rank)).is_file()}
+    return sorted(set(list_checkpoints(run_dir, rank)) | sharded)
