@@ -95,9 +95,10 @@ def save_sharded_checkpoint(
     flat = {f"model/{k}": v for k, v in _model_state(model).items()}
     optim_plain = None
     if optimizer is not None:
-        osd = get_optimizer_state_dict(model, optimizer)
+        with _no_state_created(optimizer) as fresh:
+            osd = get_optimizer_state_dict(model, optimizer)
         plain: dict[str, dict[str, Any]] = {}
-        for fqn, entries in osd["state"].items():
+        for fqn, entries in ({} if fresh else osd["state"]).items():
             for key, val in entries.items():
                 if isinstance(val, torch.Tensor):
                     flat[f"optim/{fqn}/{key}"] = val
@@ -151,8 +152,12 @@ def load_sharded_checkpoint(
     mine = manifests[rank]
     model_sd = _model_state(model)
     flat = {f"model/{k}": v for k, v in model_sd.items()}
-    osd = get_optimizer_state_dict(model, optimizer) if optimizer is not None else None
-    if osd is not None:
+    saved_fresh = not any(k.startswith("optim/") for k in mine.layout)  # saved before the optimizer's first step
+    osd = None
+    if optimizer is not None:
+        with _no_state_created(optimizer):
+            osd = get_optimizer_state_dict(model, optimizer)
+    if osd is not None and not saved_fresh:
         flat.update({f"optim/{fqn}/{key}": val for fqn, entries in osd["state"].items()
                      for key, val in entries.items() if isinstance(val, torch.Tensor)})
     own = _own_prefix(rank)
@@ -172,9 +177,11 @@ def load_sharded_checkpoint(
             raise LogError(f"{folder / manifest_name(rank)}: the checkpoint of step {step} holds no optimizer state; "
                            "was it saved without the optimizer?")
         plain = mine.optimizer["state"]
-        state = {fqn: {**plain.get(fqn, {}), **{k: v for k, v in entries.items() if isinstance(v, torch.Tensor)}}
-                 for fqn, entries in osd["state"].items()}
-        set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": mine.optimizer["param_groups"]})
+        state = {} if saved_fresh else {
+            fqn: {**plain.get(fqn, {}), **{k: v for k, v in entries.items() if isinstance(v, torch.Tensor)}}
+            for fqn, entries in osd["state"].items()}
+        with _no_state_created(optimizer) if saved_fresh else contextlib.nullcontext():
+            set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": mine.optimizer["param_groups"]})
     tensors = {k.removeprefix(own): v for k, v in own_tensors.items()}
     for name, obj in (states or {}).items():
         if name not in mine.states:
@@ -186,6 +193,20 @@ def load_sharded_checkpoint(
     rng["cuda"] = [tensors[k] for k in sorted(tensors) if k.startswith("rng/cuda/")]
     set_rng_state(rng)
     return RestoredCheckpoint(step, first.world_size, dict(mine.data))
+
+
+@contextlib.contextmanager
+def _no_state_created(optimizer: torch.optim.Optimizer) -> Iterator[bool]:
+    """DCP's optimizer state dicts create a stateless optimizer's state by stepping it once at lr 0 (AdamW: step 1
+    and zero moments), which would change every later step's bits: state the call created is dropped again, so
+    a checkpoint taken (or restored) before the first step leaves the optimizer as a run without it has it.
+    Yields whether the optimizer had no state."""
+    fresh = not optimizer.state
+    try:
+        yield fresh
+    finally:
+        if fresh:
+            optimizer.state.clear()
 
 
 def _rank_and_world() -> tuple[int, int]:

@@ -129,3 +129,15 @@ def test_sharded_checkpoint_modules_never_unpickle() -> None:
     unpickling = re.compile(r"import pickle|from pickle|pickle\.|torch\.load\(|\.read_metadata\(|FileSystemReader")
     for name in ("dcp_checkpoint.py", "dcp_storage.py", "dcp_manifest.py"):
         assert not unpickling.search((TRACER / name).read_text()), name
+
+
+def test_a_checkpoint_before_the_first_step_changes_no_bit_of_training_and_resumes_from_there(
+        tmp_path: Path, group: None) -> None:
+    # DCP creates a stateless optimizer's state by stepping it at lr 0 (AdamW: step 1, zero moments): a
+    # checkpoint taken before the first step must leave the optimizer as it found it, and restore it so.
+    model, optimizer, scheduler = build_fsdp2(seed=0)
+    plain = train(model, optimizer, scheduler, range(3))
+    plain_fingerprints = local_fingerprints(model)
+    result = save_then_resume(str(tmp_path / "run"), save_at=0, steps=3)
+    assert result["straight"] == plain and result["fingerprints"] == plain_fingerprints
+    assert result["resumed"] == plain and result["resumed_fingerprints"] == plain_fingerprints
