@@ -25,13 +25,17 @@ from tracer.log import LogReader, claim_out_dir, rank_dir
 from tracer.log.records import RunHeader
 
 
-def golden_header(path: Path) -> RunHeader:
-    """Rank 0's header of the golden run ``path``, checked against the rank logs on disk and against the ranks
-    this machine can run, before anything is claimed or launched."""
+def golden_header(path: Path, nproc: int | None = None) -> RunHeader:
+    """Rank 0's header of the golden run ``path``, checked against the rank logs on disk, against ``nproc`` (the
+    ranks the user asked for, if any) and against the ranks this machine can run, before anything is claimed or
+    launched."""
     header = LogReader(rank_dir(path, 0)).header if path.is_dir() else None
     if header is None:
         raise UsageError(f"{path}: not a run directory; pass the golden run made by `sdc record`")
     n = header.world_size  # read from a file: checked against the disk and this machine before any launch
+    if nproc is not None and nproc != n:
+        raise UsageError(f"--nproc {nproc}: {path} was recorded on {n} rank(s), and a replay runs each of them with "
+                         f"its own shard, checkpoints and log: give --nproc {n}, or leave --nproc out")
     check_rank_logs(path, n)
     if n > max_local_ranks():
         raise UsageError(f"{path}: a replay runs all {n} of its ranks on this machine, which runs at most "

@@ -56,6 +56,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "needed for runs not recorded with the reference workload. Code is imported only from what you name here",
     )
     p.add_argument("--overwrite", action="store_true", help="replace a replay already in --out")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="ranks to replay on: the golden run's world size, which is the default (a replay runs every "
+                   "rank of the golden run, each with its own shard, checkpoints and log)")
     p.add_argument("--rank-timeout", type=float, default=300.0, metavar="S",
                    help="multi-rank runs: seconds a rank may wait in one collective before the replay fails")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -63,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    golden = golden_header(args.golden)
+    golden = golden_header(args.golden, args.nproc)
     if args.suspect is not None:
         suspect = suspect_from_run(args.suspect, golden, args.golden)
     else:

@@ -11,6 +11,7 @@ from jobs.replay import golden_header, replay, replay_rank
 from replay.replayer import Replayer
 from replay.request import ReplayRequest, parse_steps, suspect_from_profile, suspect_from_run
 from replay.results import ReplaySummary
+from sdc.cli import main
 from tests.support import ONE_FLIP, events, hold_run_dir
 from tracer.errors import UsageError
 from tracer.log import claim_out_dir, list_ranks
@@ -50,3 +51,16 @@ def test_a_launched_rank_gets_the_parsed_request_back_and_returns_its_summary(ru
         assert ReplayRequest.from_json(request.to_json()) == request  # the profile, parsed again from its header form
     summary = ReplaySummary.from_json(replay_rank(request.to_json()))
     assert summary.out == request.out and [r.step for r in summary.steps] == [3] and summary.checked > 0
+
+
+def test_a_wrong_nproc_is_refused_in_one_line_naming_the_golden_runs_ranks(
+        run_factory, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    golden = run_factory("golden", "run.steps=3", "run.checkpoint_every=2")
+    assert golden_header(golden, 1).world_size == 1
+    out = tmp_path / "replay"
+    code = main(["replay", "--golden", str(golden), "--fault-profile", "healthy-node", "--steps", "2", "--out",
+                 str(out), "--nproc", "2", "--quiet"])
+    err = capsys.readouterr().err
+    assert code != 0 and not out.exists() and len(err.strip().splitlines()) == 1
+    assert (f"--nproc 2: {golden} was recorded on 1 rank(s), and a replay runs each of them with its own shard, "
+            "checkpoints and log: give --nproc 1, or leave --nproc out") in err

@@ -30,7 +30,7 @@ SURFACE = {
     ],
     "replay": [
         "--at-first-divergence", "--fault-profile", "--fault-seed", "--golden", "--golden-from", "--mode", "--out",
-        "--overwrite", "--quiet", "--steps", "--suspect", "--window", "--rank-timeout", "--workload",
+        "--overwrite", "--quiet", "--steps", "--suspect", "--window", "--nproc", "--rank-timeout", "--workload",
     ],
     "faults": [],
     "diff": ["--baseline", "--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket",
