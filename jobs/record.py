@@ -131,6 +131,8 @@ def record(
                          f"{nproc} rank(s) on {request.device}")
     if on_step is not None and nproc > 1:
         raise UsageError(f"on_step: reports the steps of a recording on one rank, not {nproc}")
+    if request.resume:
+        _check_resumed_ranks(request.out, nproc)
     # Claimed once, before any rank starts, so a refusal is quick; launched ranks inherit the lock.
     claim = (reclaim_out_dir(request.out, role="train") if request.resume
              else claim_out_dir(request.out, role="train", overwrite=request.overwrite))
@@ -214,6 +216,14 @@ def _log_sharpness(w: Workload, tracer: Tracer, step: int, iterations: int) -> N
         s = sharpness(w, step, iterations=iterations)
     tracer.event("sharpness", at_step=step, value=s.value, iterations=s.iterations, converged=s.converged,
                  residual=s.residual, method=s.method, microbatch=s.microbatch)
+
+
+def _check_resumed_ranks(out: Path, nproc: int) -> None:
+    """A resumption runs on as many ranks as the recording it continues: checked before any rank starts."""
+    ranks = list_ranks(out)
+    if ranks and ranks == list(range(len(ranks))) and len(ranks) != nproc:
+        raise UsageError(f"{out}: was recorded on {len(ranks)} rank(s), not {nproc}; resume it on as many "
+                         f"(--nproc {len(ranks)}, with the layout options it was recorded with)")
 
 
 def resume_step(out: Path, world_size: int) -> int:
