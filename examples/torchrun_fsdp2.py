@@ -2,6 +2,8 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 examples/torchrun_fsdp2.py --out runs/fsdp2
     sdc inspect runs/fsdp2
+    python -m torch.distributed.run --standalone --nproc-per-node 4 examples/torchrun_fsdp2.py --out runs/hsdp \
+        --replicate 2                                   # HSDP: 2 replicas x 2 shards
 
 To play an emulated unhealthy node, pass a fault profile (a rule's ``ranks`` picks the faulty rank)::
 
@@ -24,6 +26,7 @@ import argparse
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
@@ -121,12 +124,18 @@ def main() -> None:
     p = job_arguments(__doc__)
     p.add_argument("--shard-dim", type=int, choices=(0, 1), default=0,
                    help="the dimension of each matrix fully_shard splits (another layout: another run's bits)")
+    p.add_argument("--replicate", type=int, default=1, metavar="R",
+                   help="HSDP: R replicas of a model sharded over world size / R ranks each (a 2-D device mesh)")
     args = p.parse_args()
     dist.init_process_group("gloo")
     try:
         configure_determinism(**SETTINGS)  # same init on every rank; bits depend on the thread count
         model = Transformer(args.vocab, args.width, blocks=2)
         placement = {"shard_placement_fn": lambda p: Shard(args.shard_dim if p.ndim > 1 else 0)}
+        if args.replicate > 1:  # HSDP: shard within a replica, all-reduce gradients across the replicas
+            world = dist.get_world_size()
+            placement["mesh"] = init_device_mesh("cpu", (args.replicate, world // args.replicate),
+                                                 mesh_dim_names=("replicate", "shard"))
         for block in model.blocks:
             fully_shard(block, **placement)
         fully_shard(model, **placement)

@@ -37,9 +37,9 @@ factor = 100.0
 """
 
 
-def torchrun(out: Path, *args: str, example: Path = EXAMPLE) -> Path:
+def torchrun(out: Path, *args: str, example: Path = EXAMPLE, nproc: int = 2) -> Path:
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(example),
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(example),
          "--out", str(out), "--steps", STEPS, *args],
         capture_output=True, text=True, timeout=300,
     )
@@ -127,3 +127,16 @@ def test_another_sharding_of_the_same_model_does_not_pair_and_one_line_says_whic
     capsys.readouterr()
     assert main(["diff", "--golden", str(golden), "--suspect", str(other), "--db", str(tmp_path / "x.duckdb")]) != 0
     assert "shards.placements: ['Shard(0)'] vs ['Shard(1)']" in capsys.readouterr().err
+
+
+def test_hsdp_on_four_ranks_records_its_2d_mesh_and_twice_is_bit_identical(tmp_path: Path) -> None:
+    a = torchrun(tmp_path / "a", "--replicate", "2", nproc=4)
+    b = torchrun(tmp_path / "b", "--replicate", "2", nproc=4)
+    assert list_ranks(a) == [0, 1, 2, 3]
+    for rank in range(4):
+        embed = shards_of(LogReader(rank_dir(a, rank)).header.extra)["embed.weight"]
+        assert (embed.mesh_shape, embed.mesh_dims) == ((2, 2), ("replicate", "shard"))
+        assert embed.placements == ("Replicate()", "Shard(0)")
+        assert embed.offsets == (32 * (rank % 2), 0)  # the shard dimension is the mesh's inner one
+    result = compare_runs(a, b)
+    assert result.first is None and result.events > 0
