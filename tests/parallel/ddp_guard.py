@@ -10,6 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -38,6 +40,7 @@ class CorruptUpdate(TorchDispatchMode):
         if not self.done and str(func).startswith(UPDATE_OPS):
             self.done = True
             target = args[0][0] if isinstance(args[0], list | tuple) else args[0]
+            target = target.to_local() if hasattr(target, "to_local") else target  # a DTensor: this rank's shard
             flat = target.view(-1)
             original = float(flat[0])
             flat[0] *= self.factor
@@ -54,13 +57,28 @@ def tiny_ddp(width: int = 8) -> tuple[DistributedDataParallel, torch.optim.Optim
     return ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 
 
-def train_with_replica_check(out: str, steps: int, fault_step: int = -1, fault_rank: int = 1) -> dict[str, Any]:
-    """Train ``steps`` steps with replica agreement on; rank ``fault_rank`` corrupts its update at ``fault_step``.
-    Returns the ``replicas`` and ``guard`` events this rank logged, as (step, fields)."""
+def tiny_hsdp(width: int = 8) -> tuple[nn.Module, torch.optim.Optimizer, dist.ProcessGroup]:
+    """The same MLP under HSDP: ``fully_shard`` on a (replicate, shard) mesh of 2 x (world size / 2); and the
+    replicate group, whose ranks hold the same shards."""
+    configure_determinism(seed=0, threads=1)
+    model = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2), mesh_dim_names=("replicate", "shard"))
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2), mesh.get_group("replicate")
+
+
+def train_with_replica_check(out: str, steps: int, fault_step: int = -1, fault_rank: int = 1,
+                             hsdp: bool = False) -> dict[str, Any]:
+    """Train ``steps`` steps with replica agreement on (DDP, or HSDP with the mesh's replicate group); rank
+    ``fault_rank`` corrupts its update at ``fault_step``. Returns the ``replicas`` and ``guard`` events this rank
+    logged, as (step, fields)."""
     rank = dist.get_rank()
-    ddp, optimizer = tiny_ddp()
+    if hsdp:
+        ddp, optimizer, group = tiny_hsdp()
+    else:
+        (ddp, optimizer), group = tiny_ddp(), None
     data = torch.Generator().manual_seed(100 + rank)  # each replica its own data
-    guard = Guard(detectors=(NonFinite(),), replicas=ReplicaAgreement())
+    guard = Guard(detectors=(NonFinite(),), replicas=ReplicaAgreement(group=group))
     events: dict[str, list] = {"replicas": [], "guard": []}
     tracer = Tracer(ddp, optimizer, out=out, run=RunInfo(f"rank{rank}"), options=TraceOptions(activations=False),
                     guard=guard, echo=None)

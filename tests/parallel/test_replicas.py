@@ -39,3 +39,14 @@ def test_two_replicas_that_differ_are_a_tie_that_blames_nobody(tmp_path: Path) -
 def test_two_hundred_healthy_steps_raise_no_alarm(tmp_path: Path) -> None:
     results = launch(TARGET, {"out": str(tmp_path / "run"), "steps": 200}, 3, timeout_s=300)
     assert results == [{"replicas": [], "guard": []}] * 3
+
+
+def test_under_hsdp_the_replicas_of_the_faulty_ranks_shard_disagree_and_the_others_agree(tmp_path: Path) -> None:
+    # A (replicate 2, shard 2) mesh: ranks 0 and 2 hold one half of every parameter, ranks 1 and 3 the other.
+    results = launch(TARGET, {"out": str(tmp_path / "run"), "steps": 4, "fault_step": 2, "hsdp": True}, 4,
+                     timeout_s=180)
+    for rank in (1, 3):
+        step, first = results[rank]["replicas"][0]
+        assert step == 2 and first["replicas"] == [1, 3] and first["tie"] is True and first["parameters"]
+    assert results[0]["replicas"] == [] and results[2]["replicas"] == []
+    assert all(got["guard"] == [] for got in results)
