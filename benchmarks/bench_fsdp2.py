@@ -35,7 +35,7 @@ from tracer.determinism import configure_determinism
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # examples/ is no installed package: the repository's
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # examples/ is not installed: the repository root
 from examples.torchrun_fsdp2 import SETTINGS, Transformer  # noqa: E402
 
 VOCAB, WIDTH, BLOCKS, BATCH, SEQ = 64, 32, 2, 4, 8  # the example's defaults
