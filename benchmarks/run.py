@@ -14,7 +14,8 @@ where there is a device, traced / untraced <= 1.02; a guarded step, nothing firi
 a traced one (bench_guard.py); `sdc watch` reports a divergence within one step of the suspect
 writing it (bench_watch.py). A 4-rank run (dp=2 x tp=2,
 sequence parallel) reports its own traced / untraced ratio (bench_parallel.py), and 2 data-parallel
-ranks the replica agreement check's time per step (bench_replicas.py).
+ranks the replica agreement check's time per step (bench_replicas.py). A 2-rank FSDP2 job, traced / untraced
+whole-run wall time <= 1.10 on CPU (bench_fsdp2.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 import bench_diff
 import bench_tracing
 from bench_abft import bench_abft
+from bench_fsdp2 import bench_fsdp2
 from bench_guard import bench_guard_overhead
 from bench_parallel import bench_parallel
 from bench_replay import bench_replay
@@ -133,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run([sys.executable, bench_diff.__file__], check=True)
     bench_parallel(config=args.config)
     bench_replicas(config=args.config)
+    bench_fsdp2()
     return 0
 
 

@@ -1,0 +1,116 @@
+"""Tracing overhead of a 2-rank FSDP2 job, traced / untraced whole-run wall time.
+
+    .venv/bin/python benchmarks/bench_fsdp2.py [RUNS [STEPS]]
+
+Two gloo ranks (`jobs.launch`) train examples/torchrun_fsdp2.py's small transformer, ``fully_shard``-ed on each
+block and on the root, for STEPS steps with AdamW and ``clip_grad_norm_``, as that example does: once untraced,
+once traced as the example traces it (every site, gradient and parameter; each rank fingerprints its own DTensor
+shards). RUNS runs of each variant, in an order shuffled each time (`timing.interleave`; both ranks draw the same
+order), the first ones left out as warm-up. A run's time is the whole job's: from a barrier before the Tracer is
+made (its hooks, its I/O thread, the first step) to a barrier after it is closed (the log written and flushed), so
+the slower rank counts; the model is built, and sharded, before it, alike for both. Printed: the median of the
+per-run traced / untraced ratios and their middle half. Both ranks share this machine's cores (one thread each).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from timing import Interleaved, interleave, machine_load
+
+from jobs.launch import launch
+from tracer.determinism import configure_determinism
+from tracer.options import RunInfo
+from tracer.tracing import Tracer
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # examples/ is not installed: the repository root
+from examples.torchrun_fsdp2 import SETTINGS, Transformer  # noqa: E402
+
+VOCAB, WIDTH, BLOCKS, BATCH, SEQ = 64, 32, 2, 4, 8  # the example's defaults
+TARGET = 1.10
+
+
+def sharded_model() -> nn.Module:
+    """The example's model, seeded alike on every rank, ``fully_shard``-ed on each block and on the root."""
+    configure_determinism(**SETTINGS)
+    model = Transformer(VOCAB, WIDTH, BLOCKS)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def whole_run(steps: int, out: Path | None) -> Callable[[int], float]:
+    """A variant for `interleave`: one whole run of ``steps`` steps on a fresh model, traced into ``out/run-N``
+    (untraced where ``out`` is None); returns its wall time, barrier to barrier."""
+    def run(index: int) -> float:
+        model = sharded_model()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        data = torch.Generator().manual_seed(1000 + dist.get_rank())  # each rank its own shard of the data
+        dist.barrier()
+        start = time.perf_counter()
+        tracer = None if out is None else Tracer(
+            model, optimizer, out=out / f"run-{index}", run=RunInfo("bench-fsdp2", config=dict(SETTINGS)), echo=None)
+        with tracer or nullcontext():
+            for step in range(steps):
+                with tracer.step(step) if tracer else nullcontext():
+                    train_step(model, optimizer, data, tracer)
+        dist.barrier()
+        return time.perf_counter() - start
+
+    return run
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, data: torch.Generator,
+               tracer: Tracer | None) -> None:
+    """examples/torchrun_fsdp2.py's step: next-token prediction on random tokens, clipped, AdamW."""
+    tokens = torch.randint(VOCAB, (BATCH, SEQ + 1), generator=data)
+    if tracer:
+        tracer.microbatch(0, inputs=tokens)
+    logits = model(tokens[:, :-1])
+    loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if tracer:
+        tracer.loss(loss)
+        tracer.gradient_norm(norm)
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def runs_side_by_side(runs: int, steps: int, out: str) -> dict[str, Any]:
+    """One rank: ``runs`` untraced and traced runs, interleaved; each run's seconds, warm-up left out."""
+    # The head's output is a view; the loss reads it, nothing writes it in place (torch warns on every rank).
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    timed = interleave({"untraced": whole_run(steps, None), "traced": whole_run(steps, Path(out))}, runs)
+    return {name: list(seconds) for name, seconds in timed.seconds.items()}
+
+
+def bench_fsdp2(runs: int = 12, steps: int = 20) -> float:
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as tmp:
+        results = launch("bench_fsdp2:runs_side_by_side", {"runs": runs, "steps": steps, "out": tmp}, 2)
+    timed = Interleaved({name: tuple(seconds) for name, seconds in results[0].items()})  # after a barrier: the job's
+    ratio, (low, high) = timed.ratio("traced", "untraced"), timed.spread("traced", "untraced")
+    print(f"traced / untraced, 2-rank FSDP2: {ratio:.3f} (middle half {low:.3f}-{high:.3f}), target <= {TARGET:.2f}  "
+          f"(whole runs of {steps} steps, rank 0 median {timed.median('traced') * 1e3:.0f} ms vs "
+          f"{timed.median('untraced') * 1e3:.0f} ms, {len(timed.seconds['traced'])} runs each)")
+    return ratio
+
+
+if __name__ == "__main__":
+    print(machine_load(), flush=True)
+    bench_fsdp2(*(int(a) for a in sys.argv[1:3]))
