@@ -8,6 +8,8 @@ A callback translates its framework's events into these calls and adds no tracin
 Everything on the Tracer is the Tracer's: site hooks, optimizer hooks (gradients before the update, after
 any clipping; parameters after it), checkpoints, the log, and the guard (``guard=``: `tracer.guard.Guard`),
 which re-runs a flagged step through the optimizer's closure where the framework's closure is the whole step.
+Under ``torch.distributed`` every rank traces its own log (``rank-NNNNN``) and rank 0 claims ``out`` for all
+(`claim_for_ranks`).
 """
 
 from __future__ import annotations
