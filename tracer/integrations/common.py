@@ -8,6 +8,8 @@ A callback translates its framework's events into these calls and adds no tracin
 Everything on the Tracer is the Tracer's: site hooks, optimizer hooks (gradients before the update, after
 any clipping; parameters after it), checkpoints, the log, and the guard (``guard=``: `tracer.guard.Guard`),
 which re-runs a flagged step through the optimizer's closure where the framework's closure is the whole step.
+Under ``torch.distributed`` every rank traces its own log (``rank-NNNNN``) and rank 0 claims ``out`` for all
+(`claim_for_ranks`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch import nn
 
 from tracer.batch_inputs import batch_tensors
 from tracer.checkpoint import Stateful
-from tracer.errors import CaptureError, ConfigError, TraceWarning
+from tracer.errors import CaptureError, ConfigError, TraceWarning, UsageError
 from tracer.guard import Guard
 from tracer.log import claim_out_dir
 from tracer.options import RunInfo, TraceOptions
@@ -86,7 +88,7 @@ class TracedRun:
         if clash:
             raise ConfigError(f"config section {clash[0]!r} is the framework's; name your own sections otherwise")
         stack = ExitStack()
-        stack.enter_context(claim_out_dir(o.out, role="train", overwrite=o.overwrite))  # released last, at close
+        claim_for_ranks(stack, o.out, o.overwrite)  # released last, at close
         try:
             run = RunInfo(o.node_label, config={**config, **o.config}, seed=seed,
                           data_order_fingerprint=o.data_order_fingerprint, extra={**extra, **o.extra})
@@ -189,6 +191,26 @@ class TracingCallback:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.run.close(exc)
+
+
+def claim_for_ranks(stack: ExitStack, out: Path, overwrite: bool) -> None:
+    """Claim ``out`` for a recording into ``stack`` (`claim_out_dir`): in a multi-rank job rank 0 claims it for all
+    ranks (each writes its own ``rank-NNNNN``), and no rank starts writing before the claim, nor after it failed."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        stack.enter_context(claim_out_dir(out, role="train", overwrite=overwrite))
+        return
+    error: Exception | None = None
+    if torch.distributed.get_rank() == 0:
+        try:
+            stack.enter_context(claim_out_dir(out, role="train", overwrite=overwrite))
+        except Exception as exc:  # noqa: BLE001 - every rank must hear of it, then rank 0 raises it as it is
+            error = exc
+    failure = [None if error is None else str(error)]
+    torch.distributed.broadcast_object_list(failure, src=0)  # also the barrier: the claim is done
+    if error is not None:
+        raise error
+    if failure[0] is not None:
+        raise UsageError(f"rank 0 could not claim the run directory: {failure[0]}")
 
 
 def warn_no_rerun(why: str) -> None:
