@@ -229,13 +229,13 @@ def digest_many(tensors: Sequence[torch.Tensor]) -> list[TensorDigest]:
     """The digests of many tensors at once: a step's gradients or parameters cost one kernel call on
     CPU, and one batched computation and one transfer on an accelerator, instead of one per tensor."""
     fused = _fused()
-    if fused is not None and all(t.device.type == "cpu" and t.dtype in _FUSED_DTYPES and _own_bytes(t)
+    if fused is not None and all(t.device.type == "cpu" and t.dtype in _FUSED_DTYPES and own_bytes(t)
                                  for t in tensors):
         return _fused_digests(fused, tensors)  # the training loop's common case, kept short
     out: list[TensorDigest | None] = [None] * len(tensors)
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
-        if t.device.type == "cpu" and (fused is None or t.dtype not in _FUSED_DTYPES or not _own_bytes(t)):
+        if t.device.type == "cpu" and (fused is None or t.dtype not in _FUSED_DTYPES or not own_bytes(t)):
             out[i] = _torch_digest(t)
         else:
             by_device.setdefault(t.device, []).append(i)
@@ -251,7 +251,7 @@ def digest_many(tensors: Sequence[torch.Tensor]) -> list[TensorDigest]:
     return out  # type: ignore[return-value]
 
 
-def _own_bytes(t: torch.Tensor) -> bool:
+def own_bytes(t: torch.Tensor) -> bool:
     """Whether the fused kernel may read ``t``'s bytes: not a tensor subclass that dispatches its ops in Python (a
     wrapper may hold no storage of its own), which torch ops digest through its dispatch instead."""
     return type(t).__torch_dispatch__ is _PLAIN_DISPATCH

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from tracer.fingerprint import own_bytes
 from tracer.torch_internals import local_shape_and_global_offset, waited
 
 DTENSOR = "torch.distributed.tensor"
@@ -37,6 +38,8 @@ def dtensor_type() -> type | None:
 def local_shard(t: torch.Tensor) -> torch.Tensor:
     """This rank's local shard of ``t`` if it is a DTensor (no communication), the result of a DTensor
     collective once it is done, else ``t`` itself: the plain tensor a fingerprint reads."""
+    if own_bytes(t):  # a plain tensor, every site's on an unsharded model: one attribute lookup
+        return t
     cls = dtensor_type()
     if cls is None or not isinstance(t, cls):
         return waited(t)
