@@ -71,13 +71,14 @@ def manifest_name(rank: int) -> str:
     return f"rank-{rank:05d}.msgpack"
 
 
-def list_sharded_checkpoints(run_dir: str | Path) -> list[int]:
-    """Steps whose sharded checkpoint has rank 0's manifest, ascending."""
+def list_sharded_checkpoints(run_dir: str | Path, rank: int = 0) -> list[int]:
+    """Steps whose sharded checkpoint has ``rank``'s manifest (written last: the rank's part is complete),
+    ascending."""
     root = Path(run_dir) / CHECKPOINT_DIR
     if not root.is_dir():
         return []
     return sorted(int(m[1]) for d in root.iterdir()
-                  if (m := _STEP_DIR.match(d.name)) and (d / DCP_DIR / manifest_name(0)).is_file())
+                  if (m := _STEP_DIR.match(d.name)) and (d / DCP_DIR / manifest_name(rank)).is_file())
 
 
 def save_sharded_checkpoint(

@@ -22,12 +22,11 @@ import torch
 
 from tracer.checkpoint import Stateful, list_checkpoints, load_checkpoint, save_checkpoint
 from tracer.dcp_checkpoint import (
+    list_sharded_checkpoints,
     load_sharded_checkpoint,
-    manifest_name,
     save_sharded_checkpoint,
     sharded_checkpoint_dir,
 )
-from tracer.log.layout import CHECKPOINT_DIR
 from tracer.sharding import dtensor_type
 
 
@@ -69,7 +68,4 @@ def restore_step_checkpoint(
 
 def list_step_checkpoints(run_dir: str | Path, rank: int = 0) -> list[int]:
     """Steps with a complete checkpoint of ``rank``, plain or sharded (its manifest is written last), ascending."""
-    steps = (d.name.removeprefix("step-") for d in (Path(run_dir) / CHECKPOINT_DIR).glob("step-*"))
-    sharded = {int(s) for s in steps
-               if s.isdigit() and (sharded_checkpoint_dir(run_dir, int(s)) / manifest_name(rank)).is_file()}
-    return sorted(set(list_checkpoints(run_dir, rank)) | sharded)
+    return sorted(set(list_checkpoints(run_dir, rank)) | set(list_sharded_checkpoints(run_dir, rank)))
