@@ -29,6 +29,7 @@ from tracer.batch_inputs import batch_tensors
 from tracer.checkpoint import Stateful
 from tracer.errors import CaptureError, ConfigError, TraceWarning, UsageError
 from tracer.guard import Guard
+from tracer.guard.ranks import group_device
 from tracer.log import claim_out_dir
 from tracer.options import RunInfo, TraceOptions
 from tracer.tracing import Tracer
@@ -205,12 +206,29 @@ def claim_for_ranks(stack: ExitStack, out: Path, overwrite: bool) -> None:
             stack.enter_context(claim_out_dir(out, role="train", overwrite=overwrite))
         except Exception as exc:  # noqa: BLE001 - every rank must hear of it, then rank 0 raises it as it is
             error = exc
-    failure = [None if error is None else str(error)]
-    torch.distributed.broadcast_object_list(failure, src=0)  # also the barrier: the claim is done
+    failure = _rank_0_says(None if error is None else str(error))  # also the barrier: the claim is done
     if error is not None:
         raise error
-    if failure[0] is not None:
-        raise UsageError(f"rank 0 could not claim the run directory: {failure[0]}")
+    if failure is not None:
+        raise UsageError(f"rank 0 could not claim the run directory: {failure}")
+
+
+MAX_MESSAGE = 4096  # bytes of rank 0's message the other ranks receive
+
+
+def _rank_0_says(text: str | None) -> str | None:
+    """Rank 0's ``text`` on every rank (None: it has none), sent as bytes in a tensor: nothing is pickled."""
+    device = group_device()
+    data = (text or "").encode()[:MAX_MESSAGE]
+    size = torch.tensor([-1 if text is None else len(data)], dtype=torch.int64, device=device)
+    torch.distributed.broadcast(size, src=0)
+    n = int(size.item())
+    if n < 0:
+        return None
+    buffer = (torch.tensor(list(data), dtype=torch.uint8, device=device) if torch.distributed.get_rank() == 0
+              else torch.empty(n, dtype=torch.uint8, device=device))
+    torch.distributed.broadcast(buffer, src=0)
+    return bytes(buffer.cpu().tolist()).decode(errors="replace")
 
 
 def warn_no_rerun(why: str) -> None:
