@@ -30,6 +30,7 @@ from tracer.log.records import (
     MAX_RECORDS,
     MAX_STEP,
     MAX_STRING_ID,
+    MAX_WORLD_SIZE,
     U64_MAX,
     EndRecord,
     EventRecord,
@@ -270,19 +271,74 @@ def _block_head(payload: Any) -> tuple[int, int, tuple[bytes, ...]]:
 
 # Fields of event kinds that readers use by name: (kind, field) -> (what it must be, check). A field is
 # checked when present; `_REQUIRED` ones must be there (a `blob` event is a reference into the blob store).
+# Every integer field any reader uses is bounded here by what its column in the diff's tables holds
+# (pipelines/tables.py: int32 or int64; fingerprints uint64), so the reader, `sdc inspect` and the diff accept
+# exactly the same records; the diff then only reads leniently what is absent or of another type.
 def _int_in(lo: int, hi: int) -> Callable[[Any], bool]:
     return lambda v: type(v) is int and lo <= v <= hi
 
 
+def _or_nil(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or ok(v)
+
+
+def _ints_in(lo: int, hi: int) -> Callable[[Any], bool]:
+    return lambda v: type(v) is list and all(type(x) is int and lo <= x <= hi for x in v)
+
+
+def _is_number(v: Any) -> bool:  # a float64 column takes any int msgpack holds
+    return type(v) in (int, float)
+
+
+def _maps_of(spec: Mapping[str, Callable[[Any], bool]]) -> Callable[[Any], bool]:
+    """A list of maps whose listed keys, where present, pass their check."""
+    return lambda v: type(v) is list and all(
+        type(m) is dict and all(k not in m or ok(m[k]) for k, ok in spec.items()) for m in v)
+
+
+I64_MAX = (1 << 63) - 1  # an int64 column's largest value
+I32_MAX = (1 << 31) - 1  # an int32 column's
+_MICROBATCH = (f"an int in 0..{MAX_MICROBATCH} or nil", _or_nil(_int_in(0, MAX_MICROBATCH)))
+_COUNT = (f"an int in 0..{MAX_ELEMENTS} or nil", _or_nil(_int_in(0, MAX_ELEMENTS)))
+_FINGERPRINT = ("an unsigned 64-bit int", _int_in(0, U64_MAX))
+_RANK = (f"an int in 0..{MAX_WORLD_SIZE - 1}", _int_in(0, MAX_WORLD_SIZE - 1))
+_RANKS = (f"a list of ints in 0..{MAX_WORLD_SIZE - 1}", _or_nil(_ints_in(0, MAX_WORLD_SIZE - 1)))
+_NUMBER = ("a number or nil", _or_nil(_is_number))
+_ALARMS = ("a list of maps {detector, measured, threshold, detail} whose numbers are numbers or nil",
+           _or_nil(_maps_of({"measured": _NUMBER[1], "threshold": _NUMBER[1]})))
+_RUNS = (f"a list of maps {{attempt: int in 0..{I64_MAX}, fingerprint: uint64, loss, grad_norm: number or nil, "
+         f"nonfinite: int in 0..{MAX_ELEMENTS}, events: map of str to int in 0..{I64_MAX}}}",
+         _or_nil(_maps_of({"attempt": _int_in(0, I64_MAX), "fingerprint": _FINGERPRINT[1], "loss": _NUMBER[1],
+                           "grad_norm": _NUMBER[1], "nonfinite": _int_in(0, MAX_ELEMENTS),
+                           "events": lambda v: type(v) is dict and all(type(n) is int and 0 <= n <= I64_MAX
+                                                                       for n in v.values())})))
 _EVENT_FIELDS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
     "blob": {
         "microbatch": (f"an int in 0..{MAX_MICROBATCH}", _int_in(0, MAX_MICROBATCH)),
         "name": ("a str", lambda v: isinstance(v, str)),
         "phase": (f"a phase, one of {sorted(_PHASES)}", lambda v: type(v) is int and v in _PHASES),
-        "fingerprint": ("an unsigned 64-bit int", _int_in(0, U64_MAX)),
+        "fingerprint": _FINGERPRINT,
     },
-    "checkpoint": {"rank": ("an int >= 0", _int_in(0, 1 << 20))},
-    "resume": {"rank": ("an int >= 0", _int_in(0, 1 << 20))},
+    "checkpoint": {"rank": _RANK},
+    "resume": {"rank": _RANK, "last_step": (f"an int in 0..{MAX_STEP} or nil", _or_nil(_int_in(0, MAX_STEP)))},
+    "step": {"loss": _NUMBER, "wall_s": _NUMBER, "grad_norm": _NUMBER,
+             "microbatches": (f"an int in 0..{MAX_MICROBATCH + 1}", _int_in(0, MAX_MICROBATCH + 1))},
+    "loss": {"microbatch": _MICROBATCH, "loss": _NUMBER},
+    "rng": {"fingerprint": _FINGERPRINT, "devices": ("an int in 0..65535", _int_in(0, (1 << 16) - 1))},
+    "fault": {"microbatch": _MICROBATCH, "elements": _COUNT,
+              "index": (f"a list of ints in 0..{MAX_ELEMENTS}", _or_nil(_ints_in(0, MAX_ELEMENTS)))},
+    "abft": {"microbatch": _MICROBATCH, "shape": (f"a list of ints in 0..{MAX_ELEMENTS}",
+                                                  _or_nil(_ints_in(0, MAX_ELEMENTS)))},
+    "site_mismatch": {"microbatch": _MICROBATCH, "elements": _COUNT, "mismatched": _COUNT, "zero_golden": _COUNT},
+    "replay_divergence": {"microbatch": _MICROBATCH, "expected": _FINGERPRINT, "found": _FINGERPRINT},
+    "sharpness": {"microbatch": _MICROBATCH, "iterations": _COUNT},
+    "finetune_eval": {"examples": _COUNT, "correct": _COUNT},
+    "finetune_prediction": {"example": _COUNT, "predicted": (f"an int in 0..{I32_MAX} or nil",
+                                                             _or_nil(_int_in(0, I32_MAX))),
+                            "answer": (f"an int in 0..{I32_MAX} or nil", _or_nil(_int_in(0, I32_MAX)))},
+    "guard": {"accepted": (f"an int in 0..{I64_MAX} or nil", _or_nil(_int_in(0, I64_MAX))), "alarms": _ALARMS,
+              "runs": _RUNS},
+    "replicas": {"measured": _NUMBER, "threshold": _NUMBER, "replicas": _RANKS, "ranks": _RANKS},
 }
 _REQUIRED = {"blob": ("microbatch", "name", "phase", "fingerprint")}
 
@@ -335,17 +391,18 @@ _SCALARS = frozenset({type(None), bool, int, float, str})
 
 def reads_back(rec: EventRecord) -> bool:
     """Whether ``rec`` is sure to decode as it was written (once msgpack has packed it) without decoding it: a kind
-    no schema checks, a step in range, and under str keys only scalars and lists of scalars, the shape nearly
-    every event has. The writer decodes the others to refuse what would not read back."""
+    with no required fields, a step in range, under str keys only scalars and lists of scalars (the shape nearly
+    every event has), and the kind's checked fields in bounds. The writer decodes the others to refuse what would
+    not read back."""
     kind, step, fields = rec.kind, rec.step, rec.fields
-    if type(kind) is not str or kind in _CHECKED_KINDS or type(step) is not int or not 0 <= step <= MAX_STEP \
+    if type(kind) is not str or kind in _REQUIRED or type(step) is not int or not 0 <= step <= MAX_STEP \
             or type(fields) is not dict:
         return False
     for k, v in fields.items():
         if type(k) is not str or type(v) not in _SCALARS and (type(v) is not list
                                                                or any(type(x) not in _SCALARS for x in v)):
             return False
-    return True
+    return all(ok(fields[name]) for name, (_, ok) in _EVENT_FIELDS.get(kind, {}).items() if name in fields)
 
 
 def _nested(fields: dict[str, Any]) -> bool:
