@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from tracer.errors import ConfigError
+from tracer.log.records import nesting_depth_over
 
 T = TypeVar("T")
 Origin = Callable[[str], str]  # dotted key -> where its value came from: the file, or an override
@@ -92,14 +93,33 @@ def resolve(spec: str | Path, names: Mapping[str, Path], what: str) -> Path:
     return path
 
 
+MAX_NESTING = 64  # tables and arrays in one another: a config nests a few levels; tomllib recurses on each
+
+
 def read(path: Path) -> dict[str, Any]:
-    """The parsed file; a syntax or encoding error names the file and its line."""
+    """The parsed file; a syntax or encoding error, or nesting past MAX_NESTING, names the file (and its line)."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: TOML syntax error: {e}; fix that line") from None
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text ({e}); save it as UTF-8") from None
+    return parse(text, str(path))
+
+
+def parse(text: str, source: str) -> dict[str, Any]:
+    """TOML text as a dict, or one `ConfigError` naming ``source``: tomllib's own syntax errors, and what it raises
+    without a line (an integer of thousands of digits, nesting deep enough to exhaust Python's recursion)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: TOML syntax error: {e}; fix that line") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: arrays or inline tables nest too deep for the TOML parser (far past the "
+                          f"{MAX_NESTING} levels allowed); flatten them") from None
+    except ValueError as e:  # int() refusing thousands of digits
+        raise ConfigError(f"{source}: unreadable TOML value ({e}); write a 64-bit integer") from None
+    if nesting_depth_over(data, MAX_NESTING):
+        raise ConfigError(f"{source}: tables and arrays nest deeper than {MAX_NESTING} levels; flatten them")
+    return data
 
 
 def load(cls: type[T], path: Path, overrides: Sequence[str] = ()) -> T:
@@ -122,6 +142,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
             value = tomllib.loads(f"v = {text.strip()}")["v"]
         except tomllib.TOMLDecodeError:
             value = text.strip()  # a bare word such as `sgd`: a string
+        except (ValueError, RecursionError):  # thousands of digits, or nesting
+            raise ConfigError(f"override {override!r}: its value is too long an integer or nests too deep for "
+                              "TOML; write a 64-bit integer, nested a few levels at most") from None
         table = raw
         for i, part in enumerate(parts[:-1]):
             if part not in table:
@@ -212,6 +235,10 @@ def _value(hint: Any, value: Any, key: str, f: dataclasses.Field, origin: Origin
         raise ConfigError(f"{origin(key)}: {key} = {value!r} is not one of "
                           f"{', '.join(map(repr, typing.get_args(hint)))}; pick one of them")
     else:
+        big = _beyond_int64(value)
+        if big is not None:
+            raise ConfigError(f"{origin(key)}: {key} holds the integer {big:.3g}, beyond the 64-bit integers TOML "
+                              f"holds ({INT64_MIN}..{INT64_MAX}) and torch and numpy take; write a smaller one")
         try:
             return _coerce(hint, value)
         except _WrongType:
@@ -220,6 +247,17 @@ def _value(hint: Any, value: Any, key: str, f: dataclasses.Field, origin: Origin
     known = f.default is not dataclasses.MISSING and f.default is not None and not _is_tables(hint)
     example = f"; write e.g. {key} = {toml_value(f.default)}" if known else ""
     raise ConfigError(f"{origin(key)}: {key} must be {wanted}, found {_kind(value)} {value!r}{example}")
+
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # TOML's integers; tomllib reads larger ones without a word
+
+
+def _beyond_int64(value: Any) -> int | None:
+    """The first integer in ``value`` (a scalar or an array) outside INT64_MIN..INT64_MAX, or None."""
+    for v in value if isinstance(value, (list, tuple)) else (value,):
+        if isinstance(v, int) and not isinstance(v, bool) and not INT64_MIN <= v <= INT64_MAX:
+            return v
+    return None
 
 
 def _coerce(hint: Any, value: Any) -> Any:

@@ -25,14 +25,16 @@ from typing import Any
 
 import torch
 
+from tracer.log.records import MAX_STEP
 from tracer.typed_toml import check
-from workload.reference_config import OptimConfig
+from workload.reference_config import MAX_SEED, OptimConfig
 from workload.tasks import LADDER, LETTERS, TASK_NAMES, Example, Task
 
 ROLE = "finetune"
 ORDER_ALGORITHM = "mcqa-examples/torch-randperm-per-epoch/sha256-seed/v1"
 LETTER_TOKENS = torch.tensor(list(LETTERS.encode("ascii")))  # (CHOICES,) byte ids of A..D
 EVAL_BATCH = 256
+MAX_EXAMPLES = 1 << 20  # train or test examples per task: each is generated and held in memory
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,15 @@ class FinetuneSettings:
             value = getattr(self, name)
             check(value >= low, name,
                   lambda at, n=name, v=value, lo=low: f"{at_or_finetune(at)}{n} = {v} must be >= {lo}")
+        for name, top in (("steps", MAX_STEP), ("warmup_steps", MAX_STEP), ("eval_every", MAX_STEP),
+                          ("checkpoint_every", MAX_STEP), ("train_per_task", MAX_EXAMPLES),
+                          ("test_per_task", MAX_EXAMPLES), ("task_seed", MAX_SEED), ("shuffle_seed", MAX_SEED)):
+            value = getattr(self, name)
+            check(value <= top, name, lambda at, n=name, v=value, t=top: f"{at_or_finetune(at)}{n} = {v} must be <= {t}")
+        for name in ("lr", "weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            check(math.isfinite(value), name, lambda at, n=name, v=value: f"{at_or_finetune(at)}{n} = {v} must be a "
+                  "finite number")
         check(self.lr > 0, "lr", lambda at: f"{at_or_finetune(at)}lr = {self.lr} must be > 0")
         unknown = [t for t in self.tasks if t not in TASK_NAMES]
         check(not unknown and bool(self.tasks) and len(set(self.tasks)) == len(self.tasks), "tasks",

@@ -25,13 +25,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tracer import typed_toml
-from tracer.typed_toml import check, require
+from tracer.log.records import MAX_STEP
+from tracer.typed_toml import INT64_MAX, check, require
 from workload.protocol import RunSettings
 
 DEFAULT_CONFIG = "tiny"
 # Largest model the reference workload builds (a llama3-style 8B is 8e9): a typo such as dim=1048576 is refused
 # before torch tries to allocate terabytes.
 MAX_PARAMETERS = 10_000_000_000
+MAX_SEED = INT64_MAX  # torch.manual_seed takes < 2^64, numpy's default_rng any int >= 0: TOML's 64-bit ints fit both
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class ModelConfig:
                          "rotary embeddings rotate pairs, so make it even")
         for name in ("norm_eps", "rope_theta", "init_std"):
             value = getattr(self, name)
-            require(value > 0, name, value, "> 0")
+            require(0 < value < math.inf, name, value, "a finite number > 0")
         check(self.parameters <= MAX_PARAMETERS, "dim",
               lambda at: f"the model would have {self.parameters:,} parameters ({at}dim = {self.dim}, "
                          f"{at}n_layers = {self.n_layers}, {at}ffn_hidden = {self.ffn_hidden}, "
@@ -100,7 +102,7 @@ class DataConfig:
         for name in ("seq_len", "batch_size", "microbatches"):
             value = getattr(self, name)
             require(value >= 1, name, value, ">= 1")
-        check(self.shuffle_seed >= 0, "shuffle_seed", lambda at: f"{at}shuffle_seed = {self.shuffle_seed} must be >= 0")
+        require(0 <= self.shuffle_seed <= MAX_SEED, "shuffle_seed", self.shuffle_seed, f"an integer in 0..{MAX_SEED}")
 
 
 @dataclass(frozen=True)
@@ -124,13 +126,16 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 = off
 
     def __post_init__(self) -> None:
-        check(self.lr > 0, "lr", lambda at: f"{at}lr = {self.lr} must be > 0")
+        require(0 < self.lr < math.inf, "lr", self.lr, "a finite number > 0")
         check(all(0 <= b < 1 for b in self.betas), "betas",
               lambda at: f"{at}betas = {list(self.betas)} must both lie in [0, 1)")
-        check(self.eps > 0, "eps", lambda at: f"{at}eps = {self.eps} must be > 0")
-        for name in ("weight_decay", "warmup_steps", "grad_clip"):
+        require(0 < self.eps < math.inf, "eps", self.eps, "a finite number > 0")
+        for name in ("weight_decay", "grad_clip"):
             value = getattr(self, name)
-            require(value >= 0, name, value, ">= 0")
+            require(0 <= value < math.inf, name, value, "a finite number >= 0")
+        for name in ("warmup_steps", "schedule_steps"):
+            value = getattr(self, name)
+            require(0 <= value <= MAX_STEP, name, value, f"an integer in 0..{MAX_STEP} (the largest step a log records)")
         check(0 <= self.momentum < 1, "momentum", lambda at: f"{at}momentum = {self.momentum} must lie in [0, 1)")
         check(0 <= self.min_lr <= self.lr, "min_lr",
               lambda at: f"{at}min_lr = {self.min_lr} must lie in [0, {at}lr = {self.lr}]")
@@ -156,7 +161,7 @@ class TrainConfig:
     threads: int = 2  # intra-op threads: a different count changes reduction order
 
     def __post_init__(self) -> None:
-        check(self.seed >= 0, "seed", lambda at: f"{at}seed = {self.seed} must be >= 0")
+        require(0 <= self.seed <= MAX_SEED, "seed", self.seed, f"an integer in 0..{MAX_SEED} (what torch.manual_seed takes)")
         check(self.threads >= 1, "threads", lambda at: f"{at}threads = {self.threads} must be >= 1")
 
 

@@ -22,7 +22,7 @@ from tracer import typed_toml
 from tracer.errors import ConfigError
 from tracer.guard import Policy
 from tracer.typed_toml import check, require, toml_field
-from workload.reference_config import Config, load_config, shipped_configs
+from workload.reference_config import MAX_SEED, Config, load_config, shipped_configs
 from workload.multiple_choice import FinetuneSettings
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -51,6 +51,7 @@ class Node:
     def __post_init__(self) -> None:
         _check_label(self.label, "label")
         require(self.guard is None or self.guard in get_args(Policy), "guard", self.guard, _POLICY)
+        require(0 <= self.fault_seed <= MAX_SEED, "fault_seed", self.fault_seed, f"an integer in 0..{MAX_SEED}")
 
     @property
     def guarded(self) -> str | None:
@@ -134,6 +135,8 @@ class FinetuneTable:
     twin_shuffle_seed: int = 1
 
     def __post_init__(self) -> None:
+        require(0 <= self.twin_shuffle_seed <= MAX_SEED, "twin_shuffle_seed", self.twin_shuffle_seed,
+                f"an integer in 0..{MAX_SEED}")
         self.plan()  # FinetuneSettings checks the values; the loader names the key
 
     def plan(self) -> Finetune | None:
