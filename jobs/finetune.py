@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from faults import FaultProfile
+from jobs.machine import check_resources
 from faults.node import emulated_node, node_header
 from tracer.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
 from tracer.determinism import configure_determinism
@@ -94,6 +95,8 @@ def finetune_run(
     """
     pretrained, out, s = Path(pretrained), Path(out), settings
     source, cfg, ckpt = load_pretrained(pretrained)
+    check_resources({**cfg.to_dict(), "data": {"batch_size": s.batch_size, "seq_len": cfg.model.max_seq_len}}, 1,
+                    f"{pretrained} (fine-tuned with batch_size {s.batch_size})")
     task_list = load_tasks(s.tasks, seed=s.task_seed, train=s.train_per_task, test=s.test_per_task)
     longest = max(len(ex.prompt) for t in task_list for ex in (*t.train, *t.test))
     if longest > cfg.model.max_seq_len:

@@ -14,8 +14,8 @@ other ranks (they would wait for it in their next collective) and raises one
 usually fail only because it went away. ``timeout_s`` bounds every collective, so a
 hung rank ends the job instead of hanging it.
 
-A job starts at most `max_local_ranks` processes (``RANKS_PER_CPU`` per CPU core), so
-a rank count read from a file can never start an unbounded number of them. With
+A job starts at most `jobs.machine.max_local_ranks` processes (``RANKS_PER_CPU`` per CPU core),
+so a rank count read from a file can never start an unbounded number of them. With
 ``lock`` (the run directory's `RunLock`), every rank inherits the writer lock.
 """
 
@@ -35,22 +35,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from jobs.machine import RANKS_PER_CPU, max_local_ranks
 from tracer import errors
 from tracer.errors import CaptureError, SdcError, UsageError
 from tracer.log.runlock import RunLock
-
-RANKS_PER_CPU = 8  # more ranks than this per core is no job for one machine
-
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def max_local_ranks() -> int:
-    """The most ranks `launch` starts on this machine."""
-    return RANKS_PER_CPU * (os.cpu_count() or 1)
 
 
 def launch(target: str, kwargs: Mapping[str, Any], nproc: int, *, timeout_s: float = 300.0,

@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jobs.launch import launch, max_local_ranks
+from jobs.launch import launch
+from jobs.machine import check_resources
 from replay.golden import check_rank_logs
 from replay.replayer import Replayer
 from replay.request import ReplayRequest
@@ -27,8 +28,8 @@ from tracer.log.records import RunHeader
 
 def golden_header(path: Path, nproc: int | None = None) -> RunHeader:
     """Rank 0's header of the golden run ``path``, checked against the rank logs on disk, against ``nproc`` (the
-    ranks the user asked for, if any) and against the ranks this machine can run, before anything is claimed or
-    launched."""
+    ranks the user asked for, if any) and against the ranks, threads and memory this machine has
+    (`jobs.machine.check_resources`), before anything is claimed or launched."""
     header = LogReader(rank_dir(path, 0)).header if path.is_dir() else None
     if header is None:
         raise UsageError(f"{path}: not a run directory; pass the golden run made by `sdc record`")
@@ -37,9 +38,7 @@ def golden_header(path: Path, nproc: int | None = None) -> RunHeader:
         raise UsageError(f"--nproc {nproc}: {path} was recorded on {n} rank(s), and a replay runs each of them with "
                          f"its own shard, checkpoints and log: give --nproc {n}, or leave --nproc out")
     check_rank_logs(path, n)
-    if n > max_local_ranks():
-        raise UsageError(f"{path}: a replay runs all {n} of its ranks on this machine, which runs at most "
-                         f"{max_local_ranks()}; replay it on a machine with more CPU cores")
+    check_resources(header.config, n, f"{path} (replay runs all its ranks here)")
     return header
 
 

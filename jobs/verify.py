@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jobs.machine import check_resources
 from jobs.record import RecordRequest, record
 from tracer.compare import Comparison, compare_runs
 from workload.protocol import REFERENCE
@@ -32,6 +33,7 @@ def verify_determinism(
 ) -> Comparison:
     """Record ``config`` twice on ``nproc`` ranks and compare every tensor event; with ``keep`` the two runs stay
     in ``keep/a`` and ``keep/b`` (replacing runs there), else in a temporary folder that goes at the end."""
+    check_resources(config, nproc, "the config to verify")
     with tempfile.TemporaryDirectory(prefix="sdc-verify-") as tmp:
         root = keep or Path(tmp)
         for name in ("a", "b"):

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tracer.errors import CaptureError, UsageError
-from jobs.launch import launch, max_local_ranks
+from jobs.launch import launch
+from jobs.machine import max_local_ranks
 from tracer.log import claim_out_dir
 
 
