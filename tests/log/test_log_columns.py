@@ -277,3 +277,23 @@ def test_both_ways_to_find_the_frames_agree(make_log, frames, monkeypatch) -> No
         assert results[2][2] and results[3][3]  # problems in the damaged log, a torn tail
     assert found[1] == found[1 << 40]
     assert None in found[1][2] and None in found[1][3] and None not in found[1][0] + found[1][1]
+
+
+@pytest.mark.parametrize("cut", [8, 20, "header-record"])
+def test_a_first_segment_whose_header_is_cut_counts_its_records_from_the_next_header(make_log, frames, cut) -> None:
+    """Issue 31, case 5: segment 0's HEADER lost (the file cut inside its file header or its HEADER record damaged),
+    `--skip-corrupt` said "at least 0 records lost"; segment 1's HEADER counts the records before it, and segment 0
+    starts at record 0 by definition, so the loss is exact, the same read in order and read apart."""
+    log = make_log(600, segment_bytes=4_000)
+    first, second = list_segments(log)[0][1], list_segments(log)[1][1]
+    held = sum(1 for e in LogReader(log).entries() if e.segment == 0)
+    data = bytearray(first.read_bytes())
+    if cut == "header-record":
+        data[16 + 9 + frames(first)[0][2] // 2] ^= 0x01  # inside the HEADER record's payload
+        first.write_bytes(bytes(data))
+    else:
+        first.write_bytes(bytes(data[:cut]))
+    read = sum(1 for e in LogReader(log, on_corruption="skip").entries() if e.segment == 0)
+    assert held > 100 and second.exists() and (read == 0) == (cut != "header-record")
+    for lost in (lost_in_order(log), lost_apart(log)):
+        assert sum(r.records for r in lost if r.file == str(first)) == held - read, lost

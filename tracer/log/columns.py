@@ -187,17 +187,19 @@ def chain_lost(segments: Iterable[SegmentSummary], missing_path: Callable[[int],
     """
     out: list[LostRange] = []
     prev: SegmentSummary | None = None
-    expected_index, last_step, marker = 0, None, False
+    prev_first: int | None = None  # where `prev` starts: its HEADER's count, else where the chain says it must
+    expected_index, expected_first, last_step, marker = 0, 0, None, False
     for s in sorted(segments, key=lambda s: s.index):
         before = None if last_step is None else last_step + 1 if marker else last_step
         gap = None
         if s.index != expected_index:
             gap = missing_path(expected_index)
             out.append(LostRange(gap, 0, 0, 0, before, None))
+            expected_first = None
         if s.first_step is not None:
             out = [replace(r, last_step=s.first_step) if r.last_step is None else r for r in out]
-        if prev is not None and prev.first_record is not None and s.first_record is not None:
-            missing = s.first_record - prev.first_record - prev.data_records
+        if prev is not None and prev_first is not None and s.first_record is not None:
+            missing = s.first_record - prev_first - prev.data_records
             if gap is not None:
                 _attribute(out, gap, missing - (prev.region_records if prev.lost else 0), 0)
             elif prev.lost:
@@ -205,7 +207,9 @@ def chain_lost(segments: Iterable[SegmentSummary], missing_path: Callable[[int],
         out += [replace(r, first_step=before) if r.first_step is None else r for r in s.lost_ranges]
         if s.last_step is not None:
             last_step, marker = s.last_step, s.last_is_marker
-        prev, expected_index = s, s.index + 1
+        prev, prev_first = s, s.first_record if s.first_record is not None else expected_first
+        expected_index = s.index + 1
+        expected_first = None if s.lost or s.first_record is None else s.first_record + s.data_records
     return out
 
 

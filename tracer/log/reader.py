@@ -82,6 +82,7 @@ class LogReader:
         expected_index, expected_first = 0, 0  # expected_first: None once records went missing unseen
         last = len(self._indexed) - 1
         prev: Segment | None = None
+        prev_first: int | None = None  # where `prev` starts: its HEADER's count, else where the chain says it must
         for i, (index, path) in enumerate(self._indexed):
             name = str(path)
             gap = None
@@ -95,9 +96,9 @@ class LogReader:
                 expected_first = None
             seg = Segment(load_segment(path), name, last=i == last, skip=self._skip, status=status,
                            session_end=sessions.ends_session(index))
-            if prev is not None and prev.first_record is not None and seg.first_record is not None:
-                # The HEADER counts the records before it: what the gap or the bad regions hid.
-                missing = seg.first_record - prev.first_record - prev.data_records
+            if prev is not None and prev_first is not None and seg.first_record is not None:
+                # The HEADER counts the records before it: what the gap or the bad regions (a lost HEADER too) hid.
+                missing = seg.first_record - prev_first - prev.data_records
                 if gap is not None:
                     status._attribute(gap, missing - (prev.region_records if prev.lost else 0), 0)
                 elif prev.lost:
@@ -118,7 +119,7 @@ class LogReader:
                 yield from seg.entries
             else:
                 yield from _superseding(seg.entries, cutoff, status)
-            prev = seg
+            prev, prev_first = seg, seg.first_record if seg.first_record is not None else expected_first
             expected_index = index + 1
             expected_first = None if seg.lost or seg.first_record is None else seg.first_record + seg.data_records
 
