@@ -215,9 +215,16 @@ def _build(cls: type[T], raw: Mapping[str, Any], path: str, origin: Origin) -> T
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{origin(key)}: {key} is missing; set it to {expected(cls, name)}")
     try:
-        return cls(**kwargs)
+        built = cls(**kwargs)
     except InvalidValue as e:
         raise ConfigError(f"{origin(at + e.key)}: {e.message(at)}") from None
+    for name, value in kwargs.items():  # after the dataclass's own bounds, which say more where it has them
+        big = _beyond_int64(value)
+        if big is not None:
+            raise ConfigError(f"{origin(at + name)}: {at}{name} holds the integer {big:.3g}, beyond the 64-bit "
+                              f"integers TOML holds ({INT64_MIN}..{INT64_MAX}) and torch and numpy take; write a "
+                              "smaller one")
+    return built
 
 
 def _value(hint: Any, value: Any, key: str, f: dataclasses.Field, origin: Origin) -> Any:
@@ -235,10 +242,6 @@ def _value(hint: Any, value: Any, key: str, f: dataclasses.Field, origin: Origin
         raise ConfigError(f"{origin(key)}: {key} = {value!r} is not one of "
                           f"{', '.join(map(repr, typing.get_args(hint)))}; pick one of them")
     else:
-        big = _beyond_int64(value)
-        if big is not None:
-            raise ConfigError(f"{origin(key)}: {key} holds the integer {big:.3g}, beyond the 64-bit integers TOML "
-                              f"holds ({INT64_MIN}..{INT64_MAX}) and torch and numpy take; write a smaller one")
         try:
             return _coerce(hint, value)
         except _WrongType:
