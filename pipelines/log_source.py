@@ -29,6 +29,7 @@ import json
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -52,6 +53,7 @@ from tracer.log import (
     Sessions,
     chain_lost,
     check_chain,
+    list_ranks,
     parse_segment_path,
     rank_dir_name,
     read_segment,
@@ -60,6 +62,7 @@ from tracer.log import (
     segment_name,
 )
 from tracer.log.columns import TensorColumns
+from tracer.log.layout import list_segments
 
 NAMESPACE = "sdctrace"
 TENSORS, EVENTS, SEGMENTS, RANKS, EVIDENCE = "tensors", "events", "segments", "ranks", "evidence"
@@ -176,17 +179,13 @@ class RankInfo:
 
 def describe_run(path: str) -> RunLayout:
     """List a run's segments and read each rank's run header, through Beam's file systems."""
-    try:
-        matches = FileSystems.match([FileSystems.join(path, SEGMENT_GLOB)])[0].metadata_list
-    except ValueError as e:  # no file system for the scheme
-        raise UsageError(f"{path}: {e}") from None
     by_rank: dict[int, list[tuple[int, str]]] = {}
     size = 0
-    for m in matches:
-        parsed = parse_segment_path(m.path)
+    for file, file_size in segment_files(path):
+        parsed = parse_segment_path(file)
         if parsed is not None:
-            by_rank.setdefault(parsed[0], []).append((parsed[1], m.path))
-            size += m.size_in_bytes
+            by_rank.setdefault(parsed[0], []).append((parsed[1], file))
+            size += file_size
     if not by_rank:
         raise LogFormatError(
             f"{path}: holds no log segments ({rank_dir_name(0)}/{segment_name(0)}, ...); "
@@ -199,6 +198,21 @@ def describe_run(path: str) -> RunLayout:
         ranks[rank] = RankLayout(rank, _first_header(segments, f"{path}/{rank_dir_name(rank)}"), tuple(segments),
                                  sessions)
     return RunLayout(path, ranks, size)
+
+
+def segment_files(path: str) -> list[tuple[str, int]]:
+    """(path, size) of every segment file of a run. A local run is listed as `tracer.log.LogReader` and replay list
+    it, following a rank folder that is a symlink (a user's own folder: the paths a log holds are what is never
+    trusted); Beam's local glob would not follow it. Other file systems are listed through Beam's."""
+    if FileSystems.get_scheme(path) in (None, "file"):
+        run = Path(path.removeprefix("file://"))
+        return [(str(p), p.stat().st_size) for rank in list_ranks(run)
+                for _, p in list_segments(run / rank_dir_name(rank)) if p.is_file()]
+    try:
+        matches = FileSystems.match([FileSystems.join(path, SEGMENT_GLOB)])[0].metadata_list
+    except ValueError as e:  # no file system for the scheme
+        raise UsageError(f"{path}: {e}") from None
+    return [(m.path, m.size_in_bytes) for m in matches]
 
 
 def list_checkpoints(path: str) -> dict[int, set[int]]:
