@@ -7,7 +7,8 @@ first steps, without that history, are never spikes unless their loss is not fin
 
 Parameter drift, per checkpoint step both runs have: ‖θ_s − θ_h‖₂ / ‖θ_h‖₂ in float64
 over all floating-point model tensors ("*") and per group: ``...layers.N`` for
-everything under a ``layers.N.`` prefix, else the tensor name's first component.
+everything under a ``layers.N.`` prefix, else the tensor name's first component. A checkpoint
+whose model tensors differ from what its run's log recorded before that step is an error, never drift.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from pipelines.events import NUMBER, Fields
 from pipelines.log_source import NAMESPACE, EventBatch, corruption_row, read_file
 from pipelines.scoring import sorted_median
 from pipelines.tables import SCHEMAS, named, table
-from tracer.checkpoint import decode_checkpoint
+from tracer.checkpoint import Checkpoint, decode_checkpoint
 from tracer.errors import CheckpointChangedError, LogError
 from tracer.log.layout import SEGMENT_SUFFIX, parse_segment_path, rank_dir_name
 from tracer.logged_parameters import LoggedParameters, parameters_in_segments
+from tracer.manifest_bounds import check_manifest_size, header_tensor_count, manifest_limit
 
 SPIKE_FACTOR = 1.5
 SPIKE_WINDOW = 10
@@ -210,6 +212,15 @@ def logged_before_checkpoints(run: str, rank: int, steps: Iterable[int]) -> dict
     return parameters_in_segments([(path, lambda path=path: read_file(path)) for _, path in paths], list(steps))
 
 
+def _read_checkpoint(manifest: str, tensors: str, logged: LoggedParameters | None) -> Checkpoint:
+    """A checkpoint through Beam's file systems: its manifest read no further than `manifest_limit` allows."""
+    data = read_file(tensors)
+    count = header_tensor_count(data, len(data), tensors)
+    raw = read_file(manifest, manifest_limit(count) + 1)
+    check_manifest_size(manifest, len(raw), count)
+    return decode_checkpoint(raw, data, manifest, logged)
+
+
 class _Drift(beam.DoFn):
     def setup(self) -> None:
         self.compared = Metrics.counter(NAMESPACE, "checkpoints_compared")
@@ -228,8 +239,7 @@ class _Drift(beam.DoFn):
         sides = zip(("golden", "suspect"), (task.golden, task.suspect), task.run_ids, logged, strict=True)
         for side, (manifest, tensors), run_id, side_logged in sides:
             try:
-                models.append(decode_checkpoint(read_file(manifest), read_file(tensors), manifest,
-                                                side_logged.get(task.step)).model)
+                models.append(_read_checkpoint(manifest, tensors, side_logged.get(task.step)).model)
             except CheckpointChangedError as e:  # never drift: the checkpoint is not the state the run had
                 yield named("errors", [{"side": side, "rank": task.rank, "path": manifest, "message": str(e)}])
                 return

@@ -32,6 +32,7 @@ from tracer.regular_files import read_regular
 from tracer.fingerprint import fingerprint
 from tracer.log.layout import CHECKPOINT_DIR
 from tracer.log.records import MAX_DEPTH, MAX_STEP, MAX_WORLD_SIZE, nesting_depth_over
+from tracer.manifest_bounds import decode_manifest, read_manifest, tensor_count
 from tracer.logged_parameters import LoggedParameters, check_logged, logged_parameters
 from tracer.sites import module_path, wrappers
 
@@ -166,7 +167,8 @@ def load_checkpoint(run_dir: str | Path, step: int, rank: int = 0) -> Checkpoint
             f"{base}: no complete checkpoint for step {step}, rank {rank} "
             f"(checkpoints at steps {have or 'none'}; record with a smaller checkpoint interval)"
         )
-    manifest, tensors = read_regular(mp, "checkpoint manifest"), read_regular(st, "checkpoint tensors")
+    manifest = read_manifest(mp, tensor_count([st]))
+    tensors = read_regular(st, "checkpoint tensors")
     ckpt = decode_checkpoint(manifest, tensors, str(base), logged_parameters(run_dir, rank, step))
     if ckpt.step != step:
         raise LogError(f"{mp}: checkpoint manifest field 'step' is {ckpt.step}, but the file is that of step {step}: "
@@ -191,11 +193,11 @@ def decode_checkpoint(
 ) -> Checkpoint:
     """Verify and decode a checkpoint from its two files' bytes (`source` names it in errors): every tensor against
     its manifest, the model's also against ``logged``, what the log recorded (`CheckpointChangedError`)."""
+    manifest = decode_manifest(manifest_bytes, source)
     try:
-        manifest = msgpack.unpackb(manifest_bytes, raw=False, strict_map_key=False)
         tensors = load(tensor_bytes)
-    except (ValueError, TypeError, msgpack.UnpackException, SafetensorError) as exc:
-        raise LogError(f"{source}: unreadable checkpoint ({exc})") from None
+    except (ValueError, TypeError, SafetensorError) as exc:
+        raise LogError(f"{source}: unreadable checkpoint ({exc or type(exc).__name__})") from None
     problem = _manifest_problem(manifest)
     if problem:
         raise LogError(f"{source}: checkpoint manifest field {problem}: the checkpoint is damaged; record it again")
@@ -290,6 +292,8 @@ def _optimizer_problem(opt: Any) -> str | None:
     for pid, vals in opt["state"].items():
         if not (isinstance(pid, str) and pid.isdigit() and len(pid) <= 10 and isinstance(vals, dict)):
             return f"'optimizer.state' must map parameter id (digits) to a map, found {pid!r:.40}: {vals!r:.40}"
+        if nesting_depth_over(vals):
+            return f"'optimizer.state.{pid}' must be a map nested at most {MAX_DEPTH} deep"
     return None
 
 

@@ -51,7 +51,7 @@ from tracer.dcp_storage import ShardWriter, VerifyingReader
 from tracer.errors import CaptureError, LogError, SdcError
 from tracer.log.layout import CHECKPOINT_DIR, DCP_DIR
 from tracer.logged_parameters import logged_parameters
-from tracer.regular_files import read_regular
+from tracer.manifest_bounds import read_manifest, tensor_count
 
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
@@ -247,7 +247,8 @@ def _read_manifest(run_dir: str | Path, step: int, rank: int) -> DcpManifest:
         have = list_sharded_checkpoints(run_dir)
         raise LogError(f"{path}: no complete sharded checkpoint for step {step}, rank {rank} "
                        f"(sharded checkpoints at steps {have or 'none'}; record with a smaller checkpoint interval)")
-    manifest = parse_manifest(read_regular(path, "checkpoint manifest"), str(path))
+    shards = sorted(p for p in path.parent.iterdir() if p.suffix == ".distcp") if path.parent.is_dir() else []
+    manifest = parse_manifest(read_manifest(path, tensor_count(shards)), str(path))
     if (manifest.step, manifest.rank) != (step, rank):
         raise LogError(f"{path}: the manifest is that of step {manifest.step}, rank {manifest.rank}: a checkpoint "
                        "was copied into the wrong folder; record it again")
