@@ -7,7 +7,8 @@ first steps, without that history, are never spikes unless their loss is not fin
 
 Parameter drift, per checkpoint step both runs have: ‖θ_s − θ_h‖₂ / ‖θ_h‖₂ in float64
 over all floating-point model tensors ("*") and per group: ``...layers.N`` for
-everything under a ``layers.N.`` prefix, else the tensor name's first component.
+everything under a ``layers.N.`` prefix, else the tensor name's first component. A checkpoint
+whose model tensors differ from what its run's log recorded before that step is an error, never drift.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 import numpy as np
 import pyarrow as pa
 import torch
@@ -27,8 +29,11 @@ from pipelines.events import NUMBER, Fields
 from pipelines.log_source import NAMESPACE, EventBatch, corruption_row, read_file
 from pipelines.scoring import sorted_median
 from pipelines.tables import SCHEMAS, named, table
-from tracer.checkpoint import decode_checkpoint
-from tracer.errors import LogError
+from tracer.checkpoint import Checkpoint, decode_checkpoint
+from tracer.errors import CheckpointChangedError, LogError
+from tracer.log.layout import SEGMENT_SUFFIX, parse_segment_path, rank_dir_name
+from tracer.logged_parameters import LoggedParameters, parameters_in_segments
+from tracer.manifest_bounds import check_manifest_size, header_tensor_count, manifest_limit
 
 SPIKE_FACTOR = 1.5
 SPIKE_WINDOW = 10
@@ -171,18 +176,49 @@ class DriftTask(NamedTuple):
 
 class ParamDrift(beam.PTransform):
     """Checkpoints both runs hold at the same (step, rank) -> TABLES: param_drift; a damaged checkpoint is
-    a corruptions row, a pair of checkpoints of different models an errors row."""
+    a corruptions row; a pair of checkpoints of different models, or a checkpoint whose model tensors differ from
+    the fingerprints its run's log recorded before that step (`tracer.logged_parameters`), an errors row. One
+    element per rank: each rank's two logs are read once for all its checkpoints."""
 
     def __init__(self, tasks: Sequence[DriftTask], spread: bool = True) -> None:
         super().__init__()
         self.tasks, self.spread = list(tasks), spread
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        by_rank: dict[int, list[DriftTask]] = {}
+        for task in self.tasks:
+            by_rank.setdefault(task.rank, []).append(task)
         return (
             pbegin
-            | "List checkpoint pairs" >> beam.Create(self.tasks, reshuffle=self.spread)  # spread: over the workers
+            | "List checkpoint pairs" >> beam.Create(sorted(by_rank.items()), reshuffle=self.spread)  # spread: workers
             | "Compare checkpoints" >> beam.ParDo(_Drift())
         )
+
+
+def run_of_checkpoint(manifest: str) -> str:
+    """The run directory (or URL) of a checkpoint manifest ``<run>/checkpoints/step-N/rank-R.msgpack``."""
+    return manifest.replace("\\", "/").rsplit("/", 3)[0]
+
+
+def logged_before_checkpoints(run: str, rank: int, steps: Iterable[int]) -> dict[int, LoggedParameters]:
+    """Checkpoint step -> the PARAM fingerprints ``rank``'s log recorded before it, read through Beam's file
+    systems (a run with no readable log: nothing)."""
+    try:
+        matches = FileSystems.match([FileSystems.join(run, rank_dir_name(rank), "*" + SEGMENT_SUFFIX)])[0]
+    except (ValueError, OSError):
+        return {}
+    paths = sorted((parsed[1], m.path) for m in matches.metadata_list
+                   if (parsed := parse_segment_path(m.path)) is not None and parsed[0] == rank)
+    return parameters_in_segments([(path, lambda path=path: read_file(path)) for _, path in paths], list(steps))
+
+
+def _read_checkpoint(manifest: str, tensors: str, logged: LoggedParameters | None) -> Checkpoint:
+    """A checkpoint through Beam's file systems: its manifest read no further than `manifest_limit` allows."""
+    data = read_file(tensors)
+    count = header_tensor_count(data, len(data), tensors)
+    raw = read_file(manifest, manifest_limit(count) + 1)
+    check_manifest_size(manifest, len(raw), count)
+    return decode_checkpoint(raw, data, manifest, logged)
 
 
 class _Drift(beam.DoFn):
@@ -190,11 +226,23 @@ class _Drift(beam.DoFn):
         self.compared = Metrics.counter(NAMESPACE, "checkpoints_compared")
         self.damaged = Metrics.counter(NAMESPACE, "checkpoints_damaged")
 
-    def process(self, task: DriftTask) -> Iterator[tuple[str, pa.Table]]:
+    def process(self, element: tuple[int, Sequence[DriftTask]]) -> Iterator[tuple[str, pa.Table]]:
+        rank, tasks = element
+        steps = [t.step for t in tasks]
+        logged = [logged_before_checkpoints(run_of_checkpoint(manifest), rank, steps)
+                  for manifest in (tasks[0].golden[0], tasks[0].suspect[0])]
+        for task in tasks:
+            yield from self._compare(task, logged)
+
+    def _compare(self, task: DriftTask, logged: list[dict[int, LoggedParameters]]) -> Iterator[tuple[str, pa.Table]]:
         models = []
-        for side, (manifest, tensors), run_id in zip(("golden", "suspect"), (task.golden, task.suspect), task.run_ids):
+        sides = zip(("golden", "suspect"), (task.golden, task.suspect), task.run_ids, logged, strict=True)
+        for side, (manifest, tensors), run_id, side_logged in sides:
             try:
-                models.append(decode_checkpoint(read_file(manifest), read_file(tensors), manifest).model)
+                models.append(_read_checkpoint(manifest, tensors, side_logged.get(task.step)).model)
+            except CheckpointChangedError as e:  # never drift: the checkpoint is not the state the run had
+                yield named("errors", [{"side": side, "rank": task.rank, "path": manifest, "message": str(e)}])
+                return
             except (LogError, OSError) as e:
                 self.damaged.inc()
                 yield named("corruptions", [corruption_row(run_id, side, task.rank, tensors, 0, str(e))])

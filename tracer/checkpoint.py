@@ -32,6 +32,8 @@ from tracer.regular_files import read_regular
 from tracer.fingerprint import fingerprint
 from tracer.log.layout import CHECKPOINT_DIR
 from tracer.log.records import MAX_DEPTH, MAX_STEP, MAX_WORLD_SIZE, nesting_depth_over
+from tracer.manifest_bounds import decode_manifest, read_manifest, tensor_count
+from tracer.logged_parameters import LoggedParameters, check_logged, logged_parameters
 from tracer.sites import module_path, wrappers
 
 CHECKPOINT_GLOB = f"{CHECKPOINT_DIR}/step-*/rank-*.msgpack"  # every complete checkpoint's manifest (renamed in last)
@@ -155,7 +157,8 @@ def save_checkpoint(
 
 
 def load_checkpoint(run_dir: str | Path, step: int, rank: int = 0) -> Checkpoint:
-    """Read and verify the checkpoint of ``step``; errors name the file and what to do."""
+    """Read and verify the checkpoint of ``step``, against its manifest and the parameter fingerprints the run's log
+    recorded before that step (`tracer.logged_parameters`); errors name the file and what to do."""
     base = checkpoint_dir(run_dir, step) / f"rank-{rank:05d}"
     mp, st = base.with_suffix(".msgpack"), base.with_suffix(".safetensors")
     if not os.path.lexists(mp) or not os.path.lexists(st):
@@ -164,8 +167,9 @@ def load_checkpoint(run_dir: str | Path, step: int, rank: int = 0) -> Checkpoint
             f"{base}: no complete checkpoint for step {step}, rank {rank} "
             f"(checkpoints at steps {have or 'none'}; record with a smaller checkpoint interval)"
         )
-    manifest, tensors = read_regular(mp, "checkpoint manifest"), read_regular(st, "checkpoint tensors")
-    ckpt = decode_checkpoint(manifest, tensors, str(base))
+    manifest = read_manifest(mp, tensor_count([st]))
+    tensors = read_regular(st, "checkpoint tensors")
+    ckpt = decode_checkpoint(manifest, tensors, str(base), logged_parameters(run_dir, rank, step))
     if ckpt.step != step:
         raise LogError(f"{mp}: checkpoint manifest field 'step' is {ckpt.step}, but the file is that of step {step}: "
                        "a checkpoint was copied into the wrong folder; record it again")
@@ -184,13 +188,16 @@ def parse_checkpoint_path(path: str) -> tuple[int, int] | None:
     return (int(m[1]), int(m[2])) if m else None
 
 
-def decode_checkpoint(manifest_bytes: bytes, tensor_bytes: bytes, source: str) -> Checkpoint:
-    """Verify and decode a checkpoint from its two files' bytes (`source` names it in errors)."""
+def decode_checkpoint(
+    manifest_bytes: bytes, tensor_bytes: bytes, source: str, logged: LoggedParameters | None = None
+) -> Checkpoint:
+    """Verify and decode a checkpoint from its two files' bytes (`source` names it in errors): every tensor against
+    its manifest, the model's also against ``logged``, what the log recorded (`CheckpointChangedError`)."""
+    manifest = decode_manifest(manifest_bytes, source)
     try:
-        manifest = msgpack.unpackb(manifest_bytes, raw=False, strict_map_key=False)
         tensors = load(tensor_bytes)
-    except (ValueError, TypeError, msgpack.UnpackException, SafetensorError) as exc:
-        raise LogError(f"{source}: unreadable checkpoint ({exc})") from None
+    except (ValueError, TypeError, SafetensorError) as exc:
+        raise LogError(f"{source}: unreadable checkpoint ({exc or type(exc).__name__})") from None
     problem = _manifest_problem(manifest)
     if problem:
         raise LogError(f"{source}: checkpoint manifest field {problem}: the checkpoint is damaged; record it again")
@@ -200,6 +207,7 @@ def decode_checkpoint(manifest_bytes: bytes, tensor_bytes: bytes, source: str) -
     for key, t in tensors.items():
         if f"{fingerprint(t):016x}" != expected[key]:
             raise LogError(f"{source}: tensor {key!r} does not match its recorded fingerprint (corrupted on disk)")
+    check_logged(source, manifest["step"], expected, logged)
     model = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
     optimizer = None
     if manifest.get("optimizer") is not None:
@@ -284,6 +292,8 @@ def _optimizer_problem(opt: Any) -> str | None:
     for pid, vals in opt["state"].items():
         if not (isinstance(pid, str) and pid.isdigit() and len(pid) <= 10 and isinstance(vals, dict)):
             return f"'optimizer.state' must map parameter id (digits) to a map, found {pid!r:.40}: {vals!r:.40}"
+        if nesting_depth_over(vals):
+            return f"'optimizer.state.{pid}' must be a map nested at most {MAX_DEPTH} deep"
     return None
 
 

@@ -15,7 +15,8 @@ tensors go in under the rank's own names; everything that is not a tensor is in 
 (`tracer.dcp_manifest`), with the fingerprint of every shard the rank wrote and the layout (global shape,
 mesh, placements) of every tensor it holds.
 
-On load, each shard is fingerprinted before it is used. A checkpoint written by another world size, or with
+On load, each shard is fingerprinted before it is used, and a model shard is checked against the parameter
+fingerprint its writer's log recorded before ``step`` (`tracer.logged_parameters`). A checkpoint written by another world size, or with
 another mesh or placements for any tensor, is refused in one line naming the fix: sdctrace does not reshard.
 
     <run>/checkpoints/step-000010/dcp/__0_0.distcp        rank 0's shards (safetensors)
@@ -49,7 +50,8 @@ from tracer.dcp_manifest import DcpManifest, TensorLayout, parse_manifest
 from tracer.dcp_storage import ShardWriter, VerifyingReader
 from tracer.errors import CaptureError, LogError, SdcError
 from tracer.log.layout import CHECKPOINT_DIR, DCP_DIR
-from tracer.regular_files import read_regular
+from tracer.logged_parameters import logged_parameters
+from tracer.manifest_bounds import read_manifest, tensor_count
 
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
@@ -167,7 +169,8 @@ def load_sharded_checkpoint(
     flat.update(own_tensors)
     _check_layout(folder / manifest_name(rank), step, mine, flat)
     try:
-        reader = VerifyingReader(folder, manifests, [str(folder / manifest_name(r)) for r in range(world)])
+        reader = VerifyingReader(folder, manifests, [str(folder / manifest_name(r)) for r in range(world)],
+                                 lambda writer: logged_parameters(run_dir, writer, step))
         with _single_process_quietly():
             dcp.load(flat, storage_reader=reader, no_dist=not dist.is_initialized())
     except CheckpointException as exc:
@@ -244,7 +247,8 @@ def _read_manifest(run_dir: str | Path, step: int, rank: int) -> DcpManifest:
         have = list_sharded_checkpoints(run_dir)
         raise LogError(f"{path}: no complete sharded checkpoint for step {step}, rank {rank} "
                        f"(sharded checkpoints at steps {have or 'none'}; record with a smaller checkpoint interval)")
-    manifest = parse_manifest(read_regular(path, "checkpoint manifest"), str(path))
+    shards = sorted(p for p in path.parent.iterdir() if p.suffix == ".distcp") if path.parent.is_dir() else []
+    manifest = parse_manifest(read_manifest(path, tensor_count(shards)), str(path))
     if (manifest.step, manifest.rank) != (step, rank):
         raise LogError(f"{path}: the manifest is that of step {manifest.step}, rank {manifest.rank}: a checkpoint "
                        "was copied into the wrong folder; record it again")

@@ -4,7 +4,7 @@ A sharded checkpoint (`tracer.dcp_checkpoint`) goes through ``torch.distributed.
 index (``.metadata``) is a pickle, so sdctrace writes none and reads none: each rank's manifest says what the
 rank holds and what it wrote, and a loader builds DCP's metadata from the manifests of all ranks::
 
-    manifest = parse_manifest(read_regular(path, "checkpoint manifest"), str(path))
+    manifest = parse_manifest(read_manifest(path, tensors), str(path))
     manifest.world_size, manifest.layout["model/w"].placements, manifest.shards["model/w"].fingerprint
 
 ``layout`` has every tensor of the rank's state (global shape, dtype, and for a DTensor its mesh and
@@ -25,6 +25,7 @@ import torch
 
 from tracer.checkpoint import rng_problem
 from tracer.errors import LogError
+from tracer.manifest_bounds import decode_manifest
 from tracer.log.records import MAX_DEPTH, MAX_STEP, MAX_WORLD_SIZE, nesting_depth_over
 
 MANIFEST_FORMAT = "sdctrace-dcp-1"  # a manifest names its format; a later one changes the name
@@ -93,10 +94,7 @@ class DcpManifest:
 
 def parse_manifest(raw: bytes, source: str) -> DcpManifest:
     """Decode and check a manifest; anything out of shape is one `LogError` naming ``source`` and the field."""
-    try:
-        m = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise LogError(f"{source}: unreadable checkpoint manifest ({exc})") from None
+    m = decode_manifest(raw, source)
     try:
         return _parse(m)
     except (KeyError, TypeError, ValueError) as exc:

@@ -6,17 +6,18 @@ go. `ShardWriter` writes each rank's shards as one safetensors file (``__<rank>_
 ``.metadata`` (DCP's index is a pickle). `VerifyingReader` builds DCP's ``Metadata`` from every rank's
 manifest (`tracer.dcp_manifest`), reads the safetensors files (never ``torch.load``), and fingerprints each
 shard before any of it is copied into the model: a mismatch is a `LogError` naming the file, the tensor and
-both fingerprints::
+both fingerprints. A model shard is also checked against the PARAM fingerprint its writer's log recorded
+before the checkpoint's step (`tracer.logged_parameters`; ``logged(rank)``, read once per writer)::
 
     writer = ShardWriter(folder)
     dcp.save(flat, storage_writer=writer)          # writer.shards: name -> ShardRecord
-    dcp.load(flat, storage_reader=VerifyingReader(folder, manifests))
+    dcp.load(flat, storage_reader=VerifyingReader(folder, manifests, names, logged))
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from torch.futures import Future
 from tracer.dcp_manifest import DcpManifest, ShardRecord
 from tracer.errors import LogError
 from tracer.fingerprint import fingerprint
+from tracer.logged_parameters import LoggedParameters, check_logged
 from tracer.regular_files import read_regular
 
 
@@ -71,15 +73,21 @@ class ShardWriter(FileSystemWriter):
 class VerifyingReader(StorageReader):
     """Reads what `ShardWriter` wrote, with DCP's metadata built from the manifests of all ranks."""
 
-    def __init__(self, folder: Path, manifests: Sequence[DcpManifest], manifest_names: Sequence[str]) -> None:
+    def __init__(
+        self, folder: Path, manifests: Sequence[DcpManifest], manifest_names: Sequence[str],
+        logged: Callable[[int], LoggedParameters | None] = lambda rank: None,
+    ) -> None:
         super().__init__()
         self.folder = Path(folder)
-        # (name, offsets) -> (shard, the manifest file that recorded it)
-        self.index: dict[tuple[str, tuple[int, ...]], tuple[ShardRecord, str]] = {}
+        # (name, offsets) -> (shard, the manifest file that recorded it, the rank that wrote it)
+        self.index: dict[tuple[str, tuple[int, ...]], tuple[ShardRecord, str, int]] = {}
         self.metadata: dict[str, TensorStorageMetadata] = {}
+        self.step = manifests[0].step if manifests else 0
+        self._logged = logged
+        self._logs: dict[int, LoggedParameters | None] = {}  # writer rank -> what its log recorded, read once
         for manifest, source in zip(manifests, manifest_names, strict=True):
             for name, shard in manifest.shards.items():
-                self.index[(name, shard.offsets)] = (shard, source)
+                self.index[(name, shard.offsets)] = (shard, source, manifest.rank)
                 layout = manifest.layout.get(name)
                 if layout is None:
                     raise LogError(f"{source}: shard {name!r} has no layout entry; the checkpoint is damaged")
@@ -106,8 +114,12 @@ class VerifyingReader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         for req in plan.items:
             name, offsets = req.storage_index.fqn, tuple(req.storage_index.offset or ())
-            shard, source = self.index[(name, offsets)]
+            shard, source, writer = self.index[(name, offsets)]
             stored = self.verified(name, shard, source)
+            if writer not in self._logs:
+                self._logs[writer] = self._logged(writer)
+            check_logged(str(self.folder / shard.file), self.step, {name: shard.fingerprint},
+                         self._logs[writer])
             for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
                 stored = stored.narrow(dim, start, length)
             target = planner.resolve_tensor(req).detach()

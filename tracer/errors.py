@@ -31,6 +31,10 @@ class LogFormatError(LogError):
     """A file is not an sdctrace log, or was written by a newer format version."""
 
 
+class CheckpointChangedError(LogError):
+    """A checkpoint's tensor differs from the fingerprint the log recorded for it: changed after it was written."""
+
+
 class LogCorruptionError(LogError):
     """A record in the middle of a log fails its length or CRC check."""
 

@@ -15,7 +15,9 @@ from sdc.cli import main
 from tests.parallel.test_fsdp2 import RANK1_FAULT
 from tests.parallel.test_ranks import rank_events
 from tracer.dcp_checkpoint import manifest_name, sharded_checkpoint_dir
+from tracer.dcp_manifest import parse_manifest
 from tracer.log import LogReader, rank_dir
+from tracer.logged_parameters import logged_parameters
 from tracer.step_checkpoint import list_step_checkpoints
 
 pytestmark = pytest.mark.slow  # ranks are processes
@@ -50,6 +52,18 @@ def test_record_writes_sharded_checkpoints(runs: SimpleNamespace) -> None:
         assert (sharded_checkpoint_dir(runs.golden, 4) / manifest_name(rank)).is_file()
         header = LogReader(rank_dir(runs.golden, rank)).header
         assert (header.world_size, header.extra["parallel"]["dp"], len(header.extra["shards"])) == (2, 2, 27)
+
+
+def test_every_sharded_checkpoint_holds_the_parameter_shards_each_rank_logged_before_its_step(
+        runs: SimpleNamespace) -> None:
+    for rank in (0, 1):
+        for step in (2, 4, 6):
+            path = sharded_checkpoint_dir(runs.golden, step) / manifest_name(rank)
+            shards = {k.removeprefix("model/"): int(v.fingerprint, 16)
+                      for k, v in parse_manifest(path.read_bytes(), str(path)).shards.items() if k.startswith("model/")}
+            logged = logged_parameters(runs.golden, rank, step)
+            assert logged is not None and logged.log_step == step - 1 and len(shards) > 20, (rank, step)
+            assert shards == {n: logged.fingerprints[n] for n in shards}, (rank, step)
 
 
 def test_lockstep_replay_finds_the_fault_on_rank_1_in_block_1s_mlp_forward(runs: SimpleNamespace) -> None:
