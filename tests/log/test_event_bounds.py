@@ -16,6 +16,7 @@ from tests.log.test_log_schema import first, inspect_error, segment
 from tests.support import reframe
 from tracer.errors import LogCorruptionError
 from tracer.log import LogReader, RecordType, rank_dir
+from tracer.log.codec import PayloadError, decode_string
 
 U64 = 2**64 - 1
 I32 = 2**31
@@ -89,3 +90,10 @@ def test_events_within_their_bounds_still_read(run) -> None:
     pos = craft_event(run, "fault", {"microbatch": None, "elements": 2**63 - 1, "index": [2**63 - 1], "site": 3})
     (event,) = [r for r in LogReader(rank_dir(run, 0)).entries() if r.offset == pos]
     assert event.record.fields["elements"] == 2**63 - 1
+
+
+def test_a_payload_nested_past_msgpacks_stack_says_so_rather_than_nothing():
+    # msgpack's StackError has an empty message: the reason used to read "payload is not valid msgpack: ".
+    deep = b"\x91" * 5000 + b"\x00"  # 5000 one-element arrays around a 0
+    with pytest.raises(PayloadError, match="nested too deeply"):
+        decode_string(deep)

@@ -54,8 +54,10 @@ _unpack_array = partial(msgpack.unpackb, raw=False, use_list=False)  # tuples: t
 def _unpack(payload: Any) -> Any:
     try:
         return msgpack.unpackb(payload, raw=False)
+    except msgpack.StackError:  # its message is empty
+        raise PayloadError("payload is not valid msgpack: maps and arrays nested too deeply") from None
     except (ValueError, TypeError, msgpack.UnpackException) as e:
-        raise PayloadError(f"payload is not valid msgpack: {e}") from None
+        raise PayloadError(f"payload is not valid msgpack: {e or type(e).__name__}") from None
 
 
 def _map(payload: Any, what: str, keys: tuple[str, ...]) -> dict[str, Any]:
