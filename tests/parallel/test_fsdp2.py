@@ -27,10 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = "examples.torchrun_fsdp2"
 STEPS = "5"
 
-# Rank 1 only, step 3: one element of a matmul result in block 1's MLP, forward.
-RANK1_FAULT = """
+
+def rank1_fault(op: str) -> str:
+    """A fault profile: rank 1 only, step 3, one element of each ``op`` result in block 1's MLP, forward."""
+    return f"""
 [[fault]]
-ops = ["matmul"]
+ops = ["{op}"]
 sites = "blocks[.]1[.]mlp"
 phases = ["forward"]
 steps = [3]
@@ -39,6 +41,9 @@ elements = 1
 kind = "scale"
 factor = 100.0
 """
+
+
+RANK1_FAULT = rank1_fault("matmul")
 
 
 def lockstep_hits(golden: Path, suspect: Path, workload: str, out: Path) -> dict[int, set[tuple[int, str, str]]]:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from sdc.cli import main
-from tests.parallel.test_fsdp2 import lockstep_hits, torchrun
+from tests.parallel.test_fsdp2 import lockstep_hits, rank1_fault, torchrun
 from tests.parallel.test_ranks import summary
 from tests.parallel.test_user_ranks import param_sync_noise
 from tracer.compare import compare_runs
@@ -28,19 +28,9 @@ EXAMPLE = "examples.torchrun_tp"
 SITES = [f"blocks.{b}.mlp.{i}" for b in (0, 1) for i in (0, 1, 2)]
 LINEARS = [f"blocks.{b}.mlp.{i}" for b in (0, 1) for i in (0, 2)]
 
-# Rank 1 only, step 3: one element of the GELU's result in block 1's MLP, forward, each microbatch. (The linears
-# compute on DTensors, whose results the fault emulator cannot corrupt yet; the GELU runs on each rank's share.)
-RANK1_FAULT = """
-[[fault]]
-ops = ["gelu"]
-sites = "blocks[.]1[.]mlp"
-phases = ["forward"]
-steps = [3]
-ranks = [1]
-elements = 1
-kind = "scale"
-factor = 100.0
-"""
+# The linears compute on DTensors, whose results the fault emulator cannot corrupt yet; the GELU between them runs
+# on each rank's share of the hidden units.
+RANK1_FAULT = rank1_fault("gelu")
 
 
 @pytest.fixture(scope="module")
