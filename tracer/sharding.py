@@ -47,6 +47,15 @@ def local_shard(t: torch.Tensor) -> torch.Tensor:
         return waited(t.to_local())
 
 
+def as_shard_of(t: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` in the place of ``t``'s local shard: a DTensor on ``t``'s mesh with its placements and global
+    shape if ``t`` is a DTensor (what a site hook returns for the `local_shard` it was given), else ``local``."""
+    cls = dtensor_type()
+    if cls is None or not isinstance(t, cls):
+        return local
+    return cls.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+
+
 def local_shards(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
     """`local_shard` of every tensor of ``named`` (the list itself when none is a DTensor)."""
     cls = dtensor_type()

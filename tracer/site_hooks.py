@@ -65,7 +65,7 @@ from torch.utils.hooks import RemovableHandle
 from tracer.compiled import eager
 from tracer.errors import CaptureError, TraceWarning
 from tracer.intercept import own_ops
-from tracer.sharding import local_shard
+from tracer.sharding import as_shard_of, local_shard
 from tracer.torch_internals import version_counter
 
 OutputCallback = Callable[[str, torch.Tensor], torch.Tensor | None]
@@ -201,11 +201,12 @@ class SiteHooks:
 
         def report(grad: torch.Tensor) -> torch.Tensor:
             assert callback is not None
-            new = callback(name, local_shard(grad))  # a DTensor's: what this rank holds
+            local = local_shard(grad)  # a DTensor's: what this rank holds
+            new = callback(name, local)
             if new is None:
                 return grad
-            _check_replacement(name, "input gradient", grad, new)
-            return new
+            _check_replacement(name, "input gradient", local, new)
+            return as_shard_of(grad, new)
 
         return eager(report, "sdctrace fingerprints (or replaces) a site's input gradient here")
 
@@ -228,10 +229,12 @@ class SiteHooks:
                     self._unrecordable(name, "its output does not depend differentiably on its input")
             if self._on_output is None:
                 return None
-            new = self._on_output(name, local_shard(out))
+            local = local_shard(out)
+            new = self._on_output(name, local)
             if new is None:
                 return None
-            _check_replacement(name, "output", out, new)
+            _check_replacement(name, "output", local, new)
+            new = as_shard_of(out, new)
             if out.requires_grad:
                 with own_ops():
                     new = _Substitute.apply(out, new)

@@ -1,5 +1,8 @@
 """A sharded job, FSDP2's ``fully_shard`` on 2 gloo ranks under torchrun (examples/torchrun_fsdp2.py), traced:
-each rank fingerprints its local shards, the header says which slice, and a fault on one rank is found there."""
+each rank fingerprints its local shards, the header says which slice, a fault on one rank is found there, and
+``sdc replay --workload examples.torchrun_fsdp2:build`` replays the torchrun recording at that site only.
+
+Launches: 6 torchrun jobs (golden, again, suspect, another sharding, two HSDP) and one replay."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import duckdb
 import pytest
 
 from sdc.cli import main
-from tests.parallel.test_ranks import query_rows, summary
+from tests.parallel.test_ranks import query_rows, rank_events, summary
 from tracer.compare import compare_runs
 from tracer.log import LogReader, list_ranks, rank_dir
 from tracer.log.records import Phase, TensorRecord
@@ -20,13 +23,16 @@ from tracer.sharding import shards_of
 
 pytestmark = pytest.mark.slow  # torchrun launches ranks as processes
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torchrun_fsdp2.py"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = "examples.torchrun_fsdp2"
 STEPS = "5"
 
-# Rank 1 only, step 3: one element of a matmul result in block 1's MLP, forward.
-RANK1_FAULT = """
+
+def rank1_fault(op: str) -> str:
+    """A fault profile: rank 1 only, step 3, one element of each ``op`` result in block 1's MLP, forward."""
+    return f"""
 [[fault]]
-ops = ["matmul"]
+ops = ["{op}"]
 sites = "blocks[.]1[.]mlp"
 phases = ["forward"]
 steps = [3]
@@ -37,11 +43,23 @@ factor = 100.0
 """
 
 
-def torchrun(out: Path, *args: str, example: Path = EXAMPLE, nproc: int = 2) -> Path:
+RANK1_FAULT = rank1_fault("matmul")
+
+
+def lockstep_hits(golden: Path, suspect: Path, workload: str, out: Path) -> dict[int, set[tuple[int, str, str]]]:
+    """``sdc replay --mode lockstep`` of step 3 on both ranks: each rank's mismatched (step, site, phase)."""
+    assert main(["replay", "--golden", str(golden), "--suspect", str(suspect), "--workload", workload, "--nproc", "2",
+                 "--steps", "3:4", "--mode", "lockstep", "--out", str(out), "--quiet"]) == 0
+    return {rank: {(e.step, e.fields["site"], e.fields["phase"]) for e in rank_events(out, rank, "site_mismatch")
+                   if e.fields["mismatched"]} for rank in (0, 1)}
+
+
+def torchrun(out: Path, *args: str, example: str = EXAMPLE, nproc: int = 2) -> Path:
+    """Run the example module as its docstring says: ``torchrun -m`` from the repository root."""
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(example),
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "-m", example,
          "--out", str(out), "--steps", STEPS, *args],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -50,6 +68,14 @@ def torchrun(out: Path, *args: str, example: Path = EXAMPLE, nproc: int = 2) -> 
 @pytest.fixture(scope="module")
 def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return torchrun(tmp_path_factory.mktemp("fsdp2") / "golden")
+
+
+@pytest.fixture(scope="module")
+def suspect(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example with rank 1's fault (`RANK1_FAULT`)."""
+    root = tmp_path_factory.mktemp("fsdp2-suspect")
+    (root / "rank1.toml").write_text(RANK1_FAULT, encoding="utf-8")
+    return torchrun(root / "suspect", "--fault-profile", str(root / "rank1.toml"))
 
 
 def test_each_rank_records_its_shard_and_which_slice_it_is(golden: Path) -> None:
@@ -86,11 +112,9 @@ def test_an_fsdp2_run_recorded_twice_is_bit_identical_on_every_rank(
 
 
 def test_a_fault_on_rank_1_in_block_1s_mlp_is_rank_1s_first_divergence(
-    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    golden: Path, suspect: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """FSDP2 reduce-scatters the gradients: rank 0 sees rank 1's fault only in its gradient shards, after."""
-    (tmp_path / "rank1.toml").write_text(RANK1_FAULT, encoding="utf-8")
-    suspect = torchrun(tmp_path / "suspect", "--fault-profile", str(tmp_path / "rank1.toml"))
     db = tmp_path / "fsdp2.duckdb"
     capsys.readouterr()
     assert main(["diff", "--golden", str(golden), "--suspect", str(suspect), "--db", str(db)]) == 0
@@ -113,6 +137,15 @@ def test_a_fault_on_rank_1_in_block_1s_mlp_is_rank_1s_first_divergence(
             "SELECT placements, global_shape, slice FROM param_shards WHERE rank = 1 AND name = 'embed.weight' "
             "AND run_id = (SELECT suspect_run_id FROM pair_ranks WHERE rank = 1)").fetchall()
     assert rows == [(["Shard(0)"], [64, 32], "[32:64, 0:32]")]
+
+
+def test_the_torchrun_recording_replays_in_lockstep_and_mismatches_at_the_faulty_site_only(
+    golden: Path, suspect: Path, tmp_path: Path
+) -> None:
+    """The example's own run, checkpointed sharded every 2 steps, rebuilt by its factory on 2 ranks."""
+    hits = lockstep_hits(golden, suspect, f"{EXAMPLE}:build", tmp_path / "lockstep")
+    # The site only: its backward reads the activations its own faulty forward saved, so it mismatches too.
+    assert hits == {1: {(3, "blocks.1.mlp", "forward"), (3, "blocks.1.mlp", "backward")}, 0: set()}, hits
 
 
 def test_another_sharding_of_the_same_model_does_not_pair_and_one_line_says_which_field(

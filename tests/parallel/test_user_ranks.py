@@ -1,6 +1,8 @@
-"""A user's sharded (FSDP2) workload on 2 gloo ranks through the CLI (examples/fsdp2_workload.py): verified
-bit-identical, recorded with sharded checkpoints, resumed, replayed on both ranks in lockstep and parameter sync,
-and refused in one line on the wrong number of ranks."""
+"""A user's sharded (FSDP2) workload on 2 gloo ranks through the CLI (examples/torchrun_fsdp2.py's factory
+``build``, without torchrun): verified bit-identical, recorded with sharded checkpoints, replayed on both ranks in
+lockstep and parameter sync.
+
+Launches: verify-determinism, two records, two replays and one of `full_gradients`."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 
 from jobs.launch import launch
 from sdc.cli import main
-from tests.parallel.test_fsdp2 import RANK1_FAULT
+from tests.parallel.test_fsdp2 import RANK1_FAULT, lockstep_hits
 from tests.parallel.test_ranks import rank_events
 from tracer.dcp_checkpoint import manifest_name, sharded_checkpoint_dir
 from tracer.dcp_manifest import parse_manifest
@@ -22,7 +24,7 @@ from tracer.step_checkpoint import list_step_checkpoints
 
 pytestmark = pytest.mark.slow  # ranks are processes
 
-WORKLOAD = ["--workload", "examples.fsdp2_workload:build"]
+WORKLOAD = ["--workload", "examples.torchrun_fsdp2:build"]
 RECORD = [*WORKLOAD, "--nproc", "2", "--checkpoint-every", "2", "--quiet"]
 
 
@@ -67,26 +69,26 @@ def test_every_sharded_checkpoint_holds_the_parameter_shards_each_rank_logged_be
 
 
 def test_lockstep_replay_finds_the_fault_on_rank_1_in_block_1s_mlp_forward(runs: SimpleNamespace) -> None:
-    out = runs.root / "lockstep"
-    assert main(["replay", "--golden", str(runs.golden), "--suspect", str(runs.suspect), *WORKLOAD, "--steps", "3:4",
-                 "--mode", "lockstep", "--out", str(out), "--quiet"]) == 0
-    assert not [e for e in rank_events(out, 0, "site_mismatch") if e.fields["mismatched"]]
-    hits = {(e.step, e.fields["site"], e.fields["phase"]) for e in rank_events(out, 1, "site_mismatch")
-            if e.fields["mismatched"]}
+    hits = lockstep_hits(runs.golden, runs.suspect, WORKLOAD[1], runs.root / "lockstep")
     # The site only: its backward reads the activations its own faulty forward saved, so it mismatches too.
-    assert hits == {(3, "blocks.1.mlp", "forward"), (3, "blocks.1.mlp", "backward")}
+    assert hits == {1: {(3, "blocks.1.mlp", "forward"), (3, "blocks.1.mlp", "backward")}, 0: set()}, hits
+
+
+def param_sync_noise(golden: Path, suspect: Path, profile: Path, workload: str, out: Path) -> tuple[float, list]:
+    """``sdc replay --mode param-sync`` of step 3 (from the checkpoint at 2) on both ranks: numpy's noise-to-signal
+    on the full gradients gathered from the shards, and each rank's total ``grad_noise`` ratios."""
+    assert main(["replay", "--golden", str(golden), "--suspect", str(suspect), "--workload", workload, "--nproc", "2",
+                 "--steps", "3:4", "--mode", "param-sync", "--out", str(out), "--quiet"]) == 0
+    grads = launch("tests.parallel.user_ranks:full_gradients", {"run": str(golden), "profile": str(profile),
+                                                                "step": 3, "checkpoint": 2, "workload": workload}, 2)[0]
+    golden_grads = np.concatenate([np.array(g) for g, _ in grads.values()])
+    suspect_grads = np.concatenate([np.array(s) for _, s in grads.values()])
+    expected = float(np.linalg.norm(suspect_grads - golden_grads) / np.linalg.norm(golden_grads))
+    return expected, [[e.fields["ratio"] for e in rank_events(out, rank, "grad_noise") if e.fields["name"] == "*"]
+                      for rank in (0, 1)]
 
 
 def test_param_sync_noise_is_that_of_the_full_gradients(runs: SimpleNamespace) -> None:
-    out = runs.root / "param-sync"
-    assert main(["replay", "--golden", str(runs.golden), "--suspect", str(runs.suspect), *WORKLOAD, "--steps", "3:4",
-                 "--mode", "param-sync", "--out", str(out), "--quiet"]) == 0
-    grads = launch("tests.parallel.user_ranks:full_gradients",
-                   {"run": str(runs.golden), "profile": str(runs.profile), "step": 3, "checkpoint": 2}, 2)[0]
-    golden = np.concatenate([np.array(g) for g, _ in grads.values()])
-    suspect = np.concatenate([np.array(s) for _, s in grads.values()])
-    expected = np.linalg.norm(suspect - golden) / np.linalg.norm(golden)
+    expected, totals = param_sync_noise(runs.golden, runs.suspect, runs.profile, WORKLOAD[1], runs.root / "param-sync")
     assert expected > 0
-    for rank in (0, 1):
-        total = [e.fields["ratio"] for e in rank_events(out, rank, "grad_noise") if e.fields["name"] == "*"]
-        assert total == pytest.approx([expected], rel=1e-6)
+    assert totals == [pytest.approx([expected], rel=1e-6)] * 2

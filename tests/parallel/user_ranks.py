@@ -1,6 +1,7 @@
 """What the multi-rank user-workload tests launch in each rank (`jobs.launch`): the full gradients of a step.
 
-    launch("tests.parallel.user_ranks:full_gradients", {"run": str(golden), "profile": str(toml), "step": 3}, 2)
+    launch("tests.parallel.user_ranks:full_gradients", {"run": str(golden), "profile": str(toml), "step": 3,
+           "checkpoint": 2, "workload": "examples.torchrun_fsdp2:build"}, 2)
 """
 
 from __future__ import annotations
@@ -11,33 +12,39 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from examples.fsdp2_workload import build
 from faults import FaultEmulator
 from faults.profile import load_profile
 from replay.injection import StepClock, passthrough_hooks, sync_parameters
 from tracer.log import LogReader, rank_dir
+from tracer.sharding import dtensor_type
 from tracer.sites import find_sites
 from tracer.step_checkpoint import restore_step_checkpoint
-from workload.protocol import run_step
-
-SITES = "|".join(re.escape(f"blocks.{b}.{part}") for b in (0, 1) for part in ("attention", "mlp"))
+from workload.protocol import build_workload, run_step
 
 
-def full_gradients(run: str, profile: str, step: int, checkpoint: int) -> dict[str, Any]:
-    """Rebuild ``run`` at ``checkpoint``, train up to ``step``, and gather ``step``'s gradients (all-gathered from
-    the shards) of the golden run and of a suspect with the parameters synced and ``profile``'s faults."""
+def full_gradients(run: str, profile: str, step: int, checkpoint: int, workload: str) -> dict[str, Any]:
+    """Rebuild ``run`` with the factory ``workload`` at ``checkpoint``, train up to ``step``, and gather ``step``'s
+    gradients (all-gathered from the shards) of the golden run and of a suspect with the parameters synced and
+    ``profile``'s faults, traced at the run's sites."""
     rank = dist.get_rank()
-    config = LogReader(rank_dir(run, rank)).header.config
-    golden, suspect = build(config, torch.device("cpu")), build(config, torch.device("cpu"))
+    header = LogReader(rank_dir(run, rank)).header
+    sites = "|".join(re.escape(re.sub(r"\[.*\]$", "", s)) for s in header.extra["sites"])
+    golden, suspect = (build_workload(workload, header.config, torch.device("cpu")) for _ in range(2))
     restore_step_checkpoint(run, checkpoint, rank, golden.model, golden.optimizer, golden.states())
     for s in range(checkpoint, step):
         run_step(golden, s)
     sync_parameters(golden.model, suspect.model)
     run_step(golden, step, update=False)
     clock = StepClock(step)
-    emulator = FaultEmulator(load_profile(profile), suspect.model, sink=lambda kind, fields: None, sites=SITES,
+    emulator = FaultEmulator(load_profile(profile), suspect.model, sink=lambda kind, fields: None, sites=sites,
                              clock=lambda: (clock.step_index, clock.microbatch_index))
-    with emulator, passthrough_hooks(find_sites(suspect.model, SITES)):
+    with emulator, passthrough_hooks(find_sites(suspect.model, sites)):
         run_step(suspect, step, clock, update=False)
-    return {name: [p.grad.full_tensor().double().flatten().tolist() for p in (g, s)]
+    return {name: [whole(p.grad).double().flatten().tolist() for p in (g, s)]
             for (name, g), (_, s) in zip(golden.model.named_parameters(), suspect.model.named_parameters())}
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a DTensor's gathered from every rank's shard, a plain one (the same on every rank) as
+    it is."""
+    return t.full_tensor() if isinstance(t, dtensor_type() or ()) else t
