@@ -66,3 +66,34 @@ def test_under_hsdp_the_replicas_of_the_faulty_ranks_shard_disagree_and_the_othe
         assert step == 2 and first["replicas"] == [1, 3] and first["tie"] is True and first["parameters"]
     assert results[0]["replicas"] == [] and results[2]["replicas"] == []
     assert all(got["guard"] == [] for got in results)
+
+
+def test_the_update_fault_is_the_ground_truth_replica_agreement_is_scored_against(tmp_path: Path) -> None:
+    """The emulator's fault events (phase "optimizer") load into the diff's database and make rank 1's step 3 the
+    faulty step `guard_detector_scores` scores the ``replica_agreement`` detector against."""
+    import duckdb
+
+    from analysis.queries import LIBRARY
+    from pipelines.arguments import DiffRequest
+    from pipelines.run import diff
+
+    runs = {name: tmp_path / name for name in ("golden", "suspect")}
+    launch(TARGET, {"out": str(runs["golden"]), "steps": 5}, 3, timeout_s=120)
+    launch(TARGET, {"out": str(runs["suspect"]), "steps": 5, "profile_path": update_fault(tmp_path, 3)}, 3,
+           timeout_s=120)
+    db = tmp_path / "study.duckdb"
+    diff(DiffRequest(golden=str(runs["golden"]), suspect=str(runs["suspect"]), db=db,
+                     beam_args=("--direct_running_mode=in_memory",)), echo=lambda _: None)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        faults = con.execute("SELECT rank, step, phase, site, op FROM faults ORDER BY rank, step").fetchall()
+    finally:
+        con.close()
+    assert faults == [(1, 3, "optimizer", "", "aten.addcdiv_.default")] * 4
+    scores = {r["detector"]: r for r in LIBRARY.run(db, "guard_detector_scores").records()}
+    got = scores["replica_agreement"]
+    # 5 steps on 3 ranks; rank 1 is blamed at step 3 (the fault: a true alarm) and at step 4 (DDP never re-syncs
+    # the weights: the fault's aftermath), nothing else fires.
+    assert (got["checked_steps"], got["faulty_steps"], got["alarms"]) == (15, 1, 2)
+    assert (got["true_alarms"], got["false_alarms"], got["propagated"]) == (1, 0, 1)
+    assert got["recall"] == 1.0 and got["precision"] == 1.0
