@@ -7,12 +7,14 @@
         train()          # any model, any device, no change to its code
 
 An `Interceptor` (`tracer.intercept`): the calls of the aten ops its rules name, in
-the forward and backward passes, reach it, and a corrupted result flows on exactly as
-a faulty unit's would. Each corruption is logged as a ``fault`` event
+the forward and backward passes and, for a rule with the ``"optimizer"`` phase, in an
+optimizer's step (the update), reach it, and a corrupted result flows on exactly as
+a faulty unit's would; an in-place op's corruption lands in the tensor it wrote (for a
+``_foreach_`` op, one tensor of its list; for a DTensor, this rank's shard). Each corruption is logged as a ``fault`` event
 (docs/log-format.md), the ground truth detectors are scored against. Ops no rule
 names never reach Python, and of the calls of those it names, a C++ gate
-(faults/native.cpp) settles the ones no draw hits; sdctrace's own ops and
-plain optimizer steps never reach it (`faults.scope`).
+(faults/native.cpp) settles the ones no draw hits; sdctrace's own ops never reach it,
+and plain optimizer steps only while a rule for the optimizer phase is armed (`faults.scope`).
 
 Deterministic without touching any global RNG (that would change training): the
 burst chains and the per-call draws come from private generators seeded from the
@@ -48,18 +50,20 @@ from torch import nn
 
 from faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
 from faults.ops import resolve_collectives, resolve_ops
-from faults.profile import Corruption, FaultProfile
+from faults.profile import Corruption, FaultProfile, RulePhase
 from faults.schedule import BurstChain
 from faults.scope import ModuleScope, ScopedInterceptor, native
 from tracer.collectives import Stage, observing
 from tracer.errors import ConfigError, TraceWarning
 from tracer.intercept import Call, Clock, NativeKernel, Sink, below_autograd, in_own_ops, own_ops
 from tracer.log.records import Phase
+from tracer.sharding import local_shard
 from tracer.sites import SiteSpec, find_sites, named_modules
 from tracer.torch_internals import op_is_mutable
 
 SHOWN = 8  # values and indices a fault event lists
 PREDRAWN = 1024  # draws handed to the C++ gate at a time
+_OF_PHASE = {Phase.FORWARD: RulePhase.FORWARD, Phase.BACKWARD: RulePhase.BACKWARD}  # the scope's -> a rule's
 
 
 def emulator_implementation() -> str:
@@ -120,17 +124,19 @@ class FaultEmulator(ScopedInterceptor):
         self.scope = ModuleScope([(path, m) for path, m in named if path in hooked])
         self._draws_key: tuple[int, ...] | None = None
         self._clock_at: tuple[int, ...] | None = None  # the clock `_live` was decided for
-        self._live: dict[Phase, frozenset[int]] = {}
+        self._live: dict[RulePhase, frozenset[int]] = {}
         self._draws: dict[int, random.Random] = {}
         self._rules_of: dict[Any, tuple[int, ...]] = {}  # op overload -> the rules that name its packet
         self.ops = frozenset().union(*self._ops)
+        # The rules here that may hit an optimizer step's ops: while one is armed, steps are not paused.
+        self._updates = tuple(i for i, r in enumerate(rules) if self._ops[i] and RulePhase.OPTIMIZER in r.phases)
         # The C++ gate settles the calls no draw hits; it consumes draws the emulator pre-drew on a copy of the
         # generator, which catches up (`_sync`) before Python draws again.
         module = native() if 0 < len(rules) <= 64 else None
         self._gate = module.Gate(
             # Nothing here may refer to the emulator: the gate is opaque to the garbage collector.
             clock, self.scope.forward_paths, functools.partial(self.scope.stack, Phase.BACKWARD),
-            [r.p_call for r in rules], self._matched,
+            self.scope.optimizer_steps, [r.p_call for r in rules], self._matched,
         ) if module else None
         self._predrawn: random.Random | None = None  # the generator whose next draws the gate holds
         self._gated = False  # the clock armed for lets the gate draw (attempt 0)
@@ -154,7 +160,7 @@ class FaultEmulator(ScopedInterceptor):
         """Corrupt what a collective delivers (its output), as a faulty link or reduction would."""
         if stage != "out" or in_own_ops():
             return None
-        where = Phase.FORWARD if phase == Phase.FORWARD else Phase.BACKWARD
+        where = RulePhase.FORWARD if phase == Phase.FORWARD else RulePhase.BACKWARD
         step, microbatch, *attempt = self._clock()
         hit = None
         for i, rule in enumerate(self.profile.faults):
@@ -177,11 +183,22 @@ class FaultEmulator(ScopedInterceptor):
         gate, rules, register = self._gate, sum(1 << i for i in self._rules(op)), native().register
         return lambda name, python: register(gate, name, rules, python)
 
+    def needs_optimizer_step(self) -> bool:
+        """A rule for the optimizer phase is armed now: the step's ops must reach the emulator."""
+        if not self._updates:
+            return False
+        clock = self._clock()
+        return any(self._armed(i, *clock) for i in self._updates)
+
     def intercept(self, func: Any, args: tuple, kwargs: dict, call: Call) -> Any:
         out = call(*args, **kwargs)
-        phase = self.scope.phase()
-        if phase is None:
-            return out
+        scoped = self.scope.phase()
+        if scoped is not None:
+            phase = _OF_PHASE[scoped]
+        elif self.scope.optimizing:
+            phase = RulePhase.OPTIMIZER
+        else:
+            return out  # gradient clipping, bookkeeping: never corrupted
         clock = self._clock()
         if clock != self._clock_at:
             self._arm(clock)
@@ -205,12 +222,12 @@ class FaultEmulator(ScopedInterceptor):
         """The rules that may fire in each phase at this (step, microbatch): decided once, not on every call."""
         self._sync()
         armed = [i for i in range(len(self.profile.faults)) if self._armed(i, *clock)]
-        self._live = {p: frozenset(i for i in armed if p in self.profile.faults[i].phases) for p in Phase}
+        self._live = {p: frozenset(i for i in armed if p in self.profile.faults[i].phases) for p in RulePhase}
         self._clock_at = clock
         if self._gate is not None:
             # A guarded re-run's draws (attempt > 0) come from more than one stream: Python makes them all.
             self._gated = len(clock) < 3 or clock[2] == 0
-            masks = [sum(1 << i for i in self._live[p]) for p in (Phase.FORWARD, Phase.BACKWARD)]
+            masks = [sum(1 << i for i in self._live[p]) for p in RulePhase]
             self._gate.arm(clock if self._gated else None, *masks)
 
     def _predraw(self) -> None:
@@ -229,7 +246,7 @@ class FaultEmulator(ScopedInterceptor):
             for _ in range(self._gate.fill([])):
                 rng.random()
 
-    def _inject(self, i: int, func: Any, phase: Phase, clock: tuple[int, ...], args: tuple, out: Any) -> Any:
+    def _inject(self, i: int, func: Any, phase: RulePhase, clock: tuple[int, ...], args: tuple, out: Any) -> Any:
         """Rule ``i``'s draw for this call (no tensor ops: cheap on the many calls that are not hit), then the
         corruption if it hits."""
         if self._patterns[i] is not None and self._site(i, phase) is None:
@@ -249,11 +266,13 @@ class FaultEmulator(ScopedInterceptor):
         return ((r.microbatches is None or microbatch in r.microbatches)
                 and (r.attempts is None or attempt in r.attempts) and self._chains[rule].armed(step))
 
-    def _site(self, rule: int, phase: Phase) -> str | None:
+    def _site(self, rule: int, phase: RulePhase) -> str | None:
         """Deepest module on the stack the rule's pattern matches (None: rule does not apply here);
-        without a pattern, the deepest traced site, or ""."""
+        without a pattern, the deepest traced site, or "" (always, in an optimizer step: no module runs)."""
         pattern = self._patterns[rule]
-        for path in reversed(self.scope.stack(phase)):
+        if phase == RulePhase.OPTIMIZER:
+            return "" if pattern is None else None
+        for path in reversed(self.scope.stack(Phase.FORWARD if phase == RulePhase.FORWARD else Phase.BACKWARD)):
             if pattern.fullmatch(path) if pattern is not None else path in self._site_names:
                 return path
         return None if pattern is not None else ""
@@ -276,29 +295,39 @@ class FaultEmulator(ScopedInterceptor):
         return rng
 
     def _corrupt(
-        self, i: int, func: Any, args: tuple, out: Any, rng: random.Random, site: str, phase: Phase, microbatch: int
+        self, i: int, func: Any, args: tuple, out: Any, rng: random.Random, site: str, phase: RulePhase,
+        microbatch: int,
     ) -> Any:
         outputs = list(out) if isinstance(out, (tuple, list)) else [out]
-        candidates = [
-            j for j, t in enumerate(outputs) if isinstance(t, torch.Tensor) and t.dtype in LAYOUTS and t.numel() > 0
-        ]
+        candidates = [j for j, t in enumerate(outputs) if _corruptible(t)]
         if not candidates:
+            if op_is_mutable(func) and args:  # an in-place `_foreach_` op returns nothing: hit what it wrote
+                self._corrupt_written(i, func, args[0], rng, site, phase, microbatch)
             return out
         # Forward ops' first output is the result (the rest is saved for backward);
         # a backward op's outputs are gradients of equal standing.
-        j = candidates[0] if phase == Phase.FORWARD or len(candidates) == 1 else rng.choice(candidates)
+        j = candidates[0] if phase == RulePhase.FORWARD or len(candidates) == 1 else rng.choice(candidates)
         target = outputs[j]
         if not op_is_mutable(func) and _aliases(target, args):
             target = target.clone()
-        self._hit(i, target, rng, site, str(func), phase, microbatch)
-        if site not in self._site_names:
+        self._hit(i, local_shard(target), rng, site, str(func), phase, microbatch)
+        if site not in self._site_names and phase != RulePhase.OPTIMIZER:
             self._say_untraced(site, str(func))
         if target is outputs[j]:
             return out
         outputs[j] = target
         return type(out)(outputs) if isinstance(out, (tuple, list)) else target
 
-    def _hit(self, i: int, target: torch.Tensor, rng: random.Random, site: str, op: str, phase: Phase,
+    def _corrupt_written(self, i: int, func: Any, written: Any, rng: random.Random, site: str, phase: RulePhase,
+                         microbatch: int) -> None:
+        """Corrupt what an in-place op that returns nothing wrote: its first argument (``self``), one tensor of
+        it if it is a list (drawn when it holds more than one)."""
+        tensors = [t for t in (written if isinstance(written, (tuple, list)) else [written]) if _corruptible(t)]
+        if tensors:
+            target = tensors[0] if len(tensors) == 1 else rng.choice(tensors)
+            self._hit(i, local_shard(target), rng, site, str(func), phase, microbatch)
+
+    def _hit(self, i: int, target: torch.Tensor, rng: random.Random, site: str, op: str, phase: RulePhase,
              microbatch: int) -> None:
         """Corrupt elements of ``target`` in place as rule ``i`` says, and log the fault."""
         rule = self.profile.faults[i]
@@ -320,7 +349,7 @@ class FaultEmulator(ScopedInterceptor):
                 "microbatch": microbatch,
                 "site": site,
                 "op": op,
-                "phase": phase.name.lower(),
+                "phase": phase.value,
                 "kind": rule.corruption.kind,
                 "elements": len(index),
                 "index": index[:SHOWN],
@@ -369,11 +398,16 @@ class FaultEmulator(ScopedInterceptor):
         return stuck(values, c.value), detail
 
 
+def _corruptible(t: Any) -> bool:
+    """A tensor of a floating dtype with elements here (a DTensor: in this rank's shard)."""
+    return isinstance(t, torch.Tensor) and t.dtype in LAYOUTS and local_shard(t).numel() > 0
+
+
 def _aliases(t: torch.Tensor, args: tuple) -> bool:
     """True if ``t`` shares memory with an input, so editing it in place would corrupt the input too."""
-    ptr = t.untyped_storage().data_ptr()
+    ptr = local_shard(t).untyped_storage().data_ptr()
     for a in args:
         for x in a if isinstance(a, (tuple, list)) else (a,):
-            if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() == ptr:
+            if isinstance(x, torch.Tensor) and local_shard(x).untyped_storage().data_ptr() == ptr:
                 return True
     return False

@@ -5,7 +5,8 @@
 // sends about half the ops of a step through the emulator. A Python kernel costs each of those calls about 4 us
 // (boxing the arguments into Python, the interceptor chain, calling the op again from Python). This kernel runs
 // the op below the dispatch key without Python and decides in C++ whether the emulator must see the call: it
-// reads the phase as faults.scope does, calls the emulator's clock, and consumes the rules' draws from a buffer
+// reads the phase as faults.scope does (an op outside the forward and backward is in the optimizer phase while
+// an optimizer step runs, and needs nothing otherwise), calls the emulator's clock, and consumes the rules' draws from a buffer
 // the emulator pre-drew from its own generator; a rule with a site pattern draws only inside a module it
 // matches, which the gate reads off the scope's module stack. A call it cannot settle (a draw that hits, a
 // guarded re-run, the clock moved, the buffer ran out) goes to the emulator's Python kernel untouched, which
@@ -34,7 +35,7 @@ namespace py = pybind11;
 namespace {
 
 constexpr c10::DispatchKey KEY = c10::DispatchKey::TESTING_ONLY_GenericMode;
-constexpr int FORWARD = 0, BACKWARD = 1;
+constexpr int FORWARD = 0, BACKWARD = 1, OPTIMIZER = 2;  // faults.profile.RulePhase's order
 
 // Shared with the emulator, which arms it for each clock and refills its draws; touched only under the GIL.
 struct Gate {
@@ -42,17 +43,18 @@ struct Gate {
   py::object clock_at;  // the clock the masks hold for (None: Python decides every call)
   py::list forward;    // the scope's stack of hooked modules whose forward runs
   py::object backward;  // () -> the paths of the modules the running backward node belongs to
-  uint64_t live[2] = {0, 0};  // rules that may fire now, forward and backward
+  py::list optimizer;  // the scope's marker: not empty while an optimizer step runs
+  uint64_t live[3] = {0, 0, 0};  // rules that may fire now, forward, backward and in an optimizer step
   uint64_t patterned = 0;  // rules with a site pattern
   std::vector<double> p_call;  // per rule
   std::vector<py::object> matched;  // per rule with a pattern: the set of module paths it matches; else None
   std::vector<double> draws;
   size_t used = 0;
 
-  Gate(py::object clock_, py::list forward_, py::object backward_, std::vector<double> p_call_,
+  Gate(py::object clock_, py::list forward_, py::object backward_, py::list optimizer_, std::vector<double> p_call_,
        std::vector<py::object> matched_)
       : clock(std::move(clock_)), clock_at(py::none()), forward(std::move(forward_)), backward(std::move(backward_)),
-        p_call(std::move(p_call_)), matched(std::move(matched_)) {
+        optimizer(std::move(optimizer_)), p_call(std::move(p_call_)), matched(std::move(matched_)) {
     TORCH_CHECK(matched.size() == p_call.size(), "sdctrace emulator gate: one path set (or None) per rule");
     for (size_t i = 0; i < matched.size(); ++i)
       if (!matched[i].is_none()) patterned |= uint64_t{1} << i;
@@ -79,8 +81,10 @@ struct Gate {
       phase = BACKWARD;
     } else if (PyList_GET_SIZE(forward.ptr()) > 0 || c10::GradMode::is_enabled()) {
       phase = FORWARD;
+    } else if (PyList_GET_SIZE(optimizer.ptr()) > 0) {
+      phase = OPTIMIZER;  // the update
     } else {
-      return true;  // optimizer step, clipping, bookkeeping: never corrupted
+      return true;  // clipping, bookkeeping: never corrupted
     }
     PyObject* now = PyObject_CallNoArgs(clock.ptr());
     if (now == nullptr) {
@@ -95,7 +99,9 @@ struct Gate {
     }
     uint64_t mine = rules & live[phase];
     if (mine == 0) return true;
-    if (mine & patterned) {
+    if (phase == OPTIMIZER) {
+      mine &= ~patterned;  // no module runs in an optimizer step: a rule with a site pattern draws nothing
+    } else if (mine & patterned) {
       py::object stack = phase == FORWARD
                              ? py::object(forward)
                              : py::reinterpret_steal<py::object>(PyObject_CallNoArgs(backward.ptr()));
@@ -245,14 +251,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("label", &label, py::arg("outputs"), py::arg("path"), py::arg("start"), py::arg("end"), py::arg("key"),
         "Label the autograd nodes a module's forward created with its path (faults.scope).");
   py::class_<Gate, std::shared_ptr<Gate>>(m, "Gate")
-      .def(py::init<py::object, py::list, py::object, std::vector<double>, std::vector<py::object>>(),
-           py::arg("clock"), py::arg("forward"), py::arg("backward"), py::arg("p_call"), py::arg("matched"))
+      .def(py::init<py::object, py::list, py::object, py::list, std::vector<double>, std::vector<py::object>>(),
+           py::arg("clock"), py::arg("forward"), py::arg("backward"), py::arg("optimizer"), py::arg("p_call"),
+           py::arg("matched"))
       .def(
           "arm",
-          [](Gate& g, py::object clock_at, uint64_t forward, uint64_t backward) {
+          [](Gate& g, py::object clock_at, uint64_t forward, uint64_t backward, uint64_t optimizer) {
             g.clock_at = std::move(clock_at);
             g.live[FORWARD] = forward;
             g.live[BACKWARD] = backward;
+            g.live[OPTIMIZER] = optimizer;
           },
           "The clock the masks hold for (None: Python decides every call) and the rules live in each phase.")
       .def(

@@ -21,6 +21,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,7 +30,6 @@ from faults.ops import FAMILIES, resolve_ops
 from faults.schedule import PROBABILITY, Schedule
 from tracer import typed_toml
 from tracer.errors import ConfigError, ValidationError
-from tracer.log.records import Phase
 from tracer.typed_toml import INLINE, InvalidValue, check, require, toml_field
 
 _BITS = ", ".join(f'"{f}"' for f in FIELDS) + " or a bit index 0..63"
@@ -37,6 +37,19 @@ _FACTOR = "a finite non-zero number, or [low, high] with 0 < low <= high"
 _VALUE = "a number (nan and inf allowed)"
 Role = Literal["train", "finetune"]
 ROLES: tuple[Role, ...] = ("train", "finetune")  # the run roles a rule can name (a run header's ``role``)
+
+
+class RulePhase(Enum):
+    """Where in a step an op a rule may hit runs (`faults.scope`): a rule's ``phases``, a fault event's ``phase``.
+
+    Not the log's `Phase` (what a fingerprint was taken of): the optimizer step is no traced site's phase."""
+
+    FORWARD = "forward"  # inside a hooked module's forward, or with grad enabled
+    BACKWARD = "backward"  # while the autograd engine runs
+    OPTIMIZER = "optimizer"  # inside an optimizer's step(), outside both: the update (site "")
+
+
+_PHASES = ", ".join(f'"{p.value}"' for p in RulePhase)
 
 
 @dataclass(frozen=True)
@@ -80,8 +93,8 @@ class FaultRule:
                  '(all_reduce, reduce_scatter, all_gather) or aten op names such as "mm"')
     sites: str | None = toml_field(  # regex a module path must fully match; None: anywhere
         None, expected='a regular expression that module paths must fully match, e.g. ".*_norm"')
-    phases: tuple[Phase, ...] = toml_field(
-        (Phase.FORWARD, Phase.BACKWARD), expected='a non-empty array of "forward" and/or "backward"')
+    phases: tuple[RulePhase, ...] = toml_field(  # "optimizer": the ops of an optimizer step (the update)
+        (RulePhase.FORWARD, RulePhase.BACKWARD), expected=f"a non-empty array of some of {_PHASES}")
     p_call: float = toml_field(1.0, expected=PROBABILITY)  # probability that an eligible call on an armed step is hit
     elements: int | None = toml_field(None, expected="an integer >= 1")  # elements hit per call (1 if neither), or
     fraction: float | None = toml_field(None, expected="a number in (0, 1]")  # the fraction of the result's elements
@@ -110,8 +123,11 @@ class FaultRule:
                 re.compile(self.sites)
             except re.error:
                 _require(self, False, "sites")
-        _require(self, bool(self.phases) and set(self.phases) <= {Phase.FORWARD, Phase.BACKWARD}, "phases")
-        object.__setattr__(self, "phases", tuple(p for p in (Phase.FORWARD, Phase.BACKWARD) if p in self.phases))
+        _require(self, bool(self.phases), "phases")
+        object.__setattr__(self, "phases", tuple(p for p in RulePhase if p in self.phases))
+        check(self.sites is None or RulePhase.OPTIMIZER not in self.phases, "sites",
+              lambda at: f'{at}sites names module paths, and an optimizer step\'s ops run in none: drop {at}sites, '
+                         'or put the "optimizer" phase in a rule of its own')
         _require(self, 0 <= self.p_call <= 1, "p_call")
         check(self.elements is None or self.fraction is None, "fraction",
               lambda at: f"{at}elements and {at}fraction both given; keep one of them")

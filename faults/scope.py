@@ -13,9 +13,15 @@ belongs to. Full backward hooks would be simpler but insert identity nodes that
 change how gradients are summed, i.e. the bits of training; metadata does not. The
 walk runs in faults' native kernel (faults/native.cpp) where it is built.
 
-An op without a phase (the optimizer step, gradient clipping, bookkeeping) is never
-corrupted or checked, yet every call of an op an interceptor names costs a round trip
-through Python: a plain ``torch.optim`` step runs with the interceptors paused.
+Optimizer steps: global optimizer-step hooks mark each scope while a ``torch.optim`` step
+runs (`ModuleScope.optimizing`), and an op outside the forward and the backward in it is
+in the optimizer phase, which a fault rule may name (the update: ``addcdiv_``, ``lerp_``,
+``_foreach_addcdiv_``, ...). Every other op without a phase (gradient clipping,
+bookkeeping) is never corrupted or checked. Every call of an op an interceptor names
+costs a round trip through Python (or the emulator's gate), so a plain step runs with the
+interceptors paused unless one of them needs its ops now
+(`ScopedInterceptor.needs_optimizer_step`: the emulator, while a rule for the optimizer
+phase is armed).
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ class ModuleScope:
         built = native()
         self._label = functools.partial(_label_natively, built) if built is not None else _label
         self._forward: list[str] = []
+        self._optimizer: list[str] = []  # the class name of the optimizer whose step runs now, if one does
         self._starts: list[int] = []
         self._handles: list[RemovableHandle] = []
 
@@ -92,6 +99,7 @@ class ModuleScope:
             h.remove()
         self._handles.clear()
         self._forward.clear()
+        self._optimizer.clear()
         self._starts.clear()
 
     @property
@@ -104,6 +112,17 @@ class ModuleScope:
         """The paths of the hooked modules whose forward is running, outermost first: the live list, which the
         fault emulator's C++ gate reads on every call."""
         return self._forward
+
+    @property
+    def optimizing(self) -> bool:
+        """An optimizer's step() runs now: an op without a `phase` is one of its update's."""
+        return bool(self._optimizer)
+
+    @property
+    def optimizer_steps(self) -> list[str]:
+        """The class name of the optimizer whose step runs now, or empty: the live list, which the fault
+        emulator's C++ gate reads on a call without a phase."""
+        return self._optimizer
 
     def phase(self) -> Phase | None:
         return current_phase(bool(self._forward))
@@ -155,19 +174,23 @@ def _label(output: Any, path: str, start: int, end: int) -> None:
 class ScopedInterceptor(Interceptor):
     """An interceptor whose ``scope`` hooks are installed exactly while it is active.
 
-    No op of a plain ``torch.optim`` step has a phase, so none is ever corrupted or checked:
-    `_OptimizerSteps` runs such steps with the interceptors paused.
+    An op of a plain ``torch.optim`` step has no forward or backward phase: `_OptimizerSteps` runs such
+    steps with the interceptors paused, unless one of them `needs_optimizer_step`.
     """
 
     scope: ModuleScope
 
+    def needs_optimizer_step(self) -> bool:
+        """Whether the optimizer step about to run must reach this interceptor (called before each step)."""
+        return False
+
     def __enter__(self) -> ScopedInterceptor:
         self.scope.__enter__()
-        _OptimizerSteps.hold(self.scope)
+        _OptimizerSteps.hold(self)
         try:
             return super().__enter__()
         except BaseException:
-            _OptimizerSteps.release(self.scope)
+            _OptimizerSteps.release(self)
             self.scope.__exit__()
             raise
 
@@ -176,49 +199,57 @@ class ScopedInterceptor(Interceptor):
             resume()  # an optimizer step that raised left them paused
             super().__exit__(*exc)
         finally:
-            _OptimizerSteps.release(self.scope)
+            _OptimizerSteps.release(self)
             self.scope.__exit__()
 
 
 class _OptimizerSteps:
-    """Global optimizer-step hooks, held while any scoped interceptor is active: a step in which none could
-    touch an op runs with the interceptors paused on its thread."""
+    """Global optimizer-step hooks, held while any scoped interceptor is active: they mark the scopes while a
+    step runs, and a step in which none of the interceptors could touch an op runs with them paused on its
+    thread."""
 
     _lock = threading.Lock()
     _handles: list[RemovableHandle] = []
-    _scopes: list[ModuleScope] = []  # of the active scoped interceptors
+    _held: list[ScopedInterceptor] = []  # the active scoped interceptors
 
     @classmethod
-    def hold(cls, scope: ModuleScope) -> None:
+    def hold(cls, interceptor: ScopedInterceptor) -> None:
         with cls._lock:
-            if not cls._scopes:
+            if not cls._held:
                 cls._handles = [register_optimizer_step_pre_hook(cls._before),
                                 register_optimizer_step_post_hook(cls._after)]
-            cls._scopes = [*cls._scopes, scope]
+            cls._held = [*cls._held, interceptor]
 
     @classmethod
-    def release(cls, scope: ModuleScope) -> None:
+    def release(cls, interceptor: ScopedInterceptor) -> None:
         with cls._lock:
-            scopes = list(cls._scopes)
-            scopes.remove(scope)  # one entry: an interceptor entered twice holds two
-            cls._scopes = scopes
-            if not cls._scopes:
+            held = list(cls._held)
+            held.remove(interceptor)  # one entry: an interceptor entered twice holds two
+            cls._held = held
+            if not cls._held:
                 for h in cls._handles:
                     h.remove()
 
     @classmethod
     def _before(cls, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         resume()
-        # Phase None for every op: a torch.optim step turns grad off unless differentiable, only a closure
-        # (LBFGS) runs a forward inside it, and it is outside the backward unless a gradient hook calls it.
+        held = cls._held
+        name = type(optimizer).__name__
+        for interceptor in held:
+            interceptor.scope.optimizer_steps[:] = (name,)  # assigned, not appended: a step that raised left one
+        # Phase None for every op but the optimizer's: a torch.optim step turns grad off unless differentiable,
+        # only a closure (LBFGS) runs a forward inside it, and it is outside the backward unless a gradient
+        # hook calls it.
         builtin = type(optimizer).__module__.startswith("torch.optim.")
         closure = len(args) > 1 or kwargs.get("closure") is not None
         if not builtin or closure or optimizer.defaults.get("differentiable") or in_backward():
             return
-        if any(scope.forward_active for scope in cls._scopes):
+        if any(i.scope.forward_active for i in held) or any(i.needs_optimizer_step() for i in held):
             return
         pause()
 
     @classmethod
     def _after(cls, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         resume()
+        for interceptor in cls._held:
+            interceptor.scope.optimizer_steps.clear()

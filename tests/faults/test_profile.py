@@ -11,7 +11,7 @@ from faults.ops import resolve_collectives, resolve_ops
 from tests.faults.support import SHIPPED
 from tracer.errors import ConfigError, ValidationError
 from tracer.log import SCHEMA_VERSION, LogReader, LogWriter, RunHeader, rank_dir
-from tracer.log.records import Phase
+from faults.profile import RulePhase
 
 
 def test_shipped_profiles_load_with_a_description_and_rules() -> None:
@@ -27,7 +27,7 @@ def test_a_profile_loads_by_path_with_defaults(write_profile) -> None:
     profile = write_profile('[[fault]]\nops = ["mm", "aten.bmm", "softmax"]\nkind = "stuck"\nvalue = nan\n')
     (rule,) = profile.faults
     assert profile.name == "test-node" and profile.seed == 0
-    assert rule.phases == (Phase.FORWARD, Phase.BACKWARD) and rule.p_call == 1.0 and rule.elements == 1
+    assert rule.phases == (RulePhase.FORWARD, RulePhase.BACKWARD) and rule.p_call == 1.0 and rule.elements == 1
     assert rule.corruption.kind == "stuck" and rule.corruption.value != rule.corruption.value  # nan
     assert rule.schedule.p_enter == 1.0 and rule.schedule.p_exit == 0.0 and rule.schedule.stop is None
 
@@ -51,6 +51,14 @@ def test_a_rule_can_name_microbatches(write_profile) -> None:
 def test_a_rule_can_name_the_attempts_of_a_step_it_fires_in(write_profile) -> None:
     assert write_profile(RULE + "attempts = [0]\n").faults[0].attempts == (0,)  # the first run only
     assert write_profile(RULE).faults[0].attempts is None  # the first run and every re-run
+
+
+def test_a_rule_can_name_the_optimizer_phase(write_profile) -> None:
+    rule = write_profile(RULE + 'phases = ["optimizer", "forward"]\n').faults[0]
+    assert rule.phases == (RulePhase.FORWARD, RulePhase.OPTIMIZER)  # in step order
+    profile = write_profile('[[fault]]\nops = ["_foreach_addcdiv_"]\nphases = ["optimizer"]\nkind = "scale"\n'
+                            "factor = 2.0\n")
+    assert profile.faults[0].phases == (RulePhase.OPTIMIZER,) and profile.data["fault"][0]["phases"] == ["optimizer"]
 
 
 def test_a_rule_is_transient_unless_persistent(write_profile) -> None:
@@ -133,7 +141,10 @@ def test_a_tampered_header_is_refused(write_profile) -> None:
         ('[[fault]]\nops = []\nkind = "bitflip"\n', ["fault[0].ops = []", "non-empty array of op families"]),
         (RULE + "p_call = 1.5\n", ["fault[0].p_call = 1.5", "a number in [0, 1]"]),
         (RULE + 'p_exit = "often"\n', ["fault[0].p_exit must be a number in [0, 1], found string 'often'"]),
-        (RULE + 'phases = ["sideways"]\n', ["fault[0].phases", '"forward" and/or "backward"']),
+        (RULE + 'phases = ["sideways"]\n', ["fault[0].phases", 'some of "forward", "backward", "optimizer"']),
+        (RULE + 'phases = []\n', ["fault[0].phases = []", 'some of "forward", "backward", "optimizer"']),
+        (RULE + 'sites = "1"\nphases = ["forward", "optimizer"]\n',
+         ["fault[0].sites names module paths", 'put the "optimizer" phase in a rule of its own']),
         (RULE + "factor = 10\n", ['fault[0].factor applies only to kind = "scale"']),
         ('[[fault]]\nops = ["mm"]\nkind = "scale"\nfactor = [10, 1]\n', ["fault[0].factor = [10.0, 1.0]", "0 < low <= high"]),
         ('[[fault]]\nops = ["mm"]\nkind = "stuck"\n', ["fault[0].value is missing", "a number"]),

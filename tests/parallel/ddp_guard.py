@@ -1,9 +1,9 @@
 """Targets the replica-agreement and multi-rank guard tests launch in every rank (``jobs.launch``): a tiny MLP
-under DistributedDataParallel on gloo, traced with a guard, and an emulated fault in the optimizer update."""
+under DistributedDataParallel on gloo, traced with a guard, and the fault emulator playing a profile (a fault in
+one rank's optimizer update, or in its forward)."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,6 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from faults.node import emulated_node
 from faults.profile import load_profile
@@ -24,30 +23,18 @@ from tracer.log.records import EventRecord, Phase, TensorRecord
 from tracer.options import RunInfo, TraceOptions
 from tracer.tracing import Tracer
 
-UPDATE_OPS = ("aten.addcdiv_.", "aten._foreach_addcdiv_.")  # AdamW's update, one tensor at a time or foreach
-
-
-class CorruptUpdate(TorchDispatchMode):
-    """An unhealthy node's optimizer update: the first element the first AdamW ``addcdiv_`` (or its foreach form)
-    writes is scaled by ``factor``, and a ``fault`` event says so (the ground truth scoring reads)."""
-
-    def __init__(self, tracer: Tracer, factor: float = 1.5) -> None:
-        super().__init__()
-        self.tracer, self.factor, self.done = tracer, factor, False
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if not self.done and str(func).startswith(UPDATE_OPS):
-            self.done = True
-            target = args[0][0] if isinstance(args[0], list | tuple) else args[0]
-            target = target.to_local() if hasattr(target, "to_local") else target  # a DTensor: this rank's shard
-            flat = target.view(-1)
-            original = float(flat[0])
-            flat[0] *= self.factor
-            self.tracer.event("fault", microbatch=0, site="", op=str(func), phase="optimizer", kind="scale",
-                              elements=1, index=[0], original=[original], corrupted=[float(flat[0])],
-                              detail={"dtype": str(target.dtype).removeprefix("torch."), "factor": self.factor})
-        return out
+# One rank's AdamW update at one step: one element of what each ``addcdiv_`` (one call per parameter: AdamW's
+# update on the CPU) writes scaled by 1.5, in the optimizer phase. A DTensor parameter (HSDP): its local shard.
+UPDATE_ON_ONE_RANK = """
+[[fault]]
+ops = ["addcdiv_"]
+phases = ["optimizer"]
+steps = [{step}]
+ranks = [{rank}]
+elements = 1
+kind = "scale"
+factor = 1.5
+"""
 
 
 def tiny_ddp(width: int = 8) -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
@@ -67,11 +54,10 @@ def tiny_hsdp(width: int = 8) -> tuple[nn.Module, torch.optim.Optimizer, dist.Pr
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2), mesh.get_group("replicate")
 
 
-def train_with_replica_check(out: str, steps: int, fault_step: int = -1, fault_rank: int = 1,
-                             hsdp: bool = False) -> dict[str, Any]:
-    """Train ``steps`` steps with replica agreement on (DDP, or HSDP with the mesh's replicate group); rank
-    ``fault_rank`` corrupts its update at ``fault_step``. Returns the ``replicas`` and ``guard`` events this rank
-    logged, as (step, fields)."""
+def train_with_replica_check(out: str, steps: int, profile_path: str = "", hsdp: bool = False) -> dict[str, Any]:
+    """Train ``steps`` steps with replica agreement on (DDP, or HSDP with the mesh's replicate group), under the
+    fault emulator with the profile at ``profile_path`` if given (`UPDATE_ON_ONE_RANK`). Returns the ``replicas``,
+    ``guard`` and ``fault`` events this rank logged, as (step, fields)."""
     rank = dist.get_rank()
     if hsdp:
         ddp, optimizer, group = tiny_hsdp()
@@ -79,19 +65,18 @@ def train_with_replica_check(out: str, steps: int, fault_step: int = -1, fault_r
         (ddp, optimizer), group = tiny_ddp(), None
     data = torch.Generator().manual_seed(100 + rank)  # each replica its own data
     guard = Guard(detectors=(NonFinite(),), replicas=ReplicaAgreement(group=group))
-    events: dict[str, list] = {"replicas": [], "guard": []}
+    events: dict[str, list] = {"replicas": [], "guard": [], "fault": []}
+    profile = load_profile(profile_path) if profile_path else None
     tracer = Tracer(ddp, optimizer, out=out, run=RunInfo(f"rank{rank}"), options=TraceOptions(activations=False),
                     guard=guard, echo=None)
-    with tracer:
+    with tracer, emulated_node(tracer, ddp, fault_profile=profile, fault_seed=0):
         for step in range(steps):
             with tracer.step(step):
                 x = torch.randn(4, 8, generator=data)
                 loss = (ddp(x) - x.flip(-1)).pow(2).mean()
                 loss.backward()
                 tracer.loss(loss)
-                faulty = step == fault_step and rank == fault_rank
-                with CorruptUpdate(tracer) if faulty else contextlib.nullcontext():
-                    optimizer.step()
+                optimizer.step()
                 optimizer.zero_grad()
     for r in LogReader(rank_dir(Path(out), rank)).records():
         if isinstance(r, EventRecord) and r.kind in events:
