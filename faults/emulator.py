@@ -254,7 +254,7 @@ class FaultEmulator(ScopedInterceptor):
         step, microbatch, *attempt = clock
         rng = self._draws_for(i, step, microbatch, *attempt)
         if rng.random() < self.profile.faults[i].p_call:
-            site = self._site(i, phase)
+            site = self._where(self._site(i, phase), phase)
             with own_ops():
                 out = self._corrupt(i, func, args, out, rng, site, phase, microbatch)
         return out
@@ -276,6 +276,20 @@ class FaultEmulator(ScopedInterceptor):
             if pattern.fullmatch(path) if pattern is not None else path in self._site_names:
                 return path
         return None if pattern is not None else ""
+
+    def _where(self, site: str, phase: RulePhase) -> str:
+        """The module a hit names: the deepest traced site on the stack inside the one the rule matched (a rule on
+        ``blocks.1.mlp`` hitting a matmul of a traced ``blocks.1.mlp.0`` happened in ``blocks.1.mlp.0``, and the
+        diff looks for it there), else the matched module itself."""
+        if not site or phase == RulePhase.OPTIMIZER:
+            return site
+        inside = site + "."
+        for path in reversed(self.scope.stack(Phase.FORWARD if phase == RulePhase.FORWARD else Phase.BACKWARD)):
+            if path == site:
+                break
+            if path.startswith(inside) and path in self._site_names:
+                return path
+        return site
 
     def _draws_for(self, rule: int, step: int, microbatch: int, attempt: int = 0) -> random.Random:
         self._sync()

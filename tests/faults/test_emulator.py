@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -124,6 +125,24 @@ def test_it_corrupts_any_model_and_logs_what_it_did(write_profile) -> None:
     assert fault["original"] == healthy_out.flatten()[hit].tolist()
 
 
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_a_rule_on_a_block_names_the_traced_site_inside_it_that_the_op_ran_in(write_profile, phase: str) -> None:
+    """A rule on ``ffn`` hitting the matmul of a traced ``ffn.up`` happened in ``ffn.up``: the fault event says so
+    (not ``ffn``), so the diff finds it at the site that diverged, and no untraced-module warning is given."""
+    profile = write_profile(f'[[fault]]\nops = ["mm", "addmm"]\nsites = "ffn"\nphases = ["{phase}"]\nkind = "scale"\n'
+                            'factor = 2.0\n')
+    model = nn.Sequential()
+    model.add_module("ffn", nn.Sequential())
+    model.ffn.add_module("up", nn.Linear(4, 8))
+    model.ffn.add_module("act", nn.GELU())
+    log: list[tuple[str, dict]] = []
+    with FaultEmulator(profile, model, clock=lambda: (0, 0), sink=lambda k, f: log.append((k, f)),
+                       sites=r"ffn\.up|ffn\.act"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.randn(3, 4, requires_grad=True)).sum().backward()
+    assert log and {(f["site"], f["phase"]) for _, f in log} == {("ffn.up", phase)}
+
+
 def test_a_site_pattern_that_matches_no_module_is_an_error(write_profile) -> None:
     profile = write_profile('[[fault]]\nops = ["mm"]\nsites = "decoder.*"\nkind = "bitflip"\n')
     with pytest.raises(ConfigError, match=r"test-node.toml: fault\[0\].sites = 'decoder.\*' matches no module path"):
@@ -233,3 +252,27 @@ def test_faults_land_on_the_calls_the_documented_draws_pick(tmp_path: Path, writ
     assert got == expected
     assert {op for _, _, op, _, _ in got} >= {"aten.mm.default", "aten.mul.Tensor", "aten.add_.Tensor"}
     assert {phase for *_, phase, _ in got} == {"forward", "backward"} and {s for s, *_ in got} == set(range(steps))
+
+
+def test_a_fault_in_an_op_on_dtensors_hits_this_ranks_shard_and_names_its_site(tmp_path: Path, write_profile) -> None:
+    """Under tensor parallelism the parallelized linears compute on DTensors: the emulator corrupts this rank's
+    local shard of the result (it used to stop the run reading a DTensor's storage)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from tests.tracer.test_sites import one_rank_group
+
+    profile = write_profile('[[fault]]\nops = ["matmul"]\nsites = "mlp"\nkind = "stuck"\nvalue = 7.0\n')
+    with one_rank_group(tmp_path):
+        model = nn.Sequential()
+        model.add_module("mlp", nn.Sequential(nn.Linear(4, 8)))
+        parallelize_module(model.mlp, init_device_mesh("cpu", (1,)), {"0": ColwiseParallel()})
+        x = torch.randn(3, 4)
+        healthy = model(x).detach().clone()
+        log: list[tuple[str, dict]] = []
+        with FaultEmulator(profile, model, clock=lambda: (0, 0), sink=lambda k, f: log.append((k, f)), sites="mlp.0"):
+            out = model(x).detach()
+    ((_, fault),) = log
+    assert (fault["site"], fault["op"], fault["corrupted"]) == ("mlp.0", "aten.addmm.default", [7.0])
+    changed = (out != healthy).flatten().nonzero().flatten().tolist()
+    assert changed == fault["index"] and out.flatten()[changed].tolist() == [7.0]

@@ -28,8 +28,8 @@ EXAMPLE = "examples.torchrun_tp"
 SITES = [f"blocks.{b}.mlp.{i}" for b in (0, 1) for i in (0, 1, 2)]
 LINEARS = [f"blocks.{b}.mlp.{i}" for b in (0, 1) for i in (0, 2)]
 
-# The linears compute on DTensors, whose results the fault emulator cannot corrupt yet; the GELU between them runs
-# on each rank's share of the hidden units.
+# The GELU between the linears runs on each rank's share of the hidden units, so its fault stays on rank 1's site
+# (a fault in mlp.2's partial sums would reach rank 0 through the all-reduce).
 RANK1_FAULT = rank1_fault("gelu")
 
 
