@@ -45,6 +45,7 @@ from pipelines.sink import write_table
 from pipelines.staging import Echo, check_problems, local_copy, report_runs
 from pipelines.tables import table
 from tracer.errors import SdcError, StorageError, UsageError
+from tracer.printable import printable
 
 HEARTBEAT_S = 15.0
 
@@ -59,7 +60,9 @@ class DiffReport:
 
 
 def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
-    """`sdc diff`: plan, run the Beam job, check what it found, load into DuckDB, summarise."""
+    """`sdc diff`: plan, run the Beam job, check what it found, load into DuckDB, summarise. Every line goes through
+    `printable`: node labels, run ids, paths and site names come from the logs and the database."""
+    echo = _printable(echo)
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     # Beam logs a failing step's error with its traceback, then re-raises it here, where it becomes one line (or a
     # traceback of its own, if it is no error a user can cause): its log would print the traceback twice.
@@ -129,6 +132,13 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
     for line in summarize_pair(request.db, plan.pair_id):
         echo(line)
     return report
+
+
+def _printable(echo: Echo) -> Echo:
+    def say(line: str) -> None:
+        echo(printable(line))
+
+    return say
 
 
 @contextmanager
