@@ -5,19 +5,19 @@
 Everything happens in one transaction: the pair's old rows (and the old rows of its
 runs, in the tables keyed by run) are deleted, the new ones inserted, so loading a
 pair again replaces it and a failed load leaves the database as it was. Many pairs and
-nodes share one database. This is the only place that opens the database read-write.
+nodes share one database. The database is opened read-write only through `analysis.study_db.open_writable`,
+which creates a new file or opens one sdctrace wrote, and refuses anything else untouched.
 """
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 import duckdb
 
+from analysis.study_db import SCHEMA_VERSION, VERSION_TABLE, open_writable, schema_sql
 from tracer.errors import UsageError
 
-SCHEMA_VERSION = 7
 # Tables keyed by (run_id, rank), shared by every pair a run belongs to; the runs loaded are those in <staging>/runs.
 RUN_TABLES = ("runs", "finetune_eval", "finetune_predictions", "sharpness")
 # Tables holding a pair_id column, each loaded from <staging>/<table>/*.parquet.
@@ -43,34 +43,18 @@ PAIR_TABLES = (
 TABLES = (*RUN_TABLES, *PAIR_TABLES)
 
 
-def schema_sql() -> str:
-    return resources.files("analysis").joinpath("schema.sql").read_text()
-
-
-def connect_writable(db_path: str | Path) -> duckdb.DuckDBPyConnection:
-    """A read-write connection to the study database; a directory, a file that is no DuckDB database or a database
-    another process holds are one-line UsageErrors naming --db and the fix."""
-    from analysis.queries import open_error
-
-    path = Path(db_path)
-    if path.is_dir():
-        raise UsageError(f"--db {path}: is a directory, not a study database; give a .duckdb file path")
-    try:
-        return duckdb.connect(str(path))
-    except duckdb.Error as exc:
-        raise open_error(path, exc) from None
-
-
 def load_parquet(db_path: str | Path, staging_dir: str | Path, pair_id: str) -> dict[str, int]:
     """Replace `pair_id`'s rows with those in `staging_dir`; rows loaded per table."""
     staging = Path(staging_dir)
     files = {t: sorted(str(p) for p in (staging / t).glob("*.parquet")) for t in TABLES}
     if not files["pairs"]:
         raise UsageError(f"{staging}: holds no pairs/*.parquet; expected the staging directory of one `sdc diff` run")
-    con = connect_writable(db_path)
+    wal = Path(f"{db_path}.wal")
+    had_wal = wal.exists()
+    con = open_writable(db_path)
     try:
         con.execute("BEGIN TRANSACTION")
-        _ensure_schema(con, db_path)
+        _ensure_schema(con)
         counts = {}
         loaded = "(run_id, rank) IN (SELECT (run_id, rank) FROM read_parquet(?))"
         for t in RUN_TABLES:
@@ -86,23 +70,29 @@ def load_parquet(db_path: str | Path, staging_dir: str | Path, pair_id: str) -> 
             counts[t] = _count(con, t, "pair_id = ?", [pair_id])
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    finally:
+        _rollback(con)
         con.close()
+        if not had_wal and wal.is_file() and wal.stat().st_size == 0:
+            wal.unlink()  # what a COMMIT that failed on a full disk leaves: the database is as it was without it
+        raise
+    con.close()
     return counts
 
 
-def _ensure_schema(con: duckdb.DuckDBPyConnection, db_path: str | Path) -> None:
+def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """The schema's tables and views, and the version row (`open_writable` checked any existing ones)."""
     con.execute(schema_sql())
-    found = [v for (v,) in con.execute("SELECT DISTINCT version FROM sdctrace_schema").fetchall()]
-    if not found:
-        con.execute("INSERT INTO sdctrace_schema VALUES (?)", [SCHEMA_VERSION])
-    elif found != [SCHEMA_VERSION]:
-        raise UsageError(
-            f"{db_path}: a study database of schema version {found}, this sdctrace writes version {SCHEMA_VERSION}; "
-            "load into a new --db file"
-        )
+    if not con.execute(f"SELECT count(*) FROM {VERSION_TABLE}").fetchone()[0]:
+        con.execute(f"INSERT INTO {VERSION_TABLE} VALUES (?)", [SCHEMA_VERSION])
+
+
+def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Undo the open transaction; a failed COMMIT (a full disk) has ended it already, and DuckDB's complaint about
+    that would hide the reason."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.TransactionException:
+        pass
 
 
 def _count(con: duckdb.DuckDBPyConnection, table: str, where: str, params: list) -> int:

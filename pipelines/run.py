@@ -26,21 +26,26 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import duckdb
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.runners.runner import PipelineState
 
-from analysis.load import connect_writable, load_parquet
+from analysis.load import load_parquet
 from analysis.pair_summary import summarize_pair
+from analysis.study_db import check_study_db, duckdb_message, publish_new_db
 from pipelines.arguments import DiffRequest, add_arguments
 from pipelines.beam_job import build_pipeline, job_counters, run_job
+from pipelines.full_disk import full_disk_reason
 from pipelines.plan import plan_diff
 from pipelines.runner_options import describe_runner, new_pipeline, pipeline_options
 from pipelines.scratch import beam_temp, scratch_dir
 from pipelines.sink import write_table
 from pipelines.staging import Echo, check_problems, local_copy, report_runs
 from pipelines.tables import table
-from tracer.errors import SdcError, UsageError
+from tracer.errors import SdcError, StorageError, UsageError
+from tracer.printable import printable
 
 HEARTBEAT_S = 15.0
 
@@ -55,8 +60,13 @@ class DiffReport:
 
 
 def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
-    """`sdc diff`: plan, run the Beam job, check what it found, load into DuckDB, summarise."""
+    """`sdc diff`: plan, run the Beam job, check what it found, load into DuckDB, summarise. Every line goes through
+    `printable`: node labels, run ids, paths and site names come from the logs and the database."""
+    echo = _printable(echo)
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    # Beam logs a failing step's error with its traceback, then re-raises it here, where it becomes one line (or a
+    # traceback of its own, if it is no error a user can cause): its log would print the traceback twice.
+    logging.getLogger("apache_beam.runners.common").setLevel(logging.CRITICAL)
     echo("reading run headers ...")
     plan = plan_diff(request)
     for side, run in plan.sides().items():
@@ -73,11 +83,14 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
     if keep and FileSystems.match([FileSystems.join(request.staging, "**")])[0].metadata_list:
         raise UsageError(f"--staging {request.staging}: not empty; give an empty or new directory (all its "
                          "Parquet is loaded as this pair's)")
-    request.db.resolve().parent.mkdir(parents=True, exist_ok=True)
-    created = not request.db.exists()
-    connect_writable(request.db).close()  # a bad or locked --db fails now, not after the Beam job
-    staging = request.staging or scratch_dir(request.db.resolve().parent, "staging")
+    check_study_db(request.db)  # a foreign, other-version, unreadable or locked --db fails now, untouched
+    parent = request.db.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = request.staging or scratch_dir(parent, "staging")
+    # A new database is loaded beside its place and linked there whole: a failed diff leaves none, not a part.
+    new_db = None if request.db.exists() else Path(scratch_dir(parent, "db")) / request.db.name
     report = DiffReport(plan.pair_id, staging)
+    stage = f"the Beam job writing Parquet to {staging}"
     try:
         echo(f"[2/3] Beam job on {describe_runner(opts)}, Parquet to {staging} ...")
         start = time.perf_counter()
@@ -97,18 +110,35 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
             check_problems(local, request.skip_corrupt, echo)
             report_runs(local, plan, echo)
             echo(f"[3/3] loading into {request.db} ...")
-            report.rows = load_parquet(request.db, local, plan.pair_id)
-    except BaseException:
-        if created:  # the early check made an empty database: a failed diff leaves none
-            for path in (request.db, request.db.with_name(request.db.name + ".wal")):
-                path.unlink(missing_ok=True)
+            stage = f"loading into {request.db}"
+            report.rows = load_parquet(new_db or request.db, local, plan.pair_id)
+        if new_db is not None:
+            publish_new_db(new_db, request.db)
+    except Exception as exc:
+        if (reason := full_disk_reason(exc)) is not None:
+            kept = "no database was created" if new_db is not None else f"{request.db} is as it was"
+            raise StorageError(f"{stage}: {reason}; {kept}. Free space there (or raise the file size limit), or "
+                               "give --staging / --db on another file system, and run the diff again") from None
+        if isinstance(exc, duckdb.Error):
+            raise StorageError(f"{stage}: DuckDB failed: {duckdb_message(exc)}; "
+                               f"{'no database was created' if new_db is not None else 'the database is as it was'}"
+                               ) from None
         raise
     finally:
         if not keep:
             shutil.rmtree(staging, ignore_errors=True)
+        if new_db is not None:
+            shutil.rmtree(new_db.parent, ignore_errors=True)
     for line in summarize_pair(request.db, plan.pair_id):
         echo(line)
     return report
+
+
+def _printable(echo: Echo) -> Echo:
+    def say(line: str) -> None:
+        echo(printable(line))
+
+    return say
 
 
 @contextmanager

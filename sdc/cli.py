@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from sdc import commands
 from tracer.errors import SdcError
+from tracer.printable import printable
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line_warnings(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
-    print(f"sdc: warning: {message}", file=sys.stderr)
+    print(f"sdc: warning: {printable(str(message))}", file=sys.stderr)
 
 
 def _sdc_error(exc: BaseException) -> SdcError | None:
@@ -60,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = _sdc_error(exc)
         if debug or error is None:
             raise
-        print(f"sdc: error: {error}", file=sys.stderr)
+        print(f"sdc: error: {printable(str(error))}", file=sys.stderr)
         return getattr(error, "exit_code", EXIT_ERROR)
     except KeyboardInterrupt:
         print("sdc: interrupted", file=sys.stderr)

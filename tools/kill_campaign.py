@@ -114,6 +114,69 @@ def bad_command_lines(root: Path, totals: Counter[str]) -> None:
         print(f"bad  {' '.join(args[:2]):<28} {kind:<9} {line[:110]}")
 
 
+def diff_full_disks_and_foreign_dbs(root: Path, totals: Counter[str]) -> None:
+    """`sdc diff` of the timing run with itself under a file size limit (RLIMIT_FSIZE, SIGXFSZ ignored: a write past
+    it fails with EFBIG, as on a full disk), into a new --db and into a copy of one that holds the pair; then into
+    databases sdctrace did not create. Counts each outcome, and as "data lost" a failed diff that left a new
+    database (or a scratch folder) behind, or changed an existing or foreign one."""
+    import hashlib
+    import resource
+    import shutil
+    import signal
+
+    import duckdb
+
+    run, work = root / "timing", root / "full-disk"
+    work.mkdir()
+    base = work / "base.duckdb"
+    subprocess.run([*SDC, "diff", "--golden", str(run), "--suspect", str(run), "--db", str(base)],
+                   capture_output=True, timeout=TIMEOUT_S, check=True)
+
+    def digest(path: Path) -> str | None:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+
+    def diff(db: Path, limit: int | None) -> tuple[str, str]:
+        def limit_writes() -> None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+        try:
+            done = subprocess.run([*SDC, "diff", "--golden", str(run), "--suspect", str(run), "--db", str(db)],
+                                  capture_output=True, text=True, timeout=TIMEOUT_S,
+                                  preexec_fn=limit_writes if limit else None)
+        except subprocess.TimeoutExpired:
+            return "hang", ""
+        lines = done.stderr.strip().splitlines()
+        if done.returncode == 0:
+            return "ok", "loaded"
+        if "Traceback" in done.stderr or len(lines) != 1 or not lines[0].startswith("sdc: error"):
+            return "traceback", lines[-1] if lines else ""
+        return "clean", lines[0]
+
+    foreign = {"foreign duckdb": "CREATE TABLE runs (x INTEGER)", "text file": None}
+    cases = [(f"{kind} db, limit {limit}", kind, limit) for kind in ("new", "existing")
+             for limit in (1_000, 4_000, 16_000, 64_000, 256_000, 1 << 20)]
+    cases += [(name, name, None) for name in foreign]
+    for i, (name, kind, limit) in enumerate(cases):
+        folder = work / f"case-{i}"
+        folder.mkdir()
+        db = folder / "study.duckdb"
+        if kind == "existing":
+            shutil.copy(base, db)
+        elif kind == "text file":
+            db.write_text("my notes\n")
+        elif kind in foreign:
+            with duckdb.connect(str(db)) as con:
+                con.execute(foreign[kind])
+        before = digest(db)
+        result, line = diff(db, limit)
+        left = sorted(p.name for p in folder.iterdir() if p.name != db.name)
+        lost = result != "ok" and (digest(db) != before or bool(left))
+        totals[f"diff full disk/{result}"] += 1
+        totals["diff full disk/data lost"] += lost
+        print(f"disk {name:<28} {result:<9} {'DATA LOST ' if lost else ''}{line[:110]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kills", type=int, default=30, help="recordings to kill (default 30)")
@@ -123,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sdc-campaign-") as tmp:
         kills(args.kills, args.seed, Path(tmp), totals)
         bad_command_lines(Path(tmp), totals)
+        diff_full_disks_and_foreign_dbs(Path(tmp), totals)
     print("\ntotals:")
     for key, count in sorted(totals.items()):
         print(f"  {key:<48} {count}")

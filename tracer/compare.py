@@ -14,6 +14,7 @@ from tracer.errors import ValidationError
 from tracer.log import list_ranks, rank_dir
 from tracer.log.reader import LogReader
 from tracer.log.records import Phase, TensorRecord, describe_microbatch
+from tracer.printable import printable
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,12 @@ class Divergence:
     def describe(self) -> str:
         """One line: where, and how the two records differ."""
         mb = describe_microbatch(self.microbatch)
-        where = f"rank {self.rank}, step {self.step}, {mb}, {self.phase.name.lower()} {self.name}"
+        where = f"rank {self.rank}, step {self.step}, {mb}, {self.phase.name.lower()} {printable(self.name)}"
         a, b = self.golden, self.suspect
         if a is None or b is None:
             return f"{where}: the runs recorded different events here (one has no matching event)"
         if (a.name, a.phase) != (b.name, b.phase):
-            return f"{where}: event order differs ({a.name} vs {b.name})"
+            return f"{where}: event order differs ({printable(a.name)} vs {printable(b.name)})"
         return f"{where}: fingerprint {a.fingerprint:016x} vs {b.fingerprint:016x} (L2 {a.l2:.6g} vs {b.l2:.6g})"
 
 

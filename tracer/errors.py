@@ -52,6 +52,11 @@ class ValidationError(SdcError):
     """Two runs, or a run and a request, do not fit together (pairing, steps, blobs)."""
 
 
+class StorageError(SdcError):
+    """Writing failed: a file system filled up, a file size limit was reached, or a database refused the write.
+    What was being written is left out; what was there before is as it was."""
+
+
 class TraceWarning(UserWarning):
     """Something is recorded less completely than asked (a site with no gradient, microbatches
     logged as one); training goes on."""

@@ -9,9 +9,10 @@ Each query is one ``.sql`` file in this folder: first line ``-- <description>``,
 chain of named CTEs, no parameters, a deterministic ORDER BY. Any ``.sql`` file dropped
 here is a query; `sdc query`, `sdc report` and these functions all read them from here.
 
-User SQL never changes anything: the database is opened read-only, only a single SELECT
-(or EXPLAIN) statement is accepted, and file system access (COPY ... TO, ATTACH,
-INSTALL, read_csv) is switched off with the configuration locked.
+User SQL never changes anything: the database is opened read-only (`analysis.study_db.open_read_only`,
+which refuses a file sdctrace did not write), only a single SELECT (or EXPLAIN) statement is
+accepted, and file system access (COPY ... TO, ATTACH, INSTALL, read_csv) is switched off with
+the configuration locked.
 """
 
 from __future__ import annotations
@@ -26,14 +27,11 @@ from typing import Any
 
 import duckdb
 
+from analysis.study_db import duckdb_message, open_read_only
 from tracer.errors import UsageError, ValidationError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
-# One thread: DuckDB's parallel aggregates of doubles (sums, regr_slope, var_pop) combine in any order, so the same
-# query could differ in its last bits from run to run; named queries and the report must not.
-_LOCKED = {"enable_external_access": False, "threads": 1, "lock_configuration": True}
-_MESSAGE_CHARS = 300  # DuckDB's advice after a failed CSV sniff alone runs to a kilobyte
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,7 @@ class QueryLibrary:
     def run(self, db_path: str | Path, name_or_sql: str) -> Result:
         """A query by name, or one SELECT statement, on a read-only connection to ``db_path``."""
         text = self._resolve(name_or_sql)
-        con = connect(db_path)
+        con = open_read_only(db_path)
         try:
             _check_read_only(con, text)
             try:
@@ -76,7 +74,7 @@ class QueryLibrary:
                 columns = [d[0] for d in cursor.description]
                 return Result(columns, cursor.fetchall())
             except duckdb.Error as exc:
-                raise ValidationError(f"{db_path}: the query failed: {_one_line(exc)}") from None
+                raise ValidationError(f"{db_path}: the query failed: {duckdb_message(exc)}") from None
         finally:
             con.close()
 
@@ -93,38 +91,11 @@ class QueryLibrary:
         return name_or_sql
 
 
-def connect(db_path: str | Path) -> duckdb.DuckDBPyConnection:
-    """A read-only connection without file system access, its configuration locked."""
-    path = Path(db_path)
-    if path.is_dir():
-        raise UsageError(f"--db {path}: is a directory, not a study database; name the .duckdb file `sdc diff` wrote")
-    if not path.is_file():
-        raise UsageError(f"{path}: no such study database; create it with `sdc diff ... --db {path}`")
-    try:
-        return duckdb.connect(str(path), read_only=True, config=dict(_LOCKED))
-    except duckdb.Error as exc:
-        raise open_error(path, exc) from None
-
-
-def open_error(path: Path, exc: BaseException) -> UsageError:
-    """The one-line error for a study database DuckDB cannot open: locked by another process, or not a database."""
-    text = _one_line(exc)
-    if "lock" in text.lower():
-        return UsageError(
-            f"--db {path}: locked by another process that has it open for writing ({text}); wait for that `sdc diff` "
-            "or other DuckDB writer to finish (or close it), or use another --db"
-        )
-    return UsageError(
-        f"--db {path}: cannot open as a DuckDB study database ({text}); give the .duckdb file `sdc diff` wrote, "
-        "or a new path"
-    )
-
-
 def _check_read_only(con: duckdb.DuckDBPyConnection, text: str) -> None:
     try:
         statements = con.extract_statements(text)
     except duckdb.Error as exc:
-        raise ValidationError(f"the SQL does not parse: {_one_line(exc)}") from None
+        raise ValidationError(f"the SQL does not parse: {duckdb_message(exc)}") from None
     if len(statements) != 1:
         raise UsageError(f"expected one SQL statement, found {len(statements)}; run them one at a time")
     kind = statements[0].type
@@ -132,14 +103,6 @@ def _check_read_only(con: duckdb.DuckDBPyConnection, text: str) -> None:
         raise UsageError(
             f"refused a {kind.name} statement: queries are read-only, only SELECT (or EXPLAIN) runs here"
         )
-
-
-def _one_line(exc: BaseException) -> str:
-    """DuckDB's message up to its ``LINE n:`` excerpt, on one line."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    cut = next((i for i, ln in enumerate(lines) if ln.startswith("LINE ")), len(lines))
-    text = " ".join(lines[:cut] or lines)
-    return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
 
 
 LIBRARY = QueryLibrary(resources.files(__name__))

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
+from tracer.printable import printable
 from tracer.summary import RankSummary, summarize_run
 
 
@@ -106,7 +107,7 @@ def _as_text(run: Path, s: RankSummary) -> str:
     ]
     if h.extra:
         lines.append(f"  extra        {json.dumps(h.extra, default=str)}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def _plural(n: int, word: str) -> str:

@@ -30,7 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--format",
         choices=("table", "csv", "json"),
         default="table",
-        help="table: aligned, floats to 4 significant digits (default); csv, json: every digit, for programs",
+        help="table: aligned, floats to 4 significant digits (default); csv, json: every digit, for programs. Table "
+             "and csv escape control characters (ANSI escapes, \\r, ...); every DuckDB type has one JSON form "
+             "(ISO 8601 times and durations, base64 BLOBs, UUIDs as strings: analysis/formats.py)",
     )
     p.set_defaults(handler=run)
 

@@ -38,6 +38,7 @@ from tracer.log import Entry, EventRecord, LostRange, TensorRecord, rank_dir
 from tracer.log.follow import POLL_S, LogFollower, Resumed
 from tracer.log.records import describe_microbatch
 from tracer.pairing import check_pair
+from tracer.printable import printable
 
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_INCOMPLETE = 0, 3, 4
 SIDES = ("golden", "suspect")
@@ -389,4 +390,4 @@ class Watch:
         return EXIT_INCOMPLETE
 
     def _say(self, line: str) -> None:
-        print(line, file=self.out, flush=True)
+        print(printable(line), file=self.out, flush=True)

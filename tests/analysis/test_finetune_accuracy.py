@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from analysis.load import schema_sql
+from analysis.study_db import schema_sql
 from workload.multiple_choice import collapsed
 
 QUERY = Path(__file__).resolve().parents[2] / "analysis" / "queries" / "rq3_finetune_accuracy.sql"

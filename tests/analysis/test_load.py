@@ -9,7 +9,8 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.load import PAIR_TABLES, RUN_TABLES, SCHEMA_VERSION, TABLES, load_parquet, schema_sql
+from analysis.load import PAIR_TABLES, RUN_TABLES, TABLES, load_parquet
+from analysis.study_db import SCHEMA_VERSION, schema_sql
 from pipelines.tables import SCHEMAS, table
 from tracer.errors import UsageError
 

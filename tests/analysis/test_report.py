@@ -10,7 +10,7 @@ import duckdb
 import pytest
 
 from analysis import queries
-from analysis.load import schema_sql
+from analysis.study_db import schema_sql
 from analysis.study_report import build_report
 from sdc.cli import main
 from tests.analysis.conftest import Study

@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from analysis.load import SCHEMA_VERSION
+from analysis.study_db import SCHEMA_VERSION
 from analysis.queries import LIBRARY
 from faults import load_profile
 from pipelines.arguments import DiffRequest
