@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from analysis.study_report import build_report
 
-    created = not args.out.exists()
+    created = not os.path.lexists(args.out)
     try:
         with claim_folder(args.out, REPORT_FOLDER, overwrite=args.overwrite):
             report = build_report(args.db, args.out, progress=not args.quiet)

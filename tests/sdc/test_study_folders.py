@@ -90,3 +90,20 @@ def test_resume_with_a_broken_state_file_is_one_line(tmp_path: Path, capsys, con
     (out / "study-state.json").write_bytes(content)
     err = one_line_error(capsys, ["study", str(path), "--out", str(out), "--quiet", "--resume"])
     assert f"{out / 'study-state.json'}: " in err and says in err and "--overwrite" in err
+
+
+def test_a_label_too_long_for_a_file_name_is_refused_at_load(tmp_path: Path, capsys) -> None:
+    path = study_file(tmp_path)
+    path.write_text(path.read_text().replace('label = "twin"', f'label = "{"n" * 5000}"'))
+    err = one_line_error(capsys, ["study", str(path), "--out", str(tmp_path / "out"), "--quiet"])
+    assert "node[0].label" in err and "(5000 characters)' must be letters, digits, '.', '_' or '-' (64 at most)" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", [["study", "{study}"], ["report", "--db", "{tmp}/none.duckdb"],
+                                     ["record", "--steps", "1"]])
+def test_an_out_too_long_for_a_file_name_is_one_line(tmp_path: Path, capsys, command: list[str]) -> None:
+    path = study_file(tmp_path)
+    argv = [a.replace("{study}", str(path)).replace("{tmp}", str(tmp_path)) for a in command]
+    err = one_line_error(capsys, [*argv, "--out", str(tmp_path / ("o" * 300)), "--quiet"])
+    assert "a name of 300 bytes in it (at most 255); choose a shorter --out" in err

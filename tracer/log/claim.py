@@ -30,6 +30,7 @@ from tracer.log.layout import LOCK_FILE, list_ranks, list_segments, rank_dir, wr
 from tracer.log.reader import LogReader
 from tracer.log.runlock import RunLock
 
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits, in bytes, on one name in a path and on a whole path
 _KINDS = {"train": "a recording", "replay": "a replay log", "finetune": "a fine-tune"}
 
 
@@ -90,6 +91,7 @@ def claim_folder(out: Path, kind: FolderKind, *, overwrite: bool, inputs: Sequen
     it is refused. A file sdctrace did not write is never deleted: it is named, and nothing is deleted.
     """
     out = Path(out)
+    refuse_long_names(out, "--out")
     _refuse_inputs(out, [Path(i) for i in inputs if i is not None])
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a directory; choose another --out")
@@ -125,6 +127,7 @@ def reclaim_folder(out: Path, kind: FolderKind, *, missing: str) -> RunLock:
     """Lock ``out``, a folder of ``kind``, to continue it (a resume); deletes nothing. ``missing``: the error's
     fix when there is no such folder."""
     out = Path(out)
+    refuse_long_names(out, "--out")
     if not out.is_dir():
         raise UsageError(f"{out}: no {kind.noun} to resume there; {missing}")
     lock = RunLock.acquire(out)
@@ -145,6 +148,17 @@ def reclaim_out_dir(out: Path, *, role: str) -> RunLock:
         lock.release()
         raise
     return lock
+
+
+def refuse_long_names(path: Path, option: str) -> None:
+    """Refuse, in one line, a path the file system cannot name: a part over NAME_MAX bytes, or over PATH_MAX."""
+    parts = [p.encode("utf-8", "surrogateescape") for p in Path(path).parts]
+    too_long = next((p for p in parts if len(p) > NAME_MAX), None)
+    if too_long is not None or len(os.fsencode(path)) >= PATH_MAX:
+        what = (f"a name of {len(too_long)} bytes in it (at most {NAME_MAX})" if too_long is not None
+                else f"{len(os.fsencode(path))} bytes long (at most {PATH_MAX - 1})")
+        shown = str(path) if len(str(path)) <= 80 else f"{str(path)[:40]}..."
+        raise UsageError(f"{option} {shown}: {what}; choose a shorter {option}")
 
 
 def _refuse_inputs(out: Path, inputs: list[Path]) -> None:
