@@ -135,8 +135,8 @@ def full_disks(root: Path, totals: Counter[str], seed: int) -> None:
     rng = random.Random(seed)
     for fsize in FSIZES:
         cases = [("record", ["record", "--out", str(root / f"full-{fsize}"), "--node-label", "f", *TINY]),
-                 ("study", ["study", "demo", "--out", str(root / f"study-{fsize}"), "--set", "run.steps=4",
-                            "--set", "model.n_layers=1", "--quiet"])]
+                 ("study", ["study", "demo", "--out", str(root / f"study-{fsize}"), "--set", "model.n_layers=1",
+                            "--quiet"])]
         cases += [(f"diff {name}", args(root, fsize)) for name, args in DIFF_FULL_DISK]
         for name, args in cases:
             kind, line = outcome(args, fsize)
@@ -145,8 +145,9 @@ def full_disks(root: Path, totals: Counter[str], seed: int) -> None:
         out = root / f"resume-{fsize}"
         proc = subprocess.Popen([*SDC, "record", "--out", str(out), "--node-label", "r", *TINY],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _started(out, proc)
-        time.sleep(rng.uniform(1.0, 3.0))
+        while not (out / "checkpoints" / "step-000004").exists() and proc.poll() is None:  # two checkpoints
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.5))
         proc.kill()
         proc.wait()
         resume = ["record", "--out", str(out), "--node-label", "r", "--resume", *TINY]
