@@ -1,6 +1,7 @@
 """The study database file: the one place that opens it, and that decides whether a file is one sdctrace wrote.
 
     check_study_db(path)          # an existing file: sdctrace's, of this schema version, or a one-line UsageError
+    db_written_by_sdctrace(path)  # sdctrace's, of any schema version: what an --overwrite may delete
     con = open_writable(path)     # a new file is created; sdctrace's is opened; anything else refused, untouched
     con = open_read_only(path)    # sdctrace's only: read-only, no file system access, configuration locked
     publish_new_db(loaded, path)  # a database loaded in a scratch folder becomes `path` whole, or not at all
@@ -63,6 +64,20 @@ def check_study_db(db_path: str | Path) -> None:
     path = Path(db_path)
     if path.exists() or path.is_symlink():
         open_read_only(path).close()
+
+
+def db_written_by_sdctrace(db_path: str | Path) -> bool:
+    """Whether an existing file is a study database some sdctrace wrote, of any schema version (it holds the
+    version table): what an ``--overwrite`` may delete. Opened read-only, so left as it was."""
+    try:
+        con = duckdb.connect(str(db_path), read_only=True, config=dict(LOCKED))
+        try:
+            return con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
+                               [VERSION_TABLE]).fetchone()[0] > 0
+        finally:
+            con.close()
+    except duckdb.Error:
+        return False
 
 
 def open_writable(db_path: str | Path) -> duckdb.DuckDBPyConnection:

@@ -5,14 +5,18 @@
 Each kill: a tiny `sdc record` in its own process, SIGKILLed at a random moment between creating its run
 directory and its usual end; then `sdc inspect` and `sdc inspect --skip-corrupt` on what it left, and `sdc record --overwrite` into
 the same folder (the writer lock of a dead process must not block it). Each bad command line runs once.
-Every outcome is one of: ok, clean (a one-line `sdc: error`), traceback, hang. Prints one line per case
-and the totals.
+Full disks: `sdc record` and `sdc study` under a file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored, so writes fail
+with EFBIG as on a full disk), and a killed recording resumed under the limit, then again without it: the
+second resume must succeed ("data lost" counts those that do not). Every outcome is one of: ok, clean (a
+one-line `sdc: error`), traceback, hang. Prints one line per case and the totals.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,9 +29,11 @@ TINY = ["--steps", "20", "--set", "model.n_layers=1", "--set", "run.checkpoint_e
 TIMEOUT_S = 120
 
 
-def outcome(args: list[str]) -> tuple[str, str]:
+def outcome(args: list[str], fsize: int | None = None) -> tuple[str, str]:
+    """What `sdc args` ends in; with ``fsize``, under that file-size limit (a full disk)."""
     try:
-        done = subprocess.run([*SDC, *args], capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run([*SDC, *args], capture_output=True, text=True, timeout=TIMEOUT_S,
+                              preexec_fn=None if fsize is None else lambda: _disk_of(fsize))
     except subprocess.TimeoutExpired:
         return "hang", ""
     if "Traceback" in done.stderr:
@@ -36,6 +42,12 @@ def outcome(args: list[str]) -> tuple[str, str]:
         return "ok", done.stdout.strip().splitlines()[1] if done.stdout.count("\n") > 1 else done.stdout.strip()
     lines = done.stderr.strip().splitlines()
     return ("clean" if len(lines) == 1 and lines[0].startswith("sdc: error") else "traceback"), lines[-1]
+
+
+def _disk_of(fsize: int) -> None:
+    """In the child: files stop growing at ``fsize`` bytes, and writes past it fail with EFBIG (no SIGXFSZ)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, resource.RLIM_INFINITY))
 
 
 def _started(out: Path, proc: subprocess.Popen[bytes]) -> float:
@@ -114,6 +126,38 @@ def bad_command_lines(root: Path, totals: Counter[str]) -> None:
         print(f"bad  {' '.join(args[:2]):<28} {kind:<9} {line[:110]}")
 
 
+FSIZES = (2_000, 20_000, 200_000)  # bytes a file may grow to: a header, a segment's first blocks, a checkpoint
+
+
+def full_disks(root: Path, totals: Counter[str], seed: int) -> None:
+    """Record and study on a full disk; a killed recording resumed on a full disk, then with room."""
+    rng = random.Random(seed)
+    for fsize in FSIZES:
+        cases = [("record", ["record", "--out", str(root / f"full-{fsize}"), "--node-label", "f", *TINY]),
+                 ("study", ["study", "demo", "--out", str(root / f"study-{fsize}"), "--set", "model.n_layers=1",
+                            "--quiet"])]
+        for name, args in cases:
+            kind, line = outcome(args, fsize)
+            totals[f"full disk/{name}/{kind}"] += 1
+            print(f"full {fsize:>7} B  {name:<24} {kind:<9} {line[:110]}")
+        out = root / f"resume-{fsize}"
+        proc = subprocess.Popen([*SDC, "record", "--out", str(out), "--node-label", "r", *TINY],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while not (out / "checkpoints" / "step-000004").exists() and proc.poll() is None:  # two checkpoints
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.5))
+        proc.kill()
+        proc.wait()
+        resume = ["record", "--out", str(out), "--node-label", "r", "--resume", *TINY]
+        for name, limit in (("resume on a full disk", fsize), ("resume with room", None)):
+            kind, line = outcome(resume, limit)
+            totals[f"full disk/{name}/{kind}"] += 1
+            print(f"full {fsize:>7} B  {name:<24} {kind:<9} {line[:110]}")
+        if kind != "ok" and "nothing to resume" not in line and "no checkpoint" not in line:
+            totals["data lost"] += 1  # the killed run could be resumed before the failed attempt, and not after
+
+
+
 def diff_full_disks_and_foreign_dbs(root: Path, totals: Counter[str]) -> None:
     """`sdc diff` of the timing run with itself under a file size limit (RLIMIT_FSIZE, SIGXFSZ ignored: a write past
     it fails with EFBIG, as on a full disk), into a new --db and into a copy of one that holds the pair; then into
@@ -127,6 +171,9 @@ def diff_full_disks_and_foreign_dbs(root: Path, totals: Counter[str]) -> None:
     import duckdb
 
     run, work = root / "timing", root / "full-disk"
+    if not run.exists():  # --only-full-disks: no kills ran
+        subprocess.run([*SDC, "record", "--out", str(run), "--node-label", "t", *TINY], capture_output=True,
+                       timeout=TIMEOUT_S, check=True)
     work.mkdir()
     base = work / "base.duckdb"
     subprocess.run([*SDC, "diff", "--golden", str(run), "--suspect", str(run), "--db", str(base)],
@@ -181,16 +228,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kills", type=int, default=30, help="recordings to kill (default 30)")
     p.add_argument("--seed", type=int, default=0, help="seeds the kill moments")
+    p.add_argument("--only-full-disks", action="store_true", help="run the full-disk and resume cases only")
     args = p.parse_args(argv)
     totals: Counter[str] = Counter()
     with tempfile.TemporaryDirectory(prefix="sdc-campaign-") as tmp:
-        kills(args.kills, args.seed, Path(tmp), totals)
-        bad_command_lines(Path(tmp), totals)
+        if not args.only_full_disks:
+            kills(args.kills, args.seed, Path(tmp), totals)
+            bad_command_lines(Path(tmp), totals)
+        full_disks(Path(tmp), totals, args.seed)
         diff_full_disks_and_foreign_dbs(Path(tmp), totals)
     print("\ntotals:")
     for key, count in sorted(totals.items()):
         print(f"  {key:<48} {count}")
-    return 0 if not any(k.endswith(("/traceback", "/hang")) for k in totals) else 1
+    return 0 if not any(k.endswith(("/traceback", "/hang")) or k == "data lost" for k in totals) else 1
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ from tracer.intercept import own_ops, workload_ops
 from tracer.log import rank_dir
 from tracer.log.records import MAX_STEP, NO_MICROBATCH, EventRecord, Phase, RunHeader, checked_index
 from tracer.log.runlock import RunLock
-from tracer.log.sessions import Resumption
+from tracer.log.sessions import Resumption, abandon_failed
 from tracer.log.writer import HeaderAtFirstFlush
 from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
@@ -259,7 +259,10 @@ class Tracer:
             return
         # Keep the training error as the one the user sees; a writer failure is secondary.
         try:
-            log.close("failed", f"{type(exc).__name__}: {exc}")
+            if self._resume is not None:  # a failed resumption leaves the log resumable (tracer.log.sessions)
+                abandon_failed(log, self._resume, self.rank, exc)
+            else:
+                log.close("failed", f"{type(exc).__name__}: {exc}")
             if io is not None:
                 io.stop()
         except Exception:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 from pathlib import Path
+
+from sdc.study.folders import REPORT_FOLDER
+from tracer.log.claim import claim_folder
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,15 +25,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--db", required=True, type=Path, metavar="FILE", help="the study database written by `sdc diff`")
     p.add_argument("--out", required=True, type=Path, metavar="DIR",
-                   help="folder for index.html and the PNGs (created; files of the same name are replaced)")
+                   help="folder for index.html and the PNGs (created; a folder holding files sdctrace did not "
+                        "write is refused)")
+    p.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from analysis.study_db import open_read_only
     from analysis.study_report import build_report
 
-    report = build_report(args.db, args.out, progress=not args.quiet)
+    open_read_only(args.db).close()  # a missing or foreign database is refused before --overwrite deletes a report
+    created = not os.path.lexists(args.out)
+    try:
+        with claim_folder(args.out, REPORT_FOLDER, overwrite=args.overwrite):
+            report = build_report(args.db, args.out, progress=not args.quiet)
+    except BaseException:
+        if created:  # a report that could not be written leaves no folder behind (only its lock was in it)
+            shutil.rmtree(args.out, ignore_errors=True)
+        raise
     missing = sum(len(s.notes) for s in report.sections)
     print(f"wrote {report.index} with {len(report.images)} plot(s)"
           + (f"; {missing} part(s) without data, see the notes in the page" if missing else ""))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from faults.fleet import DEFAULT_SEED, FleetSpec, trigger_profile_text, write_fleet
+from sdc.study.folders import FLEET_FOLDER, PARTS
 from sdc.study.study_file import Finetune, FinetuneTable, Node, Study, build_study, is_fleet_file, shipped_studies
 from sdc.study.runner import (
     Job,
@@ -45,8 +46,6 @@ from tracer import typed_toml
 from tracer.errors import ConfigError
 from tracer.typed_toml import require, toml_field
 
-PARTS = ("rq1", "rq2", "rq3")
-OUTPUTS = ("profiles", *PARTS, "report", "reproduction.md")
 HEALTHY = "healthy-node"  # the shipped profile of the healthy twin
 TWIN, TRIGGER, GOLDEN = "golden-twin", "trigger-ulp", "golden"
 
@@ -208,12 +207,13 @@ def run_fleet_study(fleet: FleetStudy, out: Path, *, overwrite: bool = False, re
                     progress: bool = True, beam_args: tuple[str, ...] = ()) -> FleetResult:
     """Run every job of every experiment, then the reproduction table; see the module docstring."""
     paths = FleetPaths(Path(out))
-    state = StudyState(paths.out, fleet.name, fleet.fingerprint, OUTPUTS)
-    finished = state.prepare(overwrite=overwrite, resume=resume)
-    fleet.write_profiles(paths.profiles)  # deterministic: a resumed study writes the same bytes again
-    parts = fleet.parts(paths.profiles)
-    jobs = plan_fleet_jobs(fleet, parts, paths, progress=progress, beam_args=beam_args)
-    return FleetResult(paths, parts, run_jobs(jobs, state, finished, progress=progress))
+    state = StudyState(paths.out, fleet.name, fleet.fingerprint, FLEET_FOLDER)
+    lock, finished = state.claim(overwrite=overwrite, resume=resume)
+    with lock:
+        fleet.write_profiles(paths.profiles)  # deterministic: a resumed study writes the same bytes again
+        parts = fleet.parts(paths.profiles)
+        jobs = plan_fleet_jobs(fleet, parts, paths, progress=progress, beam_args=beam_args)
+        return FleetResult(paths, parts, run_jobs(jobs, state, finished, progress=progress))
 
 
 def plan_fleet_jobs(fleet: FleetStudy, parts: dict[str, Study], paths: FleetPaths, *, progress: bool,

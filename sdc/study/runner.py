@@ -24,7 +24,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,13 +36,12 @@ from jobs.record import record_run
 from jobs.replay import golden_header, replay
 from pipelines.arguments import DiffRequest, diff_job
 from replay.request import ReplayRequest, suspect_from_run
+from sdc.study.folders import DB, LOG, REPORT, STATE, STUDY_FOLDER, refuse_foreign_databases
 from sdc.study.study_file import Finetune, Study
 from tracer.errors import UsageError
+from tracer.log.claim import FolderKind, claim_folder, reclaim_folder
+from tracer.log.runlock import RunLock
 
-STATE = "study-state.json"
-LOG = "study.log"
-# What a study writes into its output directory besides the state file and the log (--overwrite removes them).
-OUTPUTS = ("runs", "replays", "finetune", "report", "study.duckdb", "study.duckdb.wal")
 # Printed at the end of a study, in this order (named queries in analysis/queries).
 SUMMARY_QUERIES = ("summary", "rq1_mismatch_by_node", "rq1_mismatch_bursts", "rq1_abft_by_fault_kind",
                    "rq2_noise_worst", "rq3_finetune_accuracy", "rq3_finetune_disagreement", "guard_detector_scores",
@@ -67,11 +65,11 @@ class StudyPaths:
 
     @property
     def db(self) -> Path:
-        return self.out / "study.duckdb"
+        return self.out / DB
 
     @property
     def report(self) -> Path:
-        return self.out / "report"
+        return self.out / REPORT
 
 
 @dataclass(frozen=True)
@@ -109,10 +107,11 @@ def run_study(
 ) -> StudyResult:
     """Run every job of `study` into `out`; see the module docstring for the layout."""
     paths = StudyPaths(Path(out))
-    state = StudyState(paths.out, study.name, study_fingerprint(study), OUTPUTS)
-    finished = state.prepare(overwrite=overwrite, resume=resume)
-    jobs = plan_jobs(study, paths, progress=progress, beam_args=beam_args)
-    return StudyResult(paths, run_jobs(jobs, state, finished, progress=progress))
+    state = StudyState(paths.out, study.name, study_fingerprint(study), STUDY_FOLDER)
+    lock, finished = state.claim(overwrite=overwrite, resume=resume)
+    with lock:
+        jobs = plan_jobs(study, paths, progress=progress, beam_args=beam_args)
+        return StudyResult(paths, run_jobs(jobs, state, finished, progress=progress))
 
 
 def run_jobs(jobs: list[Job], state: StudyState, finished: list[str], *, progress: bool) -> float:
@@ -271,40 +270,62 @@ class StudyState:
     out: Path
     name: str
     fingerprint: str  # of what a resumed study must share with the one that started
-    outputs: tuple[str, ...]  # what --overwrite removes: the folders and files the study's jobs write
+    kind: FolderKind  # which names in the folder are the study's: --overwrite deletes those, and refuses any other
 
-    def prepare(self, *, overwrite: bool, resume: bool) -> list[str]:
-        """Make the output directory ready; return the jobs a resumed study has finished."""
-        out = self.out
-        if out.exists() and not out.is_dir():
-            raise UsageError(f"{out}: exists and is not a directory; choose another --out")
-        state_file = out / STATE
-        if resume:
-            if not state_file.is_file():
-                raise UsageError(f"{out}: holds no {STATE}, so there is nothing to resume; run without --resume")
-            state = json.loads(state_file.read_text(encoding="utf-8"))
-            if state.get("study") != self.fingerprint:
-                raise UsageError(f"{out}: was started from a different study file or overrides; run with "
+    def claim(self, *, overwrite: bool, resume: bool) -> tuple[RunLock, list[str]]:
+        """Claim the output directory (`claim_folder`) and lock it; return the lock (held while the study runs)
+        and the jobs a resumed study has finished."""
+        if not resume:
+            lock = claim_folder(self.out, self.kind, overwrite=overwrite,
+                                check=lambda: refuse_foreign_databases(self.out))
+            try:
+                self.save([])
+            except BaseException:
+                lock.release()
+                raise
+            return lock, []
+        lock = reclaim_folder(self.out, self.kind, missing="run without --resume")
+        try:
+            state = read_state(self.out / STATE)
+            if state.fingerprint != self.fingerprint:
+                raise UsageError(f"{self.out}: was started from a different study file or overrides; run with "
                                  "--overwrite to start again, or resume with the same study")
-            return list(state.get("finished", []))
-        if out.exists() and any(out.iterdir()):
-            if not state_file.is_file():
-                raise UsageError(f"{out}: directory is not empty and holds no study; choose another --out")
-            if not overwrite:
-                raise UsageError(f"{out}: already holds a study; pass --overwrite to replace it, --resume to finish "
-                                 "it, or choose another --out")
-            for name in (*self.outputs, STATE, LOG):
-                path = out / name
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink(missing_ok=True)
-        out.mkdir(parents=True, exist_ok=True)
-        self.save([])
-        return []
+        except BaseException:
+            lock.release()
+            raise
+        return lock, list(state.finished)
 
     def save(self, finished: list[str]) -> None:
         tmp = self.out / (STATE + ".tmp")
         tmp.write_text(json.dumps({"study": self.fingerprint, "name": self.name, "finished": finished}, indent=1),
                        encoding="utf-8")
         os.replace(tmp, self.out / STATE)
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A state file, read back: the fingerprint of the study that wrote it and the jobs that finished."""
+
+    fingerprint: str
+    finished: tuple[str, ...]
+
+
+def read_state(path: Path) -> SavedState:
+    """Parse a study's state file; a `UsageError` naming the file and the fix if it is missing or broken."""
+    fix = "run with --overwrite to start the study again"
+    if not path.is_file():
+        raise UsageError(f"{path.parent}: holds no {STATE}, so there is nothing to resume; run without --resume")
+    try:
+        state = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be read ({exc.strerror}); {fix}") from exc
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise UsageError(f"{path}: is not a study state file (not UTF-8 JSON: {exc}); {fix}") from exc
+    if not isinstance(state, dict):
+        raise UsageError(f"{path}: is not a study state file (a JSON {type(state).__name__}, not an object); {fix}")
+    fingerprint, finished = state.get("study"), state.get("finished", [])
+    if not isinstance(fingerprint, str):
+        raise UsageError(f"{path}: field 'study' is missing or not a string; {fix}")
+    if not isinstance(finished, list) or not all(isinstance(j, str) for j in finished):
+        raise UsageError(f"{path}: field 'finished' is not a list of job names; {fix}")
+    return SavedState(fingerprint, tuple(finished))

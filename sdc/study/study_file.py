@@ -25,15 +25,18 @@ from tracer.typed_toml import check, require, toml_field
 from workload.reference_config import MAX_SEED, Config, load_config, shipped_configs
 from workload.multiple_choice import FinetuneSettings
 
-LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# A label names folders (runs/<label>-guarded/, replays/<label>-param-sync/): 64 ASCII characters keep every such
+# name far inside the file system's 255 bytes.
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 DERIVED = ("-twin", "-lockstep", "-param-sync", "-guarded")  # suffixes of the runs a study derives from a node
-_LABEL = "letters, digits, '.', '_' or '-', not ending in -twin, -lockstep, -param-sync or -guarded (they name " \
-    "derived runs)"
+_LABEL = "letters, digits, '.', '_' or '-' (64 at most), not ending in -twin, -lockstep, -param-sync or -guarded " \
+    "(they name derived runs)"
 _POLICY = f"one of {', '.join(get_args(Policy))}: the node is recorded a second time, guarded, as <label>-guarded"
 
 
 def _check_label(label: str, key: str) -> None:
-    require(bool(LABEL.fullmatch(label)) and not label.endswith(DERIVED), key, label, _LABEL)
+    shown = label if len(label) <= 80 else f"{label[:40]}... ({len(label)} characters)"
+    require(bool(LABEL.fullmatch(label)) and not label.endswith(DERIVED), key, shown, _LABEL)
 
 
 @dataclass(frozen=True)

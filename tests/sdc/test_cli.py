@@ -41,7 +41,7 @@ SURFACE = {
         "--steps", "--tasks",
     ],
     "query": ["--db", "--format", "--list", "--sql"],
-    "report": ["--db", "--out", "--quiet"],
+    "report": ["--db", "--out", "--overwrite", "--quiet"],
     "study": ["--out", "--overwrite", "--quiet", "--resume", "--set"],
     "demo": ["--out", "--overwrite", "--quiet", "--resume", "--set"],
 }

@@ -1,11 +1,17 @@
-"""The one way to claim a run directory for writing, so that no command destroys data it was not asked to.
+"""The one way to claim a folder for writing, so that no command destroys data it was not asked to.
 
     with claim_out_dir(out, role="replay", overwrite=args.overwrite, inputs=(golden, suspect)):
         ...write the run...
+    with claim_folder(out, STUDY_FOLDER, overwrite=args.overwrite):    # any other folder sdctrace writes
+        ...write the study...
+
+A `FolderKind` says which names a kind of folder holds (a run's are `layout.written_by_sdctrace`;
+a study's, a report's are defined by the package that writes them); every folder sdctrace
+writes is claimed here, by the same rules.
 
 Before anything is deleted it refuses an ``out`` that is, holds or lies inside one of
-the command's inputs, one that holds anything sdctrace does not write
-(`layout.written_by_sdctrace`), and one that holds another kind of run (the header's
+the command's inputs, one that holds anything sdctrace does not write there
+(the kind's ``written``), and, for runs, one that holds another kind of run (the header's
 role: a recording, a replay log, a fine-tune). It then takes the writer lock
 (`RunLock`), so a second writer, with or without ``--overwrite``, is refused, and
 only then replaces an old run of the same kind, file by sdctrace file, keeping the lock.
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +30,20 @@ from tracer.log.layout import LOCK_FILE, list_ranks, list_segments, rank_dir, wr
 from tracer.log.reader import LogReader
 from tracer.log.runlock import RunLock
 
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits, in bytes, on one name in a path and on a whole path
 _KINDS = {"train": "a recording", "replay": "a replay log", "finetune": "a fine-tune"}
+
+
+@dataclass(frozen=True)
+class FolderKind:
+    """A kind of folder sdctrace writes: what it is called and which names in it are sdctrace's."""
+
+    noun: str  # "run", "study", "report": in "cannot create the run directory", "already holds a run"
+    written: Callable[[tuple[str, ...], bool], bool]  # (relative path parts, is a directory) -> written by sdctrace
+    again: str = "pass --overwrite to replace it or choose another --out"  # how to go on when it holds one
+
+
+RUN_FOLDER = FolderKind("run", written_by_sdctrace)
 
 
 @dataclass(frozen=True)
@@ -36,7 +55,7 @@ class RunContents:
     foreign: tuple[str, ...]  # relative paths sdctrace did not write (not descended into)
 
     @classmethod
-    def scan(cls, out: Path) -> RunContents:
+    def scan(cls, out: Path, kind: FolderKind = RUN_FOLDER) -> RunContents:
         entries, foreign, files = [], [], 0
         stack = [(out, ())]
         while stack:
@@ -44,13 +63,13 @@ class RunContents:
             for p in sorted(folder.iterdir()):
                 rel = (*parts, p.name)
                 is_dir = p.is_dir() and not p.is_symlink()
-                if p.is_symlink() or not written_by_sdctrace(rel, is_dir):
+                if p.is_symlink() or not kind.written(rel, is_dir):
                     foreign.append("/".join(rel) + ("/" if is_dir else ""))
                 elif is_dir:
                     stack.append((p, rel))
                 elif rel != (LOCK_FILE,):
                     files += 1
-                if not parts and rel != (LOCK_FILE,) and written_by_sdctrace(rel, is_dir):
+                if not parts and rel != (LOCK_FILE,) and kind.written(rel, is_dir):
                     entries.append(p.name)
         return cls(tuple(entries), files, tuple(sorted(foreign)))
 
@@ -60,24 +79,38 @@ def claim_out_dir(out: Path, *, role: str, overwrite: bool, inputs: Sequence[Pat
 
     With ``overwrite`` an old run of the same role in ``out`` is deleted; without, it is refused.
     """
+    return claim_folder(out, RUN_FOLDER, overwrite=overwrite, inputs=inputs,
+                        check=lambda: _refuse_other_kind(Path(out), role))
+
+
+def claim_folder(out: Path, kind: FolderKind, *, overwrite: bool, inputs: Sequence[Path | None] = (),
+                 check: Callable[[], None] | None = None) -> RunLock:
+    """Make ``out`` ready for a new folder of ``kind`` and lock it; the caller holds the lock while it writes.
+
+    With ``overwrite`` what sdctrace wrote in ``out`` is deleted (after ``check``, which may refuse); without,
+    it is refused. A file sdctrace did not write is never deleted: it is named, and nothing is deleted.
+    """
     out = Path(out)
+    refuse_long_names(out, "--out")
     _refuse_inputs(out, [Path(i) for i in inputs if i is not None])
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a directory; choose another --out")
     if out.is_dir():
-        _refuse_foreign(out, _scan(out))
+        _refuse_foreign(out, _scan(out, kind))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"{out}: cannot create the run directory ({_why(out, exc)}); choose another --out") from exc
+        raise UsageError(f"{out}: cannot create the {kind.noun} directory ({_why(out, exc)}); "
+                         "choose another --out") from exc
     lock = RunLock.acquire(out)
     try:
-        found = _scan(out)  # again, now that no other sdctrace process can change it
+        found = _scan(out, kind)  # again, now that no other sdctrace process can change it
         _refuse_foreign(out, found)
         if found.files:
-            _refuse_other_kind(out, role)
+            if check is not None:
+                check()
             if not overwrite:
-                raise UsageError(f"{out}: already holds a run; pass --overwrite to replace it or choose another --out")
+                raise UsageError(f"{out}: already holds a {kind.noun}; {kind.again}")
         for name in found.entries:
             p = out / name
             if p.is_dir():
@@ -90,19 +123,42 @@ def claim_out_dir(out: Path, *, role: str, overwrite: bool, inputs: Sequence[Pat
     return lock
 
 
-def reclaim_out_dir(out: Path, *, role: str) -> RunLock:
-    """Lock ``out``, which must hold a run of ``role``, to continue it (``sdc record --resume``); deletes nothing."""
+def reclaim_folder(out: Path, kind: FolderKind, *, missing: str) -> RunLock:
+    """Lock ``out``, a folder of ``kind``, to continue it (a resume); deletes nothing. ``missing``: the error's
+    fix when there is no such folder."""
     out = Path(out)
+    refuse_long_names(out, "--out")
     if not out.is_dir():
-        raise UsageError(f"{out}: no run to resume there; record one without --resume")
+        raise UsageError(f"{out}: no {kind.noun} to resume there; {missing}")
     lock = RunLock.acquire(out)
     try:
-        _refuse_foreign(out, _scan(out))
-        _refuse_other_kind(out, role)
+        _refuse_foreign(out, _scan(out, kind))
     except BaseException:
         lock.release()
         raise
     return lock
+
+
+def reclaim_out_dir(out: Path, *, role: str) -> RunLock:
+    """Lock ``out``, which must hold a run of ``role``, to continue it (``sdc record --resume``); deletes nothing."""
+    lock = reclaim_folder(out, RUN_FOLDER, missing="record one without --resume")
+    try:
+        _refuse_other_kind(Path(out), role)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def refuse_long_names(path: Path, option: str) -> None:
+    """Refuse, in one line, a path the file system cannot name: a part over NAME_MAX bytes, or over PATH_MAX."""
+    parts = [p.encode("utf-8", "surrogateescape") for p in Path(path).parts]
+    too_long = next((p for p in parts if len(p) > NAME_MAX), None)
+    if too_long is not None or len(os.fsencode(path)) >= PATH_MAX:
+        what = (f"a name of {len(too_long)} bytes in it (at most {NAME_MAX})" if too_long is not None
+                else f"{len(os.fsencode(path))} bytes long (at most {PATH_MAX - 1})")
+        shown = str(path) if len(str(path)) <= 80 else f"{str(path)[:40]}..."
+        raise UsageError(f"{option} {shown}: {what}; choose a shorter {option}")
 
 
 def _refuse_inputs(out: Path, inputs: list[Path]) -> None:
@@ -121,9 +177,9 @@ def _refuse_inputs(out: Path, inputs: list[Path]) -> None:
                          "nothing was deleted: choose another --out")
 
 
-def _scan(out: Path) -> RunContents:
+def _scan(out: Path, kind: FolderKind = RUN_FOLDER) -> RunContents:
     try:
-        return RunContents.scan(out)
+        return RunContents.scan(out, kind)
     except OSError as exc:
         raise UsageError(f"{out}: cannot list what it holds ({_why(out, exc)}); choose another --out") from exc
 

@@ -29,6 +29,7 @@ from tracer.log.codec import (
 from tracer.log.frame_scan import crcs, frame_chain, u32le
 from tracer.log.framing import FRAME_SIZE, HEADER_SIZE, RecordType
 from tracer.log.segment import Entry, LogStatus, LostRange, OnCorruption, Segment, report_corruption, skip_mode
+from tracer.log.sessions import is_failed_session
 from tracer.log.records import (
     MAX_BLOCK_ROWS,
     MAX_ELEMENTS,
@@ -145,7 +146,7 @@ def _before(tensors: TensorColumns, events: list[Entry], cutoff: int, status: Lo
                                                                                                    list[Entry]]:
     """The records of steps before `cutoff`: a resumption wrote the later ones again."""
     keep = tensors.step < cutoff
-    kept = [e for e in events if e.record.step < cutoff]
+    kept = [e for e in events if e.record.step < cutoff or is_failed_session(e.record)]
     dropped = int((~keep).sum()) + len(events) - len(kept)
     status.records -= dropped
     status.superseded += dropped

@@ -27,7 +27,7 @@ from tracer.log.segment import (
     report_corruption,
     skip_mode,
 )
-from tracer.log.sessions import Resumption, Sessions, resumption
+from tracer.log.sessions import Resumption, Sessions, is_failed_session, resumption
 
 
 def read_segment(
@@ -164,7 +164,7 @@ def find_sessions(directory: Path) -> Sessions:
 def _superseding(entries: Iterator[Entry], cutoff: int, status: LogStatus) -> Iterator[Entry]:
     """`entries` before step `cutoff`: a resumption rewrote the later ones."""
     for entry in entries:
-        if entry.record.step < cutoff:
+        if entry.record.step < cutoff or is_failed_session(entry.record):
             yield entry
         else:
             status.records -= 1

@@ -9,15 +9,31 @@ that marker are superseded: the restarted training writes them again. `Sessions`
 which records those are, so `LogReader` yields one timeline, as if the run had never
 stopped, and which segments end a session, so may end torn (docs/log-format.md,
 "Resumed logs").
+
+A resumed session that fails (a checkpoint that does not verify, a full disk) must not
+make the log worse than the crash it continued: `abandon_failed` records why in a
+``resume_failed`` EVENT and stops without END, so the log still reads as a crashed run
+and the next ``--resume``, once the cause is fixed, continues it. Readers keep that
+event in the timeline even where a later resumption supersedes its step.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Protocol
 
 from tracer.log.records import EventRecord
 
 RESUME = "resume"  # the event kind of the marker
+RESUME_FAILED = "resume_failed"  # the event kind that records a resumed session's failure
+_DETAIL_CHARS = 2000
+
+
+class _Log(Protocol):
+    def write_event(self, rec: EventRecord) -> None: ...
+    def flush(self, fsync: bool = False) -> None: ...
+    def abandon(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -57,3 +73,19 @@ def resumption(first: EventRecord | object, first_record: int | None, index: int
         return None
     last = first.fields.get("last_step")
     return Resumption(index, first.step, first_record, last if type(last) is int else None)
+
+
+def abandon_failed(log: _Log, resumption: Resumption, rank: int, exc: BaseException) -> None:
+    """End a resumed session that failed with ``exc``: a ``resume_failed`` event (as far as the disk takes it),
+    then no END, so the log stays resumable. Never raises: the training error stays the one the user sees."""
+    detail = f"{type(exc).__name__}: {exc}"[:_DETAIL_CHARS]
+    with contextlib.suppress(Exception):
+        log.write_event(EventRecord(RESUME_FAILED, resumption.step, {"rank": rank, "detail": detail}))
+        log.flush(fsync=True)
+    with contextlib.suppress(Exception):
+        log.abandon()
+
+
+def is_failed_session(record: object) -> bool:
+    """Whether ``record`` is a ``resume_failed`` event, which no later resumption supersedes."""
+    return isinstance(record, EventRecord) and record.kind == RESUME_FAILED
