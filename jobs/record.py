@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from faults import FaultProfile, profile_from_header
 from faults.node import emulated_node, node_header
+from jobs.machine import check_resources
 from jobs.launch import launch
 from tracer.device import is_lazy, resolve_device
 from tracer.errors import LogError, UsageError
@@ -131,6 +132,7 @@ def record(
                          f"{nproc} rank(s) on {request.device}")
     if on_step is not None and nproc > 1:
         raise UsageError(f"on_step: reports the steps of a recording on one rank, not {nproc}")
+    check_resources(config, nproc, f"{request.out} (the config to record)")
     if request.resume:
         _check_resumed_ranks(request.out, nproc)
     # Claimed once, before any rank starts, so a refusal is quick; launched ranks inherit the lock.

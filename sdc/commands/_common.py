@@ -6,8 +6,20 @@ import argparse
 from typing import Any
 
 from tracer.errors import ConfigError
-from workload.reference_config import load_config, shipped_configs
+from workload.reference_config import MAX_SEED, load_config, shipped_configs
 from workload.protocol import load_workload_config
+
+
+def seed(text: str) -> int:
+    """An argparse type: a seed torch and numpy both take (0..2^63-1), so a huge one is refused on the command
+    line, not after a run has been recorded."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{text} is not in 0..{MAX_SEED}")
+    return value
 
 
 def add_config_options(p: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from faults import load_profile, shipped_profiles
 from faults.fleet import MAX_NODES, FleetSpec, fleet, write_fleet
+from sdc.commands._common import seed
 from tracer.errors import UsageError
 
 
@@ -38,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     fl.add_argument("--nodes", type=int, default=FleetSpec.nodes, metavar="N",
                     help=f"nodes in the fleet, 1..{MAX_NODES} (default: {FleetSpec.nodes})")
-    fl.add_argument("--seed", type=int, default=FleetSpec.seed, metavar="S",
+    fl.add_argument("--seed", type=seed, default=FleetSpec.seed, metavar="S",
                     help=f"the seed of every draw (default: {FleetSpec.seed}, the calibrated fleet)")
     fl.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write the fleet into")
     fl.add_argument("--overwrite", action="store_true", help="write into --out even if it is not empty")

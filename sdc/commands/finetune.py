@@ -8,6 +8,7 @@ from pathlib import Path
 
 from faults import load_profile, shipped_profiles
 from jobs.finetune import finetune_run
+from sdc.commands._common import seed
 from workload.multiple_choice import FinetuneSettings
 from workload.tasks import TASK_NAMES
 
@@ -31,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="run directory to create, e.g. runs/golden-ft")
     p.add_argument("--node-label", default=socket.gethostname(), metavar="L",
                    help="name of the node (default: this host's name)")
-    p.add_argument("--shuffle-seed", type=int, default=d.shuffle_seed, metavar="N",
+    p.add_argument("--shuffle-seed", type=seed, default=d.shuffle_seed, metavar="N",
                    help=f"order of the training examples (default {d.shuffle_seed}); another value makes a twin")
     p.add_argument("--steps", type=int, default=d.steps, metavar="N", help=f"optimizer steps (default {d.steps})")
     p.add_argument("--tasks", default=",".join(d.tasks), metavar="A,B",
@@ -40,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fault-profile", metavar="PROFILE",
                    help=f"fine-tune as an emulated unhealthy node: a shipped fault profile "
                         f"({', '.join(shipped_profiles())}) or a path to a TOML file")
-    p.add_argument("--fault-seed", type=int, default=0, metavar="S", help="seed of the emulated faults")
+    p.add_argument("--fault-seed", type=seed, default=0, metavar="S", help="seed of the emulated faults")
     p.add_argument("--overwrite", action="store_true", help="replace a run that already exists in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)

@@ -15,6 +15,7 @@ from sdc.commands._common import (
     add_parallel_options,
     add_workload_option,
     config_from_args,
+    seed,
 )
 from tracer.errors import ConfigError
 from tracer.guard import Policy
@@ -60,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "or a path to a TOML file; see `sdc faults list`",
     )
     p.add_argument(
-        "--fault-seed", type=int, default=0, metavar="S", help="seed of the emulated faults, with the profile's own"
+        "--fault-seed", type=seed, default=0, metavar="S", help="seed of the emulated faults, with the profile's own"
     )
     p.add_argument("--abft", action="store_true", help="check every matmul's checksums and log an abft event for each")
     p.add_argument(

@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from jobs.replay import golden_header, replay
+from sdc.commands._common import seed
 from replay.request import MODES, ReplayRequest, parse_steps, suspect_from_profile, suspect_from_run
 from tracer.compare import compare_runs
 from tracer.errors import UsageError
@@ -33,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--suspect", type=Path, metavar="RUN", help="the suspect node's recorded run (must pair with --golden)")
     who.add_argument("--fault-profile", metavar="PROFILE", help="emulate a node with this fault profile (see `sdc faults list`)")
-    p.add_argument("--fault-seed", type=int, default=0, metavar="S", help="seed for --fault-profile (default 0)")
+    p.add_argument("--fault-seed", type=seed, default=0, metavar="S", help="seed for --fault-profile (default 0)")
     p.add_argument("--steps", metavar="A:B", help="steps to replay, stop exclusive (e.g. 10:20) or one step")
     p.add_argument(
         "--at-first-divergence",

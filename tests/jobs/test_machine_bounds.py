@@ -64,3 +64,26 @@ def test_bounds_follow_this_machine() -> None:
     small["data"]["seq_len"] = 10**9
     with pytest.raises(UsageError, match=r"data.seq_len = 1000000000 tokens, on 1 rank\(s\)\); this machine has"):
         check_resources(small, 1, "tiny")
+
+
+def test_a_recording_whose_config_asks_for_more_threads_than_this_machine_has_is_one_line(tmp_path: Path,
+                                                                                         capsys) -> None:
+    out = tmp_path / "run"
+    assert main(["record", "--out", str(out), "--set", "train.threads=2000", "--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"sdc: error: {out}") and err.count("\n") == 1 and "2000 threads" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["record", "--out", "{tmp}/r", "--fault-seed", str(2**63)],
+    ["replay", "--golden", "{tmp}/g", "--fault-profile", "healthy-node", "--fault-seed", "-1", "--out", "{tmp}/o"],
+    ["finetune", "--from", "{tmp}/g", "--out", "{tmp}/o", "--shuffle-seed", str(10**20)],
+    ["faults", "fleet", "--seed", str(2**64), "--out", "{tmp}/f"],
+])
+def test_a_seed_torch_or_numpy_cannot_take_is_refused_on_the_command_line(tmp_path: Path, capsys,
+                                                                          argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"is not in 0..{2**63 - 1}" in err and not list(tmp_path.iterdir()), err
