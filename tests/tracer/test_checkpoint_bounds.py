@@ -76,15 +76,18 @@ def test_the_manifest_bound_grows_with_the_tensors() -> None:
     assert manifest_limit(0) == MANIFEST_BASE_BYTES and manifest_limit(10) > manifest_limit(1)
 
 
+# VmHWM, not getrusage's ru_maxrss: Linux carries the parent's high-water mark into a child across fork and exec,
+# so under a large pytest process ru_maxrss measured pytest.
 PEAK = """
-import resource, sys
+import re, sys
+from pathlib import Path
 from tracer.checkpoint import load_checkpoint
 from tracer.errors import LogError
 try:
     load_checkpoint(sys.argv[1], 1)
 except LogError as exc:
     print(exc)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+print(int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) // 1024)
 """
 
 
