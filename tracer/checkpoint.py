@@ -37,7 +37,7 @@ from tracer.logged_parameters import LoggedParameters, check_logged, logged_para
 from tracer.sites import module_path, wrappers
 
 CHECKPOINT_GLOB = f"{CHECKPOINT_DIR}/step-*/rank-*.msgpack"  # every complete checkpoint's manifest (renamed in last)
-_STEP_DIR = re.compile(r"^step-(\d{6,})$")
+STEP_DIR = re.compile(r"^step-(\d{6,})$")  # a step's checkpoint folder (`checkpoint_dir`)
 _MANIFEST = re.compile(r"step-(\d{6,})/rank-(\d{5,})\.msgpack$")
 
 
@@ -89,7 +89,7 @@ def list_checkpoints(run_dir: str | Path, rank: int = 0) -> list[int]:
         return []
     steps = []
     for d in root.iterdir():
-        m = _STEP_DIR.match(d.name)
+        m = STEP_DIR.match(d.name)
         if m and (d / f"rank-{rank:05d}.msgpack").is_file():
             steps.append(int(m.group(1)))
     return sorted(steps)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -45,15 +44,20 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from tracer.checkpoint import Stateful, checkpoint_dir, join_tensors, rng_state, set_rng_state, split_tensors
-from tracer.dcp_manifest import DcpManifest, TensorLayout, parse_manifest
+from tracer.checkpoint import Stateful, join_tensors, rng_state, set_rng_state, split_tensors
+from tracer.dcp_manifest import (
+    DcpManifest,
+    TensorLayout,
+    list_sharded_checkpoints,
+    manifest_name,
+    parse_manifest,
+    sharded_checkpoint_dir,
+)
 from tracer.dcp_storage import ShardWriter, VerifyingReader
 from tracer.errors import CaptureError, LogError, SdcError
-from tracer.log.layout import CHECKPOINT_DIR, DCP_DIR
 from tracer.logged_parameters import logged_parameters
 from tracer.manifest_bounds import read_manifest, tensor_count
 
-_STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
 
 @dataclass(frozen=True)
@@ -63,24 +67,6 @@ class RestoredCheckpoint:
     step: int
     world_size: int
     data: dict[str, Any]
-
-
-def sharded_checkpoint_dir(run_dir: str | Path, step: int) -> Path:
-    return checkpoint_dir(run_dir, step) / DCP_DIR
-
-
-def manifest_name(rank: int) -> str:
-    return f"rank-{rank:05d}.msgpack"
-
-
-def list_sharded_checkpoints(run_dir: str | Path, rank: int = 0) -> list[int]:
-    """Steps whose sharded checkpoint has ``rank``'s manifest (written last: the rank's part is complete),
-    ascending."""
-    root = Path(run_dir) / CHECKPOINT_DIR
-    if not root.is_dir():
-        return []
-    return sorted(int(m[1]) for d in root.iterdir()
-                  if (m := _STEP_DIR.match(d.name)) and (d / DCP_DIR / manifest_name(rank)).is_file())
 
 
 def save_sharded_checkpoint(

@@ -4,6 +4,7 @@ A sharded checkpoint (`tracer.dcp_checkpoint`) goes through ``torch.distributed.
 index (``.metadata``) is a pickle, so sdctrace writes none and reads none: each rank's manifest says what the
 rank holds and what it wrote, and a loader builds DCP's metadata from the manifests of all ranks::
 
+    path = sharded_checkpoint_dir(run_dir, step) / manifest_name(rank)   # where a rank's manifest lies
     manifest = parse_manifest(read_manifest(path, tensors), str(path))
     manifest.world_size, manifest.layout["model/w"].placements, manifest.shards["model/w"].fingerprint
 
@@ -18,15 +19,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import torch
 
-from tracer.checkpoint import rng_problem
+from tracer.checkpoint import STEP_DIR, checkpoint_dir, rng_problem
 from tracer.errors import LogError
-from tracer.manifest_bounds import decode_manifest
+from tracer.log.layout import CHECKPOINT_DIR, DCP_DIR
 from tracer.log.records import MAX_DEPTH, MAX_STEP, MAX_WORLD_SIZE, nesting_depth_over
+from tracer.manifest_bounds import decode_manifest
 
 MANIFEST_FORMAT = "sdctrace-dcp-1"  # a manifest names its format; a later one changes the name
 _HEX16 = re.compile(r"[0-9a-f]{16}")
@@ -90,6 +93,24 @@ class DcpManifest:
             "shards": {k: [v.file, list(v.offsets), list(v.sizes), v.fingerprint] for k, v in self.shards.items()},
             "optimizer": self.optimizer, "rng": self.rng, "data": self.data, "states": self.states,
         }, use_bin_type=True)
+
+
+def sharded_checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return checkpoint_dir(run_dir, step) / DCP_DIR
+
+
+def manifest_name(rank: int) -> str:
+    return f"rank-{rank:05d}.msgpack"
+
+
+def list_sharded_checkpoints(run_dir: str | Path, rank: int = 0) -> list[int]:
+    """Steps whose sharded checkpoint has ``rank``'s manifest (written last: the rank's part is complete),
+    ascending."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(int(m[1]) for d in root.iterdir()
+                  if (m := STEP_DIR.match(d.name)) and (d / DCP_DIR / manifest_name(rank)).is_file())
 
 
 def parse_manifest(raw: bytes, source: str) -> DcpManifest:

@@ -10,6 +10,9 @@ collective every rank calls), any other as the plain per-rank one (`tracer.check
 the step has on disk: the sharded one where its folder exists (every rank sees the same folder, so every rank
 takes the same branch of the collective), else the plain one. The `Tracer`, a resumed recording
 (`jobs.record`) and the `Replayer` all go through here.
+
+`tracer.dcp_checkpoint` is imported when a sharded checkpoint is saved or restored, not with this module:
+``torch.distributed.checkpoint`` takes 0.8 s to import, which every traced process would pay.
 """
 
 from __future__ import annotations
@@ -21,12 +24,7 @@ from typing import Any
 import torch
 
 from tracer.checkpoint import Stateful, list_checkpoints, load_checkpoint, save_checkpoint
-from tracer.dcp_checkpoint import (
-    list_sharded_checkpoints,
-    load_sharded_checkpoint,
-    save_sharded_checkpoint,
-    sharded_checkpoint_dir,
-)
+from tracer.dcp_manifest import list_sharded_checkpoints, sharded_checkpoint_dir
 from tracer.sharding import dtensor_type
 
 
@@ -47,6 +45,8 @@ def save_step_checkpoint(
 ) -> Path:
     """Write the state before ``step``: sharded (a collective) when the model is, else this rank's plain one."""
     if is_sharded(model):
+        from tracer.dcp_checkpoint import save_sharded_checkpoint  # see the module's docstring: imported when used
+
         return save_sharded_checkpoint(run_dir, step, model, optimizer, data, states)
     return save_checkpoint(run_dir, step, rank, model, optimizer, dict(data), states)
 
@@ -61,6 +61,8 @@ def restore_step_checkpoint(
 ) -> None:
     """Restore model, optimizer, the named states and RNG from the checkpoint of ``step``, of the kind it is."""
     if sharded_checkpoint_dir(run_dir, step).is_dir():
+        from tracer.dcp_checkpoint import load_sharded_checkpoint  # see the module's docstring: imported when used
+
         load_sharded_checkpoint(run_dir, step, model, optimizer, states)
     else:
         load_checkpoint(run_dir, step, rank).restore(model, optimizer, states)

@@ -9,7 +9,8 @@ import pytest
 
 from jobs.launch import launch
 from tests.parallel.dcp_ranks import build_fsdp2, flip_byte_of
-from tracer.dcp_checkpoint import load_sharded_checkpoint, sharded_checkpoint_dir
+from tracer.dcp_checkpoint import load_sharded_checkpoint
+from tracer.dcp_manifest import sharded_checkpoint_dir
 from tracer.dcp_manifest import parse_manifest
 from tracer.errors import LogError
 

@@ -16,7 +16,7 @@ from jobs.launch import launch
 from sdc.cli import main
 from tests.parallel.test_fsdp2 import RANK1_FAULT, lockstep_hits
 from tests.parallel.test_ranks import rank_events
-from tracer.dcp_checkpoint import manifest_name, sharded_checkpoint_dir
+from tracer.dcp_manifest import manifest_name, sharded_checkpoint_dir
 from tracer.dcp_manifest import parse_manifest
 from tracer.log import LogReader, rank_dir
 from tracer.logged_parameters import logged_parameters

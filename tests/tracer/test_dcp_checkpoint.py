@@ -13,11 +13,8 @@ import torch.distributed as dist
 from safetensors import safe_open
 
 from tests.parallel.dcp_ranks import build_fsdp2, flip_byte_of, local_fingerprints, save_then_resume, train
-from tracer.dcp_checkpoint import (
-    list_sharded_checkpoints,
-    load_sharded_checkpoint,
-    save_sharded_checkpoint,
-)
+from tracer.dcp_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+from tracer.dcp_manifest import list_sharded_checkpoints
 from tracer.errors import LogError
 from tracer.log.layout import written_by_sdctrace
 
