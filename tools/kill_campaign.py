@@ -7,7 +7,9 @@ directory and its usual end; then `sdc inspect` and `sdc inspect --skip-corrupt`
 the same folder (the writer lock of a dead process must not block it). Each bad command line runs once.
 Full disks: `sdc record` and `sdc study` under a file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored, so writes fail
 with EFBIG as on a full disk), and a killed recording resumed under the limit, then again without it: the
-second resume must succeed ("data lost" counts those that do not). Every outcome is one of: ok, clean (a
+second resume must succeed ("data lost" counts those that do not). `sdc diff` under the same kind of limit, into a
+new and into an existing database, and into databases sdctrace did not create ("data lost": a failed diff that left
+a database behind or changed one). Every outcome is one of: ok, clean (a
 one-line `sdc: error`), traceback, hang. Prints one line per case and the totals.
 """
 
