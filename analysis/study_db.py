@@ -133,7 +133,8 @@ def check_catalog(con: duckdb.DuckDBPyConnection, path: str | Path) -> None:
         "AND schema_name = 'main' UNION ALL SELECT view_name, 'view' FROM duckdb_views() "
         "WHERE NOT internal AND database_name = current_database() AND schema_name = 'main'").fetchall())
     declared = _declared()
-    if found.get(VERSION_TABLE) != "table" or _columns(con, VERSION_TABLE) != declared[VERSION_TABLE][1]:
+    columns = _columns(con)
+    if found.get(VERSION_TABLE) != "table" or columns.get(VERSION_TABLE) != declared[VERSION_TABLE][1]:
         raise UsageError(
             f"--db {path}: a DuckDB database sdctrace did not create (no {VERSION_TABLE} table of one column "
             f"`version INTEGER`); sdctrace never writes into another program's database: {_NEW_PATH}")
@@ -142,10 +143,10 @@ def check_catalog(con: duckdb.DuckDBPyConnection, path: str | Path) -> None:
         raise UsageError(
             f"{path}: a study database of schema version {versions}, this sdctrace writes version {SCHEMA_VERSION} "
             "(and reads only that); diff into a new --db file, or use the sdctrace that wrote it")
-    for name, (kind, columns) in declared.items():
+    for name, (kind, declared_columns) in declared.items():
         if name not in found:
             continue
-        if found[name] != kind or (kind == "table" and _columns(con, name) != columns):
+        if found[name] != kind or (kind == "table" and columns.get(name, []) != declared_columns):
             raise UsageError(
                 f"--db {path}: its {found[name]} {name!r} is not the {kind} of sdctrace's schema "
                 f"(analysis/SCHEMA.md); {_NEW_PATH}")
@@ -173,10 +174,15 @@ def duckdb_message(exc: BaseException) -> str:
     return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
 
 
-def _columns(con: duckdb.DuckDBPyConnection, name: str) -> list[tuple[str, str]]:
-    return con.execute(
-        "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
-        "AND schema_name = 'main' AND table_name = ? ORDER BY column_index", [name]).fetchall()
+def _columns(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str]]]:
+    """Every table of the main schema: name -> [(column, type)] in column order, in one catalog query (a named
+    query opens the database each time, and the check runs on every open)."""
+    tables: dict[str, list[tuple[str, str]]] = {}
+    for table, column, data_type in con.execute(
+            "SELECT table_name, column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
+            "AND schema_name = 'main' ORDER BY table_name, column_index").fetchall():
+        tables.setdefault(table, []).append((column, data_type))
+    return tables
 
 
 @functools.cache
@@ -188,6 +194,7 @@ def _declared() -> dict[str, tuple[str, list[tuple[str, str]]]]:
         kinds = con.execute(
             "SELECT table_name, 'table' FROM duckdb_tables() UNION ALL "
             "SELECT view_name, 'view' FROM duckdb_views() WHERE NOT internal").fetchall()
-        return {name: (kind, _columns(con, name)) for name, kind in kinds}
+        columns = _columns(con)
+        return {name: (kind, columns.get(name, [])) for name, kind in kinds}
     finally:
         con.close()
