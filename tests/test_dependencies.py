@@ -96,6 +96,7 @@ FRAMEWORKS = ("transformers", "accelerate", "pytorch_lightning", "lightning", "l
 INTEGRATIONS = ("tracer.integrations.hf", "tracer.integrations.lightning")
 
 
+@pytest.mark.slow  # a fresh Python process (or a compile) of a few seconds
 def test_importing_tracer_imports_no_training_framework() -> None:
     code = (
         "import importlib, pkgutil, sys, tracer\n"
@@ -107,6 +108,7 @@ def test_importing_tracer_imports_no_training_framework() -> None:
     assert found.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # a fresh Python process (or a compile) of a few seconds
 def test_a_traced_process_does_not_import_what_only_sharded_checkpoints_need() -> None:
     """torch.distributed.checkpoint takes most of a second to import: a Tracer on a plain model, and the record and
     replay jobs, load it only when a sharded checkpoint is saved or restored (tracer.step_checkpoint)."""

@@ -49,6 +49,7 @@ def test_sdc_record_refuses_a_compiled_model_on_an_emulated_node_in_one_line(
     assert "without torch.compile" in err
 
 
+@pytest.mark.slow  # a fresh Python process (or a compile) of a few seconds
 def test_a_compiled_model_records_as_before_without_an_emulator(tmp_path: Path) -> None:
     assert main(["record", "--workload", WORKLOAD, "--steps", "1", "--quiet", "--out", str(tmp_path / "run")]) == 0
 
@@ -84,6 +85,7 @@ def test_a_compiled_gpt2_under_the_hf_trainer_is_refused_at_its_first_step(tmp_p
     assert "fault emulator cannot act inside torch.compile'd code" in str(config_error(caught.value))
 
 
+@pytest.mark.slow  # a fresh Python process (or a compile) of a few seconds
 def test_a_compilation_that_first_imports_dynamo_under_an_interceptor_is_refused() -> None:
     """Dynamo is not loaded when the interceptor enters (importing it costs seconds); compiling loads it."""
     script = (

@@ -8,6 +8,7 @@ import math
 import random
 
 import numpy as np
+import pytest
 
 from pipelines.alarms import COMBINATION, DETECTORS, StepFacts, run_alarms, step_facts
 from pipelines.segment_evidence import CHUNK_BYTES, SegmentEvidence, grad_groups
@@ -41,6 +42,7 @@ def test_grad_digest_bytes_hash_as_step_fingerprint_does() -> None:
         assert nonfinite == sum(int(cols.nan[i]) for i in at)
 
 
+@pytest.mark.slow  # megabytes of records checked against a reference in Python: a few seconds
 def test_grad_digest_bytes_span_chunks_and_skip_padding_that_would_cost_too_much() -> None:
     width = 1000
     n = 3 * CHUNK_BYTES // width

@@ -91,6 +91,7 @@ print(int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text(
 """
 
 
+@pytest.mark.slow  # a fresh Python process that imports torch
 def test_a_2_gb_sparse_manifest_is_refused_from_its_size_in_little_memory(tmp_path: Path) -> None:
     manifest = saved(tmp_path / "run")
     subprocess.run(["truncate", "-s", "2G", str(manifest)], check=True)

@@ -30,6 +30,7 @@ def _build(env: dict[str, str]) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+@pytest.mark.slow  # a fresh Python process (or a compile) of a few seconds
 def test_a_killed_builds_lock_file_does_not_stop_the_next_build(built_copy) -> None:
     folder, env = built_copy
     (folder / "lock").touch()  # torch's lock, left by a build killed mid-way; torch alone waits on it forever
@@ -39,6 +40,7 @@ def test_a_killed_builds_lock_file_does_not_stop_the_next_build(built_copy) -> N
     assert str(folder / "sdctrace_digest.so") in out and not (folder / "lock").exists()
 
 
+@pytest.mark.slow  # a fresh Python process (or a compile) of a few seconds
 def test_a_build_waits_for_a_live_one_and_says_so(built_copy) -> None:
     folder, env = built_copy
     with open(folder / "sdctrace-build.lock", "a") as held:
