@@ -12,6 +12,7 @@ from apache_beam.runners.worker import statesampler
 
 import pipelines.runner_options as options
 from pipelines.beam_job import SAMPLING_PERIOD_MS, run_job
+from pipelines.scratch import beam_temp
 from tracer.errors import UsageError
 
 
@@ -30,7 +31,8 @@ def test_the_default_runner_and_mode_follow_the_size_of_the_logs() -> None:
 
 
 def test_the_default_runner_hands_its_workers_the_options() -> None:
-    p = options.new_pipeline(options.pipeline_options([], 0))
+    with beam_temp():  # a pipeline that is never run leaves its temporary folder behind
+        p = options.new_pipeline(options.pipeline_options([], 0))
     assert isinstance(p.runner, FnApiRunner)
     handed = p.runner._provision_info.provision_info.pipeline_options
     assert handed["beam:option:default_sdk_harness_log_level:v1"] == "WARNING"
