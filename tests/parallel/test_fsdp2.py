@@ -28,14 +28,15 @@ EXAMPLE = "examples.torchrun_fsdp2"
 STEPS = "5"
 
 
-def rank1_fault(op: str) -> str:
-    """A fault profile: rank 1 only, step 3, one element of each ``op`` result in block 1's MLP, forward."""
+def rank1_fault(op: str, sites: str = "blocks[.]1[.]mlp", step: int = 3) -> str:
+    """A fault profile: rank 1 only, at ``step``, one element of each ``op`` result in the ``sites`` module
+    (block 1's MLP), forward."""
     return f"""
 [[fault]]
 ops = ["{op}"]
-sites = "blocks[.]1[.]mlp"
+sites = "{sites}"
 phases = ["forward"]
-steps = [3]
+steps = [{step}]
 ranks = [1]
 elements = 1
 kind = "scale"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from jobs.launch import launch
+from tests.parallel.test_fsdp2 import rank1_fault
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase
@@ -17,17 +18,7 @@ pytestmark = pytest.mark.slow  # launches ranks
 
 TARGET = "tests.parallel.hf_fsdp2_ranks:train_llama"
 
-RANK1_MLP_AT_2 = """
-[[fault]]
-ops = ["matmul"]
-sites = "model[.]layers[.]1[.]mlp"
-phases = ["forward"]
-steps = [2]
-ranks = [1]
-elements = 1
-kind = "scale"
-factor = 100.0
-"""
+RANK1_MLP_AT_2 = rank1_fault("matmul", sites="model[.]layers[.]1[.]mlp", step=2)
 
 
 def test_hf_llama_under_fsdp2_is_bit_identical_and_a_rank_1_fault_is_found_at_its_site(tmp_path: Path) -> None:
