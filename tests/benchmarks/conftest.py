@@ -9,14 +9,23 @@ from types import ModuleType
 
 import pytest
 
-_TIMING = Path(__file__).parents[2] / "benchmarks" / "timing.py"
+_BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 
-@pytest.fixture(scope="session")
-def timing() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_timing", _TIMING)
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", _BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def timing() -> ModuleType:
+    return _load("timing")
+
+
+@pytest.fixture(scope="session")
+def intervals() -> ModuleType:
+    return _load("intervals")
