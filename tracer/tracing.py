@@ -56,7 +56,7 @@ from tracer.blobs import BlobStore
 from tracer.checkpoint import Stateful
 from tracer.collectives import Stage, observing, record_name
 from tracer.errors import CaptureError, ConfigError, TraceWarning
-from tracer.fingerprint import TensorDigest
+from tracer.fingerprint import TensorDigest, prepare_digests
 from tracer.guard.guard import Guard
 from tracer.guard.step_check import Attempt, check_step, step_guard, step_loss
 from tracer.header import run_header, with_sites_without_backward
@@ -173,6 +173,7 @@ class Tracer:
 
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
+        prepare_digests()  # the kernel and its tables are loaded here, not in the first traced step
         io = IOThread(max_pending=self.options.max_pending_chunks) if self._sink is None else None
         try:
             if io is None:

@@ -28,6 +28,23 @@ def reference_lane_sum(t: torch.Tensor) -> int:
     return total
 
 
+def test_weight_tables_are_splitmix64_as_written() -> None:
+    """The tables are computed with wrapping torch ops; here with Python integers, one by one."""
+    def splitmix(seed: int, n: int, offset: int = 0) -> list[int]:
+        return [fp.mix64(seed + (offset + i + 1) * 0x9E3779B97F4A7C15) | 1 for i in range(n)]
+
+    w = fp._odd_table(fp._W_SEED, CHUNK).numpy().view(np.uint64)
+    assert [int(v) for v in w] == splitmix(fp._W_SEED, CHUNK)
+    r = fp._odd_table(fp._R_SEED, 300, 41).numpy().view(np.uint64)
+    assert [int(v) for v in r] == splitmix(fp._R_SEED, 300, 41)
+
+
+def test_fingerprints_of_logs_already_written_do_not_change() -> None:
+    """Pinned values (lanes64-v1): a change here makes every recorded log disagree with a new recording."""
+    assert fingerprint(torch.arange(1000, dtype=torch.float32)) == 0x866BEF551F1B39D
+    assert fingerprint(torch.arange(3 * CHUNK + 7, dtype=torch.float32).to(torch.bfloat16)) == 0xC8AFF8586976F040
+
+
 @pytest.mark.parametrize("numel", [1, 3, 1000, CHUNK - 1, 2 * CHUNK + 5])
 def test_matches_reference_definition(numel: int) -> None:
     g = torch.Generator().manual_seed(numel)
