@@ -70,3 +70,17 @@ def test_replayed_steps_split_by_whether_the_emulator_fired(modules) -> None:
     _, bench = modules
     faulty, clean = bench.split_by_faults([(0.3, 12), (0.1, 0), (0.4, 1), (0.2, 0)])
     assert faulty == [0.3, 0.4] and clean == [0.1, 0.2]
+
+
+def test_a_diff_rate_is_met_only_at_the_slow_end_of_its_interval() -> None:
+    """bench_diff.py's events/s: the interval of the mean time, inverted (its `low` is the slow end)."""
+    sys.path.insert(0, _BENCHMARKS)
+    try:
+        diff = importlib.import_module("bench_diff")
+    finally:
+        sys.path.remove(_BENCHMARKS)
+    rate = diff.events_per_second(2_000_000, [1.0, 1.0, 4.0, 2.0])
+    assert rate.value == pytest.approx(1_000_000)
+    assert rate.low < rate.value < rate.high
+    assert rate.low == pytest.approx(2_000_000 / diff.mean_interval([1.0, 1.0, 4.0, 2.0]).high)
+    assert rate.low < diff.RATE_TARGET  # the mean alone would meet 800 000 events/s; its slow end does not
