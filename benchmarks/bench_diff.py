@@ -1,6 +1,6 @@
 """Benchmark the Beam diff against the same diff as one DuckDB SQL join.
 
-    .venv/bin/python benchmarks/bench_diff.py [--events 1000000] [--repeat 3] [beam options]
+    .venv/bin/python benchmarks/bench_diff.py [--events 1000000] [--repeat 10] [beam options]
 
 A synthetic pair of runs, each with at least `--events` TENSOR records written by the
 real `tracer.log.LogWriter`, differing from one step on. The Beam job is the whole
@@ -10,12 +10,17 @@ diff, derive metrics and detector alarms, write Parquet), run as `sdc diff` runs
 (in_memory at this size), or with the beam options given. The baseline
 reads the same records from Parquet (converted beforehand, not timed) and writes the
 same per-event diff with one full outer join in DuckDB. After one untimed run of each,
-the two alternate `--repeat` times; the ratio is of the medians. Events/s counts both
-sides' records. For comparison the script also times, once each, the Beam job in
+the two alternate `--repeat` times, and the i-th Beam run is paired with the i-th DuckDB
+run: Beam / DuckDB is the ratio of mean times with its bootstrap 95 % interval over the
+pairs (`intervals.paired_ratio`). Events/s counts both sides' records over the Beam job's
+mean time; its interval is that of the mean time (`intervals.mean_interval`), inverted, so
+the rate target is met only when the slow end of the interval reaches it. Each run takes
+seconds at 1 M events, so the default ten pairs keep the script within about 3 minutes on a
+quiet 2-core machine. For comparison the script also times, once each, the Beam job in
 multi_processing mode and the decoding of both runs' segments alone
 (`tracer.log.read_segment_columns`, which every reader of the log pays).
 
-Targets (issue 16): >= 800 000 events/s, and the Beam job <= 3x the DuckDB time.
+Targets (issue 32): >= 800 000 events/s, and the Beam job <= 3x the DuckDB time, both on the 95 % interval.
 """
 
 from __future__ import annotations
@@ -23,16 +28,17 @@ from __future__ import annotations
 import argparse
 import gc
 import random
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from intervals import Ratio, mean_interval, paired_ratio
 
 from pipelines.arguments import DEFAULT_STEPS_PER_BUCKET, DiffRequest
 from pipelines.beam_job import build_pipeline, run_job
@@ -42,6 +48,8 @@ from pipelines.runner_options import describe_runner, new_pipeline, pipeline_opt
 from tracer.log import SCHEMA_VERSION, EventRecord, LogWriter, Phase, RunHeader, TensorRecord, rank_dir
 from tracer.log.columns import read_segment_columns
 
+RATE_TARGET = 800_000  # events/s, both sides' records
+RATIO_TARGET = 3.0  # Beam / DuckDB time
 SITES = [f"layers.{i}.{kind}" for i in range(6) for kind in ("attention", "feed_forward")]
 PARAMS = [f"layers.{i}.{p}.weight" for i in range(6) for p in ("wq", "wo", "w1")] + ["tok_embeddings.weight", "norm.weight"]
 MICROBATCHES = 2
@@ -110,9 +118,9 @@ COPY (
 """
 
 
-def bench(events: int, beam_args: list[str], steps_per_bucket: int, repeat: int = 3) -> tuple[float, float]:
-    """(events/s, Beam / DuckDB time) of the diff with `beam_args` (default: what `sdc diff` picks), medians of
-    `repeat` alternating runs of each."""
+def bench(events: int, beam_args: list[str], steps_per_bucket: int, repeat: int = 10) -> tuple[Ratio, Ratio]:
+    """(events/s, Beam / DuckDB time) of the diff with `beam_args` (default: what `sdc diff` picks), each with its
+    interval, from `repeat` alternating runs of each."""
     steps = -(-events // EVENTS_PER_STEP)
     total = 2 * steps * EVENTS_PER_STEP
     with tempfile.TemporaryDirectory(prefix="bench-diff-") as tmp:
@@ -134,13 +142,15 @@ def bench(events: int, beam_args: list[str], steps_per_bucket: int, repeat: int 
         for i in range(repeat):
             t_duckdb.append(duckdb_diff(con, root))
             t_beam.append(beam_diff(con, root, plan, beam_args, f"staging{i}"))
-        duck, job = statistics.median(t_duckdb), statistics.median(t_beam)
-        spread = lambda ts: " ".join(f"{t:.2f}" for t in ts)  # noqa: E731
-        print(f"DuckDB SQL join    : {duck:.2f} s  ({total / duck:,.0f} events/s; runs {spread(t_duckdb)} s)")
+        duck, job = mean_interval(t_duckdb), mean_interval(t_beam)
+        rate, ratio = events_per_second(total, t_beam), paired_ratio(t_beam, t_duckdb)
+        print(f"DuckDB SQL join    : {duck.describe(unit=' s')}, {total / duck.value:,.0f} events/s")
         runner = describe_runner(pipeline_options(beam_args, plan.golden.bytes + plan.suspect.bytes))
         label = f"Beam diff ({runner})" if beam_args else f"Beam diff (sdc diff's default, {runner})"
-        print(f"{label}: {job:.2f} s  ({total / job:,.0f} events/s, target >= 800,000; runs {spread(t_beam)} s); "
-              f"Beam / DuckDB = {job / duck:.1f}x (target <= 3x)")
+        print(f"{label}: {job.describe(unit=' s')}")
+        print(f"  events/s         : {rate.value:,.0f} (95 % CI {rate.low:,.0f}-{rate.high:,.0f}, n={rate.samples}), "
+              f"target >= {RATE_TARGET:,}: {'met' if rate.low >= RATE_TARGET else 'NOT met'}")
+        print(f"  Beam / DuckDB    : {ratio.describe(RATIO_TARGET)} (run i of each paired)")
         if not beam_args:
             mp = ["--direct_running_mode=multi_processing"]
             t = beam_diff(con, root, plan, mp, "staging-mp")
@@ -149,7 +159,14 @@ def bench(events: int, beam_args: list[str], steps_per_bucket: int, repeat: int 
             t = decode_only(plan)
             print(f"  decoding both logs alone (tracer.log.read_segment_columns, part of every job): {t:.2f} s "
                   f"({total / t:,.0f} events/s)")
-    return total / job, job / duck
+    return rate, ratio
+
+
+def events_per_second(events: int, seconds: Sequence[float]) -> Ratio:
+    """``events`` over the mean of ``seconds``, with the interval of the mean time inverted: ``low`` is the rate
+    at the interval's slow end, so a rate target is met only when ``low`` reaches it."""
+    t = mean_interval(seconds)
+    return Ratio(events / t.value, events / t.high, events / t.low, t.samples)
 
 
 def duckdb_diff(con: duckdb.DuckDBPyConnection, root: Path) -> float:
@@ -193,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--events", type=int, default=1_000_000, help="tensor records per side (default 1 000 000)")
     p.add_argument("--steps-per-bucket", type=int, default=DEFAULT_STEPS_PER_BUCKET)
-    p.add_argument("--repeat", type=int, default=3, help="alternating runs of each diff (default 3); medians count")
+    p.add_argument("--repeat", type=int, default=10,
+                   help="alternating runs of each diff, paired run by run (default 10; two or more)")
     args, beam_args = p.parse_known_args(argv)
     bench(args.events, beam_args, args.steps_per_bucket, args.repeat)
     return 0
