@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from sdc.commands import Command
 from sdc.commands.study import add_study_options, run_loaded
-from sdc.study import load_study
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     p = sub.add_parser(
-        "demo",
-        help="run the shipped demo study: a golden node and four emulated ones, end to end, no download",
+        command.name,
+        help=command.help,
         description=(
             "Run the shipped `demo` study on the tiny workload and the embedded corpus: record a golden node, "
             "a healthy twin and three unhealthy nodes emulated by different fault profiles (one of them recorded "
@@ -26,4 +26,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sdc.study.study_file import load_study
+
     return run_loaded(load_study("demo", tuple(args.overrides)), args)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 
 from pipelines.arguments import DiffRequest, add_arguments, diff_job
+from sdc.commands import Command
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     p = sub.add_parser(
-        "diff",
-        help="diff a pair of runs into a DuckDB study database (an Apache Beam job)",
+        command.name,
+        help=command.help,
         description=(
             "Validate that two runs pair, then diff them with an Apache Beam job: every fingerprint, the first "
             "divergence per rank, losses and loss spikes, parameter drift at common checkpoints, fault ground truth "

@@ -7,14 +7,15 @@ from pathlib import Path
 
 from faults import load_profile, shipped_profiles
 from faults.fleet import MAX_NODES, FleetSpec, fleet, write_fleet
+from sdc.commands import Command
 from sdc.commands._common import seed
 from tracer.errors import UsageError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     p = sub.add_parser(
-        "faults",
-        help="list or print the shipped fault profiles, or draw a fleet of unhealthy nodes",
+        command.name,
+        help=command.help,
         description=(
             "Fault profiles describe emulated unhealthy nodes for `sdc record --fault-profile`. "
             "Copy a shipped one (`sdc faults show NAME > my.toml`), edit it, and pass its path; "

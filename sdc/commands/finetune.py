@@ -8,16 +8,17 @@ from pathlib import Path
 
 from faults import load_profile, shipped_profiles
 from jobs.finetune import finetune_run
+from sdc.commands import Command
 from sdc.commands._common import seed
 from workload.multiple_choice import FinetuneSettings
 from workload.tasks import TASK_NAMES
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     d = FinetuneSettings()
     p = sub.add_parser(
-        "finetune",
-        help="fine-tune a recorded run on multiple-choice QA tasks, traced",
+        command.name,
+        help=command.help,
         description=(
             "Load the final checkpoint of a run made by `sdc record` and fine-tune it on the multiple-choice "
             "tasks that ship with sdctrace (generated, no download), tracing every step like `sdc record`. "

@@ -7,15 +7,19 @@ import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from sdc.commands import Command
 from tracer.printable import printable
-from tracer.summary import RankSummary, summarize_run
+
+if TYPE_CHECKING:
+    from tracer.summary import RankSummary
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     p = sub.add_parser(
-        "inspect",
-        help="summarise a recorded run",
+        command.name,
+        help=command.help,
         description="Read every record of a run (verifying every checksum) and summarise it.",
     )
     p.add_argument("run", type=Path, help="run directory, e.g. runs/golden")
@@ -29,6 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tracer.summary import summarize_run
+
     ranks = summarize_run(args.run, "skip" if args.skip_corrupt else "raise")
     if args.json:
         print(json.dumps([_as_dict(s) for s in ranks], indent=2, default=str))

@@ -6,13 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from sdc.commands import Command
 from tracer.errors import UsageError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     p = sub.add_parser(
-        "query",
-        help="run a named query (RQ1-RQ3, summary) or one SELECT on a study database",
+        command.name,
+        help=command.help,
         description=(
             "Print the result of a named query over the DuckDB database `sdc diff` wrote: `summary` first, then "
             "the rq1_ (submodule mismatches, detection), rq2_ (gradient noise) and rq3_ (drift, loss, first "

@@ -9,6 +9,7 @@ from typing import get_args
 
 from faults import load_profile, shipped_profiles
 from jobs.record import RecordRequest, record
+from sdc.commands import Command
 from sdc.commands._common import (
     add_config_options,
     add_device_option,
@@ -23,10 +24,10 @@ from tracer.options import CapturePolicy, TraceOptions
 from workload.protocol import REFERENCE
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     p = sub.add_parser(
-        "record",
-        help="train and record a fingerprinted run",
+        command.name,
+        help=command.help,
         description=(
             "Train a workload deterministically (the reference LLaMA-style one, or yours with --workload) "
             "and record, every step, "

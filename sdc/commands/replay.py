@@ -9,16 +9,17 @@ import argparse
 from pathlib import Path
 
 from jobs.replay import golden_header, replay
+from sdc.commands import Command
 from sdc.commands._common import seed
 from replay.request import MODES, ReplayRequest, parse_steps, suspect_from_profile, suspect_from_run
 from tracer.compare import compare_runs
 from tracer.errors import UsageError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     p = sub.add_parser(
-        "replay",
-        help="replay steps of a golden run on a suspect executor (param-sync or lockstep)",
+        command.name,
+        help=command.help,
         description=(
             "Rebuild steps of a recorded golden run (the reference workload's, or any other through --workload) "
             "from its checkpoints (verifying every fingerprint) and run "

@@ -7,14 +7,13 @@ import os
 import shutil
 from pathlib import Path
 
-from sdc.study.folders import REPORT_FOLDER
-from tracer.log.claim import claim_folder
+from sdc.commands import Command
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     p = sub.add_parser(
-        "report",
-        help="write PNG plots and an index.html of a study database",
+        command.name,
+        help=command.help,
         description=(
             "Draw the study's plots (mismatch frequency over steps and severity per node, noise-to-signal per "
             "step with the worst case, parameter drift beside both loss curves with spikes marked, fine-tuned "
@@ -35,6 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from analysis.study_db import open_read_only
     from analysis.study_report import build_report
+    from sdc.study.folders import REPORT_FOLDER
+    from tracer.log.claim import claim_folder
 
     open_read_only(args.db).close()  # a missing or foreign database is refused before --overwrite deletes a report
     created = not os.path.lexists(args.out)

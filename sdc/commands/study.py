@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sdc.study import Study, load_study, run_study, shipped_studies
-from sdc.study.fleet_study import FleetStudy, is_fleet_file, load_fleet_study, run_fleet_study
-from sdc.study.runner import summary_tables
-from tracer import typed_toml
+from sdc.commands import Command
+
+if TYPE_CHECKING:
+    from sdc.study.fleet_study import FleetStudy
+    from sdc.study.study_file import Study
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
+    from sdc.study.study_file import shipped_studies
+
     p = sub.add_parser(
-        "study",
-        help="run a whole study from a study file (nodes, fault profiles, model, replay window, fine-tuning)",
+        command.name,
+        help=command.help,
         description=(
             "Run the RQ1-RQ3 study a study file describes: record the golden node and every emulated node, "
             "replay the study's window in lockstep and param-sync mode, diff every node against the golden one "
@@ -42,6 +46,10 @@ def add_study_options(p: argparse.ArgumentParser, default_out: str | None) -> No
 
 
 def run(args: argparse.Namespace) -> int:
+    from sdc.study.fleet_study import is_fleet_file, load_fleet_study
+    from sdc.study.study_file import load_study, shipped_studies
+    from tracer import typed_toml
+
     path = typed_toml.resolve(args.study, shipped_studies(), "study")
     if is_fleet_file(typed_toml.read(path)):
         return run_fleet(load_fleet_study(path, tuple(args.overrides)), args)
@@ -49,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_fleet(fleet: FleetStudy, args: argparse.Namespace) -> int:
+    from sdc.study.fleet_study import run_fleet_study
+
     out = args.out if args.out is not None else Path(fleet.name)
     print(f"fleet study {fleet.name}: {fleet.description or fleet.source}")
     print(f"  {fleet.fleet.nodes} unhealthy nodes from the fleet model (seed {fleet.fleet.seed}); experiments "
@@ -66,6 +76,8 @@ def run_fleet(fleet: FleetStudy, args: argparse.Namespace) -> int:
 
 
 def run_loaded(study: Study, args: argparse.Namespace) -> int:
+    from sdc.study.runner import run_study, summary_tables
+
     out = args.out if args.out is not None else Path(study.name)
     nodes = ", ".join(f"{n.label} ({n.profile})" for n in study.nodes)
     print(f"study {study.name}: {study.description or study.source}")

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from jobs.verify import verify_determinism
+from sdc.commands import Command
 from sdc.commands._common import (
     add_config_options,
     add_device_option,
@@ -16,10 +17,10 @@ from sdc.commands._common import (
 from workload.protocol import REFERENCE
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     p = sub.add_parser(
-        "verify-determinism",
-        help="run a config twice and check the two runs are bit-identical",
+        command.name,
+        help=command.help,
         description=(
             "Record the same config (of the reference workload or yours, with --workload) twice in this environment and compare every fingerprint. "
             "Run it before trusting a pair of runs: SDC detection assumes healthy runs are identical. "

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from sdc.commands import Command
 from tracer.compare import Divergence
 from tracer.errors import UsageError
 from tracer.log import Entry, EventRecord, LostRange, TensorRecord, rank_dir
 from tracer.log.follow import POLL_S, LogFollower, Resumed
 from tracer.log.records import describe_microbatch
-from tracer.pairing import check_pair
 from tracer.printable import printable
 
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_INCOMPLETE = 0, 3, 4
@@ -48,10 +48,10 @@ MAX_PENDING = 1_000_000  # records held for the other run at most (about 200 byt
 Key = tuple[int, int, int, str, int, int]  # rank, step, microbatch, name, phase, occurrence
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     p = sub.add_parser(
-        "watch",
-        help="compare two runs while they are recorded and report their first divergence live",
+        command.name,
+        help=command.help,
         description=(
             "Follow a golden and a suspect run while they are being recorded (two nodes training the same "
             "config on the same data) and compare every fingerprint as soon as both runs have it on disk. Prints "
@@ -309,6 +309,8 @@ class Watch:
                 self._say(f"the {SIDES[1 - side]} run is being recorded; waiting for the {SIDES[side]} run's log in "
                           f"{self.runs[side]} (up to {self.options.idle_timeout_s:g} s)")
             return got
+        from tracer.pairing import check_pair  # imports torch (tracer.sharding): not for `sdc watch --help`
+
         check_pair(golden, suspect, str(self.runs[0]), str(self.runs[1]))
         self.paired = True
         for side in (0, 1):

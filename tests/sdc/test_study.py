@@ -10,7 +10,7 @@ import pytest
 
 from analysis.queries import LIBRARY
 from sdc.cli import main
-from sdc.study import load_study, shipped_studies
+from sdc.study.study_file import load_study, shipped_studies
 from sdc.study.runner import StudyPaths, plan_jobs
 from tests.support import ONE_FLIP, SMALL
 from tracer.errors import ConfigError
