@@ -109,7 +109,7 @@ def bench_fsdp2(runs: int = 14, steps: int = 20) -> Ratio:
     r = results[0]  # after a barrier: the job's time
     timed = Interleaved({n: tuple(t) for n, t in r["seconds"].items()}, {n: tuple(t) for n, t in r["warmup"].items()})
     print(f"2-rank FSDP2       : traced/untraced whole runs of {steps} steps = "
-          f"{timed.describe('traced', 'untraced', TARGET)}")
+          f"{timed.describe('traced', 'untraced', TARGET, item='run')}")
     return timed.ratio("traced", "untraced")
 
 

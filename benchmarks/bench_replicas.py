@@ -60,10 +60,10 @@ def bench_replicas(steps: int = 30, config: str | None = None) -> Ratio:
     results = launch("bench_replicas:check_times", {"config": cfg.to_dict(), "steps": WARMUP + steps}, 2)
     r = results[0]
     checks, step_s = r["check"][WARMUP:], r["step"][WARMUP:]
-    check = mean_interval([c * 1e6 for c in checks])
+    check = mean_interval([c * 1e3 for c in checks])
     share = paired_ratio(checks, step_s)
-    first = sum(r["check"][:WARMUP]) - WARMUP * check.value / 1e6
-    print(f"replica agreement  : {check.describe(unit=' us')} a step (2 ranks, {r['tensors']} fingerprints each, one "
+    first = sum(r["check"][:WARMUP]) - WARMUP * check.value / 1e3
+    print(f"replica agreement  : {check.describe(unit=' ms')} a step (2 ranks, {r['tensors']} fingerprints each, one "
           f"all-gather) = {share.describe()} of an untraced step ({statistics.fmean(step_s) * 1e3:.1f} ms); first "
           f"{WARMUP} checks {first:+.4f} s over steady ones; alarms on healthy steps: {r['alarms']}")
     return share

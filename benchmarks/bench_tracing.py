@@ -52,11 +52,13 @@ class Size:
     pairs: bool  # also cross-checked by whole runs in fresh processes
 
 
+# Shares sized for `make bench` on a quiet 2-core machine (about 12 minutes in all): tiny's steps take ~60 ms,
+# llama3-16l-mini's ~2 s, llama3-32l-mini's and the ~100 M model's ~3-4 s (estimated from their FLOPs per step).
 SIZES = (
     Size("tiny", "tiny", (), 1.05, 1.0, True),
-    Size("llama3-16l-mini", "llama3-16l-mini", (), 1.03, 0.3, True),
-    Size("llama3-32l-mini", "llama3-32l-mini", (), None, 0.15, False),
-    Size("~100M", "llama3-16l-mini", LARGE, 1.02, 0.08, False),
+    Size("llama3-16l-mini", "llama3-16l-mini", (), 1.03, 0.17, True),
+    Size("llama3-32l-mini", "llama3-32l-mini", (), None, 0.08, False),
+    Size("~100M", "llama3-16l-mini", LARGE, 1.02, 0.05, False),
 )
 
 
@@ -104,7 +106,7 @@ def bench_scaling(steps: int, pairs: int, whole_steps: int, out: Path | None = N
         print(f"  {r.label:<16} {r.params / 1e6:6.1f} M params  steady: {r.describe(size.target)}", flush=True)
         print(f"  {'':<16} {'':15} {r.one_time.describe()}", flush=True)
         if size.pairs and pairs >= 2:
-            n = max(4, round(whole_steps * size.step_share))
+            n = max(4, round(whole_steps * size.step_share))  # 40 steps of tiny, 7 of llama3-16l-mini
             whole = process_pairs(size.config, size.overrides, n, pairs)
             print(f"  {'':<16} {'':15} whole runs of {n} steps: {whole.describe(size.target)}; "
                   f"{whole.one_time.describe()}", flush=True)

@@ -50,11 +50,12 @@ class Interleaved:
         """Seconds the warm-up steps of ``name`` took over as many steady steps: a one-time cost."""
         return sum(self.warmup[name]) - len(self.warmup[name]) * self.mean(name)
 
-    def describe(self, name: str, base: str, target: float | None = None) -> str:
-        """The ratio with its interval, its width against the margin to ``target``, both means, and the warm-up."""
+    def describe(self, name: str, base: str, target: float | None = None, item: str = "step") -> str:
+        """The ratio with its interval, its width against the margin to ``target``, both means, and the warm-up
+        (``item``: what one sample is, a step or a whole run)."""
         r = self.ratio(name, base)
         return (f"{r.describe(target)}; {width(r, target)}; mean {self.mean(name) * 1e3:.1f} ms vs "
-                f"{self.mean(base) * 1e3:.1f} ms a step; first {len(self.warmup[name])} steps "
+                f"{self.mean(base) * 1e3:.1f} ms a {item}; first {len(self.warmup[name])} {item}s "
                 f"{self.first_steps(name):+.3f} s vs {self.first_steps(base):+.3f} s over steady ones (one-time)")
 
 
@@ -141,8 +142,9 @@ def side_by_side(plain: Workload, traced: Workload, tracer: Tracer, steps: int, 
 @dataclass(frozen=True)
 class OneTime:
     """What a traced run pays once, in seconds: the Tracer's start (`__enter__`), its first steps over as many
-    steady ones, its close (`__exit__`: the last records written); the kernel's load where measured apart (it
-    falls in the start or the first step, wherever the Tracer loads it)."""
+    steady ones beyond what an untraced run's first steps take over its own (allocation, caches), its close
+    (`__exit__`: the last records written); the kernel's load where measured apart (it falls in the start or the
+    first step, wherever the Tracer loads it)."""
 
     start_s: float
     first_steps_s: float
@@ -152,8 +154,8 @@ class OneTime:
     def describe(self) -> str:
         kernel = "" if self.kernel_load_s is None else f"; of which kernel load {self.kernel_load_s:.3f} s"
         return (f"one-time {self.start_s + max(0.0, self.first_steps_s) + self.close_s:.3f} s: start "
-                f"{self.start_s:.3f} s, first steps {self.first_steps_s:+.3f} s over steady ones, close "
-                f"{self.close_s:.3f} s{kernel}")
+                f"{self.start_s:.3f} s, first steps {self.first_steps_s:+.3f} s over steady ones (beyond untraced), "
+                f"close {self.close_s:.3f} s{kernel}")
 
 
 @contextmanager

@@ -100,18 +100,21 @@ def fresh_kernel_load() -> float:
 
 def process_pairs(config: str, overrides: tuple[str, ...], steps: int, pairs: int) -> Pairs:
     """``pairs`` plain and traced runs of ``steps`` steps, each in a fresh process, alternately."""
-    plain, traced, one_time = [], [], []
+    plain, traced, runs = [], [], {False: [], True: []}
     for i in range(pairs):
         for is_traced in ((False, True) if i % 2 == 0 else (True, False)):
             r = fresh_run(config, overrides, steps, is_traced)
             (traced if is_traced else plain).append(float(r["wall_s"]))  # type: ignore[arg-type]
-            if is_traced:
-                one_time.append(r)
-    starts = [float(r["start_s"]) for r in one_time]  # type: ignore[arg-type]
-    closes = [float(r["close_s"]) for r in one_time]  # type: ignore[arg-type]
-    firsts = [r["steps"][0] - statistics.fmean(r["steps"][1:]) for r in one_time]  # type: ignore[index,arg-type]
-    return Pairs(tuple(plain), tuple(traced),
-                 OneTime(statistics.fmean(starts), statistics.fmean(firsts), statistics.fmean(closes)))
+            runs[is_traced].append(r)
+
+    def first_step(r: dict[str, object]) -> float:
+        times: list[float] = r["steps"]  # type: ignore[assignment]
+        return times[0] - statistics.fmean(times[1:])
+
+    starts = [float(r["start_s"]) for r in runs[True]]  # type: ignore[arg-type]
+    closes = [float(r["close_s"]) for r in runs[True]]  # type: ignore[arg-type]
+    first = statistics.fmean(map(first_step, runs[True])) - statistics.fmean(map(first_step, runs[False]))
+    return Pairs(tuple(plain), tuple(traced), OneTime(statistics.fmean(starts), first, statistics.fmean(closes)))
 
 
 def marginal(config: str, overrides: tuple[str, ...], short: int, long: int, pairs: int) -> tuple[Ratio, Ratio]:
