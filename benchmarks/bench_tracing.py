@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 from timing import Interleaved, OneTime, disagree, lifetime, machine_load, side_by_side
-from whole_run import fresh_kernel_load, process_pairs
+from whole_run import fresh_kernel_load, marginal, process_pairs
 
 from tracer.fingerprint import digest_implementation, digest_many
 from tracer.options import RunInfo
@@ -153,11 +153,18 @@ def main(argv: list[str] | None = None) -> int:
                    "(default 120)")
     p.add_argument("--pairs", type=int, default=5, help="whole-process pairs per cross-checked size (default 5)")
     p.add_argument("--whole-steps", type=int, default=40, help="steps of a whole tiny run (default 40)")
+    p.add_argument("--marginal", type=int, nargs=2, metavar=("SHORT", "LONG"),
+                   help="also: tiny's cost per step from whole runs of SHORT and LONG steps, --pairs of each")
     args = p.parse_args(argv)
     print(machine_load(), flush=True)
     bench_throughput()
     bench_scaling(args.steps, args.pairs, args.whole_steps)
     bench_cuda(max(4, args.steps // 4))
+    if args.marginal:
+        short, long = args.marginal
+        ratio, per_step = marginal("tiny", (), short, long, args.pairs)
+        print(f"tiny, marginal     : traced/untraced per step from whole runs of {short} and {long} steps = "
+              f"{ratio.describe(SIZES[0].target)}; a traced step {per_step.describe(unit=' s')}", flush=True)
     print(machine_load(when="after the run"), flush=True)
     return 0
 
