@@ -5,11 +5,12 @@
 Two gloo ranks (`jobs.launch`) train examples/torchrun_fsdp2.py's small transformer, ``fully_shard``-ed on each
 block and on the root, for STEPS steps with AdamW and ``clip_grad_norm_``, as that example does: once untraced,
 once traced as the example traces it (every site, gradient and parameter; each rank fingerprints its own DTensor
-shards). RUNS runs of each variant, in an order shuffled each time (`timing.interleave`; both ranks draw the same
-order), the first ones left out as warm-up. A run's time is the whole job's: from a barrier before the Tracer is
-made (its hooks, its I/O thread, the first step) to a barrier after it is closed (the log written and flushed), so
-the slower rank counts; the model is built, and sharded, before it, alike for both. Printed: the median of the
-per-run traced / untraced ratios and their middle half. Both ranks share this machine's cores (one thread each).
+shards). RUNS runs of each variant after `timing.WARMUP` warm-up runs, in an order shuffled each time
+(`timing.interleave`; both ranks draw the same order). A run's time is the whole job's: from a barrier before the
+Tracer is made (its hooks, its I/O thread, the first step) to a barrier after it is closed (the log written and
+flushed), so the slower rank counts and every one-time cost of a run is inside it; the model is built, and
+sharded, before it, alike for both. Printed: the ratio of mean run times with its 95 % interval over the runs, and
+what the warm-up runs took over steady ones. Both ranks share this machine's cores (one thread each).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
+from intervals import Ratio
 from timing import Interleaved, interleave, machine_load
 
 from jobs.launch import launch
@@ -91,24 +93,24 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, data: torch.G
 
 
 def runs_side_by_side(runs: int, steps: int, out: str) -> dict[str, Any]:
-    """One rank: ``runs`` untraced and traced runs, interleaved; each run's seconds, warm-up left out."""
+    """One rank: ``runs`` untraced and traced runs after the warm-up runs, interleaved; each run's seconds."""
     # The head's output is a view; the loss reads it, nothing writes it in place (torch warns on every rank).
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     timed = interleave({"untraced": whole_run(steps, None), "traced": whole_run(steps, Path(out))}, runs)
-    return {name: list(seconds) for name, seconds in timed.seconds.items()}
+    return {"seconds": {n: list(t) for n, t in timed.seconds.items()},
+            "warmup": {n: list(t) for n, t in timed.warmup.items()}}
 
 
-def bench_fsdp2(runs: int = 12, steps: int = 20) -> float:
+def bench_fsdp2(runs: int = 14, steps: int = 20) -> Ratio:
     here = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as tmp:
         results = launch("bench_fsdp2:runs_side_by_side", {"runs": runs, "steps": steps, "out": tmp}, 2)
-    timed = Interleaved({name: tuple(seconds) for name, seconds in results[0].items()})  # after a barrier: the job's
-    ratio, (low, high) = timed.ratio("traced", "untraced"), timed.spread("traced", "untraced")
-    print(f"traced / untraced, 2-rank FSDP2: {ratio:.3f} (middle half {low:.3f}-{high:.3f}), target <= {TARGET:.2f}  "
-          f"(whole runs of {steps} steps, rank 0 median {timed.median('traced') * 1e3:.0f} ms vs "
-          f"{timed.median('untraced') * 1e3:.0f} ms, {len(timed.seconds['traced'])} runs each)")
-    return ratio
+    r = results[0]  # after a barrier: the job's time
+    timed = Interleaved({n: tuple(t) for n, t in r["seconds"].items()}, {n: tuple(t) for n, t in r["warmup"].items()})
+    print(f"2-rank FSDP2       : traced/untraced whole runs of {steps} steps = "
+          f"{timed.describe('traced', 'untraced', TARGET, item='run')}")
+    return timed.ratio("traced", "untraced")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
 
 Each rank trains and, after every step, runs the check `Guard(replicas=...)` runs after the optimizer step
 (`tracer.guard.replicas.ReplicaCheck.compare`: one all-gather of the step's parameter and gradient fingerprints,
-and the comparison) on the digests the Tracer records anyway. Printed: rank 0's median time of the check, the
-middle half of its per-step times, and the median against an untraced step's time.
+and the comparison) on the digests the Tracer records anyway. Printed: rank 0's mean time of the check with its
+95 % interval over the steps, and its mean against an untraced step's (`paired_ratio`, the same steps); the first
+`timing.WARMUP` steps apart, as one-time cost.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from intervals import Ratio, mean_interval, paired_ratio
+from timing import WARMUP
 
 from jobs.launch import launch
 from tracer.fingerprint import digest_many
@@ -50,21 +53,20 @@ def check_times(config: dict[str, Any], steps: int) -> dict[str, Any]:
     return {"step": step_s, "check": check_s, "tensors": 2 * len(params), "alarms": len(events)}
 
 
-def bench_replicas(steps: int = 30, config: str | None = None) -> float:
+def bench_replicas(steps: int = 30, config: str | None = None) -> Ratio:
     cfg = load_config(config, LAYOUT)
     here = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
-    with tempfile.TemporaryDirectory():
-        results = launch("bench_replicas:check_times", {"config": cfg.to_dict(), "steps": steps}, 2)
+    results = launch("bench_replicas:check_times", {"config": cfg.to_dict(), "steps": WARMUP + steps}, 2)
     r = results[0]
-    checks = sorted(r["check"][2:])  # the first steps warm up
-    median = statistics.median(checks)
-    low, high = checks[len(checks) // 4], checks[(3 * len(checks)) // 4]
-    step = statistics.median(r["step"][2:])
-    print(f"replica agreement  : {median * 1e6:.0f} us a step (middle half of steps {low * 1e6:.0f}-"
-          f"{high * 1e6:.0f} us; 2 ranks, {r['tensors']} fingerprints each, one all-gather) = {median / step:.4f} "
-          f"of an untraced step ({step * 1e3:.1f} ms); alarms on healthy steps: {r['alarms']}")
-    return median
+    checks, step_s = r["check"][WARMUP:], r["step"][WARMUP:]
+    check = mean_interval([c * 1e3 for c in checks])
+    share = paired_ratio(checks, step_s)
+    first = sum(r["check"][:WARMUP]) - WARMUP * check.value / 1e3
+    print(f"replica agreement  : {check.describe(unit=' ms')} a step (2 ranks, {r['tensors']} fingerprints each, one "
+          f"all-gather) = {share.describe()} of an untraced step ({statistics.fmean(step_s) * 1e3:.1f} ms); first "
+          f"{WARMUP} checks {first:+.4f} s over steady ones; alarms on healthy steps: {r['alarms']}")
+    return share
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""benchmarks/ is not a package: its timing helpers are loaded from their file."""
+"""benchmarks/ is not a package: its timing helpers are loaded from their file, and the modules they import by
+name (``from intervals import Ratio``) are found on benchmarks/, as when a benchmark runs as a script."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ _BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 
 def _load(name: str) -> ModuleType:
+    if str(_BENCHMARKS) not in sys.path:
+        sys.path.append(str(_BENCHMARKS))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", _BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -29,3 +32,8 @@ def timing() -> ModuleType:
 @pytest.fixture(scope="session")
 def intervals() -> ModuleType:
     return _load("intervals")
+
+
+@pytest.fixture(scope="session")
+def whole_run() -> ModuleType:
+    return _load("whole_run")
