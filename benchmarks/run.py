@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import bench_diff
+import bench_startup
 import bench_tracing
 from bench_abft import bench_abft
 from bench_fsdp2 import bench_fsdp2
@@ -136,16 +137,6 @@ def _tensor_event_bytes(run: Path) -> float:
     return sum(p.stat().st_size for p in reader.segments) / records
 
 
-def bench_startup() -> None:
-    """`sdc --help` and `sdc query` as whole processes: benchmarks/bench_startup.py, where it is."""
-    script = Path(__file__).with_name("bench_startup.py")
-    if not script.is_file():
-        print("sdc startup        : benchmarks/bench_startup.py is not here")
-        return
-    sys.stdout.flush()
-    subprocess.run([sys.executable, str(script)], check=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a few steps of everything: checks that every benchmark "
@@ -167,12 +158,17 @@ def main(argv: list[str] | None = None) -> int:
     bench_abft(args.config)  # the per-call split of the ABFT line above
     bench_guard_overhead(max(4, budget.steps // 2), args.config)
     bench_watch(args.config)
-    bench_replay(config=args.config)
+    bench_replay(6 if args.quick else 12, config=args.config)
     # `sdc diff` runs its job in a fresh process, so the diff is measured in one too: in this process, after the
-    # torch benchmarks, the same job ran 10-25 % slower (benchmarks/bench_diff.py alone: 2.3-2.7x DuckDB).
-    sys.stdout.flush()
-    subprocess.run([sys.executable, bench_diff.__file__], check=True)
-    bench_startup()
+    # torch benchmarks, the same job ran 10-25 % slower (benchmarks/bench_diff.py alone: 2.3-2.7x DuckDB). `sdc`'s
+    # start-up is a whole process by definition.
+    whole_processes = {
+        bench_diff.__file__: ["--events", "20000", "--repeat", "3"] if args.quick else [],
+        bench_startup.__file__: ["--runs", "3"] if args.quick else [],
+    }
+    for script, extra in whole_processes.items():
+        sys.stdout.flush()
+        subprocess.run([sys.executable, script, *extra], check=True)
     bench_parallel(budget.ranks_steps, config=args.config)
     bench_replicas(budget.ranks_steps, config=args.config)
     bench_fsdp2(budget.fsdp2_runs, budget.fsdp2_steps)
