@@ -59,11 +59,19 @@ $(XLA_STAMP): pyproject.toml
 	$(XLA_PY) -m pip install --quiet --no-deps -e .
 	touch $(XLA_STAMP)
 
+# The digest kernel for the XLA environment's torch (the build key has torch, Python and the checkout's path, so it
+# never replaces .venv's): fingerprints of host tensors (checkpoints, what is read back) use it there too. The
+# fault emulator's and ABFT's kernels are not built: both are refused on XLA.
+XLA_KERNEL  := $(XLA_VENV)/.sdctrace-kernel
+$(XLA_KERNEL): $(XLA_STAMP) tracer/kernel/digest.cpp tracer/kernel/__init__.py
+	$(XLA_PY) -m tracer.kernel
+	touch $(XLA_KERNEL)
+
 # The XLA tests on the XLA CPU device; `make test` skips them (no torch_xla there).
-test-xla: $(XLA_STAMP)
+test-xla: $(XLA_KERNEL)
 	PJRT_DEVICE=CPU $(XLA_PY) -m pytest -q tests/xla
 
-bench-xla: $(XLA_STAMP)
+bench-xla: $(XLA_KERNEL)
 	PJRT_DEVICE=CPU $(XLA_PY) benchmarks/bench_xla.py
 
 bench: $(KERNEL)

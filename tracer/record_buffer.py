@@ -180,7 +180,10 @@ class RecordBuffer:
         return deferred(tensor.device)
 
     def defer(self, tensors: list[torch.Tensor], finish: Callable[[list[torch.Tensor]], None]) -> None:
-        """Call ``finish`` with ``tensors`` on the host when the pending records are read, in log order."""
+        """Call ``finish`` with ``tensors`` on the host when the pending records are read, in log order.
+
+        Pass them as the step computed them: on a lazy device an op taken on them after the step's graph ran
+        (a ``reshape(1)`` at the step's end) is a second graph of its own when the step's end marks the step."""
         self._pending.append((tensors, finish))
 
     def write_event(self, event: EventRecord) -> None:

@@ -340,7 +340,7 @@ class Tracer:
             self._log = self._guard.release()  # a step without an optimizer step: nothing to decide
         norm: list[float] = []
         if isinstance(self._grad_norm, torch.Tensor) and self._records.defers(self._grad_norm):
-            self._records.defer([self._grad_norm.detach().reshape(1)], lambda host: norm.append(host[0].item()))
+            self._records.defer([self._grad_norm.detach()], lambda host: norm.append(host[0].item()))
         self._records.read_pending()  # on an accelerator, the step's one transfer: the norm rides along
         log = self.log
         wall = time.perf_counter() - self._step_start

@@ -79,6 +79,10 @@ def test_every_site_gradient_and_parameter_is_recorded_in_eager_order(xla_runs, 
     assert inputs == [(r.step, r.microbatch, r.fingerprint) for r in on_cpu if r.phase == Phase.INPUT]
     assert [e.fields["loss"] for e in events(xla_runs[0], "loss")] == pytest.approx(
         [e.fields["loss"] for e in events(cpu, "loss")], rel=1e-3)
+    # The norm before clipping, read in the step's one transfer (the reference config clips at 1.0).
+    norms = [e.fields["grad_norm"] for e in events(xla_runs[0], "step")]
+    assert len(norms) == STEPS
+    assert norms == pytest.approx([e.fields["grad_norm"] for e in events(cpu, "step")], rel=1e-3)
 
 
 def test_two_xla_runs_diff_to_zero_differences(xla_runs, tmp_path: Path) -> None:
