@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/time_study.py                      # demo, then fleet-mini
     .venv/bin/python benchmarks/time_study.py demo --repeat 3      # mean wall time with its 95 % interval
-    .venv/bin/python benchmarks/time_study.py fleet                # about 45 minutes: only when asked for
+    .venv/bin/python benchmarks/time_study.py fleet                # the longest study: only when asked for
 
 `demo` runs ``sdc demo --out DIR --quiet`` and any other name ``sdc study NAME --out DIR --quiet`` (the shipped
 studies in sdc/study/studies/), each in a fresh temporary folder that is removed afterwards, from the `sdc`
@@ -11,7 +11,7 @@ the machine-load line (`timing.machine_load`): a wall time measured while anothe
 study's. With ``--repeat N`` (N >= 2) the mean wall time is printed with its bootstrap 95 % interval
 (`intervals.mean_interval`). No target: the README quotes these times so that a user knows how long to wait.
 
-Not part of `make bench` (benchmarks/run.py): a demo alone takes minutes, the fleet study most of an hour.
+Not part of `make bench` (benchmarks/run.py): each study runs for minutes, the fleet study far longer.
 """
 
 from __future__ import annotations
