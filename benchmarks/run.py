@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_abft(args.config)  # the per-call split of the ABFT line above
     bench_guard_overhead(max(4, budget.steps // 2), args.config)
     bench_watch(args.config)
-    bench_replay(6 if args.quick else 12, config=args.config)
+    bench_replay(8 if args.quick else 12, config=args.config)
     # `sdc diff` runs its job in a fresh process, so the diff is measured in one too: in this process, after the
     # torch benchmarks, the same job ran 10-25 % slower (benchmarks/bench_diff.py alone: 2.3-2.7x DuckDB). `sdc`'s
     # start-up is a whole process by definition.
