@@ -51,7 +51,7 @@ class Interleaved:
         return sum(self.warmup[name]) - len(self.warmup[name]) * self.mean(name)
 
     def describe(self, name: str, base: str, target: float | None = None, item: str = "step") -> str:
-        """The ratio with its interval, its width against the margin to ``target``, both means, and the warm-up
+        """The ratio with its interval, its width and whether it decides ``target``, both means, and the warm-up
         (``item``: what one sample is, a step or a whole run)."""
         r = self.ratio(name, base)
         return (f"{r.describe(target)}; {width(r, target)}; mean {self.mean(name) * 1e3:.1f} ms vs "
@@ -60,14 +60,14 @@ class Interleaved:
 
 
 def width(r: Ratio, target: float | None) -> str:
-    """The interval's width, and whether it is narrower than the margin from the estimate to ``target``."""
+    """The interval's width and, against ``target``, whether the steps decided the verdict: undecided while the
+    target lies inside the interval."""
     text = f"interval width {r.high - r.low:.3f}"
     if target is None:
         return text
-    margin = abs(target - r.value)
-    if r.high - r.low >= margin:
-        return f"{text} >= margin {margin:.3f} to the target: run more steps to decide"
-    return f"{text} < margin {margin:.3f} to the target"
+    if r.low <= target <= r.high:
+        return f"{text}: the target lies inside the interval, run more steps to decide"
+    return f"{text}: decided (the whole interval is on one side of the target)"
 
 
 def disagree(a: Ratio, b: Ratio) -> bool:

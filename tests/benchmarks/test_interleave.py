@@ -88,10 +88,11 @@ def test_the_tracers_start_and_close_are_timed_apart(timing) -> None:
     assert failing.exited is KeyError
 
 
-def test_the_interval_width_is_compared_with_the_margin_to_the_target(timing, intervals) -> None:
+def test_a_verdict_is_undecided_only_while_the_target_lies_inside_the_interval(timing, intervals) -> None:
     wide = intervals.Ratio(1.04, 1.03, 1.06, 10)
-    assert "width 0.030 >= margin 0.010 to the target: run more steps" in timing.width(wide, 1.05)
-    assert "width 0.030 < margin 0.060 to the target" in timing.width(wide, 1.10)
+    assert "width 0.030: the target lies inside the interval, run more steps" in timing.width(wide, 1.05)
+    assert "width 0.030: decided" in timing.width(wide, 1.10)  # met: the upper end is below it
+    assert "width 0.030: decided" in timing.width(wide, 1.02)  # not met whatever more steps show
     assert timing.width(wide, None) == "interval width 0.030"
     assert timing.disagree(wide, intervals.Ratio(1.10, 1.07, 1.12, 5))
     assert not timing.disagree(wide, intervals.Ratio(1.08, 1.055, 1.12, 5))
