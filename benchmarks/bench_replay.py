@@ -26,7 +26,7 @@ fewer than two steps. Beside them, this machine as the suspect with no profile: 
 re-execution per step and no suspect step, which is what a replay of a real node's steps costs when the
 machine reproduces them.
 
-Replayed and recorded steps were not measured side by side, so every ratio is `unpaired_ratio` (each side
+Replayed and recorded steps were not measured side by side, so every ratio is `intervals.unpaired_ratio` (each side
 resampled on its own), not `intervals.paired_ratio`.
 """
 
@@ -39,8 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from intervals import Ratio, mean_interval
-from unpaired_ratio import unpaired_ratio
+from intervals import Ratio, mean_interval, unpaired_ratio
 
 from jobs.record import record_run
 from replay.replayer import Replayer

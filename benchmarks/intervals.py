@@ -60,6 +60,21 @@ def paired_ratio(costs: Sequence[float], bases: Sequence[float], seed: int = 0) 
     return Ratio(sum(costs) / sum(bases), low, high, n)
 
 
+def unpaired_ratio(costs: Sequence[float], bases: Sequence[float], seed: int = 0) -> Ratio:
+    """mean(costs) / mean(bases) where the samples were not measured together (a replay's faulty steps against the
+    steps of a recording made earlier; groups of different sizes): each side is resampled on its own, with its own
+    size, so the noise of both widens the interval and no drift cancels. ``samples`` is the smaller side's size."""
+    if len(costs) < 2 or len(bases) < 2:
+        raise ValueError(f"unpaired_ratio needs two or more samples on each side, got {len(costs)} and {len(bases)}")
+    rng = random.Random(seed)
+
+    def resampled_mean(values: Sequence[float]) -> float:
+        return statistics.fmean(rng.choices(values, k=len(values)))
+
+    low, high = _percentiles([resampled_mean(costs) / resampled_mean(bases) for _ in range(RESAMPLES)])
+    return Ratio(statistics.fmean(costs) / statistics.fmean(bases), low, high, min(len(costs), len(bases)))
+
+
 def mean_interval(values: Sequence[float], seed: int = 0) -> Ratio:
     """The mean of ``values`` (seconds, bytes, ...) with its bootstrap interval; a `Ratio` with no base."""
     if len(values) < 2:

@@ -17,10 +17,10 @@ _BENCHMARKS = str(Path(__file__).parents[2] / "benchmarks")
 
 @pytest.fixture(scope="module")
 def modules() -> Iterator[tuple[ModuleType, ModuleType]]:
-    """unpaired_ratio.py and bench_replay.py, which import their sibling `intervals` by its file's name."""
+    """intervals.py and bench_replay.py, which imports its sibling `intervals` by its file's name."""
     sys.path.insert(0, _BENCHMARKS)
     try:
-        yield importlib.import_module("unpaired_ratio"), importlib.import_module("bench_replay")
+        yield importlib.import_module("intervals"), importlib.import_module("bench_replay")
     finally:
         sys.path.remove(_BENCHMARKS)
 
