@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow.parquet as pq
 from intervals import mean_interval
-from timing import machine_load
+from timing import machine_load, process_seconds
 
 from analysis.load import load_parquet
 from pipelines.tables import table
@@ -63,16 +61,6 @@ def small_study_db(folder: Path, steps: int = 100) -> Path:
     db = folder / "study.duckdb"
     load_parquet(db, staging, "pair")
     return db
-
-
-def process_seconds(argv: Sequence[str], env: dict[str, str]) -> float:
-    """Wall seconds of one process from start to exit; a failed one is an error, not a sample."""
-    start = time.perf_counter()
-    done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
-    return seconds
 
 
 def alternate(commands: dict[str, Sequence[str]], runs: int, env: dict[str, str]) -> tuple[dict[str, float],

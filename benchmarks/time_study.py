@@ -17,14 +17,12 @@ Not part of `make bench` (benchmarks/run.py): each study runs for minutes, the f
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from intervals import mean_interval
-from timing import machine_load
+from timing import machine_load, process_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "sdc" / "study" / "studies"
@@ -43,15 +41,12 @@ def command(study: str, out: Path) -> list[str]:
 
 
 def timed_run(study: str) -> float:
-    """Seconds from the `sdc` process's start to its exit; raises when the study fails."""
+    """Seconds from the `sdc` process's start to its exit; stops the script when the study fails."""
     with tempfile.TemporaryDirectory(prefix=f"time-study-{study}-") as tmp:
-        argv = command(study, Path(tmp) / study)
-        start = time.perf_counter()
-        done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[2:])} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-    return seconds
+        try:
+            return process_seconds(command(study, Path(tmp) / study), cwd=ROOT)
+        except RuntimeError as failed:
+            raise SystemExit(f"{study} failed: {failed}") from None
 
 
 def minutes(seconds: float) -> str:

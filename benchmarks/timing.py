@@ -15,9 +15,10 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,6 +174,18 @@ def lifetime(tracer: AbstractContextManager, into: dict[str, float]) -> Iterator
         s = time.perf_counter()
         tracer.__exit__(None, None, None)
         into["close_s"] = time.perf_counter() - s
+
+
+def process_seconds(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None) -> float:
+    """Wall seconds of one process from its start to its exit; a failed one is an error (RuntimeError naming it
+    and the end of its stderr), not a sample."""
+    start = time.perf_counter()
+    done = subprocess.run(list(argv), env=None if env is None else dict(env), cwd=cwd, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[-4000:]}")
+    return seconds
 
 
 def machine_load(seconds: float = 1.0, when: str = "before the run") -> str:
