@@ -144,19 +144,17 @@ def side_by_side(plain: Workload, traced: Workload, tracer: Tracer, steps: int, 
 class OneTime:
     """What a traced run pays once, in seconds: the Tracer's start (`__enter__`), its first steps over as many
     steady ones beyond what an untraced run's first steps take over its own (allocation, caches), its close
-    (`__exit__`: the last records written); the kernel's load where measured apart (it falls in the start or the
-    first step, wherever the Tracer loads it)."""
+    (`__exit__`: the last records written). The digest kernel loads inside the start (`fingerprint.prepare_digests`);
+    bench_tracing.py prints its load, measured in a fresh process, on its header line."""
 
     start_s: float
     first_steps_s: float
     close_s: float
-    kernel_load_s: float | None = None
 
     def describe(self) -> str:
-        kernel = "" if self.kernel_load_s is None else f"; of which kernel load {self.kernel_load_s:.3f} s"
         return (f"one-time {self.start_s + max(0.0, self.first_steps_s) + self.close_s:.3f} s: start "
                 f"{self.start_s:.3f} s, first steps {self.first_steps_s:+.3f} s over steady ones (beyond untraced), "
-                f"close {self.close_s:.3f} s{kernel}")
+                f"close {self.close_s:.3f} s")
 
 
 @contextmanager
