@@ -7,6 +7,7 @@
 --                      the first step whose loss differs or one run lacks (loss), the first step of a damaged
 --                      or missing part of either log (lost_ranges; null first_step: 0), and the step after
 --                      the last one both runs hold (compared_through + 1): never certify what was not read
+--                      (a lost range or corruption of no rank counts for every rank)
 --   limited_by         what sets verified_until: divergence, loss, lost, or end (every compared step matched)
 --   first_name, first_phase   the first differing record when limited_by is divergence
 --   checkpoints        the checkpoint steps both runs hold on this rank, read and checked against their logs
@@ -36,9 +37,10 @@ loss_mismatch AS (
 ),
 
 lost AS (
-    SELECT pair_id, rank, min(coalesce(first_step, 0)) AS step
-    FROM lost_ranges
-    GROUP BY pair_id, rank
+    SELECT r.pair_id, r.rank, min(coalesce(l.first_step, 0)) AS step
+    FROM lost_ranges AS l
+    JOIN ranks AS r ON r.pair_id = l.pair_id AND (l.rank IS NULL OR l.rank = r.rank)
+    GROUP BY r.pair_id, r.rank
 ),
 
 limits AS (
@@ -79,7 +81,7 @@ checkpoints AS (
     WHERE d."group" = '*'
       AND NOT EXISTS (
           SELECT 1 FROM damaged_checkpoints AS x
-          WHERE x.pair_id = d.pair_id AND x.rank = d.rank AND x.step = d.step
+          WHERE x.pair_id = d.pair_id AND (x.rank IS NULL OR x.rank = d.rank) AND x.step = d.step
       )
 ),
 
