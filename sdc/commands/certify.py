@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
     cert = against_golden(args) if args.golden is not None else against_replicas(Path(args.run))
     if cert is None:
-        print(f"sdc certify: nothing to certify {args.run} against: it compared no replicas (recorded without "
-              "Guard(replicas=...) or on one rank); give --golden RUN", file=sys.stderr)
+        print(printable(f"sdc certify: nothing to certify {args.run} against: it compared no replicas (recorded "
+                        "without Guard(replicas=...) or on one rank); give --golden RUN"), file=sys.stderr)
         return EXIT_NOTHING_TO_COMPARE
     if cert.step is None:
         print(printable(f"sdc certify: no clean checkpoint in {args.run}: {cert.reason}"), file=sys.stderr)
@@ -150,7 +150,8 @@ def certificate_of(rows: list[Mapping[str, Any]], golden: str) -> Certificate:
     elif what == "loss":
         why = f"rank {first['rank']}'s loss differs from {golden}'s at step {until}"
     elif what == "lost":
-        why = f"rank {first['rank']}'s steps from {until} on could not be read (a damaged or missing log segment)"
+        why = (f"rank {first['rank']}'s steps from {until} on could not be read in one of the runs (a damaged or "
+               "missing log segment)")
     else:
         why = f"every record matched {golden} through step {until - 1}, the last step both runs hold"
     step = rows[0]["run_certified_step"]

@@ -15,11 +15,11 @@ from tracer.checkpoint import checkpoint_dir
 
 pytestmark = pytest.mark.slow  # launches ranks as processes
 
-TARGET = "tests.sdc.replica_run:train_with_checkpoints"
+TARGET = "tests.parallel.ddp_guard:train_with_replica_check"  # the tiny DDP MLP, replica agreement on
 
 
 def record(tmp_path: Path, name: str, fault_step: int | None) -> Path:
-    job: dict = {"out": str(tmp_path / name), "steps": 6, "every": 2}
+    job: dict = {"out": str(tmp_path / name), "steps": 6, "checkpoint_every": 2}
     if fault_step is not None:
         profile = tmp_path / "update.toml"
         profile.write_text(UPDATE_ON_ONE_RANK.format(step=fault_step, rank=1), encoding="utf-8")
