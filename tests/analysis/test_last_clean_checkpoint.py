@@ -102,3 +102,12 @@ def test_the_rows_say_what_ended_the_match_and_which_checkpoints_were_held(db: P
     assert rows[("fault", 1)]["first_name"] is None  # rank 1 never diverged
     assert rows[("loss", 0)]["checkpoints"] == [0, 10]  # the damaged checkpoint of step 5 is not one
     assert rows[("early", 0)]["checkpoints"] == [5, 10]
+
+
+@pytest.mark.slow
+def test_on_the_study_of_real_runs(study) -> None:
+    # node-7's first fault hits step 1: only the initial state (step 0) is clean. node-3 is a healthy twin of 3
+    # steps with checkpoints 0, 2 and 3; golden (6 steps) holds 0, 2, 4 and 6, so step 2 is the last both hold.
+    got = {r["node_label"]: (r["verified_until"], r["limited_by"], r["checkpoints"], r["certified_step"])
+           for r in queries.run(study.db, "last_clean_checkpoint").records()}
+    assert got == {"node-7": (1, "divergence", [0, 2, 4, 6], 0), "node-3": (3, "end", [0, 2], 2)}
