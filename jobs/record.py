@@ -15,7 +15,9 @@ With ``resume`` a crashed recording goes on: training restarts from the newest
 checkpoint that every rank has and that the log reaches (`resume_step`), and each
 rank's log is continued, not rewritten (`tracer.log.resume`, the Tracer's ``resume``):
 the steps recorded since that checkpoint are recorded again and supersede the first
-recording.
+recording. With ``resume_from`` (a checkpoint of another run, typically the one `sdc certify`
+names) ``out`` becomes a new run: `jobs.fork` writes that run's history before the checkpoint
+into it, and it is resumed from there, on this node, with this request's faults (or none).
 
 With ``sharpness=K`` every checkpoint step also logs a ``sharpness`` event: the top Hessian
 eigenvalue of the state the checkpoint holds (`workload.sharpness`, K iterations), computed
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from tqdm import tqdm
 
 from faults import FaultProfile, profile_from_header
 from faults.node import emulated_node, node_header
+from jobs.fork import ForkPoint, fork_point, fork_run
 from jobs.machine import check_resources
 from jobs.launch import launch
 from tracer.device import is_lazy, resolve_device
@@ -71,6 +74,7 @@ class RecordRequest:
     device: str = "cpu"  # cpu, cuda[:N] or xla[:N]
     guard: Policy | None = None  # guard every step with the default detectors and this policy (tracer.guard)
     resume: bool = False  # continue the crashed recording in ``out`` (same options as it was started with)
+    resume_from: Path | None = None  # a checkpoint of another run: ``out`` is a new run going on from it (jobs.fork)
     sharpness: int = 0  # iterations of a sharpness estimate at every checkpoint (workload.sharpness); 0 = off
 
     def __post_init__(self) -> None:
@@ -78,11 +82,15 @@ class RecordRequest:
             raise UsageError(f"sharpness = {self.sharpness}: give the iterations of the estimate (>= 1), or 0 for none")
         if self.resume and self.overwrite:
             raise UsageError("--resume continues the run in --out and --overwrite replaces it: give one of them")
+        if self.resume and self.resume_from is not None:
+            raise UsageError("--resume continues the run in --out, --resume-from starts a new one in --out from "
+                             "another run's checkpoint: give one of them")
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the launcher, which hands the request to every rank's process."""
         return {
             **{f.name: getattr(self, f.name) for f in fields(self)}, "out": str(self.out),
+            "resume_from": None if self.resume_from is None else str(self.resume_from),
             "trace": self.trace.to_dict(),
             "fault_profile": self.fault_profile.header(self.fault_seed) if self.fault_profile is not None else None,
         }
@@ -91,7 +99,9 @@ class RecordRequest:
     def from_json(cls, data: Mapping[str, Any]) -> RecordRequest:
         profile = profile_from_header(data["fault_profile"]) if data["fault_profile"] else None
         trace = TraceOptions.from_dict(data["trace"], source="sdc record")
-        return cls(**{**data, "out": Path(data["out"]), "trace": trace, "fault_profile": profile})
+        resume_from = None if data["resume_from"] is None else Path(data["resume_from"])
+        return cls(**{**data, "out": Path(data["out"]), "trace": trace, "fault_profile": profile,
+                      "resume_from": resume_from})
 
 
 @dataclass
@@ -135,10 +145,18 @@ def record(
     check_resources(config, nproc, f"{request.out} (the config to record)")
     if request.resume:
         _check_resumed_ranks(request.out, nproc)
+    fork = fork_point(request.resume_from) if request.resume_from is not None else None
+    if fork is not None:
+        _check_fork(fork, request.out, nproc)
     # Claimed once, before any rank starts, so a refusal is quick; launched ranks inherit the lock.
     claim = (reclaim_out_dir(request.out, role="train") if request.resume
              else claim_out_dir(request.out, role="train", overwrite=request.overwrite))
     with claim as lock:
+        if fork is not None:  # the history before the checkpoint, then resumed as a crashed run is
+            fork_run(fork, request.out, node_label=request.node_label, workload=request.workload,
+                     node_extra=node_header(request.fault_profile, request.fault_seed, request.abft),
+                     segment_bytes=request.trace.segment_bytes)
+            request = replace(request, resume=True, resume_from=None, overwrite=False)
         if nproc == 1:
             return _record_rank(config, request, on_step)
         job = {"config": config, "request": request.to_json()}
@@ -218,6 +236,14 @@ def _log_sharpness(w: Workload, tracer: Tracer, step: int, iterations: int) -> N
         s = sharpness(w, step, iterations=iterations)
     tracer.event("sharpness", at_step=step, value=s.value, iterations=s.iterations, converged=s.converged,
                  residual=s.residual, method=s.method, microbatch=s.microbatch)
+
+
+def _check_fork(fork: ForkPoint, out: Path, nproc: int) -> None:
+    """A fork runs on as many ranks as the run it continues, into a directory of its own."""
+    if Path(out).resolve() == fork.run.resolve():
+        raise UsageError(f"--resume-from {fork.run}: names a checkpoint of --out itself; --resume continues a "
+                         "crashed run in place, --resume-from starts a new run from another run's checkpoint")
+    _check_resumed_ranks(fork.run, nproc)
 
 
 def _check_resumed_ranks(out: Path, nproc: int) -> None:

@@ -39,6 +39,8 @@ COMMANDS = (
     Command("faults", "sdc.commands.faults",
             "list or print the shipped fault profiles, or draw a fleet of unhealthy nodes"),
     Command("diff", "sdc.commands.diff", "diff a pair of runs into a DuckDB study database (an Apache Beam job)"),
+    Command("certify", "sdc.commands.certify",
+            "name the last checkpoint of a run that matched a golden run (or its replicas), to resume from"),
     Command("watch", "sdc.commands.watch",
             "compare two runs while they are recorded and report their first divergence live"),
     Command("finetune", "sdc.commands.finetune", "fine-tune a recorded run on multiple-choice QA tasks, traced"),

@@ -49,6 +49,13 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
         "its log reaches, appending to the log (steps since that checkpoint are recorded again and supersede the "
         "first recording). Give the options the recording was started with",
     )
+    p.add_argument(
+        "--resume-from", type=Path, metavar="CHECKPOINT",
+        help="start --out as a new run that goes on from another run's checkpoint RUN/checkpoints/step-NNNNNN, "
+        "typically the one `sdc certify RUN --golden G` prints: --out gets RUN's records of the steps before it "
+        "and its checkpoints up to it, and training goes on from it on this node (--node-label), with "
+        "--fault-profile's faults or none. Give the training options RUN was recorded with",
+    )
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="steps between checkpoints (run.checkpoint_every)")
     p.add_argument("--sites", metavar="REGEX", help="trace the modules whose full path matches REGEX instead of the defaults")
     p.add_argument("--capture-steps", metavar="LIST", default="", help="keep full tensors of these steps, e.g. 0,5,10")
@@ -90,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         fault_profile=load_profile(args.fault_profile) if args.fault_profile is not None else None,
         fault_seed=args.fault_seed, abft=args.abft, device=args.device, guard=args.guard, resume=args.resume,
+        resume_from=args.resume_from,
     )
     config, n = config_from_args(args)
     summary = record(config, request, nproc=n, rank_timeout=args.rank_timeout)

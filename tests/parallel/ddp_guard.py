@@ -54,10 +54,12 @@ def tiny_hsdp(width: int = 8) -> tuple[nn.Module, torch.optim.Optimizer, dist.Pr
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2), mesh.get_group("replicate")
 
 
-def train_with_replica_check(out: str, steps: int, profile_path: str = "", hsdp: bool = False) -> dict[str, Any]:
+def train_with_replica_check(out: str, steps: int, profile_path: str = "", hsdp: bool = False,
+                             checkpoint_every: int = 0) -> dict[str, Any]:
     """Train ``steps`` steps with replica agreement on (DDP, or HSDP with the mesh's replicate group), under the
-    fault emulator with the profile at ``profile_path`` if given (`UPDATE_ON_ONE_RANK`). Returns the ``replicas``,
-    ``guard`` and ``fault`` events this rank logged, as (step, fields)."""
+    fault emulator with the profile at ``profile_path`` if given (`UPDATE_ON_ONE_RANK`), with a checkpoint every
+    ``checkpoint_every`` steps and after the last (0: none). Returns the ``replicas``, ``guard`` and ``fault``
+    events this rank logged, as (step, fields)."""
     rank = dist.get_rank()
     if hsdp:
         ddp, optimizer, group = tiny_hsdp()
@@ -71,6 +73,8 @@ def train_with_replica_check(out: str, steps: int, profile_path: str = "", hsdp:
                     guard=guard, echo=None)
     with tracer, emulated_node(tracer, ddp, fault_profile=profile, fault_seed=0):
         for step in range(steps):
+            if checkpoint_every and step % checkpoint_every == 0:
+                tracer.checkpoint(step)
             with tracer.step(step):
                 x = torch.randn(4, 8, generator=data)
                 loss = (ddp(x) - x.flip(-1)).pow(2).mean()
@@ -78,6 +82,8 @@ def train_with_replica_check(out: str, steps: int, profile_path: str = "", hsdp:
                 tracer.loss(loss)
                 optimizer.step()
                 optimizer.zero_grad()
+        if checkpoint_every:
+            tracer.checkpoint(steps)
     for r in LogReader(rank_dir(Path(out), rank)).records():
         if isinstance(r, EventRecord) and r.kind in events:
             events[r.kind].append([r.step, r.fields])

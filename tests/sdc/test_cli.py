@@ -21,7 +21,7 @@ SURFACE = {
         "--abft", "--capture-every", "--capture-names", "--capture-steps", "--checkpoint-every", "--config",
         "--device", "--fault-profile", "--fault-seed", "--node-label", "--out", "--overwrite", "--quiet",
         "--resume", "--segment-mb", "--set", "--sites", "--steps", "--nproc", "--tp", "--sp", "--dp", "--rank-timeout",
-        "--workload", "--guard",
+        "--workload", "--guard", "--resume-from",
     ],
     "inspect": ["--json", "--skip-corrupt"],
     "verify-determinism": [
@@ -35,6 +35,7 @@ SURFACE = {
     "faults": [],
     "diff": ["--baseline", "--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket",
              "--suspect", "--twin"],
+    "certify": ["--db", "--golden", "--skip-corrupt"],
     "watch": ["--golden", "--idle-timeout", "--keep-going", "--max-pending", "--progress-every", "--suspect"],
     "finetune": [
         "--fault-profile", "--fault-seed", "--from", "--node-label", "--out", "--overwrite", "--quiet", "--shuffle-seed",
