@@ -60,9 +60,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.compiler import is_dynamo_compiling
 from torch.utils.hooks import RemovableHandle
 
-from tracer.compiled import eager
+from tracer.compiled import disabled_twin
 from tracer.errors import CaptureError, TraceWarning
 from tracer.intercept import own_ops
 from tracer.sharding import as_shard_of, local_shard
@@ -121,8 +122,7 @@ class SiteHooks:
                 if self._on_input_grad is not None:
                     self._handles.append(module.register_forward_pre_hook(self._tap_input(name), with_kwargs=True))
                 if self._on_output is not None or self._on_input_grad is not None:
-                    take = eager(self._take_output(name), "sdctrace fingerprints (or replaces) a site's output here")
-                    self._handles.append(module.register_forward_hook(take))
+                    self._handles.append(module.register_forward_hook(self._take_output(name)))
         except BaseException:
             self.remove()
             raise
@@ -200,6 +200,8 @@ class SiteHooks:
         callback = self._on_input_grad
 
         def report(grad: torch.Tensor) -> torch.Tensor:
+            if twin is not None and is_dynamo_compiling():
+                return twin(grad)
             assert callback is not None
             local = local_shard(grad)  # a DTensor's: what this rank holds
             new = callback(name, local)
@@ -208,10 +210,13 @@ class SiteHooks:
             _check_replacement(name, "input gradient", local, new)
             return as_shard_of(grad, new)
 
-        return eager(report, "sdctrace fingerprints (or replaces) a site's input gradient here")
+        twin = disabled_twin(report, "sdctrace fingerprints (or replaces) a site's input gradient here")
+        return report
 
     def _take_output(self, name: str):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+            if twin is not None and is_dynamo_compiling():
+                return twin(module, args, output)
             taps = self._taps.get(name)
             if taps:
                 for tapped, version in taps.pop():
@@ -240,6 +245,7 @@ class SiteHooks:
                     new = _Substitute.apply(out, new)
             return _rebuilt(output, key, new)
 
+        twin = disabled_twin(hook, "sdctrace fingerprints (or replaces) a site's output here")
         return hook
 
     def _unrecordable(self, name: str, reason: str) -> None:
