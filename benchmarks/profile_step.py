@@ -46,15 +46,17 @@ def thread_cpu_seconds(name: str) -> float:
 OWN = ("/tracer/", "eval_frame.py")  # the tracer's functions, and the torch.compiler.disable wrapper's
 
 
-def calls_per_step(stats: pstats.Stats, steps: int) -> str:
-    """Python calls a step and their tottime a step: in all, and in the tracer's own functions (`OWN`)."""
+def calls_per_step(stats: pstats.Stats, steps: int, own: tuple[str, ...] = OWN,
+                   label: str = "tracer/ and the compile wrapper") -> str:
+    """Python calls a step and their tottime a step: in all, and in the functions whose file names hold one of
+    ``own`` (`OWN`: the tracer's), called ``label``."""
     calls = tottime = own_calls = own_tottime = 0.0
     for (filename, _, _), (_, ncalls, tt, _, _) in stats.stats.items():  # type: ignore[attr-defined]
         calls, tottime = calls + ncalls, tottime + tt
-        if any(part in filename for part in OWN):
+        if any(part in filename for part in own):
             own_calls, own_tottime = own_calls + ncalls, own_tottime + tt
     return (f"Python calls a step: {calls / steps:.0f} in all ({tottime / steps * 1e3:.2f} ms tottime), "
-            f"{own_calls / steps:.0f} in tracer/ and the compile wrapper ({own_tottime / steps * 1e3:.2f} ms tottime)")
+            f"{own_calls / steps:.0f} in {label} ({own_tottime / steps * 1e3:.2f} ms tottime)")
 
 
 def profile(config: str, steps: int, top: int) -> None:
