@@ -1,23 +1,36 @@
 """The ABFT check's cost per matmul on a workload's own products: check time / matmul time.
 
     .venv/bin/python benchmarks/bench_abft.py [--config tiny] [--rounds 8]
+    .venv/bin/python benchmarks/bench_abft.py --profile 10 [--config tiny]
 
 Records the checked calls of one training step (inputs and results kept), then times, round
 after round and side by side, the op itself, `check_matmul` with the kernel and with torch ops.
+With ``--profile N``: N traced steps with the checker on, as `make bench` runs them, under cProfile instead, and
+the Python calls a step (in all, and in faults/ and tracer/) with the checker's functions by calls: the Python
+around each checked product, which the per-call split above counts only in part (its interception, the scope,
+the event are not in it). Call counts do not depend on the machine's load; times do.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from profile_step import calls_per_step
 
 from faults import abft
 from tracer.intercept import Call, Interceptor
+from tracer.options import RunInfo
+from tracer.tracing import Tracer
 from workload.reference_config import load_config
 from workload.protocol import run_step
 from workload.reference import build
@@ -87,11 +100,38 @@ def bench_abft(config: str | None = None, rounds: int = 8) -> dict[str, float]:
     return median
 
 
+def profile_checked_steps(config: str | None, steps: int, top: int = 25) -> None:
+    """cProfile of ``steps`` traced steps with the ABFT checker on (after two warm-up steps), each drained."""
+    cfg = load_config(config)
+    w = build(cfg)
+    with tempfile.TemporaryDirectory() as tmp, Tracer(w.model, w.optimizer, out=Path(tmp) / "run",
+                                                       run=RunInfo("profile", config=cfg.to_dict()), echo=None) as t:
+        checker = abft.AbftChecker(w.model, clock=lambda: (t.step_index, t.microbatch_index),
+                                   sink=lambda kind, fields: t.event(kind, **fields))
+        profiler = cProfile.Profile()
+        for step in range(2 + steps):
+            if step == 2:
+                profiler.enable()
+            with checker, t.step(step):
+                run_step(w, step, t)
+            t.sync()
+        profiler.disable()
+    stats = pstats.Stats(profiler)
+    print(calls_per_step(stats, steps, ("/faults/", "/tracer/"), "faults/ and tracer/"))
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("ncalls").print_stats(r"faults/|tracer/", top)
+    print(out.getvalue())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="workload config (default: tiny)")
     p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--profile", type=int, metavar="N", help="profile N traced steps with the checker instead")
     args = p.parse_args(argv)
+    if args.profile:
+        profile_checked_steps(args.config, args.profile)
+        return 0
     bench_abft(args.config, args.rounds)
     return 0
 

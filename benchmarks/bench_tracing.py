@@ -8,6 +8,10 @@ each traced step timed until the writer has drained it; the ratio of means with 
 cost in seconds (Tracer start, the first steps over steady ones, close), and, for the sizes with a target, the
 cross-check: plain and traced whole runs in fresh processes, alternately (benchmarks/whole_run.py).
 
+Beside them, a third-party model: a Hugging Face ``LlamaForCausalLM`` built from a ``LlamaConfig`` shaped like
+`tiny` (random init, no download), traced as a user's own loop traces any model (`Tracer(model, optimizer)` with
+its default sites, `tracer.step`, `microbatch`, `loss`), with the same figures against tiny's target.
+
 Targets (issue 32; met by the interval's upper end): traced / untraced <= 1.05 on `tiny`, <= 1.03 on
 `llama3-16l-mini`, <= 1.02 on a ~100 M-parameter model; on CUDA, <= 1.02; fingerprint throughput / copy
 bandwidth >= 0.5.
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from timing import Interleaved, OneTime, disagree, lifetime, machine_load, side_by_side
+from timing import Interleaved, OneTime, disagree, drained, interleave, lifetime, machine_load, side_by_side
 from whole_run import fresh_kernel_load, marginal, process_pairs
 
 from tracer.fingerprint import digest_implementation, digest_many
@@ -62,6 +66,14 @@ SIZES = (
 )
 
 
+# A Hugging Face Llama shaped like tiny (workload/configs/tiny.toml): width 128, 4 layers, 4 query heads over 2 kv
+# heads, SwiGLU 384, byte vocabulary; 2 microbatches of 8 x 64 tokens a step, AdamW at 1e-3, clipped at 1.0.
+HF_LLAMA = {"vocab_size": 256, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128, "rms_norm_eps": 1e-5}
+HF_BATCH, HF_SEQ, HF_MICROBATCHES = 8, 64, 2
+HF_STEP_SHARE = 0.5  # of --steps: its steps take about what tiny's do
+
+
 @dataclass(frozen=True)
 class Overhead:
     label: str
@@ -91,6 +103,70 @@ def tracing_overhead(
                        noted["close_s"])
     label = label or config + "".join(f" {o}" for o in overrides)
     return Overhead(label, sum(p.numel() for p in traced.model.parameters()), timed, one_time)
+
+
+class HfLlama:
+    """One copy of the tiny-shaped Hugging Face Llama and its optimizer; `step` is a user's loop's step, traced
+    through ``tracer`` where one is given. Both copies start from the same weights and see the same tokens."""
+
+    def __init__(self) -> None:
+        from transformers import LlamaConfig, LlamaForCausalLM  # a few seconds: only this benchmark needs it
+
+        torch.manual_seed(0)
+        self.model = LlamaForCausalLM(LlamaConfig(**HF_LLAMA))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+
+    def step(self, index: int, tracer: Tracer | None = None) -> None:
+        data = torch.Generator().manual_seed(index)
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb in range(HF_MICROBATCHES):
+            ids = torch.randint(0, HF_LLAMA["vocab_size"], (HF_BATCH, HF_SEQ), generator=data)
+            if tracer is not None:
+                tracer.microbatch(mb, inputs=ids)
+            loss = self.model(input_ids=ids, labels=ids).loss / HF_MICROBATCHES
+            loss.backward()
+            if tracer is not None:
+                tracer.loss(loss)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+
+
+def hf_llama_overhead(steps: int, out: Path | None = None) -> Overhead:
+    """`tracing_overhead` of the tiny-shaped Hugging Face Llama: untraced and traced steps interleaved, each traced
+    step timed until the writer has drained it, and the Tracer's one-time cost; the traced run is kept in ``out``
+    if given."""
+    plain, traced = HfLlama(), HfLlama()
+    noted: dict[str, float] = {}
+
+    def untraced(index: int) -> float:
+        s = time.perf_counter()
+        with tracer.paused():  # as `side_by_side`: a collective observer is process-wide
+            plain.step(index)
+        return time.perf_counter() - s
+
+    def traced_step(index: int) -> None:
+        with tracer.step(index):
+            traced.step(index, tracer)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = RunInfo("bench-hf-llama", config=dict(HF_LLAMA))
+        tracer = Tracer(traced.model, traced.optimizer, out=out or Path(tmp) / "run", run=run, echo=None)
+        with lifetime(tracer, noted):
+            timed = interleave({"untraced": untraced, "traced": drained(traced_step, tracer.sync)}, steps)
+    one_time = OneTime(noted["start_s"], timed.first_steps("traced") - timed.first_steps("untraced"),
+                       noted["close_s"])
+    return Overhead("hf-llama (tiny)", sum(p.numel() for p in traced.model.parameters()), timed, one_time)
+
+
+def bench_hf_llama(steps: int, out: Path | None = None) -> Overhead:
+    """Print the tiny-shaped Hugging Face Llama's lines as `bench_scaling` prints a size's, against tiny's target,
+    and the seconds the whole comparison took."""
+    start = time.perf_counter()
+    r = hf_llama_overhead(max(4, round(steps * HF_STEP_SHARE)), out)
+    print(f"  {r.label:<16} {r.params / 1e6:6.1f} M params  steady: {r.describe(SIZES[0].target)}", flush=True)
+    print(f"  {'':<16} {'':15} {r.one_time.describe()}; a Hugging Face LlamaForCausalLM traced as any model, "
+          f"against tiny's target; {time.perf_counter() - start:.0f} s in all", flush=True)
+    return r
 
 
 def bench_scaling(steps: int, pairs: int, whole_steps: int, out: Path | None = None) -> list[Overhead]:
@@ -159,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     print(machine_load(), flush=True)
     bench_throughput()
     bench_scaling(args.steps, args.pairs, args.whole_steps)
+    bench_hf_llama(args.steps)
     bench_cuda(max(4, args.steps // 4))
     if args.marginal:
         short, long = args.marginal

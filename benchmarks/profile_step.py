@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/profile_step.py [--config tiny] [--steps 40] [--top 30]
 
 Runs a few warm-up steps, then ``--steps`` traced steps under cProfile, each drained (`Tracer.sync()`), and prints
-the functions of tracer/ (and the `torch.compiler.disable` wrapper around its hooks, where Dynamo is loaded) by
-cumulative time per step, beside the step's whole time. What cProfile cannot see: the cost of the fingerprint
-kernels' memory reads to the model's own ops (caches), and the writer thread (its CPU time is printed apart).
+the Python calls a step (in all, and in tracer/ with any `torch.compiler.disable` wrapper, which compiled code calls
+around its hooks) and their own time (tottime) a step: the call counts do not depend on the machine's load, the
+times do. Then those functions by cumulative time per step, beside the step's whole time. What cProfile cannot see:
+the cost of the fingerprint kernels' memory reads to the model's own ops (caches), and the writer thread (its CPU
+time is printed apart).
 Not part of `make bench`: it explains a ratio that `benchmarks/bench_tracing.py` measures, it does not measure one.
 """
 
@@ -41,6 +43,22 @@ def thread_cpu_seconds(name: str) -> float:
     return 0.0
 
 
+OWN = ("/tracer/", "eval_frame.py")  # the tracer's functions, and the torch.compiler.disable wrapper's
+
+
+def calls_per_step(stats: pstats.Stats, steps: int, own: tuple[str, ...] = OWN,
+                   label: str = "tracer/ and the compile wrapper") -> str:
+    """Python calls a step and their tottime a step: in all, and in the functions whose file names hold one of
+    ``own`` (`OWN`: the tracer's), called ``label``."""
+    calls = tottime = own_calls = own_tottime = 0.0
+    for (filename, _, _), (_, ncalls, tt, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        calls, tottime = calls + ncalls, tottime + tt
+        if any(part in filename for part in own):
+            own_calls, own_tottime = own_calls + ncalls, own_tottime + tt
+    return (f"Python calls a step: {calls / steps:.0f} in all ({tottime / steps * 1e3:.2f} ms tottime), "
+            f"{own_calls / steps:.0f} in {label} ({own_tottime / steps * 1e3:.2f} ms tottime)")
+
+
 def profile(config: str, steps: int, top: int) -> None:
     cfg = load_config(config)
     w = build(cfg)
@@ -61,6 +79,7 @@ def profile(config: str, steps: int, top: int) -> None:
         wall = time.perf_counter() - start
         io_cpu = thread_cpu_seconds("sdctrace-io") - io_before
     out = io.StringIO()
+    print(calls_per_step(pstats.Stats(profiler), steps))
     pstats.Stats(profiler, stream=out).sort_stats("cumtime").print_stats(r"tracer/|eval_frame", top)
     print(f"{config}: {steps} traced steps, {wall / steps * 1e3:.1f} ms a step under the profiler (which slows "
           f"Python); the I/O thread's CPU {io_cpu / steps * 1e3:.2f} ms a step (clock ticks: 0 means under one tick "

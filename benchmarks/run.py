@@ -76,10 +76,12 @@ QUICK = Budget(steps=6, pairs=2, whole_steps=6, ranks_steps=4, fsdp2_runs=3, fsd
 
 
 def bench_tracing_overhead(budget: Budget) -> float:
-    """Every model size's tracing ratios (bench_tracing.py), and the bytes a fingerprint event takes on disk."""
+    """Every model size's tracing ratios and the Hugging Face Llama's (bench_tracing.py), and the bytes a fingerprint
+    event takes on disk."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         bench_tracing.bench_scaling(budget.steps, budget.pairs, budget.whole_steps, out=out)
+        bench_tracing.bench_hf_llama(budget.steps)
         per_event = _tensor_event_bytes(out)
     print(f"log size           : {per_event:.1f} bytes per fingerprint event on disk (whole log / tensor records: "
           f"run header, strings and events included; target <= {BYTES_TARGET})")

@@ -98,18 +98,30 @@ def check_matmul(
     (faults/abft_sums.cpp), elsewhere, or without it, with torch ops; the same checksums and verdict either way.
     Its own ops are never seen by interceptors (the kernel runs none) nor recorded by autograd. None: a form of
     ``_grouped_mm`` it has no check for."""
+    got = _verdict(func, args, kwargs, out, safety)
+    if got is None or type(got) is AbftResult:
+        return got
+    m, k, n, residual, bound, flagged = got
+    return AbftResult((m, k, n), residual, bound, flagged)
+
+
+Verdict = tuple[int, int, int, float, float, bool]
+"""The kernel's answer: (m, k, n, residual, bound, flagged), as `AbftResult` holds it."""
+
+
+def _verdict(func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety: float) -> Verdict | AbftResult | None:
+    """`check_matmul`, with the kernel's answer as the kernel gives it: the checker takes it apart itself, as the
+    Python around each checked product adds up over the hundreds a step."""
     packet = func.overloadpacket
     if packet is _GROUPED:
         return _grouped_check(args, kwargs, out, safety)
-    module = _kernel() if out.device.type == "cpu" else None
+    module = (_kernel_state[0] if _kernel_state else _kernel()) if out.device.type == "cpu" else None
     if module is not None:
         a, b, d, alpha, beta = _kernel_operands(packet, args, kwargs)
         k = b.shape[-1] if packet is aten.linear else a.shape[-1]
-        scale = safety * _cpu_error_factor(k, out.dtype)
-        got = module.check(a, b, out, d, alpha, beta, scale, packet is aten.linear)
+        got = module.check(a, b, out, d, alpha, beta, safety * _cpu_error_factor(k, out.dtype), packet is aten.linear)
         if got is not None:  # None: operands it does not read (mixed dtypes, another layout)
-            m, k, n, residual, bound, flagged = got
-            return AbftResult((m, k, n), residual, bound, flagged)
+            return got
     return torch_check(func, args, kwargs, out, safety)
 
 
@@ -258,23 +270,28 @@ class AbftChecker(ScopedInterceptor):
         phase = self.scope.phase()
         if phase is None:
             return out
-        result = check_matmul(func, args, kwargs, out, self.safety)
+        got = _verdict(func, args, kwargs, out, self.safety)
         stack = self.scope.stack(phase)
-        if result is None:
-            self._unchecked(func, args, stack[-1] if stack else "")
+        site = stack[-1] if stack else ""
+        if got is None:
+            self._unchecked(func, args, site)
             return out
+        if type(got) is AbftResult:
+            (m, k, n), residual, bound, flagged = got.shape, got.residual, got.bound, got.flagged
+        else:
+            m, k, n, residual, bound, flagged = got
         name = self._op_names.get(func) or self._op_names.setdefault(func, str(func))
         self._sink(
             "abft",
             {
                 "microbatch": self._clock()[1],
-                "site": stack[-1] if stack else "",
+                "site": site,
                 "op": name,
                 "phase": _PHASE_NAMES[phase],
-                "shape": list(result.shape),
-                "residual": result.residual,
-                "bound": result.bound,
-                "verdict": "flag" if result.flagged else "ok",
+                "shape": [m, k, n],
+                "residual": residual,
+                "bound": bound,
+                "verdict": "flag" if flagged else "ok",
             },
         )
         return out

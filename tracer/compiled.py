@@ -47,13 +47,24 @@ def refuse_compilation(active: Callable[[], Sequence[Any]]) -> None:
             sys.meta_path.insert(0, _WhenDynamoLoads(active))
 
 
-def eager(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
-    """``fn``, which torch.compile then calls as it is instead of tracing into it (a hook that hands tensors to
+def disabled_twin(fn: Callable[..., Any], reason: str) -> Callable[..., Any] | None:
+    """``fn`` as torch.compile calls it as it is instead of tracing into it (a hook that hands tensors to
     sdctrace's own kernels, which Dynamo cannot trace: without this it warns about them and breaks the graph
-    there anyway). Only where Dynamo is loaded, as it is by Hugging Face, Lightning and any compiled model: the
-    wrapper costs about 1.5 us a call, and a model compiled after the hooks went in keeps Dynamo's warning."""
+    there anyway); None where Dynamo is not loaded, as then nothing has been compiled yet.
+
+    A hook calls its twin only while Dynamo traces it, and runs itself otherwise::
+
+        def hook(*args):
+            if twin is not None and is_dynamo_compiling():  # False in eager code; Dynamo folds it to True
+                return twin(*args)
+            ...
+        twin = disabled_twin(hook, "why")
+
+    so that eager code pays one call of a function that returns False, not the wrapper's 1.5 us: Dynamo is loaded
+    in every process that has taken an optimizer step. A model compiled after the hooks went in, in a process
+    that had not loaded Dynamo by then, keeps Dynamo's warning about the kernel."""
     if DYNAMO not in sys.modules:
-        return fn
+        return None
     import torch
 
     return torch.compiler.disable(fn, reason=reason)

@@ -59,7 +59,7 @@ def as_shard_of(t: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
 def local_shards(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
     """`local_shard` of every tensor of ``named`` (the list itself when none is a DTensor)."""
     cls = dtensor_type()
-    if cls is None or not any(isinstance(t, cls) for _, t in named):
+    if cls is None or not any([isinstance(t, cls) for _, t in named]):  # one call, not one a tensor
         return named
     return [(name, local_shard(t)) for name, t in named]
 

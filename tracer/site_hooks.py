@@ -59,10 +59,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.compiler import is_dynamo_compiling
 from torch.utils.hooks import RemovableHandle
 
-from tracer.compiled import eager
+from tracer.compiled import disabled_twin
 from tracer.errors import CaptureError, TraceWarning
 from tracer.intercept import own_ops
 from tracer.sharding import as_shard_of, local_shard
@@ -121,8 +122,7 @@ class SiteHooks:
                 if self._on_input_grad is not None:
                     self._handles.append(module.register_forward_pre_hook(self._tap_input(name), with_kwargs=True))
                 if self._on_output is not None or self._on_input_grad is not None:
-                    take = eager(self._take_output(name), "sdctrace fingerprints (or replaces) a site's output here")
-                    self._handles.append(module.register_forward_hook(take))
+                    self._handles.append(module.register_forward_hook(self._take_output(name)))
         except BaseException:
             self.remove()
             raise
@@ -146,7 +146,8 @@ class SiteHooks:
                 return None
             if name not in self._checked:  # the site's first forward under autograd
                 _warn_nested(name, args, kwargs)
-            key, x = site_input(args, kwargs)
+            first = args[0] if args else None  # the site input, usually, without a call: one less line a site
+            key, x = (0, first) if type(first) is Tensor and first.is_floating_point() else site_input(args, kwargs)
             if x is None:
                 self._unrecordable(name, "it has no floating-point tensor input (positional or keyword)")
                 return None
@@ -200,25 +201,30 @@ class SiteHooks:
         callback = self._on_input_grad
 
         def report(grad: torch.Tensor) -> torch.Tensor:
+            if twin is not None and is_dynamo_compiling():
+                return twin(grad)
             assert callback is not None
-            local = local_shard(grad)  # a DTensor's: what this rank holds
+            local = grad if type(grad) is Tensor else local_shard(grad)  # a DTensor's: what this rank holds
             new = callback(name, local)
             if new is None:
                 return grad
             _check_replacement(name, "input gradient", local, new)
             return as_shard_of(grad, new)
 
-        return eager(report, "sdctrace fingerprints (or replaces) a site's input gradient here")
+        twin = disabled_twin(report, "sdctrace fingerprints (or replaces) a site's input gradient here")
+        return report
 
     def _take_output(self, name: str):  # noqa: ANN202
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+            if twin is not None and is_dynamo_compiling():
+                return twin(module, args, output)
             taps = self._taps.get(name)
             if taps:
                 for tapped, version in taps.pop():
                     if version_counter(tapped) != version:  # the view's hook would never run
                         self._unrecordable(name, "it modifies its input in place")
                         break
-            key, out = site_output(output)
+            key, out = ((), output) if type(output) is Tensor else site_output(output)
             if out is None:
                 if torch.is_grad_enabled():
                     self._unrecordable(name, f"its output ({type(output).__name__}) holds no tensor")
@@ -229,7 +235,7 @@ class SiteHooks:
                     self._unrecordable(name, "its output does not depend differentiably on its input")
             if self._on_output is None:
                 return None
-            local = local_shard(out)
+            local = out if type(out) is Tensor else local_shard(out)
             new = self._on_output(name, local)
             if new is None:
                 return None
@@ -240,6 +246,7 @@ class SiteHooks:
                     new = _Substitute.apply(out, new)
             return _rebuilt(output, key, new)
 
+        twin = disabled_twin(hook, "sdctrace fingerprints (or replaces) a site's output here")
         return hook
 
     def _unrecordable(self, name: str, reason: str) -> None:

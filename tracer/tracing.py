@@ -66,11 +66,11 @@ from tracer.log.records import MAX_STEP, NO_MICROBATCH, EventRecord, Phase, RunH
 from tracer.log.runlock import RunLock
 from tracer.log.sessions import Resumption, abandon_failed
 from tracer.log.writer import HeaderAtFirstFlush
+from tracer.optimizer_tensors import optimizer_gradients, optimizer_parameters
 from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
 from tracer.record_buffer import RecordBuffer, RecordSink
 from tracer.rng import StepRng
-from tracer.sharding import local_shards
 from tracer.site_hooks import SiteHooks
 from tracer.sites import find_sites, named_parameters, no_default_sites, sites_said
 from tracer.step_checkpoint import save_step_checkpoint
@@ -465,9 +465,10 @@ class Tracer:
     def _site_output(self, name: str, output: torch.Tensor) -> None:
         if self._paused:
             return
-        if not in_backward():  # activation checkpointing recomputes forwards inside the backward pass
+        if not self._after_forward and not in_backward():  # checkpointing recomputes forwards in the backward pass
             self._after_forward = True
-        self.record(name, output, Phase.FORWARD)
+        if not self._records.hold(self.step_index, self.microbatch_index, name, Phase.FORWARD, output):
+            self.record_many([(name, output)], Phase.FORWARD)
 
     def _site_input_grad(self, name: str, grad: torch.Tensor) -> None:
         if self._paused:
@@ -484,7 +485,8 @@ class Tracer:
                     TraceWarning,
                     stacklevel=2,
                 )
-        self.record(name, grad, Phase.BACKWARD)
+        if not self._records.hold(self.step_index, self.microbatch_index, name, Phase.BACKWARD, grad):
+            self.record_many([(name, grad)], Phase.BACKWARD)
 
     def _site_without_backward(self, name: str, reason: str) -> None:
         self.sites_without_backward[name] = reason
@@ -507,9 +509,6 @@ class Tracer:
             self._grads_reduced = True
         self.record(record_name(point, op, stage), tensor, phase,
                     microbatch=NO_MICROBATCH if phase == Phase.GRAD else None)
-
-    def _param_name(self, group: int, index: int, p: torch.Tensor) -> str:
-        return self._names.get(id(p), f"optimizer.group{group}.{index}")
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         if self._paused:
@@ -540,12 +539,7 @@ class Tracer:
         return (args[0], traced, *args[2:]), kwargs
 
     def _record_gradients(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, TensorDigest]]:
-        grads = local_shards([
-            (self._param_name(gi, pi, p), p.grad)
-            for gi, group in enumerate(optimizer.param_groups)
-            for pi, p in enumerate(group["params"])
-            if p.grad is not None
-        ])  # a DTensor's local shard: what this rank holds
+        grads = optimizer_gradients(optimizer, self._names)  # a DTensor's local shard: what this rank holds
         # The microbatch whose backward last changed them: the last one begun (under DDP, the one whose backward
         # ran the all-reduce), unless a gradient collective ran after it.
         mb = NO_MICROBATCH if self._grads_reduced else self.microbatch_index
@@ -584,11 +578,7 @@ class Tracer:
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._paused:
             return
-        params = local_shards([
-            (self._param_name(gi, pi, p), p)
-            for gi, group in enumerate(optimizer.param_groups)
-            for pi, p in enumerate(group["params"])
-        ])
+        params = optimizer_parameters(optimizer, self._names)
         if self._guard is not None and self._guard.replicas is not None:  # the replicas compare the digests, now
             digests = self.record_many(params, Phase.PARAM, microbatch=0, read_now=True) or []
             return self._guard.replicas.compare(self.step_index, params, digests, self.event)

@@ -92,6 +92,22 @@ def test_a_step_failing_after_its_update_keeps_its_loss_gradients_and_parameters
         assert {r.name for r in recs if isinstance(r, TensorRecord) and r.phase == phase} == params
 
 
+@pytest.mark.parametrize("fields", [{"n": 2**70}, {"text": "\ud800"}, {"bad": object()}],
+                         ids=["int past 64 bits", "lone surrogate", "object"])
+def test_an_event_the_log_cannot_store_is_refused_where_it_is_logged_inside_a_step(
+    tmp_path: Path, fields: dict[str, object]
+) -> None:
+    model = Mixer()
+    with Tracer(model, None, out=tmp_path / "run", run=RunInfo("x"), options=MIXER) as tr, tr.step(0):
+        model(torch.randn(2, 16)).sum().backward()
+        tr.event("fine", n=1)
+        with pytest.raises(UsageError, match="event 'bad' at step 0 cannot be stored"):
+            tr.event("bad", **fields)
+    recs = list(LogReader(rank_dir(tmp_path / "run", 0)).records())
+    assert [r.kind for r in recs if isinstance(r, EventRecord) and r.kind in ("fine", "bad")] == ["fine"]
+    assert len([r for r in recs if isinstance(r, TensorRecord)]) == 8  # nothing the step recorded was lost
+
+
 def test_a_long_step_writes_as_it_goes(tmp_path: Path) -> None:
     model = Mixer()
     with Tracer(model, None, out=tmp_path / "run", run=RunInfo("x"), options=MIXER) as tr:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections import namedtuple
 from dataclasses import dataclass
@@ -273,3 +274,42 @@ def test_a_replacement_of_the_wrong_shape_is_a_clear_error() -> None:
     with SiteHooks(sites(net), on_input_grad=lambda s, g: g[:1]):
         with pytest.raises(CaptureError, match=r"site attn: .*input gradient"):
             net(x).sum().backward()
+
+
+def dynamo_calls(run) -> int:  # noqa: ANN001 - a function of no arguments
+    """How many Python functions of torch._dynamo run while ``run()`` does."""
+    count = 0
+
+    def profile(frame, event, arg) -> None:  # noqa: ANN001
+        nonlocal count
+        if event == "call" and "torch/_dynamo/" in frame.f_code.co_filename.replace("\\", "/"):
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+@pytest.mark.slow  # a compile of a few seconds
+def test_hooks_cost_eager_code_no_compile_wrapper_and_run_as_they_are_under_compile() -> None:
+    import torch._dynamo  # noqa: F401 - loaded, as by any optimizer step: the hooks get their twins
+
+    net, x = net_and_input()
+    seen: list[str] = []
+    grads: list[str] = []
+    with SiteHooks(sites(net), on_output=lambda s, t: seen.append(s), on_input_grad=lambda s, g: grads.append(s)):
+        net(x).sum().backward()  # warm: autograd's first backward imports what it needs
+        assert dynamo_calls(lambda: net(x).sum().backward()) == 0
+        assert seen == ["first", "attn"] * 2 and grads == ["attn", "first"] * 2
+        seen.clear(), grads.clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled = torch.compile(net, backend="eager")
+            for _ in range(2):
+                compiled(x).sum().backward()
+    # Dynamo runs the hooks as they are (not traced into, no warning from inside them), at every call.
+    assert seen == ["first", "attn"] * 2 and grads == ["attn", "first"] * 2
+    assert not [w for w in caught if "site_hooks" in str(w.filename)], [str(w.message)[:200] for w in caught]
