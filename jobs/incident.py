@@ -19,7 +19,7 @@ from faults import FaultProfile
 from replay.bundle_emulated import reproduce_emulated
 from replay.bundle_files import INCIDENT_FOLDER, write_bundle
 from replay.bundle_reproduce import reproduce
-from replay.capture import SiteKey, capture, first_divergence
+from replay.capture import SiteKey, capture, first_divergence, require_forward
 from replay.request import Suspect
 from tracer.errors import UsageError
 from tracer.log import LogReader, rank_dir
@@ -46,6 +46,7 @@ def incident(request: IncidentRequest) -> dict[str, Any]:
             raise UsageError("an emulated suspect (--fault-profile) has no recorded run to find the first divergence "
                              "in: pass --at STEP:MB:SITE:forward")
         site = first_divergence(request.golden, request.suspect.run)
+    require_forward(site)  # before the folder is claimed
     header = LogReader(rank_dir(request.golden, 0)).header
     with claim_folder(request.out, INCIDENT_FOLDER, overwrite=request.overwrite,
                       inputs=(request.golden, request.suspect.run)):

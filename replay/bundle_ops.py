@@ -6,7 +6,8 @@
     recorder.output_refs([y])            # ["op.3.0"]
     recorder.ops, recorder.constants     # the manifest's op list; tensors the ops read that came from elsewhere
 
-Each op is its overload name (``aten.mm.default``), its arguments with every tensor replaced by a reference
+Each op is its overload name (``aten.mm.default``), the submodule it ran in (``w1``; "" for the module itself),
+its arguments with every tensor replaced by a reference
 (``input.0``, ``param.weight``, ``const.2`` or ``op.K.J``, the J-th tensor result of op K), and the shapes,
 dtypes and strides of what it reads and writes. A tensor the ops read that is neither an input, a named tensor
 nor an earlier result (a mask built outside the module) is kept as a constant with its value at first use.
@@ -16,6 +17,7 @@ sdctrace's own ops (`tracer.intercept.own_ops`: the Tracer's fingerprints) are n
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,8 +35,10 @@ def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
 class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
     """Records the ops run while active; ``inputs`` and ``named`` are the tensors it names by reference."""
 
-    def __init__(self, inputs: dict[str, torch.Tensor], named: dict[str, torch.Tensor]) -> None:
+    def __init__(self, inputs: dict[str, torch.Tensor], named: dict[str, torch.Tensor],
+                 module: Callable[[], str] = lambda: "") -> None:
         super().__init__()
+        self._module = module  # the path, below the recorded module, of the submodule running now ("": itself)
         self.ops: list[dict[str, Any]] = []
         self.constants: dict[str, torch.Tensor] = {}
         self._refs: dict[int, str] = {}
@@ -91,7 +95,7 @@ class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
             if isinstance(t, torch.Tensor):
                 self._name(t, f"op.{k}.{j}")
                 results.append({"ref": f"op.{k}.{j}", **describe_tensor(t)})
-        self.ops.append({**entry, "reads": sorted(set(reads)), "read_meta": read_meta, "results": results})
+        self.ops.append({**entry, "module": self._module(), "reads": sorted(set(reads)), "read_meta": read_meta, "results": results})
         return out
 
     def output_refs(self, outputs: list[torch.Tensor]) -> list[str]:

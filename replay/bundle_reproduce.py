@@ -17,7 +17,7 @@ run's outputs bit for bit with the golden and the suspect outputs the bundle hol
 
 *software* is what two machines' verdicts say together: a bundle that is *persistent here* on a healthy machine
 too reproduces the suspect's bits without the suspect's hardware (docs/incident.md). sdctrace imports this
-module for ``sdc incident reproduce``, which runs `reproduce` under the fault emulator (``call`` wraps each run).
+module for ``sdc incident reproduce``, which runs `reproduce` under the fault emulator (``within`` puts each op in its module).
 """
 
 from __future__ import annotations
@@ -26,12 +26,14 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 
 # 1 and 3 are sdc's own (an error, the guard's stop), so a verdict never reads as one
+Within = Callable[[str, Callable[[], Any]], Any]  # (module path below the site, an op's call) -> its result
 VERDICTS = {"transient": 0, "persistent here": 4, "nondeterministic": 5, "unexplained": 6}
 USAGE_ERROR = 2
 MANIFEST, TENSORS = "manifest.json", "tensors.safetensors"
@@ -130,25 +132,26 @@ def inputs(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], device: t
 
 
 def run_once(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], device: torch.device,
-             call: Callable[[Callable[[], list[torch.Tensor]]], list[torch.Tensor]] | None = None) -> list[torch.Tensor]:
-    """Run the op sequence once from the captured RNG state; the site's outputs. ``call`` runs the sequence
-    (sdctrace's emulated reproduction runs it inside a module at the site's path)."""
+             within: Within | None = None) -> list[torch.Tensor]:
+    """Run the op sequence once from the captured RNG state; the site's outputs. ``within(module, op)`` runs each
+    op inside the module it ran in (a path below the site, "" for the site itself): sdctrace's emulated
+    reproduction does, so that a fault rule naming module paths finds them."""
     env = inputs(manifest, tensors, device)
     if "rng.cpu" in tensors:
         torch.set_rng_state(tensors["rng.cpu"])
-
-    def sequence() -> list[torch.Tensor]:
-        with torch.no_grad():
-            for k, op in enumerate(manifest["ops"]):
-                args = decode(op["args"], env, device)
-                kwargs = {key: decode(v, env, device) for key, v in op["kwargs"].items()}
-                out = op_of(op["op"])(*args, **kwargs)
-                for j, t in enumerate(flatten(out)):
-                    if isinstance(t, torch.Tensor):
-                        env[f"op.{k}.{j}"] = t
-        return [env[ref].detach().clone() for ref in manifest["outputs"]]
-
-    return call(sequence) if call is not None else sequence()
+    with torch.no_grad():
+        for k, op in enumerate(manifest["ops"]):
+            args = decode(op["args"], env, device)
+            kwargs = {key: decode(v, env, device) for key, v in op["kwargs"].items()}
+            func = op_of(op["op"])
+            if within is None:
+                out = func(*args, **kwargs)
+            else:
+                out = within(op.get("module", ""), lambda: func(*args, **kwargs))
+            for j, t in enumerate(flatten(out)):
+                if isinstance(t, torch.Tensor):
+                    env[f"op.{k}.{j}"] = t
+    return [env[ref].detach().clone() for ref in manifest["outputs"]]
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -176,10 +179,10 @@ def classify(runs: list[list[torch.Tensor]], golden: list[torch.Tensor], suspect
 
 
 def reproduce(bundle: Path, repeats: int = 5, device: str | None = None,
-              call: Callable[[int], Callable[[Callable[[], list[torch.Tensor]]], list[torch.Tensor]] | None] | None = None
+              runs_within: Callable[[int], tuple[AbstractContextManager[Any], Within]] | None = None
               ) -> dict[str, Any]:
-    """Run ``bundle``'s op sequence ``repeats`` times; the verdict and what it rests on. ``call(i)`` gives run
-    ``i``'s wrapper (or None)."""
+    """Run ``bundle``'s op sequence ``repeats`` times; the verdict and what it rests on. ``runs_within(i)`` gives
+    the context run ``i`` runs in and its `run_once` ``within``."""
     if repeats < 1:
         raise BundleError(f"--repeats {repeats}: give at least 1 (2 or more to see nondeterminism)")
     manifest, tensors = load(bundle)
@@ -187,7 +190,11 @@ def reproduce(bundle: Path, repeats: int = 5, device: str | None = None,
     outputs = range(len(manifest["outputs"]))
     golden = [tensors[f"golden.output.{j}"] for j in outputs]
     suspect = [tensors[f"suspect.output.{j}"] for j in outputs]
-    runs = [run_once(manifest, tensors, where, call(i) if call is not None else None) for i in range(repeats)]
+    runs = []
+    for i in range(repeats):
+        context, within = runs_within(i) if runs_within is not None else (nullcontext(), None)
+        with context:
+            runs.append(run_once(manifest, tensors, where, within))
     verdict = classify(runs, golden, suspect)
     differing = [sum(not same_bits(r[j], runs[0][j]) for r in runs) for j in outputs]
     return {"verdict": verdict, "exit_code": VERDICTS[verdict], "repeats": repeats, "device": str(where),

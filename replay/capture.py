@@ -84,6 +84,14 @@ def first_divergence(golden: Path, suspect: Path) -> SiteKey:
     return SiteKey(found.step, found.microbatch, found.name, found.phase)
 
 
+def require_forward(site: SiteKey) -> None:
+    """Refuse a site that is not a forward: what `capture` supports."""
+    if site.phase != Phase.FORWARD:
+        raise UsageError(f"--at ...:{site.phase.name.lower()}: incident capture supports forward sites only; a "
+                         "backward site's ops run in the autograd engine, outside the module call it records. "
+                         f"Capture the forward of {site.name} (--at {site.step}:{site.microbatch}:{site.name}:forward)")
+
+
 @dataclass
 class Captured:
     """One site's forward, golden and suspect, as the bundle writes it."""
@@ -108,10 +116,7 @@ class Captured:
 
 def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | None = None) -> Captured:
     """Rebuild the golden state at ``site.step``, capture the site's forward, run the suspect's in lockstep."""
-    if site.phase != Phase.FORWARD:
-        raise UsageError(f"--at ...:{site.phase.name.lower()}: incident capture supports forward sites only; a "
-                         "backward site's ops run in the autograd engine, outside the module call it records. "
-                         f"Capture the forward of {site.name} (--at {site.step}:{site.microbatch}:{site.name}:forward)")
+    require_forward(site)
     golden = GoldenRun.open(golden_path, site.step, site.step + 1)
     if golden.header.world_size != 1:
         raise UsageError(f"{golden_path}: recorded on {golden.header.world_size} ranks; incident capture replays "
@@ -186,6 +191,13 @@ def _golden_step(golden: GoldenRun, w: Workload, step: int, pattern: str | None,
 def _recording(module: nn.Module, site: SiteKey, out: Captured, tracer: KeepingTracer) -> Iterator[None]:
     """Record ``module``'s forward in the site's microbatch into ``out`` (the Tracer says which microbatch runs)."""
     recorder: list[OpRecorder] = []
+    stack: list[str] = []  # the submodules of the site running now
+
+    def enter(path: str) -> Callable[..., None]:
+        return lambda *hook_args: stack.append(path)
+
+    def leave(*hook_args: Any) -> None:  # returns None: a forward hook's result would replace the output
+        stack.pop()
 
     def before(m: nn.Module, args: tuple, kwargs: dict) -> None:
         if recorder or tracer.microbatch_index != site.microbatch:
@@ -196,7 +208,7 @@ def _recording(module: nn.Module, site: SiteKey, out: Captured, tracer: KeepingT
             out.inputs = {k: t.detach().clone() for k, t in live.items()}
             out.named = {k: t.detach().clone() for k, t in named.items()}
             out.rng = torch.get_rng_state()
-        recorder.append(OpRecorder(live, named))
+        recorder.append(OpRecorder(live, named, lambda: stack[-1] if stack else ""))
         recorder[0].__enter__()
 
     def after(m: nn.Module, args: tuple, output: Any) -> None:
@@ -211,6 +223,10 @@ def _recording(module: nn.Module, site: SiteKey, out: Captured, tracer: KeepingT
 
     handles = [module.register_forward_pre_hook(before, with_kwargs=True),
                module.register_forward_hook(after, prepend=True)]
+    for path, sub in module.named_modules():
+        if path:
+            handles += [sub.register_forward_pre_hook(enter(path)),
+                        sub.register_forward_hook(leave)]
     try:
         yield
     finally:
@@ -239,7 +255,7 @@ def _suspect_step(suspect: Suspect, w: Workload, site: SiteKey, pattern: str | N
                 seen["outputs"] = [t.detach().clone() for t in _flat(output) if isinstance(t, torch.Tensor)]
 
     def sink(kind: str, fields: dict[str, Any]) -> None:
-        if kind == "fault" and fields.get("microbatch") == site.microbatch and fields.get("site") == path:
+        if kind == "fault" and fields.get("microbatch") == site.microbatch and f"{fields.get('site')}.".startswith(path + "."):
             out.faults.append(fields)
 
     with ExitStack() as stack:
