@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from replay.bundle_reproduce import flatten
 from tracer.errors import ValidationError
 from tracer.intercept import in_own_ops
 from tracer.torch_internals import dispatch_mode_base, op_name
@@ -91,7 +92,7 @@ class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
         out = func(*args, **kwargs)
         k = len(self.ops)
         results = []
-        for j, t in enumerate(_flatten(out)):
+        for j, t in enumerate(flatten(out)):
             if isinstance(t, torch.Tensor):
                 self._name(t, f"op.{k}.{j}")
                 results.append({"ref": f"op.{k}.{j}", **describe_tensor(t)})
@@ -106,12 +107,6 @@ class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
         return [self._refs[id(t)] for t in outputs]
 
 
-def _flatten(out: Any) -> list[Any]:
-    if isinstance(out, (tuple, list)):
-        return [x for o in out for x in _flatten(o)]
-    return [out]
-
-
 def _tensors(args: tuple, kwargs: dict, refs: dict[int, str]) -> list[tuple[str, torch.Tensor]]:
-    found = [t for t in _flatten([*args, *kwargs.values()]) if isinstance(t, torch.Tensor)]
+    found = [t for t in flatten([*args, *kwargs.values()]) if isinstance(t, torch.Tensor)]
     return [(refs[id(t)], t) for t in found if id(t) in refs]

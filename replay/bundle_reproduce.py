@@ -115,9 +115,11 @@ def decode(value: Any, env: dict[str, torch.Tensor], device: torch.device) -> An
 
 
 def flatten(out: Any) -> list[Any]:
-    """An op's results in order: nested tuples and lists flattened."""
+    """An op's results (or a module's arguments) in order: nested tuples, lists and dict values flattened."""
     if isinstance(out, (tuple, list)):
         return [x for o in out for x in flatten(o)]
+    if isinstance(out, dict):
+        return [x for o in out.values() for x in flatten(o)]
     return [out]
 
 

@@ -28,8 +28,8 @@ from torch import nn
 
 from faults import FaultEmulator
 from replay.bundle_ops import OpRecorder
-from replay.bundle_reproduce import same_bits
-from replay.golden import GoldenRun, Key, KeepingTracer, VerifyingSink, workload_entry
+from replay.bundle_reproduce import flatten, same_bits
+from replay.golden import GoldenRun, Key, KeepingTracer, VerifyingSink, index_key, workload_entry
 from replay.injection import StepClock, lockstep_hooks, sync_parameters
 from replay.request import Suspect
 from tracer.blobs import BlobStore
@@ -133,7 +133,7 @@ def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | 
     module = _module(golden_w.model, path)
     device = str(next(golden_w.model.parameters()).device)
     out = Captured(site, golden.start_checkpoint, device, type(module).__name__,
-                   logged=golden.expected.get((site.step, site.microbatch, site.name, Phase.FORWARD)))
+                   logged=golden.expected.get(index_key(site.step, site.microbatch, site.name, Phase.FORWARD)))
     for step in range(golden.start_checkpoint, site.step):
         _golden_step(golden, golden_w, step, pattern)
 
@@ -216,7 +216,7 @@ def _recording(module: nn.Module, site: SiteKey, out: Captured, tracer: KeepingT
             return
         rec = recorder[0]
         rec.__exit__(None, None, None)
-        tensors = [t for t in _flat(output) if isinstance(t, torch.Tensor)]
+        tensors = [t for t in flatten(output) if isinstance(t, torch.Tensor)]
         out.ops, out.constants, out.outputs = rec.ops, rec.constants, rec.output_refs(tensors)
         with own_ops():
             out.golden = [t.detach().clone() for t in tensors]
@@ -252,7 +252,7 @@ def _suspect_step(suspect: Suspect, w: Workload, site: SiteKey, pattern: str | N
     def after(m: nn.Module, args: tuple, output: Any) -> None:
         if clock.microbatch_index == site.microbatch and "outputs" not in seen:
             with own_ops():
-                seen["outputs"] = [t.detach().clone() for t in _flat(output) if isinstance(t, torch.Tensor)]
+                seen["outputs"] = [t.detach().clone() for t in flatten(output) if isinstance(t, torch.Tensor)]
 
     def sink(kind: str, fields: dict[str, Any]) -> None:
         if kind == "fault" and fields.get("microbatch") == site.microbatch and f"{fields.get('site')}.".startswith(path + "."):
@@ -276,16 +276,8 @@ def _suspect_step(suspect: Suspect, w: Workload, site: SiteKey, pattern: str | N
 
 
 def _named_inputs(args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
-    named = {f"input.{i}": t for i, t in enumerate(a for a in _flat(list(args)) if isinstance(a, torch.Tensor))}
+    named = {f"input.{i}": t for i, t in enumerate(a for a in flatten(list(args)) if isinstance(a, torch.Tensor))}
     for key, value in kwargs.items():
-        for i, t in enumerate(v for v in _flat([value]) if isinstance(v, torch.Tensor)):
+        for i, t in enumerate(v for v in flatten([value]) if isinstance(v, torch.Tensor)):
             named[f"input.{key}" + (f".{i}" if i else "")] = t
     return named
-
-
-def _flat(value: Any) -> list[Any]:
-    if isinstance(value, (tuple, list)):
-        return [x for v in value for x in _flat(v)]
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _flat(v)]
-    return [value]
