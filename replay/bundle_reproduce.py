@@ -169,8 +169,8 @@ def all_same(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool:
 
 
 def classify(runs: list[list[torch.Tensor]], golden: list[torch.Tensor], suspect: list[torch.Tensor]) -> str:
-    """The verdict for ``runs`` (each the outputs of one run). The suspect's bits come first where the bundle's
-    golden and suspect outputs are equal (no fault captured): then no run can tell them apart."""
+    """The verdict for ``runs`` (each the outputs of one run). Where the bundle's golden and suspect outputs are
+    equal (no fault was captured), runs that give them are transient: nothing here repeats a fault."""
     if any(not all_same(r, runs[0]) for r in runs[1:]):
         return "nondeterministic"
     if all_same(runs[0], suspect) and not all_same(golden, suspect):
