@@ -235,6 +235,34 @@ _APIS.append(PrivateApi(FUNCTIONAL_COLLECTIVES + ".AsyncCollectiveTensor.wait", 
                         lambda: callable(getattr(_async_collective_tensor(), "wait", None))))
 
 
+# -- op sequences (replay.bundle_ops: the aten ops an incident's site runs) -------------------------------------
+PYTHON_DISPATCH = "torch.utils._python_dispatch"
+
+
+def dispatch_mode_base() -> type:
+    """``TorchDispatchMode``, the base class of a mode that sees every aten op below autograd (imports its module,
+    which torch loads anyway)."""
+    import importlib
+
+    found = getattr(importlib.import_module(PYTHON_DISPATCH), "TorchDispatchMode", None)
+    if not isinstance(found, type):
+        raise ConfigError(_DISPATCH_MODE_API.message())
+    return found
+
+
+def _dispatch_mode_present() -> bool:
+    try:
+        dispatch_mode_base()
+    except (ConfigError, ImportError):
+        return False
+    return True
+
+
+_DISPATCH_MODE_API = PrivateApi(PYTHON_DISPATCH + ".TorchDispatchMode", "incident capture (sdc incident's op sequence)",
+                                _dispatch_mode_present)
+_APIS.append(_DISPATCH_MODE_API)
+
+
 def private_apis() -> tuple[PrivateApi, ...]:
     """Every private torch API this module relies on."""
     return tuple(_APIS)

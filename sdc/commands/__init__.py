@@ -36,6 +36,8 @@ COMMANDS = (
     Command("verify-determinism", "sdc.commands.verify", "run a config twice and check the two runs are bit-identical"),
     Command("replay", "sdc.commands.replay",
             "replay steps of a golden run on a suspect executor (param-sync or lockstep)"),
+    Command("incident", "sdc.commands.incident",
+            "capture a divergent site into a bundle for the vendor (reproduce.py, safetensors, defect signature)"),
     Command("faults", "sdc.commands.faults",
             "list or print the shipped fault profiles, or draw a fleet of unhealthy nodes"),
     Command("diff", "sdc.commands.diff", "diff a pair of runs into a DuckDB study database (an Apache Beam job)"),

@@ -32,6 +32,7 @@ SURFACE = {
         "--at-first-divergence", "--fault-profile", "--fault-seed", "--golden", "--golden-from", "--mode", "--out",
         "--overwrite", "--quiet", "--steps", "--suspect", "--window", "--nproc", "--rank-timeout", "--workload",
     ],
+    "incident": ["--at", "--fault-profile", "--fault-seed", "--golden", "--out", "--overwrite", "--suspect", "--workload"],
     "faults": [],
     "diff": ["--baseline", "--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket",
              "--suspect", "--twin"],
