@@ -12,16 +12,21 @@ What is timed:
   in a log stops before the step's records are handed to the I/O thread (it leaves them out); its mean is printed
   beside for comparison. The first step, the Tracer's start and its close are one-time costs, printed in seconds.
 - a *replayed step*: `StepResult.wall_s` of `Replayer.run`, everything the replay does for that step (the golden
-  re-execution with every fingerprint checked; for an emulated suspect, its trial run under the emulator, the
-  suspect's own step from the synced parameters, lockstep's compare-and-overwrite at every site, param-sync's
+  re-execution with every fingerprint checked; for an emulated suspect, param-sync's trial run under the emulator,
+  the suspect's own step from the synced parameters, lockstep's compare-and-overwrite at every site, param-sync's
   noise-to-signal over the differing gradients; the replay log's events). Building the workloads and restoring the
   checkpoint happen once per replay, not per step, and are not in it. No replayed step is left out, the first
   one included.
 
+Beside each ratio, how many times the steps of that kind ran (`StepResult.executions`: golden re-executions and
+suspect steps, counted by tests/replay/test_replay_executions.py): a step no rule of the emulator is armed in runs
+once; an armed param-sync step runs once when its trial (the suspect's step) draws no fault, twice when it does;
+an armed lockstep step runs twice (golden with the suspect's inside it). Two executions are the floor of a faulty
+step with re-executed golden state (docs/replay.md), which is why param-sync's 1.5 is out of reach this way.
+
 The suspect is an emulated node running `bursty-mismatch` with ``--fault-seed``: its bursts cover some of the
 replayed steps (seed 2: steps 2-6 and 10 of 1-12), so each replay has *faulty* steps (the summary counts fault
-events: the emulator fired) and *clean* ones (nothing fired: the trial run alone, or the whole suspect step for a
-step after a faulty one, which skips the trial), reported separately. The benchmark stops if either group has
+events: the emulator fired) and *clean* ones (nothing fired), reported separately. The benchmark stops if either group has
 fewer than two steps. Beside them, this machine as the suspect with no profile: the *shortcut*, one golden
 re-execution per step and no suspect step, which is what a replay of a real node's steps costs when the
 machine reproduces them.
@@ -37,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from intervals import Ratio, mean_interval, unpaired_ratio
@@ -88,6 +94,12 @@ def split_by_faults(walls_and_faults: list[tuple[float, int]]) -> tuple[list[flo
     return [w for w, f in walls_and_faults if f > 0], [w for w, f in walls_and_faults if f == 0]
 
 
+def executions_per_step(counts: list[int]) -> str:
+    """How often each step of one kind ran, tallied: ``"2 (5 steps)"``, ``"1 (2 steps), 2 (1 step)"``."""
+    tally = sorted(Counter(counts).items())
+    return ", ".join(f"{n} ({k} step{'' if k == 1 else 's'})" for n, k in tally)
+
+
 def bench_replay(steps: int = 12, config: str | None = None, fault_seed: int = FAULT_SEED) -> dict[str, Ratio]:
     cfg = load_config(config, [f"run.steps={steps + 1}", "run.checkpoint_every=1"])
     ratios: dict[str, Ratio] = {}
@@ -106,6 +118,7 @@ def bench_replay(steps: int = 12, config: str | None = None, fault_seed: int = F
             summary = Replayer(ReplayRequest(golden, Path(tmp) / f"machine-{mode}", range(1, steps + 1),
                                              THIS_MACHINE, mode=mode, progress=False)).run()
             shortcut = unpaired_ratio([r.wall_s for r in summary.steps], recorded)
+            shortcut_runs = executions_per_step([r.executions for r in summary.steps])
             summary = Replayer(ReplayRequest(golden, Path(tmp) / f"emulated-{mode}", range(1, steps + 1),
                                              emulated, mode=mode, progress=False)).run()
             faulty, clean = split_by_faults([(r.wall_s, r.faults) for r in summary.steps])
@@ -118,12 +131,15 @@ def bench_replay(steps: int = 12, config: str | None = None, fault_seed: int = F
             ratios[f"{mode} clean"] = unpaired_ratio(clean, recorded)
             ratios[f"{mode} shortcut"] = shortcut
             faults = sum(r.faults for r in summary.steps)
+            runs = {kind: executions_per_step([r.executions for r in summary.steps if (r.faults > 0) == fired])
+                    for kind, fired in (("faulty", True), ("clean", False))}
             print(f"replay {mode:<10}  : replayed / recorded step, {PROFILE} (fault seed {fault_seed}, {faults} "
                   f"faults fired in steps {fired}):")
-            print(f"  faulty steps     : {ratios[f'{mode} faulty'].describe(target)}")
-            print(f"  clean steps      : {ratios[f'{mode} clean'].describe()}")
-            print(f"  shortcut         : {shortcut.describe()} (this machine as the suspect: one golden "
-                  f"re-execution per step, no suspect step)")
+            print(f"  faulty steps     : {ratios[f'{mode} faulty'].describe(target)}; executions per step: "
+                  f"{runs['faulty']}")
+            print(f"  clean steps      : {ratios[f'{mode} clean'].describe()}; executions per step: {runs['clean']}")
+            print(f"  shortcut         : {shortcut.describe()}; executions per step: {shortcut_runs} (this machine "
+                  f"as the suspect: one golden re-execution per step, no suspect step)")
     return ratios
 
 
