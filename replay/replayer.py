@@ -53,7 +53,7 @@ from tqdm import tqdm
 
 from faults import FaultEmulator
 from replay.diagnosis import likely_causes
-from replay.golden import GoldenRun, Key, KeepingTracer, VerifyingSink, workload_entry
+from replay.golden import GoldenRun, Key, KeepingTracer, VerifyingSink, index_key, workload_entry
 from replay.injection import StepClock, lockstep_hooks, passthrough_hooks, sync_parameters
 from replay.metrics import TOTAL, Mismatch, gradient_noise
 from replay.request import ReplayRequest
@@ -100,6 +100,7 @@ class _Trial:
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # the emulator's, in order
     loss: float = 0.0
     gradients: dict[str, torch.Tensor] = field(default_factory=dict)  # clipped, as the optimizer would take them
+    after: RngState | None = None  # the global RNG after the step
 
     def sink(self, kind: str, fields: dict[str, Any]) -> None:
         self.events.append((kind, fields))
@@ -109,10 +110,12 @@ class _Trial:
         return sum(kind == "fault" for kind, _ in self.events)
 
     def undo(self, loss: float, model: torch.nn.Module) -> None:
-        """Keep the step's loss and a copy of its gradients, and give the global RNG its state from before."""
+        """Keep the step's loss, a copy of its gradients and the global RNG's state after it, and give the RNG its
+        state from before."""
         self.loss = loss
         with own_ops():
             self.gradients = {n: t.clone() for n, t in clipped_gradients(model).items()}
+        self.after = RngState()
         self.rng.restore()
 
 
@@ -325,6 +328,11 @@ class Replayer:
                     after.restore()
             w.update(step)
         summary.checked += sink.checked
+        self._verified(w, step, sink, rng_problem)
+        return kept, loss
+
+    def _verified(self, w: Workload, step: int, sink: VerifyingSink, rng_problem: str | None = None) -> None:
+        """Stop the replay when a re-executed fingerprint differed from the golden log, with its events written."""
         if sink.mismatches:
             assert self._log is not None
             for d in sink.mismatches:
@@ -336,7 +344,6 @@ class Replayer:
                     )
                 )
             raise ValidationError(self._mismatch_message(w, step, sink, rng_problem))
-        return kept, loss
 
     def _rng_at_start(self, step: int) -> str | None:
         """Give the global torch RNG the state the recording had at ``step``'s start where its log stored it
@@ -438,12 +445,50 @@ class Replayer:
         assert self._log is not None
         for kind, fields in trial.events:
             self._log.write_event(EventRecord(kind, step, fields))
-        golden, golden_loss = self._golden_step(w, step, keep=True, summary=summary)
-        if self.golden_from != "reexec":
-            self._substitute_blobs(step, golden)
+        if (captured := self._captured(w, step, trial)) is not None:
+            golden, golden_loss = captured
+            assert trial.after is not None
+            trial.after.restore()  # the golden step's forward and backward draw what the trial's drew
+            self._golden_update(w, step, golden, summary)
+        else:
+            golden, golden_loss = self._golden_step(w, step, keep=True, summary=summary)
+            if self.golden_from != "reexec":
+                self._substitute_blobs(step, golden)
         result = StepResult(step, golden_loss, trial.loss, faults=trial.faults)
         self._gradient_noise(step, golden, result, trial.gradients)
         return result
+
+    def _captured(self, w: Workload, step: int, trial: _Trial) -> tuple[dict[Key, torch.Tensor], float] | None:
+        """The golden step's gradients and loss from the golden run's log, when it captured every parameter
+        gradient the trial had (`--capture-steps`; not with ``--golden-from reexec``): what a re-execution would
+        give, bit for bit (the gradients as the update read them, the loss from the microbatches' ``loss`` events
+        combined as `run_step` combines them). One rank only: the trial is."""
+        keys = [index_key(step, 0, name, Phase.GRAD) for name in trial.gradients]
+        if self.golden_from == "reexec" or not keys or any(k not in self.golden.blobs for k in keys):
+            return None
+        losses = self.golden.losses.get(step, {})
+        if sorted(losses) != list(range(trial.clock.microbatch_index + 1)):
+            return None
+        store = BlobStore(self.golden.path)
+        golden = {key: store.get(self.golden.blobs[key]) for key in keys}
+        return golden, w.step_loss([losses[mb] for mb in sorted(losses)])
+
+    def _golden_update(self, w: Workload, step: int, golden: dict[Key, torch.Tensor], summary: ReplaySummary) -> None:
+        """The golden step's update from its captured gradients, without running the step. A Tracer checks the
+        gradients and the updated parameters against the golden log, so the update is verified bit for bit."""
+        sink = VerifyingSink(self.golden.expected)
+        tracer = KeepingTracer(
+            w.model, w.optimizer, sink=sink, run=RunInfo("golden-update", config=self.golden.header.config),
+            options=TraceOptions(sites=self.site_pattern), parallel=w.layout,
+        )
+        tracer.keep(None, set())
+        grads = {key[2]: tensor for key, tensor in golden.items()}
+        with tracer, tracer.step(step):
+            for name, p in w.model.named_parameters():
+                p.grad = grads[name].clone() if name in grads else None
+            w.update(step)
+        summary.checked += sink.checked
+        self._verified(w, step, sink)
 
     def _identical_to_golden(self, step: int, golden: dict[Key, torch.Tensor], loss: float) -> StepResult:
         """The results of a suspect execution that is the golden one: what `_suspect_step` and the comparisons

@@ -14,6 +14,7 @@ from replay.request import MODES, ReplayRequest, parse_steps, suspect_from_profi
 from tests.support import small_config
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
+from tracer.options import CapturePolicy, TraceOptions
 from workload.model import Transformer
 
 # Armed at steps 3 and 4 (a burst: 3 its first step, 4 a later one), firing on every matmul of one site there; a
@@ -165,3 +166,28 @@ def test_the_shortcuts_write_the_log_of_golden_plus_suspect(
     assert [(k, s) for k, s, _ in fast] == [(k, s) for k, s, _ in full]
     assert repr(fast) == repr(full)  # every field, floats bit for bit (-0.0, nan)
     assert executions[0] < executions[1] == 2 * 4
+
+
+@pytest.mark.slow
+def test_a_faulty_param_sync_step_runs_once_with_captured_golden_gradients(
+    profiles: dict[str, str], tmp_path: Path
+) -> None:
+    """With every parameter gradient of the replayed steps captured (`--capture-steps`), a faulty param-sync step
+    runs once: the trial is the suspect's step, and the golden update takes the captured gradients, its parameters
+    checked against the golden log. The replay log is the one golden + suspect on every step writes."""
+    golden = tmp_path / "captured"
+    capture = TraceOptions(capture=CapturePolicy(steps=frozenset(range(2, 6))))
+    record_run(small_config("run.steps=6", "run.checkpoint_every=2"), golden, node_label="golden", progress=False,
+               trace=capture)
+    suspect = suspect_from_profile(profiles["burst"])
+    logs = []
+    for shortcuts in (True, False):
+        out = tmp_path / f"sync-{shortcuts}"
+        summary = Replayer(ReplayRequest(golden, out, parse_steps("2:6"), suspect, mode="param-sync",
+                                         golden_from="blobs", progress=False), shortcuts=shortcuts).run()
+        logs.append(log_events(out))
+        if shortcuts:
+            assert [r.executions for r in summary.steps] == [1, 1, 1, 1]
+            assert [r.faults > 0 for r in summary.steps] == [False, True, True, False]
+    assert any(kind == "grad_noise" and f["name"] == "*" and f["ratio"] > 0 for kind, _, f in logs[1])
+    assert repr(logs[0]) == repr(logs[1])
