@@ -17,50 +17,28 @@ from tracer.log.records import EventRecord
 from tracer.options import CapturePolicy, TraceOptions
 from workload.model import Transformer
 
-# Armed at steps 3 and 4 (a burst: 3 its first step, 4 a later one), firing on every matmul of one site there; a
-# second rule is armed at step 5 but never fires (a feed-forward block runs no softmax); step 2 is armed by neither.
-BURST = """
-description = "a burst at steps 3 and 4 in layers.1.feed_forward, and a rule armed at step 5 that never fires"
-seed = 7
+
+def rule(ops: str, layer: int, schedule: str) -> str:
+    """A profile's rule: one mantissa flip in every call of ``ops`` inside ``layers.<layer>.feed_forward``."""
+    return f"""
 [[fault]]
-ops = ["matmul"]
-sites = "layers\\\\.1\\\\.feed_forward"
-steps = [3, 4]
-p_call = 1.0
-elements = 1
-kind = "bitflip"
-bits = "mantissa"
-[[fault]]
-ops = ["softmax"]
-sites = "layers\\\\.0\\\\.feed_forward"
-steps = [5]
+ops = ["{ops}"]
+sites = "layers\\\\.{layer}\\\\.feed_forward"
+{schedule}
 p_call = 1.0
 elements = 1
 kind = "bitflip"
 bits = "mantissa"
 """
 
+
+# Armed at steps 3 and 4 (a burst: 3 its first step, 4 a later one), firing on every matmul of one site there; a
+# second rule is armed at step 5 but never fires (a feed-forward block runs no softmax); step 2 is armed by neither.
+BURST = 'description = "a burst at steps 3 and 4, and a rule armed at step 5 that never fires"\nseed = 7\n' + (
+    rule("matmul", 1, "steps = [3, 4]") + rule("softmax", 0, "steps = [5]"))
 # Armed in every step from 2 on by a rule that never fires, and firing at step 5 alone: a node whose faults are rare.
-RARE = """
-description = "armed on every step from 2, a fault at step 5 alone"
-seed = 7
-[[fault]]
-ops = ["softmax"]
-sites = "layers\\\\.0\\\\.feed_forward"
-start = 2
-p_call = 1.0
-elements = 1
-kind = "bitflip"
-bits = "mantissa"
-[[fault]]
-ops = ["matmul"]
-sites = "layers\\\\.1\\\\.feed_forward"
-steps = [5]
-p_call = 1.0
-elements = 1
-kind = "bitflip"
-bits = "mantissa"
-"""
+RARE = 'description = "armed on every step from 2, a fault at step 5 alone"\nseed = 7\n' + (
+    rule("softmax", 0, "start = 2") + rule("matmul", 1, "steps = [5]"))
 
 MICROBATCHES = 2  # small_config's
 # step: what it is, executions in param-sync, in lockstep
