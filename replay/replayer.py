@@ -303,10 +303,7 @@ class Replayer:
         start = RngState()  # the suspect's step starts from the same RNG state (its dropout draws the same masks)
         kept: dict[Key, torch.Tensor] = {}
         phases = {Phase.GRAD} | ({Phase.FORWARD, Phase.BACKWARD} if self.mode == "lockstep" else set())
-        tracer = KeepingTracer(
-            w.model, w.optimizer, sink=sink, run=RunInfo("golden-reexecution", config=self.golden.header.config),
-            options=TraceOptions(sites=self.site_pattern), parallel=w.layout,
-        )
+        tracer = self._verifying_tracer(w, sink)
         tracer.keep(kept if keep else None, phases)
         with tracer, tracer.step(step):
             if trial is not None:
@@ -344,6 +341,13 @@ class Replayer:
                     )
                 )
             raise ValidationError(self._mismatch_message(w, step, sink, rng_problem))
+
+    def _verifying_tracer(self, w: Workload, sink: VerifyingSink) -> KeepingTracer:
+        """A Tracer on the golden workload whose records ``sink`` checks against the golden log."""
+        return KeepingTracer(
+            w.model, w.optimizer, sink=sink, run=RunInfo("golden-reexecution", config=self.golden.header.config),
+            options=TraceOptions(sites=self.site_pattern), parallel=w.layout,
+        )
 
     def _rng_at_start(self, step: int) -> str | None:
         """Give the global torch RNG the state the recording had at ``step``'s start where its log stored it
@@ -466,21 +470,18 @@ class Replayer:
         keys = [index_key(step, 0, name, Phase.GRAD) for name in trial.gradients]
         if self.golden_from == "reexec" or not keys or any(k not in self.golden.blobs for k in keys):
             return None
-        losses = self.golden.losses.get(step, {})
-        if sorted(losses) != list(range(trial.clock.microbatch_index + 1)):
-            return None
+        losses = self.golden.losses.get(step, [])
+        if [mb for mb, _ in losses] != list(range(trial.clock.microbatch_index + 1)):
+            return None  # not one loss per microbatch, in order (a guard's re-runs log theirs too): re-execute
         store = BlobStore(self.golden.path)
         golden = {key: store.get(self.golden.blobs[key]) for key in keys}
-        return golden, w.step_loss([losses[mb] for mb in sorted(losses)])
+        return golden, w.step_loss([loss for _, loss in losses])
 
     def _golden_update(self, w: Workload, step: int, golden: dict[Key, torch.Tensor], summary: ReplaySummary) -> None:
         """The golden step's update from its captured gradients, without running the step. A Tracer checks the
         gradients and the updated parameters against the golden log, so the update is verified bit for bit."""
         sink = VerifyingSink(self.golden.expected)
-        tracer = KeepingTracer(
-            w.model, w.optimizer, sink=sink, run=RunInfo("golden-update", config=self.golden.header.config),
-            options=TraceOptions(sites=self.site_pattern), parallel=w.layout,
-        )
+        tracer = self._verifying_tracer(w, sink)
         tracer.keep(None, set())
         grads = {key[2]: tensor for key, tensor in golden.items()}
         with tracer, tracer.step(step):
