@@ -12,17 +12,25 @@ What is timed:
   in a log stops before the step's records are handed to the I/O thread (it leaves them out); its mean is printed
   beside for comparison. The first step, the Tracer's start and its close are one-time costs, printed in seconds.
 - a *replayed step*: `StepResult.wall_s` of `Replayer.run`, everything the replay does for that step (the golden
-  re-execution with every fingerprint checked; for an emulated suspect, its trial run under the emulator, the
-  suspect's own step from the synced parameters, lockstep's compare-and-overwrite at every site, param-sync's
+  re-execution with every fingerprint checked; for an emulated suspect, param-sync's trial run under the emulator,
+  the suspect's own step from the synced parameters, lockstep's compare-and-overwrite at every site, param-sync's
   noise-to-signal over the differing gradients; the replay log's events). Building the workloads and restoring the
   checkpoint happen once per replay, not per step, and are not in it. No replayed step is left out, the first
   one included.
 
+Beside each ratio, how many times the steps of that kind ran (`StepResult.executions`: golden re-executions and
+suspect steps, counted by tests/replay/test_replay_executions.py): a step no rule of the emulator is armed in runs
+once; an armed param-sync step runs once when its trial (the suspect's step) draws no fault, twice when it does;
+an armed lockstep step runs twice (golden with the suspect's inside it). Two executions are the floor of a faulty
+step with re-executed golden state (docs/replay.md), which is why param-sync's 1.5 is out of reach this way. The
+golden run captures every replayed step's tensors; the replays above ignore them (``--golden-from reexec``), and one
+more param-sync replay takes the golden gradients from them (``blobs``): its faulty steps run once, the trial as the
+suspect's step and the golden update from the captured gradients.
+
 The suspect is an emulated node running `bursty-mismatch` with ``--fault-seed``: its bursts cover some of the
 replayed steps (seed 2: steps 2-6 and 10 of 1-12), so each replay has *faulty* steps (the summary counts fault
-events: the emulator fired) and *clean* ones (nothing fired: the trial run alone, or the whole suspect step for a
-step after a faulty one, which skips the trial), reported separately. The benchmark stops if either group has
-fewer than two steps. Beside them, this machine as the suspect with no profile: the *shortcut*, one golden
+events: the emulator fired) and *clean* ones (nothing fired), reported separately. The benchmark stops if either
+group has fewer than two steps. Beside them, this machine as the suspect with no profile: the *shortcut*, one golden
 re-execution per step and no suspect step, which is what a replay of a real node's steps costs when the
 machine reproduces them.
 
@@ -37,16 +45,17 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from intervals import Ratio, mean_interval, unpaired_ratio
 
 from jobs.record import record_run
 from replay.replayer import Replayer
-from replay.request import MODES, ReplayRequest, Suspect, suspect_from_profile
+from replay.request import MODES, GoldenFrom, Mode, ReplayRequest, Suspect, suspect_from_profile
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
-from tracer.options import RunInfo
+from tracer.options import CapturePolicy, RunInfo, TraceOptions
 from tracer.tracing import Tracer
 from workload.protocol import run_step
 from workload.reference import build
@@ -88,12 +97,45 @@ def split_by_faults(walls_and_faults: list[tuple[float, int]]) -> tuple[list[flo
     return [w for w, f in walls_and_faults if f > 0], [w for w, f in walls_and_faults if f == 0]
 
 
+def executions_per_step(counts: list[int]) -> str:
+    """How often each step of one kind ran, tallied: ``"2 (5 steps)"``, ``"1 (2 steps), 2 (1 step)"``."""
+    tally = sorted(Counter(counts).items())
+    return ", ".join(f"{n} ({k} step{'' if k == 1 else 's'})" for n, k in tally)
+
+
+def emulated_replay(golden: Path, out: Path, mode: Mode, golden_from: GoldenFrom, suspect: Suspect,
+                    recorded: list[float]) -> dict[str, Ratio]:
+    """Replay steps 1.. of ``golden`` on the emulated ``suspect``; print and return its faulty and clean steps' ratios
+    to ``recorded`` with their executions per step."""
+    summary = Replayer(ReplayRequest(golden, out, range(1, len(recorded) + 1), suspect, mode=mode,
+                                     golden_from=golden_from, progress=False)).run()
+    fired = [r.step for r in summary.steps if r.faults]
+    name = mode if golden_from == "reexec" else f"{mode}, golden gradients captured"
+    faulty, clean = split_by_faults([(r.wall_s, r.faults) for r in summary.steps])
+    if len(faulty) < 2 or len(clean) < 2:
+        raise SystemExit(f"replay {name}: {PROFILE} with fault seed {suspect.fault_seed} fired in steps {fired} of "
+                         f"1-{len(recorded)}: need two or more faulty and two or more clean steps; pick another "
+                         f"--fault-seed or more --steps")
+    ratios = {f"{name} faulty": unpaired_ratio(faulty, recorded), f"{name} clean": unpaired_ratio(clean, recorded)}
+    runs = {kind: executions_per_step([r.executions for r in summary.steps if (r.faults > 0) == hit])
+            for kind, hit in (("faulty", True), ("clean", False))}
+    print(f"replay {name}: replayed / recorded step, {PROFILE} (fault seed {suspect.fault_seed}, "
+          f"{sum(r.faults for r in summary.steps)} faults fired in steps {fired}, golden from {golden_from}):")
+    print(f"  faulty steps     : {ratios[f'{name} faulty'].describe(TARGETS[mode])}; executions per step: "
+          f"{runs['faulty']}")
+    print(f"  clean steps      : {ratios[f'{name} clean'].describe()}; executions per step: {runs['clean']}")
+    return ratios
+
+
 def bench_replay(steps: int = 12, config: str | None = None, fault_seed: int = FAULT_SEED) -> dict[str, Ratio]:
     cfg = load_config(config, [f"run.steps={steps + 1}", "run.checkpoint_every=1"])
     ratios: dict[str, Ratio] = {}
     with tempfile.TemporaryDirectory() as tmp:
         golden = Path(tmp) / "golden"
-        record_run(cfg, golden, node_label="bench", progress=False)
+        # Every step's tensors captured, for the replay that takes the golden gradients from them; the others
+        # re-execute the golden steps (--golden-from reexec), as with a golden run that captured nothing.
+        record_run(cfg, golden, node_label="bench", progress=False,
+                   trace=TraceOptions(capture=CapturePolicy(steps=frozenset(range(1, steps + 1)))))
         recorded, once = recorded_steps(cfg, steps, Path(tmp) / "timed")
         logged = logged_step_walls(golden)
         base = mean_interval(recorded)
@@ -102,28 +144,15 @@ def bench_replay(steps: int = 12, config: str | None = None, fault_seed: int = F
               f"before the I/O thread's writes); one-time: " + ", ".join(f"{k} {v:.3f} s" for k, v in once.items()))
         emulated = suspect_from_profile(PROFILE, fault_seed)
         for mode in MODES:
-            target = TARGETS[mode]
             summary = Replayer(ReplayRequest(golden, Path(tmp) / f"machine-{mode}", range(1, steps + 1),
-                                             THIS_MACHINE, mode=mode, progress=False)).run()
+                                             THIS_MACHINE, mode=mode, golden_from="reexec", progress=False)).run()
             shortcut = unpaired_ratio([r.wall_s for r in summary.steps], recorded)
-            summary = Replayer(ReplayRequest(golden, Path(tmp) / f"emulated-{mode}", range(1, steps + 1),
-                                             emulated, mode=mode, progress=False)).run()
-            faulty, clean = split_by_faults([(r.wall_s, r.faults) for r in summary.steps])
-            fired = [r.step for r in summary.steps if r.faults]
-            if len(faulty) < 2 or len(clean) < 2:
-                raise SystemExit(f"replay {mode}: {PROFILE} with fault seed {fault_seed} fired in steps {fired} of "
-                                 f"1-{steps}: need two or more faulty and two or more clean steps; pick another "
-                                 f"--fault-seed or more --steps")
-            ratios[f"{mode} faulty"] = unpaired_ratio(faulty, recorded)
-            ratios[f"{mode} clean"] = unpaired_ratio(clean, recorded)
             ratios[f"{mode} shortcut"] = shortcut
-            faults = sum(r.faults for r in summary.steps)
-            print(f"replay {mode:<10}  : replayed / recorded step, {PROFILE} (fault seed {fault_seed}, {faults} "
-                  f"faults fired in steps {fired}):")
-            print(f"  faulty steps     : {ratios[f'{mode} faulty'].describe(target)}")
-            print(f"  clean steps      : {ratios[f'{mode} clean'].describe()}")
-            print(f"  shortcut         : {shortcut.describe()} (this machine as the suspect: one golden "
-                  f"re-execution per step, no suspect step)")
+            ratios |= emulated_replay(golden, Path(tmp) / f"emulated-{mode}", mode, "reexec", emulated, recorded)
+            print(f"  shortcut         : {shortcut.describe()}; executions per step: "
+                  f"{executions_per_step([r.executions for r in summary.steps])} (this machine as the suspect: one "
+                  "golden re-execution per step, no suspect step)")
+        ratios |= emulated_replay(golden, Path(tmp) / "emulated-captured", "param-sync", "blobs", emulated, recorded)
     return ratios
 
 

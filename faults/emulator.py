@@ -190,6 +190,14 @@ class FaultEmulator(ScopedInterceptor):
         clock = self._clock()
         return any(self._armed(i, *clock) for i in self._updates)
 
+    def may_fire(self, step: int, attempt: int = 0) -> bool:
+        """Some rule may corrupt a result in ``step`` (its ``attempt``): one that hits ops or collectives on this
+        rank and role, with a ``p_call`` above 0, is armed there by its schedule's burst chain. Known without running
+        anything; False means the step runs exactly as without the emulator (replay runs it once, `replay.replayer`)."""
+        return any((self._ops[i] or self._collectives[i]) and r.p_call > 0
+                   and (r.attempts is None or attempt in r.attempts) and self._chains[i].armed(step)
+                   for i, r in enumerate(self.profile.faults))
+
     def intercept(self, func: Any, args: tuple, kwargs: dict, call: Call) -> Any:
         out = call(*args, **kwargs)
         scoped = self.scope.phase()

@@ -62,6 +62,7 @@ class GoldenRun:
     rng: dict[int, dict[str, Any]] = field(default_factory=dict)  # `rng` events (tracer/rng.py) by step
     logs_rng: bool = False  # the log has `rng` events (recorded by a Tracer that writes them)
     blobs: dict[Key, int] = field(default_factory=dict)  # captured full tensors
+    losses: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # `loss` events by step: (mb, loss)
     sites: list[str] = field(default_factory=list)  # forward sites in recording order
 
     @classmethod
@@ -95,6 +96,8 @@ class GoldenRun:
                 run.logs_rng = True
                 if first <= rec.step < stop:
                     run.rng[rec.step] = _rng_fields(path, rec)
+            elif isinstance(rec, EventRecord) and rec.kind == "loss" and first <= rec.step < stop:
+                run.losses.setdefault(rec.step, []).append((rec.fields["microbatch"], rec.fields["loss"]))
             elif isinstance(rec, EventRecord) and rec.kind == "blob" and first <= rec.step < stop:
                 f = rec.fields
                 run.blobs[index_key(rec.step, f["microbatch"], f["name"], Phase(f["phase"]))] = f["fingerprint"]

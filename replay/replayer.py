@@ -13,8 +13,11 @@ For every replayed step ``k``:
    is this machine itself, step 1's re-execution already ran on it and was checked
    bit for bit against the golden log, so it serves as the suspect's execution too:
    the comparisons below are written for identical tensors and the step runs once.
-   An emulated suspect's step runs once too when its emulator, run during step 1 as a
-   trial, draws no fault (`Replayer._trial_step`);
+   An emulated suspect's step runs once too when no rule of its emulator is armed in
+   the step (`FaultEmulator.may_fire`), and in param-sync when its emulator, run
+   during step 1 as a trial, draws no fault; when the trial draws one, it was the
+   suspect's step, and the golden step runs once more: two executions, never three
+   (`Replayer._replay_step`);
 3. ``param-sync`` compares the suspect's gradients with the golden ones;
    ``lockstep`` compares every site's output (forward) and input gradient
    (backward) with the golden tensor and then overwrites it with the golden one,
@@ -42,6 +45,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,7 +53,7 @@ from tqdm import tqdm
 
 from faults import FaultEmulator
 from replay.diagnosis import likely_causes
-from replay.golden import GoldenRun, Key, KeepingTracer, VerifyingSink, workload_entry
+from replay.golden import GoldenRun, Key, KeepingTracer, VerifyingSink, index_key, workload_entry
 from replay.injection import StepClock, lockstep_hooks, passthrough_hooks, sync_parameters
 from replay.metrics import TOTAL, Mismatch, gradient_noise
 from replay.request import ReplayRequest
@@ -87,10 +91,45 @@ class _Both:
         self.tracer.loss(value)
 
 
+@dataclass
+class _Trial:
+    """What a trial (`Replayer._trial_step`), the suspect's step run as the golden re-execution, keeps of it."""
+
+    clock: StepClock
+    rng: RngState  # the global RNG before the step: the undone trial leaves it so
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # the emulator's, in order
+    loss: float = 0.0
+    gradients: dict[str, torch.Tensor] = field(default_factory=dict)  # clipped, as the optimizer would take them
+    after: RngState | None = None  # the global RNG after the step
+
+    def sink(self, kind: str, fields: dict[str, Any]) -> None:
+        self.events.append((kind, fields))
+
+    @property
+    def faults(self) -> int:
+        return sum(kind == "fault" for kind, _ in self.events)
+
+    def undo(self, loss: float, model: torch.nn.Module) -> None:
+        """Keep the step's loss, a copy of its gradients and the global RNG's state after it, and give the RNG its
+        state from before."""
+        self.loss = loss
+        with own_ops():
+            self.gradients = {n: t.clone() for n, t in clipped_gradients(model).items()}
+        self.after = RngState()
+        self.rng.restore()
+
+
+def clipped_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The gradients a step with ``update=False`` left in ``.grad`` (accumulated and clipped), this rank's shards."""
+    return {n: local_shard(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+
+
 class Replayer:
     """Replays ``steps`` of ``golden`` on ``suspect`` and writes the replay log to ``out``."""
 
-    def __init__(self, request: ReplayRequest) -> None:
+    def __init__(self, request: ReplayRequest, *, shortcuts: bool = True) -> None:
+        """``shortcuts=False`` runs every replayed step as the golden step with the suspect's inside it, the
+        reference the shortcuts of `_replay_step` write the same replay log as (tests compare them)."""
         dist = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.rank = torch.distributed.get_rank() if dist else 0
         steps = request.steps
@@ -111,7 +150,11 @@ class Replayer:
         self.progress = request.progress
         names = sorted({re.sub(r"\[.*\]$", "", s) for s in g.sites})
         self.site_pattern = "|".join(re.escape(n) for n in names) if names else None
+        self.shortcuts = shortcuts
         self._log: LogWriter | None = None
+        self._schedule: FaultEmulator | None = None  # the suspect's emulator, asked which steps it may fire in
+        self._executions = 0  # of the step being replayed: golden re-executions and suspect steps
+        self._armed = {True: 0, False: 0}  # replayed steps the suspect's emulator was armed in, by whether it fired
 
     # -- the whole replay -------------------------------------------------------------
     def run(self) -> ReplaySummary:
@@ -121,6 +164,8 @@ class Replayer:
         device = torch.device("cpu")
         config = self.golden.header.config
         golden_w, suspect_w = (build_workload(self.workload, config, device) for _ in range(2))
+        if self.suspect.profile is not None:
+            self._schedule = self._emulator(golden_w, StepClock(0), lambda kind, fields: None)
         restore_step_checkpoint(self.golden.path, self.golden.start_checkpoint, self.rank, golden_w.model,
                                 golden_w.optimizer, golden_w.states())
         self._log = LogWriter(rank_dir(self.out, self.rank), self._header(str(next(golden_w.model.parameters()).device)))
@@ -132,38 +177,20 @@ class Replayer:
                 bar.set_postfix_str(f"rebuilding step {step}")
                 self._golden_step(golden_w, step, keep=False, summary=summary)
                 bar.update()
-            tried_last = True
             for step in self.steps:
                 bar.set_postfix_str(f"step {step}")
                 t0 = time.perf_counter()
-                if self.suspect.profile is None:
-                    # This machine is the suspect: its re-execution, checked bit for bit against the golden log,
-                    # is the suspect's execution too. A second run could only differ by a fault of its own.
-                    golden, golden_loss = self._golden_step(golden_w, step, keep=True, summary=summary)
-                    result = self._identical_to_golden(step, golden, golden_loss)
-                elif (trial := self._trial_step(golden_w, step, summary, tried_last)) is not None:
-                    golden, golden_loss = trial
-                    result = self._identical_to_golden(step, golden, golden_loss)
-                else:
-                    sync_parameters(golden_w.model, suspect_w.model)  # the parameter sync
-                    suspect: list[StepResult] = []
-                    golden, golden_loss = self._golden_step(
-                        golden_w, step, keep=True, summary=summary,
-                        between=lambda kept: suspect.append(self._suspect_step(suspect_w, step, kept)),
-                    )
-                    result = suspect[0]
-                    if self.mode == "param-sync":
-                        self._gradient_noise(w=suspect_w, step=step, golden=golden, result=result)
-                result.golden_loss = golden_loss
-                # A step whose suspect had faults is often followed by another (bursts): try again after a clean one.
-                tried_last = result.faults == 0
+                self._executions = 0
+                result = self._replay_step(golden_w, suspect_w, step, summary)
+                result.executions = self._executions
                 result.wall_s = time.perf_counter() - t0
                 summary.steps.append(result)
                 self._log.write_event(
                     EventRecord(
                         "replay_step",
                         step,
-                        {"golden_loss": golden_loss, "suspect_loss": result.suspect_loss, "faults": result.faults},
+                        {"golden_loss": result.golden_loss, "suspect_loss": result.suspect_loss,
+                         "faults": result.faults},
                     )
                 )
                 self._log.flush()
@@ -176,6 +203,49 @@ class Replayer:
         self._log.close("complete")
         summary.wall_s = time.perf_counter() - start
         return summary
+
+    def _replay_step(self, golden_w: Workload, suspect_w: Workload, step: int, summary: ReplaySummary) -> StepResult:
+        """Replay ``step`` by the fewest executions that write what golden + suspect would (docs/replay.md):
+
+        - one, when the suspect is this machine (its re-execution, checked bit for bit against the golden log, is
+          the suspect's execution too: a second run could only differ by a fault of its own), or when no rule of
+          the suspect's emulator is armed in the step (`FaultEmulator.may_fire`: it would run exactly the same);
+        - param-sync, one rank: the trial (`_trial_step`) runs the step under the suspect's emulator from the
+          golden state, which is the parameter-synced suspect step. Nothing fired: one execution was both. A fault
+          fired: the trial was the suspect's step, and the golden step runs once more (two);
+        - lockstep: the golden step with the suspect's inside it (two): a lockstep suspect needs the golden site
+          tensors while it runs. A trial first costs one when nothing fires and three when a fault does, so it
+          runs only once more of this replay's armed steps were clean than faulty (a node armed on every step
+          whose faults are rare), never on a burst's steps, which mostly fire;
+        - several ranks: golden with the suspect inside (two): ranks would have to agree on a trial's outcome.
+        """
+        one_rank = golden_w.layout.world_size == 1
+        if self.shortcuts and (self._schedule is None or (one_rank and not self._schedule.may_fire(step))):
+            golden, golden_loss = self._golden_step(golden_w, step, keep=True, summary=summary)
+            return self._identical_to_golden(step, golden, golden_loss)
+        result = None
+        if self.shortcuts and one_rank and (self.mode == "param-sync" or self._armed[False] > self._armed[True]):
+            result = self._trial_step(golden_w, step, summary)
+        if result is None:
+            result = self._golden_and_suspect(golden_w, suspect_w, step, summary)
+        self._armed[result.faults > 0] += 1
+        return result
+
+    def _golden_and_suspect(
+        self, golden_w: Workload, suspect_w: Workload, step: int, summary: ReplaySummary
+    ) -> StepResult:
+        """The golden step with the suspect's, from the synced parameters, run inside it (two executions)."""
+        sync_parameters(golden_w.model, suspect_w.model)  # the parameter sync
+        suspect: list[StepResult] = []
+        golden, golden_loss = self._golden_step(
+            golden_w, step, keep=True, summary=summary,
+            between=lambda kept: suspect.append(self._suspect_step(suspect_w, step, kept)),
+        )
+        result = suspect[0]
+        result.golden_loss = golden_loss
+        if self.mode == "param-sync":
+            self._gradient_noise(step, golden, result, clipped_gradients(suspect_w.model))
+        return result
 
     def _header(self, device: str) -> RunHeader:
         g = self.golden.header
@@ -217,7 +287,7 @@ class Replayer:
         keep: bool,
         summary: ReplaySummary,
         between: Callable[[dict[Key, torch.Tensor]], None] | None = None,
-        trial: tuple[FaultEmulator, StepClock, list[dict[str, Any]], RngState] | None = None,
+        trial: tuple[FaultEmulator, _Trial] | None = None,
     ) -> tuple[dict[Key, torch.Tensor], float] | None:
         """Re-execute ``step`` verifying every fingerprint; with ``keep``, return its tensors.
 
@@ -227,23 +297,21 @@ class Replayer:
         step runs under the suspect's emulator (see `_trial_step`), and None means
         that a fault fired or a fingerprint differed, and the step was undone.
         """
+        self._executions += 1
         sink = VerifyingSink(self.golden.expected)
         rng_problem = self._rng_at_start(step)
         start = RngState()  # the suspect's step starts from the same RNG state (its dropout draws the same masks)
         kept: dict[Key, torch.Tensor] = {}
         phases = {Phase.GRAD} | ({Phase.FORWARD, Phase.BACKWARD} if self.mode == "lockstep" else set())
-        tracer = KeepingTracer(
-            w.model, w.optimizer, sink=sink, run=RunInfo("golden-reexecution", config=self.golden.header.config),
-            options=TraceOptions(sites=self.site_pattern), parallel=w.layout,
-        )
+        tracer = self._verifying_tracer(w, sink)
         tracer.keep(kept if keep else None, phases)
         with tracer, tracer.step(step):
             if trial is not None:
-                emulator, clock, faults, rng = trial
+                emulator, held = trial
                 with emulator:
-                    loss = run_step(w, step, _Both(tracer, clock), update=False)
-                if faults or sink.mismatches:
-                    rng.restore()
+                    loss = run_step(w, step, _Both(tracer, held.clock), update=False)
+                if held.events or sink.mismatches:
+                    held.undo(loss, w.model)
                     return None
             else:
                 loss = run_step(w, step, tracer, update=False)
@@ -257,6 +325,11 @@ class Replayer:
                     after.restore()
             w.update(step)
         summary.checked += sink.checked
+        self._verified(w, step, sink, rng_problem)
+        return kept, loss
+
+    def _verified(self, w: Workload, step: int, sink: VerifyingSink, rng_problem: str | None = None) -> None:
+        """Stop the replay when a re-executed fingerprint differed from the golden log, with its events written."""
         if sink.mismatches:
             assert self._log is not None
             for d in sink.mismatches:
@@ -268,7 +341,13 @@ class Replayer:
                     )
                 )
             raise ValidationError(self._mismatch_message(w, step, sink, rng_problem))
-        return kept, loss
+
+    def _verifying_tracer(self, w: Workload, sink: VerifyingSink) -> KeepingTracer:
+        """A Tracer on the golden workload whose records ``sink`` checks against the golden log."""
+        return KeepingTracer(
+            w.model, w.optimizer, sink=sink, run=RunInfo("golden-reexecution", config=self.golden.header.config),
+            options=TraceOptions(sites=self.site_pattern), parallel=w.layout,
+        )
 
     def _rng_at_start(self, step: int) -> str | None:
         """Give the global torch RNG the state the recording had at ``step``'s start where its log stored it
@@ -318,6 +397,7 @@ class Replayer:
     # -- suspect side -------------------------------------------------------------------
     def _suspect_step(self, w: Workload, step: int, golden: dict[Key, torch.Tensor]) -> StepResult:
         assert self._log is not None
+        self._executions += 1
         log = self._log
         clock = StepClock(step)
         faults = 0
@@ -351,20 +431,65 @@ class Replayer:
         return FaultEmulator(self.suspect.profile, w.model, clock=lambda: (clock.step_index, clock.microbatch_index),
                              sink=sink, seed=self.suspect.fault_seed, sites=self.site_pattern)
 
-    def _trial_step(
-        self, w: Workload, step: int, summary: ReplaySummary, worth_it: bool
-    ) -> tuple[dict[Key, torch.Tensor], float] | None:
-        """Run ``step`` once as the golden re-execution with the suspect's fault emulator on. Most steps of most
-        nodes draw no fault: then this one execution matched the golden log bit for bit and was the suspect's
-        too, and the step is done. Otherwise (None) it left no trace: no update, no event, the RNG as before, and
-        the step runs as usual. Single-rank only: ranks would have to agree on the outcome."""
-        if not worth_it or self.suspect.profile is None or w.layout.world_size > 1:
+    def _trial_step(self, w: Workload, step: int, summary: ReplaySummary) -> StepResult | None:
+        """One rank: run ``step`` as the golden re-execution with the suspect's emulator on. It starts from the
+        golden parameters and the step's RNG state: it is the parameter-synced suspect step. Nothing fired and
+        every fingerprint matched: that one execution was both sides'. Otherwise the trial is undone (no update,
+        the RNG as before). In param-sync, when a fault fired, it keeps the suspect's loss, clipped gradients and
+        fault events, written as `_suspect_step` writes them; the golden step runs once, and the gradients are
+        compared. None: a lockstep trial fired (its suspect needs the golden site tensors while it runs), or a
+        fingerprint differed with no fault; the step runs as golden + suspect (whose golden step then says why)."""
+        trial = _Trial(StepClock(step), RngState())
+        kept = self._golden_step(w, step, keep=True, summary=summary,
+                                 trial=(self._emulator(w, trial.clock, trial.sink), trial))
+        if kept is not None:
+            return self._identical_to_golden(step, *kept)
+        if not trial.events or self.mode == "lockstep":
             return None
-        rng = RngState()
-        faults: list[dict[str, Any]] = []
-        clock = StepClock(step)
-        emulator = self._emulator(w, clock, lambda kind, fields: faults.append({"kind": kind, **fields}))
-        return self._golden_step(w, step, keep=True, summary=summary, trial=(emulator, clock, faults, rng))
+        assert self._log is not None
+        for kind, fields in trial.events:
+            self._log.write_event(EventRecord(kind, step, fields))
+        if (captured := self._captured(w, step, trial)) is not None:
+            golden, golden_loss = captured
+            assert trial.after is not None
+            trial.after.restore()  # the golden step's forward and backward draw what the trial's drew
+            self._golden_update(w, step, golden, summary)
+        else:
+            golden, golden_loss = self._golden_step(w, step, keep=True, summary=summary)
+            if self.golden_from != "reexec":
+                self._substitute_blobs(step, golden)
+        result = StepResult(step, golden_loss, trial.loss, faults=trial.faults)
+        self._gradient_noise(step, golden, result, trial.gradients)
+        return result
+
+    def _captured(self, w: Workload, step: int, trial: _Trial) -> tuple[dict[Key, torch.Tensor], float] | None:
+        """The golden step's gradients and loss from the golden run's log, when it captured every parameter
+        gradient the trial had (`--capture-steps`; not with ``--golden-from reexec``): what a re-execution would
+        give, bit for bit (the gradients as the update read them, the loss from the microbatches' ``loss`` events
+        combined as `run_step` combines them). One rank only: the trial is."""
+        keys = [index_key(step, 0, name, Phase.GRAD) for name in trial.gradients]
+        if self.golden_from == "reexec" or not keys or any(k not in self.golden.blobs for k in keys):
+            return None
+        losses = self.golden.losses.get(step, [])
+        if [mb for mb, _ in losses] != list(range(trial.clock.microbatch_index + 1)):
+            return None  # not one loss per microbatch, in order (a guard's re-runs log theirs too): re-execute
+        store = BlobStore(self.golden.path)
+        golden = {key: store.get(self.golden.blobs[key]) for key in keys}
+        return golden, w.step_loss([loss for _, loss in losses])
+
+    def _golden_update(self, w: Workload, step: int, golden: dict[Key, torch.Tensor], summary: ReplaySummary) -> None:
+        """The golden step's update from its captured gradients, without running the step. A Tracer checks the
+        gradients and the updated parameters against the golden log, so the update is verified bit for bit."""
+        sink = VerifyingSink(self.golden.expected)
+        tracer = self._verifying_tracer(w, sink)
+        tracer.keep(None, set())
+        grads = {key[2]: tensor for key, tensor in golden.items()}
+        with tracer, tracer.step(step):
+            for name, p in w.model.named_parameters():
+                p.grad = grads[name].clone() if name in grads else None
+            w.update(step)
+        summary.checked += sink.checked
+        self._verified(w, step, sink)
 
     def _identical_to_golden(self, step: int, golden: dict[Key, torch.Tensor], loss: float) -> StepResult:
         """The results of a suspect execution that is the golden one: what `_suspect_step` and the comparisons
@@ -373,7 +498,7 @@ class Replayer:
             self._substitute_blobs(step, golden)  # equal to the re-execution's bits; `blobs` insists on them
         result = StepResult(step, loss, loss)
         if self.mode == "param-sync":
-            self._gradient_noise(w=None, step=step, golden=golden, result=result)
+            self._gradient_noise(step, golden, result)
             return result
         for (_, mb, site, phase), tensor in golden.items():
             if phase in (Phase.FORWARD, Phase.BACKWARD):
@@ -381,14 +506,14 @@ class Replayer:
         return result
 
     def _gradient_noise(
-        self, *, w: Workload | None, step: int, golden: dict[Key, torch.Tensor], result: StepResult
+        self, step: int, golden: dict[Key, torch.Tensor], result: StepResult,
+        grads: dict[str, torch.Tensor] | None = None,
     ) -> None:
-        """Compare the suspect's clipped gradients, left in ``.grad`` (the golden ones when ``w`` is None), with
-        the golden ones."""
+        """Compare the suspect's clipped gradients ``grads`` (None: the golden ones, for a suspect execution that
+        was the golden one) with the golden ones."""
         assert self._log is not None
         golden_grads = {k[2]: t for k, t in golden.items() if k[3] == Phase.GRAD}
-        grads = golden_grads if w is None else {n: local_shard(p.grad) for n, p in w.model.named_parameters()
-                                                if p.grad is not None}
+        grads = golden_grads if grads is None else grads
         with own_ops():
             noises = gradient_noise(grads, golden_grads)
             if shards := shards_of(self.golden.header.extra):  # every rank's shards: the whole parameters' noise

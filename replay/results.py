@@ -26,6 +26,7 @@ class StepResult:
     noise: float | None = None  # param-sync: total noise-to-signal
     faults: int = 0
     wall_s: float = 0.0  # golden re-execution and suspect step together
+    executions: int = 0  # runs of the step: golden re-executions and suspect steps (replay/replayer.py)
 
 
 @dataclass

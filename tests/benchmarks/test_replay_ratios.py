@@ -72,6 +72,12 @@ def test_replayed_steps_split_by_whether_the_emulator_fired(modules) -> None:
     assert faulty == [0.3, 0.4] and clean == [0.1, 0.2]
 
 
+def test_executions_per_step_are_tallied_by_count(modules) -> None:
+    _, bench = modules
+    assert bench.executions_per_step([2, 2, 2]) == "2 (3 steps)"
+    assert bench.executions_per_step([2, 1, 2]) == "1 (1 step), 2 (2 steps)"
+
+
 def test_a_diff_rate_is_met_only_at_the_slow_end_of_its_interval() -> None:
     """bench_diff.py's events/s: the interval of the mean time, inverted (its `low` is the slow end)."""
     sys.path.insert(0, _BENCHMARKS)
