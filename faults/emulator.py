@@ -27,9 +27,10 @@ repeats attempt 0's draws.
 
 Under torch.distributed a rule may name the ranks it applies to (one bad
 accelerator in a node), and rules naming collectives corrupt what a collective
-delivers, through `tracer.collectives`. A rule may also name the roles of the runs
-it fires in (``role``: the run header's, ``"train"`` for pretraining and its
-replays, ``"finetune"`` for `jobs.finetune`).
+delivers, through `tracer.collectives`. A profile's ``[[state]]`` rules flip a bit
+of a parameter after an optimizer update instead (`faults.state_faults`). A rule may
+also name the roles of the runs it fires in (``role``: the run header's, ``"train"``
+for pretraining and its replays, ``"finetune"`` for `jobs.finetune`).
 
 With the ABFT checker, enter the emulator first: the checker, entered second,
 sees each op first and calls it through the emulator, so it checks the corrupted
@@ -53,6 +54,7 @@ from faults.ops import resolve_collectives, resolve_ops
 from faults.profile import Corruption, FaultProfile, RulePhase
 from faults.schedule import BurstChain
 from faults.scope import ModuleScope, ScopedInterceptor, native
+from faults.state_faults import StateFaults
 from tracer.collectives import Stage, observing
 from tracer.errors import ConfigError, TraceWarning
 from tracer.intercept import Call, Clock, NativeKernel, Sink, below_autograd, in_own_ops, own_ops
@@ -122,6 +124,8 @@ class FaultEmulator(ScopedInterceptor):
                 )
             hooked |= hits
         self.scope = ModuleScope([(path, m) for path, m in named if path in hooked])
+        # The profile's [[state]] rules: bits of parameters flipped after an update, not results of ops.
+        self._states = StateFaults(profile, model, clock=clock, sink=sink, seed=seed, rank=rank, role=role)
         self._draws_key: tuple[int, ...] | None = None
         self._clock_at: tuple[int, ...] | None = None  # the clock `_live` was decided for
         self._live: dict[RulePhase, frozenset[int]] = {}
@@ -146,10 +150,12 @@ class FaultEmulator(ScopedInterceptor):
         super().__enter__()
         self._observing = observing(self._collective)
         self._observing.__enter__()
+        self._states.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
+            self._states.__exit__(None, None, None)
             self._observing.__exit__(None, None, None)
         finally:
             super().__exit__(*exc)

@@ -5,7 +5,8 @@
 
 A profile is a description, a seed and a list of ``[[fault]]`` rules; each rule
 says which ops (and module paths) it hits, in which phases, how often, how many
-elements, what corruption, and on which steps. ``docs/faults.md`` is the reference;
+elements, what corruption, and on which steps. ``[[state]]`` rules flip one bit of
+one parameter element after an optimizer update (a fault in the stored weights). ``docs/faults.md`` is the reference;
 the shipped files under ``profiles/`` are commented starting points to copy.
 
 Every mistake is a one-line ``ConfigError`` naming the file, the dotted key and
@@ -145,6 +146,30 @@ class FaultRule:
                 object.__setattr__(self, key, tuple(sorted(set(indices))))
 
 
+@dataclass(frozen=True, kw_only=True)
+class StateRule:
+    """A fault in the training state, not in an op: one bit of one element of one parameter flipped right after
+    the optimizer update of ``step`` (before the Tracer fingerprints the parameters), as a flip in the memory that
+    holds the weights between steps would. A ``[[state]]`` table of a profile; `faults.state_faults` applies it."""
+
+    parameter: str = toml_field(  # the name `model.named_parameters()` gives, wrappers' prefixes left out
+        expected='a parameter name as the model writes it, e.g. "layers.0.attention.wq.weight"')
+    step: int = toml_field(expected="an integer >= 0")  # the optimizer step after whose update the bit flips
+    element: int | None = toml_field(  # flat index into the parameter (a DTensor: this rank's shard); None: drawn
+        None, expected="an integer >= 0")  # from the profile seed and the run's fault seed
+    bits: str | int = toml_field(0, expected=_BITS)  # 0: the last mantissa bit, one ulp; a field: one bit drawn in it
+    ranks: tuple[int, ...] | None = toml_field(None, expected="a non-empty array of ranks (integers >= 0)")
+    roles: tuple[Role, ...] | None = toml_field(None, expected='a non-empty array of "train" and/or "finetune"')
+
+    def __post_init__(self) -> None:
+        _require(self, bool(self.parameter), "parameter")
+        _require(self, self.step >= 0, "step")
+        _require(self, self.element is None or self.element >= 0, "element")
+        _require(self, self.bits in FIELDS or isinstance(self.bits, int) and 0 <= self.bits < 64, "bits")
+        _require(self, self.ranks is None or bool(self.ranks) and min(self.ranks) >= 0, "ranks")
+        _require(self, self.roles is None or bool(self.roles), "roles")
+
+
 def _require(rule: Any, ok: bool, key: str) -> None:
     require(ok, key, getattr(rule, key), typed_toml.expected(type(rule), key))
 
@@ -156,6 +181,7 @@ class _ProfileFile:
     description: str = ""
     seed: int = toml_field(0, expected="an integer >= 0")
     fault: tuple[FaultRule, ...] = ()
+    state: tuple[StateRule, ...] = ()
 
     def __post_init__(self) -> None:
         _require(self, self.seed >= 0, "seed")
@@ -170,6 +196,7 @@ class FaultProfile:
     path: str = field(compare=False)  # where it was read from: a file, or a run header
     data: dict[str, Any] = field(repr=False)  # the parsed TOML, which a run header records whole
     sha256: str  # of `data`'s canonical JSON: the run header says exactly which profile ran
+    states: tuple[StateRule, ...] = ()  # the ``[[state]]`` rules: bits of parameters flipped after an update
 
     def header(self, fault_seed: int) -> dict[str, Any]:
         """What a run header's ``extra["fault_profile"]`` records: enough to run the profile again
@@ -208,4 +235,4 @@ def _profile(name: str, data: Mapping[str, Any], source: str) -> FaultProfile:
     read = typed_toml.from_dict(_ProfileFile, data, source)
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return FaultProfile(name, read.description, read.seed, read.fault, source, dict(data),
-                        hashlib.sha256(canonical.encode("utf-8")).hexdigest())
+                        hashlib.sha256(canonical.encode("utf-8")).hexdigest(), read.state)

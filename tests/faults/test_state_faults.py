@@ -1,0 +1,131 @@
+"""State faults (a profile's ``[[state]]`` rules): one bit of one parameter element flipped right after the
+optimizer update of a step. A small MLP trained with AdamW and traced, under the real emulator, against its clean
+twin: nothing differs before the flip, the parameter differs by exactly one ulp at that element after that step,
+and the first fingerprint that differs is that parameter's at that step; the reference model recorded by
+`record_run` says the same through `tracer.compare`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from faults import FaultProfile, load_profile
+from faults.corrupt import field_bits
+from faults.emulator import FaultEmulator
+from faults.node import emulated_node
+from jobs.record import record_run
+from tests.faults.support import events
+from tests.support import small_config
+from tracer.compare import compare_runs
+from tracer.determinism import configure_determinism
+from tracer.errors import ConfigError
+from tracer.log import LogReader, rank_dir
+from tracer.log.records import EventRecord, Phase, TensorRecord
+from tracer.options import RunInfo, TraceOptions
+from tracer.tracing import Tracer
+
+STEPS, FAULT_STEP, PARAMETER = 5, 2, "2.weight"
+
+
+def state_rule(parameter: str = PARAMETER, step: int = FAULT_STEP, extra: str = "element = 13\n") -> str:
+    return f'[[state]]\nparameter = "{parameter}"\nstep = {step}\n{extra}'
+
+
+def train(out: Path, profile: FaultProfile | None, *, fault_seed: int = 0) -> dict:
+    """STEPS steps of a small MLP with AdamW, traced, under the emulator if ``profile``: the parameters after each
+    step, the fault events and every tensor record (log order)."""
+    configure_determinism(seed=0, threads=1)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    after: list[dict[str, torch.Tensor]] = []
+    data = torch.Generator().manual_seed(1)
+    with Tracer(model, optimizer, out=out, run=RunInfo("node"), options=TraceOptions(sites="0|2"),
+                echo=None) as tracer:
+        with emulated_node(tracer, model, fault_profile=profile, fault_seed=fault_seed):
+            for step in range(STEPS):
+                with tracer.step(step):
+                    x = torch.randn(4, 8, generator=data)
+                    tracer.microbatch(0, inputs=x)
+                    loss = (model(x) - x.flip(-1)).pow(2).mean()
+                    loss.backward()
+                    tracer.loss(loss)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                after.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    records = list(LogReader(rank_dir(out, 0)).records())
+    return {
+        "after": after,
+        "faults": [(r.step, r.fields) for r in records if isinstance(r, EventRecord) and r.kind == "fault"],
+        "tensors": [r for r in records if isinstance(r, TensorRecord)],
+    }
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return train(tmp_path_factory.mktemp("clean") / "run", None)
+
+
+def test_one_ulp_of_one_element_after_the_update_and_nothing_before(clean, tmp_path: Path, write_profile) -> None:
+    got = train(tmp_path / "run", write_profile(state_rule()))
+    for step in range(FAULT_STEP):
+        for name, p in clean["after"][step].items():
+            assert torch.equal(got["after"][step][name], p), (step, name)
+    for name, p in clean["after"][FAULT_STEP].items():
+        q = got["after"][FAULT_STEP][name]
+        if name != PARAMETER:
+            assert torch.equal(q, p), name
+            continue
+        differs = (q != p).reshape(-1).nonzero().flatten().tolist()
+        assert differs == [13]
+        a, b = p.reshape(-1)[13], q.reshape(-1)[13]
+        assert torch.equal(torch.nextafter(a, torch.tensor(math.inf if b > a else -math.inf)), b)
+        assert (a.view(torch.int32) ^ b.view(torch.int32)).item() == 1  # bit 0: the last mantissa bit
+    # The event names the parameter, the element and the bit, at the step.
+    ((step, fault),) = got["faults"]
+    assert step == FAULT_STEP
+    assert fault["op"] == "state" and fault["phase"] == "optimizer" and fault["kind"] == "bitflip"
+    assert fault["index"] == [13] and fault["detail"]["parameter"] == PARAMETER and fault["detail"]["bits"] == [0]
+    assert fault["original"] == [clean["after"][FAULT_STEP][PARAMETER].reshape(-1)[13].item()]
+    # The first fingerprint that differs is that parameter's, after that step's update.
+    first = next(f for c, f in zip(clean["tensors"], got["tensors"]) if c.fingerprint != f.fingerprint)
+    assert (first.step, first.phase, first.name) == (FAULT_STEP, Phase.PARAM, PARAMETER)
+
+
+def test_a_drawn_element_and_bit_are_the_same_for_the_same_seeds(tmp_path: Path, write_profile) -> None:
+    profile = write_profile(state_rule(extra='bits = "exponent"\n'))
+    runs = [train(tmp_path / f"run{i}", profile, fault_seed=seed) for i, seed in enumerate((4, 4, 5))]
+    (_, a), (_, b), (_, c) = (run["faults"][0] for run in runs)
+    assert a == b
+    assert a["detail"]["bits"][0] in field_bits(torch.float32, "exponent")
+    assert 0 <= a["index"][0] < 16 * 8 and (a["index"], a["detail"]["bits"]) != (c["index"], c["detail"]["bits"])
+
+
+def test_the_reference_models_first_divergence_is_the_flipped_parameter(healthy_run: Path, tmp_path: Path,
+                                                                        write_profile) -> None:
+    name = "layers.0.attention.wo.weight"
+    profile = write_profile(state_rule(name, 1, "element = 5\nbits = 3\n"))
+    out = tmp_path / "state"
+    record_run(small_config(), out, node_label="state", fault_profile=profile, progress=False)
+    (fault,) = events(out, "fault")
+    assert fault.step == 1 and fault.fields["detail"]["parameter"] == name and fault.fields["detail"]["bits"] == [3]
+    first = compare_runs(healthy_run, out).first
+    assert first is not None and (first.step, first.phase, first.name) == (1, Phase.PARAM, name)
+
+
+@pytest.mark.parametrize("rule, message", [
+    (state_rule("2.bias.nope"), "state\\[0\\].parameter = '2.bias.nope' is no parameter of the model"),
+    (state_rule(extra="element = 128\n"), "state\\[0\\].element = 128 is outside 2.weight's 128 elements"),
+    (state_rule(extra="bits = 32\n"), "state\\[0\\].bits = 32 is outside the 32 bits"),
+    (state_rule(extra='bits = "high"\n'), "bits"),
+    (state_rule(step=-1), "step"),
+])
+def test_a_state_rule_that_does_not_fit_is_an_error(rule: str, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(rule, encoding="utf-8")
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    with pytest.raises(ConfigError, match=message):
+        FaultEmulator(load_profile(path), model, clock=lambda: (0, 0), sink=lambda *_: None)
