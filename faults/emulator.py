@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
+from faults.corrupt import LAYOUTS, field_bits, flip_bit_sets, flip_bits, scale, stuck
 from faults.ops import resolve_collectives, resolve_ops
 from faults.profile import Corruption, FaultProfile, RulePhase
 from faults.schedule import BurstChain
@@ -353,7 +353,10 @@ class FaultEmulator(ScopedInterceptor):
         rule = self.profile.faults[i]
         n = target.numel()
         k = rule.elements if rule.elements is not None else max(1, round(rule.fraction * n))
-        index = sorted(rng.sample(range(n), min(k, n)))
+        if rule.stride is None:
+            index = sorted(rng.sample(range(n), min(k, n)))
+        else:  # a periodic pattern (one lane of each warp): a drawn first element, then every stride-th
+            index = list(range(rng.randrange(min(rule.stride, n)), n, rule.stride))[:k]
         flat = torch.tensor(index, device=target.device)
         with below_autograd():
             if target.is_contiguous():
@@ -404,6 +407,11 @@ class FaultEmulator(ScopedInterceptor):
                         f"{detail['dtype']}; use a bit index 0..{width - 1} or a field name"
                     )
                 bits = [c.bits] * values.numel()
+            elif c.flips != (1, 1):  # a multi-bit flip: distinct bits of the field per element
+                choices = field_bits(dtype, c.bits)
+                sets = [rng.sample(choices, min(rng.randint(*c.flips), len(choices))) for _ in range(values.numel())]
+                detail["bits"] = sets[:SHOWN]
+                return flip_bit_sets(values, sets), detail
             else:
                 choices = field_bits(dtype, c.bits)
                 bits = [rng.choice(choices) for _ in range(values.numel())]

@@ -36,6 +36,7 @@ from tracer.typed_toml import INLINE, InvalidValue, check, require, toml_field
 _BITS = ", ".join(f'"{f}"' for f in FIELDS) + " or a bit index 0..63"
 _FACTOR = "a finite non-zero number, or [low, high] with 0 < low <= high"
 _VALUE = "a number (nan and inf allowed)"
+_FLIPS = "an integer >= 1, or [low, high] with 1 <= low <= high"
 Role = Literal["train", "finetune"]
 ROLES: tuple[Role, ...] = ("train", "finetune")  # the run roles a rule can name (a run header's ``role``)
 
@@ -61,15 +62,23 @@ class Corruption:
     bits: str | int | None = toml_field(None, expected=_BITS)  # bitflip: a field or a bit index; "random" if unset
     factor: float | tuple[float, float] | None = toml_field(None, expected=_FACTOR)  # scale: fixed when equal, else
     value: float | None = toml_field(None, expected=_VALUE)  # stuck                     drawn log-uniformly
+    flips: int | tuple[int, int] | None = toml_field(  # bitflip: distinct bits flipped per element, drawn in the
+        None, expected=_FLIPS)  # field `bits` names: a count, or [low, high] drawn uniformly per element; 1 if unset
 
     def __post_init__(self) -> None:
         kind = self.kind
-        for key, owner in (("bits", "bitflip"), ("factor", "scale"), ("value", "stuck")):
+        for key, owner in (("bits", "bitflip"), ("factor", "scale"), ("value", "stuck"), ("flips", "bitflip")):
             _only_for(kind, key, owner, getattr(self, key))
         if kind == "bitflip":
             bits = "random" if self.bits is None else self.bits
             require(bits in FIELDS or isinstance(bits, int) and 0 <= bits < 64, "bits", bits, _BITS)
             object.__setattr__(self, "bits", bits)
+            flips = 1 if self.flips is None else self.flips
+            low, high = flips if isinstance(flips, tuple) else (flips, flips)
+            require(1 <= low <= high, "flips", flips, _FLIPS)
+            check(high == 1 or not isinstance(bits, int), "flips",
+                  lambda at: f"{at}flips = {flips} needs bits to name a field to draw them in, not one bit ({bits})")
+            object.__setattr__(self, "flips", (low, high))
         elif kind == "scale":
             check(self.factor is not None, "factor", lambda at: f'{at}factor is missing; kind = "scale" needs {_FACTOR}')
             f = self.factor
@@ -99,6 +108,8 @@ class FaultRule:
     p_call: float = toml_field(1.0, expected=PROBABILITY)  # probability that an eligible call on an armed step is hit
     elements: int | None = toml_field(None, expected="an integer >= 1")  # elements hit per call (1 if neither), or
     fraction: float | None = toml_field(None, expected="a number in (0, 1]")  # the fraction of the result's elements
+    stride: int | None = toml_field(  # the hit elements lie this far apart (flat index) from a drawn first one:
+        None, expected="an integer >= 1")  # 32, one lane of each warp; None: drawn anywhere
     corruption: Corruption = field(metadata=INLINE)
     schedule: Schedule = field(default_factory=Schedule, metadata=INLINE)
     ranks: tuple[int, ...] | None = toml_field(  # ranks of a multi-rank run the rule applies to; None: every rank
@@ -134,6 +145,7 @@ class FaultRule:
               lambda at: f"{at}elements and {at}fraction both given; keep one of them")
         _require(self, self.elements is None or self.elements >= 1, "elements")
         _require(self, self.fraction is None or 0 < self.fraction <= 1, "fraction")
+        _require(self, self.stride is None or self.stride >= 1, "stride")
         if self.elements is None and self.fraction is None:
             object.__setattr__(self, "elements", 1)
         _require(self, self.roles is None or bool(self.roles), "roles")

@@ -74,6 +74,7 @@ class StateFaults:
             self._rules.append((rule, params[rule.parameter], element, bit))
         self._handles: list[RemovableHandle] = []
         self._hooked: set[int] = set()  # ids of the optimizers whose steps carry the post-hook
+        self._fired: set[tuple[int, int]] = set()  # (rule, step): once, though a step may run several updates
 
     def __enter__(self) -> StateFaults:
         if self._rules:
@@ -85,6 +86,7 @@ class StateFaults:
             handle.remove()
         self._handles.clear()
         self._hooked.clear()
+        self._fired.clear()
 
     def _before_update(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         """On an optimizer's first step that holds a rule's parameter: put the flips first among its post-hooks."""
@@ -103,8 +105,9 @@ class StateFaults:
     def _after_update(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         step = self._clock()[0]
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        for rule, param, element, bit in self._rules:
-            if rule.step == step and id(param) in held:
+        for i, (rule, param, element, bit) in enumerate(self._rules):
+            if rule.step == step and id(param) in held and (i, step) not in self._fired:
+                self._fired.add((i, step))
                 self._flip(rule, param, element, bit)
 
     def _flip(self, rule: StateRule, param: nn.Parameter, element: int, bit: int) -> None:

@@ -17,8 +17,8 @@ from faults.fleet import (
     FleetSpec,
     fleet,
     trigger_profile_text,
-    write_fleet,
 )
+from faults.fleet_files import write_fleet
 from sdc.cli import main
 from tests.faults.support import events
 from tests.support import small_config
