@@ -152,17 +152,14 @@ def summary(spec: FleetSpec, nodes: tuple[FleetNode, ...]) -> str:
 def trigger_profile_text(step: int, site: str = "layers.0.attention.wo") -> str:
     """A profile that perturbs exactly one element by one ulp, once: bit 0 of one element of ``site``'s first
     forward matmul in microbatch 0 of ``step``. The smallest possible SDC, to test whether drift needs more."""
-    if step < 0:
-        raise ConfigError(f"the trigger step must be an integer >= 0, not {step}")
-    return "\n".join([
+    return _trigger_text(step, [
         f"# trigger-ulp: one single-ulp perturbation of one element at step {step}, nothing else.",
         "#",
         "# Bit 0 (the mantissa's least significant bit) of one element of the result of",
         f"# {site}'s forward matmul, in microbatch 0 of step {step}: the value moves by one ulp.",
         "",
         f'description = "one single-ulp flip of one element of {site} at step {step}"',
-        "seed = 0",
-        "",
+    ], [
         "[[fault]]",
         'ops = ["matmul"]',
         f"sites = '{re.escape(site)}'",
@@ -172,9 +169,28 @@ def trigger_profile_text(step: int, site: str = "layers.0.attention.wo") -> str:
         "p_call = 1.0",
         "elements = 1",
         'kind = "bitflip"',
-        "bits = 0",
-        "",
     ])
+
+
+def trigger_state_text(step: int, parameter: str) -> str:
+    """A profile that flips one ulp of one element of ``parameter`` right after the update of ``step``, once (a
+    ``[[state]]`` rule, docs/faults.md): the perturbation of the weights themselves, not of a result computed
+    from them. The element is drawn from the profile's seed and the run's fault seed."""
+    return _trigger_text(step, [
+        f"# trigger-ulp: one single-ulp flip of one element of the parameter {parameter}, after step {step}'s update.",
+        "#",
+        "# Bit 0 (the mantissa's least significant bit) of one element (drawn from the seeds): the stored",
+        f"# weight moves by one ulp, and step {step + 1} reads it.",
+        "",
+        f'description = "one single-ulp flip of one element of {parameter} after step {step}"',
+    ], ["[[state]]", f'parameter = "{parameter}"', f"step = {step}"])
+
+
+def _trigger_text(step: int, head: list[str], rule: list[str]) -> str:
+    """A trigger profile: its comments and description, seed 0, and its one rule, which flips bit 0."""
+    if step < 0:
+        raise ConfigError(f"the trigger step must be an integer >= 0, not {step}")
+    return "\n".join([*head, "seed = 0", "", *rule, "bits = 0", ""])
 
 
 def destroyer_rule_text(step: int = DESTROY_STEP) -> str:

@@ -16,17 +16,12 @@ from torch import nn
 from faults import FaultProfile, load_profile
 from faults.corrupt import field_bits
 from faults.emulator import FaultEmulator
-from faults.node import emulated_node
 from jobs.record import record_run
-from tests.faults.support import events
+from tests.faults.support import events, first_divergence, train_mlp
 from tests.support import small_config
 from tracer.compare import compare_runs
-from tracer.determinism import configure_determinism
 from tracer.errors import ConfigError
-from tracer.log import LogReader, rank_dir
-from tracer.log.records import EventRecord, Phase, TensorRecord
-from tracer.options import RunInfo, TraceOptions
-from tracer.tracing import Tracer
+from tracer.log.records import Phase
 
 STEPS, FAULT_STEP, PARAMETER = 5, 2, "2.weight"
 
@@ -36,32 +31,7 @@ def state_rule(parameter: str = PARAMETER, step: int = FAULT_STEP, extra: str = 
 
 
 def train(out: Path, profile: FaultProfile | None, *, fault_seed: int = 0) -> dict:
-    """STEPS steps of a small MLP with AdamW, traced, under the emulator if ``profile``: the parameters after each
-    step, the fault events and every tensor record (log order)."""
-    configure_determinism(seed=0, threads=1)
-    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    after: list[dict[str, torch.Tensor]] = []
-    data = torch.Generator().manual_seed(1)
-    with Tracer(model, optimizer, out=out, run=RunInfo("node"), options=TraceOptions(sites="0|2"),
-                echo=None) as tracer:
-        with emulated_node(tracer, model, fault_profile=profile, fault_seed=fault_seed):
-            for step in range(STEPS):
-                with tracer.step(step):
-                    x = torch.randn(4, 8, generator=data)
-                    tracer.microbatch(0, inputs=x)
-                    loss = (model(x) - x.flip(-1)).pow(2).mean()
-                    loss.backward()
-                    tracer.loss(loss)
-                    optimizer.step()
-                    optimizer.zero_grad()
-                after.append({n: p.detach().clone() for n, p in model.named_parameters()})
-    records = list(LogReader(rank_dir(out, 0)).records())
-    return {
-        "after": after,
-        "faults": [(r.step, r.fields) for r in records if isinstance(r, EventRecord) and r.kind == "fault"],
-        "tensors": [r for r in records if isinstance(r, TensorRecord)],
-    }
+    return train_mlp(out, profile, steps=STEPS, fault_seed=fault_seed)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +61,7 @@ def test_one_ulp_of_one_element_after_the_update_and_nothing_before(clean, tmp_p
     assert fault["index"] == [13] and fault["detail"]["parameter"] == PARAMETER and fault["detail"]["bits"] == [0]
     assert fault["original"] == [clean["after"][FAULT_STEP][PARAMETER].reshape(-1)[13].item()]
     # The first fingerprint that differs is that parameter's, after that step's update.
-    first = next(f for c, f in zip(clean["tensors"], got["tensors"]) if c.fingerprint != f.fingerprint)
+    first = first_divergence(clean["tensors"], got["tensors"])
     assert (first.step, first.phase, first.name) == (FAULT_STEP, Phase.PARAM, PARAMETER)
 
 
