@@ -18,6 +18,8 @@ from faults.corrupt import field_bits
 from faults.emulator import FaultEmulator
 from jobs.record import record_run
 from tests.faults.support import events, first_divergence, train_mlp
+from tests.parallel.test_fsdp2 import torchrun
+from tests.parallel.test_ranks import rank_events
 from tests.support import small_config
 from tracer.compare import compare_runs
 from tracer.errors import ConfigError
@@ -99,3 +101,18 @@ def test_a_state_rule_that_does_not_fit_is_an_error(rule: str, message: str, tmp
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
     with pytest.raises(ConfigError, match=message):
         FaultEmulator(load_profile(path), model, clock=lambda: (0, 0), sink=lambda *_: None)
+
+
+@pytest.mark.slow  # torchrun launches ranks as processes
+def test_a_state_fault_in_an_fsdp2_shard_is_rank_1s_first_divergence(tmp_path: Path) -> None:
+    """FSDP2 (``fully_shard``, DTensor parameters) on 2 gloo ranks: the flip lands in rank 1's shard after step 3's
+    update, and the first record of the two runs that differs is that shard's PARAM record at step 3."""
+    name = "blocks.1.mlp.0.weight"
+    (tmp_path / "rank1.toml").write_text(state_rule(name, 3, "element = 5\nranks = [1]\n"), encoding="utf-8")
+    golden = torchrun(tmp_path / "golden")
+    suspect = torchrun(tmp_path / "suspect", "--fault-profile", str(tmp_path / "rank1.toml"))
+    first = compare_runs(golden, suspect).first
+    assert first is not None and (first.rank, first.step, first.phase, first.name) == (1, 3, Phase.PARAM, name)
+    (fault,) = rank_events(suspect, 1, "fault")
+    assert fault.step == 3 and fault.fields["index"] == [5] and fault.fields["detail"]["parameter"] == name
+    assert rank_events(suspect, 0, "fault") == []
