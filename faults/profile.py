@@ -6,8 +6,9 @@
 A profile is a description, a seed and a list of ``[[fault]]`` rules; each rule
 says which ops (and module paths) it hits, in which phases, how often, how many
 elements, what corruption, and on which steps. ``[[state]]`` rules flip one bit of
-one parameter element after an optimizer update (a fault in the stored weights). ``docs/faults.md`` is the reference;
-the shipped files under ``profiles/`` are commented starting points to copy.
+one parameter element after an optimizer update (a fault in the stored weights).
+``docs/faults.md`` is the reference; the shipped files under ``profiles/`` are
+commented starting points to copy.
 
 Every mistake is a one-line ``ConfigError`` naming the file, the dotted key and
 the allowed values: a typo that silently disabled a fault would make a faulty run

@@ -18,7 +18,7 @@ forward would be rounded through the update too.
 
 The element (when the rule names none) and the bit (when the rule names a field)
 come from a generator seeded by the profile seed, the run's fault seed and the rule's
-index: the same in every run and on every rank. Each flip is logged as a ``fault``
+index: the same in every run of the profile with that fault seed. Each flip is logged as a ``fault``
 event: ``phase`` "optimizer", ``op`` "state", ``index`` the element, ``detail`` the
 ``parameter`` and the ``bits``. A replay syncs each step's parameters from golden, so
 it cannot see a state fault; a diff of the runs' fingerprints finds it.
