@@ -42,6 +42,15 @@ def flip_bits(values: torch.Tensor, bits: list[int]) -> torch.Tensor:
     return (values.reshape(-1).view(int_dtype) ^ mask).view(values.dtype)
 
 
+def flip_bit_sets(values: torch.Tensor, bit_sets: list[list[int]]) -> torch.Tensor:
+    """Flip every bit of ``bit_sets[i]`` in ``values[i]`` (a multi-bit flip); returns a new tensor of the same dtype."""
+    width, _, _, int_dtype = LAYOUTS[values.dtype]
+    assert len(bit_sets) == values.numel(), f"{len(bit_sets)} bit sets for {values.numel()} values"
+    masks = [sum((1 << b) - (1 << width if b == width - 1 else 0) for b in set(bits)) for bits in bit_sets]
+    mask = torch.tensor(masks, dtype=int_dtype, device=values.device)
+    return (values.reshape(-1).view(int_dtype) ^ mask).view(values.dtype)
+
+
 def scale(values: torch.Tensor, factor: float) -> torch.Tensor:
     """Multiply by ``factor`` (rounded to the values' dtype, as a faulty multiplier would)."""
     return values * factor

@@ -27,9 +27,10 @@ repeats attempt 0's draws.
 
 Under torch.distributed a rule may name the ranks it applies to (one bad
 accelerator in a node), and rules naming collectives corrupt what a collective
-delivers, through `tracer.collectives`. A rule may also name the roles of the runs
-it fires in (``role``: the run header's, ``"train"`` for pretraining and its
-replays, ``"finetune"`` for `jobs.finetune`).
+delivers, through `tracer.collectives`. A profile's ``[[state]]`` rules flip a bit
+of a parameter after an optimizer update instead (`faults.state_faults`). A rule may
+also name the roles of the runs it fires in (``role``: the run header's, ``"train"``
+for pretraining and its replays, ``"finetune"`` for `jobs.finetune`).
 
 With the ABFT checker, enter the emulator first: the checker, entered second,
 sees each op first and calls it through the emulator, so it checks the corrupted
@@ -48,11 +49,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from faults.corrupt import LAYOUTS, field_bits, flip_bits, scale, stuck
+from faults.corrupt import LAYOUTS, field_bits, flip_bit_sets, flip_bits, scale, stuck
 from faults.ops import resolve_collectives, resolve_ops
 from faults.profile import Corruption, FaultProfile, RulePhase
 from faults.schedule import BurstChain
 from faults.scope import ModuleScope, ScopedInterceptor, native
+from faults.state_faults import StateFaults
 from tracer.collectives import Stage, observing
 from tracer.errors import ConfigError, TraceWarning
 from tracer.intercept import Call, Clock, NativeKernel, Sink, below_autograd, in_own_ops, own_ops
@@ -122,6 +124,8 @@ class FaultEmulator(ScopedInterceptor):
                 )
             hooked |= hits
         self.scope = ModuleScope([(path, m) for path, m in named if path in hooked])
+        # The profile's [[state]] rules: bits of parameters flipped after an update, not results of ops.
+        self._states = StateFaults(profile, model, clock=clock, sink=sink, seed=seed, rank=rank, role=role)
         self._draws_key: tuple[int, ...] | None = None
         self._clock_at: tuple[int, ...] | None = None  # the clock `_live` was decided for
         self._live: dict[RulePhase, frozenset[int]] = {}
@@ -146,10 +150,12 @@ class FaultEmulator(ScopedInterceptor):
         super().__enter__()
         self._observing = observing(self._collective)
         self._observing.__enter__()
+        self._states.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
+            self._states.__exit__(None, None, None)
             self._observing.__exit__(None, None, None)
         finally:
             super().__exit__(*exc)
@@ -355,7 +361,10 @@ class FaultEmulator(ScopedInterceptor):
         rule = self.profile.faults[i]
         n = target.numel()
         k = rule.elements if rule.elements is not None else max(1, round(rule.fraction * n))
-        index = sorted(rng.sample(range(n), min(k, n)))
+        if rule.stride is None:
+            index = sorted(rng.sample(range(n), min(k, n)))
+        else:  # a periodic pattern (one lane of each warp): a drawn first element, then every stride-th
+            index = list(range(rng.randrange(min(rule.stride, n)), n, rule.stride))[:k]
         flat = torch.tensor(index, device=target.device)
         with below_autograd():
             if target.is_contiguous():
@@ -406,6 +415,11 @@ class FaultEmulator(ScopedInterceptor):
                         f"{detail['dtype']}; use a bit index 0..{width - 1} or a field name"
                     )
                 bits = [c.bits] * values.numel()
+            elif c.flips != (1, 1):  # a multi-bit flip: distinct bits of the field per element
+                choices = field_bits(dtype, c.bits)
+                sets = [rng.sample(choices, min(rng.randint(*c.flips), len(choices))) for _ in range(values.numel())]
+                detail["bits"] = sets[:SHOWN]
+                return flip_bit_sets(values, sets), detail
             else:
                 choices = field_bits(dtype, c.bits)
                 bits = [rng.choice(choices) for _ in range(values.numel())]

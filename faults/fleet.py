@@ -1,8 +1,7 @@
 """A fleet of emulated unhealthy nodes: per-node fault profiles drawn from a documented, seeded model.
 
     nodes = fleet(FleetSpec(nodes=15, seed=1))       # node-01 ... node-15
-    write_fleet(FleetSpec(), Path("fleet"))          # node-01.toml ... and fleet.md (15 nodes, seed 1)
-    sdc faults fleet --nodes 15 --seed 1 --out fleet
+    sdc faults fleet --nodes 15 --seed 1 --out fleet # node-01.toml ... and fleet.md (`faults.fleet_files`)
 
 Real silent data corruption is not one profile: across a fleet, nodes differ by orders of
 magnitude in how often they corrupt, corrupt in bursts, mostly by a little, now and then by
@@ -21,14 +20,13 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from tracer.errors import ConfigError
 
 LOCATIONS = ("matmul", "softmax", "normalisation", "elementwise", "reduction")
 # What each location's rules name. The reference model's RMSNorm is written as elementwise ops and reductions
 # (faults/ops.py), so "normalisation" hits those inside norm modules, and native norm ops where a model has them.
-_TARGETS: dict[str, tuple[tuple[str, ...], str | None]] = {
+TARGETS: dict[str, tuple[tuple[str, ...], str | None]] = {
     "matmul": (("matmul",), None),
     "softmax": (("softmax",), None),
     "normalisation": (("normalisation", "elementwise", "reduction"), "(.*_)?norm"),
@@ -54,16 +52,20 @@ DESTROY_STEP = 60  # fine-tuning step of the destroyer's spike
 DESTROY_FRACTION = 0.25  # of the LM head's logits stuck at inf in that step's forward
 MAX_NODES = 99
 DEFAULT_SEED = 1  # the calibrated fleet (docs/fleet.md)
+MODELS = ("study", "hardware")  # this module's model (calibrated around the study), `faults.fleet_hardware`'s
 
 
 @dataclass(frozen=True)
 class FleetSpec:
-    """How many nodes, and the seed every draw comes from."""
+    """How many nodes, the seed every draw comes from, and the model they are drawn from (`MODELS`)."""
 
     nodes: int = 15
     seed: int = DEFAULT_SEED
+    model: str = "study"
 
     def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ConfigError(f"the fleet model is one of {', '.join(MODELS)}, not {self.model!r}")
         if not 1 <= self.nodes <= MAX_NODES:
             raise ConfigError(f"a fleet has 1 to {MAX_NODES} nodes, not {self.nodes}")
         if self.seed < 0:
@@ -89,9 +91,20 @@ class FleetNode:
         """Long-run share of steps a rule of this node is in a burst."""
         return self.p_enter / (self.p_enter + self.p_exit)
 
+    @property
+    def line(self) -> str:
+        """What ``sdc faults fleet`` prints for the node."""
+        tail = f"{100 * self.tail_share:.2g} % 100-1000x"
+        where = ", ".join(f"{loc} {share:.2f}" for loc, share in self.mix)
+        return (f"{self.rate:.3g} faulty calls/step, in burst {self.duty:.0%} of steps, {tail}; {where}"
+                + ("; destroys its fine-tune" if self.destroyer else ""))
+
 
 def fleet(spec: FleetSpec) -> tuple[FleetNode, ...]:
-    """The spec's nodes, drawn in order from one generator seeded by the spec's seed."""
+    """The spec's nodes, drawn in order from one generator seeded by the spec's seed (the study model's)."""
+    if spec.model != "study":
+        raise ConfigError(f"fleet() draws the study model's nodes; a {spec.model!r} fleet comes from "
+                          "faults.fleet_files.drawn()")
     rng = random.Random(f"sdctrace-fleet:{spec.seed}")
     n = spec.nodes
     # Stratified: node i's log-rate lies in its own 1/n of the range (strata shuffled), so any fleet of a few
@@ -111,19 +124,6 @@ def fleet(spec: FleetSpec) -> tuple[FleetNode, ...]:
         node = FleetNode(label, seed, rate, p_enter, p_exit, tail_share, mix, i == destroyer, "")
         nodes.append(_with_text(node, spec))
     return tuple(nodes)
-
-
-def write_fleet(spec: FleetSpec, out: Path) -> list[Path]:
-    """Write ``node-01.toml`` ... and ``fleet.md`` (one row per node) into ``out``; returns the profiles' paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    nodes = fleet(spec)
-    paths = []
-    for node in nodes:
-        path = out / f"{node.label}.toml"
-        path.write_text(node.text, encoding="utf-8")
-        paths.append(path)
-    (out / "fleet.md").write_text(summary(spec, nodes), encoding="utf-8")
-    return paths
 
 
 def summary(spec: FleetSpec, nodes: tuple[FleetNode, ...]) -> str:
@@ -152,17 +152,14 @@ def summary(spec: FleetSpec, nodes: tuple[FleetNode, ...]) -> str:
 def trigger_profile_text(step: int, site: str = "layers.0.attention.wo") -> str:
     """A profile that perturbs exactly one element by one ulp, once: bit 0 of one element of ``site``'s first
     forward matmul in microbatch 0 of ``step``. The smallest possible SDC, to test whether drift needs more."""
-    if step < 0:
-        raise ConfigError(f"the trigger step must be an integer >= 0, not {step}")
-    return "\n".join([
+    return _trigger_text(step, [
         f"# trigger-ulp: one single-ulp perturbation of one element at step {step}, nothing else.",
         "#",
         "# Bit 0 (the mantissa's least significant bit) of one element of the result of",
         f"# {site}'s forward matmul, in microbatch 0 of step {step}: the value moves by one ulp.",
         "",
         f'description = "one single-ulp flip of one element of {site} at step {step}"',
-        "seed = 0",
-        "",
+    ], [
         "[[fault]]",
         'ops = ["matmul"]',
         f"sites = '{re.escape(site)}'",
@@ -172,9 +169,28 @@ def trigger_profile_text(step: int, site: str = "layers.0.attention.wo") -> str:
         "p_call = 1.0",
         "elements = 1",
         'kind = "bitflip"',
-        "bits = 0",
-        "",
     ])
+
+
+def trigger_state_text(step: int, parameter: str) -> str:
+    """A profile that flips one ulp of one element of ``parameter`` right after the update of ``step``, once (a
+    ``[[state]]`` rule, docs/faults.md): the perturbation of the weights themselves, not of a result computed
+    from them. The element is drawn from the profile's seed and the run's fault seed."""
+    return _trigger_text(step, [
+        f"# trigger-ulp: one single-ulp flip of one element of the parameter {parameter}, after step {step}'s update.",
+        "#",
+        "# Bit 0 (the mantissa's least significant bit) of one element (drawn from the seeds): the stored",
+        f"# weight moves by one ulp, and step {step + 1} reads it.",
+        "",
+        f'description = "one single-ulp flip of one element of {parameter} after step {step}"',
+    ], ["[[state]]", f'parameter = "{parameter}"', f"step = {step}"])
+
+
+def _trigger_text(step: int, head: list[str], rule: list[str]) -> str:
+    """A trigger profile: its comments and description, seed 0, and its one rule, which flips bit 0."""
+    if step < 0:
+        raise ConfigError(f"the trigger step must be an integer >= 0, not {step}")
+    return "\n".join([*head, "seed = 0", "", *rule, "bits = 0", ""])
 
 
 def destroyer_rule_text(step: int = DESTROY_STEP) -> str:
@@ -218,7 +234,7 @@ def _with_text(node: FleetNode, spec: FleetSpec) -> FleetNode:
         f"seed = {node.seed}",
     ]
     for location, share in node.mix:
-        ops, sites = _TARGETS[location]
+        ops, sites = TARGETS[location]
         for tail, part in ((False, 1 - node.tail_share), (True, node.tail_share)):
             per_step = node.rate * share * part
             p_call = _sig(min(1.0, per_step / (CALLS_PER_STEP[location] * node.duty)))
@@ -267,3 +283,4 @@ def _sig(x: float) -> float:
 
 def _toml_float(x: float) -> str:
     return repr(float(x))
+

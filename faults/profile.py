@@ -5,8 +5,10 @@
 
 A profile is a description, a seed and a list of ``[[fault]]`` rules; each rule
 says which ops (and module paths) it hits, in which phases, how often, how many
-elements, what corruption, and on which steps. ``docs/faults.md`` is the reference;
-the shipped files under ``profiles/`` are commented starting points to copy.
+elements, what corruption, and on which steps. ``[[state]]`` rules flip one bit of
+one parameter element after an optimizer update (a fault in the stored weights).
+``docs/faults.md`` is the reference; the shipped files under ``profiles/`` are
+commented starting points to copy.
 
 Every mistake is a one-line ``ConfigError`` naming the file, the dotted key and
 the allowed values: a typo that silently disabled a fault would make a faulty run
@@ -35,6 +37,7 @@ from tracer.typed_toml import INLINE, InvalidValue, check, require, toml_field
 _BITS = ", ".join(f'"{f}"' for f in FIELDS) + " or a bit index 0..63"
 _FACTOR = "a finite non-zero number, or [low, high] with 0 < low <= high"
 _VALUE = "a number (nan and inf allowed)"
+_FLIPS = "an integer >= 1, or [low, high] with 1 <= low <= high"
 Role = Literal["train", "finetune"]
 ROLES: tuple[Role, ...] = ("train", "finetune")  # the run roles a rule can name (a run header's ``role``)
 
@@ -60,15 +63,23 @@ class Corruption:
     bits: str | int | None = toml_field(None, expected=_BITS)  # bitflip: a field or a bit index; "random" if unset
     factor: float | tuple[float, float] | None = toml_field(None, expected=_FACTOR)  # scale: fixed when equal, else
     value: float | None = toml_field(None, expected=_VALUE)  # stuck                     drawn log-uniformly
+    flips: int | tuple[int, int] | None = toml_field(  # bitflip: distinct bits flipped per element, drawn in the
+        None, expected=_FLIPS)  # field `bits` names: a count, or [low, high] drawn uniformly per element; 1 if unset
 
     def __post_init__(self) -> None:
         kind = self.kind
-        for key, owner in (("bits", "bitflip"), ("factor", "scale"), ("value", "stuck")):
+        for key, owner in (("bits", "bitflip"), ("factor", "scale"), ("value", "stuck"), ("flips", "bitflip")):
             _only_for(kind, key, owner, getattr(self, key))
         if kind == "bitflip":
             bits = "random" if self.bits is None else self.bits
             require(bits in FIELDS or isinstance(bits, int) and 0 <= bits < 64, "bits", bits, _BITS)
             object.__setattr__(self, "bits", bits)
+            flips = 1 if self.flips is None else self.flips
+            low, high = flips if isinstance(flips, tuple) else (flips, flips)
+            require(1 <= low <= high, "flips", flips, _FLIPS)
+            check(high == 1 or not isinstance(bits, int), "flips",
+                  lambda at: f"{at}flips = {flips} needs bits to name a field to draw them in, not one bit ({bits})")
+            object.__setattr__(self, "flips", (low, high))
         elif kind == "scale":
             check(self.factor is not None, "factor", lambda at: f'{at}factor is missing; kind = "scale" needs {_FACTOR}')
             f = self.factor
@@ -98,6 +109,8 @@ class FaultRule:
     p_call: float = toml_field(1.0, expected=PROBABILITY)  # probability that an eligible call on an armed step is hit
     elements: int | None = toml_field(None, expected="an integer >= 1")  # elements hit per call (1 if neither), or
     fraction: float | None = toml_field(None, expected="a number in (0, 1]")  # the fraction of the result's elements
+    stride: int | None = toml_field(  # the hit elements lie this far apart (flat index) from a drawn first one:
+        None, expected="an integer >= 1")  # 32, one lane of each warp; None: drawn anywhere
     corruption: Corruption = field(metadata=INLINE)
     schedule: Schedule = field(default_factory=Schedule, metadata=INLINE)
     ranks: tuple[int, ...] | None = toml_field(  # ranks of a multi-rank run the rule applies to; None: every rank
@@ -133,6 +146,7 @@ class FaultRule:
               lambda at: f"{at}elements and {at}fraction both given; keep one of them")
         _require(self, self.elements is None or self.elements >= 1, "elements")
         _require(self, self.fraction is None or 0 < self.fraction <= 1, "fraction")
+        _require(self, self.stride is None or self.stride >= 1, "stride")
         if self.elements is None and self.fraction is None:
             object.__setattr__(self, "elements", 1)
         _require(self, self.roles is None or bool(self.roles), "roles")
@@ -143,6 +157,30 @@ class FaultRule:
             if indices is not None:
                 _require(self, bool(indices) and min(indices) >= 0, key)
                 object.__setattr__(self, key, tuple(sorted(set(indices))))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateRule:
+    """A fault in the training state, not in an op: one bit of one element of one parameter flipped right after
+    the optimizer update of ``step`` (before the Tracer fingerprints the parameters), as a flip in the memory that
+    holds the weights between steps would. A ``[[state]]`` table of a profile; `faults.state_faults` applies it."""
+
+    parameter: str = toml_field(  # the name `model.named_parameters()` gives, wrappers' prefixes left out
+        expected='a parameter name as the model writes it, e.g. "layers.0.attention.wq.weight"')
+    step: int = toml_field(expected="an integer >= 0")  # the optimizer step after whose update the bit flips
+    element: int | None = toml_field(  # flat index into the parameter (a DTensor: this rank's shard); None: drawn
+        None, expected="an integer >= 0")  # from the profile seed and the run's fault seed
+    bits: str | int = toml_field(0, expected=_BITS)  # 0: the last mantissa bit, one ulp; a field: one bit drawn in it
+    ranks: tuple[int, ...] | None = toml_field(None, expected="a non-empty array of ranks (integers >= 0)")
+    roles: tuple[Role, ...] | None = toml_field(None, expected='a non-empty array of "train" and/or "finetune"')
+
+    def __post_init__(self) -> None:
+        _require(self, bool(self.parameter), "parameter")
+        _require(self, self.step >= 0, "step")
+        _require(self, self.element is None or self.element >= 0, "element")
+        _require(self, self.bits in FIELDS or isinstance(self.bits, int) and 0 <= self.bits < 64, "bits")
+        _require(self, self.ranks is None or bool(self.ranks) and min(self.ranks) >= 0, "ranks")
+        _require(self, self.roles is None or bool(self.roles), "roles")
 
 
 def _require(rule: Any, ok: bool, key: str) -> None:
@@ -156,6 +194,7 @@ class _ProfileFile:
     description: str = ""
     seed: int = toml_field(0, expected="an integer >= 0")
     fault: tuple[FaultRule, ...] = ()
+    state: tuple[StateRule, ...] = ()
 
     def __post_init__(self) -> None:
         _require(self, self.seed >= 0, "seed")
@@ -170,6 +209,7 @@ class FaultProfile:
     path: str = field(compare=False)  # where it was read from: a file, or a run header
     data: dict[str, Any] = field(repr=False)  # the parsed TOML, which a run header records whole
     sha256: str  # of `data`'s canonical JSON: the run header says exactly which profile ran
+    states: tuple[StateRule, ...] = ()  # the ``[[state]]`` rules: bits of parameters flipped after an update
 
     def header(self, fault_seed: int) -> dict[str, Any]:
         """What a run header's ``extra["fault_profile"]`` records: enough to run the profile again
@@ -208,4 +248,4 @@ def _profile(name: str, data: Mapping[str, Any], source: str) -> FaultProfile:
     read = typed_toml.from_dict(_ProfileFile, data, source)
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return FaultProfile(name, read.description, read.seed, read.fault, source, dict(data),
-                        hashlib.sha256(canonical.encode("utf-8")).hexdigest())
+                        hashlib.sha256(canonical.encode("utf-8")).hexdigest(), read.state)

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from faults import load_profile, shipped_profiles
-from faults.fleet import MAX_NODES, FleetSpec, fleet, write_fleet
+from faults.fleet import MAX_NODES, MODELS, FleetSpec
+from faults.fleet_files import drawn, write_fleet
 from sdc.commands import Command
 from sdc.commands._common import seed
 from tracer.errors import UsageError
@@ -35,13 +36,18 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
             "orders of magnitude, bursts, mostly small corruptions with a tail of 100-1000x ones, inside and "
             "outside matrix multiplication, and one node whose fine-tuning a spike destroys. Writes "
             "node-01.toml ... (ordinary profiles: read, edit, pass to --fault-profile) and fleet.md, a table of "
-            "what each node drew. The same --nodes and --seed give the same files, byte for byte."
+            "what each node drew. The same --model, --nodes and --seed give the same files, byte for byte. "
+            "--model hardware draws from the hardware-grounded model instead (docs/fleet.md): steady stuck-at "
+            "defects in one unit each, with outcome shares taken from published GPU measurements."
         ),
     )
+    fl.add_argument("--model", choices=MODELS, default=FleetSpec.model,
+                    help="the fleet model: study (calibrated around the reference study, the default) or hardware "
+                         "(parameters from published GPU SDC measurements; docs/fleet.md cites each)")
     fl.add_argument("--nodes", type=int, default=FleetSpec.nodes, metavar="N",
                     help=f"nodes in the fleet, 1..{MAX_NODES} (default: {FleetSpec.nodes})")
     fl.add_argument("--seed", type=seed, default=FleetSpec.seed, metavar="S",
-                    help=f"the seed of every draw (default: {FleetSpec.seed}, the calibrated fleet)")
+                    help=f"the seed of every draw (default: {FleetSpec.seed}, the study model's calibrated fleet)")
     fl.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write the fleet into")
     fl.add_argument("--overwrite", action="store_true", help="write into --out even if it is not empty")
     fl.set_defaults(handler=run_fleet)
@@ -63,16 +69,13 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_fleet(args: argparse.Namespace) -> int:
-    spec = FleetSpec(nodes=args.nodes, seed=args.seed)
+    spec = FleetSpec(nodes=args.nodes, seed=args.seed, model=args.model)
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a directory for the fleet's profiles")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise UsageError(f"--out {out} is not empty; pass --overwrite to write the fleet into it anyway")
     paths = write_fleet(spec, out)
-    for node, path in zip(fleet(spec), paths):
-        tail = f"{100 * node.tail_share:.2g} % 100-1000x"
-        where = ", ".join(f"{loc} {share:.2f}" for loc, share in node.mix)
-        print(f"{path}  {node.rate:.3g} faulty calls/step, in burst {node.duty:.0%} of steps, {tail}; {where}"
-              + ("; destroys its fine-tune" if node.destroyer else ""))
+    for node, path in zip(drawn(spec), paths):
+        print(f"{path}  {node.line}")
     return 0

@@ -3,9 +3,9 @@
     fleet = load_fleet_study("fleet")            # shipped (sdc/study/studies/fleet.toml), or a path
     result = run_fleet_study(fleet, Path("fleet"))
 
-A fleet study file has a ``[fleet]`` table (how many unhealthy nodes, the seed of the fleet
-model in `faults.fleet`) and one table per experiment, each run as an ordinary study with
-its own database:
+A fleet study file has a ``[fleet]`` table (how many unhealthy nodes, the fleet model they
+are drawn from, `faults.fleet` or `faults.fleet_hardware`, and its seed) and one table per
+experiment, each run as an ordinary study with its own database:
 
     rq1   lockstep replays with ABFT on every node: submodule mismatch, bursts, ABFT recall
     rq2   parameter-sync replays: per-step gradient noise-to-signal
@@ -29,7 +29,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from faults.fleet import DEFAULT_SEED, FleetSpec, trigger_profile_text, write_fleet
+from faults.fleet import DEFAULT_SEED, MODELS, FleetSpec, trigger_profile_text, trigger_state_text
+from faults.fleet_files import write_fleet
 from sdc.study.folders import FLEET_FOLDER, PARTS
 from sdc.study.study_file import Finetune, FinetuneTable, Node, Study, build_study, is_fleet_file, shipped_studies
 from sdc.study.runner import (
@@ -55,8 +56,11 @@ class _Fleet:
     nodes: int = toml_field(15, expected="an integer from 1 to 99")
     seed: int = toml_field(DEFAULT_SEED, expected="an integer >= 0")
     healthy_twin: bool = True  # a node-00 with the healthy-node profile in every experiment: every table shows 0
+    model: str = toml_field(  # the fleet model the nodes are drawn from (faults.fleet.MODELS, docs/fleet.md)
+        "study", expected='"study" (calibrated around the reference study) or "hardware" (published measurements)')
 
     def __post_init__(self) -> None:
+        require(self.model in MODELS, "model", self.model, typed_toml.expected(type(self), "model"))
         require(1 <= self.nodes <= 99, "nodes", self.nodes, "an integer from 1 to 99")
         require(self.seed >= 0, "seed", self.seed, "an integer >= 0")
 
@@ -80,6 +84,8 @@ class _Pretrain:
     shuffle_seed: int = toml_field(1, expected="an integer >= 0 other than the config's data.shuffle_seed")
     trigger_step: int = toml_field(20, expected="an integer >= 0 below run.steps")
     trigger_site: str = toml_field("layers.0.attention.wo", expected="the module path of a linear layer")
+    trigger_parameter: str | None = toml_field(  # if given, the trigger flips one ulp of this parameter after the
+        None, expected='a parameter name, e.g. "layers.0.attention.wo.weight"')  # update (a [[state]] rule) instead
     sharpness: int = toml_field(20, expected="an integer >= 0: power iterations (0: sharpness not measured)")
 
     def __post_init__(self) -> None:
@@ -152,7 +158,10 @@ class FleetStudy:
         """The fleet's profile files and the trigger node's, as ordinary profile files a user can read and edit."""
         written = write_fleet(self.fleet, profiles)
         trigger = profiles / f"{TRIGGER}.toml"
-        trigger.write_text(trigger_profile_text(self.rq3.trigger_step, self.rq3.trigger_site), encoding="utf-8")
+        rq3 = self.rq3
+        text = (trigger_profile_text(rq3.trigger_step, rq3.trigger_site) if rq3.trigger_parameter is None
+                else trigger_state_text(rq3.trigger_step, rq3.trigger_parameter))
+        trigger.write_text(text, encoding="utf-8")
         return [*written, trigger]
 
 
@@ -165,7 +174,8 @@ def load_fleet_study(spec: str | Path, overrides: tuple[str, ...] = ()) -> Fleet
     f = typed_toml.from_dict(_FleetFile, data, str(path))
     study = FleetStudy(
         name=path.name.removesuffix(".toml"), source=path, description=f.description,
-        fleet=FleetSpec(nodes=f.fleet.nodes, seed=f.fleet.seed), healthy_twin=f.fleet.healthy_twin,
+        fleet=FleetSpec(nodes=f.fleet.nodes, seed=f.fleet.seed, model=f.fleet.model),
+        healthy_twin=f.fleet.healthy_twin,
         rq1=f.rq1, rq2=f.rq2, rq3=f.rq3,
         finetune=f.finetune.plan(),
         overrides=tuple(overrides),

@@ -17,12 +17,15 @@ from faults.fleet import (
     FleetSpec,
     fleet,
     trigger_profile_text,
-    write_fleet,
+    trigger_state_text,
 )
+from faults.fleet_files import write_fleet
 from sdc.cli import main
 from tests.faults.support import events
 from tests.support import small_config
+from tracer.compare import compare_runs
 from tracer.errors import ConfigError
+from tracer.log.records import Phase
 from jobs.record import record_run
 
 WINDOW = 24  # steps of the fleet study's RQ1 lockstep window
@@ -119,6 +122,21 @@ def test_the_trigger_flips_one_element_by_one_ulp(tmp_path: Path) -> None:
     o, c = torch.tensor(original, dtype=torch.float32), torch.tensor(corrupted, dtype=torch.float32)
     toward = torch.tensor(math.inf if c > o else -math.inf)
     assert c != o and torch.equal(torch.nextafter(o, toward), c), (original, corrupted)
+
+
+def test_the_state_trigger_flips_one_parameter_element_by_one_ulp(healthy_run: Path, tmp_path: Path) -> None:
+    name = "layers.0.attention.wo.weight"
+    path = tmp_path / "trigger-ulp.toml"
+    path.write_text(trigger_state_text(2, name), encoding="utf-8")
+    out = tmp_path / "trigger"
+    record_run(small_config(), out, node_label="trigger-ulp", fault_profile=load_profile(path), progress=False)
+    (fault,) = events(out, "fault")
+    assert fault.step == 2 and fault.fields["op"] == "state" and fault.fields["detail"]["parameter"] == name
+    assert fault.fields["detail"]["bits"] == [0]
+    first = compare_runs(healthy_run, out).first
+    assert first is not None and (first.step, first.phase, first.name) == (2, Phase.PARAM, name)
+    with pytest.raises(ConfigError, match="trigger step must be an integer >= 0"):
+        trigger_state_text(-1, name)
 
 
 def test_sdc_faults_fleet_writes_and_lists_the_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,18 +11,12 @@ from types import ModuleType
 
 import pytest
 import torch
-from torch import nn
 
 from faults import FaultProfile, scope
 from faults.native_kernel import NATIVE
-from faults.node import emulated_node
+from tests.faults.support import first_divergence, train_mlp
 from tracer import kernel
-from tracer.determinism import configure_determinism
-from tracer.intercept import paused
-from tracer.log import LogReader, rank_dir
-from tracer.log.records import EventRecord, Phase, TensorRecord
-from tracer.options import RunInfo, TraceOptions
-from tracer.tracing import Tracer
+from tracer.log.records import Phase
 
 STEPS, FAULT_STEP = 5, 2
 
@@ -34,38 +28,7 @@ def update_rule(op: str = "addcdiv_", phases: str = '["optimizer"]') -> str:
 
 
 def train(out: Path, profile: FaultProfile | None, *, foreach: bool = False) -> dict:
-    """STEPS steps of a small MLP with AdamW, traced, under the emulator if ``profile``; whether each optimizer
-    step ran with the interceptors paused, the fault events and every tensor record (log order)."""
-    configure_determinism(seed=0, threads=1)
-    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=foreach)
-    steps_paused: list[bool] = []
-    optimizer.register_step_pre_hook(lambda *_: steps_paused.append(paused()))  # after the global hooks
-    data = torch.Generator().manual_seed(1)
-    with Tracer(model, optimizer, out=out, run=RunInfo("node"), options=TraceOptions(sites="0|2"),
-                echo=None) as tracer:
-        with emulated_node(tracer, model, fault_profile=profile):
-            for step in range(STEPS):
-                with tracer.step(step):
-                    x = torch.randn(4, 8, generator=data)
-                    tracer.microbatch(0, inputs=x)
-                    loss = (model(x) - x.flip(-1)).pow(2).mean()
-                    loss.backward()
-                    tracer.loss(loss)
-                    optimizer.step()
-                    optimizer.zero_grad()
-    records = list(LogReader(rank_dir(out, 0)).records())
-    return {
-        "paused": steps_paused,
-        "faults": [(r.step, r.fields) for r in records if isinstance(r, EventRecord) and r.kind == "fault"],
-        "tensors": [r for r in records if isinstance(r, TensorRecord)],
-        "params": [p.detach().clone() for p in model.parameters()],
-    }
-
-
-def first_divergence(clean: list[TensorRecord], faulty: list[TensorRecord]) -> TensorRecord:
-    assert [(r.step, r.phase, r.name) for r in clean] == [(r.step, r.phase, r.name) for r in faulty]
-    return next(f for c, f in zip(clean, faulty) if c.fingerprint != f.fingerprint)
+    return train_mlp(out, profile, steps=STEPS, foreach=foreach)
 
 
 @pytest.fixture(scope="module")

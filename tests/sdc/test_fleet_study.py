@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from analysis.queries import LIBRARY
+from faults import load_profile
+from faults.fleet_hardware import hardware_fleet
 from analysis.reproduction import FINDINGS
 from sdc.cli import main
 from sdc.study.fleet_study import FleetPaths, load_fleet_study, run_fleet_study
@@ -134,4 +136,28 @@ def test_a_fleet_file_names_its_mistakes(tmp_path: Path) -> None:
         load_fleet_study(bad)
     bad.write_text("[fleet]\n[rq3]\nshuffle_seed = 0\n")
     with pytest.raises(ConfigError, match=r"rq3\.shuffle_seed"):
+        load_fleet_study(bad)
+
+
+def test_a_fleet_file_chooses_its_fleet_model(tmp_path: Path) -> None:
+    assert load_fleet_study("fleet").fleet.model == "study"
+    hardware = tmp_path / "hardware.toml"
+    hardware.write_text(load_fleet_study("fleet-mini").source.read_text().replace(
+        "[fleet]\n", '[fleet]\nmodel = "hardware"\n'))
+    study = load_fleet_study(hardware)
+    assert study.fleet.model == "hardware"
+    profiles = tmp_path / "profiles"
+    study.write_profiles(profiles)
+    assert (profiles / "node-01.toml").read_text() == hardware_fleet(study.fleet)[0].text
+    assert "[[fault]]" in (profiles / "trigger-ulp.toml").read_text()
+    state = tmp_path / "state.toml"  # the trigger as a [[state]] rule: one ulp of one parameter element
+    parameter = 'trigger_parameter = "layers.0.attention.wo.weight"'
+    state.write_text(hardware.read_text().replace("[rq3]\n", f"[rq3]\n{parameter}\n"))
+    load_fleet_study(state).write_profiles(profiles)
+    trigger = load_profile(profiles / "trigger-ulp.toml")
+    assert not trigger.faults and [(s.parameter, s.step, s.bits) for s in trigger.states] == [
+        ("layers.0.attention.wo.weight", load_fleet_study(state).rq3.trigger_step, 0)]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[fleet]\nmodel = "lab"\n')
+    with pytest.raises(ConfigError, match=r'bad\.toml.*fleet\.model.*"hardware"'):
         load_fleet_study(bad)
