@@ -72,6 +72,7 @@ class RecordRequest:
     guard: Policy | None = None  # guard every step with the default detectors and this policy (tracer.guard)
     resume: bool = False  # continue the crashed recording in ``out`` (same options as it was started with)
     sharpness: int = 0  # iterations of a sharpness estimate at every checkpoint (workload.sharpness); 0 = off
+    run_id: str | None = None  # the header's run id (None: a fresh random one); a resumed run keeps its own
 
     def __post_init__(self) -> None:
         if self.sharpness < 0:
@@ -171,7 +172,7 @@ def _record_rank(config: dict[str, Any], request: RecordRequest,
         resumption = Resumption(end.segments, first, end.records, end.last_step)
     run_info = RunInfo(request.node_label, config=config, seed=w.seed,
                        data_order_fingerprint=w.data_order_fingerprint, extra=extra,
-                       run_id=recorded.run_id if recorded is not None else None)
+                       run_id=recorded.run_id if recorded is not None else request.run_id)
     guard = default_guard(request.guard, abft=request.abft) if request.guard is not None else None
     tracer = Tracer(w.model, w.optimizer, out=request.out, run=run_info, options=request.trace, parallel=w.layout,
                     guard=guard, resume=resumption, **({} if request.progress else {"echo": None}))
