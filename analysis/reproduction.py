@@ -149,10 +149,12 @@ def build_reproduction(dbs: Mapping[str, Path], *, findings: tuple[Finding, ...]
     """Every finding judged on its experiment's database; a missing database or failing query is a row saying so.
     The provenance column reads the fleet's fault rules from the rq1 database (`PROFILES`)."""
     profiles = _records(dbs, *PROFILES, library)
-    fault_rules = profiles if isinstance(profiles, list) else []
     rows = []
     for f in findings:
-        provenance = f.provenance(fault_rules)
+        if isinstance(profiles, str) or not profiles:
+            provenance = Provenance("unknown", f"no fault profiles to read ({profiles or 'none recorded'})")
+        else:
+            provenance = f.provenance(profiles)
         records = _records(dbs, f.part, f.query, library)
         if isinstance(records, str):
             rows.append(Row(f, Verdict(records, "not measured"), provenance))
@@ -193,9 +195,10 @@ def to_markdown(rep: Reproduction, title: str) -> str:
                    f"{r.provenance.kind}: {_md(r.provenance.why)} | **{v.outcome}**"
                    + (f" (unstable: {_md(v.unstable)})" if v.unstable else "") + " |")
     kinds = {k: sum(r.provenance.kind == k for r in rep.rows) for k in ("built in", "calibrated", "emergent")}
+    emergent = sum(r.provenance.kind == "emergent" and r.verdict.outcome == "reproduced" for r in rep.rows)
     out += ["", f"Totals: {rep.totals()}.", "",
             "Provenance: " + ", ".join(f"{n} {k}" for k, n in kinds.items() if n) + "; reproduced among the "
-            f"emergent rows: {sum(r.provenance.kind == 'emergent' and r.verdict.outcome == 'reproduced' for r in rep.rows)}.",
+            f"emergent rows: {emergent}.",
             "", "## Rules", ""]
     out += [f"{i}. {r.finding.rule}." for i, r in enumerate(rep.rows, 1)]
     return "\n".join(out) + "\n"

@@ -1,4 +1,4 @@
-"""Where each finding of the reproduction table comes from: built into the fault model, calibrated on the study, or emergent.
+"""Where each finding of the reproduction table comes from: built into the fault model, calibrated, or emergent.
 
     rules = LIBRARY.run(db, "rq1_fleet_profiles").records()   # every fault rule of every node's profile
     heavy_tail(rules)        # Provenance("built in", "5 of 5 nodes have a scale rule of 100-1000x")
@@ -18,7 +18,7 @@ from typing import Literal
 
 from analysis.reproduction_rules import Rows, is_fleet_node
 
-Kind = Literal["built in", "calibrated", "emergent"]
+Kind = Literal["built in", "calibrated", "emergent", "unknown"]  # unknown: no profiles to read
 TAIL = (100.0, 1000.0)  # the study's "hundreds to thousands of times off"
 
 

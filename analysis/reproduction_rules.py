@@ -380,11 +380,12 @@ def spikes(rows: Rows) -> Verdict:
     (else not measured: the spike rule fires without SDC); the shuffle-seed twin's are shown beside. Margin: a
     counted spike whose loss is below 1.1 x the spike threshold (1.5 x the recent median)."""
     suspect = [r for r in rows if r["side"] == "suspect" and not r["golden_spike"]]
-    counted = [r for r in suspect if is_fleet_node(r["node_label"]) and r["faults_before"] > r["scripted_faults_before"]]
+    fleet = [r for r in suspect if is_fleet_node(r["node_label"])]
+    counted = [r for r in fleet if r["faults_before"] > r["scripted_faults_before"]]
     scripted = sorted({r["node_label"] for r in suspect if r["scripted_faults_before"] > 0})
     healthy = [r for r in suspect if r["node_label"] == HEALTHY_TWIN]
     twin = [r for r in suspect if r["kind"] == "baseline"]
-    unexplained = sorted({r["node_label"] for r in suspect if is_fleet_node(r["node_label"]) and not r["faults_before"]})
+    unexplained = sorted({r["node_label"] for r in fleet if not r["faults_before"]})
     nodes = sorted({r["node_label"] for r in counted})
     ours = (f"{len(nodes)} fleet node(s) spike where golden does not, after a fault" + (f" ({', '.join(nodes)})"
                                                                                        if nodes else "")

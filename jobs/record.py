@@ -170,9 +170,9 @@ def _record_rank(config: dict[str, Any], request: RecordRequest,
     if first is not None:
         end = log_end(log)
         resumption = Resumption(end.segments, first, end.records, end.last_step)
+    run_id = recorded.run_id if recorded is not None else request.run_id
     run_info = RunInfo(request.node_label, config=config, seed=w.seed,
-                       data_order_fingerprint=w.data_order_fingerprint, extra=extra,
-                       run_id=recorded.run_id if recorded is not None else request.run_id)
+                       data_order_fingerprint=w.data_order_fingerprint, extra=extra, run_id=run_id)
     guard = default_guard(request.guard, abft=request.abft) if request.guard is not None else None
     tracer = Tracer(w.model, w.optimizer, out=request.out, run=run_info, options=request.trace, parallel=w.layout,
                     guard=guard, resume=resumption, **({} if request.progress else {"echo": None}))

@@ -1,4 +1,4 @@
-"""Every rule of the reproduction table gives each of its outcomes on small hand-built rows, and its statistics are right.
+"""Every rule of the reproduction table gives each of its outcomes on small hand-built rows; its statistics are right.
 
 The rows have the columns of the judge's named query (analysis/queries); the statistics are
 checked against exact values computed here (binomial sums, tabulated chi-square quantiles).
@@ -7,13 +7,15 @@ checked against exact values computed here (binomial sums, tabulated chi-square 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from analysis import reproduction
 from analysis import reproduction_provenance as prov
 from analysis import reproduction_rules as rules
-from analysis.reproduction import FINDINGS
+from analysis.reproduction import FINDINGS, Reproduction, build_reproduction, to_markdown
 
 Row = dict[str, Any]
 
@@ -175,7 +177,8 @@ def test_overlap_needs_drift_above_the_float_noise() -> None:
     noisy = {**HEALTHY, "final_drift": 1e-4}
     v = rules.overlap([TWIN, noisy, *drifting])
     assert v.outcome == "not reproduced" and "healthy twin's drift" in v.ours
-    assert rules.overlap([TWIN, HEALTHY, *[{**r, "mean_abs_loss_diff": 0.5} for r in drifting]]).outcome == "not reproduced"
+    apart = [{**r, "mean_abs_loss_diff": 0.5} for r in drifting]
+    assert rules.overlap([TWIN, HEALTHY, *apart]).outcome == "not reproduced"
     assert rules.overlap([HEALTHY, *drifting]).outcome == "not measured"
     near = [rq3(f"node-0{i}", "fleet", faults=5, loss=1e-7, drift=d) for i, d in ((1, 1e-7), (2, 1e-5), (3, 1e-9))]
     v = rules.overlap([TWIN, HEALTHY, *near])
@@ -207,7 +210,8 @@ def test_trigger() -> None:
 def test_sharpness() -> None:
     up = [{"sharpness": s, "local_median_rate": r} for s, r in ((1, 0.1), (2, 0.2), (3, 0.3), (4, 0.5))]
     assert rules.sharpness(up).outcome == "reproduced"
-    assert rules.sharpness([{**r, "local_median_rate": -r["local_median_rate"]} for r in up]).outcome == "not reproduced"
+    down = [{**r, "local_median_rate": -r["local_median_rate"]} for r in up]
+    assert rules.sharpness(down).outcome == "not reproduced"
     assert rules.sharpness(up[:2]).outcome == "not measured"
     flat = [{"sharpness": s, "local_median_rate": r} for s, r in ((1, 2), (2, 1), (3, 3), (4, 0), (5, 5), (6, 4))]
     assert rules.sharpness(flat + [{"sharpness": 7, "local_median_rate": -1}]).unstable
@@ -320,3 +324,14 @@ def test_provenance_follows_the_fault_rules() -> None:
 def test_every_finding_names_a_rule_with_a_margin() -> None:
     for f in FINDINGS:
         assert "margin" in f.rule, f.study
+
+
+def test_the_table_shows_provenance_and_unstable_rows(tmp_path: Path) -> None:
+    missing = build_reproduction({"rq1": tmp_path / "none.duckdb"})
+    assert all(r.verdict.outcome == "not measured" and r.provenance.kind == "unknown" for r in missing.rows)
+    finding = FINDINGS[0]
+    rep = Reproduction((reproduction.Row(finding, rules.Verdict("2 of 5", "reproduced", "a node within the margin"),
+                                       prov.Provenance("built in", "rates span 1e4x")),))
+    text = to_markdown(rep, "t")
+    assert "| built in: rates span 1e4x | **reproduced** (unstable: a node within the margin) |" in text
+    assert "Totals: 1 reproduced; 1 unstable." in text and "Provenance: 1 built in;" in text
