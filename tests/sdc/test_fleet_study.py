@@ -147,19 +147,37 @@ def _replay_ids_as_labels(paths: FleetPaths, part: str, text: str) -> str:
     return text
 
 
-def test_two_runs_of_a_fleet_study_give_the_same_report_bytes(fleet: FleetPaths, tmp_path: Path) -> None:
+def _small_fleet(tmp_path: Path) -> Path:
+    """fleet-mini cut down (two nodes, a few steps, one task): every experiment and the table, quickly."""
+    text = load_fleet_study("fleet-mini").source.read_text()
+    for old, new in (("nodes = 5", "nodes = 2"), ('"run.steps=24"', '"run.steps=6"'), ('"0:24"', '"0:6"'),
+                     ('"run.steps=40"', '"run.steps=12"'), ("trigger_step = 5", "trigger_step = 2"),
+                     ("steps = 20", "steps = 4"), ('tasks = ["copy", "find"]', 'tasks = ["copy"]')):
+        assert old in text, old
+        text = text.replace(old, new)
+    small = tmp_path / "small-fleet.toml"
+    small.write_text(text)
+    return small
+
+
+def test_two_runs_of_a_fleet_study_give_the_same_report_bytes(tmp_path: Path) -> None:
     # Run ids derive from the study file and the node (sdc.study.runner.derived_run_id), so pairs keep their ids
-    again = run_fleet_study(load_fleet_study("fleet-mini"), tmp_path / "again", progress=False).paths
-    assert again.reproduction.read_bytes() == fleet.reproduction.read_bytes()
-    assert (again.report / "index.html").read_bytes() == (fleet.report / "index.html").read_bytes()
-    rq3 = [(p.part("rq3").report / "index.html").read_bytes() for p in (fleet, again)]
+    small = _small_fleet(tmp_path)
+    first, again = (run_fleet_study(load_fleet_study(small), tmp_path / out, progress=False).paths
+                    for out in ("first", "again"))
+    assert again.reproduction.read_bytes() == first.reproduction.read_bytes()
+    assert (again.report / "index.html").read_bytes() == (first.report / "index.html").read_bytes()
+    rq3 = [(p.part("rq3").report / "index.html").read_bytes() for p in (first, again)]
     assert rq3[0] == rq3[1]
     for part in ("rq1", "rq2"):
-        first, second = ((p.part(part).report / "index.html").read_text(encoding="utf-8") for p in (fleet, again))
-        assert _replay_ids_as_labels(again, part, second) == _replay_ids_as_labels(fleet, part, first), part
+        reports = [_replay_ids_as_labels(p, part, (p.part(part).report / "index.html").read_text(encoding="utf-8"))
+                   for p in (first, again)]
+        assert reports[0] == reports[1], part
     for label in ("golden", "node-01", "golden-twin"):
-        assert (LogReader(rank_dir(again.part("rq3").run(label), 0)).header.run_id
-                == LogReader(rank_dir(fleet.part("rq3").run(label), 0)).header.run_id)
+        ids = [LogReader(rank_dir(p.part("rq3").run(label), 0)).header.run_id for p in (first, again)]
+        assert ids[0] == ids[1]
+    finetuned = [LogReader(rank_dir(p.part("rq3").finetune("golden-twin"), 0)).header.run_id for p in (first, again)]
+    assert finetuned[0] == finetuned[1] != ids[0]
 
 
 def test_an_experiment_run_again_gives_the_same_bytes(fleet: FleetPaths) -> None:
