@@ -88,10 +88,12 @@ def finetune_run(
     fault_seed: int = 0,
     overwrite: bool = False,
     progress: bool = True,
+    run_id: str | None = None,
 ) -> FinetuneSummary:
     """Fine-tune `pretrained`'s final weights into run directory `out` (see the module docstring).
 
-    `fault_profile` makes this node an emulated unhealthy one while it fine-tunes.
+    `fault_profile` makes this node an emulated unhealthy one while it fine-tunes. `run_id`: the header's
+    (None: a fresh random one).
     """
     pretrained, out, s = Path(pretrained), Path(out), settings
     source, cfg, ckpt = load_pretrained(pretrained)
@@ -111,7 +113,7 @@ def finetune_run(
         train = ExampleBatches([ex for t in task_list for ex in t.train])
         config = {**cfg.to_dict(), "finetune": s.to_dict()}
         run = RunInfo(
-            node_label, role=ROLE, config=config,
+            node_label, role=ROLE, config=config, run_id=run_id,
             # Like pretraining, everything but [run] (the pretraining length) decides the bits.
             seed=cfg.train.seed, data_order_fingerprint=data_order_fingerprint(s, task_list),
             extra={"finetune_of": source.run_id, "finetune": s.to_dict(),

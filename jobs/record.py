@@ -76,6 +76,7 @@ class RecordRequest:
     resume: bool = False  # continue the crashed recording in ``out`` (same options as it was started with)
     resume_from: Path | None = None  # a checkpoint of another run: ``out`` is a new run going on from it (jobs.fork)
     sharpness: int = 0  # iterations of a sharpness estimate at every checkpoint (workload.sharpness); 0 = off
+    run_id: str | None = None  # the header's run id (None: a fresh random one); a resumed run keeps its own
 
     def __post_init__(self) -> None:
         if self.sharpness < 0:
@@ -187,9 +188,9 @@ def _record_rank(config: dict[str, Any], request: RecordRequest,
     if first is not None:
         end = log_end(log)
         resumption = Resumption(end.segments, first, end.records, end.last_step)
+    run_id = recorded.run_id if recorded is not None else request.run_id
     run_info = RunInfo(request.node_label, config=config, seed=w.seed,
-                       data_order_fingerprint=w.data_order_fingerprint, extra=extra,
-                       run_id=recorded.run_id if recorded is not None else None)
+                       data_order_fingerprint=w.data_order_fingerprint, extra=extra, run_id=run_id)
     guard = default_guard(request.guard, abft=request.abft) if request.guard is not None else None
     tracer = Tracer(w.model, w.optimizer, out=request.out, run=run_info, options=request.trace, parallel=w.layout,
                     guard=guard, resume=resumption, **({} if request.progress else {"echo": None}))

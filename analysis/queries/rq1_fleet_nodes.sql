@@ -10,7 +10,13 @@
 --   median_severity                 median over mismatching calls of their mean relative difference
 --   max_rel                         the largest relative difference of one element
 --   fano                            variance / mean of the per-step count of mismatching calls over the
---                                   replayed steps (1: as random as Poisson; > 1: bursty; null: no mismatch)
+--                                   replayed steps (null: no mismatch); one fault mismatches several calls
+--                                   (a site's output and its input gradient), so this exceeds 1 without bursts
+--   faults_in_window, fault_steps   faults the emulator injected into the recorded run at the replayed steps,
+--                                   and the replayed steps with at least one
+--   fault_fano                      variance (population) / mean of the per-step count of injected faults over
+--                                   the replayed steps, steps without a fault counted as 0 (null: none); a
+--                                   steady Poisson rate gives about 1 (the burstiness rule, analysis/reproduction_rules.py)
 --   faults                          corruptions the emulator injected into the recorded run
 --   faults_outside_matmul           those in an op no ABFT check covered (softmax, norms, elementwise, ...)
 --   faults_below_bound              those in a checked matmul that ABFT did not flag (below its bound)
@@ -65,6 +71,25 @@ calls AS (
     GROUP BY pair_id
 ),
 
+fault_counts AS (
+    SELECT pair_id, step, count(*) AS faults
+    FROM faults
+    WHERE side = 'suspect'
+    GROUP BY pair_id, step
+),
+
+fault_steps AS (
+    SELECT
+        s.pair_id,
+        sum(coalesce(f.faults, 0)) AS faults_in_window,
+        count(*) FILTER (WHERE f.faults > 0) AS fault_steps,
+        CASE WHEN avg(coalesce(f.faults, 0)) > 0
+            THEN var_pop(coalesce(f.faults, 0)) / avg(coalesce(f.faults, 0)) END AS fault_fano
+    FROM per_step AS s
+    LEFT JOIN fault_counts AS f USING (pair_id, step)
+    GROUP BY s.pair_id
+),
+
 injected AS (
     SELECT
         pair_id,
@@ -90,6 +115,9 @@ SELECT
     c.median_severity,
     c.max_rel,
     s.fano,
+    fs.faults_in_window,
+    fs.fault_steps,
+    fs.fault_fano,
     coalesce(i.faults, 0) AS faults,
     coalesce(i.faults_outside_matmul, 0) AS faults_outside_matmul,
     coalesce(i.faults_below_bound, 0) AS faults_below_bound,
@@ -98,5 +126,6 @@ SELECT
 FROM unhealthy AS u
 JOIN steps AS s USING (pair_id)
 JOIN calls AS c USING (pair_id)
+JOIN fault_steps AS fs USING (pair_id)
 LEFT JOIN injected AS i USING (pair_id)
 ORDER BY node_label, u.pair_id

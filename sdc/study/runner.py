@@ -12,6 +12,10 @@ Layout of the output directory:
     study.log                        the full output of every job
     study-state.json                 which jobs finished, for --resume
 
+Run ids are derived from the study (its file, overrides and name) and each run's node and
+role (`derived_run_id`), not drawn at random, so two runs of a study record the same
+headers, diff into the same pair ids and give the same report bytes.
+
 Every job writes into its own directory, and the state file is rewritten after each
 job finishes, so a crash or Ctrl-C loses only the job that was running: `--resume`
 skips what finished and redoes the rest, refusing if the study file changed since.
@@ -88,6 +92,13 @@ class StudyResult:
 def study_fingerprint(study: Study) -> str:
     """What a resumed study must share with the one that started: its file and overrides."""
     return file_fingerprint(study.source, study.config_overrides)
+
+
+def derived_run_id(study: Study, label: str, role: str) -> str:
+    """The run id of node `label`'s `role` run ("train" or "finetune") in `study`: a hash of the study's file,
+    overrides and name (a fleet study's part: "fleet/rq1") and of the node and role, as long as a random id."""
+    key = json.dumps([study_fingerprint(study), study.name, label, role])
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def file_fingerprint(source: Path, overrides: tuple[str, ...]) -> str:
@@ -186,7 +197,8 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
         describe = f"fine-tune {label} ({detail + ', ' if detail else ''}{ft.settings.steps} steps)"
         jobs.append(Job(f"finetune:{label}", describe,
                         lambda label=label, source=source, profile=profile, seed=seed, shuffle=shuffle: _finetune(
-                            ft, paths.run(source), paths.finetune(label), label, profile, seed, shuffle, progress)))
+                            ft, paths.run(source), paths.finetune(label), label, profile, seed, shuffle, progress,
+                            derived_run_id(study, label, "finetune"))))
     for label in [n.label for n in study.nodes] + [n.guarded for n in study.nodes if n.guarded is not None]:
         jobs.append(Job(f"diff-finetune:{label}", f"diff fine-tuned {golden} vs {label} (twin baseline)",
                         lambda label=label: diff_into_db(paths.finetune(golden), paths.finetune(label), [], paths.db,
@@ -195,13 +207,14 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
 
 
 def _finetune(ft: Finetune, pretrained: Path, out: Path, label: str, profile: str | None, seed: int,
-              shuffle: int | None, progress: bool) -> str:
+              shuffle: int | None, progress: bool, run_id: str) -> str:
     from jobs.finetune import finetune_run
 
     settings = ft.settings if shuffle is None else dataclasses.replace(ft.settings, shuffle_seed=shuffle)
     summary = finetune_run(
         pretrained, out, node_label=label, settings=settings,
         fault_profile=load_profile(profile) if profile else None, fault_seed=seed, overwrite=True, progress=progress,
+        run_id=run_id,
     )
     accuracy = ", ".join(f"{e.task} {e.accuracy:.0%}" for e in summary.final)
     return f"{summary.steps} steps; test accuracy {accuracy}"
@@ -227,7 +240,7 @@ def record_node(study: Study, out: Path, label: str, profile: str | None, seed: 
     summary = record_run(
         study.train, out, node_label=label, overwrite=True, progress=progress,
         fault_profile=load_profile(profile) if profile else None, fault_seed=seed, abft=abft, guard=guard,
-        sharpness=sharpness,
+        sharpness=sharpness, run_id=derived_run_id(study, label, "train"),
     )
     return f"{summary.steps} steps, final loss {summary.final_loss:.4f}"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -50,6 +51,9 @@ def test_fleet_mini_writes_the_reproduction_table_with_every_finding(fleet: Flee
     text = fleet.reproduction.read_text(encoding="utf-8")
     for finding in FINDINGS:
         assert finding.study in text and f"`{finding.query}`" in text
+    # the provenance column, from the profiles the runs recorded: the generator builds bursts and the tail in
+    assert re.search(r"\| built in: [1-5] of 5 nodes' rules follow a burst chain", text) and "| emergent: " in text
+    assert "Provenance: " in text
     assert "the query failed" not in text and "no rq" not in text
     page = (fleet.report / "index.html").read_text(encoding="utf-8")
     assert 'id="reproduction"' in page and "../rq1/report/index.html" in page
@@ -66,6 +70,25 @@ def test_fleet_mini_shows_the_qualitative_findings_its_size_allows(fleet: FleetP
     assert sum(r["faults_below_bound"] for r in nodes.values()) > 0, "ABFT misses faults below its bound"
     twin = LIBRARY.run(fleet.part("rq1").db, "rq1_mismatch_by_node").records()
     assert all(r["mismatched"] == 0 for r in twin if r["node_label"] == "node-00"), "the healthy twin shows zero"
+
+
+def test_fleet_mini_controls_neither_spike_nor_burst(fleet: FleetPaths) -> None:
+    # The healthy twin node-00 and golden's shuffle-seed twin inject nothing, in any experiment ...
+    for part in ("rq1", "rq2", "rq3"):
+        assert not events(fleet.part(part).run("node-00"), "fault"), part
+    assert not events(fleet.part("rq3").run("golden-twin"), "fault")
+    assert not events(fleet.part("rq3").finetune("node-00"), "fault")
+    # ... so nothing of theirs may burst or count as a spike: the rules see no fault of theirs ...
+    rules = {r["node_label"]: r for r in _records(fleet, "rq1", "rq1_fleet_profiles")}
+    assert rules["node-00"]["profile"] == "healthy-node" and rules["node-00"]["p_call"] == 0
+    assert "node-00" not in {r["node_label"] for r in _records(fleet, "rq1", "rq1_fleet_nodes")}
+    spikes = _records(fleet, "rq3", "rq3_loss_spikes")
+    controls = [r for r in spikes if r["side"] == "suspect" and r["kind"] in ("healthy", "baseline")]
+    assert all(r["faults_before"] == 0 for r in controls)
+    # ... and the healthy twin, a bit-identical replay of golden, has no spike golden lacks
+    assert not [r for r in controls if r["node_label"] == "node-00" and not r["golden_spike"]]
+    text = fleet.reproduction.read_text(encoding="utf-8")
+    assert "controls: node-00 0 spike(s)" in text and "the healthy twin spikes" not in text
 
 
 def test_rq1_fleet_nodes_equals_the_numbers_in_the_logs(fleet: FleetPaths) -> None:
@@ -90,6 +113,14 @@ def test_rq1_fleet_nodes_equals_the_numbers_in_the_logs(fleet: FleetPaths) -> No
         assert row["mismatching_calls"] == sum(counts)
         assert row["frequency"] == pytest.approx(sum(c["mismatched"] for c in calls) / sum(c["elements"] for c in calls))
         assert row["fano"] == (pytest.approx(statistics.pvariance(counts) / mean) if mean else None)
+        injected = Counter({step: 0 for step in per_step})
+        injected.update(e.step for e in events(part.run(label), "fault") if e.step in per_step)
+        per_fault_step = list(injected.values())
+        fault_mean = statistics.fmean(per_fault_step)
+        assert row["faults_in_window"] == sum(per_fault_step)
+        assert row["fault_steps"] == sum(1 for n in per_fault_step if n)
+        assert row["fault_fano"] == (pytest.approx(statistics.pvariance(per_fault_step) / fault_mean)
+                                     if fault_mean else None)
         assert row["median_severity"] == (pytest.approx(statistics.median(severities)) if severities else None)
         assert row["faults"] == len(faults)
         assert row["faults_outside_matmul"] == sum(1 for u in faults if u not in checks)
@@ -111,8 +142,47 @@ def test_rq2_fleet_nodes_equals_the_numbers_in_the_logs(fleet: FleetPaths) -> No
         assert row["faults"] == len(events(part.run(label), "fault"))
 
 
+def _replay_ids_as_labels(paths: FleetPaths, part: str, text: str) -> str:
+    """The part's report with each replay's run id replaced by its node and mode: the replayer still draws them."""
+    for replay in sorted((paths.part(part).out / "replays").iterdir()):
+        text = text.replace(LogReader(rank_dir(replay, 0)).header.run_id, f"<replay {replay.name}>")
+    return text
+
+
+def _small_fleet(tmp_path: Path) -> Path:
+    """fleet-mini cut down (two nodes, a few steps, one task): every experiment and the table, quickly."""
+    text = load_fleet_study("fleet-mini").source.read_text()
+    for old, new in (("nodes = 5", "nodes = 2"), ('"run.steps=24"', '"run.steps=6"'), ('"0:24"', '"0:6"'),
+                     ('"run.steps=40"', '"run.steps=12"'), ("trigger_step = 5", "trigger_step = 2"),
+                     ("steps = 20", "steps = 4"), ('tasks = ["copy", "find"]', 'tasks = ["copy"]')):
+        assert old in text, old
+        text = text.replace(old, new)
+    small = tmp_path / "small-fleet.toml"
+    small.write_text(text)
+    return small
+
+
+def test_two_runs_of_a_fleet_study_give_the_same_report_bytes(tmp_path: Path) -> None:
+    # Run ids derive from the study file and the node (sdc.study.runner.derived_run_id), so pairs keep their ids
+    small = _small_fleet(tmp_path)
+    first, again = (run_fleet_study(load_fleet_study(small), tmp_path / out, progress=False).paths
+                    for out in ("first", "again"))
+    assert again.reproduction.read_bytes() == first.reproduction.read_bytes()
+    assert (again.report / "index.html").read_bytes() == (first.report / "index.html").read_bytes()
+    rq3 = [(p.part("rq3").report / "index.html").read_bytes() for p in (first, again)]
+    assert rq3[0] == rq3[1]
+    for part in ("rq1", "rq2"):
+        reports = [_replay_ids_as_labels(p, part, (p.part(part).report / "index.html").read_text(encoding="utf-8"))
+                   for p in (first, again)]
+        assert reports[0] == reports[1], part
+    for label in ("golden", "node-01", "golden-twin"):
+        ids = [LogReader(rank_dir(p.part("rq3").run(label), 0)).header.run_id for p in (first, again)]
+        assert ids[0] == ids[1]
+    finetuned = [LogReader(rank_dir(p.part("rq3").finetune("golden-twin"), 0)).header.run_id for p in (first, again)]
+    assert finetuned[0] == finetuned[1] != ids[0]
+
+
 def test_an_experiment_run_again_gives_the_same_bytes(fleet: FleetPaths) -> None:
-    # The experiments' own reports name pairs by their runs' ids, new with every recording; the fleet's does not.
     outputs = [fleet.reproduction, fleet.report / "index.html"]
     before = [p.read_bytes() for p in outputs]
     state_file = fleet.out / "study-state.json"
