@@ -148,6 +148,7 @@ class Replayer:
         self.out = request.out
         self.golden_from = request.golden_from
         self.progress = request.progress
+        self.run_id = request.run_id or uuid.uuid4().hex
         names = sorted({re.sub(r"\[.*\]$", "", s) for s in g.sites})
         self.site_pattern = "|".join(re.escape(n) for n in names) if names else None
         self.shortcuts = shortcuts
@@ -251,7 +252,7 @@ class Replayer:
         g = self.golden.header
         return RunHeader(
             schema_version=g.schema_version,
-            run_id=uuid.uuid4().hex,
+            run_id=self.run_id,
             node_label=self.suspect.label,
             role="replay",
             world_size=g.world_size,

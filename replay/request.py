@@ -93,6 +93,7 @@ class ReplayRequest:
     overwrite: bool = False
     progress: bool = True
     clip: bool = False  # cut ``steps`` at the run's last step instead of refusing
+    run_id: str | None = None  # the replay log's run id (None: a random one; a study derives it, for same bytes)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -102,7 +103,8 @@ class ReplayRequest:
         """Plain data for the launcher, which hands the request to every rank's process."""
         return {"golden": str(self.golden), "out": str(self.out), "steps": [self.steps.start, self.steps.stop],
                 "suspect": self.suspect.to_json(), "mode": self.mode, "golden_from": self.golden_from,
-                "workload": self.workload, "overwrite": self.overwrite, "progress": self.progress, "clip": self.clip}
+                "workload": self.workload, "overwrite": self.overwrite, "progress": self.progress, "clip": self.clip,
+                "run_id": self.run_id}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReplayRequest:

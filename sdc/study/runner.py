@@ -95,7 +95,7 @@ def study_fingerprint(study: Study) -> str:
 
 
 def derived_run_id(study: Study, label: str, role: str) -> str:
-    """The run id of node `label`'s `role` run ("train" or "finetune") in `study`: a hash of the study's file,
+    """The run id of node `label`'s `role` run ("train", "finetune", "replay-lockstep", ...) in `study`: a hash of the study's file,
     overrides and name (a fleet study's part: "fleet/rq1") and of the node and role, as long as a random id."""
     key = json.dumps([study_fingerprint(study), study.name, label, role])
     return hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -168,7 +168,7 @@ def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tup
     for n in study.nodes:
         for mode in study.replay.modes:
             jobs.append(Job(f"replay:{n.label}:{mode}", f"replay {n.label} {mode} {steps.start}:{steps.stop}",
-                            lambda n=n, mode=mode: _replay(paths, golden, n.label, mode, steps, progress)))
+                            lambda n=n, mode=mode: _replay(study, paths, golden, n.label, mode, steps, progress)))
     for n in study.nodes:
         replays = [paths.replay(n.label, m) for m in study.replay.modes]
         jobs.append(Job(f"diff:{n.label}", f"diff {golden} vs {n.label}",
@@ -245,12 +245,13 @@ def record_node(study: Study, out: Path, label: str, profile: str | None, seed: 
     return f"{summary.steps} steps, final loss {summary.final_loss:.4f}"
 
 
-def _replay(paths: StudyPaths, golden: str, label: str, mode: str, steps: range,
+def _replay(study: Study, paths: StudyPaths, golden: str, label: str, mode: str, steps: range,
             progress: bool) -> str:
     header = golden_header(paths.run(golden))
     suspect = suspect_from_run(paths.run(label), header, paths.run(golden))
     summaries = replay(ReplayRequest(golden=paths.run(golden), out=paths.replay(label, mode), steps=steps,
-                                     suspect=suspect, mode=mode, overwrite=True, progress=progress), header)
+                                     suspect=suspect, mode=mode, overwrite=True, progress=progress,
+                                     run_id=derived_run_id(study, label, f"replay-{mode}")), header)
     results = [r for summary in summaries for r in summary.steps]
     if mode == "lockstep":
         worst = max((r.worst_frequency for r in results), default=0.0)
