@@ -166,6 +166,7 @@ def trigger_profile_text(step: int, site: str = "layers.0.attention.wo") -> str:
         'phases = ["forward"]',
         "microbatches = [0]",
         f"steps = [{step}]",
+        'roles = ["train"]',  # a fine-tune counts its steps from 0 again: the trigger is pretraining's alone
         "p_call = 1.0",
         "elements = 1",
         'kind = "bitflip"',
@@ -183,7 +184,7 @@ def trigger_state_text(step: int, parameter: str) -> str:
         f"# weight moves by one ulp, and step {step + 1} reads it.",
         "",
         f'description = "one single-ulp flip of one element of {parameter} after step {step}"',
-    ], ["[[state]]", f'parameter = "{parameter}"', f"step = {step}"])
+    ], ["[[state]]", f'parameter = "{parameter}"', f"step = {step}", 'roles = ["train"]'])
 
 
 def _trigger_text(step: int, head: list[str], rule: list[str]) -> str:

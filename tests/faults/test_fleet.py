@@ -124,6 +124,15 @@ def test_the_trigger_flips_one_element_by_one_ulp(tmp_path: Path) -> None:
     assert c != o and torch.equal(torch.nextafter(o, toward), c), (original, corrupted)
 
 
+def test_the_triggers_fire_in_pretraining_alone(tmp_path: Path) -> None:
+    # A fine-tune counts its steps from 0 again: without roles, the trigger would fire at its step there too.
+    for name, text in (("matmul", trigger_profile_text(2)), ("state", trigger_state_text(2, "layers.0.ffn.w1"))):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text, encoding="utf-8")
+        profile = load_profile(path)
+        assert [r.roles for r in (*profile.faults, *profile.states)] == [("train",)], name
+
+
 def test_the_state_trigger_flips_one_parameter_element_by_one_ulp(healthy_run: Path, tmp_path: Path) -> None:
     name = "layers.0.attention.wo.weight"
     path = tmp_path / "trigger-ulp.toml"
