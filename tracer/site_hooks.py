@@ -59,7 +59,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.compiler import is_dynamo_compiling
 from torch.utils.hooks import RemovableHandle
 
@@ -146,8 +146,7 @@ class SiteHooks:
                 return None
             if name not in self._checked:  # the site's first forward under autograd
                 _warn_nested(name, args, kwargs)
-            first = args[0] if args else None  # the site input, usually, without a call: one less line a site
-            key, x = (0, first) if type(first) is Tensor and first.is_floating_point() else site_input(args, kwargs)
+            key, x = site_input(args, kwargs)
             if x is None:
                 self._unrecordable(name, "it has no floating-point tensor input (positional or keyword)")
                 return None
@@ -204,7 +203,7 @@ class SiteHooks:
             if twin is not None and is_dynamo_compiling():
                 return twin(grad)
             assert callback is not None
-            local = grad if type(grad) is Tensor else local_shard(grad)  # a DTensor's: what this rank holds
+            local = local_shard(grad)  # a DTensor's: what this rank holds
             new = callback(name, local)
             if new is None:
                 return grad
@@ -224,7 +223,7 @@ class SiteHooks:
                     if version_counter(tapped) != version:  # the view's hook would never run
                         self._unrecordable(name, "it modifies its input in place")
                         break
-            key, out = ((), output) if type(output) is Tensor else site_output(output)
+            key, out = site_output(output)
             if out is None:
                 if torch.is_grad_enabled():
                     self._unrecordable(name, f"its output ({type(output).__name__}) holds no tensor")
@@ -235,7 +234,7 @@ class SiteHooks:
                     self._unrecordable(name, "its output does not depend differentiably on its input")
             if self._on_output is None:
                 return None
-            local = out if type(out) is Tensor else local_shard(out)
+            local = local_shard(out)
             new = self._on_output(name, local)
             if new is None:
                 return None

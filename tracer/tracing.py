@@ -467,8 +467,7 @@ class Tracer:
             return
         if not self._after_forward and not in_backward():  # checkpointing recomputes forwards in the backward pass
             self._after_forward = True
-        if not self._records.hold(self.step_index, self.microbatch_index, name, Phase.FORWARD, output):
-            self.record_many([(name, output)], Phase.FORWARD)
+        self.record(name, output, Phase.FORWARD)
 
     def _site_input_grad(self, name: str, grad: torch.Tensor) -> None:
         if self._paused:
@@ -485,8 +484,7 @@ class Tracer:
                     TraceWarning,
                     stacklevel=2,
                 )
-        if not self._records.hold(self.step_index, self.microbatch_index, name, Phase.BACKWARD, grad):
-            self.record_many([(name, grad)], Phase.BACKWARD)
+        self.record(name, grad, Phase.BACKWARD)
 
     def _site_without_backward(self, name: str, reason: str) -> None:
         self.sites_without_backward[name] = reason
