@@ -54,7 +54,7 @@ def load_parquet(db_path: str | Path, staging_dir: str | Path, pair_id: str) -> 
     con = open_writable(db_path)
     try:
         con.execute("BEGIN TRANSACTION")
-        _ensure_schema(con)
+        ensure_schema(con)
         counts = {}
         loaded = "(run_id, rank) IN (SELECT (run_id, rank) FROM read_parquet(?))"
         for t in RUN_TABLES:
@@ -70,7 +70,7 @@ def load_parquet(db_path: str | Path, staging_dir: str | Path, pair_id: str) -> 
             counts[t] = _count(con, t, "pair_id = ?", [pair_id])
         con.execute("COMMIT")
     except BaseException:
-        _rollback(con)
+        rollback(con)
         con.close()
         if not had_wal and wal.is_file() and wal.stat().st_size == 0:
             wal.unlink()  # what a COMMIT that failed on a full disk leaves: the database is as it was without it
@@ -79,14 +79,14 @@ def load_parquet(db_path: str | Path, staging_dir: str | Path, pair_id: str) -> 
     return counts
 
 
-def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     """The schema's tables and views, and the version row (`open_writable` checked any existing ones)."""
     con.execute(schema_sql())
     if not con.execute(f"SELECT count(*) FROM {VERSION_TABLE}").fetchone()[0]:
         con.execute(f"INSERT INTO {VERSION_TABLE} VALUES (?)", [SCHEMA_VERSION])
 
 
-def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+def rollback(con: duckdb.DuckDBPyConnection) -> None:
     """Undo the open transaction; a failed COMMIT (a full disk) has ended it already, and DuckDB's complaint about
     that would hide the reason."""
     try:

@@ -516,3 +516,48 @@ FROM (SELECT DISTINCT pair_id, node_label, golden_run_id, baseline, saturation_s
 JOIN fit AS f USING (pair_id)
 LEFT JOIN fault_counts AS k USING (pair_id)
 LEFT JOIN compared AS s USING (pair_id);
+
+-- Incident bundles (`sdc incident load`, analysis/incident_signatures.py): one row per bundle output whose golden
+-- and suspect bits differ, with its defect signature (replay/signature.py). Key: (incident_id, output).
+CREATE TABLE IF NOT EXISTS incident_signatures (
+    incident_id VARCHAR,
+    bundle VARCHAR,
+    node_label VARCHAR,
+    run_id VARCHAR,
+    golden_node VARCHAR,
+    golden_run_id VARCHAR,
+    step BIGINT,
+    microbatch BIGINT,
+    site VARCHAR,
+    phase VARCHAR,
+    output INTEGER,
+    op VARCHAR,
+    dtype VARCHAR,
+    shape BIGINT[],
+    shape_class VARCHAR,
+    elements BIGINT,
+    differing BIGINT,
+    sign_flips BIGINT,
+    exponent_flips BIGINT,
+    mantissa_flips BIGINT,
+    top_bit INTEGER,
+    top_bit_count BIGINT,
+    bits MAP(INTEGER, BIGINT),
+    ulps_max DOUBLE,
+    ulps_median DOUBLE,
+    period BIGINT,
+    period_offset BIGINT
+);
+
+-- The reproductions run so far of each loaded bundle (its verdicts.jsonl), one row per run of reproduce.py or
+-- `sdc incident reproduce`, gathered from every copy of the bundle loaded. Key: (incident_id, machine, unix).
+CREATE TABLE IF NOT EXISTS incident_verdicts (
+    incident_id VARCHAR,
+    machine VARCHAR,
+    verdict VARCHAR,
+    emulated VARCHAR,
+    repeats INTEGER,
+    device VARCHAR,
+    torch VARCHAR,
+    unix DOUBLE
+);

@@ -51,7 +51,8 @@ def incident(request: IncidentRequest) -> dict[str, Any]:
     with claim_folder(request.out, INCIDENT_FOLDER, overwrite=request.overwrite,
                       inputs=(request.golden, request.suspect.run)):
         captured = capture(request.golden, request.suspect, site, request.workload)
-        return write_bundle(captured, request.out, suspect=request.suspect.source,
+        return write_bundle(captured, request.out, suspect={"node_label": request.suspect.label,
+                                                            **request.suspect.source},
                             golden={"path": str(request.golden), "run_id": header.run_id,
                                     "node_label": header.node_label})
 

@@ -36,8 +36,8 @@ FILES = (bundle_reproduce.MANIFEST, bundle_reproduce.TENSORS, SCRIPT)
 
 
 def bundle_written(parts: tuple[str, ...], is_dir: bool) -> bool:
-    """Whether ``<bundle>/<parts...>`` is a name a bundle holds."""
-    return len(parts) == 1 and not is_dir and parts[0] in (*FILES, LOCK_FILE)
+    """Whether ``<bundle>/<parts...>`` is a name a bundle holds (its reproductions' verdicts.jsonl too)."""
+    return len(parts) == 1 and not is_dir and parts[0] in (*FILES, bundle_reproduce.VERDICTS_FILE, LOCK_FILE)
 
 
 INCIDENT_FOLDER = FolderKind("bundle", bundle_written)

@@ -3,7 +3,7 @@
 This file is copied verbatim into every bundle as ``reproduce.py``, so it imports only torch and the standard
 library (its safetensors reader is the few lines below)::
 
-    python INC/reproduce.py [--repeats N] [--device cpu] [--json]
+    python INC/reproduce.py [--repeats N] [--device cpu] [--json] [--machine NAME | --no-record]
 
 It loads the site's inputs, parameters and constants (``tensors.safetensors``) and the aten op sequence
 (``manifest.json``), runs the sequence ``--repeats`` times from the captured RNG state, and compares each
@@ -15,6 +15,11 @@ run's outputs bit for bit with the golden and the suspect outputs the bundle hol
     6  unexplained       the runs agree but match neither the golden nor the suspect output
     2  the bundle or the arguments are unusable (a message says why)
 
+Each verdict is appended to the bundle's own ``verdicts.jsonl`` (one JSON line: the machine, by default its host
+name, the verdict, the runs, torch and the device; `record_verdict`), so the bundle carries every reproduction
+run so far wherever it travels and `sdc incident load` puts them beside its signature. Nothing is written outside
+the bundle's folder; a read-only bundle is reported and the verdict stands (``--no-record`` skips the line).
+
 *software* is what two machines' verdicts say together: a bundle that is *persistent here* on a healthy machine
 too reproduces the suspect's bits without the suspect's hardware (docs/incident.md). sdctrace imports this
 module for ``sdc incident reproduce``, which runs `reproduce` under the fault emulator (``within`` puts each op in its module).
@@ -24,7 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -36,7 +44,7 @@ import torch
 Within = Callable[[str, Callable[[], Any]], Any]  # (module path below the site, an op's call) -> its result
 VERDICTS = {"transient": 0, "persistent here": 4, "nondeterministic": 5, "unexplained": 6}
 USAGE_ERROR = 2
-MANIFEST, TENSORS = "manifest.json", "tensors.safetensors"
+MANIFEST, TENSORS, VERDICTS_FILE = "manifest.json", "tensors.safetensors", "verdicts.jsonl"
 FORMAT = "sdctrace-incident/1"
 # safetensors' dtype codes (little-endian data)
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -206,6 +214,20 @@ def reproduce(bundle: Path, repeats: int = 5, device: str | None = None,
             "runs_matching_suspect": sum(all_same(r, suspect) for r in runs)}
 
 
+def record_verdict(bundle: Path, result: dict[str, Any], machine: str | None = None) -> Path:
+    """Append ``result``'s verdict to ``bundle/verdicts.jsonl`` (never a file a link points to elsewhere); the file.
+    ``machine`` names where it ran (default: this host's name)."""
+    line = {"machine": machine or socket.gethostname(), "verdict": result["verdict"], "repeats": result["repeats"],
+            "runs_matching_golden": result["runs_matching_golden"],
+            "runs_matching_suspect": result["runs_matching_suspect"], "device": result["device"],
+            "torch": result["torch"], "emulated": (result.get("emulated") or {}).get("profile"), "unix": time.time()}
+    path = bundle / VERDICTS_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line, sort_keys=True) + "\n")
+    return path
+
+
 def describe(result: dict[str, Any]) -> str:
     site = result["site"]
     where = f"step {site['step']}, microbatch {site['microbatch']}, {site['phase']} {site['name']}"
@@ -224,13 +246,22 @@ def main(argv: list[str] | None = None, bundle: Path | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="identical runs of the op sequence (default 5)")
     parser.add_argument("--device", default=None, help="where to run (default: the device the bundle was captured on)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--machine", default=None, help="the name verdicts.jsonl gives this machine (default: its "
+                        "host name)")
+    parser.add_argument("--no-record", action="store_true", help="do not append the verdict to verdicts.jsonl")
     args = parser.parse_args(argv)
+    where = bundle or Path(__file__).resolve().parent
     try:
-        result = reproduce(bundle or Path(__file__).resolve().parent, args.repeats, args.device)
+        result = reproduce(where, args.repeats, args.device)
     except BundleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     print(json.dumps(result) if args.json else describe(result))
+    if not args.no_record:
+        try:
+            record_verdict(where, result, args.machine)
+        except OSError as exc:
+            print(f"note: the verdict was not added to {where / VERDICTS_FILE} ({exc})", file=sys.stderr)
     return result["exit_code"]
 
 

@@ -2,15 +2,19 @@
 
     sdc incident --golden G --suspect S --out INC [--at STEP:MB:SITE:forward]    # capture, write the bundle
     sdc incident reproduce INC [--fault-profile P --fault-seed N] [--repeats N]  # its verdict on this machine
+    sdc incident load INC [INC ...] --db study.duckdb    # signatures and verdicts into the study database
 
 The command parses its arguments, builds the `IncidentRequest` and prints what the incident job (jobs/incident.py)
 returns: the site, the defect signature of each output that differs, and how to reproduce it (docs/incident.md).
+``load`` reads bundles (analysis/incident_signatures.py) into the tables `incident_signatures` and
+`incident_verdicts`, which the query `signature_groups` groups across incidents and nodes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from sdc.commands import Command
@@ -44,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     p.add_argument("--workload", metavar="MODULE:FACTORY",
                    help="the factory that rebuilds the golden run (as for `sdc replay`)")
     p.add_argument("--overwrite", action="store_true", help="replace a bundle already in --out")
-    actions = p.add_subparsers(dest="action", metavar="reproduce")
+    actions = p.add_subparsers(dest="action", metavar="{reproduce,load}")
     r = actions.add_parser("reproduce", help="run a bundle's reproduction on this machine and print its verdict",
                            description="Run the bundle's op sequence --repeats times here (as its reproduce.py does), "
                            "under --fault-profile's emulator when given (each run a later attempt of the incident's "
@@ -56,12 +60,26 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
                    help="seed for --fault-profile (default 0)")
     r.add_argument("--repeats", type=int, default=5, metavar="N", help="identical runs (default 5)")
     r.add_argument("--json", action="store_true", help="print the result as JSON")
+    r.add_argument("--machine", metavar="NAME", help="the name the bundle's verdicts.jsonl gives this machine "
+                   "(default: its host name)")
+    r.add_argument("--no-record", action="store_true", help="do not append the verdict to the bundle's verdicts.jsonl")
+    ld = actions.add_parser("load", help="load bundles' defect signatures and verdicts into a study database",
+                            description="Read each bundle's manifest.json (its defect signatures) and verdicts.jsonl "
+                            "(the reproductions run so far) into --db's tables incident_signatures and "
+                            "incident_verdicts, replacing that bundle's earlier rows; `sdc query signature_groups "
+                            "--db DB` groups them across incidents and nodes (analysis/SCHEMA.md).")
+    ld.add_argument("bundles", type=Path, nargs="+", metavar="BUNDLE", help="folders `sdc incident` wrote")
+    ld.add_argument("--db", dest="load_db", type=Path, required=True, metavar="DB",
+                    help="the study database (a new path, or one `sdc diff` wrote)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.action == "reproduce":
-        return _reproduce(args)
+    if args.action in ("reproduce", "load"):
+        if args.golden is not None or args.suspect is not None or args.out is not None or args.at is not None:
+            raise UsageError(f"`sdc incident {args.action}` takes bundles alone (its options after the word "
+                             f"{args.action}); --golden, --suspect, --out and --at are for a capture")
+        return _reproduce(args) if args.action == "reproduce" else _load(args)
     from jobs.incident import IncidentRequest, incident
     from jobs.replay import golden_header
     from replay.capture import SiteKey
@@ -98,15 +116,28 @@ def run(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     from faults import load_profile
     from jobs.incident import reproduce_bundle
-    from replay.bundle_reproduce import BundleError, describe
+    from replay.bundle_reproduce import VERDICTS_FILE, BundleError, describe, record_verdict
 
-    if args.golden is not None or args.suspect is not None or args.out is not None or args.at is not None:
-        raise UsageError("`sdc incident reproduce BUNDLE` takes the bundle alone (and --fault-profile, --fault-seed, "
-                         "--repeats, --json after it)")
     profile = load_profile(args.reproduce_profile) if args.reproduce_profile else None
     try:
         result = reproduce_bundle(args.bundle, profile, fault_seed=args.reproduce_seed, repeats=args.repeats)
     except BundleError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(result) if args.json else describe(result))
+    if not args.no_record:
+        try:
+            record_verdict(args.bundle, result, args.machine)
+        except OSError as exc:
+            print(f"note: the verdict was not added to {args.bundle / VERDICTS_FILE} ({exc})", file=sys.stderr)
     return result["exit_code"]
+
+
+def _load(args: argparse.Namespace) -> int:
+    from analysis.incident_signatures import load_incidents
+
+    loaded = load_incidents(args.load_db, args.bundles)
+    for incident in loaded:
+        print(f"{incident.bundle}: {incident.node_label}, step {incident.step} {incident.site}: "
+              f"{len(incident.signatures)} signature(s), {len(incident.verdicts)} verdict(s)")
+    print(f"-> {args.load_db}; next: sdc query signature_groups --db {args.load_db}")
+    return 0
