@@ -44,14 +44,15 @@ def dataset() -> list[dict[str, torch.Tensor]]:
 
 
 def make_trainer(output_dir: Path, callbacks: Sequence[TrainerCallback] = (), *, loss_kwargs: bool = True,
-                 bf16: bool = False, bert: bool = False) -> Trainer:
+                 bf16: bool = False, bert: bool = False, steps: int = STEPS, save_steps: int = SAVE_STEPS) -> Trainer:
     """The Trainer; ``loss_kwargs=False`` makes it treat the model as one that takes no ``num_items_in_batch``,
-    so it divides each microbatch's mean loss by the step's microbatches instead."""
+    so it divides each microbatch's mean loss by the step's microbatches instead. ``steps`` and ``save_steps``:
+    its ``max_steps`` and ``save_steps``."""
     configure_determinism(SEED, threads=1)
     model = BertForMaskedLM(BertConfig(**BERT)) if bert else LlamaForCausalLM(LlamaConfig(**MODEL))
     args = TrainingArguments(bf16=bf16,
-        output_dir=str(output_dir), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=STEPS,
-        learning_rate=1e-3, warmup_steps=0, max_grad_norm=1.0, save_strategy="steps", save_steps=SAVE_STEPS,
+        output_dir=str(output_dir), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=steps,
+        learning_rate=1e-3, warmup_steps=0, max_grad_norm=1.0, save_strategy="steps", save_steps=save_steps,
         save_only_model=True, logging_strategy="no", report_to="none", use_cpu=True, seed=SEED, disable_tqdm=True,
     )
     trainer = Trainer(model=model, args=args, train_dataset=dataset(), callbacks=list(callbacks))
@@ -76,9 +77,11 @@ def build(config: Mapping[str, Any], device: torch.device) -> TrainerWorkload:
     return TrainerWorkload.of(make_trainer(Path(tempfile.gettempdir()) / "sdctrace-hf-replay", **variant(config)))
 
 
-def variant(config: Mapping[str, Any]) -> dict[str, bool]:
+def variant(config: Mapping[str, Any]) -> dict[str, Any]:
     """The test's own config section, which the header keeps: ``variant.loss_kwargs`` (default true), ``bf16``
-    and ``bert`` (default false), as `make_trainer`'s keywords."""
+    and ``bert`` (default false), ``steps`` and ``save_steps`` (default `STEPS`, `SAVE_STEPS`), as
+    `make_trainer`'s keywords."""
     section = config.get("variant", {})
     return {"loss_kwargs": bool(section.get("loss_kwargs", True)), "bf16": bool(section.get("bf16", False)),
-            "bert": bool(section.get("bert", False))}
+            "bert": bool(section.get("bert", False)), "steps": int(section.get("steps", STEPS)),
+            "save_steps": int(section.get("save_steps", SAVE_STEPS))}

@@ -4,8 +4,6 @@ emulation; the manifest checked against the golden log and the fault events."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,26 +11,13 @@ import torch
 
 from replay.bundle_reproduce import VERDICTS, read_safetensors
 from sdc.cli import main
+from tests.replay.incident_support import assert_persistent_under_emulation_only, reproduce_py, sdc
 from tests.support import ONE_FLIP
-
-ROOT = Path(__file__).resolve().parents[2]
 # ONE_FLIP (one exponent flip in each forward matmul of layers.1.feed_forward at step 3) as a stuck unit, and as a
 # transient one that fires in a step's first run only (a later moment, a re-run, is clean).
 PERSISTENT = ONE_FLIP + "persistent = true\n"
 TRANSIENT = ONE_FLIP + "attempts = [0]\n"
 SITE = (3, 0, "layers.1.feed_forward", "forward")
-
-
-def sdc(*argv: str) -> subprocess.CompletedProcess[str]:
-    """`sdc` in a fresh process."""
-    return subprocess.run([sys.executable, "-m", "sdc.cli", *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-
-
-def reproduce_py(bundle: Path) -> subprocess.CompletedProcess[str]:
-    """The bundle's reproduce.py in a fresh, isolated interpreter (no sdctrace on its path): only torch."""
-    return subprocess.run([sys.executable, "-I", str(bundle / "reproduce.py"), "--repeats", "3", "--json"],
-                          cwd=bundle.parent, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -85,14 +70,8 @@ def test_a_persistent_fault_reproduces_under_its_emulation_only(runs: dict[str, 
     theirs = safetensors.load_file(str(bundle / "tensors.safetensors"))
     assert all(torch.equal(theirs[k], tensors[k]) for k in tensors)
 
-    plain = reproduce_py(bundle)
-    assert plain.returncode == VERDICTS["transient"], plain.stderr
-    assert json.loads(plain.stdout)["runs_matching_golden"] == 3
-    emulated = sdc("incident", "reproduce", str(bundle), "--fault-profile", str(runs["persistent.toml"]),
-                   "--repeats", "3", "--json")
-    assert emulated.returncode == VERDICTS["persistent here"], emulated.stderr
-    result = json.loads(emulated.stdout)
-    assert result["runs_matching_suspect"] == 3 and result["emulated"]["faults_per_run"] == [3, 3, 3]
+    result = assert_persistent_under_emulation_only(bundle, runs["persistent.toml"], repeats=3)
+    assert result["emulated"]["faults_per_run"] == [3, 3, 3]
 
 
 @pytest.mark.slow

@@ -5,31 +5,14 @@ projection flipped, persistently, at step 2. The bundle names the bit and reprod
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from replay.bundle_reproduce import VERDICTS
 from sdc.cli import main
+from tests.replay.incident_support import assert_persistent_under_emulation_only, down_proj_flip
 
 pytest.importorskip("transformers", reason="install the extras: pip install -e '.[hf]'")
-
-ROOT = Path(__file__).resolve().parents[2]
-DOWN_PROJ_27 = """
-description = "bit 27 of one element of model.layers.1.mlp.down_proj's forward matmul at step 2, a stuck unit"
-seed = 7
-[[fault]]
-ops = ["matmul"]
-sites = "model\\\\.layers\\\\.1\\\\.mlp\\\\.down_proj"
-phases = ["forward"]
-steps = [2]
-elements = 1
-kind = "bitflip"
-bits = 27
-persistent = true
-"""
 
 
 @pytest.mark.slow
@@ -39,7 +22,7 @@ def test_an_hf_llama_bundle_names_the_flipped_bit_and_reproduces(tmp_path: Path,
     from tests.integrations import hf_tiny
 
     profile = tmp_path / "down-proj.toml"
-    profile.write_text(DOWN_PROJ_27, encoding="utf-8")
+    profile.write_text(down_proj_flip(2), encoding="utf-8")
     golden = hf_tiny.record(tmp_path / "golden", "golden")
     sick = hf_tiny.record(tmp_path / "sick", "sick", **node_options(load_profile(profile), sites=hf_tiny.SITES))
     bundle = tmp_path / "INC"
@@ -57,10 +40,4 @@ def test_an_hf_llama_bundle_names_the_flipped_bit_and_reproduces(tmp_path: Path,
     assert sig["bits"] == {"27": 1} and sig["fields"]["exponent"] == 1 and sig["differing"] == 1
     assert sig["positions"] == fault["index"] and sig["op"] == "aten.mm.default" and sig["step"] == 2
 
-    plain = subprocess.run([sys.executable, "-I", str(bundle / "reproduce.py"), "--repeats", "2"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=300)
-    assert plain.returncode == VERDICTS["transient"], plain.stdout + plain.stderr
-    emulated = subprocess.run([sys.executable, "-m", "sdc.cli", "incident", "reproduce", str(bundle),
-                               "--fault-profile", str(profile), "--repeats", "2"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=300)
-    assert emulated.returncode == VERDICTS["persistent here"], emulated.stdout + emulated.stderr
+    assert_persistent_under_emulation_only(bundle, profile, repeats=2)
