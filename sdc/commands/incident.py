@@ -31,7 +31,9 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
             "of it on the same inputs (lockstep, under the suspect's fault emulator when it is emulated), and write "
             "a bundle: tensors.safetensors, manifest.json (with the defect signature) and reproduce.py, which needs "
             "only torch. `sdc incident reproduce BUNDLE` runs the reproduction here, under an emulated fault "
-            "profile if given: transient (exit 0), persistent here (4), nondeterministic (5), unexplained (6)."
+            "profile if given: transient (exit 0), persistent here (4), nondeterministic (5), unexplained (6), "
+            "and appends its verdict to the bundle's verdicts.jsonl. `sdc incident load BUNDLE... --db DB` puts "
+            "bundles' signatures and verdicts in a study database (docs/incident.md, \"Fleet view\")."
         ),
     )
     p.add_argument("--golden", type=Path, metavar="RUN", help="the healthy run (with checkpoints)")
@@ -66,8 +68,9 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     ld = actions.add_parser("load", help="load bundles' defect signatures and verdicts into a study database",
                             description="Read each bundle's manifest.json (its defect signatures) and verdicts.jsonl "
                             "(the reproductions run so far) into --db's tables incident_signatures and "
-                            "incident_verdicts, replacing that bundle's earlier rows; `sdc query signature_groups "
-                            "--db DB` groups them across incidents and nodes (analysis/SCHEMA.md).")
+                            "incident_verdicts (a bundle loaded again: its signature rows replaced, its new verdicts "
+                            "added); `sdc query signature_groups --db DB` groups them across incidents and nodes "
+                            "(analysis/SCHEMA.md).")
     ld.add_argument("bundles", type=Path, nargs="+", metavar="BUNDLE", help="folders `sdc incident` wrote")
     ld.add_argument("--db", dest="load_db", type=Path, required=True, metavar="DB",
                     help="the study database (a new path, or one `sdc diff` wrote)")

@@ -10,6 +10,7 @@ bundle of a persistent emulated fault reproduces under the fault's emulation onl
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,19 +47,19 @@ def assert_persistent_under_emulation_only(bundle: Path, profile: Path, repeats:
     return result
 
 
+def stuck_bit(module: str, step: int, bit: int, *, elements: int = 1, stride: int | None = None) -> str:
+    """A fault profile: bit ``bit`` of ``elements`` elements (``stride`` apart in the flat result when given, one
+    lane of each warp) of the forward matmul of the module at path ``module`` at ``step``, a stuck unit
+    (``persistent``): the emulated suspect of every incident test on a model of another library."""
+    pattern = f"sites = '{re.escape(module)}'"  # a TOML literal string: the regex as it is
+    return "\n".join([
+        f'description = "bit {bit} of {elements} element(s) of {module}\'s forward matmul at step {step}, stuck"',
+        "seed = 7", "[[fault]]", 'ops = ["matmul"]', pattern, 'phases = ["forward"]', f"steps = [{step}]",
+        f"elements = {elements}", *([f"stride = {stride}"] if stride else []), 'kind = "bitflip"', f"bits = {bit}",
+        "persistent = true", ""])
+
+
 def down_proj_flip(step: int) -> str:
-    """A fault profile: bit 27 (an exponent bit of float32) of one element of tests/integrations/hf_tiny's
-    model.layers.1.mlp.down_proj forward matmul at ``step``, a stuck unit (``persistent``)."""
-    return f"""
-description = "bit 27 of one element of model.layers.1.mlp.down_proj's forward matmul at step {step}, a stuck unit"
-seed = 7
-[[fault]]
-ops = ["matmul"]
-sites = "model\\\\.layers\\\\.1\\\\.mlp\\\\.down_proj"
-phases = ["forward"]
-steps = [{step}]
-elements = 1
-kind = "bitflip"
-bits = 27
-persistent = true
-"""
+    """Bit 27 (an exponent bit of float32) of one element of tests/integrations/hf_tiny's
+    model.layers.1.mlp.down_proj forward matmul at ``step``, a stuck unit."""
+    return stuck_bit("model.layers.1.mlp.down_proj", step, 27)

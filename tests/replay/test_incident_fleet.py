@@ -12,6 +12,7 @@ import pytest
 from analysis import queries
 from replay.bundle_reproduce import VERDICTS, main as reproduce_main
 from sdc.cli import main
+from tests.replay.incident_support import stuck_bit
 
 SITE = "layers.1.feed_forward"
 
@@ -19,20 +20,7 @@ SITE = "layers.1.feed_forward"
 def warp_rule(bit: int) -> str:
     """Bit ``bit`` of 8 elements, 32 apart (one lane of each of 8 warps), of the forward matmul of
     layers.1.feed_forward's last linear (w2, whose result is the site's output) at step 3: a stuck unit."""
-    return f"""
-description = "bit {bit} of every 32nd element of layers.1.feed_forward.w2's forward matmul at step 3"
-seed = 7
-[[fault]]
-ops = ["matmul"]
-sites = "layers\\\\.1\\\\.feed_forward\\\\.w2"
-phases = ["forward"]
-steps = [3]
-elements = 8
-stride = 32
-kind = "bitflip"
-bits = {bit}
-persistent = true
-"""
+    return stuck_bit(SITE + ".w2", step=3, bit=bit, elements=8, stride=32)
 
 
 NODES = {"node-a": (27, 0), "node-b": (27, 1), "node-c": (25, 0)}  # label -> (bit, fault seed)

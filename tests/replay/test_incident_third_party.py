@@ -14,23 +14,11 @@ import pytest
 from faults import load_profile
 from sdc.cli import main
 from tests.replay import torch_transformer
-from tests.replay.incident_support import assert_persistent_under_emulation_only, down_proj_flip
+from tests.replay.incident_support import assert_persistent_under_emulation_only, down_proj_flip, stuck_bit
 from tracer.checkpoint import checkpoint_dir
 
 LINEAR2 = "transformer.encoder.layers.1.linear2"
-LINEAR2_FLIP = """
-description = "bit 27 of one element of transformer.encoder.layers.1.linear2's forward matmul at step 1, stuck"
-seed = 5
-[[fault]]
-ops = ["matmul"]
-sites = "transformer\\\\.encoder\\\\.layers\\\\.1\\\\.linear2"
-phases = ["forward"]
-steps = [1]
-elements = 1
-kind = "bitflip"
-bits = 27
-persistent = true
-"""
+LINEAR2_FLIP = stuck_bit(LINEAR2, step=1, bit=27)
 
 
 @pytest.mark.slow
