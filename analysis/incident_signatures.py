@@ -40,6 +40,7 @@ MAX_TEXT = 1024  # characters of a name, label or id
 MAX_DIMS = 64
 MAX_BITS = 64  # bit indices 0..63: float64 is the widest layout
 _FIX = "capture it again with `sdc incident` (a bundle is never edited by hand)"
+_FIX_VERDICT = "remove that line (reproduce.py appends one JSON object a line; run it again for a new one)"
 
 
 @dataclass(frozen=True)
@@ -103,14 +104,13 @@ class Incident:
 class _Fields:
     """Typed, bounded access to one JSON object of ``path``; errors name the file and the field."""
 
-    def __init__(self, path: Path, data: Any, where: str = "") -> None:
+    def __init__(self, path: Path, data: Any, where: str = "", fix: str = _FIX) -> None:
+        self.path, self.data, self.where, self.fix = path, data, where, fix
         if not isinstance(data, dict):
-            raise self.error(path, where or "the top level", f"is {type(data).__name__}, expected an object")
-        self.path, self.data, self.where = path, data, where
+            raise self.error(where or "the top level", f"is {type(data).__name__}, expected an object")
 
-    @staticmethod
-    def error(path: Path, field: str, problem: str) -> ValidationError:
-        return ValidationError(f"{path}: field {field} {problem}; {_FIX}")
+    def error(self, field: str, problem: str) -> ValidationError:
+        return ValidationError(f"{self.path}: field {field} {problem}; {self.fix}")
 
     def name(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
@@ -119,41 +119,44 @@ class _Fields:
         if key not in self.data:
             if optional:
                 return None
-            raise self.error(self.path, self.name(key), "is missing")
+            raise self.error(self.name(key), "is missing")
         value = self.data[key]
         if value is None and optional:
             return None
         if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)) or \
                 not isinstance(value, kind):
-            raise self.error(self.path, self.name(key), f"is {type(value).__name__}, expected "
+            raise self.error(self.name(key), f"is {type(value).__name__}, expected "
                              f"{getattr(kind, '__name__', kind)}")
         return value
 
     def text(self, key: str, *, optional: bool = False) -> str | None:
         value = self.get(key, str, optional=optional)
         if value is not None and len(value) > MAX_TEXT:
-            raise self.error(self.path, self.name(key), f"is {len(value)} characters long, at most {MAX_TEXT}")
+            raise self.error(self.name(key), f"is {len(value)} characters long, at most {MAX_TEXT}")
         return value
 
     def count(self, key: str, *, optional: bool = False, low: int = 0, high: int = 1 << 62) -> int | None:
         value = self.get(key, int, optional=optional)
         if value is not None and not low <= value <= high:
-            raise self.error(self.path, self.name(key), f"= {value} lies outside [{low}, {high}]")
+            raise self.error(self.name(key), f"= {value} lies outside [{low}, {high}]")
         return value
 
     def number(self, key: str) -> float:
-        value = float(self.get(key, (int, float)))
+        try:
+            value = float(self.get(key, (int, float)))
+        except OverflowError:
+            value = math.nan
         if math.isnan(value) or value < 0:
-            raise self.error(self.path, self.name(key), f"= {value} is not a distance (>= 0)")
+            raise self.error(self.name(key), f"= {value} is not a distance (>= 0)")
         return value
 
     def object(self, key: str) -> _Fields:
-        return _Fields(self.path, self.get(key, dict), self.name(key))
+        return _Fields(self.path, self.get(key, dict), self.name(key), self.fix)
 
     def items(self, key: str, limit: int) -> list[Any]:
         value = self.get(key, list)
         if len(value) > limit:
-            raise self.error(self.path, self.name(key), f"holds {len(value)} entries, at most {limit}")
+            raise self.error(self.name(key), f"holds {len(value)} entries, at most {limit}")
         return value
 
 
@@ -162,12 +165,13 @@ def read_bundle(bundle: Path) -> Incident:
     path = bundle / MANIFEST
     raw = _read(path, MANIFEST_BYTES, "give a folder `sdc incident` wrote")
     try:
-        manifest = _Fields(path, json.loads(raw))
-    except ValueError as exc:
-        raise ValidationError(f"{path}: not JSON ({exc}); {_FIX}") from None
-    if manifest.data.get("format") != FORMAT:
-        raise _Fields.error(path, "format", f"is {str(manifest.data.get('format'))[:40]!r}, this sdctrace reads "
-                            f"{FORMAT}; load it with the sdctrace that wrote it")
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValidationError(f"{path}: not JSON ({str(exc)[:200]}); {_FIX}") from None
+    manifest = _Fields(path, data)
+    if data.get("format") != FORMAT:
+        raise ValidationError(f"{path}: field format is {str(data.get('format'))[:40]!r}, this sdctrace reads "
+                              f"{FORMAT}; load it with the sdctrace that wrote it")
     site, suspect, golden = manifest.object("site"), manifest.object("suspect"), manifest.object("golden")
     signatures = [_signature(_Fields(path, s, f"signatures[{i}]"))
                   for i, s in enumerate(manifest.items("signatures", MAX_SIGNATURES))]
@@ -183,15 +187,15 @@ def _signature(sig: _Fields) -> OutputSignature:
     fields = sig.object("fields")
     bits = sig.object("bits")
     if len(bits.data) > MAX_BITS:
-        raise sig.error(sig.path, sig.name("bits"), f"holds {len(bits.data)} bits, at most {MAX_BITS}")
+        raise sig.error(sig.name("bits"), f"holds {len(bits.data)} bits, at most {MAX_BITS}")
     counts = {}
     for key in bits.data:
         if not (isinstance(key, str) and key.isdigit() and int(key) < MAX_BITS):
-            raise sig.error(sig.path, sig.name("bits"), f"has the key {key[:20]!r}, expected a bit index 0..63")
+            raise sig.error(sig.name("bits"), f"has the key {key[:20]!r}, expected a bit index 0..63")
         counts[int(key)] = bits.count(key)
     shape = sig.items("shape", MAX_DIMS)
     if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise sig.error(sig.path, sig.name("shape"), "is not a list of dimensions (integers >= 0)")
+        raise sig.error(sig.name("shape"), "is not a list of dimensions (integers >= 0)")
     elements = sig.count("elements")
     return OutputSignature(
         output=sig.count("output", high=MAX_SIGNATURES), op=sig.text("op", optional=True), dtype=sig.text("dtype"),
@@ -216,10 +220,9 @@ def read_verdicts(path: Path) -> list[Verdict]:
             continue
         try:
             data = json.loads(line)
-        except ValueError:
-            raise ValidationError(f"{path}: line {n} is not JSON; remove that line (reproduce.py appends one JSON "
-                                  "object a line)") from None
-        v = _Fields(path, data, f"(line {n})")
+        except (ValueError, RecursionError):
+            raise ValidationError(f"{path}: line {n} is not JSON; {_FIX_VERDICT}") from None
+        v = _Fields(path, data, f"(line {n})", _FIX_VERDICT)
         found.append(Verdict(machine=v.text("machine"), verdict=v.text("verdict"),
                              emulated=v.text("emulated", optional=True), repeats=v.count("repeats", high=1 << 30),
                              device=v.text("device"), torch=v.text("torch"), unix=v.number("unix")))

@@ -137,10 +137,11 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace) -> int:
     from analysis.incident_signatures import load_incidents
+    from tracer.printable import printable
 
     loaded = load_incidents(args.load_db, args.bundles)
     for incident in loaded:
-        print(f"{incident.bundle}: {incident.node_label}, step {incident.step} {incident.site}: "
-              f"{len(incident.signatures)} signature(s), {len(incident.verdicts)} verdict(s)")
+        print(printable(f"{incident.bundle}: {incident.node_label}, step {incident.step} {incident.site}: ")
+              + f"{len(incident.signatures)} signature(s), {len(incident.verdicts)} verdict(s)")
     print(f"-> {args.load_db}; next: sdc query signature_groups --db {args.load_db}")
     return 0

@@ -66,7 +66,6 @@ def broken(change: str, value: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("change", "value", "message"), [
-    ("format", "sdctrace-incident/9", "field format is 'sdctrace-incident/9'"),
     ("site.step", "3", "field site.step is str, expected int"),
     ("site.step", True, "field site.step is bool"),
     ("site.name", "x" * 5000, "field site.name is 5000 characters long"),
@@ -88,11 +87,17 @@ def test_a_damaged_manifest_is_refused_naming_the_file_and_field(tmp_path: Path,
 def test_files_beyond_their_bounds_and_bad_verdict_lines_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="INC/manifest.json: no such file"):
         read_bundle(tmp_path / "INC")
+    with pytest.raises(ValidationError, match="field format is 'sdctrace-incident/9', this sdctrace reads "
+                       "sdctrace-incident/1; load it with the sdctrace that wrote it"):
+        read_bundle(bundle(tmp_path, "OLD", broken("format", "sdctrace-incident/9")))
+    (tmp_path / "OLD" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValidationError, match="OLD/manifest.json: not JSON"):
+        read_bundle(tmp_path / "OLD")
     folder = bundle(tmp_path, "INC", verdicts=json.dumps(VERDICT) + "\n{not json\n")
     with pytest.raises(ValidationError, match=r"verdicts.jsonl: line 2 is not JSON; remove that line"):
         read_bundle(folder)
     (folder / "verdicts.jsonl").write_text(json.dumps({**VERDICT, "repeats": "5"}) + "\n")
-    with pytest.raises(ValidationError, match=r"field \(line 1\).repeats is str"):
+    with pytest.raises(ValidationError, match=r"field \(line 1\).repeats is str, expected int; remove that line"):
         read_bundle(folder)
     (folder / "verdicts.jsonl").write_text((json.dumps(VERDICT) + "\n") * (VERDICTS_BYTES // 100))
     with pytest.raises(ValidationError, match=r"bytes, more than the 4194304 a bundle's verdicts.jsonl may hold"):
