@@ -74,7 +74,8 @@ class QueryLibrary:
                 columns = [d[0] for d in cursor.description]
                 return Result(columns, cursor.fetchall())
             except duckdb.Error as exc:
-                raise ValidationError(f"{db_path}: the query failed: {duckdb_message(exc)}") from None
+                raise ValidationError(f"{db_path}: the query failed: {duckdb_message(exc)}{_later_table_hint(exc)}"
+                                      ) from None
         finally:
             con.close()
 
@@ -89,6 +90,21 @@ class QueryLibrary:
             except duckdb.Error:
                 return self.sql(word)  # raises: no such query, with the closest names
         return name_or_sql
+
+
+# Tables that `sdc diff` does not create: a command loads them into a study database later.
+LOADED_LATER = {"incident_signatures": "sdc incident load BUNDLE --db DB",
+                "incident_verdicts": "sdc incident load BUNDLE --db DB"}
+
+
+def _later_table_hint(exc: duckdb.Error) -> str:
+    """For a table another command loads (`LOADED_LATER`), the command; else nothing."""
+    if not isinstance(exc, duckdb.CatalogException):
+        return ""
+    for table, command in LOADED_LATER.items():
+        if f"name {table} does not exist" in str(exc):
+            return f" (nothing has been loaded into {table} yet: `{command}` creates it)"
+    return ""
 
 
 def _check_read_only(con: duckdb.DuckDBPyConnection, text: str) -> None:

@@ -10,9 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from analysis import formats, queries
+from analysis.load import ensure_schema
 from analysis.queries import Result
 from sdc.cli import main
 from tests.analysis.conftest import Study
@@ -135,3 +137,15 @@ def test_a_refused_write_is_one_line_from_the_shell(study: Study) -> None:
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and result.stderr.strip().splitlines() == [
         "sdc: error: refused a DELETE statement: queries are read-only, only SELECT (or EXPLAIN) runs here"]
+
+
+def test_a_query_of_tables_loaded_later_names_the_command_that_loads_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "study.duckdb"
+    con = duckdb.connect(str(db))
+    ensure_schema(con)
+    con.execute("DROP TABLE incident_verdicts")
+    con.execute("DROP TABLE incident_signatures")  # a database `sdc diff` wrote before any bundle was loaded
+    con.close()
+    line = one_error_line(capsys, "query", "signature_groups", "--db", str(db))
+    assert "incident_signatures" in line and "`sdc incident load BUNDLE --db DB` creates it" in line
