@@ -83,6 +83,11 @@ def write_bundle(c: Captured, out: Path, *, golden: dict[str, Any], suspect: dic
         "versions": software_versions(),
         "golden": golden,
         "suspect": {**suspect, "output_from": c.suspect_source, "inputs_were_golden": c.suspect_inputs_golden},
+        # False: re-executing golden here gave other bits at the site itself than its log (nondeterminism here?)
+        "golden_reexecution_matched_log": c.golden_matched_log,
+        # draws from generators of the model's own; those seeded differently in golden and the suspect are drawn
+        # anew on each run of reproduce.py, as the model does
+        "generators": {"draws": len(c.seeds), "drawn_afresh": c.drawn_afresh},
         "faults": c.faults,
         "tensors": {name: describe_tensor(t) for name, t in stored.items()},
         "ops": c.ops,

@@ -10,7 +10,9 @@ Each op is its overload name (``aten.mm.default``), the submodule it ran in (``w
 its arguments with every tensor replaced by a reference
 (``input.0``, ``param.weight``, ``const.2`` or ``op.K.J``, the J-th tensor result of op K), and the shapes,
 dtypes and strides of what it reads and writes. A tensor the ops read that is neither an input, a named tensor
-nor an earlier result (a mask built outside the module) is kept as a constant with its value at first use.
+nor an earlier result (a mask built outside the module) is kept as a constant with its value at first use, and so
+is the state of a generator of the model's own that an op draws from (`draw_afresh` drops it where the model seeds
+that generator at run time, so that each run of the bundle draws anew, as the model does).
 sdctrace's own ops (`tracer.intercept.own_ops`: the Tracer's fingerprints) are not recorded.
 """
 
@@ -42,6 +44,7 @@ class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
         self._module = module  # the path, below the recorded module, of the submodule running now ("": itself)
         self.ops: list[dict[str, Any]] = []
         self.constants: dict[str, torch.Tensor] = {}
+        self.seeds: list[int] = []  # the initial seed of each generator of the model's own an op drew from, in order
         self._refs: dict[int, str] = {}
         self._alive: list[torch.Tensor] = []  # every tensor referred to, so that no id is reused
         for name, t in {**inputs, **named}.items():
@@ -71,6 +74,11 @@ class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
             return {"float": repr(value)}
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
+        if isinstance(value, torch.Generator):  # the model's own: the state it draws from, kept as a constant
+            ref = f"const.{len(self.constants)}"
+            self.constants[ref] = value.get_state()
+            self.seeds.append(value.initial_seed())
+            return {"generator": {"device": value.device.type, "state": ref}}
         for kind, cls in (("dtype", torch.dtype), ("device", torch.device), ("layout", torch.layout),
                           ("memory_format", torch.memory_format)):
             if isinstance(value, cls):
@@ -83,9 +91,6 @@ class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
         if in_own_ops():
             return func(*args, **kwargs)
         reads: list[str] = []
-        if "generator" in kwargs and kwargs["generator"] is not None:
-            raise ValidationError(f"incident capture: {op_name(func)} draws from its own generator, whose state "
-                                  "the bundle cannot carry; only the global RNG is captured")
         entry = {"op": str(func), "args": self.encode(list(args), reads),
                  "kwargs": {k: self.encode(v, reads) for k, v in kwargs.items()}}
         read_meta = {r: describe_tensor(t) for r, t in _tensors(args, kwargs, self._refs)}
@@ -110,3 +115,41 @@ class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
 def _tensors(args: tuple, kwargs: dict, refs: dict[int, str]) -> list[tuple[str, torch.Tensor]]:
     found = [t for t in flatten([*args, *kwargs.values()]) if isinstance(t, torch.Tensor)]
     return [(refs[id(t)], t) for t in found if id(t) in refs]
+
+
+class GeneratorSeeds(dispatch_mode_base()):  # type: ignore[misc]
+    """While active, the initial seed of every generator of the model's own that an op draws from, in order: the
+    suspect's forward beside the golden one's `OpRecorder.seeds` tells a generator the model seeds at run time
+    (the clock, an OS source) from one seeded alike on every run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seeds: list[int] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if isinstance(kwargs.get("generator"), torch.Generator) and not in_own_ops():
+            self.seeds.append(kwargs["generator"].initial_seed())
+        return func(*args, **kwargs)
+
+
+def draw_afresh(ops: list[dict[str, Any]], constants: dict[str, torch.Tensor]) -> int:
+    """Make every own-generator argument of ``ops`` draw from a freshly seeded generator when the bundle is run
+    (its captured state dropped from ``constants``): for a generator the model seeds differently on every run, so
+    that reproduce.py shows the variation the model has. The number of such arguments."""
+    count = 0
+
+    def visit(value: Any) -> Any:
+        nonlocal count
+        if isinstance(value, list):
+            return [visit(v) for v in value]
+        if isinstance(value, dict) and set(value) == {"generator"}:
+            count += 1
+            constants.pop(value["generator"].get("state", ""), None)
+            return {"generator": {"device": value["generator"]["device"]}}
+        return value
+
+    for op in ops:
+        op["args"] = visit(op["args"])
+        op["kwargs"] = {k: visit(v) for k, v in op["kwargs"].items()}
+    return count

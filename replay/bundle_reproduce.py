@@ -119,6 +119,13 @@ def decode(value: Any, env: dict[str, torch.Tensor], device: torch.device) -> An
         return getattr(torch, v)
     if kind == "memory_format":
         return getattr(torch, v)
+    if kind == "generator":  # the model's own generator: its captured state, or a fresh seed where it has none
+        g = torch.Generator(device=device)
+        if "state" in v:
+            g.set_state(env[v["state"]].cpu())
+        else:
+            g.seed()
+        return g
     raise BundleError(f"unknown argument kind {kind!r}")
 
 

@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from faults import FaultEmulator
-from replay.bundle_ops import OpRecorder
+from replay.bundle_ops import GeneratorSeeds, OpRecorder, draw_afresh
 from replay.bundle_reproduce import flatten, same_bits
-from replay.golden import GoldenRun, Key, KeepingTracer, VerifyingSink, index_key, workload_entry
+from replay.golden import GoldenMismatch, GoldenRun, Key, KeepingTracer, VerifyingSink, index_key, workload_entry
 from replay.injection import StepClock, lockstep_hooks, sync_parameters
 from replay.request import Suspect
 from tracer.blobs import BlobStore
@@ -112,6 +112,9 @@ class Captured:
     faults: list[dict[str, Any]] = field(default_factory=list)  # the emulator's fault events at the site
     suspect_source: str = "emulated"  # or "this machine": no emulated fault, the suspect's bits are this machine's
     logged: int | None = None  # the golden log's fingerprint of the site there
+    golden_matched_log: bool = True  # False: golden's re-execution of the site itself differed from its log here
+    seeds: list[int] = field(default_factory=list)  # initial seeds of the model's own generators its ops drew from
+    drawn_afresh: int = 0  # own-generator arguments seeded differently by golden and suspect: drawn anew per run
 
 
 def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | None = None) -> Captured:
@@ -135,17 +138,23 @@ def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | 
     out = Captured(site, golden.start_checkpoint, device, type(module).__name__,
                    logged=golden.expected.get(index_key(site.step, site.microbatch, site.name, Phase.FORWARD)))
     for step in range(golden.start_checkpoint, site.step):
-        _golden_step(golden, golden_w, step, pattern)
+        _require_matched(_golden_step(golden, golden_w, step, pattern))
 
     def suspect_step(kept: dict[Key, torch.Tensor]) -> None:
         sync_parameters(golden_w.model, suspect_w.model)
         _suspect_step(suspect, suspect_w, site, pattern, kept, out)
 
-    _golden_step(golden, golden_w, site.step, pattern, between=suspect_step,
-                 record=lambda tracer: _recording(module, site, out, tracer))
+    mismatches = _golden_step(golden, golden_w, site.step, pattern, between=suspect_step,
+                              record=lambda tracer: _recording(module, site, out, tracer))
     if not out.golden:
         raise ValidationError(f"{golden_path}: {site.describe()} never ran in the re-execution (a microbatch or site "
                               "the step does not have?)")
+    first = mismatches[0] if mismatches else None
+    if first is not None and (first.step, first.microbatch, first.name, first.phase) == (
+            site.step, site.microbatch, site.name, site.phase):
+        out.golden_matched_log = False  # this machine computed the site itself otherwise: the bundle shows whether
+    else:                               # that repeats; what differs after it follows from it
+        _require_matched(mismatches)
     return out
 
 
@@ -158,9 +167,10 @@ def _module(model: nn.Module, path: str) -> nn.Module:
 
 def _golden_step(golden: GoldenRun, w: Workload, step: int, pattern: str | None,
                  between: Callable[[dict[Key, torch.Tensor]], None] | None = None,
-                 record: Callable[[KeepingTracer], AbstractContextManager[None]] | None = None) -> None:
-    """Re-execute ``step`` with every fingerprint checked; ``between`` runs the suspect after the golden forward
-    and backward, on the golden tensors, from the step's starting RNG state (as the `Replayer` does)."""
+                 record: Callable[[KeepingTracer], AbstractContextManager[None]] | None = None) -> list[GoldenMismatch]:
+    """Re-execute ``step`` with every fingerprint checked; what differed from the log, in the order traced.
+    ``between`` runs the suspect after the golden forward and backward, on the golden tensors, from the step's
+    starting RNG state (as the `Replayer` does)."""
     fields = golden.rng.get(step)
     if fields is not None and fields["stored"]:
         recorded_rng(BlobStore(golden.path), fields).restore()
@@ -181,9 +191,13 @@ def _golden_step(golden: GoldenRun, w: Workload, step: int, pattern: str | None,
                 after.restore()
         else:
             w.update(step)
-    if sink.mismatches:
+    return sink.mismatches
+
+
+def _require_matched(mismatches: list[GoldenMismatch]) -> None:
+    if mismatches:
         raise ValidationError(f"re-executing the golden run on this machine diverged from its log at "
-                              f"{sink.mismatches[0].describe()}: its state at the incident cannot be rebuilt here "
+                              f"{mismatches[0].describe()}: its state at the incident cannot be rebuilt here "
                               "(`sdc replay` of that step names likely causes)")
 
 
@@ -218,6 +232,7 @@ def _recording(module: nn.Module, site: SiteKey, out: Captured, tracer: KeepingT
         rec.__exit__(None, None, None)
         tensors = [t for t in flatten(output) if isinstance(t, torch.Tensor)]
         out.ops, out.constants, out.outputs = rec.ops, rec.constants, rec.output_refs(tensors)
+        out.seeds = rec.seeds
         with own_ops():
             out.golden = [t.detach().clone() for t in tensors]
 
@@ -243,14 +258,23 @@ def _suspect_step(suspect: Suspect, w: Workload, site: SiteKey, pattern: str | N
     path = re.sub(r"\[.*\]$", "", site.name)
     module = _module(w.model, path)
     seen: dict[str, Any] = {}
+    seeds, watching = GeneratorSeeds(), []  # the seeds of the suspect's site forward, while `watching`
+
+    def stop_watching() -> None:
+        if watching:
+            watching.clear()
+            seeds.__exit__(None, None, None)
 
     def before(m: nn.Module, args: tuple, kwargs: dict) -> None:
         if clock.microbatch_index == site.microbatch and "inputs" not in seen:
             with own_ops():
                 seen["inputs"] = {k: t.detach().clone() for k, t in _named_inputs(args, kwargs).items()}
+            seeds.__enter__()
+            watching.append(True)
 
     def after(m: nn.Module, args: tuple, output: Any) -> None:
         if clock.microbatch_index == site.microbatch and "outputs" not in seen:
+            stop_watching()
             with own_ops():
                 seen["outputs"] = [t.detach().clone() for t in flatten(output) if isinstance(t, torch.Tensor)]
 
@@ -266,9 +290,12 @@ def _suspect_step(suspect: Suspect, w: Workload, site: SiteKey, pattern: str | N
         stack.enter_context(lockstep_hooks(sites, golden, clock, lambda *report: None))
         stack.callback(module.register_forward_pre_hook(before, with_kwargs=True).remove)
         stack.callback(module.register_forward_hook(after, prepend=True).remove)
+        stack.callback(stop_watching)  # first, should the forward raise
         run_step(w, site.step, clock, update=False)
     if suspect.profile is None:
         out.suspect_source = "this machine"
+    if out.seeds and seeds.seeds != out.seeds:  # the model seeds its own generator anew on each run
+        out.drawn_afresh = draw_afresh(out.ops, out.constants)
     out.suspect = seen.get("outputs", [])
     theirs = seen.get("inputs", {})
     out.suspect_inputs_golden = theirs.keys() == out.inputs.keys() and all(

@@ -104,6 +104,13 @@ def run(args: argparse.Namespace) -> int:
     if not manifest["suspect"]["inputs_were_golden"]:
         print("  note: the suspect's site did not see the golden inputs bit for bit (an op outside every site "
               "differed before it)")
+    if not manifest["golden_reexecution_matched_log"]:
+        print("  note: re-executing golden here gave other bits at this site than golden's log: the site may not be "
+              "deterministic here (reproduce.py's repeats tell; `sdc verify-determinism` audits the whole step)")
+    if manifest["generators"]["drawn_afresh"]:
+        print(f"  note: {manifest['generators']['drawn_afresh']} op(s) draw from a generator the model seeds anew on "
+              "each run (golden's and the suspect's seeds differ): reproduce.py draws them anew too, so its runs vary "
+              "as the model's do")
     if manifest["suspect"]["output_from"] == "this machine":
         print("  note: the suspect plays no emulated fault: its output here is this machine's")
     from replay.signature import describe_json
