@@ -23,6 +23,9 @@ def summarize_pair(db: str | Path, pid: str) -> list[str]:
     result = (f"result: {totals['events_compared']:,} events compared through step {totals['compared_through']}; "
               f"{totals['events_differing']:,} differ")
     lines = [result]
+    for t in _pair_rows(db, "SELECT * FROM within_tolerance", pid):  # sdc diff --tolerance
+        lines.append(f"  {t['events']:,} of them within the tolerance map's band at {t['places']} place(s), "
+                     f"not SDC; {totals['events_differing'] - t['events']:,} differ beyond it or unlisted")
     if totals["lost_steps"]:
         lines.append(f"  {totals['lost_steps']} compared step(s) lost to corruption (golden {totals['golden_status']}, "
                      f"suspect {totals['suspect_status']}): no divergence is reported there; see table lost_ranges")

@@ -516,3 +516,14 @@ FROM (SELECT DISTINCT pair_id, node_label, golden_run_id, baseline, saturation_s
 JOIN fit AS f USING (pair_id)
 LEFT JOIN fault_counts AS k USING (pair_id)
 LEFT JOIN compared AS s USING (pair_id);
+
+-- sdc diff --tolerance MAP: event_diffs rows whose bits differ within the map's band for their place (status
+-- 'within_tolerance') are not SDC; per pair, how many, at how many places, over how many steps. Key: pair_id.
+CREATE VIEW IF NOT EXISTS within_tolerance AS
+SELECT pair_id,
+    count(*) AS events,
+    count(DISTINCT (name, phase)) AS places,
+    count(DISTINCT step) AS steps
+FROM event_diffs
+WHERE status = 'within_tolerance'
+GROUP BY pair_id;
