@@ -21,6 +21,7 @@ from torch import nn
 from faults import load_profile
 from faults.node import emulated_node
 from sdc.cli import main
+from tests.support import SMALL
 from tracer.determinism import configure_determinism
 from tracer.log import LogReader, rank_dir
 from tracer.options import CapturePolicy, RunInfo, TraceOptions
@@ -178,8 +179,21 @@ def test_an_hf_llama_recorded_twice_audits_as_deterministic(tmp_path: Path, caps
 
     a, b = (hf_tiny.record(tmp_path / name, "node", CapturePolicy(every=1)) for name in ("a", "b"))
     tolerance = tmp_path / "tolerance.json"
+    capsys.readouterr()  # the Trainer's own lines
     assert main(["verify-determinism", "--report", str(tolerance), str(a), str(b)]) == 0
     out = capsys.readouterr().out
-    assert " 0 differ at 0 place(s)" in out.splitlines()[0]
+    assert " 0 differ at 0 place(s)" in out.splitlines()[0] and "tensor events over 5 steps" in out
     doc = json.loads(tolerance.read_text())
     assert doc["places"] == [] and doc["measured"]["steps"] == list(range(hf_tiny.STEPS))
+
+
+@pytest.mark.slow
+def test_the_reference_workload_recorded_twice_audits_as_deterministic(tmp_path: Path, capsys) -> None:
+    """The config mode: two recordings that keep step 1's full tensors (the blob store), audited."""
+    args = [a for kv in SMALL if not kv.startswith("run.") for a in ("--set", kv)]
+    tolerance = tmp_path / "tolerance.json"
+    assert main(["verify-determinism", "--report", str(tolerance), "--steps", "2", "--capture-steps", "1",
+                 "--keep", str(tmp_path / "kept"), "--quiet", *args]) == 0
+    assert " 0 differ at 0 place(s)" in capsys.readouterr().out
+    assert json.loads(tolerance.read_text())["places"] == []
+    assert any((tmp_path / "kept" / "a" / "blobs").rglob("*.safetensors"))
