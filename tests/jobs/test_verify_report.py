@@ -19,14 +19,12 @@ import torch
 from torch import nn
 
 from faults import load_profile
-from faults.node import emulated_node
 from sdc.cli import main
+from tests.faults.support import train_mlp
 from tests.support import SMALL
-from tracer.determinism import configure_determinism
 from tracer.log import LogReader, rank_dir
-from tracer.options import CapturePolicy, RunInfo, TraceOptions
+from tracer.options import CapturePolicy
 from tracer.pairing import pairing_differences, setting_warnings
-from tracer.tracing import Tracer
 
 STEPS, FAULT_STEP = 6, 2
 SITES = "mix|out"
@@ -71,25 +69,10 @@ class RandomOrder(nn.Module):
         return self.out(torch.tanh(self.mix(x)))
 
 
-def record(out: Path, label: str, profile: Path | None = None) -> Path:
+def record(out: Path, profile: Path | None = None) -> Path:
     """STEPS steps of `RandomOrder`, every tensor captured, under the emulated ``profile`` if given."""
-    configure_determinism(seed=0, threads=1)
-    model = RandomOrder()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    data = torch.Generator().manual_seed(1)
-    options = TraceOptions(sites=SITES, capture=CapturePolicy(every=1))
-    with Tracer(model, optimizer, out=out, run=RunInfo(label), options=options, echo=None) as tracer:
-        with emulated_node(tracer, model, fault_profile=load_profile(profile) if profile else None,
-                           sites=SITES):
-            for step in range(STEPS):
-                with tracer.step(step):
-                    x = torch.randn(4, 8, generator=data)
-                    tracer.microbatch(0, inputs=x)
-                    loss = (model(x) - x.flip(-1)).pow(2).mean()
-                    loss.backward()
-                    tracer.loss(loss)
-                    optimizer.step()
-                    optimizer.zero_grad()
+    train_mlp(out, load_profile(profile) if profile else None, steps=STEPS, model_of=RandomOrder, sites=SITES,
+              capture=CapturePolicy(every=1))
     return out
 
 
@@ -103,8 +86,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("random-order")
     profile = root / "exponent-27.toml"
     profile.write_text(EXPONENT_27, encoding="utf-8")
-    return {"a": record(root / "a", "node"), "b": record(root / "b", "node"),
-            "faulty": record(root / "faulty", "node", profile), "root": root}
+    return {"a": record(root / "a"), "b": record(root / "b"),
+            "faulty": record(root / "faulty", profile), "root": root}
 
 
 def test_the_audit_lists_the_random_order_site_with_its_ulp_band(runs, capsys) -> None:
@@ -157,7 +140,7 @@ def test_a_diff_with_the_map_reports_no_difference_yet_still_the_exponent_bit_fa
 
 def test_pairing_names_a_bit_changing_setting_that_differs(runs, monkeypatch, capsys) -> None:
     monkeypatch.setenv("NCCL_ALGO", "Ring")
-    ring = record(runs["root"] / "ring", "node")
+    ring = record(runs["root"] / "ring")
     golden, other = (LogReader(rank_dir(r, 0)).header for r in (runs["a"], ring))
     assert other.determinism["env"]["NCCL_ALGO"] == "Ring" and golden.determinism["env"]["NCCL_ALGO"] == ""
     # NCCL sums no collective of a one-rank CPU run: a warning naming the setting and both values, no refusal
@@ -168,7 +151,7 @@ def test_pairing_names_a_bit_changing_setting_that_differs(runs, monkeypatch, ca
     assert "warning: setting differs: determinism.env.NCCL_ALGO: '' vs 'Ring'" in capsys.readouterr().out
     # MKL's conditional numerical reproducibility mode changes CPU bits: the pair is refused, naming it
     monkeypatch.setenv("MKL_CBWR", "AVX2")
-    cbwr = LogReader(rank_dir(record(runs["root"] / "cbwr", "node"), 0)).header
+    cbwr = LogReader(rank_dir(record(runs["root"] / "cbwr"), 0)).header
     assert any(d.startswith("determinism.env.MKL_CBWR: '' vs 'AVX2'") for d in pairing_differences(golden, cbwr))
 
 
