@@ -180,3 +180,14 @@ def test_the_reference_workload_recorded_twice_audits_as_deterministic(tmp_path:
     assert " 0 differ at 0 place(s)" in capsys.readouterr().out
     assert json.loads(tolerance.read_text())["places"] == []
     assert any((tmp_path / "kept" / "a" / "blobs").rglob("*.safetensors"))
+
+
+@pytest.mark.slow
+def test_two_ranks_recorded_twice_audit_rank_by_rank_as_deterministic(tmp_path: Path, capsys) -> None:
+    """gloo on CPU, data parallel over 2 ranks: every rank's events compared, none differs."""
+    args = [a for kv in SMALL if not kv.startswith("run.") for a in ("--set", kv)]
+    tolerance = tmp_path / "tolerance.json"
+    assert main(["verify-determinism", "--report", str(tolerance), "--steps", "2", "--capture-steps", "1",
+                 "--nproc", "2", "--quiet", *args]) == 0
+    assert " 0 differ at 0 place(s)" in capsys.readouterr().out
+    assert json.loads(tolerance.read_text())["measured"]["ranks"] == [0, 1]
