@@ -3,7 +3,7 @@
     for line in summarize_pair("study.duckdb", pair_id):
         print(line)
 
-The totals (events compared and differing, runs' status, lost steps), the first
+The totals (events compared and differing, those within a tolerance map's band, runs' status, lost steps), the first
 divergence per rank in execution order, parameter drift and loss spikes, and per
 fine-tuning task the accuracies and the suspect's disagreement with golden (RQ3). The
 database is opened read-only.
@@ -23,6 +23,9 @@ def summarize_pair(db: str | Path, pid: str) -> list[str]:
     result = (f"result: {totals['events_compared']:,} events compared through step {totals['compared_through']}; "
               f"{totals['events_differing']:,} differ")
     lines = [result]
+    for t in _pair_rows(db, "SELECT * FROM within_tolerance", pid):  # sdc diff --tolerance
+        lines.append(f"  {t['events']:,} of them within the tolerance map's band at {t['places']} place(s), "
+                     f"not SDC; {totals['events_differing'] - t['events']:,} differ beyond it or unlisted")
     if totals["lost_steps"]:
         lines.append(f"  {totals['lost_steps']} compared step(s) lost to corruption (golden {totals['golden_status']}, "
                      f"suspect {totals['suspect_status']}): no divergence is reported there; see table lost_ranges")
@@ -59,5 +62,5 @@ def _finetune_lines(db: str | Path, pid: str, suspect_run_id: str) -> list[str]:
 
 
 def _pair_rows(db: str | Path, query: str, pid: str) -> list[dict[str, Any]]:
-    """The rows of a named query (they cover every pair) that belong to pair `pid`."""
+    """The rows of a named query or a SELECT (they cover every pair) that belong to pair `pid`."""
     return [r for r in queries.run(db, query).records() if r["pair_id"] == pid]

@@ -561,3 +561,14 @@ CREATE TABLE IF NOT EXISTS incident_verdicts (
     torch VARCHAR,
     unix DOUBLE
 );
+
+-- sdc diff --tolerance MAP: event_diffs rows whose bits differ within the map's band for their place (status
+-- 'within_tolerance') are not SDC; per pair, how many, at how many places, over how many steps. Key: pair_id.
+CREATE VIEW IF NOT EXISTS within_tolerance AS
+SELECT pair_id,
+    count(*) AS events,
+    count(DISTINCT (name, phase)) AS places,
+    count(DISTINCT step) AS steps
+FROM event_diffs
+WHERE status = 'within_tolerance'
+GROUP BY pair_id;

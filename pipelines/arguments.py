@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipelines.tolerance import ToleranceMap, load_tolerance_map
 from tracer.errors import UsageError
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class DiffRequest:
     staging: str | None = None  # an empty directory for the job's Parquet; None: a temporary one beside db
     skip_corrupt: bool = False  # load what is readable and list corrupt records, instead of failing
     steps_per_bucket: int = DEFAULT_STEPS_PER_BUCKET  # steps per joined batch
+    tolerance: ToleranceMap | None = None  # places compared within a measured band (sdc diff --tolerance)
     beam_args: tuple[str, ...] = ()  # Beam pipeline options, passed through untouched (--runner=...)
 
     def __post_init__(self) -> None:
@@ -57,6 +59,7 @@ class DiffRequest:
         """From a parser that `add_arguments` set up, and the arguments it left for Beam."""
         return cls(golden=args.golden, suspect=args.suspect, db=args.db, replays=tuple(args.replay), twin=args.twin,
                    baseline=args.baseline, staging=args.staging, skip_corrupt=args.skip_corrupt, steps_per_bucket=args.steps_per_bucket,
+                   tolerance=load_tolerance_map(args.tolerance) if args.tolerance is not None else None,
                    beam_args=tuple(beam_args))
 
 
@@ -79,6 +82,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="load what is readable and list corrupt records in the corruptions table, instead of failing")
     p.add_argument("--steps-per-bucket", type=int, default=DEFAULT_STEPS_PER_BUCKET, metavar="N",
                    help=f"steps per joined batch (default {DEFAULT_STEPS_PER_BUCKET}); lower it for very large models")
+    p.add_argument("--tolerance", type=Path, metavar="MAP",
+                   help="a tolerance map (sdc verify-determinism --report): events at the places it lists whose bits "
+                        "differ within its band are counted apart as within tolerance, never as SDC; beyond the "
+                        "band they still differ (docs/incident.md)")
 
 
 def diff_job() -> Callable[[DiffRequest], DiffReport]:

@@ -7,7 +7,9 @@ may differ: per rank, the comparison stops at the last step both runs completed
 fine-tune's twin must match the golden fine-tune in everything but the shuffle seed. A
 baseline suspect (`sdc diff --baseline`) is golden's pretraining shuffle-seed twin: it may
 differ from golden in the data order and nothing else, and its drift is the baseline
-other suspects' drift is read against (RQ3).
+other suspects' drift is read against (RQ3). A bit-changing setting that differs but changes no bits on
+the runs' device (`tracer.bit_settings`: an NCCL variable on a CPU run) does not stop a pair:
+`validate_pair` returns one warning line for it, naming the setting and both values.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pipelines.tables import TABLES, named
 from pipelines.tagged_outputs import split
 from tracer.errors import ValidationError
 from tracer.log import RunHeader
-from tracer.pairing import baseline_differences, pairing_differences, twin_differences
+from tracer.pairing import baseline_differences, pairing_differences, setting_warnings, twin_differences
 
 BOUNDS = "bounds"
 LOST = "lost"  # (rank, ((first, last) step, ...)): steps corruption made unknown on either side
@@ -44,9 +46,10 @@ def differences(a: RunLayout, b: RunLayout, *, subset: bool = False,
 
 
 def validate_pair(golden: RunLayout, suspect: RunLayout, replays: Iterable[RunLayout] = (),
-                  twin: RunLayout | None = None, *, baseline: bool = False) -> None:
+                  twin: RunLayout | None = None, *, baseline: bool = False) -> list[str]:
     """Raise one ValidationError listing every differing field of every run that does not fit; with `baseline`
-    the suspect must be golden's pretraining shuffle-seed twin."""
+    the suspect must be golden's pretraining shuffle-seed twin. Return the warnings: golden's and the suspect's
+    bit-changing settings that differ without stopping the pair (`tracer.pairing.setting_warnings`)."""
     problems = []
     if baseline:
         diffs = differences(golden, suspect, compare=baseline_differences)
@@ -74,6 +77,7 @@ def validate_pair(golden: RunLayout, suspect: RunLayout, replays: Iterable[RunLa
             "(only run.steps may differ), pass replay logs written from this pair, and a twin fine-tuned from "
             "the same run with the same settings but --shuffle-seed."
         )
+    return differences(golden, suspect, compare=setting_warnings)
 
 
 def pair_id(golden: RunLayout, suspect: RunLayout) -> str:

@@ -24,6 +24,7 @@ from pipelines.arguments import DiffRequest
 from pipelines.log_source import RunLayout
 from pipelines.loss_and_drift import DriftTask
 from pipelines.pairing import pair_id, validate_pair
+from pipelines.tolerance import ToleranceMap
 from tracer.checkpoint import checkpoint_files
 
 
@@ -39,6 +40,8 @@ class DiffPlan:
     drift: tuple[DriftTask, ...]
     twin: RunLayout | None = None
     baseline: bool = False  # the suspect is golden's pretraining shuffle-seed twin (pipelines.pairing)
+    warnings: tuple[str, ...] = ()  # bit-changing settings that differ without stopping the pair
+    tolerance: ToleranceMap | None = None  # places compared within a measured band (pipelines.tolerance)
 
     def sides(self) -> dict[str, RunLayout]:
         return {"golden": self.golden, "suspect": self.suspect,
@@ -68,7 +71,7 @@ def plan_diff(request: DiffRequest) -> DiffPlan:
     g, s = log_source.describe_run(golden), log_source.describe_run(suspect)
     rs = tuple(log_source.describe_run(r) for r in request.replays)
     t = log_source.describe_run(request.twin) if request.twin is not None else None
-    validate_pair(g, s, rs, t, baseline=request.baseline)
+    warnings = validate_pair(g, s, rs, t, baseline=request.baseline)
     g_ckpt, s_ckpt = log_source.list_checkpoints(golden), log_source.list_checkpoints(suspect)
     tasks = []
     for rank in sorted(g.ranks):
@@ -78,7 +81,8 @@ def plan_diff(request: DiffRequest) -> DiffPlan:
                 rank, step, tuple(_join(golden, f) for f in rel), tuple(_join(suspect, f) for f in rel),
                 (g.ranks[rank].header.run_id, s.ranks[rank].header.run_id),
             ))
-    return DiffPlan(g, s, rs, pair_id(g, s), request.steps_per_bucket, tuple(tasks), t, request.baseline)
+    return DiffPlan(g, s, rs, pair_id(g, s), request.steps_per_bucket, tuple(tasks), t, request.baseline,
+                    tuple(warnings), request.tolerance)
 
 
 def _join(run: str, relpath: str) -> str:

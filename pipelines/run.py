@@ -78,6 +78,11 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
     match = "baseline pair, data order differs" if plan.baseline else "headers match"
     echo(f"[1/3] pair {plan.pair_id}: {match} (config {h.config_fingerprint[:12]}, seed {h.seed}, "
          f"world size {h.world_size}); {len(plan.drift)} checkpoint pair(s) for drift")
+    for warning in plan.warnings:
+        echo(f"      warning: setting differs: {warning}")
+    if plan.tolerance is not None:
+        echo(f"      tolerance map {plan.tolerance.source}: {len(plan.tolerance.places)} place(s) compared within "
+             "their band")
     opts = pipeline_options(request.beam_args, sum(run.bytes for run in plan.sides().values()))
     keep = request.staging is not None
     if keep and FileSystems.match([FileSystems.join(request.staging, "**")])[0].metadata_list:

@@ -17,7 +17,8 @@ from tracer.log import Phase
 
 # Fixed dictionaries: the columns store small codes, readers see strings.
 PHASES = [p.name.lower() for p in sorted(Phase)]  # index = Phase value
-STATUSES = ["equal", "differ", "golden_only", "suspect_only"]
+# within_tolerance: the bits differ within the tolerance map's band for the place (sdc diff --tolerance): not SDC.
+STATUSES = ["equal", "differ", "golden_only", "suspect_only", "within_tolerance"]
 
 _STR = pa.dictionary(pa.int32(), pa.string())  # repeated names: dictionary-encoded in memory and on disk
 _CODE = pa.dictionary(pa.int8(), pa.string())  # a few fixed values (PHASES, STATUSES)

@@ -4,7 +4,10 @@ Both runs' record batches are keyed by (rank, step bucket) in `pipelines.log_sou
 GroupByKey brings a bucket's batches from both sides together, and `diff_bucket`
 joins them with numpy on (step, microbatch, name, phase, occurrence), where
 occurrence numbers repeated records of one key (a module called twice in a forward)
-in log order. Steps after the last one both runs completed are not compared.
+in log order. Steps after the last one both runs completed are not compared. With a tolerance map
+(`sdc diff --tolerance`), an event whose bits differ at a place the map lists, with both runs' l2 and absmax
+within the place's band (`pipelines.tolerance.within_band`), is ``within_tolerance``: counted apart, never a
+difference (no first divergence, no divergence step, no detection).
 
 Execution order, for first divergences, is (step, microbatch-level phases before the
 step-level GRAD and PARAM, microbatch, INPUT < FORWARD < BACKWARD < GRAD < PARAM,
@@ -30,11 +33,12 @@ from pipelines.log_source import NAMESPACE, unpack_batch
 from pipelines.pairing import in_lost_steps
 from pipelines.tables import PHASES, SCHEMAS, STATUSES, TABLES
 from pipelines.tagged_outputs import split
+from pipelines.tolerance import ToleranceMap, within_band
 from tracer.log import NO_MICROBATCH, Phase
 
 EVENT_DIFFS, DIVERGENCE_STEPS, FIRST = "event_diffs", "divergence_steps", "first_divergence"
 FINDINGS = "findings"  # per-rank results of a bucket, gathered by `pipelines.detections.RankFindings`
-EQUAL, DIFFER, GOLDEN_ONLY, SUSPECT_ONLY = range(4)  # indexes into tables.STATUSES
+EQUAL, DIFFER, GOLDEN_ONLY, SUSPECT_ONLY, WITHIN = range(5)  # indexes into tables.STATUSES
 _FORWARD, _BACKWARD = int(Phase.FORWARD), int(Phase.BACKWARD)  # the phases of site events
 _PARAM = int(Phase.PARAM)
 # Phase value -> rank in a microbatch's execution (INPUT first, then FORWARD, BACKWARD; GRAD, PARAM after).
@@ -70,19 +74,20 @@ class DiffTensors(beam.PTransform):
     A batch is a `pa.RecordBatch` of `pipelines.log_source.TENSOR_SCHEMA`, or one `pipelines.log_source.pack_batch` packed.
 
     Side inputs: `bounds`, (rank, last compared step); `faults`, every `Fault` of both runs; `lost`, (rank,
-    step ranges corruption made unknown).
+    step ranges corruption made unknown). `tolerance`: places compared within a band (`sdc diff --tolerance`).
     """
 
-    def __init__(self, bounds: beam.PCollection, faults: beam.PCollection, lost: beam.PCollection | None = None) -> None:
+    def __init__(self, bounds: beam.PCollection, faults: beam.PCollection, lost: beam.PCollection | None = None,
+                 tolerance: ToleranceMap | None = None) -> None:
         super().__init__()
-        self.bounds, self.faults, self.lost = bounds, faults, lost
+        self.bounds, self.faults, self.lost, self.tolerance = bounds, faults, lost, tolerance
 
     def expand(self, batches: beam.PCollection) -> dict[str, beam.PCollection]:
         diffs = (
             batches
             | "Join buckets" >> beam.GroupByKey()
             | "Diff buckets" >> beam.ParDo(
-                _DiffBucket(), beam.pvalue.AsDict(self.bounds), beam.pvalue.AsList(self.faults),
+                _DiffBucket(self.tolerance), beam.pvalue.AsDict(self.bounds), beam.pvalue.AsList(self.faults),
                 beam.pvalue.AsDict(self.lost) if self.lost is not None else {},
             )
         )
@@ -95,9 +100,13 @@ def earliest(firsts: Iterable[FirstDifference | None]) -> FirstDifference | None
 
 
 class _DiffBucket(beam.DoFn):
+    def __init__(self, tolerance: ToleranceMap | None) -> None:
+        self.tolerance = tolerance
+
     def setup(self) -> None:
         self.compared = Metrics.counter(NAMESPACE, "events_compared")
         self.differing = Metrics.counter(NAMESPACE, "events_differing")
+        self.within = Metrics.counter(NAMESPACE, "events_within_tolerance")
 
     def process(self, element: Any, bounds: dict[int, int], faults: list[Fault], lost: dict[int, Any]) -> Iterator[Any]:
         (rank, _), batches = element
@@ -107,12 +116,15 @@ class _DiffBucket(beam.DoFn):
         sides: dict[str, list[pa.RecordBatch]] = {"golden": [], "suspect": []}
         for side, batch in batches:
             sides[side].append(unpack_batch(batch))
-        result = diff_bucket(rank, sides["golden"], sides["suspect"], bound, faults, lost.get(rank, ()))
+        result = diff_bucket(rank, sides["golden"], sides["suspect"], bound, faults, lost.get(rank, ()), self.tolerance)
         if result is None:
             return
         n = result.event_diffs.num_rows
+        codes = result.event_diffs.column("status").combine_chunks().indices.to_numpy()
+        within = int((codes == WITHIN).sum())
         self.compared.inc(n)
-        self.differing.inc(n - int(result.event_diffs.column("equal").to_numpy(zero_copy_only=False).sum()))
+        self.within.inc(within)
+        self.differing.inc(n - within - int(result.event_diffs.column("equal").to_numpy(zero_copy_only=False).sum()))
         yield TABLES, (EVENT_DIFFS, result.event_diffs)
         yield TABLES, (DIVERGENCE_STEPS, result.divergence_steps)
         yield FINDINGS, (rank, ("bucket", result.findings))
@@ -154,6 +166,7 @@ class _Side:
 def diff_bucket(
     rank: int, golden: Iterable[pa.RecordBatch], suspect: Iterable[pa.RecordBatch], bound: int,
     faults: Sequence[Fault] = (), lost: Sequence[tuple[int | None, int | None]] = (),
+    tolerance: ToleranceMap | None = None,
 ) -> BucketDiff | None:
     """Join one bucket's records of both runs (steps <= `bound`) and derive its rows of every diff table.
 
@@ -178,6 +191,9 @@ def diff_bucket(
     matched = ~gr.missing & ~sr.missing
     equal = matched & (gr.values(g["fingerprint"]) == sr.values(s["fingerprint"]))
     status = np.where(matched, np.where(equal, EQUAL, DIFFER), np.where(gi >= 0, GOLDEN_ONLY, SUSPECT_ONLY))
+    if tolerance is not None and tolerance.places:
+        stats = {k: (gr.values(g[k]), sr.values(s[k])) for k in ("l2", "absmax", "nan", "inf", "meta")}
+        status = np.where(matched & ~equal & within_band(tolerance, list(strings), name, phase, stats), WITHIN, status)
     dictionary = pa.array(list(strings), pa.string())
     coded = lambda codes, values: pa.DictionaryArray.from_arrays(pa.array(codes), values)  # noqa: E731
     n = len(gi)
@@ -202,7 +218,7 @@ def diff_bucket(
         ],
         schema=SCHEMAS[EVENT_DIFFS],
     )
-    differ = status != EQUAL
+    differ = (status != EQUAL) & (status != WITHIN)
     first = None
     candidates = differ & ~in_lost_steps(step, lost) if lost else differ
     if candidates.any():

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from tracer.bit_settings import env_settings
+
 
 def configure_determinism(seed: int, threads: int) -> dict[str, Any]:
     """Apply every determinism-relevant setting and return them for the run header."""
@@ -42,9 +44,11 @@ def configure_determinism(seed: int, threads: int) -> dict[str, Any]:
 
 
 def determinism_settings() -> dict[str, Any]:
-    """The current values of every setting that `configure_determinism` controls."""
+    """The current values of every setting that `configure_determinism` controls, and the environment
+    variables that change bits beyond it (``env``)."""
     return {
         "intra_op_threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
         "fill_uninitialized_memory": bool(torch.utils.deterministic.fill_uninitialized_memory),
@@ -54,4 +58,6 @@ def determinism_settings() -> dict[str, Any]:
         "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        # NCCL's algorithm/protocol/NVLS choices, TF32 overrides, OpenMP/MKL threads (tracer.bit_settings).
+        "env": env_settings(),
     }

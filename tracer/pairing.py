@@ -2,6 +2,10 @@
 
     pairing_differences(golden, suspect)   # ["world_size: 2 vs 4", "shards.placements: ...", ...]
     check_pair(golden, suspect, "golden", "suspect")   # raises one ValidationError naming every field
+    setting_warnings(golden, suspect)      # ["determinism.env.NCCL_ALGO: '' vs 'Ring' (changes bits only ...)"]
+
+A bit-changing setting (`tracer.bit_settings`) that differs refuses the pair where it changes the bits of the
+device both runs used, and is only a warning elsewhere.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tracer.bit_settings import setting_differences
 from tracer.errors import ValidationError
 from tracer.log.records import RunHeader
 from tracer.parallel import LAYOUT_FIELDS, layout_of
@@ -40,11 +45,18 @@ def pairing_differences(golden: RunHeader, suspect: RunHeader, fields: Sequence[
     threads = ("intra_op_threads", golden.determinism.get("intra_op_threads"), suspect.determinism.get("intra_op_threads"))
     if threads[1] != threads[2]:
         out.append(f"determinism.intra_op_threads: {threads[1]!r} vs {threads[2]!r}")
+    out += [d.describe() for d in setting_differences(golden, suspect) if d.refuses]
     # Traced sites change the autograd graph (see Tracer); replay logs carry none.
     sites_g, sites_s = golden.extra.get("sites"), suspect.extra.get("sites")
     if sites_g is not None and sites_s is not None and sites_g != sites_s:
         out.append(_sites_difference(sites_g, sites_s))
     return out
+
+
+def setting_warnings(golden: RunHeader, suspect: RunHeader) -> list[str]:
+    """The bit-changing settings that differ but do not stop the pair (they change no bits on the device the
+    runs used), one line each, naming the setting and both values."""
+    return [d.describe() for d in setting_differences(golden, suspect) if not d.refuses]
 
 
 def shard_differences(golden: Mapping[str, Any], suspect: Mapping[str, Any], shown: int = 2) -> list[str]:

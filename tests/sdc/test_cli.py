@@ -26,7 +26,7 @@ SURFACE = {
     "inspect": ["--json", "--skip-corrupt"],
     "verify-determinism": [
         "--config", "--device", "--keep", "--quiet", "--set", "--steps", "--nproc", "--tp", "--sp", "--dp",
-        "--rank-timeout", "--workload",
+        "--rank-timeout", "--workload", "--report", "--capture-steps", "--margin",
     ],
     "replay": [
         "--at-first-divergence", "--fault-profile", "--fault-seed", "--golden", "--golden-from", "--mode", "--out",
@@ -35,7 +35,7 @@ SURFACE = {
     "incident": ["--at", "--fault-profile", "--fault-seed", "--golden", "--out", "--overwrite", "--suspect", "--workload"],
     "faults": [],
     "diff": ["--baseline", "--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket",
-             "--suspect", "--twin"],
+             "--suspect", "--twin", "--tolerance"],
     "certify": ["--db", "--golden", "--skip-corrupt"],
     "watch": ["--golden", "--idle-timeout", "--keep-going", "--max-pending", "--progress-every", "--suspect"],
     "finetune": [

@@ -1,0 +1,193 @@
+"""The nondeterminism audit (`sdc verify-determinism --report`) and `sdc diff --tolerance`, on real runs.
+
+A deliberately nondeterministic model (`RandomOrder`: its ``mix`` site sums each row in an order drawn from
+the clock) recorded twice: the audit lists ``mix`` with its ulp band; the diff of the two runs with the map
+reports no difference, and a 1-exponent-bit fault at that site (the emulator) still is the first divergence.
+A bit-changing setting that differs (NCCL_ALGO on a CPU run) is named, with both values, by pairing. An HF
+LlamaForCausalLM recorded twice audits as deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+import torch
+from torch import nn
+
+from faults import load_profile
+from sdc.cli import main
+from tests.faults.support import train_mlp
+from tests.support import SMALL
+from tracer.log import LogReader, rank_dir
+from tracer.options import CapturePolicy
+from tracer.pairing import pairing_differences, setting_warnings
+
+STEPS, FAULT_STEP = 6, 2
+SITES = "mix|out"
+EXPONENT_27 = """
+description = "bit 27 (an exponent bit) of one element of mix.proj's forward matmul at step 2"
+seed = 3
+[[fault]]
+ops = ["matmul"]
+sites = "mix\\\\.proj"
+phases = ["forward"]
+steps = [2]
+elements = 1
+kind = "bitflip"
+bits = 27
+"""
+
+
+class RandomOrderSum(nn.Module):
+    """A linear layer, then each row plus its sum, added up feature by feature in an order seeded from the
+    clock: the bits of the sum differ from run to run, its value by a few ulps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        order = torch.randperm(h.shape[-1], generator=torch.Generator().manual_seed(time.time_ns())).tolist()
+        total = h[:, order[0]]
+        for i in order[1:]:  # float32 additions one by one (cumsum and sum accumulate in another precision)
+            total = total + h[:, i]
+        return h + total[:, None]
+
+
+class RandomOrder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = RandomOrderSum()
+        self.out = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.mix(x)))
+
+
+def record(out: Path, profile: Path | None = None) -> Path:
+    """STEPS steps of `RandomOrder`, every tensor captured, under the emulated ``profile`` if given."""
+    train_mlp(out, load_profile(profile) if profile else None, steps=STEPS, model_of=RandomOrder, sites=SITES,
+              capture=CapturePolicy(every=1))
+    return out
+
+
+def diff_rows(db: Path, sql: str) -> list[tuple]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("random-order")
+    profile = root / "exponent-27.toml"
+    profile.write_text(EXPONENT_27, encoding="utf-8")
+    return {"a": record(root / "a"), "b": record(root / "b"),
+            "faulty": record(root / "faulty", profile), "root": root}
+
+
+def test_the_audit_lists_the_random_order_site_with_its_ulp_band(runs, capsys) -> None:
+    tolerance = runs["root"] / "tolerance.json"
+    assert main(["verify-determinism", "--report", str(tolerance), str(runs["a"]), str(runs["b"])]) == 1
+    out = capsys.readouterr().out
+    doc = json.loads(tolerance.read_text())
+    places = {(p["name"], p["phase"]): p for p in doc["places"]}
+    mix = places[("mix", "forward")]
+    # every step's sum differs by a few ulps, measured on the captured tensors of both runs
+    assert mix["events"] == STEPS and mix["ulp_events"] == STEPS and 0 < mix["max_ulps"] < 1000
+    assert 0 < mix["band"] < 1e-3 and doc["measured"]["steps"] == list(range(STEPS)) and doc["margin"] == 2.0
+    # what it reaches differs too (gradients, parameters), the input batch does not
+    assert {("mix.proj.weight", "grad"), ("out.weight", "param"), ("out", "forward")} <= set(places)
+    assert not any(phase == "input" for _, phase in places)
+    row = next(line for line in out.splitlines() if line.endswith("  mix") and " forward " in line)
+    assert row.split()[:3] == ["site", "forward", str(STEPS)] and str(mix["max_ulps"]) in row.split()
+
+
+def test_a_diff_with_the_map_reports_no_difference_yet_still_the_exponent_bit_fault(runs, capsys) -> None:
+    tolerance = runs["root"] / "tolerance-diff.json"
+    main(["verify-determinism", "--report", str(tolerance), str(runs["a"]), str(runs["b"])])
+    db = runs["root"] / "study.duckdb"
+    # without the map the random order is SDC at step 0
+    assert main(["diff", "--golden", str(runs["a"]), "--suspect", str(runs["b"]), "--db", str(db)]) == 0
+    assert diff_rows(db, "SELECT step, name, phase FROM first_divergence") == [(0, "mix", "forward")]
+    capsys.readouterr()
+    # with it: no difference, every differing event counted apart
+    assert main(["diff", "--golden", str(runs["a"]), "--suspect", str(runs["b"]), "--db", str(db),
+                 "--tolerance", str(tolerance)]) == 0
+    out = capsys.readouterr().out
+    pid = diff_rows(db, "SELECT pair_id FROM pairs")[0][0]
+    assert diff_rows(db, f"SELECT count(*) FROM event_diffs WHERE pair_id = '{pid}' AND status NOT IN "
+                         "('equal', 'within_tolerance')") == [(0,)]
+    assert diff_rows(db, f"SELECT count(*) FROM first_divergence WHERE pair_id = '{pid}'") == [(0,)]
+    assert diff_rows(db, f"SELECT sum(differing) FROM divergence_steps WHERE pair_id = '{pid}'") == [(0,)]
+    (within,) = diff_rows(db, f"SELECT events, places FROM within_tolerance WHERE pair_id = '{pid}'")
+    assert within[0] > 0 and f"{within[0]:,} of them within the tolerance map's band" in out
+    assert "0 differ beyond it" in out
+    # the exponent bit at step 2 lies far outside mix's band: the first divergence, as without nondeterminism
+    assert main(["diff", "--golden", str(runs["a"]), "--suspect", str(runs["faulty"]), "--db", str(db),
+                 "--tolerance", str(tolerance)]) == 0
+    faulty = diff_rows(db, "SELECT pair_id FROM pair_nodes JOIN pairs USING (pair_id) WHERE suspect_path = "
+                           f"'{runs['faulty']}'")[0][0]
+    assert diff_rows(db, f"SELECT step, microbatch, name, phase, status FROM first_divergence "
+                         f"WHERE pair_id = '{faulty}'") == [(FAULT_STEP, 0, "mix", "forward", "differ")]
+    assert diff_rows(db, f"SELECT count(*) FROM event_diffs WHERE pair_id = '{faulty}' AND step < {FAULT_STEP} "
+                         "AND status NOT IN ('equal', 'within_tolerance')") == [(0,)]
+
+
+def test_pairing_names_a_bit_changing_setting_that_differs(runs, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("NCCL_ALGO", "Ring")
+    ring = record(runs["root"] / "ring")
+    golden, other = (LogReader(rank_dir(r, 0)).header for r in (runs["a"], ring))
+    assert other.determinism["env"]["NCCL_ALGO"] == "Ring" and golden.determinism["env"]["NCCL_ALGO"] == ""
+    # NCCL sums no collective of a one-rank CPU run: a warning naming the setting and both values, no refusal
+    (warning,) = setting_warnings(golden, other)
+    assert warning.startswith("determinism.env.NCCL_ALGO: '' vs 'Ring' (changes bits only in NCCL collectives")
+    assert pairing_differences(golden, other) == []
+    assert main(["verify-determinism", "--report", str(runs["root"] / "ring.json"), str(runs["a"]), str(ring)]) == 1
+    assert "warning: setting differs: determinism.env.NCCL_ALGO: '' vs 'Ring'" in capsys.readouterr().out
+    # MKL's conditional numerical reproducibility mode changes CPU bits: the pair is refused, naming it
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    cbwr = LogReader(rank_dir(record(runs["root"] / "cbwr"), 0)).header
+    assert any(d.startswith("determinism.env.MKL_CBWR: '' vs 'AVX2'") for d in pairing_differences(golden, cbwr))
+
+
+@pytest.mark.slow
+def test_an_hf_llama_recorded_twice_audits_as_deterministic(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("transformers", reason="install the extras: pip install -e '.[hf]'")
+    from tests.integrations import hf_tiny
+
+    a, b = (hf_tiny.record(tmp_path / name, "node", CapturePolicy(every=1)) for name in ("a", "b"))
+    tolerance = tmp_path / "tolerance.json"
+    capsys.readouterr()  # the Trainer's own lines
+    assert main(["verify-determinism", "--report", str(tolerance), str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert " 0 differ at 0 place(s)" in out.splitlines()[0] and "tensor events over 5 steps" in out
+    doc = json.loads(tolerance.read_text())
+    assert doc["places"] == [] and doc["measured"]["steps"] == list(range(hf_tiny.STEPS))
+
+
+@pytest.mark.slow
+def test_the_reference_workload_recorded_twice_audits_as_deterministic(tmp_path: Path, capsys) -> None:
+    """The config mode: two recordings that keep step 1's full tensors (the blob store), audited."""
+    args = [a for kv in SMALL if not kv.startswith("run.") for a in ("--set", kv)]
+    tolerance = tmp_path / "tolerance.json"
+    assert main(["verify-determinism", "--report", str(tolerance), "--steps", "2", "--capture-steps", "1",
+                 "--keep", str(tmp_path / "kept"), "--quiet", *args]) == 0
+    assert " 0 differ at 0 place(s)" in capsys.readouterr().out
+    assert json.loads(tolerance.read_text())["places"] == []
+    assert any((tmp_path / "kept" / "a" / "blobs").rglob("*.safetensors"))
+
+
+@pytest.mark.slow
+def test_two_ranks_recorded_twice_audit_rank_by_rank_as_deterministic(tmp_path: Path, capsys) -> None:
+    """gloo on CPU, data parallel over 2 ranks: every rank's events compared, none differs."""
+    args = [a for kv in SMALL if not kv.startswith("run.") for a in ("--set", kv)]
+    tolerance = tmp_path / "tolerance.json"
+    assert main(["verify-determinism", "--report", str(tolerance), "--steps", "2", "--capture-steps", "1",
+                 "--nproc", "2", "--quiet", *args]) == 0
+    assert " 0 differ at 0 place(s)" in capsys.readouterr().out
+    assert json.loads(tolerance.read_text())["measured"]["ranks"] == [0, 1]
