@@ -1,6 +1,7 @@
 """`sdc incident` on a site that is nondeterministic by design (tests/replay/unordered_sum.py: a sum in an order
-drawn from a generator the model seeds from the clock): two healthy runs of it diverge there, and the bundle's
-reproduce.py, in a fresh process, classifies *nondeterministic*. Beside it, the same model with its generator
+drawn from a generator the model seeds from the clock): two healthy runs of it diverge there, the bundle's
+reproduce.py, in a fresh process, classifies *nondeterministic*, and the audit of the same two runs
+(`sdc verify-determinism --report`) lists the site with its ulps and band. Beside it, the same model with its generator
 seeded alike on every call: the bundle restores the generator's captured state, so an emulated stuck bit
 reproduces *persistent here* under its emulation and *transient* without it, never *nondeterministic*."""
 
@@ -16,19 +17,22 @@ from jobs.record import record_run
 from replay.bundle_reproduce import VERDICTS
 from tests.replay import unordered_sum
 from tests.replay.incident_support import assert_persistent_under_emulation_only, reproduce_py, sdc, stuck_bit
-from tracer.options import TraceOptions
+from sdc.cli import main
+from tracer.options import CapturePolicy, TraceOptions
 
 RUN = {"steps": 2, "checkpoint_every": 1}
 
 
 def record(out: Path, seeded: bool, **options) -> Path:
+    """Every tensor of every step kept in the blob store: what the audit measures ulps on."""
     record_run({"model": {"seeded": seeded}, "run": RUN}, out, node_label=out.name, workload=unordered_sum.WORKLOAD,
-               trace=TraceOptions(sites=unordered_sum.SITES), progress=False, **options)
+               trace=TraceOptions(sites=unordered_sum.SITES, capture=CapturePolicy(every=1)), progress=False,
+               **options)
     return out
 
 
 @pytest.mark.slow
-def test_a_site_that_sums_in_a_random_order_classifies_nondeterministic(tmp_path: Path) -> None:
+def test_a_site_that_sums_in_a_random_order_classifies_nondeterministic(tmp_path: Path, capsys) -> None:
     golden, twin = record(tmp_path / "golden", False), record(tmp_path / "twin", False)
     bundle = tmp_path / "INC"
     done = sdc("incident", "--golden", str(golden), "--suspect", str(twin), "--out", str(bundle),
@@ -43,6 +47,13 @@ def test_a_site_that_sums_in_a_random_order_classifies_nondeterministic(tmp_path
     assert plain.returncode == VERDICTS["nondeterministic"], plain.stdout + plain.stderr
     result = json.loads(plain.stdout)
     assert result["verdict"] == "nondeterministic" and result["runs_differing_from_the_first"][0] >= 1
+
+    tolerance = tmp_path / "tolerance.json"
+    assert main(["verify-determinism", "--report", str(tolerance), str(golden), str(twin)]) == 1
+    assert "layers.0.mix" in capsys.readouterr().out
+    places = {(p["name"], p["phase"]): p for p in json.loads(tolerance.read_text())["places"]}
+    mix = places["layers.0.mix", "forward"]
+    assert mix["events"] == RUN["steps"] and mix["max_ulps"] >= 1 and mix["band"] > 0
 
 
 @pytest.mark.slow
