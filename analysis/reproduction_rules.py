@@ -491,20 +491,17 @@ def accuracy(rows: Rows) -> Verdict:
 
 
 def disagreement(rows: Rows) -> Verdict:
-    """Rule: on each task, the fleet's fine-tunes disagree with golden about as much as the shuffle-seed twins do.
-    Test: a (node, task) above chance whose disagreement lies outside the n twins' range (below the lowest or above
-    the highest) has probability 2/(n+1) under "a node is another twin"; the count outside is compared with the
+    """Rule: on each task, the fleet's fine-tunes disagree with golden about as much as the shuffle-seed twins do
+    (each twin's disagreement is the baseline of the pairs that took it, `twin_node`). Test: a (node, task) above
+    chance whose disagreement lies outside the n twins' range (below the lowest or above the highest) has
+    probability 2/(n+1) under "a node is another twin"; the count outside is compared with the
     95 % upper bound of Binomial(results, 2/(n+1)) (independence approximated, as for `accuracy`). Margin: a result
     within `DISAGREEMENT_MARGIN` of either end of the range, could it change the count's side of the bound."""
-    twin_rows = [r for r in rows if r["baseline_disagreement"] is not None] + \
-        [r for r in rows if is_twin(r["suspect_node"])]
-    twins: dict[str, list[float]] = {}
-    for task in {r["task"] for r in rows}:
-        first = [r["baseline_disagreement"] for r in twin_rows
-                 if r["task"] == task and r["baseline_disagreement"] is not None][:1]
-        others = [r["disagreement"] for r in twin_rows if r["task"] == task and is_twin(r["suspect_node"])]
-        if first + others:
-            twins[task] = first + others
+    per_twin: dict[str, dict[str, float]] = {}  # task -> twin -> its disagreement with golden (every pair's same)
+    for r in rows:
+        if r["baseline_disagreement"] is not None and is_twin(r.get("twin_node")):
+            per_twin.setdefault(r["task"], {})[r["twin_node"]] = r["baseline_disagreement"]
+    twins = {task: sorted(v.values()) for task, v in per_twin.items()}
     nodes = [r for r in rows if is_fleet_node(r["suspect_node"]) and r["task"] in twins
              and r["suspect_accuracy"] is not None and r["suspect_accuracy"] > 1 / 4]
     if not nodes:

@@ -3,22 +3,31 @@
     fleet = load_fleet_study("fleet")            # shipped (sdc/study/studies/fleet.toml), or a path
     result = run_fleet_study(fleet, Path("fleet"))
 
-A fleet study file has a ``[fleet]`` table (how many unhealthy nodes, the fleet model they
-are drawn from, `faults.fleet` or `faults.fleet_hardware`, and its seed) and one table per
-experiment, each run as an ordinary study with its own database:
+A fleet study file has a ``[fleet]`` table (how many unhealthy nodes, the fleet models they
+are drawn from, `faults.fleet` ("study") and `faults.fleet_hardware` ("hardware"), and their
+seed) and one table per experiment, each run as an ordinary study with its own database:
 
     rq1   lockstep replays with ABFT on every node: submodule mismatch, bursts, ABFT recall
     rq2   parameter-sync replays: per-step gradient noise-to-signal
     rq3   pretraining without sync, long enough to measure drift growth, with the golden node's
           shuffle-seed twin (the drift baseline), a trigger node (one single-ulp flip) and the
-          golden run's sharpness at every checkpoint; then fine-tuning on the task ladder
+          golden run's sharpness at every checkpoint; then fine-tuning on the task ladder, with
+          golden's fine-tune repeated under `[finetune] twins` shuffle seeds (the twin distribution)
+
+Every model runs the experiments whose ``models`` name it (default: every one). The first
+model's experiments record what the models share, once (golden, its twins, the healthy twin
+node-00, the trigger); another model's record only its own nodes and diff them against those.
 
 Layout of the output directory:
 
-    profiles/           the fleet's profile files (node-01.toml ...), trigger-ulp.toml and fleet.md
-    rq1/ rq2/ rq3/      each a study folder (runs/, replays/, finetune/, study.duckdb, report/)
-    reproduction.md     one row per finding of the study: its statement, ours, the query, the verdict
-    report/index.html   the reproduction table, linking each experiment's report
+    profiles/           the first model's profile files (node-01.toml ...), trigger-ulp.toml and fleet.md;
+                        another model's in profiles/<model>/
+    rq1/ rq2/ rq3/      the first model's experiments, each a study folder (runs/, replays/, finetune/,
+                        study.duckdb, report/), holding the shared runs
+    <model>/rq1/ ...    another model's experiments: its nodes' runs and its own database
+    reproduction.md     one row per finding of the study: its statement, ours, the query, the verdict, for
+                        every model (a column per model, then each model's table)
+    report/index.html   the reproduction tables, linking each experiment's report
     study.log, study-state.json   as for any study; --resume finishes an interrupted fleet study
 """
 

@@ -208,7 +208,6 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
     ft, golden = study.finetune, study.golden
     assert ft is not None
     twins = ft.twin_labels(golden)
-    twin = twins[0][0]  # the pairs' baseline; the others are diffed against golden as pairs of their own
     runs = [(golden, golden, None, 0, None), *((label, golden, None, 0, seed) for label, seed in twins)]
     runs += [(n.label, n.label, n.profile, n.fault_seed, None) for n in study.nodes]
     runs += [(n.guarded, n.guarded, n.profile, n.fault_seed, None) for n in study.nodes if n.guarded is not None]
@@ -220,14 +219,15 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
                         lambda label=label, source=source, profile=profile, seed=seed, shuffle=shuffle: _finetune(
                             ft, paths.run(source), paths.finetune(label), label, profile, seed, shuffle, progress,
                             derived_run_id(study, label, "finetune"))))
-    for label, _ in twins[1:]:
-        jobs.append(Job(f"diff-finetune:{label}", f"diff fine-tuned {golden} vs {label} (a shuffle-seed twin)",
-                        lambda label=label: diff_into_db(paths.finetune(golden), paths.finetune(label), [], paths.db,
-                                                  beam_args)))
-    for label in [n.label for n in study.nodes] + [n.guarded for n in study.nodes if n.guarded is not None]:
-        jobs.append(Job(f"diff-finetune:{label}", f"diff fine-tuned {golden} vs {label} (twin baseline)",
-                        lambda label=label: diff_into_db(paths.finetune(golden), paths.finetune(label), [], paths.db,
-                                                  beam_args, twin=paths.finetune(twin))))
+    # A twin cannot be a pair's suspect (it differs from golden in its data order), so each pair takes one twin as
+    # its baseline, in turn: with n twins, node k's pair gets twin k mod n, and every twin is in some pair when there
+    # are at least n nodes (the twins' rows in rq3_finetune_accuracy and rq3_finetune_disagreement)
+    suspects = [n.label for n in study.nodes] + [n.guarded for n in study.nodes if n.guarded is not None]
+    for k, label in enumerate(suspects):
+        twin = twins[k % len(twins)][0]
+        jobs.append(Job(f"diff-finetune:{label}", f"diff fine-tuned {golden} vs {label} (twin baseline {twin})",
+                        lambda label=label, twin=twin: diff_into_db(paths.finetune(golden), paths.finetune(label), [],
+                                                             paths.db, beam_args, twin=paths.finetune(twin))))
     return jobs
 
 

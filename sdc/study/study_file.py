@@ -74,7 +74,8 @@ class Replay:
 class Finetune:
     """RQ3b: fine-tune every node's final model with ``settings``, and the golden one again with
     ``twin_shuffle_seed`` as its shuffle seed (the twin: the baseline of prediction disagreement); with
-    ``twins`` > 1, also with the next seeds, labelled `twin_labels` (a distribution of shuffle-seed twins)."""
+    ``twins`` > 1, also with the next seeds, labelled `twin_labels` (a distribution of shuffle-seed twins; the
+    nodes' pairs take them as baselines in turn, so a study needs at least as many nodes as twins)."""
 
     settings: FinetuneSettings
     twin_shuffle_seed: int
@@ -230,6 +231,10 @@ def build_study(*, name: str, source: Path, description: str, config: str, sets:
         except ConfigError as e:
             raise error(f"node[{i}].profile", str(e)) from None
 
+    suspects = len(nodes) + sum(1 for n in nodes if n.guarded is not None)
+    if finetune is not None and finetune.twins > suspects:
+        raise ConfigError(f"{source}: finetune.twins: {finetune.twins} twins need at least as many nodes to pair "
+                          f"with (each pair takes one twin as its baseline), and there are {suspects}")
     text = replay_steps or f"0:{min(cfg.run.steps, 8)}"
     try:
         steps = parse_steps(text)

@@ -313,28 +313,34 @@ def test_destroyed_needs_a_task_golden_and_its_twins_learnt() -> None:
     assert v.outcome == "not reproduced" and "node-01" in v.unstable
 
 
-def dis(label: str, disagreement: float, *, baseline: float | None = 0.10, task: str = "copy") -> Row:
-    """One rq3_finetune_disagreement row."""
-    return {"suspect_node": label, "task": task, "disagreement": disagreement, "baseline_disagreement": baseline,
-            "suspect_accuracy": 0.6}
+def dis(label: str, disagreement: float, *, twin: str = "golden-twin", baseline: float = 0.10,
+        task: str = "copy") -> Row:
+    """One rq3_finetune_disagreement row: `label`'s pair, whose baseline is shuffle-seed twin `twin`."""
+    return {"suspect_node": label, "twin_node": twin, "task": task, "disagreement": disagreement,
+            "baseline_disagreement": baseline, "suspect_accuracy": 0.6}
 
 
-# golden-twin's disagreement is every pair's baseline; golden-twin-2 .. -5 are pairs of their own
-TWIN_DIS = [dis("golden-twin-2", 0.08, baseline=None), dis("golden-twin-3", 0.12, baseline=None),
-            dis("golden-twin-4", 0.09, baseline=None), dis("golden-twin-5", 0.14, baseline=None)]
+# five twins, each the baseline of some pairs (they take turns): their disagreements with golden
+TWIN_BASELINES = {"golden-twin": 0.10, "golden-twin-2": 0.08, "golden-twin-3": 0.12, "golden-twin-4": 0.09,
+                  "golden-twin-5": 0.14}
+TWINS_IN_TURN = list(TWIN_BASELINES.items()) * 2
+
+
+def pairs(disagreements: list[float]) -> list[Row]:
+    return [dis(f"node-{i:02d}", d, twin=t, baseline=b)
+            for i, (d, (t, b)) in enumerate(zip(disagreements, TWINS_IN_TURN), 1)]
 
 
 def test_disagreement_counts_results_outside_the_twins_range_against_a_binomial_bound() -> None:
-    inside = [dis(f"node-{i:02d}", 0.10) for i in range(1, 11)]
-    v = rules.disagreement(TWIN_DIS + inside)
+    v = rules.disagreement(pairs([0.10] * 10))
     assert v.outcome == "reproduced" and not v.unstable and "0 of 10" in v.ours and "5 shuffle-seed" in v.ours
     assert "8 %-14 %" in v.ours and "at most 6 expected" in v.ours  # binomial_upper(10, 2/6)
-    far = [dis(f"node-{i:02d}", 0.5) for i in range(1, 11)]
-    v = rules.disagreement(TWIN_DIS + far)
+    v = rules.disagreement(pairs([0.5] * 10))
     assert v.outcome == "not reproduced" and "10 above it" in v.ours
-    assert rules.disagreement([dis("golden-twin-2", 0.1, baseline=None)]).outcome == "not measured"
-    edge = inside[:3] + far[3:9] + [dis("node-10", 0.145)]  # 7 outside, bound 6, one within a point of the top
-    v = rules.disagreement(TWIN_DIS + edge)
+    assert rules.disagreement([dis("golden-twin-2", 0.1)]).outcome == "not measured"  # no fleet node
+    assert rules.disagreement([dis("node-01", 0.1, twin="node-00")]).outcome == "not measured"  # no twin baseline
+    edge = pairs([0.10] * 3 + [0.5] * 6 + [0.145])  # 7 outside, bound 6, one of them within a point of the top
+    v = rules.disagreement(edge)
     assert v.outcome == "not reproduced" and "within the margin" in v.unstable
 
 

@@ -120,8 +120,10 @@ def test_fleet_mini_judges_fine_tunes_against_a_distribution_of_twins(fleet: Fle
     seeds = [LogReader(rank_dir(fleet.part("rq3").finetune(t), 0)).header.config["finetune"]["shuffle_seed"]
              for t in twins]
     assert seeds == [1, 2, 3]
-    disagreement = _records(fleet, "rq3", "rq3_finetune_disagreement")
-    assert {r["suspect_node"] for r in disagreement} >= {"golden-twin-2", "golden-twin-3", "node-01"}
+    disagreement = _records(fleet, "rq3", "rq3_finetune_disagreement")  # the pairs take the twins in turn
+    assert {r["twin_node"] for r in disagreement} == set(twins)
+    by_twin = {(r["twin_node"], r["task"]): r["baseline_disagreement"] for r in disagreement}
+    assert all(by_twin[r["twin_node"], r["task"]] == r["baseline_disagreement"] for r in disagreement)
     text = fleet.reproduction.read_text(encoding="utf-8")
     assert "shuffle-seed twins' range" in text or "no twin baseline" in text
     # the plateau query: each fine-tune's first evaluation at chance + 10 points, from finetune_eval itself
@@ -205,7 +207,7 @@ def test_two_runs_of_a_fleet_study_give_the_same_report_bytes(tmp_path: Path) ->
     assert (again.report / "index.html").read_bytes() == (first.report / "index.html").read_bytes()
     rq3 = [(p.part("rq3").report / "index.html").read_bytes() for p in (first, again)]
     assert rq3[0] == rq3[1]
-    for part in ("rq1", "rq2"):
+    for part in ("rq1", "rq2", "hardware/rq1"):
         reports = [(p.part(part).report / "index.html").read_bytes() for p in (first, again)]
         assert reports[0] == reports[1], part
     for label in ("golden", "node-01", "golden-twin"):
