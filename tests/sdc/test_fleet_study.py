@@ -234,13 +234,19 @@ def test_fleet_study_resumes_and_refuses_another_file(fleet: FleetPaths, tmp_pat
     assert main(["study", str(other), "--out", str(fleet.out), "--resume", "--quiet"]) != 0
 
 
-def test_a_fleet_file_names_its_mistakes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("text", "error"), [
+    ("[fleet]\nnodes = 0\n", r"bad\.toml.*fleet\.nodes"),
+    ("[fleet]\n[rq3]\nshuffle_seed = 0\n", r"bad\.toml.*rq3\.shuffle_seed"),
+    ('[fleet]\nmodels = ["lab"]\n', r'bad\.toml.*fleet\.models.*"hardware"'),
+    ('[fleet]\nmodels = ["study", "hardware"]\n[rq3]\nmodels = ["hardware"]\n',
+     r"bad\.toml.*rq3\.models.*the first of \[fleet\]\.models"),
+    ('[fleet]\nmodels = ["study"]\n[rq3]\nmodels = ["hardware"]\n', r"bad\.toml.*rq3\.models.*not in \[fleet\]\.models"),
+    ("[fleet]\nnodes = 2\n[finetune]\ntwins = 6\n", r"bad\.toml.*finetune\.twins.*at least as many nodes"),
+])
+def test_a_fleet_file_names_its_mistakes(tmp_path: Path, text: str, error: str) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text("[fleet]\nnodes = 0\n")
-    with pytest.raises(ConfigError, match=r"bad\.toml.*fleet\.nodes"):
-        load_fleet_study(bad)
-    bad.write_text("[fleet]\n[rq3]\nshuffle_seed = 0\n")
-    with pytest.raises(ConfigError, match=r"rq3\.shuffle_seed"):
+    bad.write_text(text)
+    with pytest.raises(ConfigError, match=error):
         load_fleet_study(bad)
 
 
@@ -249,13 +255,14 @@ def test_a_fleet_file_chooses_its_fleet_models(tmp_path: Path) -> None:
     assert fleet.models == ("study", "hardware") and not fleet.runs("hardware", "rq3")
     assert load_fleet_study("fleet-mini").models == ("study", "hardware")
     hardware = tmp_path / "hardware.toml"
-    hardware.write_text(load_fleet_study("fleet-mini").source.read_text().replace(
-        'models = ["study", "hardware"]', 'models = ["hardware"]').replace('models = ["study"]\n', ""))
+    text = load_fleet_study("fleet-mini").source.read_text().replace('models = ["study", "hardware"]',
+                                                                     'models = ["hardware"]')
+    hardware.write_text(re.sub(r'(?m)^models = \["study"\].*\n', "", text))
     study = load_fleet_study(hardware)
     assert study.models == ("hardware",) and study.fleets[0].model == "hardware"
     profiles = tmp_path / "profiles"
     study.write_profiles(profiles)
-    assert (profiles / "node-01.toml").read_text() == hardware_fleet(study.fleet)[0].text
+    assert (profiles / "node-01.toml").read_text() == hardware_fleet(study.fleets[0])[0].text
     assert "[[fault]]" in (profiles / "trigger-ulp.toml").read_text()
     state = tmp_path / "state.toml"  # the trigger as a [[state]] rule: one ulp of one parameter element
     parameter = 'trigger_parameter = "layers.0.attention.wo.weight"'
@@ -264,13 +271,3 @@ def test_a_fleet_file_chooses_its_fleet_models(tmp_path: Path) -> None:
     trigger = load_profile(profiles / "trigger-ulp.toml")
     assert not trigger.faults and [(s.parameter, s.step, s.bits) for s in trigger.states] == [
         ("layers.0.attention.wo.weight", load_fleet_study(state).rq3.trigger_step, 0)]
-    bad = tmp_path / "bad.toml"
-    bad.write_text('[fleet]\nmodels = ["lab"]\n')
-    with pytest.raises(ConfigError, match=r'bad\.toml.*fleet\.models.*"hardware"'):
-        load_fleet_study(bad)
-    bad.write_text('[fleet]\nmodels = ["study", "hardware"]\n[rq3]\nmodels = ["hardware"]\n')
-    with pytest.raises(ConfigError, match=r"bad\.toml.*rq3\.models.*the first of \[fleet\]\.models"):
-        load_fleet_study(bad)
-    bad.write_text('[fleet]\nmodels = ["study"]\n[rq2]\nmodels = ["hardware"]\n')
-    with pytest.raises(ConfigError, match=r"bad\.toml.*rq2\.models.*not in \[fleet\]\.models"):
-        load_fleet_study(bad)
