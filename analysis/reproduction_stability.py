@@ -4,7 +4,7 @@
     compare(read_verdicts(a), read_verdicts(b))      # one `RowComparison` per (fault model, row)
 
 Two runs on different machines, or on one machine with different thread counts (``--set
-run.threads=1`` against the configs' 2: another reduction order, other float bits), must give
+train.threads=1`` against the configs' 2: another reduction order, other float bits), must give
 the same verdict on every row, or mark the row unstable in at least one of them (its number
 lies within its rule's margin, analysis/reproduction_rules.py). A row that flips without
 such a mark is a rule whose margin is too narrow: the check fails and names it. docs/study.md,
