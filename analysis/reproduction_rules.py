@@ -12,7 +12,8 @@ docstring states its rule, its test and its margin; docs/study.md explains them,
 tests/analysis/test_reproduction_rules.py makes each give each of its outcomes.
 
 Nodes are the fleet's unhealthy ones (node-01, node-02, ...): node-00 is the healthy twin,
-golden-twin golden's shuffle-seed twin, trigger-ulp the trigger node; the twins are controls.
+golden-twin, golden-twin-2 ... golden's shuffle-seed twins, trigger-ulp the trigger
+node; the twins are controls.
 """
 
 from __future__ import annotations
