@@ -252,8 +252,7 @@ def load_fleet_study(spec: str | Path, overrides: tuple[str, ...] = ()) -> Fleet
 @dataclass(frozen=True)
 class FleetPaths:
     out: Path
-    first: str = "rq1"  # the parts whose names have no "/" hold the shared runs (FleetStudy.shared)
-    shared: frozenset[str] = frozenset()
+    shared: frozenset[str] = frozenset()  # labels of the runs the first model's experiments hold for every model
 
     def part(self, name: str) -> StudyPaths:
         """An experiment's folder (`FleetStudy.part_name`); another model's reads the shared runs from the first's."""

@@ -6,7 +6,7 @@ Layout of the output directory:
 
     runs/<label>/                    pretraining run of each node (golden first; <label>-guarded: under the guard)
     replays/<label>-<mode>/          replay of the study's window on each node
-    finetune/<label>/                fine-tune of each node's final model (+ <golden>-twin)
+    finetune/<label>/                fine-tune of each node's final model (+ <golden>-twin, -twin-2 ...)
     study.duckdb                     every pair diffed into one database
     report/index.html                plots and summary tables
     study.log                        the full output of every job

@@ -228,7 +228,8 @@ def test_sharpness_decides_only_when_its_interval_excludes_the_other_answer() ->
 def test_spearman_interval_by_fishers_z() -> None:
     lo, hi = rules.spearman_interval(0.5, 20)
     half = 1.959963984540054 * math.sqrt(1.06 / 17)
-    assert (lo, hi) == (pytest.approx(math.tanh(math.atanh(0.5) - half)), pytest.approx(math.tanh(math.atanh(0.5) + half)))
+    z = math.atanh(0.5)
+    assert (lo, hi) == (pytest.approx(math.tanh(z - half)), pytest.approx(math.tanh(z + half)))
     assert rules.spearman_interval(0.0, 30)[0] == pytest.approx(-rules.spearman_interval(0.0, 30)[1])
     with pytest.raises(ValueError):
         rules.spearman_interval(0.5, 3)

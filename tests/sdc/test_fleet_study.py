@@ -240,7 +240,8 @@ def test_fleet_study_resumes_and_refuses_another_file(fleet: FleetPaths, tmp_pat
     ('[fleet]\nmodels = ["lab"]\n', r'bad\.toml.*fleet\.models.*"hardware"'),
     ('[fleet]\nmodels = ["study", "hardware"]\n[rq3]\nmodels = ["hardware"]\n',
      r"bad\.toml.*rq3\.models.*the first of \[fleet\]\.models"),
-    ('[fleet]\nmodels = ["study"]\n[rq3]\nmodels = ["hardware"]\n', r"bad\.toml.*rq3\.models.*not in \[fleet\]\.models"),
+    ('[fleet]\nmodels = ["study"]\n[rq3]\nmodels = ["hardware"]\n',
+     r"bad\.toml.*rq3\.models.*not in \[fleet\]\.models"),
     ("[fleet]\nnodes = 2\n[finetune]\ntwins = 6\n", r"bad\.toml.*finetune\.twins.*at least as many nodes"),
 ])
 def test_a_fleet_file_names_its_mistakes(tmp_path: Path, text: str, error: str) -> None:
