@@ -195,10 +195,10 @@ def _verdict_words(v: Verdict) -> str:
 
 
 _INTRO = ('Each row: a finding of "Understanding Silent Data Corruption in LLM Training" (ACL 2025), ours beside '
-           "it, the named query that computes ours (`sdc query NAME --db PART/study.duckdb`), where the finding comes "
-           "from (built in: a parameter of the fault model; calibrated: a parameter tuned on the study's figure; "
-           "emergent: out of the training dynamics, read from the fleet's profiles by `rq1_fleet_profiles`), and the "
-           "verdict by the rule under the table. A verdict marked unstable lies within its rule's margin of the "
+          "it, the named query that computes ours (`sdc query NAME --db PART/study.duckdb`), where the finding comes "
+          "from (built in: a parameter of the fault model; calibrated: a parameter tuned on the study's figure; "
+          "emergent: out of the training dynamics, read from the fleet's profiles by `rq1_fleet_profiles`), and the "
+          "verdict by the rule under the table. A verdict marked unstable lies within its rule's margin of the "
           "threshold: another machine's float bits could flip it.")
 
 
