@@ -1,7 +1,8 @@
 """The reproduction table: each finding of the reference study beside ours, the query behind ours, and a verdict.
 
-    rep = build_reproduction({"rq1": Path("fleet/rq1/study.duckdb"), "rq2": ..., "rq3": ...})
-    write_reproduction(rep, Path("fleet/reproduction.md"), Path("fleet/report"), part_reports)
+    rep = build_reproduction({"rq1": Path("fleet/rq1/study.duckdb"), "rq2": ..., "rq3": None})  # None: not run
+    write_reproduction({"study": rep, "hardware": ...}, Path("fleet/reproduction.md"), Path("fleet/report"),
+                       part_reports)    # {("study", "rq1"): Path("fleet/rq1/report"), ...}
 
 One `Finding` per statement of "Understanding Silent Data Corruption in LLM Training" (ACL
 2025) that a fleet study can test. Each reads one named query (analysis/queries) on one
@@ -119,8 +120,10 @@ FINDINGS: tuple[Finding, ...] = (
             "drift rate (no measurable drift: not measured); margin: 10 % of either bound", rules.trigger,
             prov.emergent),
     Finding("RQ3", "the drift follows the loss surface's sharpness (the study's reading)", "rq3", "rq3_sharpness",
-            "the top Hessian eigenvalue at the golden checkpoints correlates positively (Spearman) with the fleet's "
-            "drift rate around each checkpoint, over 3 or more checkpoints; margin: |rho| below 0.1",
+            "Spearman's rho between the top Hessian eigenvalue at the golden checkpoints and the fleet's drift rate "
+            f"around each, over {rules.MIN_CHECKPOINTS} or more checkpoints, with its 95 % interval by Fisher's z "
+            "(variance 1.06 / (n - 3)): reproduced when the interval lies above 0, not reproduced when it lies below "
+            f"{rules.FOLLOWS:g}; margin: an interval holding both answers (undecided, marked unstable)",
             rules.sharpness, prov.emergent),
     Finding("RQ3", "SDC can cause spikes in the training loss", "rq3", "rq3_loss_spikes",
             "at least one fleet node's loss spikes (pretraining or fine-tuning) at a step where golden has none, "
@@ -129,25 +132,33 @@ FINDINGS: tuple[Finding, ...] = (
             "measured), the shuffle-seed twin's shown beside; margin: every counted spike below 1.1 x the spike "
             "threshold", rules.spikes, prov.emergent, needs_rows=False),
     Finding("RQ3", "fine-tuned accuracy stays close to the healthy node's", "rq3", "rq3_finetune_accuracy",
-            f"on the tasks golden learnt (at least {100 * rules.LEARNT:.0f} points above chance, not collapsed), at "
-            "least 80 % of the (node, task) results are not significantly below golden (below_golden), nodes with "
-            "destroyed weights left out; margin: max(1, 5 % of the results)", rules.accuracy, prov.emergent),
+            f"on the tasks golden learnt (at least {100 * rules.LEARNT:.0f} points above chance, not collapsed), the "
+            "(node, task) results below all n shuffle-seed twins' accuracies number no more than the 95 % upper "
+            "bound of Binomial(results, 1/(n+1)), the chance of a healthy fine-tune being lowest of n+1; nodes with "
+            f"destroyed weights left out; margin: a result within {100 * rules.ACCURACY_MARGIN:g} point of the "
+            "twins' lowest", rules.accuracy, prov.emergent),
     Finding("RQ3", "fine-tuned predictions disagree with the healthy node's about as much as changing only the "
             "data-shuffle seed", "rq3", "rq3_finetune_disagreement",
-            "the median over (node, task) above chance of disagreement / the twin's disagreement lies in 0.5-2; "
-            "margin: 10 % of either bound", rules.disagreement, prov.emergent),
+            "the (node, task) results above chance whose disagreement with golden lies outside the n shuffle-seed "
+            "twins' range number no more than the 95 % upper bound of Binomial(results, 2/(n+1)), the chance of a "
+            f"twin falling outside the others' range; margin: a result within {100 * rules.DISAGREEMENT_MARGIN:g} "
+            "point of either end", rules.disagreement, prov.emergent),
     Finding("RQ3", "a spike destroyed one node's weights: its test accuracy fell to 0 (node 6, CosmosQA)", "rq3",
             "rq3_finetune_accuracy",
-            f"a fleet node's accuracy is at or below chance (collapsed) on a task golden learnt (at least "
-            f"{100 * rules.LEARNT:.0f} points above chance); margin: a node within 2 points above chance",
-            rules.destroyed, prov.scripted_destroyer),
+            f"a fleet node's accuracy is at or below chance (collapsed) on a task golden and every shuffle-seed "
+            f"twin learnt (at least {100 * rules.LEARNT:.0f} points above chance); margin: a node within 2 points "
+            "above chance", rules.destroyed, prov.scripted_destroyer),
 )
 
 
-def build_reproduction(dbs: Mapping[str, Path], *, findings: tuple[Finding, ...] = FINDINGS,
+NOT_RUN = "not run for this model"  # a part the fleet study's file did not run for a fault model (dbs[part] None)
+
+
+def build_reproduction(dbs: Mapping[str, Path | None], *, findings: tuple[Finding, ...] = FINDINGS,
                        library: QueryLibrary = LIBRARY) -> Reproduction:
-    """Every finding judged on its experiment's database; a missing database or failing query is a row saying so.
-    The provenance column reads the fleet's fault rules from the rq1 database (`PROFILES`)."""
+    """Every finding judged on its experiment's database; a missing database or failing query is a row saying so,
+    a part mapped to None (not run for this fault model) a row saying `NOT_RUN`. The provenance column reads the
+    fleet's fault rules from the rq1 database (`PROFILES`)."""
     profiles = _records(dbs, *PROFILES, library)
     rows = []
     for f in findings:
@@ -156,7 +167,10 @@ def build_reproduction(dbs: Mapping[str, Path], *, findings: tuple[Finding, ...]
         else:
             provenance = f.provenance(profiles)
         records = _records(dbs, f.part, f.query, library)
-        if isinstance(records, str):
+        if f.part in dbs and dbs[f.part] is None:
+            rows.append(Row(f, Verdict(f"{NOT_RUN} ({f.part} is not among its experiments)", "not measured"),
+                            provenance))
+        elif isinstance(records, str):
             rows.append(Row(f, Verdict(records, "not measured"), provenance))
         elif not records and f.needs_rows:
             rows.append(Row(f, Verdict("the query has no rows", "not measured"), provenance))
@@ -165,7 +179,7 @@ def build_reproduction(dbs: Mapping[str, Path], *, findings: tuple[Finding, ...]
     return Reproduction(tuple(rows))
 
 
-def _records(dbs: Mapping[str, Path], part: str, query: str, library: QueryLibrary) -> Rows | str:
+def _records(dbs: Mapping[str, Path | None], part: str, query: str, library: QueryLibrary) -> Rows | str:
     """The query's rows on the part's database, or why there are none."""
     db = dbs.get(part)
     if db is None or not Path(db).is_file():
@@ -180,15 +194,50 @@ def _verdict_words(v: Verdict) -> str:
     return v.outcome + (f" (unstable: {v.unstable})" if v.unstable else "")
 
 
+_INTRO = ('Each row: a finding of "Understanding Silent Data Corruption in LLM Training" (ACL 2025), ours beside '
+          "it, the named query that computes ours (`sdc query NAME --db PART/study.duckdb`), where the finding comes "
+          "from (built in: a parameter of the fault model; calibrated: a parameter tuned on the study's figure; "
+          "emergent: out of the training dynamics, read from the fleet's profiles by `rq1_fleet_profiles`), and the "
+          "verdict by the rule under the table. A verdict marked unstable lies within its rule's margin of the "
+          "threshold: another machine's float bits could flip it.")
+
+
 def to_markdown(rep: Reproduction, title: str) -> str:
-    out = [f"# {title}", "",
-           'Each row: a finding of "Understanding Silent Data Corruption in LLM Training" (ACL 2025), ours beside '
-           "it, the named query that computes ours (`sdc query NAME --db PART/study.duckdb`), where the finding comes "
-           "from (built in: a parameter of the fault model; calibrated: a parameter tuned on the study's figure; "
-           "emergent: out of the training dynamics, read from the fleet's profiles by `rq1_fleet_profiles`), and the "
-           "verdict by the rule under the table. A verdict marked unstable lies within its rule's margin of the "
-           "threshold: another machine's float bits could flip it.", "",
-           "| # | level | the study | ours | query | provenance | verdict |", "|---|---|---|---|---|---|---|"]
+    """One fault model's table, its totals and its rules, under the heading `title`."""
+    return "\n".join([f"# {title}", "", _INTRO, "", *_table(rep), "", "## Rules", "", *_rules(rep)]) + "\n"
+
+
+def models_markdown(reps: Mapping[str, Reproduction], title: str) -> str:
+    """Every fault model's verdicts side by side (a column per model), then each model's own table; the rules once.
+    One model alone gives `to_markdown`."""
+    if len(reps) == 1:
+        return to_markdown(next(iter(reps.values())), title)
+    first = next(iter(reps.values()))
+    out = [f"# {title}", "", _INTRO, "", "## The verdicts of every fault model", "",
+           "| # | level | the study | " + " | ".join(reps) + " |", "|---|---|---|" + "---|" * len(reps)]
+    for i, f in enumerate(first.rows, 1):
+        cells = [_cell(rep.rows[i - 1]) for rep in reps.values()]
+        out.append(f"| {i} | {f.finding.level} | {_md(f.finding.study)} | " + " | ".join(cells) + " |")
+    out += [""] + [f"Totals, {model}: {rep.totals()}." for model, rep in reps.items()]
+    for model, rep in reps.items():
+        out += ["", f"## The {model} fault model", "", *_table(rep)]
+    out += ["", "## Rules", "", *_rules(first)]
+    return "\n".join(out) + "\n"
+
+
+def _cell(row: Row) -> str:
+    """A row's verdict in the side-by-side table: the outcome, unstable or not, and the provenance."""
+    if row.verdict.ours.startswith(NOT_RUN):
+        return NOT_RUN
+    return f"**{row.verdict.outcome}**{' (unstable)' if row.verdict.unstable else ''} ({row.provenance.kind})"
+
+
+def _rules(rep: Reproduction) -> list[str]:
+    return [f"{i}. {r.finding.rule}." for i, r in enumerate(rep.rows, 1)]
+
+
+def _table(rep: Reproduction) -> list[str]:
+    out = ["| # | level | the study | ours | query | provenance | verdict |", "|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rep.rows, 1):
         f, v = r.finding, r.verdict
         out.append(f"| {i} | {f.level} | {_md(f.study)} | {_md(v.ours)} | `{f.query}` ({f.part}) | "
@@ -198,13 +247,12 @@ def to_markdown(rep: Reproduction, title: str) -> str:
     emergent = sum(r.provenance.kind == "emergent" and r.verdict.outcome == "reproduced" for r in rep.rows)
     out += ["", f"Totals: {rep.totals()}.", "",
             "Provenance: " + ", ".join(f"{n} {k}" for k, n in kinds.items() if n) + "; reproduced among the "
-            f"emergent rows: {emergent}.",
-            "", "## Rules", ""]
-    out += [f"{i}. {r.finding.rule}." for i, r in enumerate(rep.rows, 1)]
-    return "\n".join(out) + "\n"
+            f"emergent rows: {emergent}."]
+    return out
 
 
-def to_html(rep: Reproduction, part_reports: Mapping[str, str]) -> str:
+def to_html(rep: Reproduction, part_reports: Mapping[str, str], heading: str = "Reproduction of the study",
+            anchor: str = "reproduction") -> str:
     """A section of the HTML report: the table, the rules, and links to each experiment's report."""
     e = html.escape
     rows = "".join(
@@ -215,21 +263,28 @@ def to_html(rep: Reproduction, part_reports: Mapping[str, str]) -> str:
         for i, r in enumerate(rep.rows, 1))
     links = " ".join(f'<a href="{e(href)}">{e(part)} report</a>' for part, href in part_reports.items())
     rules_ = "".join(f"<li>{e(r.finding.rule)}</li>" for r in rep.rows)
-    return (f'<section id="reproduction"><h2>Reproduction of the study</h2><p>{links}</p>'
+    return (f'<section id="{e(anchor)}"><h2>{e(heading)}</h2><p>{links}</p>'
             "<table><tr><th>#</th><th>level</th><th>the study</th><th>ours</th><th>query</th><th>provenance</th>"
             f"<th>verdict</th></tr>{rows}</table><p>Totals: {e(rep.totals())}.</p><h3>Rules</h3><ol>{rules_}</ol>"
             "</section>")
 
 
-def write_reproduction(rep: Reproduction, markdown: Path, report: Path, part_reports: Mapping[str, Path],
+def write_reproduction(reps: Mapping[str, Reproduction], markdown: Path, report: Path,
+                       part_reports: Mapping[tuple[str, str], Path],
                        title: str = "Reproduction of the SDC study on an emulated fleet") -> None:
-    """`markdown` and ``report/index.html``, the latter linking each experiment's report relative to it."""
-    markdown.write_text(to_markdown(rep, title), encoding="utf-8")
+    """`markdown` (`models_markdown`: every fault model's table) and ``report/index.html``, a section per model
+    linking its experiments' reports (`part_reports`, keyed by (model, part)) relative to it."""
+    markdown.write_text(models_markdown(reps, title), encoding="utf-8")
     report.mkdir(parents=True, exist_ok=True)
-    links = {part: _relative_link(path / "index.html", report) for part, path in part_reports.items()}
+    sections = []
+    for model, rep in reps.items():
+        links = {part: _relative_link(path / "index.html", report) for (m, part), path in part_reports.items()
+                 if m == model}
+        heading = "Reproduction of the study" + (f": the {model} fault model" if len(reps) > 1 else "")
+        sections.append(to_html(rep, links, heading, "reproduction" if not sections else f"reproduction-{model}"))
     page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>\n"
-            f"{to_html(rep, links)}\n</body></html>\n")
+            + "\n".join(sections) + "\n</body></html>\n")
     (report / "index.html").write_text(page, encoding="utf-8")
 
 

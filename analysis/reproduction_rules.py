@@ -12,7 +12,8 @@ docstring states its rule, its test and its margin; docs/study.md explains them,
 tests/analysis/test_reproduction_rules.py makes each give each of its outcomes.
 
 Nodes are the fleet's unhealthy ones (node-01, node-02, ...): node-00 is the healthy twin,
-golden-twin golden's shuffle-seed twin, trigger-ulp the trigger node; the twins are controls.
+golden-twin, golden-twin-2 ... golden's shuffle-seed twins, trigger-ulp the trigger
+node; the twins are controls.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ UNIT_ROUNDOFF = 2.0 ** -24  # float32: rounding every parameter once moves the r
 SPIKE_WINDOW = 5  # steps: a spike counts when a fault fired at that step or up to this many before (the query's)
 SPIKE_MARGIN = 1.1  # a counted spike whose loss ratio lies below 1.1 x the spike rule's 1.5 is borderline
 LEARNT = 0.10  # golden learnt a task when its accuracy beats chance by at least this (10 points)
+MIN_CHECKPOINTS = 4  # row 11: Fisher's z interval needs n - 3 > 0
+FOLLOWS = 0.3  # row 11: "drift follows sharpness" needs at least a moderate positive rank correlation
+ACCURACY_MARGIN = 0.01  # row 13: a result within 1 point of the twins' lowest accuracy is borderline
+DISAGREEMENT_MARGIN = 0.01  # row 14: within 1 point of either end of the twins' disagreement range
 
 
 @dataclass(frozen=True)
@@ -339,19 +344,39 @@ def trigger(rows: Rows) -> Verdict:
 
 
 def sharpness(rows: Rows) -> Verdict:
-    """Rule: the top Hessian eigenvalue at the golden checkpoints correlates positively (Spearman) with the
-    fleet's local drift rate around each checkpoint, over 3 or more checkpoints. Margin: |rho| below 0.1."""
+    """Rule: the top Hessian eigenvalue at the golden checkpoints correlates positively (Spearman's rho) with the
+    fleet's local drift rate around each checkpoint. Test: the 95 % confidence interval of rho by Fisher's z with
+    the Fieller-Hartley-Pearson variance for Spearman, 1.06 / (n - 3) over n checkpoints (`spearman_interval`; at
+    least `MIN_CHECKPOINTS`). Reproduced when the interval lies above 0; not reproduced when it lies below
+    `FOLLOWS` (it excludes the moderate positive correlation "follows" needs); otherwise the verdict goes by rho and
+    is marked unstable: the interval holds both answers, the checkpoints cannot decide."""
     pairs = [(r["sharpness"], r["local_median_rate"]) for r in rows
              if r["sharpness"] is not None and r["local_median_rate"] is not None]
     values = [r["sharpness"] for r in rows if r["sharpness"] is not None]
-    if len(pairs) < 3:
-        return Verdict(f"sharpness {min(values, default=0):.3g}-{max(values, default=0):.3g}; fewer than three "
-                       "checkpoints with a local drift rate", "not measured")
+    if len(pairs) < MIN_CHECKPOINTS:
+        return Verdict(f"sharpness {min(values, default=0):.3g}-{max(values, default=0):.3g}; fewer than "
+                       f"{MIN_CHECKPOINTS} checkpoints with a local drift rate", "not measured")
     rho = spearman(pairs)
+    lo, hi = spearman_interval(rho, len(pairs))
     ours = (f"top Hessian eigenvalue {min(values):.3g}-{max(values):.3g} over the golden run's checkpoints; Spearman "
-            f"correlation with the fleet's local drift rate {rho:.2f} over {len(pairs)} checkpoints")
-    unstable = f"rho {rho:.2f} is within 0.1 of 0" if abs(rho) < 0.1 else ""
-    return Verdict(ours, "reproduced" if rho > 0 else "not reproduced", unstable)
+            f"correlation with the fleet's local drift rate {rho:.2f} over {len(pairs)} checkpoints, 95 % interval "
+            f"{lo:.2f} to {hi:.2f}")
+    if lo > 0:
+        return Verdict(ours, "reproduced")
+    if hi < FOLLOWS:
+        return Verdict(ours, "not reproduced")
+    return Verdict(ours, "reproduced" if rho > 0 else "not reproduced",
+                   f"the interval {lo:.2f} to {hi:.2f} holds both answers (above 0, below {FOLLOWS:g}): undecided")
+
+
+def spearman_interval(rho: float, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """The two-sided `level` confidence interval of Spearman's rho over `n` pairs: Fisher's z = atanh(rho), normal
+    with variance 1.06 / (n - 3) (Fieller, Hartley and Pearson 1957), mapped back by tanh. Needs n >= 4."""
+    if n < 4:
+        raise ValueError(f"spearman_interval needs n >= 4 pairs, not {n}")
+    z = math.atanh(max(-0.999999, min(0.999999, rho)))
+    half = statistics.NormalDist().inv_cdf(1 - (1 - level) / 2) * math.sqrt(1.06 / (n - 3))
+    return math.tanh(z - half), math.tanh(z + half)
 
 
 def spearman(pairs: list[tuple[float, float]]) -> float:
@@ -410,59 +435,121 @@ def learnt_tasks(rows: Rows) -> set[str]:
             and r["accuracy"] >= r["chance"] + LEARNT}
 
 
+def is_twin(label: str | None) -> bool:
+    """golden's shuffle-seed twins: golden-twin (the pairs' baseline), golden-twin-2, golden-twin-3 ..."""
+    return bool(label) and (label == BASELINE or label.startswith(BASELINE + "-"))
+
+
+def binomial_upper(n: int, p: float, level: float = LEVEL) -> int:
+    """The smallest k with P(Binomial(n, p) > k) <= 1 - `level`: more than k hits rejects "each hit has
+    probability p" at that level (one-sided)."""
+    cdf, k = 0.0, 0
+    while k <= n:
+        cdf += math.comb(n, k) * p ** k * (1 - p) ** (n - k)
+        if cdf >= level:
+            return k
+        k += 1
+    return n
+
+
+def _twin_values(rows: Rows, task: str, column: str) -> list[float]:
+    return [r[column] for r in rows if r["task"] == task and r[column] is not None]
+
+
 def accuracy(rows: Rows) -> Verdict:
-    """Rule: on the tasks golden learnt (`learnt_tasks`), at least 80 % of the (node, task) results are not
-    significantly below golden (the query's below_golden), nodes with destroyed weights left out. Margin: within
-    max(1, 5 % of the results) of the 80 % threshold."""
+    """Rule: on the tasks golden learnt (`learnt_tasks`), the fleet's (node, task) results fall below every
+    shuffle-seed twin's accuracy no more often than chance allows. Test: a node exchangeable with n twins is below
+    all of them with probability 1/(n+1), so the count of results below the twins' range is compared with the 95 %
+    upper bound of Binomial(results, 1/(n+1)) (`binomial_upper`; the twins are shared, so this treats the results
+    as independent: an approximation). Nodes with destroyed weights (row 15) left out. Margin: a result within
+    `ACCURACY_MARGIN` of the twins' lowest accuracy, could it change the count's side of the bound."""
     learnt = learnt_tasks(rows)
     nodes = [r for r in rows if r["role"] == "suspect" and is_fleet_node(r["node_label"]) and r["task"] in learnt]
-    twin = [r for r in rows if r["role"] == "twin" and r["task"] in learnt]
+    twins = [r for r in rows if is_twin(r["node_label"]) and r["task"] in learnt]
     destroyed = {r["node_label"] for r in nodes if r["collapsed"] and r["accuracy"] <= r["chance"]}
     kept = [r for r in nodes if r["node_label"] not in destroyed]
-    if not kept:
-        return Verdict("golden learnt no task above chance, or no fleet node was fine-tuned", "not measured")
-    close = [r for r in kept if not r["below_golden"]]
-    gap = statistics.median(abs(r["accuracy_vs_golden"]) for r in kept)
-    twin_gap = statistics.median(abs(r["accuracy_vs_golden"]) for r in twin) if twin else None
-    need = math.ceil(0.8 * len(kept))
-    ours = (f"{len(close)} of {len(kept)} (node, task) results on the {len(learnt)} tasks golden learnt are not "
-            f"significantly below golden (threshold {need}); median |accuracy - golden| {_pct(gap)}"
-            + (f", the shuffle-seed twin's {_pct(twin_gap)}" if twin_gap is not None else "")
-            + (f" (nodes with destroyed weights left out: {', '.join(sorted(destroyed))})" if destroyed else ""))
-    margin = max(1, round(0.05 * len(kept)))
-    unstable = (f"{len(close)} of {len(kept)}, threshold {need}: within the margin of {margin}"
-                if abs(len(close) - need) <= margin else "")
-    return Verdict(ours, "reproduced" if len(close) >= need else "not reproduced", unstable)
+    if not kept or not twins:
+        return Verdict("golden learnt no task above chance, no fleet node was fine-tuned or no shuffle-seed twin",
+                       "not measured")
+    n = min(len({r["node_label"] for r in twins if r["task"] == t}) for t in learnt)
+    low = {t: min(_twin_values(twins, t, "accuracy")) for t in learnt}
+    below = [r for r in kept if r["accuracy"] < low[r["task"]]]
+    bound = binomial_upper(len(kept), 1 / (n + 1))
+    ranges = ", ".join(f"{t} {_pct(low[t])}-{_pct(max(_twin_values(twins, t, 'accuracy')))}" for t in sorted(learnt))
+    ours = (f"{len(below)} of {len(kept)} (node, task) results on the {len(learnt)} tasks golden learnt lie below all "
+            f"{n} shuffle-seed twins (their accuracy: {ranges}); at most {bound} expected by chance (95 %, p = "
+            f"1/{n + 1} each)" + (f"; nodes with destroyed weights left out: {', '.join(sorted(destroyed))}"
+                                  if destroyed else ""))
+
+    def ok(k: int) -> bool:
+        return k <= bound
+
+    near = [abs(r["accuracy"] - low[r["task"]]) <= ACCURACY_MARGIN for r in kept]
+    leave = sum(1 for r, b in zip(kept, near) if b and r in below)
+    join = sum(1 for r, b in zip(kept, near) if b and r not in below)
+    return Verdict(ours, "reproduced" if ok(len(below)) else "not reproduced",
+                   _flips(len(below), leave, join, ok, f"the twins' lowest accuracy ({_pct(ACCURACY_MARGIN)})"))
 
 
 def disagreement(rows: Rows) -> Verdict:
-    """Rule: the median over (node, task) above chance of disagreement with golden / the shuffle-seed twin's
-    disagreement lies in 0.5-2. Margin: within 10 % of either bound."""
-    nodes = [r for r in rows if is_fleet_node(r["suspect_node"]) and r["baseline_disagreement"]
+    """Rule: on each task, the fleet's fine-tunes disagree with golden about as much as the shuffle-seed twins do
+    (each twin's disagreement is the baseline of the pairs that took it, `twin_node`). Test: a (node, task) above
+    chance whose disagreement lies outside the n twins' range (below the lowest or above the highest) has
+    probability 2/(n+1) under "a node is another twin"; the count outside is compared with the
+    95 % upper bound of Binomial(results, 2/(n+1)) (independence approximated, as for `accuracy`). Margin: a result
+    within `DISAGREEMENT_MARGIN` of either end of the range, could it change the count's side of the bound."""
+    per_twin: dict[str, dict[str, float]] = {}  # task -> twin -> its disagreement with golden (every pair's same)
+    for r in rows:
+        if r["baseline_disagreement"] is not None and is_twin(r.get("twin_node")):
+            per_twin.setdefault(r["task"], {})[r["twin_node"]] = r["baseline_disagreement"]
+    twins = {task: sorted(v.values()) for task, v in per_twin.items()}
+    nodes = [r for r in rows if is_fleet_node(r["suspect_node"]) and r["task"] in twins
              and r["suspect_accuracy"] is not None and r["suspect_accuracy"] > 1 / 4]
     if not nodes:
         return Verdict("no twin baseline or no node above chance", "not measured")
-    ratio = statistics.median(r["disagreement"] / r["baseline_disagreement"] for r in nodes)
-    ours = (f"median over (node, task) of disagreement with golden / the shuffle-seed twin's: {ratio:.3g} "
-            f"(median disagreement {_pct(statistics.median(r['disagreement'] for r in nodes))}, twin "
-            f"{_pct(statistics.median(r['baseline_disagreement'] for r in nodes))})")
-    return Verdict(ours, "reproduced" if 0.5 <= ratio <= 2 else "not reproduced",
-                   _near(ratio, 0.5, 1.1, "0.5") or _near(ratio, 2, 1.1, "2") if ratio > 0 else "")
+    n = min(len(twins[r["task"]]) for r in nodes)
+    outside = [r for r in nodes if not min(twins[r["task"]]) <= r["disagreement"] <= max(twins[r["task"]])]
+    above = sum(1 for r in outside if r["disagreement"] > max(twins[r["task"]]))
+    bound = binomial_upper(len(nodes), min(1.0, 2 / (n + 1)))
+    ratios = [r["disagreement"] / statistics.median(twins[r["task"]]) for r in nodes
+              if statistics.median(twins[r["task"]]) > 0]
+    ratio = statistics.median(ratios) if ratios else None
+    ranges = ", ".join(f"{t} {_pct(min(v))}-{_pct(max(v))}" for t, v in sorted(twins.items()))
+    ours = (f"{len(outside)} of {len(nodes)} (node, task) above chance disagree with golden outside the {n} "
+            f"shuffle-seed twins' range ({above} above it; twins: {ranges}); at most {bound} expected by chance "
+            f"(95 %, p = 2/{n + 1} each)" + (f"; median disagreement / the twins' median {ratio:.3g}"
+                                            if ratio is not None else ""))
+
+    def ok(k: int) -> bool:
+        return k <= bound
+
+    near = [min(abs(r["disagreement"] - min(twins[r["task"]])), abs(r["disagreement"] - max(twins[r["task"]])))
+            <= DISAGREEMENT_MARGIN for r in nodes]
+    leave = sum(1 for r, b in zip(nodes, near) if b and r in outside)
+    join = sum(1 for r, b in zip(nodes, near) if b and r not in outside)
+    return Verdict(ours, "reproduced" if ok(len(outside)) else "not reproduced",
+                   _flips(len(outside), leave, join, ok, f"the twins' range ({_pct(DISAGREEMENT_MARGIN)})"))
 
 
 def destroyed(rows: Rows) -> Verdict:
-    """Rule: a fleet node's accuracy is at or below chance (collapsed) on a task golden learnt
-    (`learnt_tasks`). Margin: a node within 2 points above chance on such a task could fall to it."""
+    """Rule: a fleet node's accuracy is at or below chance (collapsed) on a task golden learnt (`learnt_tasks`) and
+    every shuffle-seed twin learnt too (each at least `LEARNT` above chance): below all n twins, which a healthy
+    fine-tune is with probability 1/(n+1), and at chance, which none of them is. Margin: a node within 2 points
+    above chance on such a task could fall to it."""
     learnt = learnt_tasks(rows)
+    twins = [r for r in rows if is_twin(r["node_label"])]
+    learnt = {t for t in learnt if all(r["accuracy"] >= r["chance"] + LEARNT for r in twins if r["task"] == t)}
     nodes = [r for r in rows if r["role"] == "suspect" and is_fleet_node(r["node_label"]) and r["task"] in learnt]
     if not nodes:
-        return Verdict("golden learnt no task above chance, or no fleet node was fine-tuned", "not measured")
+        return Verdict("golden and its twins learnt no task above chance, or no fleet node was fine-tuned",
+                       "not measured")
     down = sorted({(r["node_label"], r["task"], r["accuracy"], r["chance"]) for r in nodes
                    if r["collapsed"] and r["accuracy"] <= r["chance"]})
     near = sorted({r["node_label"] for r in nodes if r["chance"] < r["accuracy"] <= r["chance"] + 0.02})
+    n = len({r["node_label"] for r in twins})
     if not down:
-        return Verdict("no fleet node fell to chance where golden learnt the task", "not reproduced",
-                       f"{', '.join(near)} within 2 points of chance" if near else "")
+        return Verdict(f"no fleet node fell to chance where golden and its {n} twins learnt the task",
+                       "not reproduced", f"{', '.join(near)} within 2 points of chance" if near else "")
     shown = "; ".join(f"{n} {t} {_pct(a)} (chance {_pct(c)})" for n, t, a, c in down[:6])
-    return Verdict(f"at or below chance where golden learnt the task: {shown}"
+    return Verdict(f"at or below chance where golden and its {n} twins learnt the task: {shown}"
                    + (f"; {len(down) - 6} more" if len(down) > 6 else ""), "reproduced")

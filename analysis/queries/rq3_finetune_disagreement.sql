@@ -1,4 +1,4 @@
--- RQ3: per pair and task, how often the suspect fine-tune's final answers differ from the golden's, beside the shuffle-seed twin's baseline
+-- RQ3: per pair and task, how often the suspect fine-tune's final answers differ from the golden's, beside the baseline of the pair's shuffle-seed twin (twin_node)
 WITH final_prediction_step AS (
     SELECT run_id, max(step) AS step FROM finetune_predictions GROUP BY run_id
 ),
@@ -35,18 +35,20 @@ per_task AS (
     GROUP BY pair_id, task
 ),
 report AS (
-    SELECT per_task.pair_id, gn.node_label AS golden_node, sn.node_label AS suspect_node, per_task.task,
+    SELECT per_task.pair_id, gn.node_label AS golden_node, sn.node_label AS suspect_node, tn.node_label AS twin_node,
+           per_task.task,
            per_task.examples, per_task.disagreement, per_task.baseline_disagreement,
            ga.accuracy AS golden_accuracy, sa.accuracy AS suspect_accuracy, ta.accuracy AS twin_accuracy
     FROM per_task
     JOIN pairs USING (pair_id)
     LEFT JOIN nodes AS gn ON gn.run_id = pairs.golden_run_id
     LEFT JOIN nodes AS sn ON sn.run_id = pairs.suspect_run_id
+    LEFT JOIN nodes AS tn ON tn.run_id = pairs.twin_run_id
     LEFT JOIN final_accuracy AS ga ON ga.run_id = pairs.golden_run_id AND ga.task = per_task.task
     LEFT JOIN final_accuracy AS sa ON sa.run_id = pairs.suspect_run_id AND sa.task = per_task.task
     LEFT JOIN final_accuracy AS ta ON ta.run_id = pairs.twin_run_id AND ta.task = per_task.task
 )
-SELECT pair_id, golden_node, suspect_node, task, examples, disagreement, baseline_disagreement,
+SELECT pair_id, golden_node, suspect_node, twin_node, task, examples, disagreement, baseline_disagreement,
        golden_accuracy, suspect_accuracy, twin_accuracy
 FROM report
 ORDER BY golden_node, suspect_node, pair_id, task

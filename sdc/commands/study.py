@@ -61,7 +61,7 @@ def run_fleet(fleet: FleetStudy, args: argparse.Namespace) -> int:
 
     out = args.out if args.out is not None else Path(fleet.name)
     print(f"fleet study {fleet.name}: {fleet.description or fleet.source}")
-    print(f"  {fleet.fleet.nodes} unhealthy nodes from the fleet model (seed {fleet.fleet.seed}); experiments "
+    print(f"  {fleet.fleets[0].nodes} unhealthy nodes from each fleet model ({', '.join(fleet.models)}; seed {fleet.fleets[0].seed}); experiments "
           f"rq1 ({fleet.rq1.config}, lockstep), rq2 ({fleet.rq2.config}, param-sync), rq3 ({fleet.rq3.config}, "
           f"pretraining{' and fine-tuning' if fleet.finetune else ''}); output in {out}/")
     result = run_fleet_study(fleet, out, overwrite=args.overwrite, resume=args.resume, progress=not args.quiet)

@@ -6,8 +6,9 @@
 A study folder holds run folders (``runs/<label>/``, ``replays/<label>-<mode>/``, ``finetune/<label>/``,
 each as `tracer.log.layout` names it), its database (with DuckDB's ``.wal`` and ``.tmp/``), a diff's
 scratch folders (`pipelines.scratch`), ``report/`` (``index.html`` and ``rq*.png``), ``study.log`` and
-``study-state.json`` (with its ``.tmp``). A fleet study's folder holds ``profiles/``, one study folder per
-experiment (``rq1/`` ...), ``report/``, ``reproduction.md``, the log and the state file. Anything else is
+``study-state.json`` (with its ``.tmp``). A fleet study's folder holds ``profiles/`` (a second fault
+model's in ``profiles/<model>/``), one study folder per experiment (``rq1/`` ...; a second fault model's
+``<model>/rq1/`` ...), ``report/``, ``reproduction.md``, the log and the state file. Anything else is
 the user's: ``--overwrite`` refuses it, by name, and deletes nothing; so is a ``study.duckdb`` that is not
 a database sdctrace wrote (`refuse_foreign_databases`).
 """
@@ -18,6 +19,7 @@ import re
 from pathlib import Path
 
 from analysis.study_db import db_written_by_sdctrace
+from faults.fleet import MODELS
 from pipelines.scratch import SCRATCH_PREFIX
 from tracer.errors import UsageError
 from tracer.log.claim import FolderKind
@@ -57,7 +59,12 @@ def fleet_written(parts: tuple[str, ...], is_dir: bool) -> bool:
     top, rest = parts[0], parts[1:]
     if top in PARTS:
         return is_dir if not rest else study_written(rest, is_dir)
+    if top in MODELS:  # another fault model's experiments: hardware/rq1/ ...
+        return is_dir if not rest else (rest[0] in PARTS and (is_dir if not rest[1:] else study_written(rest[1:],
+                                                                                                   is_dir)))
     if top == "profiles":
+        if rest and rest[0] in MODELS:  # another fault model's profiles
+            rest = rest[1:]
         return is_dir if not rest else len(rest) == 1 and not is_dir and bool(_PROFILE.fullmatch(rest[0]))
     if top == REPORT:
         return is_dir if not rest else report_written(rest, is_dir)
@@ -73,7 +80,8 @@ REPORT_FOLDER = FolderKind("report", report_written)
 def refuse_foreign_databases(out: Path) -> None:
     """Refuse, before an overwrite deletes anything, a study database in ``out`` (or in a fleet study's
     experiments) that sdctrace did not write: one that DuckDB cannot open, or without sdctrace's schema table."""
-    for db in (out / DB, *(out / part / DB for part in PARTS)):
+    fleet = [out / part / DB for part in PARTS] + [out / m / part / DB for m in MODELS for part in PARTS]
+    for db in (out / DB, *fleet):
         ours = not db.is_file() or db_written_by_sdctrace(db)
         if not ours:
             raise UsageError(f"{db}: is not a study database sdctrace wrote; nothing was deleted: move it away "

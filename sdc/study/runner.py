@@ -6,7 +6,7 @@ Layout of the output directory:
 
     runs/<label>/                    pretraining run of each node (golden first; <label>-guarded: under the guard)
     replays/<label>-<mode>/          replay of the study's window on each node
-    finetune/<label>/                fine-tune of each node's final model (+ <golden>-twin)
+    finetune/<label>/                fine-tune of each node's final model (+ <golden>-twin, -twin-2 ...)
     study.duckdb                     every pair diffed into one database
     report/index.html                plots and summary tables
     study.log                        the full output of every job
@@ -54,18 +54,30 @@ SUMMARY_QUERIES = ("summary", "rq1_mismatch_by_node", "rq1_mismatch_bursts", "rq
 
 @dataclass(frozen=True)
 class StudyPaths:
-    """Where each job of a study writes."""
+    """Where each job of a study writes; the runs of the ``shared`` labels are read from ``borrowed``'s folder
+    instead (a fleet study's second fault model diffs its nodes against the first one's golden runs)."""
 
     out: Path
+    borrowed: StudyPaths | None = None
+    shared: frozenset[str] = frozenset()
+
+    def _owner(self, label: str) -> Path:
+        return self.borrowed._owner(label) if self.borrowed is not None and label in self.shared else self.out
 
     def run(self, label: str) -> Path:
-        return self.out / "runs" / label
+        return self._owner(label) / "runs" / label
 
     def replay(self, label: str, mode: str) -> Path:
-        return self.out / "replays" / f"{label}-{mode}"
+        return self._owner(label) / "replays" / f"{label}-{mode}"
 
     def finetune(self, label: str) -> Path:
-        return self.out / "finetune" / label
+        return self._owner(label) / "finetune" / label
+
+    def writes(self, job: Job) -> bool:
+        """Whether `job` writes into this folder: not one that records, replays or fine-tunes a borrowed run."""
+        kind, _, rest = job.name.partition(":")
+        return not (kind in ("record", "replay", "finetune") and rest.split(":")[0] in self.shared
+                    and self.borrowed is not None)
 
     @property
     def db(self) -> Path:
@@ -137,16 +149,24 @@ def run_jobs(jobs: list[Job], state: StudyState, finished: list[str], *, progres
                 bar.write(f"{prefix}: done before, skipped (--resume)")
                 continue
             bar.set_postfix_str(job.describe)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_seconds()
             log.write(f"\n== {job.describe} ==\n")
             log.flush()
             # The terminal gets one line per job; what a job says (the sites it traces, warnings) goes to the log.
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 line = job.action()
-            bar.write(f"{prefix}: {line} ({time.perf_counter() - t0:.1f} s)")
+            cpu = _cpu_seconds() - c0
+            bar.write(f"{prefix}: {line} ({time.perf_counter() - t0:.1f} s, {cpu:.1f} s CPU)")
             finished.append(job.name)
             state.save(finished)
     return time.perf_counter() - start
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process (all its threads) and its waited-for children: a job's cost on a
+    loaded machine, where wall seconds say little."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tuple[str, ...]) -> list[Job]:
@@ -187,8 +207,8 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
     """RQ3b: fine-tune golden, its shuffle-seed twin and every node, then diff each against golden."""
     ft, golden = study.finetune, study.golden
     assert ft is not None
-    twin = f"{golden}-twin"
-    runs = [(golden, golden, None, 0, None), (twin, golden, None, 0, ft.twin_shuffle_seed)]
+    twins = ft.twin_labels(golden)
+    runs = [(golden, golden, None, 0, None), *((label, golden, None, 0, seed) for label, seed in twins)]
     runs += [(n.label, n.label, n.profile, n.fault_seed, None) for n in study.nodes]
     runs += [(n.guarded, n.guarded, n.profile, n.fault_seed, None) for n in study.nodes if n.guarded is not None]
     jobs = []
@@ -199,10 +219,15 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
                         lambda label=label, source=source, profile=profile, seed=seed, shuffle=shuffle: _finetune(
                             ft, paths.run(source), paths.finetune(label), label, profile, seed, shuffle, progress,
                             derived_run_id(study, label, "finetune"))))
-    for label in [n.label for n in study.nodes] + [n.guarded for n in study.nodes if n.guarded is not None]:
-        jobs.append(Job(f"diff-finetune:{label}", f"diff fine-tuned {golden} vs {label} (twin baseline)",
-                        lambda label=label: diff_into_db(paths.finetune(golden), paths.finetune(label), [], paths.db,
-                                                  beam_args, twin=paths.finetune(twin))))
+    # A twin cannot be a pair's suspect (it differs from golden in its data order), so each pair takes one twin as
+    # its baseline, in turn: with n twins, node k's pair gets twin k mod n, and every twin is in some pair when there
+    # are at least n nodes (the twins' rows in rq3_finetune_accuracy and rq3_finetune_disagreement)
+    suspects = [n.label for n in study.nodes] + [n.guarded for n in study.nodes if n.guarded is not None]
+    for k, label in enumerate(suspects):
+        twin = twins[k % len(twins)][0]
+        jobs.append(Job(f"diff-finetune:{label}", f"diff fine-tuned {golden} vs {label} (twin baseline {twin})",
+                        lambda label=label, twin=twin: diff_into_db(paths.finetune(golden), paths.finetune(label), [],
+                                                             paths.db, beam_args, twin=paths.finetune(twin))))
     return jobs
 
 

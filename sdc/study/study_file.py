@@ -72,11 +72,19 @@ class Replay:
 
 @dataclass(frozen=True)
 class Finetune:
-    """RQ3b: fine-tune every node's final model with ``settings``, and the golden one a second time with
-    ``twin_shuffle_seed`` as its shuffle seed (the twin: the baseline of prediction disagreement)."""
+    """RQ3b: fine-tune every node's final model with ``settings``, and the golden one again with
+    ``twin_shuffle_seed`` as its shuffle seed (the twin: the baseline of prediction disagreement); with
+    ``twins`` > 1, also with the next seeds, labelled `twin_labels` (a distribution of shuffle-seed twins; the
+    nodes' pairs take them as baselines in turn, so a study needs at least as many nodes as twins)."""
 
     settings: FinetuneSettings
     twin_shuffle_seed: int
+    twins: int = 1
+
+    def twin_labels(self, golden: str) -> list[tuple[str, int]]:
+        """(label, shuffle seed) of each twin: ``<golden>-twin`` (the pairs' baseline), ``<golden>-twin-2`` ..."""
+        return [(f"{golden}-twin" + (f"-{k}" if k > 1 else ""), self.twin_shuffle_seed + k - 1)
+                for k in range(1, self.twins + 1)]
 
 
 @dataclass(frozen=True)
@@ -135,19 +143,23 @@ class FinetuneTable:
     enabled: bool = True
     steps: int | None = None  # None: the fine-tuning default
     tasks: tuple[str, ...] = ()  # empty: the default ladder
+    eval_every: int | None = None  # None: the fine-tuning default
     twin_shuffle_seed: int = 1
+    twins: int = toml_field(1, expected="an integer from 1 to 20: shuffle-seed twins of the golden fine-tune")
 
     def __post_init__(self) -> None:
-        require(0 <= self.twin_shuffle_seed <= MAX_SEED, "twin_shuffle_seed", self.twin_shuffle_seed,
-                f"an integer in 0..{MAX_SEED}")
+        require(0 <= self.twin_shuffle_seed <= MAX_SEED - 20, "twin_shuffle_seed", self.twin_shuffle_seed,
+                f"an integer in 0..{MAX_SEED - 20}")
+        require(1 <= self.twins <= 20, "twins", self.twins, "an integer from 1 to 20")
         self.plan()  # FinetuneSettings checks the values; the loader names the key
 
     def plan(self) -> Finetune | None:
         """What the study fine-tunes; None when the table disables fine-tuning."""
         if not self.enabled:
             return None
-        given = {"steps": self.steps, "tasks": self.tasks or None}
-        return Finetune(FinetuneSettings(**{k: v for k, v in given.items() if v is not None}), self.twin_shuffle_seed)
+        given = {"steps": self.steps, "tasks": self.tasks or None, "eval_every": self.eval_every}
+        return Finetune(FinetuneSettings(**{k: v for k, v in given.items() if v is not None}), self.twin_shuffle_seed,
+                        self.twins)
 
 
 @dataclass(frozen=True)
@@ -219,6 +231,10 @@ def build_study(*, name: str, source: Path, description: str, config: str, sets:
         except ConfigError as e:
             raise error(f"node[{i}].profile", str(e)) from None
 
+    suspects = len(nodes) + sum(1 for n in nodes if n.guarded is not None)
+    if finetune is not None and finetune.twins > suspects:
+        raise ConfigError(f"{source}: finetune.twins: {finetune.twins} twins need at least as many nodes to pair "
+                          f"with (each pair takes one twin as its baseline), and there are {suspects}")
     text = replay_steps or f"0:{min(cfg.run.steps, 8)}"
     try:
         steps = parse_steps(text)

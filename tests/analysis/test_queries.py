@@ -162,8 +162,8 @@ def test_every_sql_file_is_a_named_query_with_a_description() -> None:
 
 # No loss spikes, no fine-tunes, no guarded recording and no sharpness here; tests/pipelines/test_finetune_diff.py
 # checks the fine-tune queries, tests/pipelines/test_detector_alarms.py guard_outcome, test_drift_rate.py rq3_sharpness.
-NOT_IN_THIS_STUDY = {"rq3_loss_spikes", "rq3_finetune_accuracy", "rq3_finetune_disagreement", "guard_outcome",
-                     "rq3_sharpness", "signature_groups"}
+NOT_IN_THIS_STUDY = {"rq3_loss_spikes", "rq3_finetune_accuracy", "rq3_finetune_disagreement", "rq3_finetune_plateau",
+                     "guard_outcome", "rq3_sharpness", "signature_groups"}
 # Queries named for what they answer, not for a research question; signature_groups groups incidents across nodes (its
 # rows name them in node_labels: tests/replay/test_incident_fleet.py)
 PLAIN_NAMES = {"last_clean_checkpoint", "signature_groups"}

@@ -207,14 +207,40 @@ def test_trigger() -> None:
     assert rules.trigger([spread(trigger_over_median=0.48)]).unstable
 
 
-def test_sharpness() -> None:
-    up = [{"sharpness": s, "local_median_rate": r} for s, r in ((1, 0.1), (2, 0.2), (3, 0.3), (4, 0.5))]
-    assert rules.sharpness(up).outcome == "reproduced"
-    down = [{**r, "local_median_rate": -r["local_median_rate"]} for r in up]
-    assert rules.sharpness(down).outcome == "not reproduced"
-    assert rules.sharpness(up[:2]).outcome == "not measured"
-    flat = [{"sharpness": s, "local_median_rate": r} for s, r in ((1, 2), (2, 1), (3, 3), (4, 0), (5, 5), (6, 4))]
-    assert rules.sharpness(flat + [{"sharpness": 7, "local_median_rate": -1}]).unstable
+def test_sharpness_decides_only_when_its_interval_excludes_the_other_answer() -> None:
+    def rows(rates: list[float]) -> list[Row]:
+        return [{"sharpness": float(i), "local_median_rate": r} for i, r in enumerate(rates, 1)]
+
+    up = rows([0.1 * i for i in range(1, 21)])  # rho 1 over 20 checkpoints: the interval lies above 0
+    v = rules.sharpness(up)
+    assert v.outcome == "reproduced" and not v.unstable and "95 % interval" in v.ours
+    down = rows([-0.1 * i for i in range(1, 21)])  # rho -1: the interval lies below FOLLOWS
+    v = rules.sharpness(down)
+    assert v.outcome == "not reproduced" and not v.unstable
+    assert rules.sharpness(up[:3]).outcome == "not measured"  # fewer than MIN_CHECKPOINTS
+    v = rules.sharpness(rows([1, 3, 2, 4]))  # rho 0.8 over 4 checkpoints: the interval still reaches below 0
+    assert v.outcome == "reproduced" and "undecided" in v.unstable and "0.80 over 4" in v.ours
+    flat = rows([2, 1, 3, 0, 5, 4, -1])
+    v = rules.sharpness(flat)
+    assert "undecided" in v.unstable
+
+
+def test_spearman_interval_by_fishers_z() -> None:
+    lo, hi = rules.spearman_interval(0.5, 20)
+    half = 1.959963984540054 * math.sqrt(1.06 / 17)
+    z = math.atanh(0.5)
+    assert (lo, hi) == (pytest.approx(math.tanh(z - half)), pytest.approx(math.tanh(z + half)))
+    assert rules.spearman_interval(0.0, 30)[0] == pytest.approx(-rules.spearman_interval(0.0, 30)[1])
+    with pytest.raises(ValueError):
+        rules.spearman_interval(0.5, 3)
+
+
+def test_binomial_upper_bound_leaves_at_most_five_percent_above_it() -> None:
+    for n, p in ((10, 1 / 6), (75, 1 / 6), (75, 1 / 3), (5, 0.5)):
+        k = rules.binomial_upper(n, p)
+        pmf = [math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(n + 1)]
+        assert sum(pmf[k + 1:]) <= 0.05 < sum(pmf[k:])
+    assert rules.binomial_upper(10, 1 / 6) == 4
 
 
 def spike(label: str, kind: str, *, golden: bool = False, faults: int = 0, scripted: int = 0,
@@ -253,42 +279,70 @@ def acc(label: str, role: str, task: str, accuracy: float, *, below: bool = Fals
 
 
 GOLDEN = [acc("golden", "golden", "copy", 0.8), acc("golden", "golden", "match", 0.28, golden=0.28)]
+TWINS = [acc("golden-twin", "twin", "copy", 0.78), acc("golden-twin-2", "suspect", "copy", 0.82),
+         acc("golden-twin-3", "suspect", "copy", 0.80), acc("golden-twin", "twin", "match", 0.27, golden=0.28)]
 
 
-def test_accuracy() -> None:
+def test_accuracy_counts_results_below_every_twin_against_a_binomial_bound() -> None:
     nodes = [acc(f"node-{i:02d}", "suspect", "copy", 0.8) for i in range(1, 11)]
-    v = rules.accuracy(GOLDEN + nodes)
-    assert v.outcome == "reproduced" and not v.unstable and "1 tasks golden learnt" in v.ours
+    v = rules.accuracy(GOLDEN + TWINS + nodes)
+    assert v.outcome == "reproduced" and not v.unstable and "0 of 10" in v.ours and "3 shuffle-seed twins" in v.ours
+    assert "at most 5 expected" in v.ours  # binomial_upper(10, 1/4)
     below = [acc(f"node-{i:02d}", "suspect", "copy", 0.5, below=True) for i in range(1, 11)]
-    assert rules.accuracy(GOLDEN + below).outcome == "not reproduced"
-    assert rules.accuracy(GOLDEN[1:] + nodes).outcome == "not measured"  # golden at 28 % on a 25 % task: not learnt
-    edge = nodes[:8] + below[8:]  # 8 of 10, threshold 8
-    v = rules.accuracy(GOLDEN + edge)
-    assert v.outcome == "reproduced" and "8 of 10, threshold 8" in v.unstable
+    assert rules.accuracy(GOLDEN + TWINS + below).outcome == "not reproduced"
+    assert rules.accuracy(GOLDEN[1:] + TWINS + nodes).outcome == "not measured"  # golden at 28 % on 25 %: not learnt
+    assert rules.accuracy(GOLDEN + nodes).outcome == "not measured"  # no twin: no distribution
+    edge = nodes[:4] + below[4:]  # 6 below, bound 5, and one of them within a point of the twins' lowest
+    edge[4] = acc("node-05", "suspect", "copy", 0.775)
+    v = rules.accuracy(GOLDEN + TWINS + edge)
+    assert v.outcome == "not reproduced" and "within the margin" in v.unstable
 
 
-def test_destroyed_needs_a_task_golden_learnt() -> None:
-    v = rules.destroyed(GOLDEN + [acc("node-06", "suspect", "copy", 0.0), acc("node-01", "suspect", "copy", 0.8)])
-    assert v.outcome == "reproduced" and "node-06 copy" in v.ours
+def test_destroyed_needs_a_task_golden_and_its_twins_learnt() -> None:
+    v = rules.destroyed(GOLDEN + TWINS + [acc("node-06", "suspect", "copy", 0.0),
+                                          acc("node-01", "suspect", "copy", 0.8)])
+    assert v.outcome == "reproduced" and "node-06 copy" in v.ours and "3 twins" in v.ours
     # at chance on a task golden barely beats chance is no destroyed node
-    v = rules.destroyed(GOLDEN + [acc("node-06", "suspect", "match", 0.2, golden=0.28),
-                                  acc("node-01", "suspect", "copy", 0.8)])
+    v = rules.destroyed(GOLDEN + TWINS + [acc("node-06", "suspect", "match", 0.2, golden=0.28),
+                                          acc("node-01", "suspect", "copy", 0.8)])
     assert v.outcome == "not reproduced" and not v.unstable
+    # nor on a task a twin did not learn
+    weak = [acc("golden-twin-2", "suspect", "copy", 0.3)]
+    assert rules.destroyed(GOLDEN + weak + [acc("node-06", "suspect", "copy", 0.0)]).outcome == "not measured"
     assert rules.destroyed(GOLDEN[1:] + [acc("node-01", "suspect", "match", 0.2)]).outcome == "not measured"
-    v = rules.destroyed(GOLDEN + [acc("node-01", "suspect", "copy", 0.26)])
+    v = rules.destroyed(GOLDEN + TWINS + [acc("node-01", "suspect", "copy", 0.26)])
     assert v.outcome == "not reproduced" and "node-01" in v.unstable
 
 
-def dis(label: str, ratio: float) -> Row:
-    """One rq3_finetune_disagreement row."""
-    return {"suspect_node": label, "disagreement": 0.1 * ratio, "baseline_disagreement": 0.1, "suspect_accuracy": 0.6}
+def dis(label: str, disagreement: float, *, twin: str = "golden-twin", baseline: float = 0.10,
+        task: str = "copy") -> Row:
+    """One rq3_finetune_disagreement row: `label`'s pair, whose baseline is shuffle-seed twin `twin`."""
+    return {"suspect_node": label, "twin_node": twin, "task": task, "disagreement": disagreement,
+            "baseline_disagreement": baseline, "suspect_accuracy": 0.6}
 
 
-def test_disagreement() -> None:
-    assert rules.disagreement([dis("node-01", 1.0), dis("node-02", 1.2)]).outcome == "reproduced"
-    assert rules.disagreement([dis("node-01", 0.0), dis("node-02", 0.1)]).outcome == "not reproduced"
-    assert rules.disagreement([dis("golden-twin", 1.0)]).outcome == "not measured"
-    assert rules.disagreement([dis("node-01", 1.9)]).unstable
+# five twins, each the baseline of some pairs (they take turns): their disagreements with golden
+TWIN_BASELINES = {"golden-twin": 0.10, "golden-twin-2": 0.08, "golden-twin-3": 0.12, "golden-twin-4": 0.09,
+                  "golden-twin-5": 0.14}
+TWINS_IN_TURN = list(TWIN_BASELINES.items()) * 2
+
+
+def pairs(disagreements: list[float]) -> list[Row]:
+    return [dis(f"node-{i:02d}", d, twin=t, baseline=b)
+            for i, (d, (t, b)) in enumerate(zip(disagreements, TWINS_IN_TURN), 1)]
+
+
+def test_disagreement_counts_results_outside_the_twins_range_against_a_binomial_bound() -> None:
+    v = rules.disagreement(pairs([0.10] * 10))
+    assert v.outcome == "reproduced" and not v.unstable and "0 of 10" in v.ours and "5 shuffle-seed" in v.ours
+    assert "8 %-14 %" in v.ours and "at most 6 expected" in v.ours  # binomial_upper(10, 2/6)
+    v = rules.disagreement(pairs([0.5] * 10))
+    assert v.outcome == "not reproduced" and "10 above it" in v.ours
+    assert rules.disagreement([dis("golden-twin-2", 0.1)]).outcome == "not measured"  # no fleet node
+    assert rules.disagreement([dis("node-01", 0.1, twin="node-00")]).outcome == "not measured"  # no twin baseline
+    edge = pairs([0.10] * 3 + [0.5] * 6 + [0.145])  # 7 outside, bound 6, one of them within a point of the top
+    v = rules.disagreement(edge)
+    assert v.outcome == "not reproduced" and "within the margin" in v.unstable
 
 
 # -- provenance ----------------------------------------------------------------------------------

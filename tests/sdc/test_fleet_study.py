@@ -91,6 +91,49 @@ def test_fleet_mini_controls_neither_spike_nor_burst(fleet: FleetPaths) -> None:
     assert "controls: node-00 0 spike(s)" in text and "the healthy twin spikes" not in text
 
 
+def test_fleet_mini_runs_both_fault_models_on_shared_golden_runs(fleet: FleetPaths) -> None:
+    hardware = fleet.part("hardware/rq1")
+    # the hardware model's nodes are recorded, replayed and diffed in their own experiment folder ...
+    assert sorted(p.name for p in (hardware.out / "runs").iterdir()) == [f"node-0{i}" for i in range(1, 6)]
+    assert hardware.run("golden") == fleet.part("rq1").run("golden")  # ... against the one golden recording
+    nodes = {r["node_label"]: r for r in _records(fleet, "hardware/rq1", "rq1_fleet_nodes")}
+    assert sorted(nodes) == [f"node-0{i}" for i in range(1, 6)]
+    profiles = {r["profile"] for r in _records(fleet, "hardware/rq1", "rq1_fleet_profiles")}
+    assert profiles == {load_profile(p).name for p in sorted((fleet.profiles / "hardware").glob("node-*.toml"))}
+    golden = [LogReader(rank_dir(fleet.part("rq1").run("golden"), 0)).header.run_id]
+    pairs = LIBRARY.run(hardware.db, "SELECT DISTINCT golden_run_id FROM pairs").rows
+    assert [p[0] for p in pairs] == golden
+    assert not (fleet.out / "hardware" / "rq2").exists() and not (fleet.out / "hardware" / "rq3").exists()
+    # the table shows every row for both models; rows of experiments a model did not run say so
+    text = fleet.reproduction.read_text(encoding="utf-8")
+    assert "| # | level | the study | study | hardware |" in text
+    assert "## The study fault model" in text and "## The hardware fault model" in text
+    hw = text[text.index("## The hardware fault model"):text.index("## Rules")]
+    assert hw.count("not run for this model (rq2") == 1 and hw.count("not run for this model (rq3") == 8
+    assert 'id="reproduction-hardware"' in (fleet.report / "index.html").read_text(encoding="utf-8")
+
+
+def test_fleet_mini_judges_fine_tunes_against_a_distribution_of_twins(fleet: FleetPaths) -> None:
+    accuracy = _records(fleet, "rq3", "rq3_finetune_accuracy")
+    twins = sorted({r["node_label"] for r in accuracy if r["node_label"].startswith("golden-twin")})
+    assert twins == ["golden-twin", "golden-twin-2", "golden-twin-3"]
+    seeds = [LogReader(rank_dir(fleet.part("rq3").finetune(t), 0)).header.config["finetune"]["shuffle_seed"]
+             for t in twins]
+    assert seeds == [1, 2, 3]
+    disagreement = _records(fleet, "rq3", "rq3_finetune_disagreement")  # the pairs take the twins in turn
+    assert {r["twin_node"] for r in disagreement} == set(twins)
+    by_twin = {(r["twin_node"], r["task"]): r["baseline_disagreement"] for r in disagreement}
+    assert all(by_twin[r["twin_node"], r["task"]] == r["baseline_disagreement"] for r in disagreement)
+    text = fleet.reproduction.read_text(encoding="utf-8")
+    assert "shuffle-seed twins' range" in text or "no twin baseline" in text
+    # the plateau query: each fine-tune's first evaluation at chance + 10 points, from finetune_eval itself
+    evals = LIBRARY.run(fleet.part("rq3").db, "SELECT run_id, task, step, accuracy, chance FROM finetune_eval").rows
+    for r in _records(fleet, "rq3", "rq3_finetune_plateau"):
+        steps = [s for run, task, s, a, c in evals if run == r["run_id"] and task == r["task"] and a >= c + 0.10]
+        assert r["leaves_plateau_at"] == (min(steps) if steps else None)
+        assert r["evaluations"] == sum(1 for run, task, *_ in evals if run == r["run_id"] and task == r["task"])
+
+
 def test_rq1_fleet_nodes_equals_the_numbers_in_the_logs(fleet: FleetPaths) -> None:
     part = fleet.part("rq1")
     rows = {r["node_label"]: r for r in _records(fleet, "rq1", "rq1_fleet_nodes")}
@@ -164,7 +207,7 @@ def test_two_runs_of_a_fleet_study_give_the_same_report_bytes(tmp_path: Path) ->
     assert (again.report / "index.html").read_bytes() == (first.report / "index.html").read_bytes()
     rq3 = [(p.part("rq3").report / "index.html").read_bytes() for p in (first, again)]
     assert rq3[0] == rq3[1]
-    for part in ("rq1", "rq2"):
+    for part in ("rq1", "rq2", "hardware/rq1"):
         reports = [(p.part(part).report / "index.html").read_bytes() for p in (first, again)]
         assert reports[0] == reports[1], part
     for label in ("golden", "node-01", "golden-twin"):
@@ -191,26 +234,36 @@ def test_fleet_study_resumes_and_refuses_another_file(fleet: FleetPaths, tmp_pat
     assert main(["study", str(other), "--out", str(fleet.out), "--resume", "--quiet"]) != 0
 
 
-def test_a_fleet_file_names_its_mistakes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("text", "error"), [
+    ("[fleet]\nnodes = 0\n", r"bad\.toml.*fleet\.nodes"),
+    ("[fleet]\n[rq3]\nshuffle_seed = 0\n", r"bad\.toml.*rq3\.shuffle_seed"),
+    ('[fleet]\nmodels = ["lab"]\n', r'bad\.toml.*fleet\.models.*"hardware"'),
+    ('[fleet]\nmodels = ["study", "hardware"]\n[rq3]\nmodels = ["hardware"]\n',
+     r"bad\.toml.*rq3\.models.*the first of \[fleet\]\.models"),
+    ('[fleet]\nmodels = ["study"]\n[rq3]\nmodels = ["hardware"]\n',
+     r"bad\.toml.*rq3\.models.*not in \[fleet\]\.models"),
+    ("[fleet]\nnodes = 2\n[finetune]\ntwins = 6\n", r"bad\.toml.*finetune\.twins.*at least as many nodes"),
+])
+def test_a_fleet_file_names_its_mistakes(tmp_path: Path, text: str, error: str) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text("[fleet]\nnodes = 0\n")
-    with pytest.raises(ConfigError, match=r"bad\.toml.*fleet\.nodes"):
-        load_fleet_study(bad)
-    bad.write_text("[fleet]\n[rq3]\nshuffle_seed = 0\n")
-    with pytest.raises(ConfigError, match=r"rq3\.shuffle_seed"):
+    bad.write_text(text)
+    with pytest.raises(ConfigError, match=error):
         load_fleet_study(bad)
 
 
-def test_a_fleet_file_chooses_its_fleet_model(tmp_path: Path) -> None:
-    assert load_fleet_study("fleet").fleet.model == "study"
+def test_a_fleet_file_chooses_its_fleet_models(tmp_path: Path) -> None:
+    fleet = load_fleet_study("fleet")
+    assert fleet.models == ("study", "hardware") and not fleet.runs("hardware", "rq3")
+    assert load_fleet_study("fleet-mini").models == ("study", "hardware")
     hardware = tmp_path / "hardware.toml"
-    hardware.write_text(load_fleet_study("fleet-mini").source.read_text().replace(
-        "[fleet]\n", '[fleet]\nmodel = "hardware"\n'))
+    text = load_fleet_study("fleet-mini").source.read_text().replace('models = ["study", "hardware"]',
+                                                                     'models = ["hardware"]')
+    hardware.write_text(re.sub(r'(?m)^models = \["study"\].*\n', "", text))
     study = load_fleet_study(hardware)
-    assert study.fleet.model == "hardware"
+    assert study.models == ("hardware",) and study.fleets[0].model == "hardware"
     profiles = tmp_path / "profiles"
     study.write_profiles(profiles)
-    assert (profiles / "node-01.toml").read_text() == hardware_fleet(study.fleet)[0].text
+    assert (profiles / "node-01.toml").read_text() == hardware_fleet(study.fleets[0])[0].text
     assert "[[fault]]" in (profiles / "trigger-ulp.toml").read_text()
     state = tmp_path / "state.toml"  # the trigger as a [[state]] rule: one ulp of one parameter element
     parameter = 'trigger_parameter = "layers.0.attention.wo.weight"'
@@ -219,7 +272,3 @@ def test_a_fleet_file_chooses_its_fleet_model(tmp_path: Path) -> None:
     trigger = load_profile(profiles / "trigger-ulp.toml")
     assert not trigger.faults and [(s.parameter, s.step, s.bits) for s in trigger.states] == [
         ("layers.0.attention.wo.weight", load_fleet_study(state).rq3.trigger_step, 0)]
-    bad = tmp_path / "bad.toml"
-    bad.write_text('[fleet]\nmodel = "lab"\n')
-    with pytest.raises(ConfigError, match=r'bad\.toml.*fleet\.model.*"hardware"'):
-        load_fleet_study(bad)
