@@ -34,13 +34,17 @@ SDC    := $(VENV)/bin/sdc
 demo: $(KERNEL)
 	$(SDC) demo --out $(DEMO) --overwrite
 
+# TEST_ARGS go to pytest: `make test TEST_ARGS="-n 2"` runs on 2 workers (pytest-xdist), `TEST_ARGS="-x"` stops at
+# the first failure. Every test process's idle OpenMP threads sleep (tests/conftest.py sets OMP_WAIT_POLICY).
+TEST_ARGS ?=
+
 test: $(KERNEL)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(TEST_ARGS)
 
 # The tests not marked slow (pyproject.toml): no recorded study, Beam job on recorded runs or multi-rank
 # launch; under a minute on 2 cores. `make test` runs these and the slow ones.
 test-fast: $(KERNEL)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" $(TEST_ARGS)
 
 # XLA: torch-xla's wheel works with one torch release only, which its metadata does not
 # say; it gets its own environment with that torch (PyPI's build, about 7 GB), and the

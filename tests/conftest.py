@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from tests.support import SCALE_AT_1, TINY_FINETUNE, small_config
-from workload.reference_config import Config
+# Before anything loads torch (libgomp reads it once), and inherited by every rank and CLI process a test starts:
+# OpenMP's idle threads sleep instead of spinning. Spinning threads take the cores from the other processes of a
+# multi-rank test (2 ranks x 2 intra-op threads on 2 cores) and from whatever else runs beside the suite: 4 small
+# records in one process took 9.5-12.6 CPU s spinning against 0.9 s sleeping on a loaded 2-core machine, a dp=2
+# record's ranks 26 against 12 CPU s. Only idle threads change: the bits a run records do not.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from tests.support import SCALE_AT_1, TINY_FINETUNE, small_config  # noqa: E402 - imports torch
+from workload.reference_config import Config  # noqa: E402
 
 
 @pytest.fixture
@@ -59,3 +67,13 @@ def tuned(pretrained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     for name, kwargs in runs.items():
         finetune_run(pretrained, root / name, node_label=name, progress=False, **{"settings": TINY_FINETUNE, **kwargs})
     return {name: root / name for name in runs}
+
+
+@pytest.fixture(scope="session")
+def fsdp2_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/torchrun_fsdp2.py under torchrun on 2 ranks, 5 steps, no fault: the golden of the FSDP2 tests in
+    tests/parallel/test_fsdp2.py and tests/faults/test_state_faults.py, recorded once. Read only: copy it to change
+    it."""
+    from tests.parallel.test_fsdp2 import torchrun
+
+    return torchrun(tmp_path_factory.mktemp("fsdp2") / "golden")

@@ -104,14 +104,13 @@ def test_a_state_rule_that_does_not_fit_is_an_error(rule: str, message: str, tmp
 
 
 @pytest.mark.slow  # torchrun launches ranks as processes
-def test_a_state_fault_in_an_fsdp2_shard_is_rank_1s_first_divergence(tmp_path: Path) -> None:
+def test_a_state_fault_in_an_fsdp2_shard_is_rank_1s_first_divergence(fsdp2_golden: Path, tmp_path: Path) -> None:
     """FSDP2 (``fully_shard``, DTensor parameters) on 2 gloo ranks: the flip lands in rank 1's shard after step 3's
     update, and the first record of the two runs that differs is that shard's PARAM record at step 3."""
     name = "blocks.1.mlp.0.weight"
     (tmp_path / "rank1.toml").write_text(state_rule(name, 3, "element = 5\nranks = [1]\n"), encoding="utf-8")
-    golden = torchrun(tmp_path / "golden")
     suspect = torchrun(tmp_path / "suspect", "--fault-profile", str(tmp_path / "rank1.toml"))
-    first = compare_runs(golden, suspect).first
+    first = compare_runs(fsdp2_golden, suspect).first
     assert first is not None and (first.rank, first.step, first.phase, first.name) == (1, 3, Phase.PARAM, name)
     (fault,) = rank_events(suspect, 1, "fault")
     assert fault.step == 3 and fault.fields["index"] == [5] and fault.fields["detail"]["parameter"] == name

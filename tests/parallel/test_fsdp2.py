@@ -2,7 +2,8 @@
 each rank fingerprints its local shards, the header says which slice, a fault on one rank is found there, and
 ``sdc replay --workload examples.torchrun_fsdp2:build`` replays the torchrun recording at that site only.
 
-Launches: 6 torchrun jobs (golden, again, suspect, another sharding, two HSDP) and one replay."""
+Launches: 5 torchrun jobs (again, suspect, another sharding, two HSDP) and one replay, and the golden the session
+shares with tests/faults/test_state_faults.py (`fsdp2_golden`, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -67,11 +68,6 @@ def torchrun(out: Path, *args: str, example: str = EXAMPLE, nproc: int = 2) -> P
 
 
 @pytest.fixture(scope="module")
-def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return torchrun(tmp_path_factory.mktemp("fsdp2") / "golden")
-
-
-@pytest.fixture(scope="module")
 def suspect(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example with rank 1's fault (`RANK1_FAULT`)."""
     root = tmp_path_factory.mktemp("fsdp2-suspect")
@@ -79,11 +75,11 @@ def suspect(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return torchrun(root / "suspect", "--fault-profile", str(root / "rank1.toml"))
 
 
-def test_each_rank_records_its_shard_and_which_slice_it_is(golden: Path) -> None:
-    assert list_ranks(golden) == [0, 1]
+def test_each_rank_records_its_shard_and_which_slice_it_is(fsdp2_golden: Path) -> None:
+    assert list_ranks(fsdp2_golden) == [0, 1]
     params: dict[int, dict[str, int]] = {}
     for rank in (0, 1):
-        reader = LogReader(rank_dir(golden, rank))
+        reader = LogReader(rank_dir(fsdp2_golden, rank))
         shards = shards_of(reader.header.extra)
         embed = shards["embed.weight"]  # (vocab 64, width 32), rows split over the 2 ranks
         assert (embed.mesh_shape, embed.placements, embed.global_shape) == ((2,), ("Shard(0)",), (64, 32))
@@ -102,23 +98,24 @@ def test_each_rank_records_its_shard_and_which_slice_it_is(golden: Path) -> None
 
 
 def test_an_fsdp2_run_recorded_twice_is_bit_identical_on_every_rank(
-    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    fsdp2_golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     again = torchrun(tmp_path / "again")
-    comparison = compare_runs(golden, again)
+    comparison = compare_runs(fsdp2_golden, again)
     assert comparison.first is None and comparison.steps == 5, comparison
     capsys.readouterr()
-    assert main(["diff", "--golden", str(golden), "--suspect", str(again), "--db", str(tmp_path / "a.duckdb")]) == 0
+    db = tmp_path / "a.duckdb"
+    assert main(["diff", "--golden", str(fsdp2_golden), "--suspect", str(again), "--db", str(db)]) == 0
     assert "; 0 differ" in capsys.readouterr().out
 
 
 def test_a_fault_on_rank_1_in_block_1s_mlp_is_rank_1s_first_divergence(
-    golden: Path, suspect: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    fsdp2_golden: Path, suspect: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """FSDP2 reduce-scatters the gradients: rank 0 sees rank 1's fault only in its gradient shards, after."""
     db = tmp_path / "fsdp2.duckdb"
     capsys.readouterr()
-    assert main(["diff", "--golden", str(golden), "--suspect", str(suspect), "--db", str(db)]) == 0
+    assert main(["diff", "--golden", str(fsdp2_golden), "--suspect", str(suspect), "--db", str(db)]) == 0
     out = capsys.readouterr().out
     row = summary(db)
     assert (row["first_rank"], row["first_step"], row["first_microbatch"], row["first_site"]) == (
@@ -141,25 +138,27 @@ def test_a_fault_on_rank_1_in_block_1s_mlp_is_rank_1s_first_divergence(
 
 
 def test_the_torchrun_recording_replays_in_lockstep_and_mismatches_at_the_faulty_site_only(
-    golden: Path, suspect: Path, tmp_path: Path
+    fsdp2_golden: Path, suspect: Path, tmp_path: Path
 ) -> None:
     """The example's own run, checkpointed sharded every 2 steps, rebuilt by its factory on 2 ranks."""
-    hits = lockstep_hits(golden, suspect, f"{EXAMPLE}:build", tmp_path / "lockstep")
+    hits = lockstep_hits(fsdp2_golden, suspect, f"{EXAMPLE}:build", tmp_path / "lockstep")
     # The site only: its backward reads the activations its own faulty forward saved, so it mismatches too.
     assert hits == {1: {(3, "blocks.1.mlp", "forward"), (3, "blocks.1.mlp", "backward")}, 0: set()}, hits
 
 
 def test_another_sharding_of_the_same_model_does_not_pair_and_one_line_says_which_field(
-    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    fsdp2_golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     other = torchrun(tmp_path / "dim1", "--shard-dim", "1")
-    differences = pairing_differences(LogReader(rank_dir(golden, 1)).header, LogReader(rank_dir(other, 1)).header)
+    differences = pairing_differences(LogReader(rank_dir(fsdp2_golden, 1)).header,
+                                      LogReader(rank_dir(other, 1)).header)
     assert len(differences) == 1, differences
     assert differences[0].startswith(
         "shards.placements: ['Shard(0)'] vs ['Shard(1)'] for 10 parameters (embed.weight, "), differences
     assert "same device mesh and fully_shard/parallelize_module plan" in differences[0]
     capsys.readouterr()
-    assert main(["diff", "--golden", str(golden), "--suspect", str(other), "--db", str(tmp_path / "x.duckdb")]) != 0
+    db = tmp_path / "x.duckdb"
+    assert main(["diff", "--golden", str(fsdp2_golden), "--suspect", str(other), "--db", str(db)]) != 0
     assert "shards.placements: ['Shard(0)'] vs ['Shard(1)']" in capsys.readouterr().err
 
 

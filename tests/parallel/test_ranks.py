@@ -90,15 +90,21 @@ def query_rows(db: Path, name: str) -> list[dict]:
     return queries.run(db, name).records()
 
 
+@pytest.fixture(scope="module")
+def dp2(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """The steps of `runs` on 2 data-parallel ranks instead: ``golden``, and ``suspect`` with the fault on rank 1."""
+    root = tmp_path_factory.mktemp("dp2")
+    (root / "rank1.toml").write_text(one_flip(1))
+    args = ["--nproc", "2", "--dp", "2", *RECORD]
+    return SimpleNamespace(golden=record(root / "golden", *args),
+                           suspect=record(root / "suspect", *args, "--fault-profile", str(root / "rank1.toml")))
+
+
 def test_data_parallel_fault_on_rank_1_is_the_first_divergence_of_the_summary(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+    dp2: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """Rank 0's gradients differ after the step's all-reduce; rank 1's forward differed before it."""
-    profile = tmp_path / "rank1.toml"
-    profile.write_text(one_flip(1))
-    dp2 = ["--nproc", "2", "--dp", "2", "--steps", "2", "--checkpoint-every", "0"]
-    golden = record(tmp_path / "golden", *dp2)
-    suspect = record(tmp_path / "suspect", *dp2, "--fault-profile", str(profile))
+    golden, suspect = dp2.golden, dp2.suspect
     db = tmp_path / "study.duckdb"
     capsys.readouterr()
     assert main(["diff", "--golden", str(golden), "--suspect", str(suspect), "--db", str(db)]) == 0
@@ -166,8 +172,9 @@ def test_verify_determinism_across_ranks(capsys: pytest.CaptureFixture) -> None:
     assert out.startswith("bit-identical:") and "on 2 ranks" in out
 
 
-def test_runs_with_different_layouts_are_refused(runs: SimpleNamespace, capsys: pytest.CaptureFixture) -> None:
-    data_parallel = record(runs.root / "dp2", "--nproc", "2", "--dp", "2", *RECORD)
+def test_runs_with_different_layouts_are_refused(runs: SimpleNamespace, dp2: SimpleNamespace,
+                                               capsys: pytest.CaptureFixture) -> None:
+    data_parallel = dp2.golden
     assert main(["diff", "--golden", str(runs.golden), "--suspect", str(data_parallel),
                  "--db", str(runs.root / "refused.duckdb")]) == 1
     err = capsys.readouterr().err

@@ -3,13 +3,15 @@ a run another process is writing; and a header cannot make it start an unbounded
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from sdc.cli import main
 from tests.sdc.test_cli import SMALL_ARGS
-from tests.support import hold_run_dir, rewrite_header
+from jobs.record import record_run
+from tests.support import hold_run_dir, rewrite_header, small_config
 from tracer.checkpoint import list_checkpoints
 from tracer.log import LogReader, list_ranks, rank_dir
 from tracer.log.records import MAX_WORLD_SIZE
@@ -27,25 +29,41 @@ def _recording(run: Path) -> bool:
     return list_ranks(run) == [0] and LogReader(rank_dir(run, 0)).header.role == "train" and bool(list_checkpoints(run))
 
 
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two small recordings that pair, ``golden`` and ``suspect``, recorded once; tests get copies (`runs`)."""
+    root = tmp_path_factory.mktemp("recorded")
+    for name in ("golden", "suspect"):
+        record_run(small_config(), root / name, node_label=name, progress=False)
+    return {name: root / name for name in ("golden", "suspect")}
+
+
+@pytest.fixture
+def runs(recorded: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
+    """This test's own copies of `recorded`: a command that wrongly wrote into one cannot reach another test."""
+    return {name: shutil.copytree(run, tmp_path / name) for name, run in recorded.items()}
+
+
 @pytest.mark.parametrize("side", ["golden", "suspect"])
-def test_replay_never_writes_over_its_own_input(run_factory, side: str, capsys: pytest.CaptureFixture[str]) -> None:
-    runs = {"golden": run_factory("golden"), "suspect": run_factory("suspect")}
+def test_replay_never_writes_over_its_own_input(runs: dict[str, Path], side: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
     args = ["replay", "--golden", str(runs["golden"]), "--suspect", str(runs["suspect"]), "--steps", "1",
             "--out", str(runs[side]), "--overwrite", "--quiet"]
     assert main(args) == 1
     assert f"is the input run {runs[side]}" in _error(capsys) and _recording(runs[side])
 
 
-def test_finetune_never_writes_over_the_run_it_starts_from(run_factory, capsys: pytest.CaptureFixture[str]) -> None:
-    golden = run_factory("golden")
+def test_finetune_never_writes_over_the_run_it_starts_from(runs: dict[str, Path],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    golden = runs["golden"]
     args = ["finetune", "--from", str(golden), "--out", str(golden), "--overwrite", "--steps", "1", "--tasks", "copy",
             "--quiet"]
     assert main(args) == 1
     assert "is the input run" in _error(capsys) and _recording(golden)
 
 
-def test_replay_does_not_replace_a_recording(run_factory, capsys: pytest.CaptureFixture[str]) -> None:
-    golden, other = run_factory("golden"), run_factory("other")
+def test_replay_does_not_replace_a_recording(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    golden, other = runs["golden"], runs["suspect"]
     args = ["replay", "--golden", str(golden), "--fault-profile", "healthy-node", "--steps", "1", "--out", str(other),
             "--overwrite", "--quiet"]
     assert main(args) == 1
@@ -73,9 +91,9 @@ def test_a_second_writer_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
         holder.communicate("")
 
 
-def test_replay_refuses_a_header_that_claims_ranks_the_run_does_not_hold(run_factory, tmp_path: Path,
+def test_replay_refuses_a_header_that_claims_ranks_the_run_does_not_hold(runs: dict[str, Path], tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    golden = run_factory("golden")
+    golden = runs["golden"]
     # The most ranks a header may claim at all (tracer.log.records); one rank folder is on disk.
     header = LogReader(rank_dir(golden, 0)).header
     parallel = {**header.extra["parallel"], "dp": MAX_WORLD_SIZE}
