@@ -208,14 +208,17 @@ def small(rows: Rows) -> Verdict:
 
 
 def heavy_tail(rows: Rows) -> Verdict:
-    """Rule: at least one node has an element with a relative difference of 100 or more. Margin: a node whose
+    """Rule: at least one node has an element with a relative difference of 100 or more (an Inf or NaN where golden
+    is finite counts, and is named: the row holds each node's largest difference only). Margin: a node whose
     largest relative difference lies within a factor 1.25 of 100."""
     nodes = fleet_nodes(rows)
     if not nodes:
         return Verdict("no unhealthy node", "not measured")
     heavy = sorted(r["node_label"] for r in nodes if (r["max_rel"] or 0) >= 100)
-    worst = max((r["max_rel"] or 0 for r in nodes), default=0)
-    ours = f"{len(heavy)} of {len(nodes)} nodes have an element 100x or more off (largest {worst:.3g}x)"
+    nonfinite = sum(not math.isfinite(r["max_rel"] or 0) for r in nodes)
+    worst = max((r["max_rel"] or 0 for r in nodes if math.isfinite(r["max_rel"] or 0)), default=0)
+    ours = (f"{len(heavy)} of {len(nodes)} nodes have an element 100x or more off (largest finite {worst:.3g}x"
+            + (f"; {nonfinite} of them by an Inf or NaN where golden is finite)" if nonfinite else ")"))
     near = [100 / 1.25 <= (r["max_rel"] or 0) <= 100 * 1.25 for r in nodes]
     leave = sum(1 for r, b in zip(nodes, near) if b and r["node_label"] in heavy)
     join = sum(1 for r, b in zip(nodes, near) if b and r["node_label"] not in heavy)

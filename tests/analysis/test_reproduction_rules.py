@@ -122,6 +122,8 @@ def test_heavy_tail() -> None:
     assert rules.heavy_tail([rq1("node-01", max_rel=516), rq1("node-02", max_rel=1)]).outcome == "reproduced"
     assert rules.heavy_tail([rq1("node-01", max_rel=50)]).outcome == "not reproduced"
     assert rules.heavy_tail([]).outcome == "not measured"
+    v = rules.heavy_tail([rq1("node-01", max_rel=math.inf), rq1("node-02", max_rel=516)])
+    assert v.outcome == "reproduced" and "(largest finite 516x; 1 of them by an Inf or NaN" in v.ours
     v = rules.heavy_tail([rq1("node-01", max_rel=99)])  # a scale by 100 is 99 times off
     assert v.outcome == "not reproduced" and v.unstable
 
