@@ -29,14 +29,16 @@ def tables(db: Path, pair_id: str) -> dict[str, list[tuple]]:
     try:
         out = {}
         for (name,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE table_name <> 'sdctrace_schema'").fetchall():
-            columns = [c for (c,) in con.execute(
+            every = [c for (c,) in con.execute(
                 "SELECT column_name FROM duckdb_columns() WHERE table_name = ? ORDER BY column_index", [name]
-            ).fetchall() if c not in VOLATILE.get(name, [])]
-            keyed_by_run = name in RUN_TABLES
-            where = "" if keyed_by_run else "WHERE pair_id = ?"
+            ).fetchall()]
+            columns = [c for c in every if c not in VOLATILE.get(name, [])]
+            # a pair's rows; whole tables keyed by run (RUN_TABLES) or by none (incident_*: `sdc incident load`'s)
+            by_pair = name not in RUN_TABLES and "pair_id" in every
+            where = "WHERE pair_id = ?" if by_pair else ""
             select = ", ".join(f'"{c}"' for c in columns)
             out[name] = sorted(
-                con.execute(f"SELECT {select} FROM {name} {where}", [] if keyed_by_run else [pair_id]).fetchall(),
+                con.execute(f"SELECT {select} FROM {name} {where}", [pair_id] if by_pair else []).fetchall(),
                 key=repr,
             )
         return out
