@@ -27,7 +27,7 @@ import torch
 from replay.bundle_reproduce import flatten
 from tracer.errors import ValidationError
 from tracer.intercept import in_own_ops
-from tracer.torch_internals import dispatch_mode_base, op_name
+from tracer.torch_internals import dispatch_mode_base
 
 
 def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
