@@ -24,14 +24,15 @@ import torch
 from tracer.blobs import BlobStore
 from tracer.collectives import OPS
 from tracer.errors import ValidationError
+from tracer.float_bits import ordered
 from tracer.log import LogReader, TensorRecord, list_ranks, rank_dir
 from tracer.pairing import pairing_differences, setting_warnings
 from pipelines.tolerance import PHASE_NAMES, TolerancePlace, ToleranceMap, stats_band
 
 DEFAULT_MARGIN = 2.0
 _COLLECTIVE = re.compile(r".*\.(" + "|".join(OPS) + r")\.(in|out)")
-_BITS = {torch.float32: (torch.int32, 0x7FFFFFFF), torch.float64: (torch.int64, 0x7FFFFFFFFFFFFFFF),
-         torch.bfloat16: (torch.int16, 0x7FFF), torch.float16: (torch.int16, 0x7FFF)}
+_BITS = {torch.float32: (torch.int32, 32), torch.float64: (torch.int64, 64), torch.bfloat16: (torch.int16, 16),
+         torch.float16: (torch.int16, 16)}
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,12 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int | None:
         return None
     if a.numel() == 0:
         return 0
-    int_type, magnitude = _BITS[a.dtype]
+    int_type, width = _BITS[a.dtype]
 
-    def ordered(t: torch.Tensor) -> torch.Tensor:
-        bits = t.contiguous().reshape(-1).view(int_type).to(torch.int64)
-        m = bits & magnitude
-        return torch.where(bits < 0, -m, m)
+    def positions(t: torch.Tensor) -> torch.Tensor:
+        return ordered(t.contiguous().reshape(-1).view(int_type), width)
 
-    return int((ordered(a) - ordered(b)).abs().max())
+    return int((positions(a) - positions(b)).abs().max())
 
 
 def place_kind(name: str, phase: str) -> str:

@@ -22,6 +22,7 @@ import torch
 
 from faults.corrupt import LAYOUTS
 from tracer.errors import ValidationError
+from tracer.float_bits import ordered
 
 SHOWN = 16  # positions a signature lists
 
@@ -100,7 +101,7 @@ def defect_signature(golden: torch.Tensor, suspect: torch.Tensor, *, op: str | N
             bits[b] = n
     ranges = {"sign": (width - 1, 1), "exponent": (mantissa, exponent), "mantissa": (0, mantissa)}
     fields = {name: int((((flips >> low) & _mask(0, n)) != 0).sum()) for name, (low, n) in ranges.items()}
-    ulps = (_ordered(g[hit], width) - _ordered(s[hit], width)).abs()
+    ulps = (ordered(g[hit], width) - ordered(s[hit], width)).abs()
     positions = [int(p) for p in hit[:SHOWN]]
     period = offset = None
     if hit.numel() >= 2:
@@ -123,11 +124,3 @@ def shape_class(shape: tuple[int, ...] | torch.Size) -> str:
 
 def _mask(low: int, high: int) -> int:
     return sum(1 << b for b in range(low, high))
-
-
-def _ordered(bits: torch.Tensor, width: int) -> torch.Tensor:
-    """Float bit patterns mapped to integers in the order of their values (as float64: a float64 distance can
-    exceed int64), so that neighbouring floats are 1 apart and +0 and -0 are both 0."""
-    magnitude = (bits.to(torch.int64) & _mask(0, width - 1)).to(torch.float64)
-    negative = bits < 0
-    return torch.where(negative, -magnitude, magnitude)
