@@ -17,8 +17,11 @@ from workload.multiple_choice import FinetuneSettings
 if TYPE_CHECKING:
     import numpy as np
 
-# A 2-layer model with short sequences and a handful of steps: real, but quick.
-SMALL = ["model.n_layers=2", "data.batch_size=2", "data.seq_len=32", "run.steps=4", "run.checkpoint_every=2"]
+# A 2-layer model with short sequences and a handful of steps on one intra-op thread: real, but quick. A second
+# thread buys this model no time (a step's ops are too small to split) and takes the core that another test
+# process (`make test` runs two) needs.
+SMALL = ["model.n_layers=2", "data.batch_size=2", "data.seq_len=32", "run.steps=4", "run.checkpoint_every=2",
+         "train.threads=1"]
 
 
 def small_config(*overrides: str) -> Config:
