@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -185,47 +186,39 @@ def test_rq2_fleet_nodes_equals_the_numbers_in_the_logs(fleet: FleetPaths) -> No
         assert row["faults"] == len(events(part.run(label), "fault"))
 
 
-def _small_fleet(tmp_path: Path) -> Path:
-    """fleet-mini cut down (two nodes, a few steps, one task): every experiment and the table, quickly."""
-    text = load_fleet_study("fleet-mini").source.read_text()
-    for old, new in (("nodes = 5", "nodes = 2"), ('"run.steps=24"', '"run.steps=6"'), ('"0:24"', '"0:6"'),
-                     ('"run.steps=40"', '"run.steps=12"'), ("trigger_step = 5", "trigger_step = 2"),
-                     ("steps = 20", "steps = 4"), ('tasks = ["copy", "find"]', 'tasks = ["copy"]')):
-        assert old in text, old
-        text = text.replace(old, new)
-    small = tmp_path / "small-fleet.toml"
-    small.write_text(text)
-    return small
+# Done again in the copy: two whole experiments (RQ2, the hardware model's RQ1: records, replays, diffs), the golden
+# twin's pretraining, its fine-tune and a diff of fine-tunes in RQ3, every report and the table.
+_DONE_AGAIN = ("rq2/", "hardware/rq1/", "rq3/record:golden-twin", "rq3/diff:golden-twin", "rq3/finetune:golden-twin",
+               "rq3/diff-finetune:node-01", "rq1/report", "rq3/report", "reproduction")
 
 
-def test_two_runs_of_a_fleet_study_give_the_same_report_bytes(tmp_path: Path) -> None:
-    # Run ids derive from the study file and the node (sdc.study.runner.derived_run_id), so pairs keep their ids
-    small = _small_fleet(tmp_path)
-    first, again = (run_fleet_study(load_fleet_study(small), tmp_path / out, progress=False).paths
-                    for out in ("first", "again"))
-    assert again.reproduction.read_bytes() == first.reproduction.read_bytes()
-    assert (again.report / "index.html").read_bytes() == (first.report / "index.html").read_bytes()
-    rq3 = [(p.part("rq3").report / "index.html").read_bytes() for p in (first, again)]
-    assert rq3[0] == rq3[1]
-    for part in ("rq1", "rq2", "hardware/rq1"):
-        reports = [(p.part(part).report / "index.html").read_bytes() for p in (first, again)]
-        assert reports[0] == reports[1], part
-    for label in ("golden", "node-01", "golden-twin"):
-        ids = [LogReader(rank_dir(p.part("rq3").run(label), 0)).header.run_id for p in (first, again)]
-        assert ids[0] == ids[1]
-    finetuned = [LogReader(rank_dir(p.part("rq3").finetune("golden-twin"), 0)).header.run_id for p in (first, again)]
-    assert finetuned[0] == finetuned[1] != ids[0]
-
-
-def test_an_experiment_run_again_gives_the_same_bytes(fleet: FleetPaths) -> None:
-    outputs = [fleet.reproduction, fleet.report / "index.html"]
-    before = [p.read_bytes() for p in outputs]
-    state_file = fleet.out / "study-state.json"
+def test_jobs_done_again_in_another_folder_give_the_same_bytes(fleet: FleetPaths, tmp_path: Path) -> None:
+    # Run ids derive from the study file, the node and its role (sdc.study.runner.derived_run_id), and no output
+    # names the study's folder: a copy of the study elsewhere, its jobs done again there, gives the same table and
+    # reports byte for byte, and the same run and pair ids
+    again = tmp_path / "again"
+    shutil.copytree(fleet.out, again)
+    state_file = again / "study-state.json"
     state = json.loads(state_file.read_text())
-    state["finished"] = [j for j in state["finished"] if not j.startswith("rq2/") and j != "reproduction"]
+    redo = [j for j in state["finished"] if j == _DONE_AGAIN[-1] or j.startswith(_DONE_AGAIN[:-1])]
+    assert {j.split(":")[0] for j in redo} >= {"rq2/record", "rq2/replay", "rq2/diff", "hardware/rq1/record",
+                                                "hardware/rq1/replay", "hardware/rq1/diff", "rq3/finetune"}
+    state["finished"] = [j for j in state["finished"] if j not in redo]
     state_file.write_text(json.dumps(state))
-    run_fleet_study(load_fleet_study("fleet-mini"), fleet.out, resume=True, progress=False)
-    assert [p.read_bytes() for p in outputs] == before
+    first = fleet
+    again_paths = run_fleet_study(load_fleet_study("fleet-mini"), again, resume=True, progress=False).paths
+    assert again_paths.reproduction.read_bytes() == first.reproduction.read_bytes()
+    assert (again_paths.report / "index.html").read_bytes() == (first.report / "index.html").read_bytes()
+    for part in ("rq1", "rq2", "rq3", "hardware/rq1"):
+        reports = [(p.part(part).report / "index.html").read_bytes() for p in (first, again_paths)]
+        assert reports[0] == reports[1], part
+    for part in ("rq2", "hardware/rq1"):
+        pairs = [LIBRARY.run(p.part(part).db, "SELECT pair_id FROM pairs ORDER BY 1").rows for p in (first, again_paths)]
+        assert pairs[0] == pairs[1] and pairs[0], part
+    twin = [LogReader(rank_dir(p.part("rq3").run("golden-twin"), 0)).header.run_id for p in (first, again_paths)]
+    finetuned = [LogReader(rank_dir(p.part("rq3").finetune("golden-twin"), 0)).header.run_id
+                 for p in (first, again_paths)]
+    assert twin[0] == twin[1] and finetuned[0] == finetuned[1] != twin[0]
 
 
 def test_fleet_study_resumes_and_refuses_another_file(fleet: FleetPaths, tmp_path: Path) -> None:
