@@ -34,17 +34,21 @@ SDC    := $(VENV)/bin/sdc
 demo: $(KERNEL)
 	$(SDC) demo --out $(DEMO) --overwrite
 
-# TEST_ARGS go to pytest: `make test TEST_ARGS="-n 2"` runs on 2 workers (pytest-xdist), `TEST_ARGS="-x"` stops at
-# the first failure. Every test process's idle OpenMP threads sleep (tests/conftest.py sets OMP_WAIT_POLICY).
+# The suite runs on TEST_WORKERS processes (pytest-xdist; one per core, at most 4: each holds torch and its runs),
+# a test file's tests on one worker so that its module fixtures are made once. `make test TEST_WORKERS=0` runs it in
+# this process alone; TEST_ARGS go to pytest (`TEST_ARGS="-x"` stops at the first failure). Every test process's
+# idle OpenMP threads sleep (tests/conftest.py sets OMP_WAIT_POLICY).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n > 4 ? 4 : n )))
 TEST_ARGS ?=
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: $(KERNEL)
-	$(PY) -m pytest -q $(TEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(TEST_ARGS)
 
 # The tests not marked slow (pyproject.toml): no recorded study, Beam job on recorded runs or multi-rank
 # launch; under a minute on 2 cores. `make test` runs these and the slow ones.
 test-fast: $(KERNEL)
-	$(PY) -m pytest -q -m "not slow" $(TEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(XDIST) $(TEST_ARGS)
 
 # XLA: torch-xla's wheel works with one torch release only, which its metadata does not
 # say; it gets its own environment with that torch (PyPI's build, about 7 GB), and the
