@@ -85,6 +85,9 @@ def write_bundle(c: Captured, out: Path, *, golden: dict[str, Any], suspect: dic
         "suspect": {**suspect, "output_from": c.suspect_source, "inputs_were_golden": c.suspect_inputs_golden},
         # False: re-executing golden here gave other bits at the site itself than its log (nondeterminism here?)
         "golden_reexecution_matched_log": c.golden_matched_log,
+        # the first tensor after the site whose re-execution differed from golden's log ("" if none): nothing the
+        # bundle holds came from it
+        "golden_reexecution_differed_after": c.golden_differed_after,
         # draws from generators of the model's own; those seeded differently in golden and the suspect are drawn
         # anew on each run of reproduce.py, as the model does
         "generators": {"draws": len(c.seeds), "drawn_afresh": c.drawn_afresh},

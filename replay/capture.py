@@ -113,6 +113,7 @@ class Captured:
     suspect_source: str = "emulated"  # or "this machine": no emulated fault, the suspect's bits are this machine's
     logged: int | None = None  # the golden log's fingerprint of the site there
     golden_matched_log: bool = True  # False: golden's re-execution of the site itself differed from its log here
+    golden_differed_after: str = ""  # the first tensor after the site whose re-execution differed from golden's log
     seeds: list[int] = field(default_factory=list)  # initial seeds of the model's own generators its ops drew from
     drawn_afresh: int = 0  # own-generator arguments seeded differently by golden and suspect: drawn anew per run
 
@@ -138,23 +139,26 @@ def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | 
     out = Captured(site, golden.start_checkpoint, device, type(module).__name__,
                    logged=golden.expected.get(index_key(site.step, site.microbatch, site.name, Phase.FORWARD)))
     for step in range(golden.start_checkpoint, site.step):
-        _require_matched(_golden_step(golden, golden_w, step, pattern))
+        _require_matched(_golden_step(golden, golden_w, step, pattern).mismatches)
 
     def suspect_step(kept: dict[Key, torch.Tensor]) -> None:
         sync_parameters(golden_w.model, suspect_w.model)
         _suspect_step(suspect, suspect_w, site, pattern, kept, out)
 
-    mismatches = _golden_step(golden, golden_w, site.step, pattern, between=suspect_step,
-                              record=lambda tracer: _recording(module, site, out, tracer))
+    key = index_key(site.step, site.microbatch, site.name, site.phase)
+    sink = _golden_step(golden, golden_w, site.step, pattern, between=suspect_step,
+                        record=lambda tracer: _recording(module, site, out, tracer), watch=key)
     if not out.golden:
         raise ValidationError(f"{golden_path}: {site.describe()} never ran in the re-execution (a microbatch or site "
                               "the step does not have?)")
-    first = mismatches[0] if mismatches else None
-    if first is not None and (first.step, first.microbatch, first.name, first.phase) == (
-            site.step, site.microbatch, site.name, site.phase):
-        out.golden_matched_log = False  # this machine computed the site itself otherwise: the bundle shows whether
-    else:                               # that repeats; what differs after it follows from it
-        _require_matched(mismatches)
+    # What differed before the site changed what the bundle would hold: refused. The site itself: this machine
+    # computed it otherwise, and the bundle shows whether that repeats. After it: the bundle holds nothing of it
+    # (what the site read and golden's output came first), so it is named, not refused.
+    at = sink.watched_at if sink.watched_at is not None else sink.checked + 1
+    _require_matched([m for m in sink.mismatches if m.position < at])
+    out.golden_matched_log = not any(m.position == at for m in sink.mismatches)
+    after = [m for m in sink.mismatches if m.position > at]
+    out.golden_differed_after = after[0].describe() if after else ""
     return out
 
 
@@ -167,15 +171,16 @@ def _module(model: nn.Module, path: str) -> nn.Module:
 
 def _golden_step(golden: GoldenRun, w: Workload, step: int, pattern: str | None,
                  between: Callable[[dict[Key, torch.Tensor]], None] | None = None,
-                 record: Callable[[KeepingTracer], AbstractContextManager[None]] | None = None) -> list[GoldenMismatch]:
-    """Re-execute ``step`` with every fingerprint checked; what differed from the log, in the order traced.
-    ``between`` runs the suspect after the golden forward and backward, on the golden tensors, from the step's
-    starting RNG state (as the `Replayer` does)."""
+                 record: Callable[[KeepingTracer], AbstractContextManager[None]] | None = None,
+                 watch: Key | None = None) -> VerifyingSink:
+    """Re-execute ``step`` with every fingerprint checked; the sink holds what differed from the log, in the order
+    traced, and the position of ``watch``. ``between`` runs the suspect after the golden forward and backward, on
+    the golden tensors, from the step's starting RNG state (as the `Replayer` does)."""
     fields = golden.rng.get(step)
     if fields is not None and fields["stored"]:
         recorded_rng(BlobStore(golden.path), fields).restore()
     start = RngState()
-    sink = VerifyingSink(golden.expected)
+    sink = VerifyingSink(golden.expected, watch)
     kept: dict[Key, torch.Tensor] = {}
     tracer = KeepingTracer(w.model, w.optimizer, sink=sink, run=RunInfo("golden-reexecution", config=golden.header.config),
                            options=TraceOptions(sites=pattern), parallel=w.layout)
@@ -191,7 +196,7 @@ def _golden_step(golden: GoldenRun, w: Workload, step: int, pattern: str | None,
                 after.restore()
         else:
             w.update(step)
-    return sink.mismatches
+    return sink
 
 
 def _require_matched(mismatches: list[GoldenMismatch]) -> None:

@@ -164,6 +164,7 @@ class GoldenMismatch:
     expected: int
     found: int
     meta: str = ""  # the re-executed tensor's dtype and shape
+    position: int = 0  # how many traced tensors the re-execution had checked up to this one (1 = the first)
 
     def describe(self) -> str:
         return (
@@ -175,19 +176,24 @@ class GoldenMismatch:
 class VerifyingSink:
     """A Tracer sink that checks each re-executed tensor against the golden log."""
 
-    def __init__(self, expected: dict[Key, int]) -> None:
+    def __init__(self, expected: dict[Key, int], watch: Key | None = None) -> None:
         self.expected = expected
         self.mismatches: list[GoldenMismatch] = []
         self.checked = 0
+        self.watch = watch  # a tensor whose position is kept (`watched_at`): what differed before it, what after
+        self.watched_at: int | None = None
 
     def write_tensor(self, rec: TensorRecord) -> None:
-        want = self.expected.get(index_key(rec.step, rec.microbatch, rec.name, Phase(rec.phase)))
+        key = index_key(rec.step, rec.microbatch, rec.name, Phase(rec.phase))
+        want = self.expected.get(key)
         if want is None:
             return  # the golden run did not trace this tensor
         self.checked += 1
+        if key == self.watch:
+            self.watched_at = self.checked
         if want != rec.fingerprint:
             self.mismatches.append(GoldenMismatch(rec.step, rec.microbatch, rec.name, Phase(rec.phase), want,
-                                                  rec.fingerprint, rec.meta))
+                                                  rec.fingerprint, rec.meta, self.checked))
 
     def write_event(self, rec: EventRecord) -> None:
         pass

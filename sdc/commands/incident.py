@@ -107,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
     if not manifest["golden_reexecution_matched_log"]:
         print("  note: re-executing golden here gave other bits at this site than golden's log: the site may not be "
               "deterministic here (reproduce.py's repeats tell; `sdc verify-determinism` audits the whole step)")
+    if manifest["golden_reexecution_differed_after"]:
+        print(f"  note: re-executing golden here differed from its log after this site, first at "
+              f"{manifest['golden_reexecution_differed_after']}: the bundle holds nothing computed after the site, "
+              "but the step may not be deterministic here (`sdc verify-determinism` audits it)")
     if manifest["generators"]["drawn_afresh"]:
         print(f"  note: {manifest['generators']['drawn_afresh']} op(s) draw from a generator the model seeds anew on "
               "each run (golden's and the suspect's seeds differ): reproduce.py draws them anew too, so its runs vary "

@@ -23,7 +23,7 @@ from tracer.options import CapturePolicy, TraceOptions
 RUN = {"steps": 2, "checkpoint_every": 1}
 
 
-def record(out: Path, seeded: bool, **options) -> Path:
+def record(out: Path, seeded: bool | list[bool], **options) -> Path:
     """Every tensor of every step kept in the blob store: what the audit measures ulps on."""
     record_run({"model": {"seeded": seeded}, "run": RUN}, out, node_label=out.name, workload=unordered_sum.WORKLOAD,
                trace=TraceOptions(sites=unordered_sum.SITES, capture=CapturePolicy(every=1)), progress=False,
@@ -70,4 +70,27 @@ def test_a_generator_seeded_alike_on_every_run_is_restored_not_drawn_anew(tmp_pa
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert (manifest["site"]["step"], manifest["site"]["name"]) == (1, "layers.0.mix")
     assert manifest["generators"] == {"draws": 1, "drawn_afresh": 0} and manifest["golden_reexecution_matched_log"]
+    assert manifest["golden_reexecution_differed_after"] == ""
     assert_persistent_under_emulation_only(bundle, profile, repeats=2)
+
+
+@pytest.mark.slow
+def test_a_site_after_the_incident_that_differs_on_re_execution_is_named_not_refused(tmp_path: Path) -> None:
+    # layers.0.mix seeds its generator alike on every run, layers.1.mix from the clock: re-executing golden here
+    # matches its log at the incident's site (layers.0.mix, step 1) and differs after it, at layers.1.mix. The
+    # bundle holds nothing computed after the site, so the capture goes on and says so; a difference before the site
+    # would still refuse it.
+    profile = tmp_path / "proj.toml"
+    profile.write_text(stuck_bit("layers.0.mix.proj", step=1, bit=27), encoding="utf-8")
+    golden = record(tmp_path / "golden", [True, False])
+    bundle = tmp_path / "INC"
+    done = sdc("incident", "--golden", str(golden), "--fault-profile", str(profile), "--at", "1:0:layers.0.mix:forward",
+               "--out", str(bundle), "--workload", unordered_sum.WORKLOAD)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "differed from its log after this site, first at step 1, microbatch 0, forward layers.1.mix" in done.stdout
+    assert "other bits at this site" not in done.stdout
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["golden_reexecution_matched_log"] is True
+    assert manifest["golden_reexecution_differed_after"].startswith("step 1, microbatch 0, forward layers.1.mix")
+    assert_persistent_under_emulation_only(bundle, profile, repeats=2)
+
