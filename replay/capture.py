@@ -152,13 +152,14 @@ def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | 
         raise ValidationError(f"{golden_path}: {site.describe()} never ran in the re-execution (a microbatch or site "
                               "the step does not have?)")
     # What differed before the site changed what the bundle would hold: refused. The site itself: this machine
-    # computed it otherwise, and the bundle shows whether that repeats. After it: the bundle holds nothing of it
-    # (what the site read and golden's output came first), so it is named, not refused.
+    # computed it otherwise (what differs after it follows from it), and the bundle shows whether that repeats.
+    # After a site that matched: the bundle holds nothing of it (what the site read and golden's output came
+    # first), so it is named, not refused.
     at = sink.watched_at if sink.watched_at is not None else sink.checked + 1
     _require_matched([m for m in sink.mismatches if m.position < at])
     out.golden_matched_log = not any(m.position == at for m in sink.mismatches)
     after = [m for m in sink.mismatches if m.position > at]
-    out.golden_differed_after = after[0].describe() if after else ""
+    out.golden_differed_after = after[0].describe() if after and out.golden_matched_log else ""
     return out
 
 

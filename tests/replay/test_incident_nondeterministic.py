@@ -43,6 +43,7 @@ def test_a_site_that_sums_in_a_random_order_classifies_nondeterministic(tmp_path
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["generators"] == {"draws": 1, "drawn_afresh": 1}
     assert manifest["golden_reexecution_matched_log"] is False
+    assert manifest["golden_reexecution_differed_after"] == ""  # what differs after the site follows from it
     plain = reproduce_py(bundle, repeats=5)
     assert plain.returncode == VERDICTS["nondeterministic"], plain.stdout + plain.stderr
     result = json.loads(plain.stdout)
