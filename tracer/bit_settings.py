@@ -33,6 +33,8 @@ CUDA_BITS = frozenset({"cublas_workspace_config", "cudnn_benchmark", "cudnn_dete
                        "cudnn_allow_tf32", "deterministic_algorithms", "deterministic_warn_only",
                        "fill_uninitialized_memory", "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
                        "CUBLASLT_WORKSPACE_SIZE"})
+# determinism keys that change bits only of ops on the CPU (`cpu_capability`: the vector width of ATen's CPU kernels).
+CPU_BITS = frozenset({"cpu_capability"})
 # Thread settings torch's own intra-op count (compared apart) overrides, or that run independent ops side by side.
 NO_BITS = frozenset({"OMP_NUM_THREADS", "MKL_NUM_THREADS", "interop_threads"})
 # Keys `tracer.pairing.PAIRING_FIELDS`' own check already refuses on (intra_op_threads).
@@ -63,6 +65,7 @@ def setting_differences(golden: RunHeader, suspect: RunHeader) -> list[SettingDi
     one header holds was not recorded by the other's writer: not a difference."""
     out = []
     cuda = golden.device.startswith("cuda") and suspect.device.startswith("cuda")
+    cpu = golden.device.startswith("cpu") and suspect.device.startswith("cpu")
     multi = golden.world_size > 1
     for name, a, b in _pairs(golden.determinism, suspect.determinism):
         key = name.rsplit(".", 1)[-1]
@@ -74,6 +77,9 @@ def setting_differences(golden: RunHeader, suspect: RunHeader) -> list[SettingDi
         elif key in CUDA_BITS:
             refuses, why = (True, "changes CUDA kernels' bits") if cuda else (
                 False, "changes bits only on CUDA devices; these runs did not use one")
+        elif key in CPU_BITS:
+            refuses, why = (True, "selects the CPU kernels' vector width, which sums in another order") if cpu else (
+                False, "changes the bits of CPU kernels; these runs computed on another device")
         elif key in NO_BITS:
             refuses, why = False, "torch's intra-op thread count, which matches, decides reductions' order"
         else:

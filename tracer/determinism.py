@@ -58,6 +58,10 @@ def determinism_settings() -> dict[str, Any]:
         "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        # The vector instruction set ATen's CPU kernels were picked for (AVX512, AVX2, DEFAULT...): the CPU's, or
+        # ATEN_CPU_CAPABILITY's. Two widths sum in other orders: 981 of 1077 tensors of a llama3-16l-mini step
+        # differed between AVX512 and AVX2 on one machine, where 1 and 2 threads gave the same bits.
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         # NCCL's algorithm/protocol/NVLS choices, TF32 overrides, OpenMP/MKL threads (tracer.bit_settings).
         "env": env_settings(),
     }

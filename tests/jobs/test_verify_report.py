@@ -10,6 +10,9 @@ LlamaForCausalLM recorded twice audits as deterministic.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from sdc.cli import main
 from tests.faults.support import train_mlp
 from tests.support import SMALL
 from tracer.log import LogReader, rank_dir
+from tracer.log.records import TensorRecord
 from tracer.options import CapturePolicy
 from tracer.pairing import pairing_differences, setting_warnings
 
@@ -191,3 +195,42 @@ def test_two_ranks_recorded_twice_audit_rank_by_rank_as_deterministic(tmp_path: 
                  "--nproc", "2", "--quiet", *args]) == 0
     assert " 0 differ at 0 place(s)" in capsys.readouterr().out
     assert json.loads(tolerance.read_text())["measured"]["ranks"] == [0, 1]
+
+
+@pytest.mark.slow
+def test_runs_on_other_cpu_kernels_do_not_pair_and_the_header_says_why(tmp_path: Path) -> None:
+    # ATen picks its CPU kernels' vector width once per process (the CPU's, or ATEN_CPU_CAPABILITY's); another width
+    # sums in another order, as another CPU model does. Recorded as determinism.cpu_capability, it refuses the pair.
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this CPU has no vector kernels to compare the scalar ones with")
+    sets = [a for kv in SMALL for a in ("--set", kv)]
+    recorded = {}
+    for name, env in (("native", {}), ("scalar", {"ATEN_CPU_CAPABILITY": "default"})):
+        done = subprocess.run([sys.executable, "-m", "sdc.cli", "record", "--out", str(tmp_path / name), "--steps",
+                               "1", "--quiet", *sets], cwd=Path(__file__).parents[2], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr
+        recorded[name] = LogReader(rank_dir(tmp_path / name, 0))
+    native, scalar = (recorded[n].header for n in ("native", "scalar"))
+    assert scalar.determinism["cpu_capability"] == "DEFAULT" != native.determinism["cpu_capability"]
+    fingerprints = [[r.fingerprint for r in recorded[n].records() if isinstance(r, TensorRecord)]
+                    for n in ("native", "scalar")]
+    assert len(fingerprints[0]) == len(fingerprints[1]) and fingerprints[0] != fingerprints[1]
+    (difference,) = [d for d in pairing_differences(native, scalar) if "cpu_capability" in d]
+    assert difference.startswith(f"determinism.cpu_capability: {native.determinism['cpu_capability']!r} vs "
+                                 "'DEFAULT' (selects the CPU kernels' vector width")
+
+
+def test_a_cpu_kernel_width_that_differs_warns_only_where_the_runs_computed_elsewhere() -> None:
+    from tracer.bit_settings import setting_differences
+    from tracer.log.records import RunHeader
+
+    def header(device: str, capability: str) -> RunHeader:
+        return RunHeader(schema_version=1, run_id="r", node_label="n", role="train", world_size=1, rank=0, config={},
+                         config_fingerprint="c", seed=0, data_order_fingerprint="d", fingerprint_algorithm="f",
+                         versions={}, device=device, determinism={"cpu_capability": capability}, created_unix=0.0,
+                         extra={})
+
+    (cpu,) = setting_differences(header("cpu", "AVX512"), header("cpu", "AVX2"))
+    (cuda,) = setting_differences(header("cuda:0", "AVX512"), header("cuda:0", "AVX2"))
+    assert (cpu.name, cpu.refuses, cuda.refuses) == ("determinism.cpu_capability", True, False)
