@@ -101,14 +101,16 @@ def test_the_audit_lists_the_random_order_site_with_its_ulp_band(runs, capsys) -
     doc = json.loads(tolerance.read_text())
     places = {(p["name"], p["phase"]): p for p in doc["places"]}
     mix = places[("mix", "forward")]
-    # every step's sum differs by a few ulps, measured on the captured tensors of both runs
-    assert mix["events"] == STEPS and mix["ulp_events"] == STEPS and 0 < mix["max_ulps"] < 1000
+    # every step's sum differs, measured in ulps on the captured tensors of both runs: by a few where the sum is
+    # large, by more where it nearly cancels (1408 seen, 2026-12-02); far below the 2**20 and more of a flipped
+    # exponent bit, and the band, relative, stays small
+    assert mix["events"] == STEPS and mix["ulp_events"] == STEPS and 0 < mix["max_ulps"] < 2 ** 16
     assert 0 < mix["band"] < 1e-3 and doc["measured"]["steps"] == list(range(STEPS)) and doc["margin"] == 2.0
     # what it reaches differs too (gradients, parameters), the input batch does not
     assert {("mix.proj.weight", "grad"), ("out.weight", "param"), ("out", "forward")} <= set(places)
     assert not any(phase == "input" for _, phase in places)
     row = next(line for line in out.splitlines() if line.endswith("  mix") and " forward " in line)
-    assert row.split()[:3] == ["site", "forward", str(STEPS)] and str(mix["max_ulps"]) in row.split()
+    assert row.split()[:3] == ["site", "forward", str(STEPS)] and f"{mix['max_ulps']:,}" in row.split()
 
 
 def test_a_diff_with_the_map_reports_no_difference_yet_still_the_exponent_bit_fault(runs, capsys) -> None:
