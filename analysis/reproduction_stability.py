@@ -3,12 +3,12 @@
     python -m analysis.reproduction_stability A/reproduction.md B/reproduction.md    # exit 0: stable, 1: not
     compare(read_verdicts(a), read_verdicts(b))      # one `RowComparison` per (fault model, row)
 
-Two runs on different machines, or on one machine with different thread counts (``--set
-train.threads=1`` against the configs' 2: another reduction order, other float bits), must give
-the same verdict on every row, or mark the row unstable in at least one of them (its number
-lies within its rule's margin, analysis/reproduction_rules.py). A row that flips without
-such a mark is a rule whose margin is too narrow: the check fails and names it. docs/study.md,
-"Stability", gives the commands that run fleet-mini at two thread counts and compare them.
+Two runs whose float bits differ (two machines, or one machine with another vector width of ATen's CPU
+kernels: ``ATEN_CPU_CAPABILITY=avx2`` on an AVX512 CPU) must give the same verdict on every row, or mark the row
+unstable in at least one of them (its number lies within its rule's margin, analysis/reproduction_rules.py). A
+row that flips without such a mark is a rule whose margin is too narrow: the check fails and names it. Another
+thread count is no such test: at the fleet's sizes it changes no bits. docs/study.md, "Stability", gives the
+commands.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ A rank that fails writes its error to a file and exits; the launcher stops the
 other ranks (they would wait for it in their next collective) and raises one
 `SdcError` naming the rank. The first rank to fail is the one reported: the others
 usually fail only because it went away. ``timeout_s`` bounds every collective, so a
-hung rank ends the job instead of hanging it.
+hung rank ends the job instead of hanging it. A rank whose launcher goes away (killed, out of memory) exits within
+a second, as a crash, instead of holding the run's lock until its collectives time out.
 
 A job starts at most `jobs.machine.max_local_ranks` processes (``RANKS_PER_CPU`` per CPU core),
 so a rank count read from a file can never start an unbounded number of them. With
@@ -28,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Mapping
@@ -39,6 +41,10 @@ from jobs.machine import RANKS_PER_CPU, max_local_ranks
 from tracer import errors
 from tracer.errors import CaptureError, SdcError, UsageError
 from tracer.log.runlock import RunLock
+
+# How often a rank checks that its launcher is still there.
+_LAUNCHER_POLL_S = 0.5
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -66,7 +72,7 @@ def launch(target: str, kwargs: Mapping[str, Any], nproc: int, *, timeout_s: flo
                 env = {
                     **os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
                     "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                    **lock_env,
+                    "SDC_LAUNCHER_PID": str(os.getpid()), **lock_env,
                 }
                 procs.append(subprocess.Popen([sys.executable, "-m", "jobs.launch", str(spec)], env=env,
                                               pass_fds=lock_fds))
@@ -113,6 +119,7 @@ def _main(spec_path: str) -> int:
 
     spec = json.loads(Path(spec_path).read_text())
     folder, rank = Path(spec_path).parent, int(os.environ["RANK"])
+    _exit_without(int(os.environ["SDC_LAUNCHER_PID"]), rank)
     try:
         dist.init_process_group("gloo", timeout=timedelta(seconds=spec["timeout_s"]))
         module, _, name = spec["target"].partition(":")
@@ -130,6 +137,19 @@ def _main(spec_path: str) -> int:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _exit_without(launcher: int, rank: int) -> None:
+    """Exit this rank as soon as ``launcher`` is no longer its parent: a launcher killed without the chance to stop
+    its ranks (SIGKILL, the out-of-memory killer) leaves them to this. The rank ends as a crashed one (its log
+    without END, resumable); a watching thread, since the training loop may be in a long op or a collective."""
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(_LAUNCHER_POLL_S)
+        print(f"rank {rank}: its launcher (pid {launcher}) is gone; stopping", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="sdc-launcher-watch", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -29,6 +29,18 @@ def hang_on_rank_1() -> None:
     dist.barrier()
 
 
+def sleep_with_pid_file(folder: str) -> None:
+    """Write this rank's pid to ``folder``/rank-N.pid, then sleep for ten minutes."""
+    import os
+    import time
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    (Path(folder) / f"rank-{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    time.sleep(600)
+
+
 def claim_on_rank_0(out: str) -> str:
     """Claim ``out`` on rank 0, as the ranks of `sdc record` do."""
     from pathlib import Path

@@ -1,8 +1,13 @@
 """The launcher: a hung rank ends the job with one error instead of hanging it; it starts a bounded number of
-ranks; the ranks it starts inherit the run directory's writer lock."""
+ranks; the ranks it starts inherit the run directory's writer lock; they exit when it is killed."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,3 +52,48 @@ def test_rank_0_of_a_torchrun_job_holds_the_writer_lock_while_it_traces(tmp_path
         launch("tests.parallel.ranks:trace_in_torchrun", {"out": str(crashed), "crash": True}, 2, timeout_s=20)
     # A crashed writer, not one whose state is unknown: `sdc watch` stops waiting for it.
     assert LogFollower(rank_dir(crashed, 0)).writer_alive() is False
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (an exited one nobody has reaped yet is a zombie: not running)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def _wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+@pytest.mark.slow  # launches ranks
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads process states from /proc")
+def test_ranks_exit_when_their_launcher_is_killed(tmp_path: Path) -> None:
+    # SIGKILL (or the out-of-memory killer) gives the launcher no chance to stop its ranks: they must notice.
+    code = ("import sys; from jobs.launch import launch; "
+            f"launch('tests.parallel.ranks:sleep_with_pid_file', {{'folder': {str(tmp_path)!r}}}, 2)")
+    launcher = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
+                                stderr=subprocess.PIPE, text=True)
+    pid_files = [tmp_path / f"rank-{r}.pid" for r in range(2)]
+    ranks: list[int] = []
+    try:
+        assert _wait_for(lambda: all(f.is_file() and f.read_text() for f in pid_files), 120), "the ranks never started"
+        ranks = [int(f.read_text()) for f in pid_files]
+        assert all(_running(pid) for pid in ranks)
+        launcher.kill()
+        launcher.wait()
+        assert _wait_for(lambda: not any(_running(pid) for pid in ranks), 30), "ranks outlived their launcher"
+        stderr = launcher.stderr.read()
+        assert "its launcher (pid" in stderr and "is gone; stopping" in stderr
+    finally:
+        for pid in ranks:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
