@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,7 @@ def _running(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
-def _wait_for(condition, seconds: float) -> bool:
+def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if condition():
@@ -76,7 +77,7 @@ def _wait_for(condition, seconds: float) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads process states from /proc")
 def test_ranks_exit_when_their_launcher_is_killed(tmp_path: Path) -> None:
     # SIGKILL (or the out-of-memory killer) gives the launcher no chance to stop its ranks: they must notice.
-    code = ("import sys; from jobs.launch import launch; "
+    code = ("from jobs.launch import launch; "
             f"launch('tests.parallel.ranks:sleep_with_pid_file', {{'folder': {str(tmp_path)!r}}}, 2)")
     launcher = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
                                 stderr=subprocess.PIPE, text=True)
