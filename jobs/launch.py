@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -119,7 +120,7 @@ def _main(spec_path: str) -> int:
 
     spec = json.loads(Path(spec_path).read_text())
     folder, rank = Path(spec_path).parent, int(os.environ["RANK"])
-    _exit_without(int(os.environ["SDC_LAUNCHER_PID"]), rank)
+    _exit_without(int(os.environ["SDC_LAUNCHER_PID"]), rank, folder)
     try:
         dist.init_process_group("gloo", timeout=timedelta(seconds=spec["timeout_s"]))
         module, _, name = spec["target"].partition(":")
@@ -139,14 +140,17 @@ def _main(spec_path: str) -> int:
             dist.destroy_process_group()
 
 
-def _exit_without(launcher: int, rank: int) -> None:
+def _exit_without(launcher: int, rank: int, folder: Path) -> None:
     """Exit this rank as soon as ``launcher`` is no longer its parent: a launcher killed without the chance to stop
     its ranks (SIGKILL, the out-of-memory killer) leaves them to this. The rank ends as a crashed one (its log
-    without END, resumable); a watching thread, since the training loop may be in a long op or a collective."""
+    without END, resumable); a watching thread, since the training loop may be in a long op or a collective.
+    Rank 0 removes the launcher's ``folder`` (the spec and the ranks' reports), which nobody will read now."""
     def watch() -> None:
         while os.getppid() == launcher:
             time.sleep(_LAUNCHER_POLL_S)
         print(f"rank {rank}: its launcher (pid {launcher}) is gone; stopping", file=sys.stderr, flush=True)
+        if rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
         os._exit(1)
 
     threading.Thread(target=watch, name="sdc-launcher-watch", daemon=True).start()

@@ -87,11 +87,15 @@ def test_ranks_exit_when_their_launcher_is_killed(tmp_path: Path) -> None:
         assert _wait_for(lambda: all(f.is_file() and f.read_text() for f in pid_files), 120), "the ranks never started"
         ranks = [int(f.read_text()) for f in pid_files]
         assert all(_running(pid) for pid in ranks)
+        # Each rank runs `python -m jobs.launch FOLDER/spec.json`: the launcher's folder, left to rank 0 to remove.
+        spec = Path(Path(f"/proc/{ranks[0]}/cmdline").read_bytes().split(b"\0")[3].decode())
+        assert spec.name == "spec.json" and spec.is_file()
         launcher.kill()
         launcher.wait()
         assert _wait_for(lambda: not any(_running(pid) for pid in ranks), 30), "ranks outlived their launcher"
         stderr = launcher.stderr.read()
         assert "its launcher (pid" in stderr and "is gone; stopping" in stderr
+        assert not spec.parent.exists(), "the killed launcher's folder was left behind"
     finally:
         for pid in ranks:
             if _running(pid):
