@@ -45,6 +45,8 @@ from tracer.log.runlock import RunLock
 
 # How often a rank checks that its launcher is still there.
 _LAUNCHER_POLL_S = 0.5
+# The launcher's folder for a job's spec and its ranks' reports: the one folder a rank may remove.
+_FOLDER_PREFIX = "sdc-launch-"
 
 
 def free_port() -> int:
@@ -62,7 +64,7 @@ def launch(target: str, kwargs: Mapping[str, Any], nproc: int, *, timeout_s: flo
         raise UsageError(f"{nproc} ranks: this machine runs at most {max_local_ranks()} "
                          f"({RANKS_PER_CPU} per CPU core); use fewer ranks")
     lock_env, lock_fds = lock.inherit() if lock is not None else ({}, ())
-    with tempfile.TemporaryDirectory(prefix="sdc-launch-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=_FOLDER_PREFIX) as tmp:
         folder = Path(tmp)
         spec = folder / "spec.json"
         spec.write_text(json.dumps({"target": target, "kwargs": dict(kwargs), "timeout_s": timeout_s}))
@@ -149,7 +151,7 @@ def _exit_without(launcher: int, rank: int, folder: Path) -> None:
         while os.getppid() == launcher:
             time.sleep(_LAUNCHER_POLL_S)
         print(f"rank {rank}: its launcher (pid {launcher}) is gone; stopping", file=sys.stderr, flush=True)
-        if rank == 0:
+        if rank == 0 and folder.name.startswith(_FOLDER_PREFIX):  # never a folder the launcher did not make
             shutil.rmtree(folder, ignore_errors=True)
         os._exit(1)
 
