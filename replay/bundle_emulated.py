@@ -24,7 +24,8 @@ from typing import Any
 from torch import nn
 
 from faults import FaultEmulator, FaultProfile
-from replay.bundle_reproduce import Within, load, reproduce
+from replay.bundle_check import BundleError, load
+from replay.bundle_reproduce import Within, reproduce
 
 class _Module(nn.Module):
     """A module of the site's tree whose forward runs what it is given."""
@@ -41,8 +42,11 @@ def site_tree(site: str, below: set[str]) -> tuple[nn.Module, Within]:
     for path in sorted(paths, key=lambda p: p.count(".")):
         parent, parts = root, path.split(".")
         for part in parts:
-            if not hasattr(parent, part) or not isinstance(getattr(parent, part), nn.Module):
+            if not hasattr(parent, part):
                 parent.add_module(part, _Module())
+            elif not isinstance(getattr(parent, part), nn.Module):  # a module attribute's name ("training")
+                raise BundleError(f"the module path {path!r} names an attribute of nn.Module, which no submodule "
+                                  "can be named; capture the bundle again with `sdc incident`")
             parent = getattr(parent, part)
 
     def within(rel: str, op: Callable[[], Any]) -> Any:
@@ -59,9 +63,9 @@ def reproduce_emulated(bundle: Path, profile: FaultProfile, *, fault_seed: int =
                        device: str | None = None) -> dict[str, Any]:
     """`bundle_reproduce.reproduce` with run ``i`` under ``profile``'s emulator as attempt ``i + 1`` of the
     incident's step; the result adds the fault events each run drew."""
-    manifest, _ = load(bundle)
-    site = manifest["site"]
-    root, inside = site_tree(site["name"], {op.get("module", "") for op in manifest["ops"]})
+    loaded = load(bundle)  # every name checked: module paths without dunders, a site that is a module path
+    site = loaded.site
+    root, inside = site_tree(site["name"], {op.module for op in loaded.ops})
     faults: list[list[dict[str, Any]]] = []
 
     def run(i: int) -> tuple[FaultEmulator, Within]:
@@ -72,6 +76,6 @@ def reproduce_emulated(bundle: Path, profile: FaultProfile, *, fault_seed: int =
                                  seed=fault_seed, sites=re.escape(site["name"]))
         return emulator, inside
 
-    result = reproduce(bundle, repeats, device, run)
+    result = reproduce(bundle, repeats, device, run, loaded)
     return {**result, "emulated": {"profile": profile.name, "fault_seed": fault_seed,
                                    "faults_per_run": [len(f) for f in faults]}}

@@ -7,7 +7,7 @@
 forward began (``rng.cpu``) and the golden and suspect outputs (``golden.output.N``, ``suspect.output.N``), each
 stored contiguous; the manifest gives the strides they had. Written by the few lines of `write_safetensors` (no
 pickle, no dependency); any safetensors reader loads the file. ``reproduce.py`` is replay/bundle_reproduce.py,
-copied. The manifest (format ``sdctrace-incident/1``) holds the site, the versions, the op list, the files with
+copied, beside ``bundle_check.py`` (replay/bundle_check.py), which checks the bundle before it runs. The manifest (format ``sdctrace-incident/1``) holds the site, the versions, the op list, the files with
 their SHA-256, the fingerprints and the defect signature of each output (replay/signature.py).
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from replay import bundle_reproduce
+from replay import bundle_check, bundle_reproduce
 from replay.bundle_ops import describe_tensor
 from replay.capture import Captured
 from replay.signature import defect_signature
@@ -30,14 +30,14 @@ from tracer.header import software_versions
 from tracer.log.claim import FolderKind
 from tracer.log.layout import LOCK_FILE
 
-CODES = {dtype: code for code, dtype in bundle_reproduce.DTYPES.items()}
+CODES = {dtype: code for code, dtype in bundle_check.DTYPES.items()}
 SCRIPT = "reproduce.py"
-FILES = (bundle_reproduce.MANIFEST, bundle_reproduce.TENSORS, SCRIPT)
+FILES = (bundle_check.MANIFEST, bundle_check.TENSORS, SCRIPT, bundle_check.CHECKER)
 
 
 def bundle_written(parts: tuple[str, ...], is_dir: bool) -> bool:
     """Whether ``<bundle>/<parts...>`` is a name a bundle holds (its reproductions' verdicts.jsonl too)."""
-    return len(parts) == 1 and not is_dir and parts[0] in (*FILES, bundle_reproduce.VERDICTS_FILE, LOCK_FILE)
+    return len(parts) == 1 and not is_dir and parts[0] in (*FILES, bundle_check.VERDICTS_FILE, LOCK_FILE)
 
 
 INCIDENT_FOLDER = FolderKind("bundle", bundle_written)
@@ -71,10 +71,11 @@ def write_bundle(c: Captured, out: Path, *, golden: dict[str, Any], suspect: dic
         tensors["rng.cpu"] = c.rng
     tensors |= {f"golden.output.{j}": t for j, t in enumerate(c.golden)}
     tensors |= {f"suspect.output.{j}": t for j, t in enumerate(c.suspect)}
-    write_safetensors(out / bundle_reproduce.TENSORS, tensors, {"format": bundle_reproduce.FORMAT})
+    write_safetensors(out / bundle_check.TENSORS, tensors, {"format": bundle_check.FORMAT})
     (out / SCRIPT).write_bytes(Path(bundle_reproduce.__file__).read_bytes())
+    (out / bundle_check.CHECKER).write_bytes(Path(bundle_check.__file__).read_bytes())
     manifest = {
-        "format": bundle_reproduce.FORMAT,
+        "format": bundle_check.FORMAT,
         "created_unix": time.time(),
         "site": c.site.to_json(),
         "module": c.module,
@@ -101,8 +102,8 @@ def write_bundle(c: Captured, out: Path, *, golden: dict[str, Any], suspect: dic
                          "suspect": [f"{fingerprint(t):016x}" for t in c.suspect]},
         "signatures": signatures(c),
     }
-    manifest["files"] = {name: _sha256(out / name) for name in (bundle_reproduce.TENSORS, SCRIPT)}
-    (out / bundle_reproduce.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    manifest["files"] = {name: _sha256(out / name) for name in (bundle_check.TENSORS, SCRIPT, bundle_check.CHECKER)}
+    (out / bundle_check.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return manifest
 
 
@@ -110,7 +111,7 @@ def signatures(c: Captured) -> list[dict[str, Any]]:
     """The defect signature of each floating output whose golden and suspect bits differ."""
     found = []
     for j, (g, s) in enumerate(zip(c.golden, c.suspect)):
-        if not g.is_floating_point() or g.shape != s.shape or bundle_reproduce.same_bits(g, s):
+        if not g.is_floating_point() or g.shape != s.shape or bundle_check.same_bits(g, s):
             continue
         found.append({"output": j, **defect_signature(g, s, op=computed_by(c.ops, c.outputs[j]), step=c.site.step, site=c.site.name).to_json()})
     return found

@@ -13,7 +13,8 @@ dtypes and strides of what it reads and writes. A tensor the ops read that is ne
 nor an earlier result (a mask built outside the module) is kept as a constant with its value at first use, and so
 is the state of a generator of the model's own that an op draws from (`draw_afresh` drops it where the model seeds
 that generator at run time, so that each run of the bundle draws anew, as the model does).
-sdctrace's own ops (`tracer.intercept.own_ops`: the Tracer's fingerprints) are not recorded.
+sdctrace's own ops (`tracer.intercept.own_ops`: the Tracer's fingerprints) are not recorded. An op outside torch's
+own namespaces (`bundle_reproduce.NAMESPACES`: a custom op, whose code would not travel with the bundle) is refused.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from replay.bundle_check import NAMESPACES
 from replay.bundle_reproduce import flatten
 from tracer.errors import ValidationError
 from tracer.intercept import in_own_ops
@@ -90,6 +92,10 @@ class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
         kwargs = kwargs or {}
         if in_own_ops():
             return func(*args, **kwargs)
+        if func.namespace not in NAMESPACES:
+            raise ValidationError(f"incident capture: the site runs {func}, an op of the namespace {func.namespace!r}; "
+                                  f"a bundle runs torch's own operators only ({', '.join(sorted(NAMESPACES))}), as a "
+                                  "custom op's code does not travel with it")
         reads: list[str] = []
         entry = {"op": str(func), "args": self.encode(list(args), reads),
                  "kwargs": {k: self.encode(v, reads) for k, v in kwargs.items()}}

@@ -1,7 +1,7 @@
 """Re-run an incident bundle's op sequence on this machine and say whether it reproduces the suspect's bits.
 
-This file is copied verbatim into every bundle as ``reproduce.py``, so it imports only torch and the standard
-library (its safetensors reader is the few lines below)::
+This file is copied verbatim into every bundle as ``reproduce.py``, beside replay/bundle_check.py as
+``bundle_check.py`` (which reads and checks the bundle), so both import only torch and the standard library::
 
     python INC/reproduce.py [--repeats N] [--device cpu] [--json] [--machine NAME | --no-record]
 
@@ -14,6 +14,12 @@ run's outputs bit for bit with the golden and the suspect outputs the bundle hol
     5  nondeterministic  the runs' bits differ among themselves: the stack is not deterministic here
     6  unexplained       the runs agree but match neither the golden nor the suspect output
     2  the bundle or the arguments are unusable (a message says why)
+
+The bundle is checked before anything in it is used (replay/bundle_check.py, which a bundle carries beside this
+script): nothing in it is imported, loaded or called but torch operators, and a bundle that fails a check is
+refused (exit 2) with one line naming the file, the field and the fix, never given a verdict. This script is the
+bundle's own code, which a bundle from elsewhere may have changed: reproduce such a bundle with the installed
+``sdc incident reproduce BUNDLE``, which imports sdctrace's copy of this module and never the bundle's script.
 
 Each verdict is appended to the bundle's own ``verdicts.jsonl`` (one JSON line: the machine, by default its host
 name, the verdict, the runs, torch and the device; `record_verdict`), so the bundle carries every reproduction
@@ -40,68 +46,36 @@ from typing import Any
 
 import torch
 
+if __package__:  # sdctrace's replay.bundle_reproduce
+    from replay.bundle_check import (FIX, MANIFEST, TORCH_OBJECTS, VERDICTS_FILE, Bundle, BundleError,
+                                     describe_results, load, same_bits)
+else:  # a bundle's reproduce.py: the checker the bundle carries beside it (`python -I` puts no folder on the path)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bundle_check import (FIX, MANIFEST, TORCH_OBJECTS, VERDICTS_FILE, Bundle,  # type: ignore[no-redef]
+                              BundleError, describe_results, load, same_bits)
+
 # 1 and 3 are sdc's own (an error, the guard's stop), so a verdict never reads as one
 Within = Callable[[str, Callable[[], Any]], Any]  # (module path below the site, an op's call) -> its result
 VERDICTS = {"transient": 0, "persistent here": 4, "nondeterministic": 5, "unexplained": 6}
 USAGE_ERROR = 2
-MANIFEST, TENSORS, VERDICTS_FILE = "manifest.json", "tensors.safetensors", "verdicts.jsonl"
-FORMAT = "sdctrace-incident/1"
-# safetensors' dtype codes (little-endian data)
-DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-          "BOOL": torch.bool}
 
 
-class BundleError(Exception):
-    """The bundle cannot be used as it is."""
-
-
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file, without the safetensors package."""
-    data = path.read_bytes()
-    if len(data) < 8:
-        raise BundleError(f"{path}: too short for a safetensors file")
-    n = int.from_bytes(data[:8], "little")
+def device_of(text: str) -> torch.device:
+    """A device to run on, refused in one line unless torch can put a tensor there."""
     try:
-        header = json.loads(data[8:8 + n])
-    except ValueError as exc:
-        raise BundleError(f"{path}: its header is not JSON ({exc})") from None
-    base, tensors = 8 + n, {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        dtype = DTYPES.get(info["dtype"])
-        if dtype is None or not 0 <= begin <= end <= len(data) - base:
-            raise BundleError(f"{path}: tensor {name!r} has an unknown dtype or lies outside the file")
-        raw = bytearray(data[base + begin:base + end])
-        flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-        tensors[name] = flat.reshape(info["shape"])
-    return tensors
-
-
-def load(bundle: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The bundle's manifest and tensors."""
-    try:
-        manifest = json.loads((bundle / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"{bundle}: no readable {MANIFEST} ({exc})") from None
-    if manifest.get("format") != FORMAT:
-        raise BundleError(f"{bundle}: {MANIFEST} is {manifest.get('format')!r}, this script reads {FORMAT}")
-    return manifest, read_safetensors(bundle / TENSORS)
-
-
-def op_of(name: str) -> Any:
-    """``aten.mm.default`` -> ``torch.ops.aten.mm.default``."""
-    namespace, packet, overload = name.split(".", 2)
-    try:
-        return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
-    except AttributeError:
-        raise BundleError(f"this torch ({torch.__version__}) has no op {name}") from None
+        where = torch.device(text)
+        if where.type == "meta":
+            raise RuntimeError("a meta tensor holds no bits to compare")
+        torch.empty(1, device=where)
+    except (RuntimeError, AssertionError, ValueError, TypeError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BundleError(f"device {text[:40]!r} is not usable here ({reason}); pass --device cpu or one this "
+                          "machine has") from None
+    return where
 
 
 def decode(value: Any, env: dict[str, torch.Tensor], device: torch.device) -> Any:
-    """An op argument from its manifest form (see replay/bundle_ops.py's `encode`)."""
+    """An op argument from its manifest form (see replay/bundle_ops.py's `encode`), checked by `load`."""
     if isinstance(value, list):
         return [decode(v, env, device) for v in value]
     if not isinstance(value, dict):
@@ -111,22 +85,17 @@ def decode(value: Any, env: dict[str, torch.Tensor], device: torch.device) -> An
         return env[v]
     if kind == "float":
         return float(v)
-    if kind == "dtype":
-        return getattr(torch, v)
+    if kind in TORCH_OBJECTS:
+        return TORCH_OBJECTS[kind][v]
     if kind == "device":
         return device
-    if kind == "layout":
-        return getattr(torch, v)
-    if kind == "memory_format":
-        return getattr(torch, v)
-    if kind == "generator":  # the model's own generator: its captured state, or a fresh seed where it has none
-        g = torch.Generator(device=device)
-        if "state" in v:
-            g.set_state(env[v["state"]].cpu())
-        else:
-            g.seed()
-        return g
-    raise BundleError(f"unknown argument kind {kind!r}")
+    # the model's own generator: its captured state, or a fresh seed where it has none
+    g = torch.Generator(device=device)
+    if "state" in v:
+        g.set_state(env[v["state"]].cpu())
+    else:
+        g.seed()
+    return g
 
 
 def flatten(out: Any) -> list[Any]:
@@ -138,45 +107,41 @@ def flatten(out: Any) -> list[Any]:
     return [out]
 
 
-def inputs(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+def inputs(bundle: Bundle, device: torch.device) -> dict[str, torch.Tensor]:
     """Fresh copies of the site's inputs, parameters and constants, in their captured strides."""
     env = {}
-    for name, meta in manifest["tensors"].items():
-        saved = tensors[name]
-        t = torch.empty_strided(meta["shape"], meta["stride"], dtype=saved.dtype, device=device)
+    for name, (shape, stride) in bundle.stored.items():
+        saved = bundle.tensors[name]
+        t = torch.empty_strided(shape, stride, dtype=saved.dtype, device=device)
         env[name] = t.copy_(saved.to(device))
     return env
 
 
-def run_once(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], device: torch.device,
-             within: Within | None = None) -> list[torch.Tensor]:
+def run_once(bundle: Bundle, device: torch.device, within: Within | None = None) -> list[torch.Tensor]:
     """Run the op sequence once from the captured RNG state; the site's outputs. ``within(module, op)`` runs each
     op inside the module it ran in (a path below the site, "" for the site itself): sdctrace's emulated
     reproduction does, so that a fault rule naming module paths finds them."""
-    env = inputs(manifest, tensors, device)
-    if "rng.cpu" in tensors:
-        torch.set_rng_state(tensors["rng.cpu"])
+    env = inputs(bundle, device)
+    if "rng.cpu" in bundle.tensors:
+        torch.set_rng_state(bundle.tensors["rng.cpu"])
     with torch.no_grad():
-        for k, op in enumerate(manifest["ops"]):
-            args = decode(op["args"], env, device)
-            kwargs = {key: decode(v, env, device) for key, v in op["kwargs"].items()}
-            func = op_of(op["op"])
-            if within is None:
-                out = func(*args, **kwargs)
-            else:
-                out = within(op.get("module", ""), lambda: func(*args, **kwargs))
-            for j, t in enumerate(flatten(out)):
-                if isinstance(t, torch.Tensor):
-                    env[f"op.{k}.{j}"] = t
-    return [env[ref].detach().clone() for ref in manifest["outputs"]]
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal shape, dtype and bytes (NaNs and signed zeros included)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    a, b = a.detach().cpu().contiguous().reshape(-1), b.detach().cpu().contiguous().reshape(-1)
-    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        for k, op in enumerate(bundle.ops):
+            try:
+                args = decode(op.args, env, device)
+                kwargs = {key: decode(v, env, device) for key, v in op.kwargs.items()}
+                out = op.func(*args, **kwargs) if within is None else within(op.module, lambda: op.func(*args, **kwargs))
+            except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+                reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+                raise BundleError(f"{bundle.path / MANIFEST}: ops[{k}] ({op.name}) fails on its recorded arguments "
+                                  f"({reason}); {FIX}") from None
+            results = [t for t in flatten(out) if isinstance(t, torch.Tensor)]
+            got = tuple((tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in results)
+            if got != op.results:
+                raise BundleError(f"{bundle.path / MANIFEST}: ops[{k}] ({op.name}) made {describe_results(got)} where the "
+                                  f"manifest records {describe_results(op.results)}; {FIX}")
+            for j, t in enumerate(results):
+                env[f"op.{k}.{j}"] = t
+    return [env[ref].detach().clone() for ref in bundle.outputs]
 
 
 def all_same(xs: list[torch.Tensor], ys: list[torch.Tensor]) -> bool:
@@ -196,26 +161,27 @@ def classify(runs: list[list[torch.Tensor]], golden: list[torch.Tensor], suspect
 
 
 def reproduce(bundle: Path, repeats: int = 5, device: str | None = None,
-              runs_within: Callable[[int], tuple[AbstractContextManager[Any], Within]] | None = None
-              ) -> dict[str, Any]:
+              runs_within: Callable[[int], tuple[AbstractContextManager[Any], Within]] | None = None,
+              loaded: Bundle | None = None) -> dict[str, Any]:
     """Run ``bundle``'s op sequence ``repeats`` times; the verdict and what it rests on. ``runs_within(i)`` gives
-    the context run ``i`` runs in and its `run_once` ``within``."""
-    if repeats < 1:
-        raise BundleError(f"--repeats {repeats}: give at least 1 (2 or more to see nondeterminism)")
-    manifest, tensors = load(bundle)
-    where = torch.device(device or manifest.get("device", "cpu"))
-    outputs = range(len(manifest["outputs"]))
-    golden = [tensors[f"golden.output.{j}"] for j in outputs]
-    suspect = [tensors[f"suspect.output.{j}"] for j in outputs]
+    the context run ``i`` runs in and its `run_once` ``within``; ``loaded`` is the bundle when already `load`-ed."""
+    if not 1 <= repeats <= 10_000:
+        raise BundleError(f"--repeats {repeats}: give 1 to 10000 (2 or more to see nondeterminism)")
+    b = loaded or load(bundle)
+    recorded = b.manifest.get("device", "cpu")
+    where = device_of(device or (recorded if isinstance(recorded, str) else "cpu"))
+    outputs = range(len(b.outputs))
+    golden = [b.tensors[f"golden.output.{j}"] for j in outputs]
+    suspect = [b.tensors[f"suspect.output.{j}"] for j in outputs]
     runs = []
     for i in range(repeats):
         context, within = runs_within(i) if runs_within is not None else (nullcontext(), None)
         with context:
-            runs.append(run_once(manifest, tensors, where, within))
+            runs.append(run_once(b, where, within))
     verdict = classify(runs, golden, suspect)
     differing = [sum(not same_bits(r[j], runs[0][j]) for r in runs) for j in outputs]
     return {"verdict": verdict, "exit_code": VERDICTS[verdict], "repeats": repeats, "device": str(where),
-            "torch": torch.__version__, "site": manifest["site"], "golden_equals_suspect": all_same(golden, suspect),
+            "torch": torch.__version__, "site": b.site, "golden_equals_suspect": all_same(golden, suspect),
             "runs_differing_from_the_first": differing,
             "runs_matching_golden": sum(all_same(r, golden) for r in runs),
             "runs_matching_suspect": sum(all_same(r, suspect) for r in runs)}

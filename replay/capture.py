@@ -28,7 +28,8 @@ from torch import nn
 
 from faults import FaultEmulator
 from replay.bundle_ops import GeneratorSeeds, OpRecorder, draw_afresh
-from replay.bundle_reproduce import flatten, same_bits
+from replay.bundle_check import same_bits
+from replay.bundle_reproduce import flatten
 from replay.golden import GoldenMismatch, GoldenRun, Key, KeepingTracer, VerifyingSink, index_key, workload_entry
 from replay.injection import StepClock, lockstep_hooks, sync_parameters
 from replay.request import Suspect

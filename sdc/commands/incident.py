@@ -61,6 +61,8 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     r.add_argument("--fault-seed", dest="reproduce_seed", type=seed, default=0, metavar="S",
                    help="seed for --fault-profile (default 0)")
     r.add_argument("--repeats", type=int, default=5, metavar="N", help="identical runs (default 5)")
+    r.add_argument("--device", dest="reproduce_device", metavar="DEVICE",
+                   help="where to run (default: the device the bundle was captured on)")
     r.add_argument("--json", action="store_true", help="print the result as JSON")
     r.add_argument("--machine", metavar="NAME", help="the name the bundle's verdicts.jsonl gives this machine "
                    "(default: its host name)")
@@ -130,11 +132,13 @@ def run(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     from faults import load_profile
     from jobs.incident import reproduce_bundle
-    from replay.bundle_reproduce import VERDICTS_FILE, BundleError, describe, record_verdict
+    from replay.bundle_check import VERDICTS_FILE, BundleError
+    from replay.bundle_reproduce import describe, record_verdict
 
     profile = load_profile(args.reproduce_profile) if args.reproduce_profile else None
     try:
-        result = reproduce_bundle(args.bundle, profile, fault_seed=args.reproduce_seed, repeats=args.repeats)
+        result = reproduce_bundle(args.bundle, profile, fault_seed=args.reproduce_seed, repeats=args.repeats,
+                                  device=args.reproduce_device)
     except BundleError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(result) if args.json else describe(result))

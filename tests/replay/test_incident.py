@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from replay.bundle_reproduce import VERDICTS, read_safetensors
+from replay.bundle_check import read_safetensors
+from replay.bundle_reproduce import VERDICTS
 from sdc.cli import main
 from tests.replay.incident_support import assert_persistent_under_emulation_only, reproduce_py, sdc
 from tests.support import ONE_FLIP

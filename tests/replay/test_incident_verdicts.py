@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from analysis.incident_signatures import read_verdicts
-from replay.bundle_reproduce import VERDICTS_FILE, record_verdict
+from replay.bundle_check import VERDICTS_FILE
+from replay.bundle_reproduce import record_verdict
 from sdc.cli import main
 
 
