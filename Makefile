@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.sdctrace-installed
 DEMO   ?= demo
 
-.PHONY: demo test test-fast test-xla bench bench-xla venv clean
+.PHONY: demo test test-fast test-xla bench bench-xla venv lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,17 @@ test: $(KERNEL)
 # launch; under a minute on 2 cores. `make test` runs these and the slow ones.
 test-fast: $(KERNEL)
 	$(PY) -m pytest -q -m "not slow" $(XDIST) $(TEST_ARGS)
+
+# The linters, at the versions the lint extra pins (another ruff formats differently): ruff's checks (pyflakes,
+# pycodestyle, isort, pyupgrade, bugbear: pyproject.toml) and its formatter over the whole tree.
+LINT_STAMP := $(VENV)/.sdctrace-lint
+$(LINT_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[lint]'
+	touch $(LINT_STAMP)
+
+lint: $(LINT_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # XLA: torch-xla's wheel works with one torch release only, which its metadata does not
 # say; it gets its own environment with that torch (PyPI's build, about 7 GB), and the

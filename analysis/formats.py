@@ -85,8 +85,11 @@ def table(result: Result) -> str:
     rows = [[cell(v) for v in row] for row in result.rows]
     columns = [printable(c) for c in result.columns]
     numeric = [
-        all(isinstance(row[i], int | float | Decimal) and not isinstance(row[i], bool)
-            for row in result.rows if row[i] is not None)
+        all(
+            isinstance(row[i], int | float | Decimal) and not isinstance(row[i], bool)
+            for row in result.rows
+            if row[i] is not None
+        )
         for i in range(len(columns))
     ]
     widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]

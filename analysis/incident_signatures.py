@@ -123,10 +123,12 @@ class _Fields:
         value = self.data[key]
         if value is None and optional:
             return None
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)) or \
-                not isinstance(value, kind):
-            raise self.error(self.name(key), f"is {type(value).__name__}, expected "
-                             f"{getattr(kind, '__name__', kind)}")
+        if (
+            isinstance(value, bool)
+            and bool not in (kind if isinstance(kind, tuple) else (kind,))
+            or not isinstance(value, kind)
+        ):
+            raise self.error(self.name(key), f"is {type(value).__name__}, expected {getattr(kind, '__name__', kind)}")
         return value
 
     def text(self, key: str, *, optional: bool = False) -> str | None:
@@ -170,17 +172,29 @@ def read_bundle(bundle: Path) -> Incident:
         raise ValidationError(f"{path}: not JSON ({str(exc)[:200]}); {_FIX}") from None
     manifest = _Fields(path, data)
     if data.get("format") != FORMAT:
-        raise ValidationError(f"{path}: field format is {str(data.get('format'))[:40]!r}, this sdctrace reads "
-                              f"{FORMAT}; load it with the sdctrace that wrote it")
+        raise ValidationError(
+            f"{path}: field format is {str(data.get('format'))[:40]!r}, this sdctrace reads "
+            f"{FORMAT}; load it with the sdctrace that wrote it"
+        )
     site, suspect, golden = manifest.object("site"), manifest.object("suspect"), manifest.object("golden")
-    signatures = [_signature(_Fields(path, s, f"signatures[{i}]"))
-                  for i, s in enumerate(manifest.items("signatures", MAX_SIGNATURES))]
+    signatures = [
+        _signature(_Fields(path, s, f"signatures[{i}]"))
+        for i, s in enumerate(manifest.items("signatures", MAX_SIGNATURES))
+    ]
     return Incident(
-        incident_id=hashlib.sha256(raw).hexdigest()[:16], bundle=str(bundle), node_label=suspect.text("node_label"),
-        run_id=suspect.text("run_id", optional=True), golden_node=golden.text("node_label", optional=True),
-        golden_run_id=golden.text("run_id", optional=True), step=site.count("step"),
-        microbatch=site.count("microbatch"), site=site.text("name"), phase=site.text("phase"),
-        signatures=tuple(signatures), verdicts=tuple(read_verdicts(bundle / VERDICTS)))
+        incident_id=hashlib.sha256(raw).hexdigest()[:16],
+        bundle=str(bundle),
+        node_label=suspect.text("node_label"),
+        run_id=suspect.text("run_id", optional=True),
+        golden_node=golden.text("node_label", optional=True),
+        golden_run_id=golden.text("run_id", optional=True),
+        step=site.count("step"),
+        microbatch=site.count("microbatch"),
+        site=site.text("name"),
+        phase=site.text("phase"),
+        signatures=tuple(signatures),
+        verdicts=tuple(read_verdicts(bundle / VERDICTS)),
+    )
 
 
 def _signature(sig: _Fields) -> OutputSignature:
@@ -198,20 +212,31 @@ def _signature(sig: _Fields) -> OutputSignature:
         raise sig.error(sig.name("shape"), "is not a list of dimensions (integers >= 0)")
     elements = sig.count("elements")
     return OutputSignature(
-        output=sig.count("output", high=MAX_SIGNATURES), op=sig.text("op", optional=True), dtype=sig.text("dtype"),
-        shape=tuple(shape), shape_class=sig.text("shape_class"), elements=elements,
+        output=sig.count("output", high=MAX_SIGNATURES),
+        op=sig.text("op", optional=True),
+        dtype=sig.text("dtype"),
+        shape=tuple(shape),
+        shape_class=sig.text("shape_class"),
+        elements=elements,
         differing=sig.count("differing", high=elements),
-        fields=(fields.count("sign"), fields.count("exponent"), fields.count("mantissa")), bits=counts,
-        ulps_max=sig.number("ulps_max"), ulps_median=sig.number("ulps_median"),
-        period=sig.count("period", optional=True, low=1), offset=sig.count("offset", optional=True))
+        fields=(fields.count("sign"), fields.count("exponent"), fields.count("mantissa")),
+        bits=counts,
+        ulps_max=sig.number("ulps_max"),
+        ulps_median=sig.number("ulps_median"),
+        period=sig.count("period", optional=True, low=1),
+        offset=sig.count("offset", optional=True),
+    )
 
 
 def read_verdicts(path: Path) -> list[Verdict]:
     """The verdicts of ``path`` (a bundle's verdicts.jsonl), oldest first; none when the file does not exist."""
     if not (path.exists() or path.is_symlink()):
         return []
-    lines = _read(path, VERDICTS_BYTES, "delete the file (it holds only verdicts) and run the reproductions "
-                  "again").decode("utf-8", errors="replace").splitlines()
+    lines = (
+        _read(path, VERDICTS_BYTES, "delete the file (it holds only verdicts) and run the reproductions again")
+        .decode("utf-8", errors="replace")
+        .splitlines()
+    )
     if len(lines) > MAX_VERDICTS:
         raise ValidationError(f"{path}: holds {len(lines)} lines, at most {MAX_VERDICTS}; keep the lines you need")
     found = []
@@ -223,9 +248,17 @@ def read_verdicts(path: Path) -> list[Verdict]:
         except (ValueError, RecursionError):
             raise ValidationError(f"{path}: line {n} is not JSON; {_FIX_VERDICT}") from None
         v = _Fields(path, data, f"(line {n})", _FIX_VERDICT)
-        found.append(Verdict(machine=v.text("machine"), verdict=v.text("verdict"),
-                             emulated=v.text("emulated", optional=True), repeats=v.count("repeats", high=1 << 30),
-                             device=v.text("device"), torch=v.text("torch"), unix=v.number("unix")))
+        found.append(
+            Verdict(
+                machine=v.text("machine"),
+                verdict=v.text("verdict"),
+                emulated=v.text("emulated", optional=True),
+                repeats=v.count("repeats", high=1 << 30),
+                device=v.text("device"),
+                torch=v.text("torch"),
+                unix=v.number("unix"),
+            )
+        )
     return found
 
 
@@ -253,13 +286,28 @@ def load_incidents(db_path: str | Path, bundles: Sequence[Path]) -> list[Inciden
         for inc in incidents:
             con.execute("DELETE FROM incident_signatures WHERE incident_id = ?", [inc.incident_id])
             if inc.signatures:
-                con.executemany(f"INSERT INTO incident_signatures VALUES ({', '.join('?' * SIGNATURE_COLUMNS)})",
-                                list(_signature_rows(inc)))
+                con.executemany(
+                    f"INSERT INTO incident_signatures VALUES ({', '.join('?' * SIGNATURE_COLUMNS)})",
+                    list(_signature_rows(inc)),
+                )
             for v in inc.verdicts:
-                con.execute(f"INSERT INTO incident_verdicts SELECT {', '.join('?' * VERDICT_COLUMNS)} WHERE NOT EXISTS "
-                            "(SELECT 1 FROM incident_verdicts WHERE incident_id = ? AND machine = ? AND unix = ?)",
-                            [inc.incident_id, v.machine, v.verdict, v.emulated, v.repeats, v.device, v.torch, v.unix,
-                             inc.incident_id, v.machine, v.unix])
+                con.execute(
+                    f"INSERT INTO incident_verdicts SELECT {', '.join('?' * VERDICT_COLUMNS)} WHERE NOT EXISTS "
+                    "(SELECT 1 FROM incident_verdicts WHERE incident_id = ? AND machine = ? AND unix = ?)",
+                    [
+                        inc.incident_id,
+                        v.machine,
+                        v.verdict,
+                        v.emulated,
+                        v.repeats,
+                        v.device,
+                        v.torch,
+                        v.unix,
+                        inc.incident_id,
+                        v.machine,
+                        v.unix,
+                    ],
+                )
         con.execute("COMMIT")
     except BaseException:
         rollback(con)
@@ -272,7 +320,30 @@ def load_incidents(db_path: str | Path, bundles: Sequence[Path]) -> list[Inciden
 def _signature_rows(inc: Incident) -> Iterable[list[Any]]:
     for s in inc.signatures:
         top = s.top_bit
-        yield [inc.incident_id, inc.bundle, inc.node_label, inc.run_id, inc.golden_node, inc.golden_run_id, inc.step,
-               inc.microbatch, inc.site, inc.phase, s.output, s.op, s.dtype, list(s.shape), s.shape_class, s.elements,
-               s.differing, *s.fields, top[0] if top else None, top[1] if top else None, s.bits, s.ulps_max,
-               s.ulps_median, s.period, s.offset]
+        yield [
+            inc.incident_id,
+            inc.bundle,
+            inc.node_label,
+            inc.run_id,
+            inc.golden_node,
+            inc.golden_run_id,
+            inc.step,
+            inc.microbatch,
+            inc.site,
+            inc.phase,
+            s.output,
+            s.op,
+            s.dtype,
+            list(s.shape),
+            s.shape_class,
+            s.elements,
+            s.differing,
+            *s.fields,
+            top[0] if top else None,
+            top[1] if top else None,
+            s.bits,
+            s.ulps_max,
+            s.ulps_median,
+            s.period,
+            s.offset,
+        ]

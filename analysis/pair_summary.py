@@ -20,15 +20,21 @@ from analysis import queries
 def summarize_pair(db: str | Path, pid: str) -> list[str]:
     """A few lines on what the pair's tables say, from the named queries (the database opened read-only)."""
     (totals,) = _pair_rows(db, "summary_totals", pid)
-    result = (f"result: {totals['events_compared']:,} events compared through step {totals['compared_through']}; "
-              f"{totals['events_differing']:,} differ")
+    result = (
+        f"result: {totals['events_compared']:,} events compared through step {totals['compared_through']}; "
+        f"{totals['events_differing']:,} differ"
+    )
     lines = [result]
     for t in _pair_rows(db, "SELECT * FROM within_tolerance", pid):  # sdc diff --tolerance
-        lines.append(f"  {t['events']:,} of them within the tolerance map's band at {t['places']} place(s), "
-                     f"not SDC; {totals['events_differing'] - t['events']:,} differ beyond it or unlisted")
+        lines.append(
+            f"  {t['events']:,} of them within the tolerance map's band at {t['places']} place(s), "
+            f"not SDC; {totals['events_differing'] - t['events']:,} differ beyond it or unlisted"
+        )
     if totals["lost_steps"]:
-        lines.append(f"  {totals['lost_steps']} compared step(s) lost to corruption (golden {totals['golden_status']}, "
-                     f"suspect {totals['suspect_status']}): no divergence is reported there; see table lost_ranges")
+        lines.append(
+            f"  {totals['lost_steps']} compared step(s) lost to corruption (golden {totals['golden_status']}, "
+            f"suspect {totals['suspect_status']}): no divergence is reported there; see table lost_ranges"
+        )
     elif (totals["golden_status"], totals["suspect_status"]) != ("complete", "complete"):
         lines.append(f"  runs: golden {totals['golden_status']}, suspect {totals['suspect_status']}")
     firsts = _pair_rows(db, "rq1_first_divergence_by_rank", pid)  # in execution order across ranks
@@ -36,11 +42,15 @@ def summarize_pair(db: str | Path, pid: str) -> list[str]:
         order = "" if len(firsts) == 1 else " (went first)" if r["went_first"] else f" (#{r['divergence_order']})"
         mb = "the whole step" if r["microbatch"] is None else f"microbatch {r['microbatch']}"
         shard = "" if r["slice"] is None else f" (shard {r['slice']} of {'x'.join(map(str, r['global_shape']))})"
-        lines.append(f"  first divergence: rank {r['rank']}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}"
-                     f"{shard}")
+        lines.append(
+            f"  first divergence: rank {r['rank']}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}{shard}"
+        )
     drift, spikes = totals["max_drift"], totals["loss_spikes"]
-    lines.append(f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)" if drift is not None
-                 else f"  no checkpoint pair for drift; {spikes} loss spike(s)")
+    lines.append(
+        f"  max parameter drift {drift:.3g}; {spikes} loss spike(s)"
+        if drift is not None
+        else f"  no checkpoint pair for drift; {spikes} loss spike(s)"
+    )
     lines += _finetune_lines(db, pid, totals["suspect_run_id"])
     lines.append(f"  tables: {db} (pair_id = '{pid}')")
     return lines
@@ -48,16 +58,21 @@ def summarize_pair(db: str | Path, pid: str) -> list[str]:
 
 def _finetune_lines(db: str | Path, pid: str, suspect_run_id: str) -> list[str]:
     """Per task, for fine-tunes: the final accuracies, collapses, and suspect vs twin disagreement (RQ3)."""
-    collapsed = {r["task"] for r in queries.run(db, "rq3_finetune_accuracy").records()
-                 if r["collapsed"] and r["run_id"] == suspect_run_id}
+    collapsed = {
+        r["task"]
+        for r in queries.run(db, "rq3_finetune_accuracy").records()
+        if r["collapsed"] and r["run_id"] == suspect_run_id
+    }
     lines = []
     for r in sorted(_pair_rows(db, "rq3_finetune_disagreement", pid), key=lambda r: r["task"]):
         task, twin, baseline = r["task"], r["twin_accuracy"], r["baseline_disagreement"]
         twin_text = f", twin {twin:.0%}" if twin is not None else ""
         base_text = f" (twin baseline {baseline:.0%})" if baseline is not None else " (no --twin, no baseline)"
-        lines.append(f"  fine-tune {task}: accuracy golden {r['golden_accuracy']:.0%}, "
-                     f"suspect {r['suspect_accuracy']:.0%}{' COLLAPSED' if task in collapsed else ''}{twin_text}; "
-                     f"answers differ on {r['disagreement']:.0%}{base_text}")
+        lines.append(
+            f"  fine-tune {task}: accuracy golden {r['golden_accuracy']:.0%}, "
+            f"suspect {r['suspect_accuracy']:.0%}{' COLLAPSED' if task in collapsed else ''}{twin_text}; "
+            f"answers differ on {r['disagreement']:.0%}{base_text}"
+        )
     return lines
 
 

@@ -71,91 +71,186 @@ class Reproduction:
 
     def totals(self) -> str:
         """The counts in words, e.g. "9 reproduced, 5 not reproduced, 1 different; 2 unstable"."""
-        return (", ".join(f"{n} {o}" for o, n in self.counts().items())
-                + (f"; {self.unstable()} unstable" if self.unstable() else ""))
+        return ", ".join(f"{n} {o}" for o, n in self.counts().items()) + (
+            f"; {self.unstable()} unstable" if self.unstable() else ""
+        )
 
 
 FINDINGS: tuple[Finding, ...] = (
-    Finding("RQ1", "SDC's impact varies by node; nodes 2 and 3 showed no SDC in the window", "rq1", "rq1_fleet_nodes",
-            "the number of nodes with no mismatching site call in the lockstep window is at least 1 and inside the "
-            "95 % acceptance interval of Binomial(nodes, 2/15), the study's proportion; margin: a node with faults "
-            "but no mismatch, or one mismatch", rules.silent_nodes, prov.rate_spread),
-    Finding("RQ1", "a few nodes (10, 11) had a high mismatch frequency", "rq1", "rq1_fleet_nodes",
-            "the number of nodes mismatching on at least half the replayed steps is at least 1 and inside the 95 % "
-            "acceptance interval of Binomial(nodes, 2/15); margin: a node within one step of half",
-            rules.frequent_nodes, prov.rate_spread),
-    Finding("RQ1", "SDC comes in bursts rather than at a steady rate", "rq1", "rq1_fleet_nodes",
-            "more than half of the nodes with faults on 2+ replayed steps have a Fano factor of injected faults per "
-            "step above the 95 % quantile a steady Poisson rate with the same mean shows over as many steps "
-            "(dispersion test: steps x Fano ~ chi-square(steps - 1)); margin: a node within 10 % of its bound",
-            rules.bursts, prov.burst_chain),
-    Finding("RQ1", "in most cases the perturbation of a submodule's output is small", "rq1", "rq1_fleet_nodes",
-            "the median over nodes of the median relative difference of mismatching calls is below 1 %; margin: a "
-            "factor 2", rules.small, prov.small_flips),
-    Finding("RQ1", "some elements were hundreds to thousands of times off", "rq1", "rq1_fleet_nodes",
-            "at least one node has an element with a relative difference of 100 or more; margin: a node within a "
-            "factor 1.25 of 100", rules.heavy_tail, prov.heavy_tail),
-    Finding("RQ1", "ABFT failed to flag the SDC on most unhealthy nodes", "rq1", "rq1_fleet_nodes",
-            "ABFT's recall (faults flagged / faults injected) is below 0.5 on more than half of the nodes with "
-            "faults; margin: a node's recall within 0.1 of 0.5", rules.abft, prov.outside_matmul),
-    Finding("RQ2", "per-step gradient noise-to-signal is small in most cases; the worst was about 5.1 % (node 11)",
-            "rq2", "rq2_fleet_nodes",
-            "the median node's worst ratio is below 1 % (else not reproduced), and the fleet's worst lies within "
-            "a factor 2 of 5.1 % (else different); margin: a factor 1.25 around each bound", rules.noise,
-            prov.tail_rate),
-    Finding("RQ3", "without synchronisation the loss curves overlap while the parameters drift away", "rq3",
-            "rq3_fleet_nodes",
-            "the median fleet node with faults differs from golden's loss no more than the shuffle-seed twin does "
-            "(mean |relative difference| over the steps), and more than half of those nodes drift: final drift above "
-            "the float noise, the larger of the healthy twin's drift and float32's unit roundoff 2^-24; margins: a "
-            "factor 1.25 on the loss, a factor 2 on a node's drift", rules.overlap, prov.emergent),
-    Finding("RQ3", "the drift rate is similar across nodes despite very different SDC rates", "rq3",
-            "rq3_drift_spread",
-            "the nodes' drift rates (slope of ln drift over steps, before saturation) span at most 3x while their "
-            "SDC rates span 10x or more (fewer than 10x: not measured); margin: 10 % of 3x", rules.drift_rates,
-            prov.emergent),
-    Finding("RQ3", "SDC is only the trigger: the loss surface drives the drift (the study's reading)", "rq3",
-            "rq3_drift_spread",
-            "a single-ulp flip of one element on an otherwise healthy node grows at 0.5x-2x the fleet's median "
-            "drift rate (no measurable drift: not measured); margin: 10 % of either bound", rules.trigger,
-            prov.emergent),
-    Finding("RQ3", "the drift follows the loss surface's sharpness (the study's reading)", "rq3", "rq3_sharpness",
-            "Spearman's rho between the top Hessian eigenvalue at the golden checkpoints and the fleet's drift rate "
-            f"around each, over {rules.MIN_CHECKPOINTS} or more checkpoints, with its 95 % interval by Fisher's z "
-            "(variance 1.06 / (n - 3)): reproduced when the interval lies above 0, not reproduced when it lies below "
-            f"{rules.FOLLOWS:g}; margin: an interval holding both answers (undecided, marked unstable)",
-            rules.sharpness, prov.emergent),
-    Finding("RQ3", "SDC can cause spikes in the training loss", "rq3", "rq3_loss_spikes",
-            "at least one fleet node's loss spikes (pretraining or fine-tuning) at a step where golden has none, "
-            f"with a fault at that step or up to {rules.SPIKE_WINDOW} steps before that no rule scripted (scripted "
-            "spikes reported apart); controls: the healthy twin node-00 must show no spike golden lacks (else not "
-            "measured), the shuffle-seed twin's shown beside; margin: every counted spike below 1.1 x the spike "
-            "threshold", rules.spikes, prov.emergent, needs_rows=False),
-    Finding("RQ3", "fine-tuned accuracy stays close to the healthy node's", "rq3", "rq3_finetune_accuracy",
-            f"on the tasks golden learnt (at least {100 * rules.LEARNT:.0f} points above chance, not collapsed), the "
-            "(node, task) results below all n shuffle-seed twins' accuracies number no more than the 95 % upper "
-            "bound of Binomial(results, 1/(n+1)), the chance of a healthy fine-tune being lowest of n+1; nodes with "
-            f"destroyed weights left out; margin: a result within {100 * rules.ACCURACY_MARGIN:g} point of the "
-            "twins' lowest", rules.accuracy, prov.emergent),
-    Finding("RQ3", "fine-tuned predictions disagree with the healthy node's about as much as changing only the "
-            "data-shuffle seed", "rq3", "rq3_finetune_disagreement",
-            "the (node, task) results above chance whose disagreement with golden lies outside the n shuffle-seed "
-            "twins' range number no more than the 95 % upper bound of Binomial(results, 2/(n+1)), the chance of a "
-            f"twin falling outside the others' range; margin: a result within {100 * rules.DISAGREEMENT_MARGIN:g} "
-            "point of either end", rules.disagreement, prov.emergent),
-    Finding("RQ3", "a spike destroyed one node's weights: its test accuracy fell to 0 (node 6, CosmosQA)", "rq3",
-            "rq3_finetune_accuracy",
-            f"a fleet node's accuracy is at or below chance (collapsed) on a task golden and every shuffle-seed "
-            f"twin learnt (at least {100 * rules.LEARNT:.0f} points above chance); margin: a node within 2 points "
-            "above chance", rules.destroyed, prov.scripted_destroyer),
+    Finding(
+        "RQ1",
+        "SDC's impact varies by node; nodes 2 and 3 showed no SDC in the window",
+        "rq1",
+        "rq1_fleet_nodes",
+        "the number of nodes with no mismatching site call in the lockstep window is at least 1 and inside the "
+        "95 % acceptance interval of Binomial(nodes, 2/15), the study's proportion; margin: a node with faults "
+        "but no mismatch, or one mismatch",
+        rules.silent_nodes,
+        prov.rate_spread,
+    ),
+    Finding(
+        "RQ1",
+        "a few nodes (10, 11) had a high mismatch frequency",
+        "rq1",
+        "rq1_fleet_nodes",
+        "the number of nodes mismatching on at least half the replayed steps is at least 1 and inside the 95 % "
+        "acceptance interval of Binomial(nodes, 2/15); margin: a node within one step of half",
+        rules.frequent_nodes,
+        prov.rate_spread,
+    ),
+    Finding(
+        "RQ1",
+        "SDC comes in bursts rather than at a steady rate",
+        "rq1",
+        "rq1_fleet_nodes",
+        "more than half of the nodes with faults on 2+ replayed steps have a Fano factor of injected faults per "
+        "step above the 95 % quantile a steady Poisson rate with the same mean shows over as many steps "
+        "(dispersion test: steps x Fano ~ chi-square(steps - 1)); margin: a node within 10 % of its bound",
+        rules.bursts,
+        prov.burst_chain,
+    ),
+    Finding(
+        "RQ1",
+        "in most cases the perturbation of a submodule's output is small",
+        "rq1",
+        "rq1_fleet_nodes",
+        "the median over nodes of the median relative difference of mismatching calls is below 1 %; margin: a factor 2",
+        rules.small,
+        prov.small_flips,
+    ),
+    Finding(
+        "RQ1",
+        "some elements were hundreds to thousands of times off",
+        "rq1",
+        "rq1_fleet_nodes",
+        "at least one node has an element with a relative difference of 100 or more; margin: a node within a "
+        "factor 1.25 of 100",
+        rules.heavy_tail,
+        prov.heavy_tail,
+    ),
+    Finding(
+        "RQ1",
+        "ABFT failed to flag the SDC on most unhealthy nodes",
+        "rq1",
+        "rq1_fleet_nodes",
+        "ABFT's recall (faults flagged / faults injected) is below 0.5 on more than half of the nodes with "
+        "faults; margin: a node's recall within 0.1 of 0.5",
+        rules.abft,
+        prov.outside_matmul,
+    ),
+    Finding(
+        "RQ2",
+        "per-step gradient noise-to-signal is small in most cases; the worst was about 5.1 % (node 11)",
+        "rq2",
+        "rq2_fleet_nodes",
+        "the median node's worst ratio is below 1 % (else not reproduced), and the fleet's worst lies within "
+        "a factor 2 of 5.1 % (else different); margin: a factor 1.25 around each bound",
+        rules.noise,
+        prov.tail_rate,
+    ),
+    Finding(
+        "RQ3",
+        "without synchronisation the loss curves overlap while the parameters drift away",
+        "rq3",
+        "rq3_fleet_nodes",
+        "the median fleet node with faults differs from golden's loss no more than the shuffle-seed twin does "
+        "(mean |relative difference| over the steps), and more than half of those nodes drift: final drift above "
+        "the float noise, the larger of the healthy twin's drift and float32's unit roundoff 2^-24; margins: a "
+        "factor 1.25 on the loss, a factor 2 on a node's drift",
+        rules.overlap,
+        prov.emergent,
+    ),
+    Finding(
+        "RQ3",
+        "the drift rate is similar across nodes despite very different SDC rates",
+        "rq3",
+        "rq3_drift_spread",
+        "the nodes' drift rates (slope of ln drift over steps, before saturation) span at most 3x while their "
+        "SDC rates span 10x or more (fewer than 10x: not measured); margin: 10 % of 3x",
+        rules.drift_rates,
+        prov.emergent,
+    ),
+    Finding(
+        "RQ3",
+        "SDC is only the trigger: the loss surface drives the drift (the study's reading)",
+        "rq3",
+        "rq3_drift_spread",
+        "a single-ulp flip of one element on an otherwise healthy node grows at 0.5x-2x the fleet's median "
+        "drift rate (no measurable drift: not measured); margin: 10 % of either bound",
+        rules.trigger,
+        prov.emergent,
+    ),
+    Finding(
+        "RQ3",
+        "the drift follows the loss surface's sharpness (the study's reading)",
+        "rq3",
+        "rq3_sharpness",
+        "Spearman's rho between the top Hessian eigenvalue at the golden checkpoints and the fleet's drift rate "
+        f"around each, over {rules.MIN_CHECKPOINTS} or more checkpoints, with its 95 % interval by Fisher's z "
+        "(variance 1.06 / (n - 3)): reproduced when the interval lies above 0, not reproduced when it lies below "
+        f"{rules.FOLLOWS:g}; margin: an interval holding both answers (undecided, marked unstable)",
+        rules.sharpness,
+        prov.emergent,
+    ),
+    Finding(
+        "RQ3",
+        "SDC can cause spikes in the training loss",
+        "rq3",
+        "rq3_loss_spikes",
+        "at least one fleet node's loss spikes (pretraining or fine-tuning) at a step where golden has none, "
+        f"with a fault at that step or up to {rules.SPIKE_WINDOW} steps before that no rule scripted (scripted "
+        "spikes reported apart); controls: the healthy twin node-00 must show no spike golden lacks (else not "
+        "measured), the shuffle-seed twin's shown beside; margin: every counted spike below 1.1 x the spike "
+        "threshold",
+        rules.spikes,
+        prov.emergent,
+        needs_rows=False,
+    ),
+    Finding(
+        "RQ3",
+        "fine-tuned accuracy stays close to the healthy node's",
+        "rq3",
+        "rq3_finetune_accuracy",
+        f"on the tasks golden learnt (at least {100 * rules.LEARNT:.0f} points above chance, not collapsed), the "
+        "(node, task) results below all n shuffle-seed twins' accuracies number no more than the 95 % upper "
+        "bound of Binomial(results, 1/(n+1)), the chance of a healthy fine-tune being lowest of n+1; nodes with "
+        f"destroyed weights left out; margin: a result within {100 * rules.ACCURACY_MARGIN:g} point of the "
+        "twins' lowest",
+        rules.accuracy,
+        prov.emergent,
+    ),
+    Finding(
+        "RQ3",
+        "fine-tuned predictions disagree with the healthy node's about as much as changing only the data-shuffle seed",
+        "rq3",
+        "rq3_finetune_disagreement",
+        "the (node, task) results above chance whose disagreement with golden lies outside the n shuffle-seed "
+        "twins' range number no more than the 95 % upper bound of Binomial(results, 2/(n+1)), the chance of a "
+        f"twin falling outside the others' range; margin: a result within {100 * rules.DISAGREEMENT_MARGIN:g} "
+        "point of either end",
+        rules.disagreement,
+        prov.emergent,
+    ),
+    Finding(
+        "RQ3",
+        "a spike destroyed one node's weights: its test accuracy fell to 0 (node 6, CosmosQA)",
+        "rq3",
+        "rq3_finetune_accuracy",
+        f"a fleet node's accuracy is at or below chance (collapsed) on a task golden and every shuffle-seed "
+        f"twin learnt (at least {100 * rules.LEARNT:.0f} points above chance); margin: a node within 2 points "
+        "above chance",
+        rules.destroyed,
+        prov.scripted_destroyer,
+    ),
 )
 
 
 NOT_RUN = "not run for this model"  # a part the fleet study's file did not run for a fault model (dbs[part] None)
 
 
-def build_reproduction(dbs: Mapping[str, Path | None], *, findings: tuple[Finding, ...] = FINDINGS,
-                       library: QueryLibrary = LIBRARY) -> Reproduction:
+def build_reproduction(
+    dbs: Mapping[str, Path | None], *, findings: tuple[Finding, ...] = FINDINGS, library: QueryLibrary = LIBRARY
+) -> Reproduction:
     """Every finding judged on its experiment's database; a missing database or failing query is a row saying so,
     a part mapped to None (not run for this fault model) a row saying `NOT_RUN`. The provenance column reads the
     fleet's fault rules from the rq1 database (`PROFILES`)."""
@@ -168,8 +263,9 @@ def build_reproduction(dbs: Mapping[str, Path | None], *, findings: tuple[Findin
             provenance = f.provenance(profiles)
         records = _records(dbs, f.part, f.query, library)
         if f.part in dbs and dbs[f.part] is None:
-            rows.append(Row(f, Verdict(f"{NOT_RUN} ({f.part} is not among its experiments)", "not measured"),
-                            provenance))
+            rows.append(
+                Row(f, Verdict(f"{NOT_RUN} ({f.part} is not among its experiments)", "not measured"), provenance)
+            )
         elif isinstance(records, str):
             rows.append(Row(f, Verdict(records, "not measured"), provenance))
         elif not records and f.needs_rows:
@@ -194,12 +290,14 @@ def _verdict_words(v: Verdict) -> str:
     return v.outcome + (f" (unstable: {v.unstable})" if v.unstable else "")
 
 
-_INTRO = ('Each row: a finding of "Understanding Silent Data Corruption in LLM Training" (ACL 2025), ours beside '
-          "it, the named query that computes ours (`sdc query NAME --db PART/study.duckdb`), where the finding comes "
-          "from (built in: a parameter of the fault model; calibrated: a parameter tuned on the study's figure; "
-          "emergent: out of the training dynamics, read from the fleet's profiles by `rq1_fleet_profiles`), and the "
-          "verdict by the rule under the table. A verdict marked unstable lies within its rule's margin of the "
-          "threshold: another machine's float bits could flip it.")
+_INTRO = (
+    'Each row: a finding of "Understanding Silent Data Corruption in LLM Training" (ACL 2025), ours beside '
+    "it, the named query that computes ours (`sdc query NAME --db PART/study.duckdb`), where the finding comes "
+    "from (built in: a parameter of the fault model; calibrated: a parameter tuned on the study's figure; "
+    "emergent: out of the training dynamics, read from the fleet's profiles by `rq1_fleet_profiles`), and the "
+    "verdict by the rule under the table. A verdict marked unstable lies within its rule's margin of the "
+    "threshold: another machine's float bits could flip it."
+)
 
 
 def to_markdown(rep: Reproduction, title: str) -> str:
@@ -213,8 +311,16 @@ def models_markdown(reps: Mapping[str, Reproduction], title: str) -> str:
     if len(reps) == 1:
         return to_markdown(next(iter(reps.values())), title)
     first = next(iter(reps.values()))
-    out = [f"# {title}", "", _INTRO, "", "## The verdicts of every fault model", "",
-           "| # | level | the study | " + " | ".join(reps) + " |", "|---|---|---|" + "---|" * len(reps)]
+    out = [
+        f"# {title}",
+        "",
+        _INTRO,
+        "",
+        "## The verdicts of every fault model",
+        "",
+        "| # | level | the study | " + " | ".join(reps) + " |",
+        "|---|---|---|" + "---|" * len(reps),
+    ]
     for i, f in enumerate(first.rows, 1):
         cells = [_cell(rep.rows[i - 1]) for rep in reps.values()]
         out.append(f"| {i} | {f.finding.level} | {_md(f.finding.study)} | " + " | ".join(cells) + " |")
@@ -240,51 +346,73 @@ def _table(rep: Reproduction) -> list[str]:
     out = ["| # | level | the study | ours | query | provenance | verdict |", "|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rep.rows, 1):
         f, v = r.finding, r.verdict
-        out.append(f"| {i} | {f.level} | {_md(f.study)} | {_md(v.ours)} | `{f.query}` ({f.part}) | "
-                   f"{r.provenance.kind}: {_md(r.provenance.why)} | **{v.outcome}**"
-                   + (f" (unstable: {_md(v.unstable)})" if v.unstable else "") + " |")
+        out.append(
+            f"| {i} | {f.level} | {_md(f.study)} | {_md(v.ours)} | `{f.query}` ({f.part}) | "
+            f"{r.provenance.kind}: {_md(r.provenance.why)} | **{v.outcome}**"
+            + (f" (unstable: {_md(v.unstable)})" if v.unstable else "")
+            + " |"
+        )
     kinds = {k: sum(r.provenance.kind == k for r in rep.rows) for k in ("built in", "calibrated", "emergent")}
     emergent = sum(r.provenance.kind == "emergent" and r.verdict.outcome == "reproduced" for r in rep.rows)
-    out += ["", f"Totals: {rep.totals()}.", "",
-            "Provenance: " + ", ".join(f"{n} {k}" for k, n in kinds.items() if n) + "; reproduced among the "
-            f"emergent rows: {emergent}."]
+    out += [
+        "",
+        f"Totals: {rep.totals()}.",
+        "",
+        "Provenance: " + ", ".join(f"{n} {k}" for k, n in kinds.items() if n) + "; reproduced among the "
+        f"emergent rows: {emergent}.",
+    ]
     return out
 
 
-def to_html(rep: Reproduction, part_reports: Mapping[str, str], heading: str = "Reproduction of the study",
-            anchor: str = "reproduction") -> str:
+def to_html(
+    rep: Reproduction,
+    part_reports: Mapping[str, str],
+    heading: str = "Reproduction of the study",
+    anchor: str = "reproduction",
+) -> str:
     """A section of the HTML report: the table, the rules, and links to each experiment's report."""
     e = html.escape
     rows = "".join(
         f"<tr><td>{i}</td><td>{e(r.finding.level)}</td><td>{e(r.finding.study)}</td><td>{e(r.verdict.ours)}</td>"
         f"<td><code>{e(r.finding.query)}</code> ({e(r.finding.part)})</td>"
         f"<td>{e(r.provenance.kind)}: {e(r.provenance.why)}</td>"
-        f"<td class=\"{r.verdict.outcome.replace(' ', '-')}\">{e(_verdict_words(r.verdict))}</td></tr>"
-        for i, r in enumerate(rep.rows, 1))
+        f'<td class="{r.verdict.outcome.replace(" ", "-")}">{e(_verdict_words(r.verdict))}</td></tr>'
+        for i, r in enumerate(rep.rows, 1)
+    )
     links = " ".join(f'<a href="{e(href)}">{e(part)} report</a>' for part, href in part_reports.items())
     rules_ = "".join(f"<li>{e(r.finding.rule)}</li>" for r in rep.rows)
-    return (f'<section id="{e(anchor)}"><h2>{e(heading)}</h2><p>{links}</p>'
-            "<table><tr><th>#</th><th>level</th><th>the study</th><th>ours</th><th>query</th><th>provenance</th>"
-            f"<th>verdict</th></tr>{rows}</table><p>Totals: {e(rep.totals())}.</p><h3>Rules</h3><ol>{rules_}</ol>"
-            "</section>")
+    return (
+        f'<section id="{e(anchor)}"><h2>{e(heading)}</h2><p>{links}</p>'
+        "<table><tr><th>#</th><th>level</th><th>the study</th><th>ours</th><th>query</th><th>provenance</th>"
+        f"<th>verdict</th></tr>{rows}</table><p>Totals: {e(rep.totals())}.</p><h3>Rules</h3><ol>{rules_}</ol>"
+        "</section>"
+    )
 
 
-def write_reproduction(reps: Mapping[str, Reproduction], markdown: Path, report: Path,
-                       part_reports: Mapping[tuple[str, str], Path],
-                       title: str = "Reproduction of the SDC study on an emulated fleet") -> None:
+def write_reproduction(
+    reps: Mapping[str, Reproduction],
+    markdown: Path,
+    report: Path,
+    part_reports: Mapping[tuple[str, str], Path],
+    title: str = "Reproduction of the SDC study on an emulated fleet",
+) -> None:
     """`markdown` (`models_markdown`: every fault model's table) and ``report/index.html``, a section per model
     linking its experiments' reports (`part_reports`, keyed by (model, part)) relative to it."""
     markdown.write_text(models_markdown(reps, title), encoding="utf-8")
     report.mkdir(parents=True, exist_ok=True)
     sections = []
     for model, rep in reps.items():
-        links = {part: _relative_link(path / "index.html", report) for (m, part), path in part_reports.items()
-                 if m == model}
+        links = {
+            part: _relative_link(path / "index.html", report) for (m, part), path in part_reports.items() if m == model
+        }
         heading = "Reproduction of the study" + (f": the {model} fault model" if len(reps) > 1 else "")
         sections.append(to_html(rep, links, heading, "reproduction" if not sections else f"reproduction-{model}"))
-    page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>\n"
-            + "\n".join(sections) + "\n</body></html>\n")
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>\n"
+        + "\n".join(sections)
+        + "\n</body></html>\n"
+    )
     (report / "index.html").write_text(page, encoding="utf-8")
 
 
@@ -296,6 +424,8 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-_CSS = ("body{font-family:sans-serif;max-width:80em;margin:auto}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:.3em;vertical-align:top}.reproduced{background:#dfd}"
-        ".not-reproduced{background:#fdd}.different{background:#ffd}.not-measured{background:#eee}")
+_CSS = (
+    "body{font-family:sans-serif;max-width:80em;margin:auto}table{border-collapse:collapse}"
+    "td,th{border:1px solid #ccc;padding:.3em;vertical-align:top}.reproduced{background:#dfd}"
+    ".not-reproduced{background:#fdd}.different{background:#ffd}.not-measured{background:#eee}"
+)

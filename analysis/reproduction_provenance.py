@@ -37,8 +37,14 @@ def _nodes(rules: Rows) -> list[str]:
 
 
 def _tail(rules: Rows) -> Rows:
-    return [r for r in rules if r["kind"] == "scale" and r["factor_max"] is not None
-            and r["factor_max"] >= TAIL[0] and r["factor_min"] <= TAIL[1]]
+    return [
+        r
+        for r in rules
+        if r["kind"] == "scale"
+        and r["factor_max"] is not None
+        and r["factor_max"] >= TAIL[0]
+        and r["factor_min"] <= TAIL[1]
+    ]
 
 
 def rate_spread(rules: Rows) -> Provenance:
@@ -68,24 +74,29 @@ def small_flips(rules: Rows) -> Provenance:
     if not total:
         return Provenance("emergent", "no fault rule fires")
     share = sum(r["p_call"] for r in fleet if r["kind"] == "bitflip" and r["bits"] == "mantissa") / total
-    return Provenance("built in" if share > 0.5 else "emergent",
-                      f"{100 * share:.3g} % of the rules' p_call flips one mantissa bit")
+    return Provenance(
+        "built in" if share > 0.5 else "emergent", f"{100 * share:.3g} % of the rules' p_call flips one mantissa bit"
+    )
 
 
 def heavy_tail(rules: Rows) -> Provenance:
     """100-1000x elements: built in when a rule scales elements by a factor in that range."""
     fleet = _fleet(rules)
     nodes = _nodes(_tail(fleet))
-    return Provenance("built in" if nodes else "emergent",
-                      f"{len(nodes)} of {len(_nodes(fleet))} nodes have a scale rule of 100-1000x")
+    return Provenance(
+        "built in" if nodes else "emergent",
+        f"{len(nodes)} of {len(_nodes(fleet))} nodes have a scale rule of 100-1000x",
+    )
 
 
 def outside_matmul(rules: Rows) -> Provenance:
     """ABFT missing faults: built in when rules place faults in ops no matmul checksum covers."""
     fleet = _fleet(rules)
     outside = [r for r in fleet if "matmul" not in (r["ops"] or "")]
-    return Provenance("built in" if outside else "emergent",
-                      f"{len(outside)} of {len(fleet)} rules hit ops outside matmul, which ABFT does not check")
+    return Provenance(
+        "built in" if outside else "emergent",
+        f"{len(outside)} of {len(fleet)} rules hit ops outside matmul, which ABFT does not check",
+    )
 
 
 def tail_rate(rules: Rows) -> Provenance:

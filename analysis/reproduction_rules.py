@@ -24,15 +24,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from analysis.reproduction_stats import (
+    binomial_interval,
+    binomial_upper,
+    poisson_fano_bound,
+    spearman,
+    spearman_interval,
+)
+
 Outcome = Literal["reproduced", "not reproduced", "different", "not measured"]
 OUTCOMES: tuple[Outcome, ...] = ("reproduced", "not reproduced", "different", "not measured")
 Rows = list[dict[str, Any]]
 TRIGGER, BASELINE, HEALTHY_TWIN = "trigger-ulp", "golden-twin", "node-00"
 
 STUDY_NODES, STUDY_SILENT, STUDY_FREQUENT = 15, 2, 2  # the study's fleet: 2 of 15 silent, 2 of 15 frequent
-LEVEL = 0.95  # of every interval and test below
-Z95 = 1.6448536269514722  # the standard normal's 95 % quantile (one-sided)
-UNIT_ROUNDOFF = 2.0 ** -24  # float32: rounding every parameter once moves the relative norm by at most this
+UNIT_ROUNDOFF = 2.0**-24  # float32: rounding every parameter once moves the relative norm by at most this
 SPIKE_WINDOW = 5  # steps: a spike counts when a fault fired at that step or up to this many before (the query's)
 SPIKE_MARGIN = 1.1  # a counted spike whose loss ratio lies below 1.1 x the spike rule's 1.5 is borderline
 LEARNT = 0.10  # golden learnt a task when its accuracy beats chance by at least this (10 points)
@@ -47,41 +53,6 @@ class Verdict:
     ours: str  # our number or statement, in words
     outcome: Outcome
     unstable: str = ""  # why the number lies within the rule's margin of its threshold ("": it does not)
-
-
-# -- statistics, without scipy -------------------------------------------------------------------
-
-
-def binomial_interval(n: int, p: float, level: float = LEVEL) -> tuple[int, int]:
-    """The central `level` acceptance interval of Binomial(n, p): the counts a fleet of `n` nodes shows with
-    probability `level` when each node has the property with probability `p` (each tail at most (1-level)/2)."""
-    tail = (1 - level) / 2
-    pmf = [math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(n + 1)]
-    lo, below = 0, 0.0
-    while below + pmf[lo] <= tail:
-        below += pmf[lo]
-        lo += 1
-    hi, above = n, 0.0
-    while above + pmf[hi] <= tail:
-        above += pmf[hi]
-        hi -= 1
-    return lo, hi
-
-
-def chi2_quantile(k: int, q: float = LEVEL) -> float:
-    """The chi-square distribution's `q` quantile with `k` degrees of freedom, by Wilson and Hilferty's cube-root
-    normal approximation (within 1 % of the exact value from k = 3 on; scipy is not a dependency)."""
-    if k <= 0:
-        raise ValueError(f"chi2_quantile needs k >= 1, not {k}")
-    z = statistics.NormalDist().inv_cdf(q)
-    a = 2 / (9 * k)
-    return k * (1 - a + z * math.sqrt(a)) ** 3
-
-
-def poisson_fano_bound(steps: int, level: float = LEVEL) -> float:
-    """The Fano factor (population variance / mean) over `steps` steps that a steady Poisson rate with the same
-    mean exceeds with probability 1 - `level`: the dispersion test, steps x Fano ~ chi-square(steps - 1)."""
-    return chi2_quantile(steps - 1, level) / steps
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -105,8 +76,7 @@ def _flips(count: int, could_leave: int, could_join: int, ok: Callable[[int], bo
     """Why a count verdict is unstable: `could_leave` counted and `could_join` uncounted nodes lie within the
     margin, and moving them changes `ok(count)`; "" when no move does."""
     if any(ok(c) != ok(count) for c in range(count - could_leave, count + could_join + 1)):
-        return (f"{could_leave + could_join} node(s) within the margin of {what}; moving them could change the "
-                "verdict")
+        return f"{could_leave + could_join} node(s) within the margin of {what}; moving them could change the verdict"
     return ""
 
 
@@ -134,16 +104,22 @@ def silent_nodes(rows: Rows) -> Verdict:
         return Verdict("no unhealthy node", "not measured")
     silent = sorted(r["node_label"] for r in nodes if r["mismatching_calls"] == 0)
     lo, hi = _silent_bound(len(nodes))
-    ours = (f"{len(silent)} of {len(nodes)} nodes show no mismatch in the {nodes[0]['steps_replayed']}-step window"
-            + (f" ({', '.join(silent)})" if silent else "") + f"; accepted {lo}-{hi} (the study's 2 of 15)")
+    ours = (
+        f"{len(silent)} of {len(nodes)} nodes show no mismatch in the {nodes[0]['steps_replayed']}-step window"
+        + (f" ({', '.join(silent)})" if silent else "")
+        + f"; accepted {lo}-{hi} (the study's 2 of 15)"
+    )
 
     def ok(n: int) -> bool:
         return lo <= n <= hi
 
     leave = sum(1 for r in nodes if r["mismatching_calls"] == 0 and r["faults"] > 0)
     join = sum(1 for r in nodes if r["mismatching_calls"] == 1)
-    return Verdict(ours, "reproduced" if ok(len(silent)) else "not reproduced",
-                   _flips(len(silent), leave, join, ok, "silence (faults without a mismatch, or one mismatch)"))
+    return Verdict(
+        ours,
+        "reproduced" if ok(len(silent)) else "not reproduced",
+        _flips(len(silent), leave, join, ok, "silence (faults without a mismatch, or one mismatch)"),
+    )
 
 
 def frequent_nodes(rows: Rows) -> Verdict:
@@ -152,15 +128,18 @@ def frequent_nodes(rows: Rows) -> Verdict:
     nodes = fleet_nodes(rows)
     if not nodes:
         return Verdict("no unhealthy node", "not measured")
-    frequent = sorted((r for r in nodes if r["steps_mismatching"] >= r["steps_replayed"] / 2),
-                      key=lambda r: -r["frequency"])
+    frequent = sorted(
+        (r for r in nodes if r["steps_mismatching"] >= r["steps_replayed"] / 2), key=lambda r: -r["frequency"]
+    )
     lo, hi = _silent_bound(len(nodes))
     active = [r["frequency"] for r in nodes if r["mismatching_calls"] > 0]
     spread = max(active) / min(active) if active and min(active) > 0 else None
-    ours = (f"{len(frequent)} of {len(nodes)} nodes mismatch on at least half the steps"
-            + (f" ({', '.join(r['node_label'] for r in frequent)})" if frequent else "")
-            + f"; accepted {lo}-{hi} (the study's 2 of 15)"
-            + (f"; element mismatch frequency spans {spread:.3g}x across the nodes with any" if spread else ""))
+    ours = (
+        f"{len(frequent)} of {len(nodes)} nodes mismatch on at least half the steps"
+        + (f" ({', '.join(r['node_label'] for r in frequent)})" if frequent else "")
+        + f"; accepted {lo}-{hi} (the study's 2 of 15)"
+        + (f"; element mismatch frequency spans {spread:.3g}x across the nodes with any" if spread else "")
+    )
 
     def ok(n: int) -> bool:
         return lo <= n <= hi
@@ -168,8 +147,11 @@ def frequent_nodes(rows: Rows) -> Verdict:
     near = [abs(r["steps_mismatching"] - r["steps_replayed"] / 2) <= 1 for r in nodes]
     leave = sum(1 for r, b in zip(nodes, near) if b and r in frequent)
     join = sum(1 for r, b in zip(nodes, near) if b and r not in frequent)
-    return Verdict(ours, "reproduced" if ok(len(frequent)) else "not reproduced",
-                   _flips(len(frequent), leave, join, ok, "half the steps (one step either side)"))
+    return Verdict(
+        ours,
+        "reproduced" if ok(len(frequent)) else "not reproduced",
+        _flips(len(frequent), leave, join, ok, "half the steps (one step either side)"),
+    )
 
 
 def bursts(rows: Rows) -> Verdict:
@@ -183,8 +165,10 @@ def bursts(rows: Rows) -> Verdict:
     bound = {r["node_label"]: poisson_fano_bound(r["steps_replayed"]) for r in nodes}
     bursty = [r for r in nodes if r["fault_fano"] > bound[r["node_label"]]]
     detail = ", ".join(f"{r['node_label']} {r['fault_fano']:.3g} (bound {bound[r['node_label']]:.3g})" for r in nodes)
-    ours = (f"{len(bursty)} of {len(nodes)} nodes with faults on 2+ steps inject faults more unevenly than a steady "
-            f"Poisson rate with the same mean (Fano factor of faults per step: {detail})")
+    ours = (
+        f"{len(bursty)} of {len(nodes)} nodes with faults on 2+ steps inject faults more unevenly than a steady "
+        f"Poisson rate with the same mean (Fano factor of faults per step: {detail})"
+    )
 
     def ok(n: int) -> bool:
         return 2 * n > len(nodes)
@@ -192,8 +176,11 @@ def bursts(rows: Rows) -> Verdict:
     near = [abs(r["fault_fano"] / bound[r["node_label"]] - 1) <= 0.1 for r in nodes]
     leave = sum(1 for r, b in zip(nodes, near) if b and r in bursty)
     join = sum(1 for r, b in zip(nodes, near) if b and r not in bursty)
-    return Verdict(ours, "reproduced" if ok(len(bursty)) else "not reproduced",
-                   _flips(len(bursty), leave, join, ok, "their Poisson bound (10 %)"))
+    return Verdict(
+        ours,
+        "reproduced" if ok(len(bursty)) else "not reproduced",
+        _flips(len(bursty), leave, join, ok, "their Poisson bound (10 %)"),
+    )
 
 
 def small(rows: Rows) -> Verdict:
@@ -217,13 +204,17 @@ def heavy_tail(rows: Rows) -> Verdict:
     heavy = sorted(r["node_label"] for r in nodes if (r["max_rel"] or 0) >= 100)
     nonfinite = sum(not math.isfinite(r["max_rel"] or 0) for r in nodes)
     worst = max((r["max_rel"] or 0 for r in nodes if math.isfinite(r["max_rel"] or 0)), default=0)
-    ours = (f"{len(heavy)} of {len(nodes)} nodes have an element 100x or more off (largest finite {worst:.3g}x"
-            + (f"; {nonfinite} of them by an Inf or NaN where golden is finite)" if nonfinite else ")"))
+    ours = f"{len(heavy)} of {len(nodes)} nodes have an element 100x or more off (largest finite {worst:.3g}x" + (
+        f"; {nonfinite} of them by an Inf or NaN where golden is finite)" if nonfinite else ")"
+    )
     near = [100 / 1.25 <= (r["max_rel"] or 0) <= 100 * 1.25 for r in nodes]
     leave = sum(1 for r, b in zip(nodes, near) if b and r["node_label"] in heavy)
     join = sum(1 for r, b in zip(nodes, near) if b and r["node_label"] not in heavy)
-    return Verdict(ours, "reproduced" if heavy else "not reproduced",
-                   _flips(len(heavy), leave, join, lambda n: n > 0, "100x (a factor 1.25)"))
+    return Verdict(
+        ours,
+        "reproduced" if heavy else "not reproduced",
+        _flips(len(heavy), leave, join, lambda n: n > 0, "100x (a factor 1.25)"),
+    )
 
 
 def abft(rows: Rows) -> Verdict:
@@ -236,9 +227,11 @@ def abft(rows: Rows) -> Verdict:
     recalls = ", ".join(f"{r['node_label']} {r['abft_recall']:.2f}" for r in nodes)
     outside = sum(r["faults_outside_matmul"] for r in nodes) / sum(r["faults"] for r in nodes)
     below = sum(r["faults_below_bound"] for r in nodes) / sum(r["faults"] for r in nodes)
-    ours = (f"ABFT flags under half of the faults on {len(low)} of {len(nodes)} nodes with faults "
-            f"({_pct(len(low) / len(nodes))}); of all faults {_pct(outside)} were outside matmul and {_pct(below)} "
-            f"below its bound; recall per node: {recalls}")
+    ours = (
+        f"ABFT flags under half of the faults on {len(low)} of {len(nodes)} nodes with faults "
+        f"({_pct(len(low) / len(nodes))}); of all faults {_pct(outside)} were outside matmul and {_pct(below)} "
+        f"below its bound; recall per node: {recalls}"
+    )
 
     def ok(n: int) -> bool:
         return 2 * n > len(nodes)
@@ -246,8 +239,11 @@ def abft(rows: Rows) -> Verdict:
     near = [abs(r["abft_recall"] - 0.5) <= 0.1 for r in nodes]
     leave = sum(1 for r, b in zip(nodes, near) if b and r in low)
     join = sum(1 for r, b in zip(nodes, near) if b and r not in low)
-    return Verdict(ours, "reproduced" if ok(len(low)) else "not reproduced",
-                   _flips(len(low), leave, join, ok, "recall 0.5 (0.1 either side)"))
+    return Verdict(
+        ours,
+        "reproduced" if ok(len(low)) else "not reproduced",
+        _flips(len(low), leave, join, ok, "recall 0.5 (0.1 either side)"),
+    )
 
 
 # -- RQ2 -----------------------------------------------------------------------------------------
@@ -261,8 +257,10 @@ def noise(rows: Rows) -> Verdict:
         return Verdict("no parameter-sync replay", "not measured")
     worst = max(nodes, key=lambda r: r["worst_ratio"])
     median = statistics.median(r["worst_ratio"] for r in nodes)
-    ours = (f"worst {_pct(worst['worst_ratio'])} ({worst['node_label']}, step {worst['worst_step']}); "
-            f"median node's worst {_pct(median)}")
+    ours = (
+        f"worst {_pct(worst['worst_ratio'])} ({worst['node_label']}, step {worst['worst_step']}); "
+        f"median node's worst {_pct(median)}"
+    )
     unstable = _near(median, 0.01, 1.25, "the median's 1 %")
     if median >= 0.01:
         return Verdict(ours, "not reproduced", unstable)  # the study: small in most cases
@@ -284,8 +282,9 @@ def drift_floor(rows: Rows) -> tuple[float, str]:
     measured = max(healthy, default=0.0)
     if measured > UNIT_ROUNDOFF:
         return measured, f"the healthy twin's drift {measured:.3g}"
-    return UNIT_ROUNDOFF, ("float32's unit roundoff 2^-24" + (f" (the healthy twin drifts {measured:.3g})"
-                                                              if healthy else ""))
+    return UNIT_ROUNDOFF, (
+        "float32's unit roundoff 2^-24" + (f" (the healthy twin drifts {measured:.3g})" if healthy else "")
+    )
 
 
 def overlap(rows: Rows) -> Verdict:
@@ -301,9 +300,11 @@ def overlap(rows: Rows) -> Verdict:
     loss = statistics.median(r["mean_abs_loss_diff"] for r in nodes)
     drifting = [r for r in nodes if (r["final_drift"] or 0) > floor]
     drift = statistics.median(r["final_drift"] or 0 for r in nodes)
-    ours = (f"median node with faults: mean |relative loss difference| {loss:.3g} vs the shuffle-seed twin's "
-            f"{baseline['mean_abs_loss_diff']:.3g}; {len(drifting)} of {len(nodes)} nodes drift above the float "
-            f"noise {floor:.3g} ({why}; median final drift {drift:.3g}, the twin's {baseline['final_drift']:.3g})")
+    ours = (
+        f"median node with faults: mean |relative loss difference| {loss:.3g} vs the shuffle-seed twin's "
+        f"{baseline['mean_abs_loss_diff']:.3g}; {len(drifting)} of {len(nodes)} nodes drift above the float "
+        f"noise {floor:.3g} ({why}; median final drift {drift:.3g}, the twin's {baseline['final_drift']:.3g})"
+    )
     loss_ok = loss <= baseline["mean_abs_loss_diff"]
 
     def ok(n: int) -> bool:
@@ -312,8 +313,9 @@ def overlap(rows: Rows) -> Verdict:
     near = [floor / 2 <= (r["final_drift"] or 0) <= floor * 2 for r in nodes]
     leave = sum(1 for r, b in zip(nodes, near) if b and r in drifting)
     join = sum(1 for r, b in zip(nodes, near) if b and r not in drifting)
-    unstable = (_near(loss, baseline["mean_abs_loss_diff"], 1.25, "the twin's loss difference") if loss > 0 else ""
-                ) or (_flips(len(drifting), leave, join, ok, "the float noise (a factor 2)") if loss_ok else "")
+    unstable = (
+        _near(loss, baseline["mean_abs_loss_diff"], 1.25, "the twin's loss difference") if loss > 0 else ""
+    ) or (_flips(len(drifting), leave, join, ok, "the float noise (a factor 2)") if loss_ok else "")
     return Verdict(ours, "reproduced" if loss_ok and ok(len(drifting)) else "not reproduced", unstable)
 
 
@@ -323,13 +325,16 @@ def drift_rates(rows: Rows) -> Verdict:
     r = rows[0]
     if not r["nodes"] or r["nodes"] < 2:
         return Verdict("fewer than two nodes with a measurable drift rate", "not measured")
-    ours = (f"drift rates of {r['nodes']} nodes span {r['rate_ratio']:.3g}x (median {r['median_rate']:.3g} per step, "
-            f"e-fold every {1 / r['median_rate']:.3g} steps) while their SDC rates span {r['sdc_rate_ratio']:.3g}x "
-            f"({r['sdc_rate_decades']:.2g} decades)")
+    ours = (
+        f"drift rates of {r['nodes']} nodes span {r['rate_ratio']:.3g}x (median {r['median_rate']:.3g} per step, "
+        f"e-fold every {1 / r['median_rate']:.3g} steps) while their SDC rates span {r['sdc_rate_ratio']:.3g}x "
+        f"({r['sdc_rate_decades']:.2g} decades)"
+    )
     if r["sdc_rate_ratio"] is None or r["sdc_rate_ratio"] < 10:
         return Verdict(ours + "; the SDC rates do not differ enough to tell", "not measured")
-    return Verdict(ours, "reproduced" if r["rate_ratio"] <= 3 else "not reproduced",
-                   _near(r["rate_ratio"], 3, 1.1, "3x"))
+    return Verdict(
+        ours, "reproduced" if r["rate_ratio"] <= 3 else "not reproduced", _near(r["rate_ratio"], 3, 1.1, "3x")
+    )
 
 
 def trigger(rows: Rows) -> Verdict:
@@ -342,8 +347,9 @@ def trigger(rows: Rows) -> Verdict:
         return Verdict("no fleet node has a measurable drift rate", "not measured")
     x = r["trigger_over_median"]
     ours = f"one single-ulp flip grows at {r['trigger_rate']:.3g} per step, {x:.3g}x the fleet's median rate"
-    return Verdict(ours, "reproduced" if 0.5 <= x <= 2 else "not reproduced",
-                   _near(x, 0.5, 1.1, "0.5x") or _near(x, 2, 1.1, "2x"))
+    return Verdict(
+        ours, "reproduced" if 0.5 <= x <= 2 else "not reproduced", _near(x, 0.5, 1.1, "0.5x") or _near(x, 2, 1.1, "2x")
+    )
 
 
 def sharpness(rows: Rows) -> Verdict:
@@ -353,52 +359,34 @@ def sharpness(rows: Rows) -> Verdict:
     least `MIN_CHECKPOINTS`). Reproduced when the interval lies above 0; not reproduced when it lies below
     `FOLLOWS` (it excludes the moderate positive correlation "follows" needs); otherwise the verdict goes by rho and
     is marked unstable: the interval holds both answers, the checkpoints cannot decide."""
-    pairs = [(r["sharpness"], r["local_median_rate"]) for r in rows
-             if r["sharpness"] is not None and r["local_median_rate"] is not None]
+    pairs = [
+        (r["sharpness"], r["local_median_rate"])
+        for r in rows
+        if r["sharpness"] is not None and r["local_median_rate"] is not None
+    ]
     values = [r["sharpness"] for r in rows if r["sharpness"] is not None]
     if len(pairs) < MIN_CHECKPOINTS:
-        return Verdict(f"sharpness {min(values, default=0):.3g}-{max(values, default=0):.3g}; fewer than "
-                       f"{MIN_CHECKPOINTS} checkpoints with a local drift rate", "not measured")
+        return Verdict(
+            f"sharpness {min(values, default=0):.3g}-{max(values, default=0):.3g}; fewer than "
+            f"{MIN_CHECKPOINTS} checkpoints with a local drift rate",
+            "not measured",
+        )
     rho = spearman(pairs)
     lo, hi = spearman_interval(rho, len(pairs))
-    ours = (f"top Hessian eigenvalue {min(values):.3g}-{max(values):.3g} over the golden run's checkpoints; Spearman "
-            f"correlation with the fleet's local drift rate {rho:.2f} over {len(pairs)} checkpoints, 95 % interval "
-            f"{lo:.2f} to {hi:.2f}")
+    ours = (
+        f"top Hessian eigenvalue {min(values):.3g}-{max(values):.3g} over the golden run's checkpoints; Spearman "
+        f"correlation with the fleet's local drift rate {rho:.2f} over {len(pairs)} checkpoints, 95 % interval "
+        f"{lo:.2f} to {hi:.2f}"
+    )
     if lo > 0:
         return Verdict(ours, "reproduced")
     if hi < FOLLOWS:
         return Verdict(ours, "not reproduced")
-    return Verdict(ours, "reproduced" if rho > 0 else "not reproduced",
-                   f"the interval {lo:.2f} to {hi:.2f} holds both answers (above 0, below {FOLLOWS:g}): undecided")
-
-
-def spearman_interval(rho: float, n: int, level: float = LEVEL) -> tuple[float, float]:
-    """The two-sided `level` confidence interval of Spearman's rho over `n` pairs: Fisher's z = atanh(rho), normal
-    with variance 1.06 / (n - 3) (Fieller, Hartley and Pearson 1957), mapped back by tanh. Needs n >= 4."""
-    if n < 4:
-        raise ValueError(f"spearman_interval needs n >= 4 pairs, not {n}")
-    z = math.atanh(max(-0.999999, min(0.999999, rho)))
-    half = statistics.NormalDist().inv_cdf(1 - (1 - level) / 2) * math.sqrt(1.06 / (n - 3))
-    return math.tanh(z - half), math.tanh(z + half)
-
-
-def spearman(pairs: list[tuple[float, float]]) -> float:
-    """Spearman's rank correlation, ties given their mean rank; 0 when either side is constant."""
-    def ranks(xs: list[float]) -> list[float]:
-        order = sorted(range(len(xs)), key=lambda i: xs[i])
-        out = [0.0] * len(xs)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2
-            i = j + 1
-        return out
-
-    a, b = ranks([p[0] for p in pairs]), ranks([p[1] for p in pairs])
-    return statistics.correlation(a, b) if len(set(a)) > 1 and len(set(b)) > 1 else 0.0
+    return Verdict(
+        ours,
+        "reproduced" if rho > 0 else "not reproduced",
+        f"the interval {lo:.2f} to {hi:.2f} holds both answers (above 0, below {FOLLOWS:g}): undecided",
+    )
 
 
 def spikes(rows: Rows) -> Verdict:
@@ -415,17 +403,22 @@ def spikes(rows: Rows) -> Verdict:
     twin = [r for r in suspect if r["kind"] == "baseline"]
     unexplained = sorted({r["node_label"] for r in fleet if not r["faults_before"]})
     nodes = sorted({r["node_label"] for r in counted})
-    ours = (f"{len(nodes)} fleet node(s) spike where golden does not, after a fault" + (f" ({', '.join(nodes)})"
-                                                                                       if nodes else "")
-            + (f"; scripted spikes (reported apart): {', '.join(scripted)}" if scripted else "")
-            + (f"; spikes without a fault in the window: {', '.join(unexplained)}" if unexplained else "")
-            + f"; controls: node-00 {len(healthy)} spike(s), golden-twin {len(twin)}"
-            + f"; spikes golden has too: {sum(1 for r in rows if r['side'] == 'suspect' and r['golden_spike'])}")
+    ours = (
+        f"{len(nodes)} fleet node(s) spike where golden does not, after a fault"
+        + (f" ({', '.join(nodes)})" if nodes else "")
+        + (f"; scripted spikes (reported apart): {', '.join(scripted)}" if scripted else "")
+        + (f"; spikes without a fault in the window: {', '.join(unexplained)}" if unexplained else "")
+        + f"; controls: node-00 {len(healthy)} spike(s), golden-twin {len(twin)}"
+        + f"; spikes golden has too: {sum(1 for r in rows if r['side'] == 'suspect' and r['golden_spike'])}"
+    )
     if healthy:
         return Verdict(ours + " (the healthy twin spikes: the spike rule fires without SDC)", "not measured")
     clear = [r for r in counted if r["ratio"] is None or r["ratio"] >= 1.5 * SPIKE_MARGIN]
-    unstable = (f"every counted spike's loss is below {1.5 * SPIKE_MARGIN:.3g}x the recent median"
-                if counted and not clear else "")
+    unstable = (
+        f"every counted spike's loss is below {1.5 * SPIKE_MARGIN:.3g}x the recent median"
+        if counted and not clear
+        else ""
+    )
     return Verdict(ours, "reproduced" if nodes else "not reproduced", unstable)
 
 
@@ -434,25 +427,16 @@ def spikes(rows: Rows) -> Verdict:
 
 def learnt_tasks(rows: Rows) -> set[str]:
     """The tasks golden learnt: its final accuracy beats chance by `LEARNT` and it did not collapse."""
-    return {r["task"] for r in rows if r["role"] == "golden" and not r["collapsed"]
-            and r["accuracy"] >= r["chance"] + LEARNT}
+    return {
+        r["task"]
+        for r in rows
+        if r["role"] == "golden" and not r["collapsed"] and r["accuracy"] >= r["chance"] + LEARNT
+    }
 
 
 def is_twin(label: str | None) -> bool:
     """golden's shuffle-seed twins: golden-twin (the pairs' baseline), golden-twin-2, golden-twin-3 ..."""
     return bool(label) and (label == BASELINE or label.startswith(BASELINE + "-"))
-
-
-def binomial_upper(n: int, p: float, level: float = LEVEL) -> int:
-    """The smallest k with P(Binomial(n, p) > k) <= 1 - `level`: more than k hits rejects "each hit has
-    probability p" at that level (one-sided)."""
-    cdf, k = 0.0, 0
-    while k <= n:
-        cdf += math.comb(n, k) * p ** k * (1 - p) ** (n - k)
-        if cdf >= level:
-            return k
-        k += 1
-    return n
 
 
 def _twin_values(rows: Rows, task: str, column: str) -> list[float]:
@@ -472,17 +456,20 @@ def accuracy(rows: Rows) -> Verdict:
     destroyed = {r["node_label"] for r in nodes if r["collapsed"] and r["accuracy"] <= r["chance"]}
     kept = [r for r in nodes if r["node_label"] not in destroyed]
     if not kept or not twins:
-        return Verdict("golden learnt no task above chance, no fleet node was fine-tuned or no shuffle-seed twin",
-                       "not measured")
+        return Verdict(
+            "golden learnt no task above chance, no fleet node was fine-tuned or no shuffle-seed twin", "not measured"
+        )
     n = min(len({r["node_label"] for r in twins if r["task"] == t}) for t in learnt)
     low = {t: min(_twin_values(twins, t, "accuracy")) for t in learnt}
     below = [r for r in kept if r["accuracy"] < low[r["task"]]]
     bound = binomial_upper(len(kept), 1 / (n + 1))
     ranges = ", ".join(f"{t} {_pct(low[t])}-{_pct(max(_twin_values(twins, t, 'accuracy')))}" for t in sorted(learnt))
-    ours = (f"{len(below)} of {len(kept)} (node, task) results on the {len(learnt)} tasks golden learnt lie below all "
-            f"{n} shuffle-seed twins (their accuracy: {ranges}); at most {bound} expected by chance (95 %, p = "
-            f"1/{n + 1} each)" + (f"; nodes with destroyed weights left out: {', '.join(sorted(destroyed))}"
-                                  if destroyed else ""))
+    ours = (
+        f"{len(below)} of {len(kept)} (node, task) results on the {len(learnt)} tasks golden learnt lie below all "
+        f"{n} shuffle-seed twins (their accuracy: {ranges}); at most {bound} expected by chance (95 %, p = "
+        f"1/{n + 1} each)"
+        + (f"; nodes with destroyed weights left out: {', '.join(sorted(destroyed))}" if destroyed else "")
+    )
 
     def ok(k: int) -> bool:
         return k <= bound
@@ -490,8 +477,11 @@ def accuracy(rows: Rows) -> Verdict:
     near = [abs(r["accuracy"] - low[r["task"]]) <= ACCURACY_MARGIN for r in kept]
     leave = sum(1 for r, b in zip(kept, near) if b and r in below)
     join = sum(1 for r, b in zip(kept, near) if b and r not in below)
-    return Verdict(ours, "reproduced" if ok(len(below)) else "not reproduced",
-                   _flips(len(below), leave, join, ok, f"the twins' lowest accuracy ({_pct(ACCURACY_MARGIN)})"))
+    return Verdict(
+        ours,
+        "reproduced" if ok(len(below)) else "not reproduced",
+        _flips(len(below), leave, join, ok, f"the twins' lowest accuracy ({_pct(ACCURACY_MARGIN)})"),
+    )
 
 
 def disagreement(rows: Rows) -> Verdict:
@@ -506,32 +496,49 @@ def disagreement(rows: Rows) -> Verdict:
         if r["baseline_disagreement"] is not None and is_twin(r.get("twin_node")):
             per_twin.setdefault(r["task"], {})[r["twin_node"]] = r["baseline_disagreement"]
     twins = {task: sorted(v.values()) for task, v in per_twin.items()}
-    nodes = [r for r in rows if is_fleet_node(r["suspect_node"]) and r["task"] in twins
-             and r["suspect_accuracy"] is not None and r["suspect_accuracy"] > 1 / 4]
+    nodes = [
+        r
+        for r in rows
+        if is_fleet_node(r["suspect_node"])
+        and r["task"] in twins
+        and r["suspect_accuracy"] is not None
+        and r["suspect_accuracy"] > 1 / 4
+    ]
     if not nodes:
         return Verdict("no twin baseline or no node above chance", "not measured")
     n = min(len(twins[r["task"]]) for r in nodes)
     outside = [r for r in nodes if not min(twins[r["task"]]) <= r["disagreement"] <= max(twins[r["task"]])]
     above = sum(1 for r in outside if r["disagreement"] > max(twins[r["task"]]))
     bound = binomial_upper(len(nodes), min(1.0, 2 / (n + 1)))
-    ratios = [r["disagreement"] / statistics.median(twins[r["task"]]) for r in nodes
-              if statistics.median(twins[r["task"]]) > 0]
+    ratios = [
+        r["disagreement"] / statistics.median(twins[r["task"]])
+        for r in nodes
+        if statistics.median(twins[r["task"]]) > 0
+    ]
     ratio = statistics.median(ratios) if ratios else None
     ranges = ", ".join(f"{t} {_pct(min(v))}-{_pct(max(v))}" for t, v in sorted(twins.items()))
-    ours = (f"{len(outside)} of {len(nodes)} (node, task) above chance disagree with golden outside the {n} "
-            f"shuffle-seed twins' range ({above} above it; twins: {ranges}); at most {bound} expected by chance "
-            f"(95 %, p = 2/{n + 1} each)" + (f"; median disagreement / the twins' median {ratio:.3g}"
-                                            if ratio is not None else ""))
+    ours = (
+        f"{len(outside)} of {len(nodes)} (node, task) above chance disagree with golden outside the {n} "
+        f"shuffle-seed twins' range ({above} above it; twins: {ranges}); at most {bound} expected by chance "
+        f"(95 %, p = 2/{n + 1} each)"
+        + (f"; median disagreement / the twins' median {ratio:.3g}" if ratio is not None else "")
+    )
 
     def ok(k: int) -> bool:
         return k <= bound
 
-    near = [min(abs(r["disagreement"] - min(twins[r["task"]])), abs(r["disagreement"] - max(twins[r["task"]])))
-            <= DISAGREEMENT_MARGIN for r in nodes]
+    near = [
+        min(abs(r["disagreement"] - min(twins[r["task"]])), abs(r["disagreement"] - max(twins[r["task"]])))
+        <= DISAGREEMENT_MARGIN
+        for r in nodes
+    ]
     leave = sum(1 for r, b in zip(nodes, near) if b and r in outside)
     join = sum(1 for r, b in zip(nodes, near) if b and r not in outside)
-    return Verdict(ours, "reproduced" if ok(len(outside)) else "not reproduced",
-                   _flips(len(outside), leave, join, ok, f"the twins' range ({_pct(DISAGREEMENT_MARGIN)})"))
+    return Verdict(
+        ours,
+        "reproduced" if ok(len(outside)) else "not reproduced",
+        _flips(len(outside), leave, join, ok, f"the twins' range ({_pct(DISAGREEMENT_MARGIN)})"),
+    )
 
 
 def destroyed(rows: Rows) -> Verdict:
@@ -544,15 +551,27 @@ def destroyed(rows: Rows) -> Verdict:
     learnt = {t for t in learnt if all(r["accuracy"] >= r["chance"] + LEARNT for r in twins if r["task"] == t)}
     nodes = [r for r in rows if r["role"] == "suspect" and is_fleet_node(r["node_label"]) and r["task"] in learnt]
     if not nodes:
-        return Verdict("golden and its twins learnt no task above chance, or no fleet node was fine-tuned",
-                       "not measured")
-    down = sorted({(r["node_label"], r["task"], r["accuracy"], r["chance"]) for r in nodes
-                   if r["collapsed"] and r["accuracy"] <= r["chance"]})
+        return Verdict(
+            "golden and its twins learnt no task above chance, or no fleet node was fine-tuned", "not measured"
+        )
+    down = sorted(
+        {
+            (r["node_label"], r["task"], r["accuracy"], r["chance"])
+            for r in nodes
+            if r["collapsed"] and r["accuracy"] <= r["chance"]
+        }
+    )
     near = sorted({r["node_label"] for r in nodes if r["chance"] < r["accuracy"] <= r["chance"] + 0.02})
     n = len({r["node_label"] for r in twins})
     if not down:
-        return Verdict(f"no fleet node fell to chance where golden and its {n} twins learnt the task",
-                       "not reproduced", f"{', '.join(near)} within 2 points of chance" if near else "")
+        return Verdict(
+            f"no fleet node fell to chance where golden and its {n} twins learnt the task",
+            "not reproduced",
+            f"{', '.join(near)} within 2 points of chance" if near else "",
+        )
     shown = "; ".join(f"{n} {t} {_pct(a)} (chance {_pct(c)})" for n, t, a, c in down[:6])
-    return Verdict(f"at or below chance where golden and its {n} twins learnt the task: {shown}"
-                   + (f"; {len(down) - 6} more" if len(down) > 6 else ""), "reproduced")
+    return Verdict(
+        f"at or below chance where golden and its {n} twins learnt the task: {shown}"
+        + (f"; {len(down) - 6} more" if len(down) > 6 else ""),
+        "reproduced",
+    )

@@ -65,8 +65,10 @@ def read_verdicts(markdown: str) -> dict[tuple[str, int], Verdict]:
 
 def compare(first: dict[tuple[str, int], Verdict], second: dict[tuple[str, int], Verdict]) -> list[RowComparison]:
     """Every (model, row) of either run, in order, with both verdicts."""
-    return [RowComparison(model, row, first.get((model, row)), second.get((model, row)))
-            for model, row in sorted(first.keys() | second.keys(), key=lambda k: (k[0] != "fleet", k[0], k[1]))]
+    return [
+        RowComparison(model, row, first.get((model, row)), second.get((model, row)))
+        for model, row in sorted(first.keys() | second.keys(), key=lambda k: (k[0] != "fleet", k[0], k[1]))
+    ]
 
 
 def _words(v: Verdict | None) -> str:
@@ -83,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         state = "same" if r.same else ("differs, marked unstable" if r.stable else "DIFFERS, not marked unstable")
         print(f"{r.model:>10} row {r.row:>2}: {_words(r.first):<32} {_words(r.second):<32} {state}")
     bad = [r for r in rows if not r.stable]
-    print(f"{len(rows) - len(bad)} of {len(rows)} rows stable" + (f"; unstable and unmarked: "
-                                                                   f"{', '.join(f'{r.model} {r.row}' for r in bad)}"
-                                                                   if bad else ""))
+    print(
+        f"{len(rows) - len(bad)} of {len(rows)} rows stable"
+        + (f"; unstable and unmarked: {', '.join(f'{r.model} {r.row}' for r in bad)}" if bad else "")
+    )
     return 1 if bad else 0
 
 

@@ -72,8 +72,12 @@ def db_written_by_sdctrace(db_path: str | Path) -> bool:
     try:
         con = duckdb.connect(str(db_path), read_only=True, config=dict(LOCKED))
         try:
-            return con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
-                               [VERSION_TABLE]).fetchone()[0] > 0
+            return (
+                con.execute(
+                    "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [VERSION_TABLE]
+                ).fetchone()[0]
+                > 0
+            )
         finally:
             con.close()
     except duckdb.Error:
@@ -117,8 +121,10 @@ def publish_new_db(loaded: Path, db_path: str | Path) -> None:
     try:
         os.link(loaded, path)
     except FileExistsError:
-        raise UsageError(f"--db {path}: created by another process while this diff ran; nothing was written to it, "
-                         "run the diff again to add this pair to it") from None
+        raise UsageError(
+            f"--db {path}: created by another process while this diff ran; nothing was written to it, "
+            "run the diff again to add this pair to it"
+        ) from None
     except OSError as exc:  # a file system without hard links
         if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV) or path.exists() or path.is_symlink():
             raise
@@ -128,28 +134,34 @@ def publish_new_db(loaded: Path, db_path: str | Path) -> None:
 def check_catalog(con: duckdb.DuckDBPyConnection, path: str | Path) -> None:
     """The rule of this module's docstring, on an open connection (a database with nothing in it is foreign too:
     sdctrace creates its schema in the transaction that creates the file)."""
-    found = dict(con.execute(
-        "SELECT table_name, 'table' FROM duckdb_tables() WHERE database_name = current_database() "
-        "AND schema_name = 'main' UNION ALL SELECT view_name, 'view' FROM duckdb_views() "
-        "WHERE NOT internal AND database_name = current_database() AND schema_name = 'main'").fetchall())
+    found = dict(
+        con.execute(
+            "SELECT table_name, 'table' FROM duckdb_tables() WHERE database_name = current_database() "
+            "AND schema_name = 'main' UNION ALL SELECT view_name, 'view' FROM duckdb_views() "
+            "WHERE NOT internal AND database_name = current_database() AND schema_name = 'main'"
+        ).fetchall()
+    )
     declared = _declared()
     columns = _columns(con)
     if found.get(VERSION_TABLE) != "table" or columns.get(VERSION_TABLE) != declared[VERSION_TABLE][1]:
         raise UsageError(
             f"--db {path}: a DuckDB database sdctrace did not create (no {VERSION_TABLE} table of one column "
-            f"`version INTEGER`); sdctrace never writes into another program's database: {_NEW_PATH}")
+            f"`version INTEGER`); sdctrace never writes into another program's database: {_NEW_PATH}"
+        )
     versions = [v for (v,) in con.execute(f"SELECT DISTINCT version FROM {VERSION_TABLE} ORDER BY 1").fetchall()]
     if versions and versions != [SCHEMA_VERSION]:
         raise UsageError(
             f"{path}: a study database of schema version {versions}, this sdctrace writes version {SCHEMA_VERSION} "
-            "(and reads only that); diff into a new --db file, or use the sdctrace that wrote it")
+            "(and reads only that); diff into a new --db file, or use the sdctrace that wrote it"
+        )
     for name, (kind, declared_columns) in declared.items():
         if name not in found:
             continue
         if found[name] != kind or (kind == "table" and columns.get(name, []) != declared_columns):
             raise UsageError(
                 f"--db {path}: its {found[name]} {name!r} is not the {kind} of sdctrace's schema "
-                f"(analysis/SCHEMA.md); {_NEW_PATH}")
+                f"(analysis/SCHEMA.md); {_NEW_PATH}"
+            )
 
 
 def open_error(path: Path, exc: BaseException) -> UsageError:
@@ -179,8 +191,9 @@ def _columns(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str]]]
     query opens the database each time, and the check runs on every open)."""
     tables: dict[str, list[tuple[str, str]]] = {}
     for table, column, data_type in con.execute(
-            "SELECT table_name, column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
-            "AND schema_name = 'main' ORDER BY table_name, column_index").fetchall():
+        "SELECT table_name, column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
+        "AND schema_name = 'main' ORDER BY table_name, column_index"
+    ).fetchall():
         tables.setdefault(table, []).append((column, data_type))
     return tables
 
@@ -193,7 +206,8 @@ def _declared() -> dict[str, tuple[str, list[tuple[str, str]]]]:
         con.execute(schema_sql())
         kinds = con.execute(
             "SELECT table_name, 'table' FROM duckdb_tables() UNION ALL "
-            "SELECT view_name, 'view' FROM duckdb_views() WHERE NOT internal").fetchall()
+            "SELECT view_name, 'view' FROM duckdb_views() WHERE NOT internal"
+        ).fetchall()
         columns = _columns(con)
         return {name: (kind, columns.get(name, [])) for name, kind in kinds}
     finally:

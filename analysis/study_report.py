@@ -87,8 +87,9 @@ class _Study:
         return name
 
 
-def build_report(db_path: str | Path, out_dir: str | Path, *, library: QueryLibrary = LIBRARY,
-                 progress: bool = True) -> Report:
+def build_report(
+    db_path: str | Path, out_dir: str | Path, *, library: QueryLibrary = LIBRARY, progress: bool = True
+) -> Report:
     """Write the plots and ``index.html`` of the study in ``db_path`` to ``out_dir``."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -115,8 +116,12 @@ def build_report(db_path: str | Path, out_dir: str | Path, *, library: QueryLibr
 
 # -- sections ---------------------------------------------------------------------------
 def _summary(study: _Study) -> Section:
-    s = Section("summary", "Summary", "One row per pair of runs: where the suspect first diverged and the "
-                "headline number of each research question. The sections below break them down.")
+    s = Section(
+        "summary",
+        "Summary",
+        "One row per pair of runs: where the suspect first diverged and the "
+        "headline number of each research question. The sections below break them down.",
+    )
     if not study.query("summary").rows:
         s.notes.append("The database holds no pairs: load one with `sdc diff --golden RUN --suspect RUN --db FILE`.")
         return s
@@ -125,23 +130,32 @@ def _summary(study: _Study) -> Section:
 
 
 def _rq1(study: _Study) -> Section:
-    s = Section("rq1", "RQ1 - submodule mismatches",
-                "Lockstep replays run every submodule of the suspect on golden inputs: mismatch frequency is the "
-                "share of output elements that differ from the healthy node's, severity the mean relative "
-                "difference of those that do. Injected faults are scored against ABFT and fingerprints.")
+    s = Section(
+        "rq1",
+        "RQ1 - submodule mismatches",
+        "Lockstep replays run every submodule of the suspect on golden inputs: mismatch frequency is the "
+        "share of output elements that differ from the healthy node's, severity the mean relative "
+        "difference of those that do. Injected faults are scored against ABFT and fingerprints.",
+    )
     by_step = study.query("rq1_mismatch_by_step")
     if by_step.rows:
         fig, ax, _ = _step_lines(by_step, "frequency")
         ax.set(ylabel="mismatch frequency (share of elements)", title="Mismatch frequency over steps, per node")
         s.figures.append((study.save(fig, "rq1_frequency.png"), "Mismatch frequency per replayed step and node."))
         s.figures.extend(_severity_figure(study))
-        for name, folded in (("rq1_mismatch_by_node", False), ("rq1_mismatch_bursts", False),
-                             ("rq1_mismatch_by_site", True), ("rq1_mismatch_by_step", True),
-                             ("rq1_mismatch_calls", True)):
+        for name, folded in (
+            ("rq1_mismatch_by_node", False),
+            ("rq1_mismatch_bursts", False),
+            ("rq1_mismatch_by_site", True),
+            ("rq1_mismatch_by_step", True),
+            ("rq1_mismatch_calls", True),
+        ):
             s.tables.append((name, study.query(name), folded))
     else:
-        s.notes.append("No lockstep replay is loaded: run `sdc replay --mode lockstep ...` and pass its log to "
-                       "`sdc diff --replay`.")
+        s.notes.append(
+            "No lockstep replay is loaded: run `sdc replay --mode lockstep ...` and pass its log to "
+            "`sdc diff --replay`."
+        )
     faults = study.query("rq1_abft_by_fault_kind")
     if faults.rows:
         s.tables.append(("rq1_abft_by_fault_kind", faults, False))
@@ -154,8 +168,10 @@ def _rq1(study: _Study) -> Section:
 
 def _severity_figure(study: _Study) -> list[tuple[str, str]]:
     calls = study.query("rq1_mismatch_calls")
-    series = {label: [r["severity"] for r in rows if r["severity"] and r["severity"] > 0]
-              for label, rows in _series(calls).items()}
+    series = {
+        label: [r["severity"] for r in rows if r["severity"] and r["severity"] > 0]
+        for label, rows in _series(calls).items()
+    }
     series = {label: values for label, values in series.items() if values}
     if not series:
         return []
@@ -163,21 +179,32 @@ def _severity_figure(study: _Study) -> list[tuple[str, str]]:
     ax = fig.subplots()
     ax.boxplot(list(series.values()), tick_labels=list(series), showmeans=True)
     ax.set_yscale("log")
-    ax.set(xlabel="suspect node", ylabel="mismatch severity (mean relative difference)",
-           title="Severity of the mismatching site calls, per node")
-    return [(study.save(fig, "rq1_severity.png"),
-             "Distribution of the mismatch severity of every site call that differed (box: quartiles, "
-             "triangle: mean).")]
+    ax.set(
+        xlabel="suspect node",
+        ylabel="mismatch severity (mean relative difference)",
+        title="Severity of the mismatching site calls, per node",
+    )
+    return [
+        (
+            study.save(fig, "rq1_severity.png"),
+            "Distribution of the mismatch severity of every site call that differed (box: quartiles, triangle: mean).",
+        )
+    ]
 
 
 def _rq2(study: _Study) -> Section:
-    s = Section("rq2", "RQ2 - gradient noise of one step",
-                "Parameter-sync replays start every step from the golden parameters: the noise-to-signal ratio "
-                "||g_s - g_h|| / ||g_h|| measures how wrong one optimizer step's gradient is.")
+    s = Section(
+        "rq2",
+        "RQ2 - gradient noise of one step",
+        "Parameter-sync replays start every step from the golden parameters: the noise-to-signal ratio "
+        "||g_s - g_h|| / ||g_h|| measures how wrong one optimizer step's gradient is.",
+    )
     by_step = study.query("rq2_noise_by_step")
     if not by_step.rows:
-        s.notes.append("No parameter-sync replay is loaded: run `sdc replay --mode param-sync ...` and pass its "
-                       "log to `sdc diff --replay`.")
+        s.notes.append(
+            "No parameter-sync replay is loaded: run `sdc replay --mode param-sync ...` and pass its "
+            "log to `sdc diff --replay`."
+        )
         return s
     worst = {(r["node_label"], r["pair_id"]): r for r in study.query("rq2_noise_worst").records()}
     fig, ax, drawn = _step_lines(by_step, "ratio")
@@ -185,21 +212,31 @@ def _rq2(study: _Study) -> Section:
         w = worst.get((rows[0]["node_label"], rows[0]["pair_id"]))
         if w and w["worst_step"] is not None:
             ax.plot([w["worst_step"]], [w["worst_ratio"]], marker="*", markersize=16, color=line.get_color())
-            ax.annotate(f"worst {cell(w['worst_ratio'])} (step {w['worst_step']})", (w["worst_step"], w["worst_ratio"]),
-                        textcoords="offset points", xytext=(6, 6), fontsize=8)
+            ax.annotate(
+                f"worst {cell(w['worst_ratio'])} (step {w['worst_step']})",
+                (w["worst_step"], w["worst_ratio"]),
+                textcoords="offset points",
+                xytext=(6, 6),
+                fontsize=8,
+            )
     ax.margins(y=0.15)  # room for the worst case's label
-    ax.set(ylabel="noise-to-signal ||g_s - g_h|| / ||g_h||",
-           title="Gradient noise-to-signal per step, per node (star: worst case)")
+    ax.set(
+        ylabel="noise-to-signal ||g_s - g_h|| / ||g_h||",
+        title="Gradient noise-to-signal per step, per node (star: worst case)",
+    )
     s.figures.append((study.save(fig, "rq2_noise.png"), "Noise-to-signal ratio per parameter-sync step and node."))
     s.tables += [("rq2_noise_worst", study.query("rq2_noise_worst"), False), ("rq2_noise_by_step", by_step, True)]
     return s
 
 
 def _rq3(study: _Study) -> Section:
-    s = Section("rq3", "RQ3 - what accumulates over training",
-                "Without synchronisation the suspect's parameters drift from the healthy node's: drift is "
-                "||theta_s - theta_h|| / ||theta_h|| at every checkpoint both runs hold, shown beside both loss "
-                "curves; dotted lines mark loss spikes.")
+    s = Section(
+        "rq3",
+        "RQ3 - what accumulates over training",
+        "Without synchronisation the suspect's parameters drift from the healthy node's: drift is "
+        "||theta_s - theta_h|| / ||theta_h|| at every checkpoint both runs hold, shown beside both loss "
+        "curves; dotted lines mark loss spikes.",
+    )
     rows = study.query("rq3_drift_and_loss")
     if not rows.rows:
         s.notes.append("No loss curves are loaded: `sdc diff` a pair of runs.")
@@ -225,12 +262,22 @@ def _rq3(study: _Study) -> Section:
         if drift:
             drift_ax.plot([d[0] for d in drift], [d[1] for d in drift], marker="o", color="purple")
         else:
-            drift_ax.text(0.5, 0.5, "no checkpoint pair: no drift", ha="center", va="center", transform=drift_ax.transAxes)
-        drift_ax.set(xlabel="step (checkpoint: state before the step)", ylabel="parameter drift",
-                     title=f"Parameter drift of {node}")
+            drift_ax.text(
+                0.5, 0.5, "no checkpoint pair: no drift", ha="center", va="center", transform=drift_ax.transAxes
+            )
+        drift_ax.set(
+            xlabel="step (checkpoint: state before the step)",
+            ylabel="parameter drift",
+            title=f"Parameter drift of {node}",
+        )
         name = f"rq3_{_safe(pair_id)}_rank{rank}.png"
-        s.figures.append((study.save(fig, name), f"Pair {pair_id}, rank {rank}: suspect node {node}. "
-                          "Dotted lines: loss spikes (red: suspect, grey: golden)."))
+        s.figures.append(
+            (
+                study.save(fig, name),
+                f"Pair {pair_id}, rank {rank}: suspect node {node}. "
+                "Dotted lines: loss spikes (red: suspect, grey: golden).",
+            )
+        )
     _drift_rates(study, s, rows)
     spikes = study.query("rq3_loss_spikes")
     if spikes.rows:
@@ -245,8 +292,10 @@ def _drift_rates(study: _Study, s: Section, drift_and_loss: Result) -> None:
     """Per golden run: ln drift over steps per node (the baseline dashed) beside the golden's sharpness."""
     rates, sharp = study.query("rq3_drift_rate"), study.query("rq3_sharpness")
     if not any(r["baseline"] for r in rates.records()) and not sharp.rows:
-        s.notes.append("No drift baseline and no sharpness: record golden's shuffle-seed twin (data.shuffle_seed=1), "
-                       "`sdc diff --baseline` it, and record golden with sharpness to plot drift rates.")
+        s.notes.append(
+            "No drift baseline and no sharpness: record golden's shuffle-seed twin (data.shuffle_seed=1), "
+            "`sdc diff --baseline` it, and record golden with sharpness to plot drift rates."
+        )
         return
     curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for r in drift_and_loss.records():
@@ -260,40 +309,56 @@ def _drift_rates(study: _Study, s: Section, drift_and_loss: Result) -> None:
             points = curves.get(r["pair_id"], [])
             rate = f", rate {r['drift_rate']:.3g}/step" if r["drift_rate"] is not None else ""
             style = {"linestyle": "--", "color": "black"} if r["baseline"] else {"marker": "."}
-            drift_ax.semilogy([p[0] for p in points], [p[1] for p in points], label=f"{r['node_label']}{rate}",
-                              **style)
+            drift_ax.semilogy([p[0] for p in points], [p[1] for p in points], label=f"{r['node_label']}{rate}", **style)
         _step_axis(drift_ax)
-        drift_ax.set(xlabel="step (checkpoint)", ylabel="parameter drift (log scale)",
-                     title="Drift per node; dashed: shuffle-seed baseline")
+        drift_ax.set(
+            xlabel="step (checkpoint)",
+            ylabel="parameter drift (log scale)",
+            title="Drift per node; dashed: shuffle-seed baseline",
+        )
         drift_ax.legend(fontsize=7)
         mine = [r for r in sharp.records() if r["run_id"] == golden]
         if mine:
             sharp_ax.plot([r["step"] for r in mine], [r["sharpness"] for r in mine], marker="o", color="darkgreen")
         else:
-            sharp_ax.text(0.5, 0.5, "golden recorded without sharpness", ha="center", va="center",
-                          transform=sharp_ax.transAxes)
+            sharp_ax.text(
+                0.5, 0.5, "golden recorded without sharpness", ha="center", va="center", transform=sharp_ax.transAxes
+            )
         _step_axis(sharp_ax)
         sharp_ax.set(xlabel="step (checkpoint)", ylabel="top Hessian eigenvalue", title="Golden's sharpness")
-        s.figures.append((study.save(fig, f"rq3_drift_rates_{_safe(golden)}.png"),
-                          f"Golden run {golden[:12]}: log drift over steps (slope = drift rate, docs/drift.md) "
-                          "beside the golden's sharpness at the same checkpoints."))
+        s.figures.append(
+            (
+                study.save(fig, f"rq3_drift_rates_{_safe(golden)}.png"),
+                f"Golden run {golden[:12]}: log drift over steps (slope = drift rate, docs/drift.md) "
+                "beside the golden's sharpness at the same checkpoints.",
+            )
+        )
     s.tables += [(name, study.query(name), False) for name in ("rq3_drift_rate", "rq3_drift_spread")]
     if sharp.rows:
         s.tables.append(("rq3_sharpness", sharp, True))
 
 
 def _finetune(study: _Study) -> Section:
-    s = Section("finetune", "RQ3 - fine-tuned accuracy and prediction disagreement",
-                "Models fine-tuned from the golden, twin and suspect checkpoints: accuracy per task, and how often "
-                "the suspect's predictions disagree with the golden model's, against the disagreement of a "
-                "healthy twin fine-tuned with another shuffle seed (the baseline).")
+    s = Section(
+        "finetune",
+        "RQ3 - fine-tuned accuracy and prediction disagreement",
+        "Models fine-tuned from the golden, twin and suspect checkpoints: accuracy per task, and how often "
+        "the suspect's predictions disagree with the golden model's, against the disagreement of a "
+        "healthy twin fine-tuned with another shuffle seed (the baseline).",
+    )
     missing = [q for q in FINETUNE_QUERIES if q not in study.library.names()]
-    present = {t for (t,) in study.library.run(
-        study.db, "SELECT table_name FROM duckdb_tables() WHERE table_name IN ('finetune_eval', 'finetune_predictions')"
-    ).rows}
+    present = {
+        t
+        for (t,) in study.library.run(
+            study.db,
+            "SELECT table_name FROM duckdb_tables() WHERE table_name IN ('finetune_eval', 'finetune_predictions')",
+        ).rows
+    }
     if missing or present != set(FINETUNE_TABLES):
-        s.notes.append("No fine-tuning results in this database (tables finetune_eval and finetune_predictions, "
-                       "queries rq3_finetune_*).")
+        s.notes.append(
+            "No fine-tuning results in this database (tables finetune_eval and finetune_predictions, "
+            "queries rq3_finetune_*)."
+        )
         return s
     accuracy, disagreement = (study.query(q) for q in FINETUNE_QUERIES)
     if not accuracy.rows and not disagreement.rows:
@@ -306,28 +371,41 @@ def _finetune(study: _Study) -> Section:
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     _accuracy_bars(acc_ax, accuracy, colors)
     _disagreement_bars(dis_ax, disagreement, colors)
-    s.figures.append((study.save(fig, "rq3_finetune.png"),
-                      "Left: accuracy at each run's last evaluated step (hatched: collapsed; black bars: chance). "
-                      "Right: disagreement with the golden model's predictions, per suspect node and the "
-                      "shuffle-seed baseline."))
+    s.figures.append(
+        (
+            study.save(fig, "rq3_finetune.png"),
+            "Left: accuracy at each run's last evaluated step (hatched: collapsed; black bars: chance). "
+            "Right: disagreement with the golden model's predictions, per suspect node and the "
+            "shuffle-seed baseline.",
+        )
+    )
     s.tables += [("rq3_finetune_accuracy", accuracy, True), ("rq3_finetune_disagreement", disagreement, False)]
     return s
 
 
 def _guard(study: _Study) -> Section:
-    s = Section("guard", "The guard - detectors scored against the injected faults",
-                "Each detector of the guard (docs/guard.md), and the guard's default combination ('guard'), run over "
-                "every step of each suspect and scored against the fault events: recall over all faulty steps and "
-                "over harmful ones (param-sync noise-to-signal above 0.01 or a loss 10 % off golden's), precision, "
-                "and false alarms per 100 steps (on the healthy twin, its false-alarm rate). A node recorded "
-                "again under the guard is set beside its unguarded recording: steps flagged and recomputed, the "
-                "step-time overhead, loss spikes, final drift and fine-tuned accuracy.")
-    tables = {t for (t,) in study.library.run(
-        study.db, "SELECT table_name FROM duckdb_tables() WHERE table_name IN ('detector_alarms', 'guard_decisions')"
-    ).rows}
+    s = Section(
+        "guard",
+        "The guard - detectors scored against the injected faults",
+        "Each detector of the guard (docs/guard.md), and the guard's default combination ('guard'), run over "
+        "every step of each suspect and scored against the fault events: recall over all faulty steps and "
+        "over harmful ones (param-sync noise-to-signal above 0.01 or a loss 10 % off golden's), precision, "
+        "and false alarms per 100 steps (on the healthy twin, its false-alarm rate). A node recorded "
+        "again under the guard is set beside its unguarded recording: steps flagged and recomputed, the "
+        "step-time overhead, loss spikes, final drift and fine-tuned accuracy.",
+    )
+    tables = {
+        t
+        for (t,) in study.library.run(
+            study.db,
+            "SELECT table_name FROM duckdb_tables() WHERE table_name IN ('detector_alarms', 'guard_decisions')",
+        ).rows
+    }
     if any(q not in study.library.names() for q in GUARD_QUERIES) or tables != {"detector_alarms", "guard_decisions"}:
-        s.notes.append("This database predates the detector tables (detector_alarms, guard_decisions): diff the "
-                       "runs again into a new --db.")
+        s.notes.append(
+            "This database predates the detector tables (detector_alarms, guard_decisions): diff the "
+            "runs again into a new --db."
+        )
         return s
     scores, outcome = (study.query(q) for q in GUARD_QUERIES)
     if scores.rows:
@@ -337,8 +415,10 @@ def _guard(study: _Study) -> Section:
     if outcome.rows:
         s.tables.append(("guard_outcome", outcome, False))
     else:
-        s.notes.append("No guarded recording beside an unguarded one: record a node again with `sdc record "
-                       "--guard POLICY` as <node>-guarded (a study does it for a node with guard = POLICY).")
+        s.notes.append(
+            "No guarded recording beside an unguarded one: record a node again with `sdc record "
+            "--guard POLICY` as <node>-guarded (a study does it for a node with guard = POLICY)."
+        )
     return s
 
 
@@ -423,7 +503,9 @@ def _series(result: Result) -> dict[str, list[dict]]:
     pairs_per_node: dict[str, int] = defaultdict(int)
     for node, _ in groups:
         pairs_per_node[node] += 1
-    return {(node if pairs_per_node[node] == 1 else f"{node} ({pair[:8]})"): rows for (node, pair), rows in groups.items()}
+    return {
+        (node if pairs_per_node[node] == 1 else f"{node} ({pair[:8]})"): rows for (node, pair), rows in groups.items()
+    }
 
 
 def _step_axis(ax: Axes) -> None:
@@ -451,8 +533,10 @@ nav a { margin-right: 1em; }
 def _page(db: Path, sections: list[Section], library: QueryLibrary) -> str:
     e = html.escape
     parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        "<title>sdctrace study report</title>", f"<style>{_CSS}</style></head><body>",
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        "<title>sdctrace study report</title>",
+        f"<style>{_CSS}</style></head><body>",
         "<h1>sdctrace study report</h1>",
         f"<p>Study database <code>{e(db.name)}</code> beside this folder. "
         "Every table and plot is a named query: <code>sdc query NAME --db FILE</code> prints it in full.</p>",
@@ -462,7 +546,9 @@ def _page(db: Path, sections: list[Section], library: QueryLibrary) -> str:
         parts += [f'<section id="{s.key}"><h2>{e(s.title)}</h2>', f"<p>{e(s.intro)}</p>"]
         parts += [f'<p class="note">{e(note)}</p>' for note in s.notes]
         for name, caption in s.figures:
-            parts.append(f'<figure><img src="{e(name)}" alt="{e(caption)}"><figcaption>{e(caption)}</figcaption></figure>')
+            parts.append(
+                f'<figure><img src="{e(name)}" alt="{e(caption)}"><figcaption>{e(caption)}</figcaption></figure>'
+            )
         for name, result, folded in s.tables:
             parts.append(_table_html(name, library.description(name), result, folded))
         parts.append("</section>")
@@ -480,9 +566,11 @@ def _table_html(name: str, description: str, result: Result, folded: bool) -> st
 
     head = "".join(f"<th>{e(c)}</th>" for c in result.columns)
     body = "".join("<tr>" + "".join(td(v) for v in row) + "</tr>" for row in shown) or (
-        f'<tr><td colspan="{len(result.columns)}">no rows</td></tr>')
-    more = (f'<p class="query">{len(shown)} of {len(result.rows)} rows shown.</p>'
-            if len(result.rows) > len(shown) else "")
+        f'<tr><td colspan="{len(result.columns)}">no rows</td></tr>'
+    )
+    more = (
+        f'<p class="query">{len(shown)} of {len(result.rows)} rows shown.</p>' if len(result.rows) > len(shown) else ""
+    )
     title = f'{e(description)} <span class="query">(<code>sdc query {e(name)}</code>)</span>'
     table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}"
     return f"<details><summary>{title}</summary>{table}</details>" if folded else f"<h3>{title}</h3>{table}"

@@ -26,13 +26,13 @@ import torch
 
 from faults import FaultEmulator, FaultProfile, load_profile
 from faults.abft import CHECKED, AbftChecker
+from jobs.record import record_run
 from tracer.intercept import Interceptor, below_autograd, own_ops
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
-from workload.reference_config import load_config
 from workload.protocol import run_step
-from jobs.record import record_run
 from workload.reference import build
+from workload.reference_config import load_config
 
 KINDS = {
     "bitflip, sign bit": 'kind = "bitflip"\nbits = "sign"',
@@ -44,7 +44,13 @@ KINDS = {
     "stuck at 0": 'kind = "stuck"\nvalue = 0.0',
 }
 RULE = '[[fault]]\nops = ["mm", "addmm", "bmm", "baddbmm", "linear"]\np_call = 0.05\nelements = 1\n'
-BUCKETS = [(1e-6, "< 1e-6"), (1e-3, "1e-6 .. 1e-3"), (1.0, "1e-3 .. 1"), (1e3, "1 .. 1e3"), (math.inf, ">= 1e3, inf, nan")]
+BUCKETS = [
+    (1e-6, "< 1e-6"),
+    (1e-3, "1e-6 .. 1e-3"),
+    (1.0, "1e-3 .. 1"),
+    (1e3, "1 .. 1e3"),
+    (math.inf, ">= 1e3, inf, nan"),
+]
 
 
 def record(

@@ -31,9 +31,9 @@ from faults import abft
 from tracer.intercept import Call, Interceptor
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.reference_config import load_config
 from workload.protocol import run_step
 from workload.reference import build
+from workload.reference_config import load_config
 
 Recorded = tuple  # (op, args, kwargs, result)
 
@@ -104,10 +104,15 @@ def profile_checked_steps(config: str | None, steps: int, top: int = 25) -> None
     """cProfile of ``steps`` traced steps with the ABFT checker on (after two warm-up steps), each drained."""
     cfg = load_config(config)
     w = build(cfg)
-    with tempfile.TemporaryDirectory() as tmp, Tracer(w.model, w.optimizer, out=Path(tmp) / "run",
-                                                       run=RunInfo("profile", config=cfg.to_dict()), echo=None) as t:
-        checker = abft.AbftChecker(w.model, clock=lambda: (t.step_index, t.microbatch_index),
-                                   sink=lambda kind, fields: t.event(kind, **fields))
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        Tracer(
+            w.model, w.optimizer, out=Path(tmp) / "run", run=RunInfo("profile", config=cfg.to_dict()), echo=None
+        ) as t,
+    ):
+        checker = abft.AbftChecker(
+            w.model, clock=lambda: (t.step_index, t.microbatch_index), sink=lambda kind, fields: t.event(kind, **fields)
+        )
         profiler = cProfile.Profile()
         for step in range(2 + steps):
             if step == 2:

@@ -51,7 +51,10 @@ from tracer.log.columns import read_segment_columns
 RATE_TARGET = 800_000  # events/s, both sides' records
 RATIO_TARGET = 3.0  # Beam / DuckDB time
 SITES = [f"layers.{i}.{kind}" for i in range(6) for kind in ("attention", "feed_forward")]
-PARAMS = [f"layers.{i}.{p}.weight" for i in range(6) for p in ("wq", "wo", "w1")] + ["tok_embeddings.weight", "norm.weight"]
+PARAMS = [f"layers.{i}.{p}.weight" for i in range(6) for p in ("wq", "wo", "w1")] + [
+    "tok_embeddings.weight",
+    "norm.weight",
+]
 MICROBATCHES = 2
 EVENTS_PER_STEP = MICROBATCHES * (1 + 2 * len(SITES)) + 2 * len(PARAMS)
 DIVERGE_AT = 0.75  # the suspect's site outputs differ from this fraction of the steps on
@@ -59,19 +62,35 @@ DIVERGE_AT = 0.75  # the suspect's site outputs differ from this fraction of the
 
 def write_run(out: Path, steps: int, suspect: bool) -> None:
     header = RunHeader(
-        SCHEMA_VERSION, f"bench-{'suspect' if suspect else 'golden'}", "bench", "train", 1, 0, {"bench": True},
-        "bench-config", 0, "bench-data", "lanes64-v1", {}, "cpu", {"intra_op_threads": 1}, 0.0, {},
+        SCHEMA_VERSION,
+        f"bench-{'suspect' if suspect else 'golden'}",
+        "bench",
+        "train",
+        1,
+        0,
+        {"bench": True},
+        "bench-config",
+        0,
+        "bench-data",
+        "lanes64-v1",
+        {},
+        "cpu",
+        {"intra_op_threads": 1},
+        0.0,
+        {},
     )
     rng = random.Random(0)
     diverge = int(steps * DIVERGE_AT)
     with LogWriter(rank_dir(out, 0), header) as w:
         for step in range(steps):
-            def rec(mb: int, name: str, phase: Phase) -> None:
+
+            def rec(mb: int, name: str, phase: Phase, step: int = step) -> None:
                 # stats vary from tensor to tensor, as real ones do (constants would compress to nothing)
                 fp, l2, absmax = rng.getrandbits(64), rng.uniform(1.0, 100.0), rng.uniform(0.01, 1.0)
                 if suspect and step >= diverge and phase != Phase.INPUT:
                     fp, l2 = fp ^ 1, l2 * (1 + 1e-6)
                 w.write_tensor(TensorRecord(step, mb, name, phase, fp, l2, absmax, 0, 0, "float32[8,64,128]"))
+
             for mb in range(MICROBATCHES):
                 rec(mb, "input", Phase.INPUT)
                 for site in SITES:
@@ -81,8 +100,11 @@ def write_run(out: Path, steps: int, suspect: bool) -> None:
             for phase in (Phase.GRAD, Phase.PARAM):
                 for name in PARAMS:
                     rec(0, name, phase)
-            w.write_event(EventRecord("step", step, {"loss": 5.0 - step * 1e-4, "lr": [1e-3], "wall_s": 0.1,
-                                                     "microbatches": MICROBATCHES}))
+            w.write_event(
+                EventRecord(
+                    "step", step, {"loss": 5.0 - step * 1e-4, "lr": [1e-3], "wall_s": 0.1, "microbatches": MICROBATCHES}
+                )
+            )
 
 
 def to_parquet(run: Path, out: Path) -> None:
@@ -91,11 +113,24 @@ def to_parquet(run: Path, out: Path) -> None:
     for seg in sorted(rank_dir(run, 0).glob("*.sdclog")):
         c = read_segment_columns(seg.read_bytes(), str(seg), last=True).tensors
         strings = np.array(c.strings, dtype=object)
-        parts.append(pa.table({
-            "rank": np.zeros(len(c), np.int32), "step": c.step, "microbatch": c.microbatch,
-            "name": strings[c.name], "phase": c.phase, "fingerprint": c.fingerprint, "l2": c.l2,
-            "absmax": c.absmax, "nan": c.nan, "inf": c.inf, "meta": strings[c.meta], "offset": c.offset,
-        }))
+        parts.append(
+            pa.table(
+                {
+                    "rank": np.zeros(len(c), np.int32),
+                    "step": c.step,
+                    "microbatch": c.microbatch,
+                    "name": strings[c.name],
+                    "phase": c.phase,
+                    "fingerprint": c.fingerprint,
+                    "l2": c.l2,
+                    "absmax": c.absmax,
+                    "nan": c.nan,
+                    "inf": c.inf,
+                    "meta": strings[c.meta],
+                    "offset": c.offset,
+                }
+            )
+        )
     pq.write_table(pa.concat_tables(parts), out)
 
 
@@ -129,11 +164,17 @@ def bench(events: int, beam_args: list[str], steps_per_bucket: int, repeat: int 
         for name in ("golden", "suspect"):
             write_run(root / name, steps, suspect=name == "suspect")
             to_parquet(root / name, root / f"{name}.parquet")
-        print(f"synthetic pair     : {steps:,} steps x {EVENTS_PER_STEP} tensor records per side "
-              f"({total:,} in all), written in {time.perf_counter() - start:.1f} s")
+        print(
+            f"synthetic pair     : {steps:,} steps x {EVENTS_PER_STEP} tensor records per side "
+            f"({total:,} in all), written in {time.perf_counter() - start:.1f} s"
+        )
         con = duckdb.connect()
-        request = DiffRequest(golden=str(root / "golden"), suspect=str(root / "suspect"), db=root / "unused.duckdb",
-                              steps_per_bucket=steps_per_bucket)  # the plan reads no --db
+        request = DiffRequest(
+            golden=str(root / "golden"),
+            suspect=str(root / "suspect"),
+            db=root / "unused.duckdb",
+            steps_per_bucket=steps_per_bucket,
+        )  # the plan reads no --db
         plan = plan_diff(request)
         # One untimed run of each first: a fresh process's first DuckDB query took up to 1.7x its later ones.
         duckdb_diff(con, root)
@@ -148,17 +189,22 @@ def bench(events: int, beam_args: list[str], steps_per_bucket: int, repeat: int 
         runner = describe_runner(pipeline_options(beam_args, plan.golden.bytes + plan.suspect.bytes))
         label = f"Beam diff ({runner})" if beam_args else f"Beam diff (sdc diff's default, {runner})"
         print(f"{label}: {job.describe(unit=' s')}")
-        print(f"  events/s         : {rate.value:,.0f} (95 % CI {rate.low:,.0f}-{rate.high:,.0f}, n={rate.samples}), "
-              f"target >= {RATE_TARGET:,}: {'met' if rate.low >= RATE_TARGET else 'NOT met'}")
+        print(
+            f"  events/s         : {rate.value:,.0f} (95 % CI {rate.low:,.0f}-{rate.high:,.0f}, n={rate.samples}), "
+            f"target >= {RATE_TARGET:,}: {'met' if rate.low >= RATE_TARGET else 'NOT met'}"
+        )
         print(f"  Beam / DuckDB    : {ratio.describe(RATIO_TARGET)} (run i of each paired)")
         if not beam_args:
             mp = ["--direct_running_mode=multi_processing"]
             t = beam_diff(con, root, plan, mp, "staging-mp")
-            print(f"  for comparison, {describe_runner(pipeline_options(mp, 0))}: {t:.2f} s "
-                  f"({total / t:,.0f} events/s)")
+            print(
+                f"  for comparison, {describe_runner(pipeline_options(mp, 0))}: {t:.2f} s ({total / t:,.0f} events/s)"
+            )
             t = decode_only(plan)
-            print(f"  decoding both logs alone (tracer.log.read_segment_columns, part of every job): {t:.2f} s "
-                  f"({total / t:,.0f} events/s)")
+            print(
+                f"  decoding both logs alone (tracer.log.read_segment_columns, part of every job): {t:.2f} s "
+                f"({total / t:,.0f} events/s)"
+            )
     return rate, ratio
 
 
@@ -171,8 +217,11 @@ def events_per_second(events: int, seconds: Sequence[float]) -> Ratio:
 
 def duckdb_diff(con: duckdb.DuckDBPyConnection, root: Path) -> float:
     start = time.perf_counter()
-    con.execute(DUCKDB_DIFF.format(golden=root / "golden.parquet", suspect=root / "suspect.parquet",
-                                   out=root / "duckdb_diff.parquet"))
+    con.execute(
+        DUCKDB_DIFF.format(
+            golden=root / "golden.parquet", suspect=root / "suspect.parquet", out=root / "duckdb_diff.parquet"
+        )
+    )
     return time.perf_counter() - start
 
 
@@ -187,10 +236,14 @@ def beam_diff(con: duckdb.DuckDBPyConnection, root: Path, plan: DiffPlan, beam_a
     build_pipeline(p, plan, str(root / staging))
     run_job(p)
     seconds = time.perf_counter() - start
-    beam_rows, duck_rows = (con.execute(
-        f"SELECT count(*), count(*) FILTER (NOT equal), sum(hash(step, name, golden_fingerprint, suspect_fingerprint, "
-        f"golden_l2, suspect_l2)) FROM '{path}'").fetchall()[0]
-        for path in (root / staging / "event_diffs" / "*.parquet", root / "duckdb_diff.parquet"))
+    beam_rows, duck_rows = (
+        con.execute(
+            "SELECT count(*), count(*) FILTER (NOT equal), "
+            "sum(hash(step, name, golden_fingerprint, suspect_fingerprint, "
+            f"golden_l2, suspect_l2)) FROM '{path}'"
+        ).fetchall()[0]
+        for path in (root / staging / "event_diffs" / "*.parquet", root / "duckdb_diff.parquet")
+    )
     if beam_rows != duck_rows:
         raise SystemExit(f"the diffs disagree: Beam (rows, differing, checksum) {beam_rows}, DuckDB {duck_rows}")
     return seconds
@@ -210,8 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--events", type=int, default=1_000_000, help="tensor records per side (default 1 000 000)")
     p.add_argument("--steps-per-bucket", type=int, default=DEFAULT_STEPS_PER_BUCKET)
-    p.add_argument("--repeat", type=int, default=10,
-                   help="alternating runs of each diff, paired run by run (default 10; two or more)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=10,
+        help="alternating runs of each diff, paired run by run (default 10; two or more)",
+    )
     args, beam_args = p.parse_known_args(argv)
     bench(args.events, beam_args, args.steps_per_bucket, args.repeat)
     return 0

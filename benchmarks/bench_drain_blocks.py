@@ -33,8 +33,13 @@ def block_ratio(config: str, block: int, blocks: int) -> Ratio:
     cfg = load_config(config)
     plain, traced = build(cfg), build(cfg)
     done = {"untraced": 0, "traced": 0}
-    with tempfile.TemporaryDirectory() as tmp, Tracer(traced.model, traced.optimizer, out=Path(tmp) / "run",
-                                                       run=RunInfo("bench", config=cfg.to_dict()), echo=None) as t:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        Tracer(
+            traced.model, traced.optimizer, out=Path(tmp) / "run", run=RunInfo("bench", config=cfg.to_dict()), echo=None
+        ) as t,
+    ):
+
         def untraced() -> float:
             start = time.perf_counter()
             with t.paused():

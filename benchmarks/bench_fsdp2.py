@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.fsdp import fully_shard
 from intervals import Ratio
 from timing import Interleaved, interleave, machine_load
+from torch import nn
+from torch.distributed.fsdp import fully_shard
 
 from jobs.launch import launch
 from tracer.determinism import configure_determinism
@@ -57,14 +57,20 @@ def sharded_model() -> nn.Module:
 def whole_run(steps: int, out: Path | None) -> Callable[[int], float]:
     """A variant for `interleave`: one whole run of ``steps`` steps on a fresh model, traced into ``out/run-N``
     (untraced where ``out`` is None); returns its wall time, barrier to barrier."""
+
     def run(index: int) -> float:
         model = sharded_model()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         data = torch.Generator().manual_seed(1000 + dist.get_rank())  # each rank its own shard of the data
         dist.barrier()
         start = time.perf_counter()
-        tracer = None if out is None else Tracer(
-            model, optimizer, out=out / f"run-{index}", run=RunInfo("bench-fsdp2", config=dict(SETTINGS)), echo=None)
+        tracer = (
+            None
+            if out is None
+            else Tracer(
+                model, optimizer, out=out / f"run-{index}", run=RunInfo("bench-fsdp2", config=dict(SETTINGS)), echo=None
+            )
+        )
         with tracer or nullcontext():
             for step in range(steps):
                 with tracer.step(step) if tracer else nullcontext():
@@ -75,8 +81,9 @@ def whole_run(steps: int, out: Path | None) -> Callable[[int], float]:
     return run
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, data: torch.Generator,
-               tracer: Tracer | None) -> None:
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, data: torch.Generator, tracer: Tracer | None
+) -> None:
     """examples/torchrun_fsdp2.py's step: next-token prediction on random tokens, clipped, AdamW."""
     tokens = torch.randint(VOCAB, (BATCH, SEQ + 1), generator=data)
     if tracer:
@@ -97,8 +104,10 @@ def runs_side_by_side(runs: int, steps: int, out: str) -> dict[str, Any]:
     # The head's output is a view; the loss reads it, nothing writes it in place (torch warns on every rank).
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     timed = interleave({"untraced": whole_run(steps, None), "traced": whole_run(steps, Path(out))}, runs)
-    return {"seconds": {n: list(t) for n, t in timed.seconds.items()},
-            "warmup": {n: list(t) for n, t in timed.warmup.items()}}
+    return {
+        "seconds": {n: list(t) for n, t in timed.seconds.items()},
+        "warmup": {n: list(t) for n, t in timed.warmup.items()},
+    }
 
 
 def bench_fsdp2(runs: int = 14, steps: int = 20) -> Ratio:
@@ -108,8 +117,10 @@ def bench_fsdp2(runs: int = 14, steps: int = 20) -> Ratio:
         results = launch("bench_fsdp2:runs_side_by_side", {"runs": runs, "steps": steps, "out": tmp}, 2)
     r = results[0]  # after a barrier: the job's time
     timed = Interleaved({n: tuple(t) for n, t in r["seconds"].items()}, {n: tuple(t) for n, t in r["warmup"].items()})
-    print(f"2-rank FSDP2       : traced/untraced whole runs of {steps} steps = "
-          f"{timed.describe('traced', 'untraced', TARGET, item='run')}")
+    print(
+        f"2-rank FSDP2       : traced/untraced whole runs of {steps} steps = "
+        f"{timed.describe('traced', 'untraced', TARGET, item='run')}"
+    )
     return timed.ratio("traced", "untraced")
 
 

@@ -24,10 +24,9 @@ import sys
 import time
 
 import torch
-from torch import nn
-
 from intervals import mean_interval
 from timing import machine_load
+from torch import nn
 
 from faults import FaultEmulator, load_profile
 from faults.emulator import emulator_implementation
@@ -46,8 +45,9 @@ def measure(calls: int, rounds: int) -> None:
     torch.set_num_threads(1)
     a = torch.randn(8, requires_grad=True)
     b = torch.randn(8)
-    emulator = FaultEmulator(load_profile("healthy-node"), nn.Linear(8, 8), clock=lambda: (1, 0),
-                             sink=lambda kind, fields: None)
+    emulator = FaultEmulator(
+        load_profile("healthy-node"), nn.Linear(8, 8), clock=lambda: (1, 0), sink=lambda kind, fields: None
+    )
     plain, extra = [], []
     per_call(calls, a, b)  # warm-up: first-call allocation, the kernel's load
     with emulator:
@@ -61,9 +61,12 @@ def measure(calls: int, rounds: int) -> None:
     us = 1e6
     cost = mean_interval([x * us for x in extra])
     where = "C++ gate" if emulator_implementation() == "gate" else "Python kernel"
-    print(f"emulator per call  : {where:<13}: +{cost.describe(unit=' us')} a call over "
-          f"{sum(plain) / len(plain) * us:.2f} us without the emulator (torch.mul, 8 elements, healthy-node, "
-          f"nothing fires; {rounds} rounds x {calls} calls)", flush=True)
+    print(
+        f"emulator per call  : {where:<13}: +{cost.describe(unit=' us')} a call over "
+        f"{sum(plain) / len(plain) * us:.2f} us without the emulator (torch.mul, 8 elements, healthy-node, "
+        f"nothing fires; {rounds} rounds x {calls} calls)",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,9 +33,9 @@ from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.reference_config import load_config
 from workload.protocol import run_step
 from workload.reference import build
+from workload.reference_config import load_config
 
 TARGET = 1.02
 
@@ -48,16 +48,22 @@ def bench_guard_overhead(steps: int, config: str | None = None) -> Ratio:
     own: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         run = RunInfo("bench", config=cfg.to_dict())
-        with Tracer(traced.model, traced.optimizer, out=Path(tmp) / "traced", run=run, echo=None) as t_plain, \
-                Tracer(guarded.model, guarded.optimizer, out=Path(tmp) / "guarded", run=run,
-                       guard=default_guard(), echo=None) as t_guard:
+        with (
+            Tracer(traced.model, traced.optimizer, out=Path(tmp) / "traced", run=run, echo=None) as t_plain,
+            Tracer(
+                guarded.model, guarded.optimizer, out=Path(tmp) / "guarded", run=run, guard=default_guard(), echo=None
+            ) as t_guard,
+        ):
             timed(t_guard._guard, own)
-            steps_timed = interleave({"traced": traced_step(traced, t_plain), "guarded": traced_step(guarded, t_guard)},
-                                     steps)
-    per_step = sum(own[WARMUP * 3:]) / steps  # three timed calls a step
-    print(f"guard overhead     : guarded/traced = {steps_timed.describe('guarded', 'traced', TARGET)}; healthy: "
-          f"nothing fires; the guard's own work {per_step * 1e6:.0f} us a step = "
-          f"{per_step / steps_timed.mean('traced'):.4f} of a traced step")
+            steps_timed = interleave(
+                {"traced": traced_step(traced, t_plain), "guarded": traced_step(guarded, t_guard)}, steps
+            )
+    per_step = sum(own[WARMUP * 3 :]) / steps  # three timed calls a step
+    print(
+        f"guard overhead     : guarded/traced = {steps_timed.describe('guarded', 'traced', TARGET)}; healthy: "
+        f"nothing fires; the guard's own work {per_step * 1e6:.0f} us a step = "
+        f"{per_step / steps_timed.mean('traced'):.4f} of a traced step"
+    )
     return steps_timed.ratio("guarded", "traced")
 
 
@@ -92,30 +98,40 @@ class Recorder:
         return None
 
 
-def run_evidence(config: str | None, steps: int, seed: int, profile: str | None = None) -> tuple[list[Evidence],
-                                                                                                set[int]]:
+def run_evidence(
+    config: str | None, steps: int, seed: int, profile: str | None = None
+) -> tuple[list[Evidence], set[int]]:
     """Every step's evidence of one run (the update RMS included), and the steps the profile's faults hit."""
     cfg = load_config(config, [f"train.seed={seed}", f"run.steps={steps}"])
     w = build(cfg)
     recorder = Recorder()
     guard = Guard(detectors=(recorder, UpdateRmsSpike(factor=1e30)))
     with tempfile.TemporaryDirectory() as tmp:
-        tracer = Tracer(w.model, w.optimizer, out=Path(tmp) / "run", run=RunInfo("rates", config=cfg.to_dict()),
-                        guard=guard, echo=None)
+        tracer = Tracer(
+            w.model,
+            w.optimizer,
+            out=Path(tmp) / "run",
+            run=RunInfo("rates", config=cfg.to_dict()),
+            guard=guard,
+            echo=None,
+        )
         node = emulated_node(tracer, w.model, fault_profile=load_profile(profile) if profile else None)
         with tracer, node:
             for step in range(steps):
                 with tracer.step(step):
                     run_step(w, step, tracer)
-        faulted = {r.step for r in LogReader(rank_dir(Path(tmp) / "run", 0)).records()
-                   if isinstance(r, EventRecord) and r.kind == "fault"}
+        faulted = {
+            r.step
+            for r in LogReader(rank_dir(Path(tmp) / "run", 0)).records()
+            if isinstance(r, EventRecord) and r.kind == "fault"
+        }
     return recorder.seen, faulted
 
 
 def statistic(d: LossSpike | GradNormSpike | UpdateRmsSpike, e: Evidence) -> float | None:
     """What ``d`` compares with its threshold on ``e``: None while it is quiet for want of history."""
     name = {LossSpike: "loss", GradNormSpike: "grad_norm", UpdateRmsSpike: "update_rms"}[type(d)]
-    value, past = getattr(e, name), getattr(e.past, name)[-d.window:]
+    value, past = getattr(e, name), getattr(e.past, name)[-d.window :]
     if value is None or len(past) < d.min_history:
         return None
     if isinstance(d, LossSpike):
@@ -128,16 +144,20 @@ def bench_rates(steps: int, seeds: int, config: str | None = None) -> None:
     runs = [run_evidence(config, steps, seed)[0] for seed in range(seeds)]
     total = sum(len(r) for r in runs)
     print(f"guard detectors on healthy runs: {config or 'tiny'}, {seeds} model seeds x {steps} steps")
-    print(f"  {'detector':<18} {'threshold':>9} {'median':>8} {'p99':>8} {'max':>8} {'at step':>7}  {'alarms':>6}"
-          "  checked steps")
+    print(
+        f"  {'detector':<18} {'threshold':>9} {'median':>8} {'p99':>8} {'max':>8} {'at step':>7}  {'alarms':>6}"
+        "  checked steps"
+    )
     for d in detectors:
         stepped = sorted((v, e.step) for run in runs for e in run if (v := statistic(d, e)) is not None)
         values = [v for v, _ in stepped]
         threshold = d.z if isinstance(d, LossSpike) else d.factor
         alarms = sum(v > threshold for v in values)
         p99 = values[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)]
-        print(f"  {d.name:<18} {threshold:>9.3g} {statistics.median(values):>8.3f} {p99:>8.3f} {values[-1]:>8.3f} "
-              f"{stepped[-1][1]:>7}  {alarms:>6}  {len(values)}")
+        print(
+            f"  {d.name:<18} {threshold:>9.3g} {statistics.median(values):>8.3f} {p99:>8.3f} {values[-1]:>8.3f} "
+            f"{stepped[-1][1]:>7}  {alarms:>6}  {len(values)}"
+        )
     nonfinite = sum(NonFinite().check(e) is not None for run in runs for e in run)
     print(f"  {'non_finite':<18} {'-':>9} {'':>8} {'':>8} {'':>8} {'':>7}  {nonfinite:>6}  {total}")
 
@@ -152,8 +172,10 @@ def bench_profiles(steps: int, profiles: list[str], config: str | None = None) -
         parts = []
         for d in detectors:
             fired = {e.step for e in seen if d.check(e) is not None}
-            parts.append(f"{d.name} {len(fired & faulted)}/{len(faulted)}"
-                         + (f" (+{len(fired - faulted)} unfaulted)" if fired - faulted else ""))
+            parts.append(
+                f"{d.name} {len(fired & faulted)}/{len(faulted)}"
+                + (f" (+{len(fired - faulted)} unfaulted)" if fired - faulted else "")
+            )
         print(f"  {profile:<16} " + ", ".join(parts))
 
 
@@ -163,8 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="workload config (default: tiny)")
     p.add_argument("--rates", action="store_true", help="detector statistics on healthy runs instead of the overhead")
     p.add_argument("--seeds", type=int, default=3, help="--rates: healthy runs, one per model seed (default 3)")
-    p.add_argument("--profiles", nargs="*", default=[], metavar="PROFILE",
-                   help="--rates: also score the defaults on runs of these fault profiles (e.g. loss-spike)")
+    p.add_argument(
+        "--profiles",
+        nargs="*",
+        default=[],
+        metavar="PROFILE",
+        help="--rates: also score the defaults on runs of these fault profiles (e.g. loss-spike)",
+    )
     args = p.parse_args(argv)
     if args.rates:
         bench_rates(args.steps, args.seeds, args.config)

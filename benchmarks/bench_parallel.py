@@ -20,15 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-
 from intervals import Ratio
 from timing import WARMUP, Interleaved, side_by_side
 
 from jobs.launch import launch
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.reference_config import Config, load_config
 from workload.reference import build
+from workload.reference_config import Config, load_config
 
 LAYOUT = ["parallel.dp=2", "parallel.tp=2", "parallel.sp=true", "train.threads=1"]
 
@@ -37,8 +36,14 @@ def steps_side_by_side(config: dict[str, Any], steps: int, out: str) -> dict[str
     """One rank: interleave untraced and traced steps; every step's seconds, warm-up steps first."""
     cfg = Config.from_dict(config)
     plain, traced = build(cfg), build(cfg)
-    with Tracer(traced.model, traced.optimizer, out=out, run=RunInfo("bench", config=cfg.to_dict()),
-                parallel=traced.layout, echo=None) as tracer:
+    with Tracer(
+        traced.model,
+        traced.optimizer,
+        out=out,
+        run=RunInfo("bench", config=cfg.to_dict()),
+        parallel=traced.layout,
+        echo=None,
+    ) as tracer:
         timed = side_by_side(plain, traced, tracer, steps, between=dist.barrier)
     return {name: [*timed.warmup[name], *timed.seconds[name]] for name in ("untraced", "traced")}
 
@@ -54,11 +59,16 @@ def bench_parallel(steps: int = 30, config: str | None = None) -> Ratio:
     here = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as tmp:
-        results = launch("bench_parallel:steps_side_by_side",
-                         {"config": cfg.to_dict(), "steps": steps, "out": str(Path(tmp) / "run")}, 4)
+        results = launch(
+            "bench_parallel:steps_side_by_side",
+            {"config": cfg.to_dict(), "steps": steps, "out": str(Path(tmp) / "run")},
+            4,
+        )
     timed = slowest_rank(results)
-    print(f"4-rank tracing     : traced/untraced, dp=2 x tp=2 with sp, the slowest rank's step = "
-          f"{timed.describe('traced', 'untraced')}")
+    print(
+        f"4-rank tracing     : traced/untraced, dp=2 x tp=2 with sp, the slowest rank's step = "
+        f"{timed.describe('traced', 'untraced')}"
+    )
     return timed.ratio("traced", "untraced")
 
 

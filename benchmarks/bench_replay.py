@@ -87,8 +87,11 @@ def recorded_steps(cfg: Config, steps: int, out: Path) -> tuple[list[float], dic
 
 def logged_step_walls(run: Path) -> list[float]:
     """The ``wall_s`` of every `step` event but the first in rank 0's log."""
-    walls = [r.fields["wall_s"] for r in LogReader(rank_dir(run, 0)).records()
-             if isinstance(r, EventRecord) and r.kind == "step"]
+    walls = [
+        r.fields["wall_s"]
+        for r in LogReader(rank_dir(run, 0)).records()
+        if isinstance(r, EventRecord) and r.kind == "step"
+    ]
     return walls[1:]
 
 
@@ -103,26 +106,38 @@ def executions_per_step(counts: list[int]) -> str:
     return ", ".join(f"{n} ({k} step{'' if k == 1 else 's'})" for n, k in tally)
 
 
-def emulated_replay(golden: Path, out: Path, mode: Mode, golden_from: GoldenFrom, suspect: Suspect,
-                    recorded: list[float]) -> dict[str, Ratio]:
+def emulated_replay(
+    golden: Path, out: Path, mode: Mode, golden_from: GoldenFrom, suspect: Suspect, recorded: list[float]
+) -> dict[str, Ratio]:
     """Replay steps 1.. of ``golden`` on the emulated ``suspect``; print and return its faulty and clean steps' ratios
     to ``recorded`` with their executions per step."""
-    summary = Replayer(ReplayRequest(golden, out, range(1, len(recorded) + 1), suspect, mode=mode,
-                                     golden_from=golden_from, progress=False)).run()
+    summary = Replayer(
+        ReplayRequest(
+            golden, out, range(1, len(recorded) + 1), suspect, mode=mode, golden_from=golden_from, progress=False
+        )
+    ).run()
     fired = [r.step for r in summary.steps if r.faults]
     name = mode if golden_from == "reexec" else f"{mode}, golden gradients captured"
     faulty, clean = split_by_faults([(r.wall_s, r.faults) for r in summary.steps])
     if len(faulty) < 2 or len(clean) < 2:
-        raise SystemExit(f"replay {name}: {PROFILE} with fault seed {suspect.fault_seed} fired in steps {fired} of "
-                         f"1-{len(recorded)}: need two or more faulty and two or more clean steps; pick another "
-                         f"--fault-seed or more --steps")
+        raise SystemExit(
+            f"replay {name}: {PROFILE} with fault seed {suspect.fault_seed} fired in steps {fired} of "
+            f"1-{len(recorded)}: need two or more faulty and two or more clean steps; pick another "
+            f"--fault-seed or more --steps"
+        )
     ratios = {f"{name} faulty": unpaired_ratio(faulty, recorded), f"{name} clean": unpaired_ratio(clean, recorded)}
-    runs = {kind: executions_per_step([r.executions for r in summary.steps if (r.faults > 0) == hit])
-            for kind, hit in (("faulty", True), ("clean", False))}
-    print(f"replay {name}: replayed / recorded step, {PROFILE} (fault seed {suspect.fault_seed}, "
-          f"{sum(r.faults for r in summary.steps)} faults fired in steps {fired}, golden from {golden_from}):")
-    print(f"  faulty steps     : {ratios[f'{name} faulty'].describe(TARGETS[mode])}; executions per step: "
-          f"{runs['faulty']}")
+    runs = {
+        kind: executions_per_step([r.executions for r in summary.steps if (r.faults > 0) == hit])
+        for kind, hit in (("faulty", True), ("clean", False))
+    }
+    print(
+        f"replay {name}: replayed / recorded step, {PROFILE} (fault seed {suspect.fault_seed}, "
+        f"{sum(r.faults for r in summary.steps)} faults fired in steps {fired}, golden from {golden_from}):"
+    )
+    print(
+        f"  faulty steps     : {ratios[f'{name} faulty'].describe(TARGETS[mode])}; executions per step: "
+        f"{runs['faulty']}"
+    )
     print(f"  clean steps      : {ratios[f'{name} clean'].describe()}; executions per step: {runs['clean']}")
     return ratios
 
@@ -134,24 +149,42 @@ def bench_replay(steps: int = 12, config: str | None = None, fault_seed: int = F
         golden = Path(tmp) / "golden"
         # Every step's tensors captured, for the replay that takes the golden gradients from them; the others
         # re-execute the golden steps (--golden-from reexec), as with a golden run that captured nothing.
-        record_run(cfg, golden, node_label="bench", progress=False,
-                   trace=TraceOptions(capture=CapturePolicy(steps=frozenset(range(1, steps + 1)))))
+        record_run(
+            cfg,
+            golden,
+            node_label="bench",
+            progress=False,
+            trace=TraceOptions(capture=CapturePolicy(steps=frozenset(range(1, steps + 1)))),
+        )
         recorded, once = recorded_steps(cfg, steps, Path(tmp) / "timed")
         logged = logged_step_walls(golden)
         base = mean_interval(recorded)
-        print(f"recorded step      : {base.describe(unit=' s')} per traced step, the writer's work counted (drained); "
-              f"the golden recording's step events say {statistics.fmean(logged):.3f} s (another run; wall_s stops "
-              f"before the I/O thread's writes); one-time: " + ", ".join(f"{k} {v:.3f} s" for k, v in once.items()))
+        print(
+            f"recorded step      : {base.describe(unit=' s')} per traced step, the writer's work counted (drained); "
+            f"the golden recording's step events say {statistics.fmean(logged):.3f} s (another run; wall_s stops "
+            f"before the I/O thread's writes); one-time: " + ", ".join(f"{k} {v:.3f} s" for k, v in once.items())
+        )
         emulated = suspect_from_profile(PROFILE, fault_seed)
         for mode in MODES:
-            summary = Replayer(ReplayRequest(golden, Path(tmp) / f"machine-{mode}", range(1, steps + 1),
-                                             THIS_MACHINE, mode=mode, golden_from="reexec", progress=False)).run()
+            summary = Replayer(
+                ReplayRequest(
+                    golden,
+                    Path(tmp) / f"machine-{mode}",
+                    range(1, steps + 1),
+                    THIS_MACHINE,
+                    mode=mode,
+                    golden_from="reexec",
+                    progress=False,
+                )
+            ).run()
             shortcut = unpaired_ratio([r.wall_s for r in summary.steps], recorded)
             ratios[f"{mode} shortcut"] = shortcut
             ratios |= emulated_replay(golden, Path(tmp) / f"emulated-{mode}", mode, "reexec", emulated, recorded)
-            print(f"  shortcut         : {shortcut.describe()}; executions per step: "
-                  f"{executions_per_step([r.executions for r in summary.steps])} (this machine as the suspect: one "
-                  "golden re-execution per step, no suspect step)")
+            print(
+                f"  shortcut         : {shortcut.describe()}; executions per step: "
+                f"{executions_per_step([r.executions for r in summary.steps])} (this machine as the suspect: one "
+                "golden re-execution per step, no suspect step)"
+            )
         ratios |= emulated_replay(golden, Path(tmp) / "emulated-captured", "param-sync", "blobs", emulated, recorded)
     return ratios
 
@@ -160,8 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=12, help="steps replayed, 1..STEPS (default 12)")
     p.add_argument("--config", help="workload config (default: tiny)")
-    p.add_argument("--fault-seed", type=int, default=FAULT_SEED,
-                   help=f"the emulated node's fault seed (default {FAULT_SEED}: faulty and clean steps both)")
+    p.add_argument(
+        "--fault-seed",
+        type=int,
+        default=FAULT_SEED,
+        help=f"the emulated node's fault seed (default {FAULT_SEED}: faulty and clean steps both)",
+    )
     args = p.parse_args(argv)
     bench_replay(args.steps, args.config, args.fault_seed)
     return 0

@@ -42,8 +42,11 @@ def check_times(config: dict[str, Any], steps: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         run_step(w, step)
         t1 = time.perf_counter()
-        grads = [(n, d) for (n, p), d in zip(params, digest_many([p.grad for _, p in params]))] \
-            if all(p.grad is not None for _, p in params) else []
+        grads = (
+            [(n, d) for (n, p), d in zip(params, digest_many([p.grad for _, p in params]))]
+            if all(p.grad is not None for _, p in params)
+            else []
+        )
         digests = digest_many([p for _, p in params])  # what the Tracer records after the step anyway
         t2 = time.perf_counter()
         check.note_gradients(grads)
@@ -63,9 +66,11 @@ def bench_replicas(steps: int = 30, config: str | None = None) -> Ratio:
     check = mean_interval([c * 1e3 for c in checks])
     share = paired_ratio(checks, step_s)
     first = sum(r["check"][:WARMUP]) - WARMUP * check.value / 1e3
-    print(f"replica agreement  : {check.describe(unit=' ms')} a step (2 ranks, {r['tensors']} fingerprints each, one "
-          f"all-gather) = {share.describe()} of an untraced step ({statistics.fmean(step_s) * 1e3:.1f} ms); first "
-          f"{WARMUP} checks {first:+.4f} s over steady ones; alarms on healthy steps: {r['alarms']}")
+    print(
+        f"replica agreement  : {check.describe(unit=' ms')} a step (2 ranks, {r['tensors']} fingerprints each, one "
+        f"all-gather) = {share.describe()} of an untraced step ({statistics.fmean(step_s) * 1e3:.1f} ms); first "
+        f"{WARMUP} checks {first:+.4f} s over steady ones; alarms on healthy steps: {r['alarms']}"
+    )
     return share
 
 

@@ -18,7 +18,6 @@ import sys
 import time
 
 import torch
-
 from intervals import mean_interval, paired_ratio
 from timing import machine_load
 
@@ -62,8 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, seconds in estimates.items():
         extra = f"; iterations {min(used)}-{max(used)} of {args.iterations}" if name == "default tol" else ""
         label = f"sharpness, {name}"
-        print(f"{label:<19}: {mean_interval(seconds).describe(unit=' s')} = "
-              f"{paired_ratio(seconds, steps).describe()} untraced steps (K={args.iterations}{extra})", flush=True)
+        print(
+            f"{label:<19}: {mean_interval(seconds).describe(unit=' s')} = "
+            f"{paired_ratio(seconds, steps).describe()} untraced steps (K={args.iterations}{extra})",
+            flush=True,
+        )
     return 0
 
 

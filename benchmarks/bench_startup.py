@@ -51,10 +51,12 @@ def small_study_db(folder: Path, steps: int = 100) -> Path:
     """A study database with one pair and a loss curve of `steps` steps, loaded as `sdc diff` loads one."""
     staging = folder / "staging"
     for name, rows in {
-        "pairs": [{"golden_path": "golden", "suspect_path": "suspect", "golden_run_id": "run-g",
-                   "suspect_run_id": "run-s"}],
-        "loss": [{"rank": 0, "step": s, "golden_loss": 1.0 / (s + 1), "suspect_loss": 1.0 / (s + 1)}
-                 for s in range(steps)],
+        "pairs": [
+            {"golden_path": "golden", "suspect_path": "suspect", "golden_run_id": "run-g", "suspect_run_id": "run-s"}
+        ],
+        "loss": [
+            {"rank": 0, "step": s, "golden_loss": 1.0 / (s + 1), "suspect_loss": 1.0 / (s + 1)} for s in range(steps)
+        ],
     }.items():
         (staging / name).mkdir(parents=True)
         pq.write_table(table(name, rows), staging / name / "part.parquet")
@@ -63,15 +65,16 @@ def small_study_db(folder: Path, steps: int = 100) -> Path:
     return db
 
 
-def alternate(commands: dict[str, Sequence[str]], runs: int, env: dict[str, str]) -> tuple[dict[str, float],
-                                                                                           dict[str, list[float]]]:
+def alternate(
+    commands: dict[str, Sequence[str]], runs: int, env: dict[str, str]
+) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Each command's first run (one-time cost), then `runs` more of each, the commands taking turns in an order
     rotated every round so none is always first; returns (first run, the other runs) per command."""
     first = {name: process_seconds(argv, env) for name, argv in commands.items()}
     samples: dict[str, list[float]] = {name: [] for name in commands}
     names = list(commands)
     for i in range(runs):
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             samples[name].append(process_seconds(commands[name], env))
     return first, samples
 
@@ -82,19 +85,28 @@ def bench_startup(runs: int = 10) -> None:
     env = checkout_env()
     with tempfile.TemporaryDirectory() as tmp:
         db = small_study_db(Path(tmp))
-        first, samples = alternate({
-            "sdc --help": [*sdc, "--help"],
-            "sdc query": [*sdc, "query", "--sql", QUERY_SQL, "--db", str(db)],
-            "python -c pass": [sys.executable, "-c", "pass"],
-            "python -c 'import duckdb'": [sys.executable, "-c", "import duckdb"],
-        }, runs, env)
-    print(f"sdc startup        : {shown}, {runs} runs of each as whole processes, alternating; "
-          f"sdc query: --sql {QUERY_SQL!r} on a 100-step study database")
+        first, samples = alternate(
+            {
+                "sdc --help": [*sdc, "--help"],
+                "sdc query": [*sdc, "query", "--sql", QUERY_SQL, "--db", str(db)],
+                "python -c pass": [sys.executable, "-c", "pass"],
+                "python -c 'import duckdb'": [sys.executable, "-c", "import duckdb"],
+            },
+            runs,
+            env,
+        )
+    print(
+        f"sdc startup        : {shown}, {runs} runs of each as whole processes, alternating; "
+        f"sdc query: --sql {QUERY_SQL!r} on a 100-step study database"
+    )
     for name, values in samples.items():
         target = TARGET_S if name.startswith("sdc") else None
         what = "" if target is not None else " (floor)"
-        print(f"  {name + what:<33}: {mean_interval(values).describe(target, ' s')}; first run {first[name]:.3f} s "
-              "(one-time)", flush=True)
+        print(
+            f"  {name + what:<33}: {mean_interval(values).describe(target, ' s')}; first run {first[name]:.3f} s "
+            "(one-time)",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,13 +35,19 @@ from whole_run import fresh_kernel_load, marginal, process_pairs
 from tracer.fingerprint import digest_implementation, digest_many
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.reference_config import load_config
 from workload.reference import build
+from workload.reference_config import load_config
 
 # A ~100 M-parameter LLaMA-shaped model from llama3-16l-mini's config (101.4 M by sum(numel)): dim 768, 13 layers,
 # head size 64, 3 query heads per kv head, SwiGLU 3.5 x dim; one microbatch of 4 x 128 tokens a step.
-LARGE = ("model.dim=768", "model.n_layers=13", "model.n_heads=12", "model.n_kv_heads=4", "model.ffn_hidden=2688",
-         "data.microbatches=1")
+LARGE = (
+    "model.dim=768",
+    "model.n_layers=13",
+    "model.n_heads=12",
+    "model.n_kv_heads=4",
+    "model.ffn_hidden=2688",
+    "data.microbatches=1",
+)
 
 
 @dataclass(frozen=True)
@@ -68,8 +74,16 @@ SIZES = (
 
 # A Hugging Face Llama shaped like tiny (workload/configs/tiny.toml): width 128, 4 layers, 4 query heads over 2 kv
 # heads, SwiGLU 384, byte vocabulary; 2 microbatches of 8 x 64 tokens a step, AdamW at 1e-3, clipped at 1.0.
-HF_LLAMA = {"vocab_size": 256, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128, "rms_norm_eps": 1e-5}
+HF_LLAMA = {
+    "vocab_size": 256,
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-5,
+}
 HF_BATCH, HF_SEQ, HF_MICROBATCHES = 8, 64, 2
 HF_STEP_SHARE = 0.5  # of --steps: its steps take about what tiny's do
 
@@ -86,7 +100,11 @@ class Overhead:
 
 
 def tracing_overhead(
-    config: str, overrides: tuple[str, ...], steps: int, device: str = "cpu", out: Path | None = None,
+    config: str,
+    overrides: tuple[str, ...],
+    steps: int,
+    device: str = "cpu",
+    out: Path | None = None,
     label: str | None = None,
 ) -> Overhead:
     """Step times of an untraced and a traced copy of one workload, interleaved step by step, and the Tracer's
@@ -99,8 +117,7 @@ def tracing_overhead(
         tracer = Tracer(traced.model, traced.optimizer, out=out or Path(tmp) / "run", run=run, echo=None)
         with lifetime(tracer, noted):
             timed = side_by_side(plain, traced, tracer, steps)
-    one_time = OneTime(noted["start_s"], timed.first_steps("traced") - timed.first_steps("untraced"),
-                       noted["close_s"])
+    one_time = OneTime(noted["start_s"], timed.first_steps("traced") - timed.first_steps("untraced"), noted["close_s"])
     label = label or config + "".join(f" {o}" for o in overrides)
     return Overhead(label, sum(p.numel() for p in traced.model.parameters()), timed, one_time)
 
@@ -153,8 +170,7 @@ def hf_llama_overhead(steps: int, out: Path | None = None) -> Overhead:
         tracer = Tracer(traced.model, traced.optimizer, out=out or Path(tmp) / "run", run=run, echo=None)
         with lifetime(tracer, noted):
             timed = interleave({"untraced": untraced, "traced": drained(traced_step, tracer.sync)}, steps)
-    one_time = OneTime(noted["start_s"], timed.first_steps("traced") - timed.first_steps("untraced"),
-                       noted["close_s"])
+    one_time = OneTime(noted["start_s"], timed.first_steps("traced") - timed.first_steps("untraced"), noted["close_s"])
     return Overhead("hf-llama (tiny)", sum(p.numel() for p in traced.model.parameters()), timed, one_time)
 
 
@@ -164,31 +180,47 @@ def bench_hf_llama(steps: int, out: Path | None = None) -> Overhead:
     start = time.perf_counter()
     r = hf_llama_overhead(max(4, round(steps * HF_STEP_SHARE)), out)
     print(f"  {r.label:<16} {r.params / 1e6:6.1f} M params  steady: {r.describe(SIZES[0].target)}", flush=True)
-    print(f"  {'':<16} {'':15} {r.one_time.describe()}; a Hugging Face LlamaForCausalLM traced as any model, "
-          f"against tiny's target; {time.perf_counter() - start:.0f} s in all", flush=True)
+    print(
+        f"  {'':<16} {'':15} {r.one_time.describe()}; a Hugging Face LlamaForCausalLM traced as any model, "
+        f"against tiny's target; {time.perf_counter() - start:.0f} s in all",
+        flush=True,
+    )
     return r
 
 
 def bench_scaling(steps: int, pairs: int, whole_steps: int, out: Path | None = None) -> list[Overhead]:
     """Every size's steady ratio and one-time cost; whole-process pairs for the sizes marked so. The first size's
     traced log is kept in ``out`` if given."""
-    print(f"tracing vs size    : traced/untraced, ratio of mean step times, each traced step drained "
-          f"({digest_implementation()} digests; kernel load in a fresh process {fresh_kernel_load():.3f} s)")
+    print(
+        f"tracing vs size    : traced/untraced, ratio of mean step times, each traced step drained "
+        f"({digest_implementation()} digests; kernel load in a fresh process {fresh_kernel_load():.3f} s)"
+    )
     rows = []
     for size in SIZES:
-        r = tracing_overhead(size.config, size.overrides, max(4, round(steps * size.step_share)),
-                             out=out if size is SIZES[0] else None, label=size.label)
+        r = tracing_overhead(
+            size.config,
+            size.overrides,
+            max(4, round(steps * size.step_share)),
+            out=out if size is SIZES[0] else None,
+            label=size.label,
+        )
         rows.append(r)
         print(f"  {r.label:<16} {r.params / 1e6:6.1f} M params  steady: {r.describe(size.target)}", flush=True)
         print(f"  {'':<16} {'':15} {r.one_time.describe()}", flush=True)
         if size.pairs and pairs >= 2:
             n = max(4, round(whole_steps * size.step_share))  # 40 steps of tiny, 7 of llama3-16l-mini
             whole = process_pairs(size.config, size.overrides, n, pairs)
-            print(f"  {'':<16} {'':15} whole runs of {n} steps: {whole.describe(size.target)}; "
-                  f"{whole.one_time.describe()}", flush=True)
+            print(
+                f"  {'':<16} {'':15} whole runs of {n} steps: {whole.describe(size.target)}; "
+                f"{whole.one_time.describe()}",
+                flush=True,
+            )
             if disagree(whole.ratio, r.steps.ratio("traced", "untraced")):
-                print(f"  {'':<16} {'':15} the two methods disagree beyond their intervals: a whole run also pays "
-                      f"the one-time cost, {r.one_time.describe()}, over {n} steps", flush=True)
+                print(
+                    f"  {'':<16} {'':15} the two methods disagree beyond their intervals: a whole run also pays "
+                    f"the one-time cost, {r.one_time.describe()}, over {n} steps",
+                    flush=True,
+                )
     return rows
 
 
@@ -205,8 +237,10 @@ def bench_throughput(megabytes: int = 256, repeats: int = 9) -> float:
             timed[name].append(time.perf_counter() - s)
     digest_gbs, copy_gbs = (x.nbytes / statistics.median(timed[n]) / 1e9 for n in ("digest", "copy"))
     ratio = digest_gbs / copy_gbs
-    print(f"fingerprint speed  : {digest_gbs:.1f} GB/s ({digest_implementation()}) vs copy {copy_gbs:.1f} GB/s, "
-          f"both on torch's {torch.get_num_threads()} intra-op threads: ratio {ratio:.2f} (target >= 0.5)")
+    print(
+        f"fingerprint speed  : {digest_gbs:.1f} GB/s ({digest_implementation()}) vs copy {copy_gbs:.1f} GB/s, "
+        f"both on torch's {torch.get_num_threads()} intra-op threads: ratio {ratio:.2f} (target >= 0.5)"
+    )
     return ratio
 
 
@@ -218,19 +252,27 @@ def bench_cuda(steps: int) -> float | None:
         print("CUDA tracing       : skipped (no CUDA device here)")
         return None
     r = tracing_overhead("llama3-16l-mini", (), steps, device="cuda")
-    print(f"CUDA tracing       : traced/untraced on {torch.cuda.get_device_name()}, llama3-16l-mini: "
-          f"{r.describe(CUDA_TARGET)}; {r.one_time.describe()}")
+    print(
+        f"CUDA tracing       : traced/untraced on {torch.cuda.get_device_name()}, llama3-16l-mini: "
+        f"{r.describe(CUDA_TARGET)}; {r.one_time.describe()}"
+    )
     return r.steps.ratio("traced", "untraced").value
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=120, help="steady steps of tiny; bigger models take a share "
-                   "(default 120)")
+    p.add_argument(
+        "--steps", type=int, default=120, help="steady steps of tiny; bigger models take a share (default 120)"
+    )
     p.add_argument("--pairs", type=int, default=5, help="whole-process pairs per cross-checked size (default 5)")
     p.add_argument("--whole-steps", type=int, default=40, help="steps of a whole tiny run (default 40)")
-    p.add_argument("--marginal", type=int, nargs=2, metavar=("SHORT", "LONG"),
-                   help="also: tiny's cost per step from whole runs of SHORT and LONG steps, --pairs of each")
+    p.add_argument(
+        "--marginal",
+        type=int,
+        nargs=2,
+        metavar=("SHORT", "LONG"),
+        help="also: tiny's cost per step from whole runs of SHORT and LONG steps, --pairs of each",
+    )
     args = p.parse_args(argv)
     print(machine_load(), flush=True)
     bench_throughput()
@@ -240,8 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.marginal:
         short, long = args.marginal
         ratio, per_step = marginal("tiny", (), short, long, args.pairs)
-        print(f"tiny, marginal     : traced/untraced per step from whole runs of {short} and {long} steps = "
-              f"{ratio.describe(SIZES[0].target)}; a traced step {per_step.describe(unit=' s')}", flush=True)
+        print(
+            f"tiny, marginal     : traced/untraced per step from whole runs of {short} and {long} steps = "
+            f"{ratio.describe(SIZES[0].target)}; a traced step {per_step.describe(unit=' s')}",
+            flush=True,
+        )
     print(machine_load(when="after the run"), flush=True)
     return 0
 

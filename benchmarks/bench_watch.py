@@ -23,12 +23,12 @@ import time
 from itertools import groupby
 from pathlib import Path
 
+from jobs.record import record_run
 from sdc.commands.watch import EXIT_DIVERGED, Watch, WatchOptions
 from tracer.log import EventRecord, LogReader, LogWriter, TensorRecord, rank_dir
 from tracer.log.follow import POLL_S
 from tracer.log.runlock import RunLock
 from workload.reference_config import load_config
-from jobs.record import record_run
 
 DIVERGE_AT = 6
 
@@ -53,14 +53,17 @@ def bench_watch(config: str | None = None, steps: int = 10, repeats: int = 3) ->
         record_run(cfg, template, node_label="bench", progress=False)
         reader = LogReader(rank_dir(template, 0))
         header, records = reader.header, list(reader.records())
-        step_s = statistics.median(r.fields["wall_s"] for r in records
-                                   if isinstance(r, EventRecord) and r.kind == "step" and r.step > 0)
+        step_s = statistics.median(
+            r.fields["wall_s"] for r in records if isinstance(r, EventRecord) and r.kind == "step" and r.step > 0
+        )
         latencies = [_latency(Path(tmp) / f"try{i}", header, records, step_s) for i in range(repeats)]
     latency = statistics.median(latencies)
     spread = f"{min(latencies) * 1e3:.0f}-{max(latencies) * 1e3:.0f} ms"
-    print(f"watch latency      : suspect flush -> divergence reported = {latency * 1e3:.0f} ms (median of {repeats}, "
-          f"{spread}) = {latency / step_s:.2f} of a {config or 'tiny'} step ({step_s * 1e3:.0f} ms; polls every "
-          f"{POLL_S * 1e3:.0f} ms), target <= 1 step")
+    print(
+        f"watch latency      : suspect flush -> divergence reported = {latency * 1e3:.0f} ms (median of {repeats}, "
+        f"{spread}) = {latency / step_s:.2f} of a {config or 'tiny'} step ({step_s * 1e3:.0f} ms; polls every "
+        f"{POLL_S * 1e3:.0f} ms), target <= 1 step"
+    )
     return {"latency_s": latency, "step_s": step_s, "ratio": latency / step_s}
 
 

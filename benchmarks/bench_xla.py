@@ -38,7 +38,7 @@ class StepTimes:
 
     def ratio(self, name: str, base: str) -> Ratio:
         """Mean step time of ``name`` over ``base``'s, steps after the warm-up paired by step."""
-        return paired_ratio(self.seconds[name][self.warm:], self.seconds[base][self.warm:])
+        return paired_ratio(self.seconds[name][self.warm :], self.seconds[base][self.warm :])
 
     def first_steps(self, name: str) -> Sequence[float]:
         return self.seconds[name][: self.warm]
@@ -51,8 +51,12 @@ def counts() -> tuple[int, int, int, float]:
 
     torch_xla._XLAC._xla_wait_device_ops([])
     execute, transfer, compile_ = (met.metric_data(n) for n in ("ExecuteTime", "TransferFromDeviceTime", "CompileTime"))
-    return (execute[0] if execute else 0, transfer[0] if transfer else 0, compile_[0] if compile_ else 0,
-            compile_[1] / 1e9 if compile_ else 0.0)
+    return (
+        execute[0] if execute else 0,
+        transfer[0] if transfer else 0,
+        compile_[0] if compile_ else 0,
+        compile_[1] / 1e9 if compile_ else 0.0,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps must exceed --warm by 2 or more: a ratio's interval needs two steps")
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     import torch_xla
-
     from timing import machine_load
+
     from tracer.options import RunInfo
     from tracer.tracing import Tracer
     from workload.protocol import run_step
@@ -85,8 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         tracers = {}
         for n in NAMES[1::2]:
             s = time.perf_counter()
-            tracer = Tracer(workloads[n].model, workloads[n].optimizer, out=Path(tmp) / n.replace(" ", "-"),
-                            run=RunInfo("bench", config=cfg.to_dict()), echo=None)
+            tracer = Tracer(
+                workloads[n].model,
+                workloads[n].optimizer,
+                out=Path(tmp) / n.replace(" ", "-"),
+                run=RunInfo("bench", config=cfg.to_dict()),
+                echo=None,
+            )
             tracers[n] = tracer.__enter__()
             once[f"{n}: Tracer start"] = time.perf_counter() - s
         try:
@@ -124,11 +133,17 @@ def report(
     print(f"xla / eager, traced            : {t.ratio('xla traced', 'eager traced').describe()}")
     print(f"tracing on xla, traced/untraced: {t.ratio('xla traced', 'xla').describe()}")
     print(f"tracing eager, traced/untraced : {t.ratio('eager traced', 'eager').describe()}")
-    print(f"one-time cost (s)              : compiling {compiling:.1f} in all; first {t.warm} steps: " + "; ".join(
-        f"{n} {', '.join(f'{s:.2f}' for s in t.first_steps(n))}" for n in NAMES))
+    print(
+        f"one-time cost (s)              : compiling {compiling:.1f} in all; first {t.warm} steps: "
+        + "; ".join(f"{n} {', '.join(f'{s:.2f}' for s in t.first_steps(n))}" for n in NAMES)
+    )
     print("one-time cost (s), Tracers     : " + ", ".join(f"{k} {v:.2f}" for k, v in once.items()))
-    print("host syncs per traced xla step : " + ", ".join(
-        f"step {s}: {g} graph{'s' * (g != 1)}, {r} reads{f', {c} compiled' if c else ''}" for s, g, r, c in per_step))
+    print(
+        "host syncs per traced xla step : "
+        + ", ".join(
+            f"step {s}: {g} graph{'s' * (g != 1)}, {r} reads{f', {c} compiled' if c else ''}" for s, g, r, c in per_step
+        )
+    )
 
 
 if __name__ == "__main__":

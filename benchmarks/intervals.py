@@ -102,7 +102,9 @@ def marginal_ratio(
 
     boot_ratio, boot_step = [], []
     for _ in range(RESAMPLES):
-        r, t = estimate([short[rng.randrange(len(short))] for _ in short], [long[rng.randrange(len(long))] for _ in long])
+        r, t = estimate(
+            [short[rng.randrange(len(short))] for _ in short], [long[rng.randrange(len(long))] for _ in long]
+        )
         boot_ratio.append(r)
         boot_step.append(t)
     ratio, per_step = estimate(short, long)

@@ -46,8 +46,9 @@ def thread_cpu_seconds(name: str) -> float:
 OWN = ("/tracer/", "eval_frame.py")  # the tracer's functions, and the torch.compiler.disable wrapper's
 
 
-def calls_per_step(stats: pstats.Stats, steps: int, own: tuple[str, ...] = OWN,
-                   label: str = "tracer/ and the compile wrapper") -> str:
+def calls_per_step(
+    stats: pstats.Stats, steps: int, own: tuple[str, ...] = OWN, label: str = "tracer/ and the compile wrapper"
+) -> str:
     """Python calls a step and their tottime a step: in all, and in the functions whose file names hold one of
     ``own`` (`OWN`: the tracer's), called ``label``."""
     calls = tottime = own_calls = own_tottime = 0.0
@@ -55,15 +56,21 @@ def calls_per_step(stats: pstats.Stats, steps: int, own: tuple[str, ...] = OWN,
         calls, tottime = calls + ncalls, tottime + tt
         if any(part in filename for part in own):
             own_calls, own_tottime = own_calls + ncalls, own_tottime + tt
-    return (f"Python calls a step: {calls / steps:.0f} in all ({tottime / steps * 1e3:.2f} ms tottime), "
-            f"{own_calls / steps:.0f} in {label} ({own_tottime / steps * 1e3:.2f} ms tottime)")
+    return (
+        f"Python calls a step: {calls / steps:.0f} in all ({tottime / steps * 1e3:.2f} ms tottime), "
+        f"{own_calls / steps:.0f} in {label} ({own_tottime / steps * 1e3:.2f} ms tottime)"
+    )
 
 
 def profile(config: str, steps: int, top: int) -> None:
     cfg = load_config(config)
     w = build(cfg)
-    with tempfile.TemporaryDirectory() as tmp, Tracer(w.model, w.optimizer, out=Path(tmp) / "run",
-                                                       run=RunInfo("profile", config=cfg.to_dict()), echo=None) as t:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        Tracer(
+            w.model, w.optimizer, out=Path(tmp) / "run", run=RunInfo("profile", config=cfg.to_dict()), echo=None
+        ) as t,
+    ):
         for step in range(3):
             with t.step(step):
                 run_step(w, step, t)
@@ -81,9 +88,11 @@ def profile(config: str, steps: int, top: int) -> None:
     out = io.StringIO()
     print(calls_per_step(pstats.Stats(profiler), steps))
     pstats.Stats(profiler, stream=out).sort_stats("cumtime").print_stats(r"tracer/|eval_frame", top)
-    print(f"{config}: {steps} traced steps, {wall / steps * 1e3:.1f} ms a step under the profiler (which slows "
-          f"Python); the I/O thread's CPU {io_cpu / steps * 1e3:.2f} ms a step (clock ticks: 0 means under one tick "
-          "in all). cumtime / steps is a function's share of a step:")
+    print(
+        f"{config}: {steps} traced steps, {wall / steps * 1e3:.1f} ms a step under the profiler (which slows "
+        f"Python); the I/O thread's CPU {io_cpu / steps * 1e3:.2f} ms a step (clock ticks: 0 means under one tick "
+        "in all). cumtime / steps is a function's share of a step:"
+    )
     print(out.getvalue())
 
 

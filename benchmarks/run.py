@@ -52,8 +52,8 @@ from tracer.log.reader import LogReader
 from tracer.log.records import TensorRecord
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.reference_config import load_config
 from workload.reference import build
+from workload.reference_config import load_config
 
 EMULATOR_TARGET, ABFT_TARGET = 1.08, 1.25
 BYTES_TARGET = 32
@@ -83,8 +83,10 @@ def bench_tracing_overhead(budget: Budget) -> float:
         bench_tracing.bench_scaling(budget.steps, budget.pairs, budget.whole_steps, out=out)
         bench_tracing.bench_hf_llama(budget.steps)
         per_event = _tensor_event_bytes(out)
-    print(f"log size           : {per_event:.1f} bytes per fingerprint event on disk (whole log / tensor records: "
-          f"run header, strings and events included; target <= {BYTES_TARGET})")
+    print(
+        f"log size           : {per_event:.1f} bytes per fingerprint event on disk (whole log / tensor records: "
+        f"run header, strings and events included; target <= {BYTES_TARGET})"
+    )
     return per_event
 
 
@@ -100,14 +102,17 @@ def bench_interceptor_overhead(steps: int, config: str | None) -> tuple[Ratio, R
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         tracers = [
             stack.enter_context(
-                Tracer(w.model, w.optimizer, out=Path(tmp) / name, run=RunInfo("bench", config=cfg.to_dict()),
-                       echo=None)
+                Tracer(
+                    w.model, w.optimizer, out=Path(tmp) / name, run=RunInfo("bench", config=cfg.to_dict()), echo=None
+                )
             )
             for w, name in zip(workloads, names)
         ]
         hooks = [
-            {"clock": lambda t=t: (t.step_index, t.microbatch_index),
-             "sink": lambda kind, fields, t=t: t.event(kind, **fields)}
+            {
+                "clock": lambda t=t: (t.step_index, t.microbatch_index),
+                "sink": lambda kind, fields, t=t: t.event(kind, **fields),
+            }
             for t in tracers
         ]
         modes: list[AbstractContextManager] = [
@@ -115,6 +120,7 @@ def bench_interceptor_overhead(steps: int, config: str | None) -> tuple[Ratio, R
             FaultEmulator(load_profile("healthy-node"), workloads[1].model, **hooks[1]),
             AbftChecker(workloads[2].model, **hooks[2]),
         ]
+
         def inside(mode: AbstractContextManager, step: Callable[[int], float]) -> Callable[[int], float]:
             def run(index: int) -> float:
                 with mode:
@@ -122,11 +128,18 @@ def bench_interceptor_overhead(steps: int, config: str | None) -> tuple[Ratio, R
 
             return run
 
-        timed = interleave({name: inside(mode, traced_step(w, tracer))
-                            for name, w, tracer, mode in zip(names, workloads, tracers, modes)}, steps)
+        timed = interleave(
+            {
+                name: inside(mode, traced_step(w, tracer))
+                for name, w, tracer, mode in zip(names, workloads, tracers, modes)
+            },
+            steps,
+        )
     gate = "the C++ gate" if emulator_implementation() == "gate" else "Python: the gate is not built"
-    print(f"fault emulator     : emulator-on/traced = {timed.describe('emulator', 'plain', EMULATOR_TARGET)}; "
-          f"healthy-node: no fault fires; decided in {gate}")
+    print(
+        f"fault emulator     : emulator-on/traced = {timed.describe('emulator', 'plain', EMULATOR_TARGET)}; "
+        f"healthy-node: no fault fires; decided in {gate}"
+    )
     print(f"ABFT checker       : abft-on/traced, whole steps = {timed.describe('abft', 'plain', ABFT_TARGET)}")
     return timed.ratio("emulator", "plain"), timed.ratio("abft", "plain")
 
@@ -141,17 +154,30 @@ def _tensor_event_bytes(run: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a few steps of everything: checks that every benchmark "
-                   "runs; its figures mean nothing")
-    p.add_argument("--steps", type=int, help=f"steady steps of tiny; the others scale from it (default "
-                   f"{FULL.steps}, --quick {QUICK.steps})")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few steps of everything: checks that every benchmark runs; its figures mean nothing",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        help=f"steady steps of tiny; the others scale from it (default {FULL.steps}, --quick {QUICK.steps})",
+    )
     p.add_argument("--pairs", type=int, help=f"whole-process pairs per cross-check (default {FULL.pairs})")
-    p.add_argument("--config", help="workload config of the emulator, ABFT, guard and multi-rank benchmarks "
-                   "(default: tiny)")
+    p.add_argument(
+        "--config", help="workload config of the emulator, ABFT, guard and multi-rank benchmarks (default: tiny)"
+    )
     args = p.parse_args(argv)
     budget = QUICK if args.quick else FULL
-    budget = Budget(args.steps or budget.steps, args.pairs or budget.pairs, budget.whole_steps, budget.ranks_steps,
-                    budget.fsdp2_runs, budget.fsdp2_steps)
+    budget = Budget(
+        args.steps or budget.steps,
+        args.pairs or budget.pairs,
+        budget.whole_steps,
+        budget.ranks_steps,
+        budget.fsdp2_runs,
+        budget.fsdp2_steps,
+    )
     print(machine_load(), flush=True)
     bench_tracing_overhead(budget)
     bench_tracing.bench_throughput()

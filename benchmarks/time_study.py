@@ -56,8 +56,13 @@ def minutes(seconds: float) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("studies", nargs="*", metavar="STUDY", default=list(DEFAULT),
-                   help=f"shipped studies to time (default: {' '.join(DEFAULT)}; one of: {', '.join(shipped())})")
+    p.add_argument(
+        "studies",
+        nargs="*",
+        metavar="STUDY",
+        default=list(DEFAULT),
+        help=f"shipped studies to time (default: {' '.join(DEFAULT)}; one of: {', '.join(shipped())})",
+    )
     p.add_argument("--repeat", type=int, default=1, metavar="N", help="runs of each study (default 1)")
     args = p.parse_args()
     unknown = sorted(set(args.studies) - set(shipped()))
@@ -69,8 +74,11 @@ def main() -> None:
             print(machine_load(), flush=True)
             runs.append(timed_run(study))
             label = f"{study} (run {i + 1} of {args.repeat})" if args.repeat > 1 else study
-            print(f"{label:<19}: wall time {minutes(runs[-1])} ({runs[-1]:.1f} s), "
-                  f"`sdc {' '.join(command(study, Path('DIR'))[3:])}` as one process", flush=True)
+            print(
+                f"{label:<19}: wall time {minutes(runs[-1])} ({runs[-1]:.1f} s), "
+                f"`sdc {' '.join(command(study, Path('DIR'))[3:])}` as one process",
+                flush=True,
+            )
         if len(runs) >= 2:
             print(f"{study:<19}: mean wall time {mean_interval(runs).describe(unit=' s')}", flush=True)
 

@@ -55,9 +55,11 @@ class Interleaved:
         """The ratio with its interval, its width and whether it decides ``target``, both means, and the warm-up
         (``item``: what one sample is, a step or a whole run)."""
         r = self.ratio(name, base)
-        return (f"{r.describe(target)}; {width(r, target)}; mean {self.mean(name) * 1e3:.1f} ms vs "
-                f"{self.mean(base) * 1e3:.1f} ms a {item}; first {len(self.warmup[name])} {item}s "
-                f"{self.first_steps(name):+.3f} s vs {self.first_steps(base):+.3f} s over steady ones (one-time)")
+        return (
+            f"{r.describe(target)}; {width(r, target)}; mean {self.mean(name) * 1e3:.1f} ms vs "
+            f"{self.mean(base) * 1e3:.1f} ms a {item}; first {len(self.warmup[name])} {item}s "
+            f"{self.first_steps(name):+.3f} s vs {self.first_steps(base):+.3f} s over steady ones (one-time)"
+        )
 
 
 def width(r: Ratio, target: float | None) -> str:
@@ -76,8 +78,13 @@ def disagree(a: Ratio, b: Ratio) -> bool:
     return a.high < b.low or b.high < a.low
 
 
-def interleave(variants: Mapping[str, Callable[[int], float]], steps: int, warmup: int = WARMUP,
-               seed: int = 0, between: Callable[[], object] | None = None) -> Interleaved:
+def interleave(
+    variants: Mapping[str, Callable[[int], float]],
+    steps: int,
+    warmup: int = WARMUP,
+    seed: int = 0,
+    between: Callable[[], object] | None = None,
+) -> Interleaved:
     """Run step 0, 1, ... (``warmup`` + ``steps`` in all) of every variant, in an order shuffled each step (by a
     seeded generator, so runs repeat, and every rank of a job draws the same), none always first or last; each
     variant returns the seconds its step took. ``between`` runs after every variant's step, outside its time (a
@@ -90,13 +97,15 @@ def interleave(variants: Mapping[str, Callable[[int], float]], steps: int, warmu
             times[name].append(variants[name](step))
             if between is not None:
                 between()
-    return Interleaved({name: tuple(t[warmup:]) for name, t in times.items()},
-                       {name: tuple(t[:warmup]) for name, t in times.items()})
+    return Interleaved(
+        {name: tuple(t[warmup:]) for name, t in times.items()}, {name: tuple(t[:warmup]) for name, t in times.items()}
+    )
 
 
 def drained(step: Callable[[int], object], drain: Callable[[], object]) -> Callable[[int], float]:
     """A variant for `interleave`: ``step``, timed until ``drain`` has returned, so the work the step left to other
     threads (the Tracer's writer) is counted in it."""
+
     def run(index: int) -> float:
         s = time.perf_counter()
         step(index)
@@ -108,6 +117,7 @@ def drained(step: Callable[[int], object], drain: Callable[[], object]) -> Calla
 
 def traced_step(workload: Workload, tracer: Tracer) -> Callable[[int], float]:
     """A variant for `interleave`: one traced step of ``workload``, timed until the writer has drained it."""
+
     def step(index: int) -> None:
         with tracer.step(index):
             run_step(workload, index, tracer)
@@ -126,9 +136,16 @@ def settle(workload: Workload) -> None:
         torch.cuda.synchronize(device)
 
 
-def side_by_side(plain: Workload, traced: Workload, tracer: Tracer, steps: int, warmup: int = WARMUP,
-                 between: Callable[[], object] | None = None) -> Interleaved:
+def side_by_side(
+    plain: Workload,
+    traced: Workload,
+    tracer: Tracer,
+    steps: int,
+    warmup: int = WARMUP,
+    between: Callable[[], object] | None = None,
+) -> Interleaved:
     """Untraced steps of ``plain`` and traced steps of ``traced``, interleaved ("untraced", "traced")."""
+
     def untraced(index: int) -> float:
         s = time.perf_counter()
         with tracer.paused():  # a collective observer is process-wide: keep the untraced twin's out of the log
@@ -136,8 +153,7 @@ def side_by_side(plain: Workload, traced: Workload, tracer: Tracer, steps: int, 
         settle(plain)
         return time.perf_counter() - s
 
-    return interleave({"untraced": untraced, "traced": traced_step(traced, tracer)}, steps, warmup,
-                      between=between)
+    return interleave({"untraced": untraced, "traced": traced_step(traced, tracer)}, steps, warmup, between=between)
 
 
 @dataclass(frozen=True)
@@ -152,9 +168,11 @@ class OneTime:
     close_s: float
 
     def describe(self) -> str:
-        return (f"one-time {self.start_s + max(0.0, self.first_steps_s) + self.close_s:.3f} s: start "
-                f"{self.start_s:.3f} s, first steps {self.first_steps_s:+.3f} s over steady ones (beyond untraced), "
-                f"close {self.close_s:.3f} s")
+        return (
+            f"one-time {self.start_s + max(0.0, self.first_steps_s) + self.close_s:.3f} s: start "
+            f"{self.start_s:.3f} s, first steps {self.first_steps_s:+.3f} s over steady ones (beyond untraced), "
+            f"close {self.close_s:.3f} s"
+        )
 
 
 @contextmanager
@@ -178,8 +196,14 @@ def process_seconds(argv: Sequence[str], env: Mapping[str, str] | None = None, c
     """Wall seconds of one process from its start to its exit; a failed one is an error (RuntimeError naming it
     and the end of its stderr), not a sample."""
     start = time.perf_counter()
-    done = subprocess.run(list(argv), env=None if env is None else dict(env), cwd=cwd, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(
+        list(argv),
+        env=None if env is None else dict(env),
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[-4000:]}")
@@ -189,6 +213,7 @@ def process_seconds(argv: Sequence[str], env: Mapping[str, str] | None = None, c
 def machine_load(seconds: float = 1.0, when: str = "before the run") -> str:
     """One line on what else the machine is doing, measured while this process sleeps: every ratio here is
     measured side by side, but another job on a 2-core machine still moves them by 10 % or more."""
+
     def sample() -> tuple[int, int]:
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         return sum(fields), fields[3] + fields[4]  # all jiffies; idle and iowait

@@ -44,8 +44,10 @@ class Pairs:
         return paired_ratio(self.traced_s, self.plain_s)
 
     def describe(self, target: float | None = None) -> str:
-        return (f"{self.ratio.describe(target)}; whole runs, mean {statistics.fmean(self.traced_s):.2f} s vs "
-                f"{statistics.fmean(self.plain_s):.2f} s")
+        return (
+            f"{self.ratio.describe(target)}; whole runs, mean {statistics.fmean(self.traced_s):.2f} s vs "
+            f"{statistics.fmean(self.plain_s):.2f} s"
+        )
 
 
 def run(config: str, overrides: list[str], steps: int, traced: bool) -> dict[str, object]:
@@ -61,8 +63,11 @@ def run(config: str, overrides: list[str], steps: int, traced: bool) -> dict[str
     noted: dict[str, float] = {}
     step_s: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
-        tracer = Tracer(w.model, w.optimizer, out=Path(tmp) / "run", run=RunInfo("bench", config=cfg.to_dict()),
-                        echo=None) if traced else None
+        tracer = (
+            Tracer(w.model, w.optimizer, out=Path(tmp) / "run", run=RunInfo("bench", config=cfg.to_dict()), echo=None)
+            if traced
+            else None
+        )
         start = time.perf_counter()
         with lifetime(tracer, noted) if tracer else nullcontext() as t:
             for step in range(steps):
@@ -102,7 +107,7 @@ def process_pairs(config: str, overrides: tuple[str, ...], steps: int, pairs: in
     """``pairs`` plain and traced runs of ``steps`` steps, each in a fresh process, alternately."""
     plain, traced, runs = [], [], {False: [], True: []}
     for i in range(pairs):
-        for is_traced in ((False, True) if i % 2 == 0 else (True, False)):
+        for is_traced in (False, True) if i % 2 == 0 else (True, False):
             r = fresh_run(config, overrides, steps, is_traced)
             (traced if is_traced else plain).append(float(r["wall_s"]))  # type: ignore[arg-type]
             runs[is_traced].append(r)

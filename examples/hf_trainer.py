@@ -55,9 +55,20 @@ def dataset(n: int = 24, length: int = 16) -> list[dict[str, torch.Tensor]]:
 def make_trainer(output_dir: str | Path, callbacks: Sequence[TrainerCallback] = ()) -> Trainer:
     configure_determinism(SEED, threads=1)  # bits depend on the thread count; the header records it
     args = TrainingArguments(
-        output_dir=str(output_dir), per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=6,
-        learning_rate=3e-3, max_grad_norm=1.0, save_strategy="steps", save_steps=2, save_only_model=True,
-        logging_strategy="no", report_to="none", use_cpu=True, seed=SEED, disable_tqdm=True,
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=6,
+        learning_rate=3e-3,
+        max_grad_norm=1.0,
+        save_strategy="steps",
+        save_steps=2,
+        save_only_model=True,
+        logging_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=SEED,
+        disable_tqdm=True,
     )
     model = GPT2LMHeadModel(GPT2Config(**MODEL))
     return Trainer(model=model, args=args, train_dataset=dataset(), callbacks=list(callbacks))

@@ -5,7 +5,8 @@ of two accumulated batches over 3 epochs of a seeded dataset, on the CPU, in sec
 with it on the import path (``export PYTHONPATH=.``, so that replay can import ``examples.lightning_module``)::
 
     python examples/lightning_module.py --out runs/pl-golden --node-label node-a
-    python examples/lightning_module.py --out runs/pl-sick --node-label node-b --fault-profile bursty-mismatch --fault-seed 1
+    python examples/lightning_module.py --out runs/pl-sick --node-label node-b \
+        --fault-profile bursty-mismatch --fault-seed 1
 
     sdc diff --golden runs/pl-golden --suspect runs/pl-sick --db study.duckdb
     sdc query summary --db study.duckdb
@@ -91,9 +92,18 @@ class Classifier(pl.LightningModule):
 def make(root_dir: str | Path, callbacks: Sequence[pl.Callback] = ()) -> tuple[Classifier, pl.Trainer]:
     configure_determinism(SEED, threads=1)  # bits depend on the thread count; the header records it
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=8, accumulate_grad_batches=2, gradient_clip_val=1.0,
-        deterministic=True, enable_checkpointing=False, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=str(root_dir), callbacks=list(callbacks),
+        accelerator="cpu",
+        devices=1,
+        max_steps=8,
+        accumulate_grad_batches=2,
+        gradient_clip_val=1.0,
+        deterministic=True,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root_dir),
+        callbacks=list(callbacks),
     )
     return Classifier(), trainer
 
@@ -113,8 +123,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     args = p.parse_args(argv)
     node = node_options(load_profile(args.fault_profile), args.fault_seed) if args.fault_profile else {}
-    callback = SdcTraceCallback(args.out, args.node_label, seed=SEED, checkpoint_every=CHECKPOINT_EVERY,
-                                overwrite=args.overwrite, **node)
+    callback = SdcTraceCallback(
+        args.out, args.node_label, seed=SEED, checkpoint_every=CHECKPOINT_EVERY, overwrite=args.overwrite, **node
+    )
     with tempfile.TemporaryDirectory(prefix="lightning-") as root_dir:
         module, trainer = make(root_dir, [callback])
         trainer.fit(module)

@@ -82,15 +82,27 @@ def build(config: Mapping[str, Any], device: torch.device) -> CountingLM:
     model = TinyLM(**config["model"]).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t["lr"], foreach=False)
     scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.1, total_iters=100)
-    return CountingLM(model=model, optimizer=optimizer, config=config, scheduler=scheduler, seed=t["seed"],
-                      data_order_fingerprint=f"counting/seed={t['seed']}", grad_clip=t["clip"])
+    return CountingLM(
+        model=model,
+        optimizer=optimizer,
+        config=config,
+        scheduler=scheduler,
+        seed=t["seed"],
+        data_order_fingerprint=f"counting/seed={t['seed']}",
+        grad_clip=t["clip"],
+    )
 
 
 def train(out: Path, node_label: str) -> float:
     """Your loop, traced. `workload.protocol.run_step` does the same in one call."""
     w = build(CONFIG, torch.device("cpu"))
-    run = RunInfo(node_label, config=w.config, seed=w.seed, data_order_fingerprint=w.data_order_fingerprint,
-                  extra={"workload": "examples.own_workload:build"})  # says which --workload replays it
+    run = RunInfo(
+        node_label,
+        config=w.config,
+        seed=w.seed,
+        data_order_fingerprint=w.data_order_fingerprint,
+        extra={"workload": "examples.own_workload:build"},
+    )  # says which --workload replays it
     loss = float("nan")
     with Tracer(w.model, w.optimizer, out=out, run=run) as tracer:
         for step in range(w.run.steps):

@@ -10,7 +10,8 @@ To play an emulated unhealthy node, pass a fault profile (a rule's ``ranks`` pic
     sdc diff --golden runs/ddp --suspect runs/ddp-sick --db ddp.duckdb && sdc query summary --db ddp.duckdb
 
 Any model and optimizer work; here a small MLP wrapped in DistributedDataParallel
-on gloo, accumulating gradients over ``--microbatches`` (DDP all-reduces in the last one's backward). The Tracer reads rank and world size from torch.distributed, writes
+on gloo, accumulating gradients over ``--microbatches`` (DDP all-reduces in the last
+one's backward). The Tracer reads rank and world size from torch.distributed, writes
 ``runs/ddp/rank-NNNNN/`` and records the layout (pure data parallelism unless you
 pass ``parallel=Layout(...)``). Names leave out DDP's ``module.`` (sites ``0.mlp``, not ``module.0.mlp``), so
 the job pairs with the same model trained unwrapped. Run it twice and compare with

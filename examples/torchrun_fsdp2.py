@@ -120,8 +120,7 @@ class RandomTokensLM(Workload):
         return loss / self.config["train"]["microbatches"]
 
 
-def language_model(config: Mapping[str, Any], device: torch.device, layout: Layout,
-                   parallelize: Any) -> RandomTokensLM:
+def language_model(config: Mapping[str, Any], device: torch.device, layout: Layout, parallelize: Any) -> RandomTokensLM:
     """The example's workload on ``config`` (complete: `with_defaults`): the same initial weights on every rank,
     then ``parallelize(model)`` splits them over the ranks (under a process group), and AdamW."""
     m, t = config["model"], config["train"]
@@ -130,9 +129,15 @@ def language_model(config: Mapping[str, Any], device: torch.device, layout: Layo
     if dist.is_initialized():
         parallelize(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t["lr"], foreach=False)
-    return RandomTokensLM(model=model, optimizer=optimizer, config=config, seed=t["seed"], layout=layout,
-                          data_order_fingerprint=f"random-tokens/seed={t['seed']}/replicas={layout.dp}",
-                          grad_clip=t["clip"])
+    return RandomTokensLM(
+        model=model,
+        optimizer=optimizer,
+        config=config,
+        seed=t["seed"],
+        layout=layout,
+        data_order_fingerprint=f"random-tokens/seed={t['seed']}/replicas={layout.dp}",
+        grad_clip=t["clip"],
+    )
 
 
 def build(config: Mapping[str, Any], device: torch.device) -> RandomTokensLM:
@@ -145,8 +150,9 @@ def build(config: Mapping[str, Any], device: torch.device) -> RandomTokensLM:
         placement: dict[str, Any] = {"shard_placement_fn": lambda x: Shard(p["shard_dim"] if x.ndim > 1 else 0)}
         if p["replicate"] > 1:  # HSDP: shard within a replica, all-reduce gradients across the replicas
             world = dist.get_world_size()
-            placement["mesh"] = init_device_mesh("cpu", (p["replicate"], world // p["replicate"]),
-                                                 mesh_dim_names=("replicate", "shard"))
+            placement["mesh"] = init_device_mesh(
+                "cpu", (p["replicate"], world // p["replicate"]), mesh_dim_names=("replicate", "shard")
+            )
         for block in model.blocks:
             fully_shard(block, **placement)
         fully_shard(model, **placement)
@@ -160,8 +166,12 @@ def job_arguments(description: str | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="run directory (one rank-NNNNN log per rank)")
     p.add_argument("--steps", type=int, default=CONFIG["run"]["steps"])
-    p.add_argument("--checkpoint-every", type=int, default=CONFIG["run"]["checkpoint_every"],
-                   help="steps between the sharded checkpoints replay restarts from (0 = none: no replay)")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=CONFIG["run"]["checkpoint_every"],
+        help="steps between the sharded checkpoints replay restarts from (0 = none: no replay)",
+    )
     p.add_argument("--width", type=int, default=CONFIG["model"]["width"])
     p.add_argument("--vocab", type=int, default=CONFIG["model"]["vocab"])
     p.add_argument("--fault-profile", help="play an emulated unhealthy node: a shipped profile's name or a TOML file")
@@ -171,8 +181,11 @@ def job_arguments(description: str | None) -> argparse.ArgumentParser:
 
 def job_config(args: argparse.Namespace, **sections: dict[str, Any]) -> dict[str, Any]:
     """The config the command line gives the factory (the run header records it; replay rebuilds from it)."""
-    return {"model": {"vocab": args.vocab, "width": args.width},
-            "run": {"steps": args.steps, "checkpoint_every": args.checkpoint_every}, **sections}
+    return {
+        "model": {"vocab": args.vocab, "width": args.width},
+        "run": {"steps": args.steps, "checkpoint_every": args.checkpoint_every},
+        **sections,
+    }
 
 
 def record(w: Workload, args: argparse.Namespace, *, entry: str, sites: str | None = None) -> None:
@@ -180,8 +193,13 @@ def record(w: Workload, args: argparse.Namespace, *, entry: str, sites: str | No
     checkpoint every ``run.checkpoint_every`` steps; the header names the factory ``entry`` for replay."""
     rank = dist.get_rank()
     profile = load_profile(args.fault_profile) if args.fault_profile else None
-    run = RunInfo(f"example-rank{rank}", config=w.config, seed=w.seed, data_order_fingerprint=w.data_order_fingerprint,
-                  extra={"workload": entry, **node_header(profile, args.fault_seed, False)})
+    run = RunInfo(
+        f"example-rank{rank}",
+        config=w.config,
+        seed=w.seed,
+        data_order_fingerprint=w.data_order_fingerprint,
+        extra={"workload": entry, **node_header(profile, args.fault_seed, False)},
+    )
     tracer = Tracer(w.model, w.optimizer, out=args.out, run=run, options=TraceOptions(sites=sites), parallel=w.layout)
     every, steps = w.run.checkpoint_every, w.run.steps
     with tracer, emulated_node(tracer, w.model, fault_profile=profile, fault_seed=args.fault_seed, sites=sites):
@@ -196,10 +214,20 @@ def record(w: Workload, args: argparse.Namespace, *, entry: str, sites: str | No
 
 def main() -> None:
     p = job_arguments(__doc__)
-    p.add_argument("--shard-dim", type=int, choices=(0, 1), default=0,
-                   help="the dimension of each matrix fully_shard splits (another layout: another run's bits)")
-    p.add_argument("--replicate", type=int, default=1, metavar="R",
-                   help="HSDP: R replicas of a model sharded over world size / R ranks each (a 2-D device mesh)")
+    p.add_argument(
+        "--shard-dim",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="the dimension of each matrix fully_shard splits (another layout: another run's bits)",
+    )
+    p.add_argument(
+        "--replicate",
+        type=int,
+        default=1,
+        metavar="R",
+        help="HSDP: R replicas of a model sharded over world size / R ranks each (a 2-D device mesh)",
+    )
     args = p.parse_args()
     dist.init_process_group("gloo")
     try:

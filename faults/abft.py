@@ -42,8 +42,8 @@ from tracer import kernel
 from tracer.errors import TraceWarning
 from tracer.intercept import Call, Clock, Sink, own_ops
 from tracer.log.records import Phase
-from tracer.torch_internals import GROUPED_MM
 from tracer.sites import SiteSpec, find_sites
+from tracer.torch_internals import GROUPED_MM
 
 aten = torch.ops.aten
 # _grouped_mm: a mixture-of-experts layer's experts in one call, each group checked as one mm (`_grouped_check`).
@@ -91,9 +91,7 @@ def _roundoffs(dtype: torch.dtype, device: torch.device) -> tuple[float, float, 
     return 0.0, math.inf, 0.0  # no model for this dtype: the bound is vacuous
 
 
-def check_matmul(
-    func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety: float = SAFETY
-) -> AbftResult | None:
+def check_matmul(func: Any, args: tuple, kwargs: dict, out: torch.Tensor, safety: float = SAFETY) -> AbftResult | None:
     """Check one call of a ``CHECKED`` op against its result ``out``: on the CPU with the built kernel
     (faults/abft_sums.cpp), elsewhere, or without it, with torch ops; the same checksums and verdict either way.
     Its own ops are never seen by interceptors (the kernel runs none) nor recorded by autograd. None: a form of
@@ -214,7 +212,10 @@ def _kernel() -> ModuleType | None:
     if _kernel_state:
         return _kernel_state[0]
     return kernel.load_once(
-        ABFT, _kernel_state, _kernel_lock, ABFT_ENV,
+        ABFT,
+        _kernel_state,
+        _kernel_lock,
+        ABFT_ENV,
         "sdctrace's ABFT checksum kernel is not built for this torch and Python, so the checker recomputes "
         "checksums with torch ops: the same verdicts, several times the cost per matmul. Build it once with "
         "`python -m faults.abft_kernel` (needs a C++ compiler and ninja; `make venv` does it).",
@@ -302,6 +303,10 @@ class AbftChecker(ScopedInterceptor):
             return
         self._said.add(site)
         shapes = " x ".join(str(list(a.shape)) for a in args[:2])
-        warnings.warn(f"the ABFT checker has no check for {func} with operands {shapes} at {site or 'the model'} "
-                      "(a bias, another output dtype, or a grouping it does not split); those products go "
-                      "unchecked and log no abft event", TraceWarning, stacklevel=2)
+        warnings.warn(
+            f"the ABFT checker has no check for {func} with operands {shapes} at {site or 'the model'} "
+            "(a bias, another output dtype, or a grouping it does not split); those products go "
+            "unchecked and log no abft event",
+            TraceWarning,
+            stacklevel=2,
+        )

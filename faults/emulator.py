@@ -10,9 +10,9 @@ An `Interceptor` (`tracer.intercept`): the calls of the aten ops its rules name,
 the forward and backward passes and, for a rule with the ``"optimizer"`` phase, in an
 optimizer's step (the update), reach it, and a corrupted result flows on exactly as
 a faulty unit's would; an in-place op's corruption lands in the tensor it wrote (for a
-``_foreach_`` op, one tensor of its list; for a DTensor, this rank's shard). Each corruption is logged as a ``fault`` event
-(docs/log-format.md), the ground truth detectors are scored against. Ops no rule
-names never reach Python, and of the calls of those it names, a C++ gate
+``_foreach_`` op, one tensor of its list; for a DTensor, this rank's shard). Each
+corruption is logged as a ``fault`` event (docs/log-format.md), the ground truth
+detectors are scored against. Ops no rule names never reach Python, and of the calls of those it names, a C++ gate
 (faults/native.cpp) settles the ones no draw hits; sdctrace's own ops never reach it,
 and plain optimizer steps only while a rule for the optimizer phase is armed (`faults.scope`).
 
@@ -137,11 +137,19 @@ class FaultEmulator(ScopedInterceptor):
         # The C++ gate settles the calls no draw hits; it consumes draws the emulator pre-drew on a copy of the
         # generator, which catches up (`_sync`) before Python draws again.
         module = native() if 0 < len(rules) <= 64 else None
-        self._gate = module.Gate(
-            # Nothing here may refer to the emulator: the gate is opaque to the garbage collector.
-            clock, self.scope.forward_paths, functools.partial(self.scope.stack, Phase.BACKWARD),
-            self.scope.optimizer_steps, [r.p_call for r in rules], self._matched,
-        ) if module else None
+        self._gate = (
+            module.Gate(
+                # Nothing here may refer to the emulator: the gate is opaque to the garbage collector.
+                clock,
+                self.scope.forward_paths,
+                functools.partial(self.scope.stack, Phase.BACKWARD),
+                self.scope.optimizer_steps,
+                [r.p_call for r in rules],
+                self._matched,
+            )
+            if module
+            else None
+        )
         self._predrawn: random.Random | None = None  # the generator whose next draws the gate holds
         self._gated = False  # the clock armed for lets the gate draw (attempt 0)
         self._untraced: set[str] = set()  # hit modules no traced site holds, said once each
@@ -160,9 +168,7 @@ class FaultEmulator(ScopedInterceptor):
         finally:
             super().__exit__(*exc)
 
-    def _collective(
-        self, point: str, op: str, phase: Phase, stage: Stage, tensor: torch.Tensor
-    ) -> torch.Tensor | None:
+    def _collective(self, point: str, op: str, phase: Phase, stage: Stage, tensor: torch.Tensor) -> torch.Tensor | None:
         """Corrupt what a collective delivers (its output), as a faulty link or reduction would."""
         if stage != "out" or in_own_ops():
             return None
@@ -200,9 +206,13 @@ class FaultEmulator(ScopedInterceptor):
         """Some rule may corrupt a result in ``step`` (its ``attempt``): one that hits ops or collectives on this
         rank and role, with a ``p_call`` above 0, is armed there by its schedule's burst chain. Known without running
         anything; False means the step runs exactly as without the emulator (replay runs it once, `replay.replayer`)."""
-        return any((self._ops[i] or self._collectives[i]) and r.p_call > 0
-                   and (r.attempts is None or attempt in r.attempts) and self._chains[i].armed(step)
-                   for i, r in enumerate(self.profile.faults))
+        return any(
+            (self._ops[i] or self._collectives[i])
+            and r.p_call > 0
+            and (r.attempts is None or attempt in r.attempts)
+            and self._chains[i].armed(step)
+            for i, r in enumerate(self.profile.faults)
+        )
 
     def intercept(self, func: Any, args: tuple, kwargs: dict, call: Call) -> Any:
         out = call(*args, **kwargs)
@@ -277,8 +287,11 @@ class FaultEmulator(ScopedInterceptor):
         """The rule may fire in this step (its schedule), microbatch and attempt (its ``microbatches`` and
         ``attempts``, if any)."""
         r = self.profile.faults[rule]
-        return ((r.microbatches is None or microbatch in r.microbatches)
-                and (r.attempts is None or attempt in r.attempts) and self._chains[rule].armed(step))
+        return (
+            (r.microbatches is None or microbatch in r.microbatches)
+            and (r.attempts is None or attempt in r.attempts)
+            and self._chains[rule].armed(step)
+        )
 
     def _site(self, rule: int, phase: RulePhase) -> str | None:
         """Deepest module on the stack the rule's pattern matches (None: rule does not apply here);
@@ -323,7 +336,14 @@ class FaultEmulator(ScopedInterceptor):
         return rng
 
     def _corrupt(
-        self, i: int, func: Any, args: tuple, out: Any, rng: random.Random, site: str, phase: RulePhase,
+        self,
+        i: int,
+        func: Any,
+        args: tuple,
+        out: Any,
+        rng: random.Random,
+        site: str,
+        phase: RulePhase,
         microbatch: int,
     ) -> Any:
         outputs = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -346,8 +366,9 @@ class FaultEmulator(ScopedInterceptor):
         outputs[j] = target
         return type(out)(outputs) if isinstance(out, (tuple, list)) else target
 
-    def _corrupt_written(self, i: int, func: Any, written: Any, rng: random.Random, site: str, phase: RulePhase,
-                         microbatch: int) -> None:
+    def _corrupt_written(
+        self, i: int, func: Any, written: Any, rng: random.Random, site: str, phase: RulePhase, microbatch: int
+    ) -> None:
         """Corrupt what an in-place op that returns nothing wrote: its first argument (``self``), one tensor of
         it if it is a list (drawn when it holds more than one)."""
         tensors = [t for t in (written if isinstance(written, (tuple, list)) else [written]) if _corruptible(t)]
@@ -355,8 +376,9 @@ class FaultEmulator(ScopedInterceptor):
             target = tensors[0] if len(tensors) == 1 else rng.choice(tensors)
             self._hit(i, local_shard(target), rng, site, str(func), phase, microbatch)
 
-    def _hit(self, i: int, target: torch.Tensor, rng: random.Random, site: str, op: str, phase: RulePhase,
-             microbatch: int) -> None:
+    def _hit(
+        self, i: int, target: torch.Tensor, rng: random.Random, site: str, op: str, phase: RulePhase, microbatch: int
+    ) -> None:
         """Corrupt elements of ``target`` in place as rule ``i`` says, and log the fault."""
         rule = self.profile.faults[i]
         n = target.numel()
@@ -400,7 +422,9 @@ class FaultEmulator(ScopedInterceptor):
         warnings.warn(
             f"a fault hit {op} {where}: its traced_site stays empty and a diff "
             f"shows the divergence downstream, at the next traced site; trace it with TraceOptions(sites=...) "
-            f"or sdc record --sites (traced: {len(self._site_names)} sites)", TraceWarning, stacklevel=2,
+            f"or sdc record --sites (traced: {len(self._site_names)} sites)",
+            TraceWarning,
+            stacklevel=2,
         )
 
     def _apply(self, i: int, c: Corruption, values: torch.Tensor, rng: random.Random) -> tuple[torch.Tensor, dict]:

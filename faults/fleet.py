@@ -96,15 +96,17 @@ class FleetNode:
         """What ``sdc faults fleet`` prints for the node."""
         tail = f"{100 * self.tail_share:.2g} % 100-1000x"
         where = ", ".join(f"{loc} {share:.2f}" for loc, share in self.mix)
-        return (f"{self.rate:.3g} faulty calls/step, in burst {self.duty:.0%} of steps, {tail}; {where}"
-                + ("; destroys its fine-tune" if self.destroyer else ""))
+        return f"{self.rate:.3g} faulty calls/step, in burst {self.duty:.0%} of steps, {tail}; {where}" + (
+            "; destroys its fine-tune" if self.destroyer else ""
+        )
 
 
 def fleet(spec: FleetSpec) -> tuple[FleetNode, ...]:
     """The spec's nodes, drawn in order from one generator seeded by the spec's seed (the study model's)."""
     if spec.model != "study":
-        raise ConfigError(f"fleet() draws the study model's nodes; a {spec.model!r} fleet comes from "
-                          "faults.fleet_files.drawn()")
+        raise ConfigError(
+            f"fleet() draws the study model's nodes; a {spec.model!r} fleet comes from faults.fleet_files.drawn()"
+        )
     rng = random.Random(f"sdctrace-fleet:{spec.seed}")
     n = spec.nodes
     # Stratified: node i's log-rate lies in its own 1/n of the range (strata shuffled), so any fleet of a few
@@ -142,9 +144,16 @@ def summary(spec: FleetSpec, nodes: tuple[FleetNode, ...]) -> str:
     ]
     for node in nodes:
         shares = dict(node.mix)
-        row = [node.label, f"{node.rate:.3g}", f"{node.p_enter:.3g}", f"{node.p_exit:.2f}", f"{node.duty:.2f}",
-               f"{node.tail_share:.3g}", *(f"{shares[loc]:.2f}" if loc in shares else "-" for loc in LOCATIONS),
-               "yes" if node.destroyer else ""]
+        row = [
+            node.label,
+            f"{node.rate:.3g}",
+            f"{node.p_enter:.3g}",
+            f"{node.p_exit:.2f}",
+            f"{node.duty:.2f}",
+            f"{node.tail_share:.3g}",
+            *(f"{shares[loc]:.2f}" if loc in shares else "-" for loc in LOCATIONS),
+            "yes" if node.destroyer else "",
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -152,39 +161,48 @@ def summary(spec: FleetSpec, nodes: tuple[FleetNode, ...]) -> str:
 def trigger_profile_text(step: int, site: str = "layers.0.attention.wo") -> str:
     """A profile that perturbs exactly one element by one ulp, once: bit 0 of one element of ``site``'s first
     forward matmul in microbatch 0 of ``step``. The smallest possible SDC, to test whether drift needs more."""
-    return _trigger_text(step, [
-        f"# trigger-ulp: one single-ulp perturbation of one element at step {step}, nothing else.",
-        "#",
-        "# Bit 0 (the mantissa's least significant bit) of one element of the result of",
-        f"# {site}'s forward matmul, in microbatch 0 of step {step}: the value moves by one ulp.",
-        "",
-        f'description = "one single-ulp flip of one element of {site} at step {step}"',
-    ], [
-        "[[fault]]",
-        'ops = ["matmul"]',
-        f"sites = '{re.escape(site)}'",
-        'phases = ["forward"]',
-        "microbatches = [0]",
-        f"steps = [{step}]",
-        'roles = ["train"]',  # a fine-tune counts its steps from 0 again: the trigger is pretraining's alone
-        "p_call = 1.0",
-        "elements = 1",
-        'kind = "bitflip"',
-    ])
+    return _trigger_text(
+        step,
+        [
+            f"# trigger-ulp: one single-ulp perturbation of one element at step {step}, nothing else.",
+            "#",
+            "# Bit 0 (the mantissa's least significant bit) of one element of the result of",
+            f"# {site}'s forward matmul, in microbatch 0 of step {step}: the value moves by one ulp.",
+            "",
+            f'description = "one single-ulp flip of one element of {site} at step {step}"',
+        ],
+        [
+            "[[fault]]",
+            'ops = ["matmul"]',
+            f"sites = '{re.escape(site)}'",
+            'phases = ["forward"]',
+            "microbatches = [0]",
+            f"steps = [{step}]",
+            'roles = ["train"]',  # a fine-tune counts its steps from 0 again: the trigger is pretraining's alone
+            "p_call = 1.0",
+            "elements = 1",
+            'kind = "bitflip"',
+        ],
+    )
 
 
 def trigger_state_text(step: int, parameter: str) -> str:
     """A profile that flips one ulp of one element of ``parameter`` right after the update of ``step``, once (a
     ``[[state]]`` rule, docs/faults.md): the perturbation of the weights themselves, not of a result computed
     from them. The element is drawn from the profile's seed and the run's fault seed."""
-    return _trigger_text(step, [
-        f"# trigger-ulp: one single-ulp flip of one element of the parameter {parameter}, after step {step}'s update.",
-        "#",
-        "# Bit 0 (the mantissa's least significant bit) of one element (drawn from the seeds): the stored",
-        f"# weight moves by one ulp, and step {step + 1} reads it.",
-        "",
-        f'description = "one single-ulp flip of one element of {parameter} after step {step}"',
-    ], ["[[state]]", f'parameter = "{parameter}"', f"step = {step}", 'roles = ["train"]'])
+    return _trigger_text(
+        step,
+        [
+            f"# trigger-ulp: one single-ulp flip of one element of the parameter {parameter}, "
+            f"after step {step}'s update.",
+            "#",
+            "# Bit 0 (the mantissa's least significant bit) of one element (drawn from the seeds): the stored",
+            f"# weight moves by one ulp, and step {step + 1} reads it.",
+            "",
+            f'description = "one single-ulp flip of one element of {parameter} after step {step}"',
+        ],
+        ["[[state]]", f'parameter = "{parameter}"', f"step = {step}", 'roles = ["train"]'],
+    )
 
 
 def _trigger_text(step: int, head: list[str], rule: list[str]) -> str:
@@ -196,20 +214,22 @@ def _trigger_text(step: int, head: list[str], rule: list[str]) -> str:
 
 def destroyer_rule_text(step: int = DESTROY_STEP) -> str:
     """The destroyer's rule: while fine-tuning only, at ``step``, a share of the LM head's logits become inf."""
-    return "\n".join([
-        f"[[fault]]  # the destroyer: while fine-tuning only, at step {step}, {DESTROY_FRACTION:.0%} of the logits "
-        "become inf:",
-        "# the loss goes to inf, the gradients to NaN, and the optimizer step destroys the weights",
-        'roles = ["finetune"]',
-        'ops = ["matmul"]',
-        'sites = "output"',
-        'phases = ["forward"]',
-        f"steps = [{step}]",
-        "p_call = 1.0",
-        f"fraction = {DESTROY_FRACTION}",
-        'kind = "stuck"',
-        "value = inf",
-    ])
+    return "\n".join(
+        [
+            f"[[fault]]  # the destroyer: while fine-tuning only, at step {step}, {DESTROY_FRACTION:.0%} of the logits "
+            "become inf:",
+            "# the loss goes to inf, the gradients to NaN, and the optimizer step destroys the weights",
+            'roles = ["finetune"]',
+            'ops = ["matmul"]',
+            'sites = "output"',
+            'phases = ["forward"]',
+            f"steps = [{step}]",
+            "p_call = 1.0",
+            f"fraction = {DESTROY_FRACTION}",
+            'kind = "stuck"',
+            "value = inf",
+        ]
+    )
 
 
 def _with_text(node: FleetNode, spec: FleetSpec) -> FleetNode:
@@ -225,7 +245,7 @@ def _with_text(node: FleetNode, spec: FleetSpec) -> FleetNode:
         f"# tail share  {node.tail_share:.3g} of the faults scale one element by 100-1000x; the rest flip one "
         "random mantissa bit",
         f"# locations   {mix}",
-        f"# destroyer   {'yes: weights destroyed at fine-tuning step ' + str(DESTROY_STEP) if node.destroyer else 'no'}",
+        f"# destroyer   {f'yes: weights destroyed at fine-tuning step {DESTROY_STEP}' if node.destroyer else 'no'}",
         "#",
         "# One rule per location and corruption class; each p_call = rate x location share x class share",
         "# / (the location's calls per step on the reference model x the burst share), capped at 1.",
@@ -240,8 +260,11 @@ def _with_text(node: FleetNode, spec: FleetSpec) -> FleetNode:
             per_step = node.rate * share * part
             p_call = _sig(min(1.0, per_step / (CALLS_PER_STEP[location] * node.duty)))
             what = "100-1000x" if tail else "mantissa flips"
-            lines += ["", f"[[fault]]  # {location}, {what}: {per_step:.3g} faulty calls per step",
-                      "ops = [" + ", ".join(f'"{op}"' for op in ops) + "]"]
+            lines += [
+                "",
+                f"[[fault]]  # {location}, {what}: {per_step:.3g} faulty calls per step",
+                "ops = [" + ", ".join(f'"{op}"' for op in ops) + "]",
+            ]
             if sites is not None:
                 lines.append(f'sites = "{sites}"')
             lines.append(f"p_call = {_toml_float(p_call)}")
@@ -284,4 +307,3 @@ def _sig(x: float) -> float:
 
 def _toml_float(x: float) -> str:
     return repr(float(x))
-

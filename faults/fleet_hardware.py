@@ -70,8 +70,11 @@ class HardwareNode:
 def outcome_shares() -> tuple[tuple[str, float], ...]:
     """(outcome, share of a node's faulty calls): single-bit flips, multi-bit flips, NaN, +Inf, -Inf."""
     flips = 1 - NAN_INF_SHARE
-    return (("single-bit", flips * SINGLE_BIT_SHARE), ("multi-bit", flips * (1 - SINGLE_BIT_SHARE)),
-            *((value, NAN_INF_SHARE / len(_NON_FINITE)) for value in _NON_FINITE))
+    return (
+        ("single-bit", flips * SINGLE_BIT_SHARE),
+        ("multi-bit", flips * (1 - SINGLE_BIT_SHARE)),
+        *((value, NAN_INF_SHARE / len(_NON_FINITE)) for value in _NON_FINITE),
+    )
 
 
 def hardware_fleet(spec: FleetSpec) -> tuple[HardwareNode, ...]:
@@ -81,8 +84,11 @@ def hardware_fleet(spec: FleetSpec) -> tuple[HardwareNode, ...]:
     nodes = []
     for i in range(spec.nodes):
         rate = float(f"{math.exp(rng.uniform(lo, hi)):.3g}")
-        location = "matmul" if rng.random() < TENSOR_CORE_SHARE else rng.choices(
-            list(_OTHER_CALLS), weights=list(_OTHER_CALLS.values()))[0]
+        location = (
+            "matmul"
+            if rng.random() < TENSOR_CORE_SHARE
+            else rng.choices(list(_OTHER_CALLS), weights=list(_OTHER_CALLS.values()))[0]
+        )
         periodic = rng.random() < PERIODIC_SHARE
         node = HardwareNode(f"node-{i + 1:02d}", rng.randrange(100_000), rate, location, periodic, "")
         nodes.append(HardwareNode(node.label, node.seed, rate, location, periodic, _text(node, spec)))
@@ -134,8 +140,11 @@ def _text(node: HardwareNode, spec: FleetSpec) -> str:
     for outcome, share in outcome_shares():
         per_step = node.rate * share
         p_call = min(1.0, per_step / calls)
-        lines += ["", f"[[fault]]  # {node.location}, {outcome}: {per_step:.3g} faulty calls per step",
-                  "ops = [" + ", ".join(f'"{op}"' for op in ops) + "]"]
+        lines += [
+            "",
+            f"[[fault]]  # {node.location}, {outcome}: {per_step:.3g} faulty calls per step",
+            "ops = [" + ", ".join(f'"{op}"' for op in ops) + "]",
+        ]
         if sites is not None:
             lines.append(f'sites = "{sites}"')
         lines.append(f"p_call = {float(f'{p_call:.3g}')!r}")

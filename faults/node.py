@@ -55,8 +55,11 @@ def emulated_node(
     # Emulator first, checker second: the checker then sees the corrupted results.
     modes: list[FaultEmulator | AbftChecker] = []
     if fault_profile is not None:
-        modes.append(FaultEmulator(fault_profile, model, clock=clock, sink=sink, seed=fault_seed, sites=sites,
-                                   role=tracer.run_info.role))
+        modes.append(
+            FaultEmulator(
+                fault_profile, model, clock=clock, sink=sink, seed=fault_seed, sites=sites, role=tracer.run_info.role
+            )
+        )
     if abft:
         modes.append(AbftChecker(model, clock=clock, sink=sink, sites=sites))
     return _entered(modes)

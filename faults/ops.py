@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+
 from tracer.collectives import OPS as COLLECTIVE_OPS
 from tracer.errors import ConfigError
 from tracer.torch_internals import GROUPED_MM, OpOverloadPacket
@@ -37,34 +38,81 @@ def _packets(*names: str) -> frozenset[OpOverloadPacket]:
 
 
 _ATTENTION = (
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_cudnn_attention_backward",
     "_scaled_dot_product_fused_attention_overrideable",
     "_scaled_dot_product_fused_attention_overrideable_backward",
 )
-_UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid",
-          "silu", "gelu", "relu", "clamp")
+_UNARY = (
+    "neg",
+    "abs",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "reciprocal",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "silu",
+    "gelu",
+    "relu",
+    "clamp",
+)
 _BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "where", "addcmul", "addcdiv", "lerp")
 
 FAMILIES: dict[str, frozenset[OpOverloadPacket]] = {
     # GROUPED_MM: every expert of a mixture-of-experts layer in one call (its CPU kernel calls mm inside it).
     "matmul": _packets("mm", "addmm", "bmm", "baddbmm", "linear", "matmul", *_ATTENTION) | ({GROUPED_MM} - {None}),
     "attention": _packets(*_ATTENTION),
-    "softmax": _packets("_softmax", "_log_softmax", "_safe_softmax",
-                        "_softmax_backward_data", "_log_softmax_backward_data"),
+    "softmax": _packets(
+        "_softmax", "_log_softmax", "_safe_softmax", "_softmax_backward_data", "_log_softmax_backward_data"
+    ),
     "normalisation": _packets(
-        "native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
-        "native_group_norm", "native_group_norm_backward", "native_batch_norm", "native_batch_norm_backward",
-        "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+        "native_layer_norm",
+        "native_layer_norm_backward",
+        "_fused_rms_norm",
+        "_fused_rms_norm_backward",
+        "native_group_norm",
+        "native_group_norm_backward",
+        "native_batch_norm",
+        "native_batch_norm_backward",
+        "_native_batch_norm_legit",
+        "_native_batch_norm_legit_no_training",
     ),
     "elementwise": _packets(
-        *_UNARY, *_BINARY, *(n + "_" for n in _UNARY + _BINARY),
-        "silu_backward", "gelu_backward", "threshold_backward", "sigmoid_backward", "tanh_backward",
+        *_UNARY,
+        *_BINARY,
+        *(n + "_" for n in _UNARY + _BINARY),
+        "silu_backward",
+        "gelu_backward",
+        "threshold_backward",
+        "sigmoid_backward",
+        "tanh_backward",
     ),
-    "reduction": _packets("sum", "mean", "prod", "amax", "amin", "max", "min", "logsumexp",
-                          "linalg_vector_norm", "norm", "var", "std", "var_mean", "std_mean"),
+    "reduction": _packets(
+        "sum",
+        "mean",
+        "prod",
+        "amax",
+        "amin",
+        "max",
+        "min",
+        "logsumexp",
+        "linalg_vector_norm",
+        "norm",
+        "var",
+        "std",
+        "var_mean",
+        "std_mean",
+    ),
 }
 
 

@@ -64,7 +64,8 @@ class Corruption:
     factor: float | tuple[float, float] | None = toml_field(None, expected=_FACTOR)  # scale: fixed when equal, else
     value: float | None = toml_field(None, expected=_VALUE)  # stuck                     drawn log-uniformly
     flips: int | tuple[int, int] | None = toml_field(  # bitflip: distinct bits flipped per element, drawn in the
-        None, expected=_FLIPS)  # field `bits` names: a count, or [low, high] drawn uniformly per element; 1 if unset
+        None, expected=_FLIPS
+    )  # field `bits` names: a count, or [low, high] drawn uniformly per element; 1 if unset
 
     def __post_init__(self) -> None:
         kind = self.kind
@@ -77,11 +78,16 @@ class Corruption:
             flips = 1 if self.flips is None else self.flips
             low, high = flips if isinstance(flips, tuple) else (flips, flips)
             require(1 <= low <= high, "flips", flips, _FLIPS)
-            check(high == 1 or not isinstance(bits, int), "flips",
-                  lambda at: f"{at}flips = {flips} needs bits to name a field to draw them in, not one bit ({bits})")
+            check(
+                high == 1 or not isinstance(bits, int),
+                "flips",
+                lambda at: f"{at}flips = {flips} needs bits to name a field to draw them in, not one bit ({bits})",
+            )
             object.__setattr__(self, "flips", (low, high))
         elif kind == "scale":
-            check(self.factor is not None, "factor", lambda at: f'{at}factor is missing; kind = "scale" needs {_FACTOR}')
+            check(
+                self.factor is not None, "factor", lambda at: f'{at}factor is missing; kind = "scale" needs {_FACTOR}'
+            )
             f = self.factor
             low, high = f if isinstance(f, tuple) else (f, f)
             ok = all(math.isfinite(x) for x in (low, high)) and (0 < low <= high if isinstance(f, tuple) else f != 0)
@@ -101,28 +107,37 @@ class FaultRule:
 
     ops: tuple[str, ...] = toml_field(  # op families or aten op names
         expected=f"a non-empty array of op families ({', '.join(FAMILIES)}, collective), collectives "
-                 '(all_reduce, reduce_scatter, all_gather) or aten op names such as "mm"')
+        '(all_reduce, reduce_scatter, all_gather) or aten op names such as "mm"'
+    )
     sites: str | None = toml_field(  # regex a module path must fully match; None: anywhere
-        None, expected='a regular expression that module paths must fully match, e.g. ".*_norm"')
+        None, expected='a regular expression that module paths must fully match, e.g. ".*_norm"'
+    )
     phases: tuple[RulePhase, ...] = toml_field(  # "optimizer": the ops of an optimizer step (the update)
-        (RulePhase.FORWARD, RulePhase.BACKWARD), expected=f"a non-empty array of some of {_PHASES}")
+        (RulePhase.FORWARD, RulePhase.BACKWARD), expected=f"a non-empty array of some of {_PHASES}"
+    )
     p_call: float = toml_field(1.0, expected=PROBABILITY)  # probability that an eligible call on an armed step is hit
     elements: int | None = toml_field(None, expected="an integer >= 1")  # elements hit per call (1 if neither), or
     fraction: float | None = toml_field(None, expected="a number in (0, 1]")  # the fraction of the result's elements
     stride: int | None = toml_field(  # the hit elements lie this far apart (flat index) from a drawn first one:
-        None, expected="an integer >= 1")  # 32, one lane of each warp; None: drawn anywhere
+        None, expected="an integer >= 1"
+    )  # 32, one lane of each warp; None: drawn anywhere
     corruption: Corruption = field(metadata=INLINE)
     schedule: Schedule = field(default_factory=Schedule, metadata=INLINE)
     ranks: tuple[int, ...] | None = toml_field(  # ranks of a multi-rank run the rule applies to; None: every rank
-        None, expected="a non-empty array of ranks (integers >= 0)")
+        None, expected="a non-empty array of ranks (integers >= 0)"
+    )
     microbatches: tuple[int, ...] | None = toml_field(  # microbatches of a step it fires in; None: every one
-        None, expected="a non-empty array of microbatch indices (integers >= 0)")
+        None, expected="a non-empty array of microbatch indices (integers >= 0)"
+    )
     attempts: tuple[int, ...] | None = toml_field(  # runs of a step it fires in: 0 the first, 1, 2, ... the
-        None, expected="a non-empty array of attempts (integers >= 0; 0 is a step's first run)")  # guard's re-runs
+        None, expected="a non-empty array of attempts (integers >= 0; 0 is a step's first run)"
+    )  # guard's re-runs
     roles: tuple[Role, ...] | None = toml_field(  # roles of the runs it fires in (pretraining or fine-tuning);
-        None, expected='a non-empty array of "train" and/or "finetune"')  # None: every role
+        None, expected='a non-empty array of "train" and/or "finetune"'
+    )  # None: every role
     persistent: bool = toml_field(  # a stuck unit: a re-run of the step (the guard's) repeats its faults;
-        False, expected="true or false")  # false: transient, each run of a step draws its faults afresh
+        False, expected="true or false"
+    )  # false: transient, each run of a step draws its faults afresh
 
     def __post_init__(self) -> None:
         _require(self, bool(self.ops), "ops")
@@ -138,12 +153,20 @@ class FaultRule:
                 _require(self, False, "sites")
         _require(self, bool(self.phases), "phases")
         object.__setattr__(self, "phases", tuple(p for p in RulePhase if p in self.phases))
-        check(self.sites is None or RulePhase.OPTIMIZER not in self.phases, "sites",
-              lambda at: f'{at}sites names module paths, and an optimizer step\'s ops run in none: drop {at}sites, '
-                         'or put the "optimizer" phase in a rule of its own')
+        check(
+            self.sites is None or RulePhase.OPTIMIZER not in self.phases,
+            "sites",
+            lambda at: (
+                f"{at}sites names module paths, and an optimizer step's ops run in none: drop {at}sites, "
+                'or put the "optimizer" phase in a rule of its own'
+            ),
+        )
         _require(self, 0 <= self.p_call <= 1, "p_call")
-        check(self.elements is None or self.fraction is None, "fraction",
-              lambda at: f"{at}elements and {at}fraction both given; keep one of them")
+        check(
+            self.elements is None or self.fraction is None,
+            "fraction",
+            lambda at: f"{at}elements and {at}fraction both given; keep one of them",
+        )
         _require(self, self.elements is None or self.elements >= 1, "elements")
         _require(self, self.fraction is None or 0 < self.fraction <= 1, "fraction")
         _require(self, self.stride is None or self.stride >= 1, "stride")
@@ -166,10 +189,12 @@ class StateRule:
     holds the weights between steps would. A ``[[state]]`` table of a profile; `faults.state_faults` applies it."""
 
     parameter: str = toml_field(  # the name `model.named_parameters()` gives, wrappers' prefixes left out
-        expected='a parameter name as the model writes it, e.g. "layers.0.attention.wq.weight"')
+        expected='a parameter name as the model writes it, e.g. "layers.0.attention.wq.weight"'
+    )
     step: int = toml_field(expected="an integer >= 0")  # the optimizer step after whose update the bit flips
     element: int | None = toml_field(  # flat index into the parameter (a DTensor: this rank's shard); None: drawn
-        None, expected="an integer >= 0")  # from the profile seed and the run's fault seed
+        None, expected="an integer >= 0"
+    )  # from the profile seed and the run's fault seed
     bits: str | int = toml_field(0, expected=_BITS)  # 0: the last mantissa bit, one ulp; a field: one bit drawn in it
     ranks: tuple[int, ...] | None = toml_field(None, expected="a non-empty array of ranks (integers >= 0)")
     roles: tuple[Role, ...] | None = toml_field(None, expected='a non-empty array of "train" and/or "finetune"')
@@ -234,18 +259,30 @@ def profile_from_header(recorded: Mapping[str, Any]) -> FaultProfile:
     name, data = recorded.get("name"), recorded.get("profile")
     source = f"fault profile {name!r} in the run header"
     if not isinstance(name, str) or not isinstance(data, Mapping):
-        raise ValidationError(f"{source}: fault_profile.profile is missing (recorded before run headers held "
-                              "the whole profile); pass the profile's file instead")
+        raise ValidationError(
+            f"{source}: fault_profile.profile is missing (recorded before run headers held "
+            "the whole profile); pass the profile's file instead"
+        )
     profile = _profile(name, data, source)
     if recorded.get("sha256") != profile.sha256:
-        raise ValidationError(f"{source}: fault_profile.sha256 = {str(recorded.get('sha256'))[:12]}... does not "
-                              f"match the recorded profile (sha256 {profile.sha256[:12]}...); the header was "
-                              "altered: pass the profile's file instead")
+        raise ValidationError(
+            f"{source}: fault_profile.sha256 = {str(recorded.get('sha256'))[:12]}... does not "
+            f"match the recorded profile (sha256 {profile.sha256[:12]}...); the header was "
+            "altered: pass the profile's file instead"
+        )
     return profile
 
 
 def _profile(name: str, data: Mapping[str, Any], source: str) -> FaultProfile:
     read = typed_toml.from_dict(_ProfileFile, data, source)
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return FaultProfile(name, read.description, read.seed, read.fault, source, dict(data),
-                        hashlib.sha256(canonical.encode("utf-8")).hexdigest(), read.state)
+    return FaultProfile(
+        name,
+        read.description,
+        read.seed,
+        read.fault,
+        source,
+        dict(data),
+        hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
+        read.state,
+    )

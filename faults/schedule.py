@@ -33,8 +33,11 @@ class Schedule:
         require(0 <= self.p_exit <= 1, "p_exit", self.p_exit, PROBABILITY)
         require(self.start >= 0, "start", self.start, "an integer >= 0")
         stop, start = self.stop, self.start
-        check(stop is None or stop > start, "stop",
-              lambda at: f"{at}stop = {stop} must be an integer greater than start = {start}")
+        check(
+            stop is None or stop > start,
+            "stop",
+            lambda at: f"{at}stop = {stop} must be an integer greater than start = {start}",
+        )
         require(all(s >= 0 for s in self.steps), "steps", self.steps, "an array of integers >= 0")
         object.__setattr__(self, "steps", tuple(sorted(set(self.steps))))
 

@@ -57,7 +57,10 @@ def native() -> ModuleType | None:
     from faults.native_kernel import NATIVE  # not at import: ``python -m faults.native_kernel`` runs it
 
     return kernel.load_once(
-        NATIVE, _native_state, _native_lock, NATIVE_ENV,
+        NATIVE,
+        _native_state,
+        _native_lock,
+        NATIVE_ENV,
         "sdctrace's native kernel for the fault emulator and the ABFT checker is not built for this torch and "
         "Python, so the emulator sees every call of an op a rule names in Python (the same faults, about 4 us more "
         "a call) and sites are labelled in Python (about 3 % of a small model's step). Build it once with "
@@ -216,8 +219,10 @@ class _OptimizerSteps:
     def hold(cls, interceptor: ScopedInterceptor) -> None:
         with cls._lock:
             if not cls._held:
-                cls._handles = [register_optimizer_step_pre_hook(cls._before),
-                                register_optimizer_step_post_hook(cls._after)]
+                cls._handles = [
+                    register_optimizer_step_pre_hook(cls._before),
+                    register_optimizer_step_post_hook(cls._after),
+                ]
             cls._held = [*cls._held, interceptor]
 
     @classmethod

@@ -45,28 +45,44 @@ from tracer.sites import named_parameters
 class StateFaults:
     """Flip the bits ``profile``'s state rules name while active, logging each flip to ``sink``."""
 
-    def __init__(self, profile: FaultProfile, model: nn.Module, *, clock: Clock, sink: Sink, seed: int = 0,
-                 rank: int = 0, role: str = "train") -> None:
+    def __init__(
+        self,
+        profile: FaultProfile,
+        model: nn.Module,
+        *,
+        clock: Clock,
+        sink: Sink,
+        seed: int = 0,
+        rank: int = 0,
+        role: str = "train",
+    ) -> None:
         self._clock, self._sink = clock, sink
         params = dict(named_parameters(model))
         self._rules: list[tuple[StateRule, nn.Parameter, int, int]] = []  # rule, parameter, element, bit
         for i, rule in enumerate(profile.states):
             where = f"{profile.path}: state[{i}]"
             if rule.parameter not in params:
-                raise ConfigError(f"{where}.parameter = {rule.parameter!r} is no parameter of the model "
-                                  f"(names look like {', '.join(list(params)[:6])})")
-            if (rule.ranks is not None and rank not in rule.ranks) or (rule.roles is not None
-                                                                       and role not in rule.roles):
+                raise ConfigError(
+                    f"{where}.parameter = {rule.parameter!r} is no parameter of the model "
+                    f"(names look like {', '.join(list(params)[:6])})"
+                )
+            if (rule.ranks is not None and rank not in rule.ranks) or (
+                rule.roles is not None and role not in rule.roles
+            ):
                 continue
             tensor = local_shard(params[rule.parameter].detach())
             if tensor.dtype not in LAYOUTS or tensor.numel() == 0:
-                raise ConfigError(f"{where}: parameter {rule.parameter} holds no floating-point element here "
-                                  f"({tensor.dtype}, {tensor.numel()} elements)")
+                raise ConfigError(
+                    f"{where}: parameter {rule.parameter} holds no floating-point element here "
+                    f"({tensor.dtype}, {tensor.numel()} elements)"
+                )
             rng = random.Random(f"sdctrace-state:{profile.seed}:{seed}:{i}")
             element = rng.randrange(tensor.numel()) if rule.element is None else rule.element
             if element >= tensor.numel():
-                raise ConfigError(f"{where}.element = {element} is outside {rule.parameter}'s {tensor.numel()} "
-                                  "elements (a DTensor's: this rank's shard)")
+                raise ConfigError(
+                    f"{where}.element = {element} is outside {rule.parameter}'s {tensor.numel()} "
+                    "elements (a DTensor's: this rank's shard)"
+                )
             width = LAYOUTS[tensor.dtype][0]
             if isinstance(rule.bits, int) and rule.bits >= width:
                 raise ConfigError(f"{where}.bits = {rule.bits} is outside the {width} bits of {tensor.dtype}")
@@ -121,15 +137,22 @@ class StateFaults:
             original = view[coords]
             corrupted = flip_bits(original, [bit])
             view.index_put_(coords, corrupted)
-        self._sink("fault", {
-            "microbatch": 0,  # the update belongs to the whole step, as its PARAM records do
-            "site": "",
-            "op": "state",
-            "phase": "optimizer",
-            "kind": "bitflip",
-            "elements": 1,
-            "index": [element],
-            "original": original.tolist(),
-            "corrupted": corrupted.tolist(),
-            "detail": {"dtype": str(tensor.dtype).removeprefix("torch."), "bits": [bit], "parameter": rule.parameter},
-        })
+        self._sink(
+            "fault",
+            {
+                "microbatch": 0,  # the update belongs to the whole step, as its PARAM records do
+                "site": "",
+                "op": "state",
+                "phase": "optimizer",
+                "kind": "bitflip",
+                "elements": 1,
+                "index": [element],
+                "original": original.tolist(),
+                "corrupted": corrupted.tolist(),
+                "detail": {
+                    "dtype": str(tensor.dtype).removeprefix("torch."),
+                    "bits": [bit],
+                    "parameter": rule.parameter,
+                },
+            },
+        )

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from faults import FaultProfile
-from jobs.machine import check_resources
 from faults.node import emulated_node, node_header
+from jobs.machine import check_resources
 from tracer.checkpoint import Checkpoint, list_checkpoints, load_checkpoint
 from tracer.determinism import configure_determinism
 from tracer.errors import ConfigError, UsageError
@@ -40,7 +40,7 @@ from tracer.intercept import own_ops
 from tracer.log import LogReader, RunHeader, claim_out_dir, rank_dir
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.reference_config import Config, OptimConfig
+from workload.model import Transformer
 from workload.multiple_choice import (
     ROLE,
     ExampleBatches,
@@ -50,8 +50,8 @@ from workload.multiple_choice import (
     evaluate,
     letter_logits,
 )
-from workload.model import Transformer
 from workload.reference import make_optimizer
+from workload.reference_config import Config, OptimConfig
 from workload.tasks import Task, load_tasks
 
 
@@ -68,13 +68,17 @@ def load_pretrained(run: Path) -> tuple[RunHeader, Config, Checkpoint]:
     """The pretraining run's header, config and verified final checkpoint (the state after its last step)."""
     header = LogReader(rank_dir(run, 0)).header
     if header.role == ROLE:
-        raise UsageError(f"{run}: is a fine-tune (of run {header.extra.get('finetune_of')}); pass --from a "
-                         "pretraining run made by `sdc record`")
+        raise UsageError(
+            f"{run}: is a fine-tune (of run {header.extra.get('finetune_of')}); pass --from a "
+            "pretraining run made by `sdc record`"
+        )
     cfg = Config.from_dict(header.config, source=f"{run} (run header config)")
     have = list_checkpoints(run)
     if cfg.run.steps not in have:
-        raise UsageError(f"{run}: no final checkpoint (step {cfg.run.steps}; checkpoints at steps {have or 'none'}); "
-                         "fine-tune a finished run recorded with run.checkpoint_every > 0")
+        raise UsageError(
+            f"{run}: no final checkpoint (step {cfg.run.steps}; checkpoints at steps {have or 'none'}); "
+            "fine-tune a finished run recorded with run.checkpoint_every > 0"
+        )
     return header, cfg, load_checkpoint(run, cfg.run.steps)
 
 
@@ -97,13 +101,18 @@ def finetune_run(
     """
     pretrained, out, s = Path(pretrained), Path(out), settings
     source, cfg, ckpt = load_pretrained(pretrained)
-    check_resources({**cfg.to_dict(), "data": {"batch_size": s.batch_size, "seq_len": cfg.model.max_seq_len}}, 1,
-                    f"{pretrained} (fine-tuned with batch_size {s.batch_size})")
+    check_resources(
+        {**cfg.to_dict(), "data": {"batch_size": s.batch_size, "seq_len": cfg.model.max_seq_len}},
+        1,
+        f"{pretrained} (fine-tuned with batch_size {s.batch_size})",
+    )
     task_list = load_tasks(s.tasks, seed=s.task_seed, train=s.train_per_task, test=s.test_per_task)
     longest = max(len(ex.prompt) for t in task_list for ex in (*t.train, *t.test))
     if longest > cfg.model.max_seq_len:
-        raise ConfigError(f"{pretrained}: model.max_seq_len = {cfg.model.max_seq_len} is shorter than the "
-                          f"longest task prompt ({longest} bytes); fine-tune a model with a longer max_seq_len")
+        raise ConfigError(
+            f"{pretrained}: model.max_seq_len = {cfg.model.max_seq_len} is shorter than the "
+            f"longest task prompt ({longest} bytes); fine-tune a model with a longer max_seq_len"
+        )
     with claim_out_dir(out, role=ROLE, overwrite=overwrite, inputs=(pretrained,)):
         configure_determinism(cfg.train.seed, cfg.train.threads)
         model = Transformer(cfg.model)
@@ -113,19 +122,27 @@ def finetune_run(
         train = ExampleBatches([ex for t in task_list for ex in t.train])
         config = {**cfg.to_dict(), "finetune": s.to_dict()}
         run = RunInfo(
-            node_label, role=ROLE, config=config, run_id=run_id,
+            node_label,
+            role=ROLE,
+            config=config,
+            run_id=run_id,
             # Like pretraining, everything but [run] (the pretraining length) decides the bits.
-            seed=cfg.train.seed, data_order_fingerprint=data_order_fingerprint(s, task_list),
-            extra={"finetune_of": source.run_id, "finetune": s.to_dict(),
-                   "tasks": {t.name: t.fingerprint for t in task_list},
-                   **node_header(fault_profile, fault_seed, False)},
+            seed=cfg.train.seed,
+            data_order_fingerprint=data_order_fingerprint(s, task_list),
+            extra={
+                "finetune_of": source.run_id,
+                "finetune": s.to_dict(),
+                "tasks": {t.name: t.fingerprint for t in task_list},
+                **node_header(fault_profile, fault_seed, False),
+            },
         )
         tracer = Tracer(model, optimizer, out=out, run=run, **({} if progress else {"echo": None}))
         node = emulated_node(tracer, model, fault_profile=fault_profile, fault_seed=fault_seed)
         losses: list[float] = []
         start = time.perf_counter()
-        bar = tqdm(range(s.steps), desc=f"finetune {out.name}", unit="step", disable=None if progress else True,
-                   leave=False)
+        bar = tqdm(
+            range(s.steps), desc=f"finetune {out.name}", unit="step", disable=None if progress else True, leave=False
+        )
         with tracer, node:
             for step in bar:
                 if step % s.eval_every == 0:
@@ -140,8 +157,15 @@ def finetune_run(
         return FinetuneSummary(out, s.steps, time.perf_counter() - start, losses, final)
 
 
-def _train_step(tracer: Tracer, model: torch.nn.Module, optimizer: torch.optim.Optimizer, optim: OptimConfig,
-                train: ExampleBatches, s: FinetuneSettings, step: int) -> float:
+def _train_step(
+    tracer: Tracer,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    optim: OptimConfig,
+    train: ExampleBatches,
+    s: FinetuneSettings,
+    step: int,
+) -> float:
     for group in optimizer.param_groups:
         group["lr"] = optim.lr_at(step)
     optimizer.zero_grad(set_to_none=True)
@@ -166,7 +190,15 @@ def _evaluate(tracer: Tracer, model: torch.nn.Module, tasks: Sequence[Task], ste
         for i, (p, ex) in enumerate(zip(predicted, task.test)):
             tracer.event("finetune_prediction", at_step=step, task=task.name, example=i, predicted=p, answer=ex.answer)
         r = TaskEval(task.name, len(task.test), sum(p == ex.answer for p, ex in zip(predicted, task.test)), task.chance)
-        tracer.event("finetune_eval", at_step=step, task=r.task, examples=r.examples, correct=r.correct,
-                     accuracy=r.accuracy, chance=r.chance, collapsed=r.collapsed)
+        tracer.event(
+            "finetune_eval",
+            at_step=step,
+            task=r.task,
+            examples=r.examples,
+            correct=r.correct,
+            accuracy=r.accuracy,
+            chance=r.chance,
+            collapsed=r.collapsed,
+        )
         results.append(r)
     return results

@@ -52,21 +52,26 @@ def fork_point(checkpoint: Path) -> ForkPoint:
     path = Path(checkpoint)
     m = _STEP_DIR.fullmatch(path.name)
     if m is None or path.parent.name != CHECKPOINT_DIR or not path.is_dir():
-        raise UsageError(f"--resume-from {checkpoint}: expected a checkpoint directory RUN/{CHECKPOINT_DIR}/step-NNNNNN "
-                         "(what `sdc certify` prints)")
+        raise UsageError(
+            f"--resume-from {checkpoint}: expected a checkpoint directory RUN/{CHECKPOINT_DIR}/step-NNNNNN "
+            "(what `sdc certify` prints)"
+        )
     point = ForkPoint(path.parent.parent, int(m[1]))
     ranks = list_ranks(point.run)
     if not ranks:
         raise UsageError(f"--resume-from {checkpoint}: {point.run} holds no rank logs: not a recorded run")
     missing = [rank for rank in ranks if point.step not in list_step_checkpoints(point.run, rank)]
     if missing:
-        raise UsageError(f"--resume-from {checkpoint}: rank(s) {missing} of {point.run} have no complete checkpoint "
-                         f"of step {point.step}")
+        raise UsageError(
+            f"--resume-from {checkpoint}: rank(s) {missing} of {point.run} have no complete checkpoint "
+            f"of step {point.step}"
+        )
     return point
 
 
-def fork_run(point: ForkPoint, out: Path, *, node_label: str, node_extra: Mapping[str, Any], workload: str,
-             segment_bytes: int) -> None:
+def fork_run(
+    point: ForkPoint, out: Path, *, node_label: str, node_extra: Mapping[str, Any], workload: str, segment_bytes: int
+) -> None:
     """Write into the claimed, empty ``out`` every rank's history before ``point.step``, and its checkpoints up to
     it, so that resuming ``out`` goes on from ``point`` on the node ``node_label`` with ``node_extra`` (its
     `faults.node.node_header`) and ``workload``."""
@@ -77,15 +82,20 @@ def fork_run(point: ForkPoint, out: Path, *, node_label: str, node_extra: Mappin
         shutil.copytree(checkpoint_dir(point.run, step), checkpoint_dir(out, step))
 
 
-def _fork_log(point: ForkPoint, out: Path, rank: int, node_label: str, node_extra: Mapping[str, Any],
-              segment_bytes: int) -> None:
+def _fork_log(
+    point: ForkPoint, out: Path, rank: int, node_label: str, node_extra: Mapping[str, Any], segment_bytes: int
+) -> None:
     """Rank ``rank``'s records of the steps before the fork, under the forked run's header, without END."""
     reader = LogReader(rank_dir(point.run, rank))  # a damaged history is refused: never resume what was not read
     source = reader.header
     extra = {k: v for k, v in source.extra.items() if k not in SESSION_KEYS}
     extra.update(node_extra)
-    extra["forked_from"] = {"run": str(point.run), "run_id": source.run_id, "node_label": source.node_label,
-                            "step": point.step}
+    extra["forked_from"] = {
+        "run": str(point.run),
+        "run_id": source.run_id,
+        "node_label": source.node_label,
+        "step": point.step,
+    }
     header = dataclasses.replace(source, run_id=uuid.uuid4().hex, node_label=node_label, extra=extra)
     blobs_in, blobs_out = BlobStore(point.run), BlobStore(out)
     writer = LogWriter(rank_dir(out, rank), header, segment_bytes=segment_bytes)

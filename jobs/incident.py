@@ -43,22 +43,28 @@ def incident(request: IncidentRequest) -> dict[str, Any]:
     site = request.at
     if site is None:
         if request.suspect.run is None:
-            raise UsageError("an emulated suspect (--fault-profile) has no recorded run to find the first divergence "
-                             "in: pass --at STEP:MB:SITE:forward")
+            raise UsageError(
+                "an emulated suspect (--fault-profile) has no recorded run to find the first divergence "
+                "in: pass --at STEP:MB:SITE:forward"
+            )
         site = first_divergence(request.golden, request.suspect.run)
     require_forward(site)  # before the folder is claimed
     header = LogReader(rank_dir(request.golden, 0)).header
-    with claim_folder(request.out, INCIDENT_FOLDER, overwrite=request.overwrite,
-                      inputs=(request.golden, request.suspect.run)):
+    with claim_folder(
+        request.out, INCIDENT_FOLDER, overwrite=request.overwrite, inputs=(request.golden, request.suspect.run)
+    ):
         captured = capture(request.golden, request.suspect, site, request.workload)
-        return write_bundle(captured, request.out, suspect={"node_label": request.suspect.label,
-                                                            **request.suspect.source},
-                            golden={"path": str(request.golden), "run_id": header.run_id,
-                                    "node_label": header.node_label})
+        return write_bundle(
+            captured,
+            request.out,
+            suspect={"node_label": request.suspect.label, **request.suspect.source},
+            golden={"path": str(request.golden), "run_id": header.run_id, "node_label": header.node_label},
+        )
 
 
-def reproduce_bundle(bundle: Path, profile: FaultProfile | None, *, fault_seed: int = 0, repeats: int = 5,
-                     device: str | None = None) -> dict[str, Any]:
+def reproduce_bundle(
+    bundle: Path, profile: FaultProfile | None, *, fault_seed: int = 0, repeats: int = 5, device: str | None = None
+) -> dict[str, Any]:
     """Run the bundle's reproduction here, under ``profile``'s emulator when one is given."""
     if profile is None:
         return reproduce(bundle, repeats, device)

@@ -55,14 +55,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(target: str, kwargs: Mapping[str, Any], nproc: int, *, timeout_s: float = 300.0,
-           lock: RunLock | None = None) -> list[Any]:
+def launch(
+    target: str, kwargs: Mapping[str, Any], nproc: int, *, timeout_s: float = 300.0, lock: RunLock | None = None
+) -> list[Any]:
     """Run ``target(**kwargs)`` on ``nproc`` ranks; returns each rank's result, in rank order."""
     if nproc < 1:
         raise UsageError(f"--nproc {nproc}: need at least 1 rank")
     if nproc > max_local_ranks():
-        raise UsageError(f"{nproc} ranks: this machine runs at most {max_local_ranks()} "
-                         f"({RANKS_PER_CPU} per CPU core); use fewer ranks")
+        raise UsageError(
+            f"{nproc} ranks: this machine runs at most {max_local_ranks()} "
+            f"({RANKS_PER_CPU} per CPU core); use fewer ranks"
+        )
     lock_env, lock_fds = lock.inherit() if lock is not None else ({}, ())
     with tempfile.TemporaryDirectory(prefix=_FOLDER_PREFIX) as tmp:
         folder = Path(tmp)
@@ -73,12 +76,19 @@ def launch(target: str, kwargs: Mapping[str, Any], nproc: int, *, timeout_s: flo
         try:
             for rank in range(nproc):
                 env = {
-                    **os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-                    "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                    "SDC_LAUNCHER_PID": str(os.getpid()), **lock_env,
+                    **os.environ,
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(nproc),
+                    "LOCAL_WORLD_SIZE": str(nproc),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    "SDC_LAUNCHER_PID": str(os.getpid()),
+                    **lock_env,
                 }
-                procs.append(subprocess.Popen([sys.executable, "-m", "jobs.launch", str(spec)], env=env,
-                                              pass_fds=lock_fds))
+                procs.append(
+                    subprocess.Popen([sys.executable, "-m", "jobs.launch", str(spec)], env=env, pass_fds=lock_fds)
+                )
             failed = _wait(procs)
         finally:
             for p in procs:
@@ -134,7 +144,11 @@ def _main(spec_path: str) -> int:
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the launcher
         if os.environ.get("SDC_DEBUG") == "1":
             traceback.print_exc()
-        report = {"type": type(exc).__name__, "sdc": isinstance(exc, SdcError), "message": str(exc).splitlines()[0] if str(exc) else ""}
+        report = {
+            "type": type(exc).__name__,
+            "sdc": isinstance(exc, SdcError),
+            "message": str(exc).splitlines()[0] if str(exc) else "",
+        }
         (folder / f"error-{rank}.json").write_text(json.dumps(report))
         return 1
     finally:
@@ -147,6 +161,7 @@ def _exit_without(launcher: int, rank: int, folder: Path) -> None:
     its ranks (SIGKILL, the out-of-memory killer) leaves them to this. The rank ends as a crashed one (its log
     without END, resumable); a watching thread, since the training loop may be in a long op or a collective.
     Rank 0 removes the launcher's ``folder`` (the spec and the ranks' reports), which nobody will read now."""
+
     def watch() -> None:
         while os.getppid() == launcher:
             time.sleep(_LAUNCHER_POLL_S)

@@ -63,8 +63,9 @@ def _int(config: Mapping[str, Any], section: str, key: str) -> int | None:
 def step_memory(config: Mapping[str, Any]) -> tuple[int, str] | None:
     """A lower bound on the bytes one rank of the reference workload holds during a step, and what it counts;
     None when ``config`` lacks the reference workload's model and data keys."""
-    dims = {k: _int(config, "model", k) for k in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads",
-                                                   "ffn_hidden")}
+    dims = {
+        k: _int(config, "model", k) for k in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden")
+    }
     batch, seq = _int(config, "data", "batch_size"), _int(config, "data", "seq_len")
     dp = _int(config, "parallel", "dp") or 1
     model = config.get("model")
@@ -77,8 +78,10 @@ def step_memory(config: Mapping[str, Any]) -> tuple[int, str] | None:
     tokens = max(batch // dp, 1) * seq
     weights = parameters * (dtype + _STATE_BYTES)
     activations = tokens * layers * (4 * dim + 3 * ffn) * dtype + tokens * vocab * 4 * 2  # type: ignore[operator]
-    what = (f"{parameters:,} parameters (model.*) and a microbatch of data.batch_size = {batch} sequences of "
-            f"data.seq_len = {seq} tokens")
+    what = (
+        f"{parameters:,} parameters (model.*) and a microbatch of data.batch_size = {batch} sequences of "
+        f"data.seq_len = {seq} tokens"
+    )
     return weights + activations, what
 
 
@@ -87,19 +90,25 @@ def check_resources(config: Mapping[str, Any], ranks: int, source: str) -> None:
     or memory than this machine has."""
     cores = cpus()
     if ranks > max_local_ranks():
-        raise UsageError(f"{source}: the recording asks for {ranks} ranks; this machine has {cores} core(s) and "
-                         f"runs at most {max_local_ranks()} ({RANKS_PER_CPU} per core): run it on a larger machine")
+        raise UsageError(
+            f"{source}: the recording asks for {ranks} ranks; this machine has {cores} core(s) and "
+            f"runs at most {max_local_ranks()} ({RANKS_PER_CPU} per core): run it on a larger machine"
+        )
     threads = _int(config, "train", "threads")
     if threads is not None and threads > THREADS_PER_CPU * cores:
-        raise UsageError(f"{source}: the recording asks for {threads} threads (train.threads) per rank; this machine "
-                         f"has {cores} core(s) and runs at most {THREADS_PER_CPU * cores} ({THREADS_PER_CPU} per core), "
-                         "and the count decides reduction order, so it cannot be lowered: run it on a machine with "
-                         "more cores")
+        raise UsageError(
+            f"{source}: the recording asks for {threads} threads (train.threads) per rank; this machine "
+            f"has {cores} core(s) and runs at most {THREADS_PER_CPU * cores} ({THREADS_PER_CPU} per core), "
+            "and the count decides reduction order, so it cannot be lowered: run it on a machine with "
+            "more cores"
+        )
     need, free = step_memory(config), available_memory()
     if need is not None and free is not None and need[0] * ranks > free:
-        raise UsageError(f"{source}: the recording asks for at least {_gib(need[0] * ranks)} of memory ({need[1]}, "
-                         f"on {ranks} rank(s)); this machine has {_gib(free)} available: run it on a machine with "
-                         "more memory")
+        raise UsageError(
+            f"{source}: the recording asks for at least {_gib(need[0] * ranks)} of memory ({need[1]}, "
+            f"on {ranks} rank(s)); this machine has {_gib(free)} available: run it on a machine with "
+            "more memory"
+        )
 
 
 def _gib(n: int) -> str:

@@ -39,8 +39,8 @@ from tqdm import tqdm
 from faults import FaultProfile, profile_from_header
 from faults.node import emulated_node, node_header
 from jobs.fork import ForkPoint, fork_point, fork_run
-from jobs.machine import check_resources
 from jobs.launch import launch
+from jobs.machine import check_resources
 from tracer.device import is_lazy, resolve_device
 from tracer.errors import LogError, UsageError
 from tracer.guard import Policy, default_guard
@@ -53,8 +53,8 @@ from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import pairing_differences
 from tracer.step_checkpoint import list_step_checkpoints, restore_step_checkpoint
 from tracer.tracing import Tracer
-from workload.reference_config import Config
 from workload.protocol import REFERENCE, RunSettings, Workload, build_workload, run_step
+from workload.reference_config import Config
 from workload.sharpness import sharpness
 
 
@@ -84,13 +84,16 @@ class RecordRequest:
         if self.resume and self.overwrite:
             raise UsageError("--resume continues the run in --out and --overwrite replaces it: give one of them")
         if self.resume and self.resume_from is not None:
-            raise UsageError("--resume continues the run in --out, --resume-from starts a new one in --out from "
-                             "another run's checkpoint: give one of them")
+            raise UsageError(
+                "--resume continues the run in --out, --resume-from starts a new one in --out from "
+                "another run's checkpoint: give one of them"
+            )
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the launcher, which hands the request to every rank's process."""
         return {
-            **{f.name: getattr(self, f.name) for f in fields(self)}, "out": str(self.out),
+            **{f.name: getattr(self, f.name) for f in fields(self)},
+            "out": str(self.out),
             "resume_from": None if self.resume_from is None else str(self.resume_from),
             "trace": self.trace.to_dict(),
             "fault_profile": self.fault_profile.header(self.fault_seed) if self.fault_profile is not None else None,
@@ -101,8 +104,9 @@ class RecordRequest:
         profile = profile_from_header(data["fault_profile"]) if data["fault_profile"] else None
         trace = TraceOptions.from_dict(data["trace"], source="sdc record")
         resume_from = None if data["resume_from"] is None else Path(data["resume_from"])
-        return cls(**{**data, "out": Path(data["out"]), "trace": trace, "fault_profile": profile,
-                      "resume_from": resume_from})
+        return cls(
+            **{**data, "out": Path(data["out"]), "trace": trace, "fault_profile": profile, "resume_from": resume_from}
+        )
 
 
 @dataclass
@@ -137,10 +141,14 @@ def record(
     config = config.to_dict() if isinstance(config, Config) else dict(config)
     dev = resolve_device(request.device)
     if is_lazy(dev) and (request.fault_profile is not None or request.abft):
-        raise UsageError(f"--device {request.device}: the fault emulator and ABFT run on eager devices only (cpu, cuda)")
+        raise UsageError(
+            f"--device {request.device}: the fault emulator and ABFT run on eager devices only (cpu, cuda)"
+        )
     if request.sharpness and (nproc > 1 or is_lazy(dev)):
-        raise UsageError(f"sharpness: runs on single-rank recordings on eager devices only (cpu, cuda), not "
-                         f"{nproc} rank(s) on {request.device}")
+        raise UsageError(
+            f"sharpness: runs on single-rank recordings on eager devices only (cpu, cuda), not "
+            f"{nproc} rank(s) on {request.device}"
+        )
     if on_step is not None and nproc > 1:
         raise UsageError(f"on_step: reports the steps of a recording on one rank, not {nproc}")
     check_resources(config, nproc, f"{request.out} (the config to record)")
@@ -150,19 +158,26 @@ def record(
     if fork is not None:
         _check_fork(fork, request.out, nproc)
     # Claimed once, before any rank starts, so a refusal is quick; launched ranks inherit the lock.
-    claim = (reclaim_out_dir(request.out, role="train") if request.resume
-             else claim_out_dir(request.out, role="train", overwrite=request.overwrite))
+    claim = (
+        reclaim_out_dir(request.out, role="train")
+        if request.resume
+        else claim_out_dir(request.out, role="train", overwrite=request.overwrite)
+    )
     with claim as lock:
         if fork is not None:  # the history before the checkpoint, then resumed as a crashed run is
-            fork_run(fork, request.out, node_label=request.node_label, workload=request.workload,
-                     node_extra=node_header(request.fault_profile, request.fault_seed, request.abft),
-                     segment_bytes=request.trace.segment_bytes)
+            fork_run(
+                fork,
+                request.out,
+                node_label=request.node_label,
+                workload=request.workload,
+                node_extra=node_header(request.fault_profile, request.fault_seed, request.abft),
+                segment_bytes=request.trace.segment_bytes,
+            )
             request = replace(request, resume=True, resume_from=None, overwrite=False)
         if nproc == 1:
             return _record_rank(config, request, on_step)
         job = {"config": config, "request": request.to_json()}
-        return RunSummary.from_json(launch("jobs.record:record_rank", job, nproc, timeout_s=rank_timeout,
-                                           lock=lock)[0])
+        return RunSummary.from_json(launch("jobs.record:record_rank", job, nproc, timeout_s=rank_timeout, lock=lock)[0])
 
 
 def record_rank(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
@@ -170,8 +185,9 @@ def record_rank(config: dict[str, Any], request: dict[str, Any]) -> dict[str, An
     return _record_rank(config, RecordRequest.from_json(request), None).to_json()
 
 
-def _record_rank(config: dict[str, Any], request: RecordRequest,
-                 on_step: Callable[[int, float], None] | None) -> RunSummary:
+def _record_rank(
+    config: dict[str, Any], request: RecordRequest, on_step: Callable[[int, float], None] | None
+) -> RunSummary:
     """Build the workload and train and trace it into the claimed ``request.out``. The config's ``[run]``
     (``--steps``, ``--checkpoint-every``) wins over the workload's own (a Trainer's ``max_steps`` and save
     interval)."""
@@ -179,7 +195,9 @@ def _record_rank(config: dict[str, Any], request: RecordRequest,
     asked = {f.name: config["run"][f.name] for f in fields(RunSettings) if f.name in config.get("run", {})}
     config = {**w.config, "run": {**w.config.get("run", {}), **asked}}
     run = RunSettings.of(config)
-    rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+    rank = (
+        torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+    )
     extra = {"workload": request.workload, **node_header(request.fault_profile, request.fault_seed, request.abft)}
     log = rank_dir(request.out, rank)
     first = resume_step(request.out, w.layout.world_size) if request.resume else None
@@ -189,20 +207,46 @@ def _record_rank(config: dict[str, Any], request: RecordRequest,
         end = log_end(log)
         resumption = Resumption(end.segments, first, end.records, end.last_step)
     run_id = recorded.run_id if recorded is not None else request.run_id
-    run_info = RunInfo(request.node_label, config=config, seed=w.seed,
-                       data_order_fingerprint=w.data_order_fingerprint, extra=extra, run_id=run_id)
+    run_info = RunInfo(
+        request.node_label,
+        config=config,
+        seed=w.seed,
+        data_order_fingerprint=w.data_order_fingerprint,
+        extra=extra,
+        run_id=run_id,
+    )
     guard = default_guard(request.guard, abft=request.abft) if request.guard is not None else None
-    tracer = Tracer(w.model, w.optimizer, out=request.out, run=run_info, options=request.trace, parallel=w.layout,
-                    guard=guard, resume=resumption, **({} if request.progress else {"echo": None}))
+    tracer = Tracer(
+        w.model,
+        w.optimizer,
+        out=request.out,
+        run=run_info,
+        options=request.trace,
+        parallel=w.layout,
+        guard=guard,
+        resume=resumption,
+        **({} if request.progress else {"echo": None}),
+    )
     if recorded is not None:
         _check_resumable(recorded, tracer.header, request.out)
-    node = emulated_node(tracer, w.model, fault_profile=request.fault_profile, fault_seed=request.fault_seed,
-                         abft=request.abft, sites=request.trace.sites)
+    node = emulated_node(
+        tracer,
+        w.model,
+        fault_profile=request.fault_profile,
+        fault_seed=request.fault_seed,
+        abft=request.abft,
+        sites=request.trace.sites,
+    )
     losses: list[float] = []
     start = time.perf_counter()
     every = run.checkpoint_every
-    bar = tqdm(range(first or 0, run.steps), desc=f"record {request.out.name}", unit="step", leave=False,
-               disable=None if request.progress and rank == 0 else True)
+    bar = tqdm(
+        range(first or 0, run.steps),
+        desc=f"record {request.out.name}",
+        unit="step",
+        leave=False,
+        disable=None if request.progress and rank == 0 else True,
+    )
     with tracer, node:
         if first is not None:  # last, so that nothing between it and the step draws from the restored RNGs
             with tracer.paused():  # restoring a sharded checkpoint may step the optimizer at lr 0 to create its state
@@ -235,15 +279,25 @@ def _log_sharpness(w: Workload, tracer: Tracer, step: int, iterations: int) -> N
     """The sharpness of the state before ``step``, as a ``sharpness`` event at that step."""
     with tracer.paused(), own_ops():
         s = sharpness(w, step, iterations=iterations)
-    tracer.event("sharpness", at_step=step, value=s.value, iterations=s.iterations, converged=s.converged,
-                 residual=s.residual, method=s.method, microbatch=s.microbatch)
+    tracer.event(
+        "sharpness",
+        at_step=step,
+        value=s.value,
+        iterations=s.iterations,
+        converged=s.converged,
+        residual=s.residual,
+        method=s.method,
+        microbatch=s.microbatch,
+    )
 
 
 def _check_fork(fork: ForkPoint, out: Path, nproc: int) -> None:
     """A fork runs on as many ranks as the run it continues, into a directory of its own."""
     if Path(out).resolve() == fork.run.resolve():
-        raise UsageError(f"--resume-from {fork.run}: names a checkpoint of --out itself; --resume continues a "
-                         "crashed run in place, --resume-from starts a new run from another run's checkpoint")
+        raise UsageError(
+            f"--resume-from {fork.run}: names a checkpoint of --out itself; --resume continues a "
+            "crashed run in place, --resume-from starts a new run from another run's checkpoint"
+        )
     _check_resumed_ranks(fork.run, nproc)
 
 
@@ -251,8 +305,10 @@ def _check_resumed_ranks(out: Path, nproc: int) -> None:
     """A resumption runs on as many ranks as the recording it continues: checked before any rank starts."""
     ranks = list_ranks(out)
     if ranks and ranks == list(range(len(ranks))) and len(ranks) != nproc:
-        raise UsageError(f"{out}: was recorded on {len(ranks)} rank(s), not {nproc}; resume it on as many "
-                         f"(--nproc {len(ranks)}, with the layout options it was recorded with)")
+        raise UsageError(
+            f"{out}: was recorded on {len(ranks)} rank(s), not {nproc}; resume it on as many "
+            f"(--nproc {len(ranks)}, with the layout options it was recorded with)"
+        )
 
 
 def resume_step(out: Path, world_size: int) -> int:
@@ -260,23 +316,28 @@ def resume_step(out: Path, world_size: int) -> int:
     rank's log reaches (a step the log lacks cannot be superseded, only left out)."""
     ranks = list_ranks(out)
     if ranks != list(range(world_size)):
-        raise UsageError(f"{out}: holds logs of ranks {ranks}, but the run has {world_size} rank(s); nothing to "
-                         "resume: record it again with --overwrite")
+        raise UsageError(
+            f"{out}: holds logs of ranks {ranks}, but the run has {world_size} rank(s); nothing to "
+            "resume: record it again with --overwrite"
+        )
     ends = []
     for rank in ranks:
         try:
             ends.append(log_end(rank_dir(out, rank)))
         except LogError as exc:
-            raise UsageError(f"{out}: rank {rank}'s log cannot be continued ({exc}); record the run again with "
-                             "--overwrite") from exc
+            raise UsageError(
+                f"{out}: rank {rank}'s log cannot be continued ({exc}); record the run again with --overwrite"
+            ) from exc
     if any(e.complete for e in ends):
         raise UsageError(f"{out}: the recording finished (its log has an END record): nothing to resume")
     reach = min(e.last_step + 1 if e.last_step is not None else 0 for e in ends)
     common = set.intersection(*(set(list_step_checkpoints(out, rank)) for rank in ranks))
     usable = [step for step in common if step <= reach]
     if not usable:
-        raise UsageError(f"{out}: no checkpoint at or before step {reach}, the first step its log lacks, to resume "
-                         "from; record the run again with --overwrite (and checkpoints: --checkpoint-every)")
+        raise UsageError(
+            f"{out}: no checkpoint at or before step {reach}, the first step its log lacks, to resume "
+            "from; record the run again with --overwrite (and checkpoints: --checkpoint-every)"
+        )
     return max(usable)
 
 
@@ -290,17 +351,30 @@ def _header(log: Path) -> RunHeader:
 def _check_resumable(recorded: RunHeader, header: RunHeader, out: Path) -> None:
     """A resumed recording must continue the run it resumes: the same training, node and emulated faults."""
     diffs = pairing_differences(recorded, header)
-    diffs += [f"{name}: {getattr(recorded, name)!r} vs {getattr(header, name)!r}"
-              for name in ("node_label", "role", "device") if getattr(recorded, name) != getattr(header, name)]
-    diffs += [f"extra.{key}: {recorded.extra.get(key)!r} vs {header.extra.get(key)!r}"
-              for key in ("workload", "fault_profile", "abft") if recorded.extra.get(key) != header.extra.get(key)]
+    diffs += [
+        f"{name}: {getattr(recorded, name)!r} vs {getattr(header, name)!r}"
+        for name in ("node_label", "role", "device")
+        if getattr(recorded, name) != getattr(header, name)
+    ]
+    diffs += [
+        f"extra.{key}: {recorded.extra.get(key)!r} vs {header.extra.get(key)!r}"
+        for key in ("workload", "fault_profile", "abft")
+        if recorded.extra.get(key) != header.extra.get(key)
+    ]
     if diffs:
-        raise UsageError(f"{out}: --resume would not continue the recorded run; give the options it was recorded with "
-                         f"(recorded vs now): " + "; ".join(diffs))
+        raise UsageError(
+            f"{out}: --resume would not continue the recorded run; give the options it was recorded with "
+            f"(recorded vs now): " + "; ".join(diffs)
+        )
 
 
-def record_run(config: Config | Mapping[str, Any], out: str | Path, *, node_label: str,
-               on_step: Callable[[int, float], None] | None = None, **options: Any) -> RunSummary:
+def record_run(
+    config: Config | Mapping[str, Any],
+    out: str | Path,
+    *,
+    node_label: str,
+    on_step: Callable[[int, float], None] | None = None,
+    **options: Any,
+) -> RunSummary:
     """`record` on one rank with the request's fields as keywords: the short form for scripts and tests."""
     return record(config, RecordRequest(out=Path(out), node_label=node_label, **options), on_step=on_step)
-

@@ -35,8 +35,10 @@ def golden_header(path: Path, nproc: int | None = None) -> RunHeader:
         raise UsageError(f"{path}: not a run directory; pass the golden run made by `sdc record`")
     n = header.world_size  # read from a file: checked against the disk and this machine before any launch
     if nproc is not None and nproc != n:
-        raise UsageError(f"--nproc {nproc}: {path} was recorded on {n} rank(s), and a replay runs each of them with "
-                         f"its own shard, checkpoints and log: give --nproc {n}, or leave --nproc out")
+        raise UsageError(
+            f"--nproc {nproc}: {path} was recorded on {n} rank(s), and a replay runs each of them with "
+            f"its own shard, checkpoints and log: give --nproc {n}, or leave --nproc out"
+        )
     check_rank_logs(path, n)
     check_resources(header.config, n, f"{path} (replay runs all its ranks here)")
     return header
@@ -52,8 +54,13 @@ def replay(request: ReplayRequest, golden: RunHeader, *, rank_timeout_s: float =
             return [replayer.run()]
     # Claimed before the ranks start, so a refusal is quick; every rank inherits the lock.
     with claim_out_dir(request.out, role="replay", overwrite=request.overwrite, inputs=inputs) as lock:
-        results = launch("jobs.replay:replay_rank", {"request": request.to_json()}, golden.world_size,
-                         timeout_s=rank_timeout_s, lock=lock)
+        results = launch(
+            "jobs.replay:replay_rank",
+            {"request": request.to_json()},
+            golden.world_size,
+            timeout_s=rank_timeout_s,
+            lock=lock,
+        )
     return [ReplaySummary.from_json(r) for r in results]
 
 

@@ -42,7 +42,14 @@ def verify_determinism(
     with tempfile.TemporaryDirectory(prefix="sdc-verify-") as tmp:
         root = keep or Path(tmp)
         for name in ("a", "b"):
-            request = RecordRequest(out=root / name, node_label=f"verify-{name}", workload=workload, overwrite=True,
-                                    progress=progress, device=device, trace=trace)
+            request = RecordRequest(
+                out=root / name,
+                node_label=f"verify-{name}",
+                workload=workload,
+                overwrite=True,
+                progress=progress,
+                device=device,
+                trace=trace,
+            )
             record(config, request, nproc=nproc, rank_timeout=rank_timeout)
         return compare_runs(root / "a", root / "b")

@@ -87,8 +87,12 @@ def step_facts(segments: Iterable[SegmentEvidence]) -> tuple[list[StepFacts], bo
                 guards.append(EventRecord(kind, step, fields))
             elif kind == "replicas":
                 replicas[step] = fields
-    facts = [_facts(step, *grads[step], done[step], faults.get(step, 0), flags.get(step, 0), guard.get(step))
-             ._replace(replicas=replicas.get(step)) for step in sorted(done.keys() & grads.keys())]
+    facts = [
+        _facts(step, *grads[step], done[step], faults.get(step, 0), flags.get(step, 0), guard.get(step))._replace(
+            replicas=replicas.get(step)
+        )
+        for step in sorted(done.keys() & grads.keys())
+    ]
     return facts, abft, guards
 
 
@@ -112,8 +116,16 @@ def _grad_sums(groups: list[GradGroups]) -> dict[int, tuple[int, float, int]]:
     return {step: (int.from_bytes(h.digest(), "little"), sq, nf) for step, (h, sq, nf) in sums.items()}
 
 
-def _facts(step: int, fingerprint: int, squares: float, nonfinite: int, done: Mapping[str, Any], faults: int,
-           flags: int, guard: Mapping[str, Any] | None) -> StepFacts:
+def _facts(
+    step: int,
+    fingerprint: int,
+    squares: float,
+    nonfinite: int,
+    done: Mapping[str, Any],
+    faults: int,
+    flags: int,
+    guard: Mapping[str, Any] | None,
+) -> StepFacts:
     loss, norm, wall = _number(done.get("loss")), _number(done.get("grad_norm")), _number(done.get("wall_s"))
     if norm is None:
         norm = math.sqrt(squares)
@@ -122,9 +134,17 @@ def _facts(step: int, fingerprint: int, squares: float, nonfinite: int, done: Ma
         return StepFacts(step, loss, norm, nonfinite, flags, fingerprint, faults, wall_s=wall)
     first = runs[0]
     events = first.get("events") if isinstance(first.get("events"), Mapping) else {}
-    return StepFacts(step, _number(first.get("loss")), _number(first.get("grad_norm")) or norm,
-                     int(first.get("nonfinite") or 0), flags, int(first.get("fingerprint") or 0),
-                     int(events.get("fault", 0)), guarded=True, wall_s=wall)
+    return StepFacts(
+        step,
+        _number(first.get("loss")),
+        _number(first.get("grad_norm")) or norm,
+        int(first.get("nonfinite") or 0),
+        flags,
+        int(first.get("fingerprint") or 0),
+        int(events.get("fault", 0)),
+        guarded=True,
+        wall_s=wall,
+    )
 
 
 def _number(value: Any) -> float | None:
@@ -141,8 +161,15 @@ class FingerprintTwin:
         return self.steps.get(step)
 
 
-def run_alarms(facts: list[StepFacts], abft: bool, twin: Mapping[int, int] | None, rank: int = 0, run_id: str = "",
-               node_label: str = "", replicas: bool = False) -> pa.Table:
+def run_alarms(
+    facts: list[StepFacts],
+    abft: bool,
+    twin: Mapping[int, int] | None,
+    rank: int = 0,
+    run_id: str = "",
+    node_label: str = "",
+    replicas: bool = False,
+) -> pa.Table:
     """The ``detector_alarms`` rows of one run's steps: every shipped detector alone (`AbftFlags` where the run
     checked with ABFT, `TwinMismatch` where there is a twin), then the guard's default combination, then replica
     agreement where the run checked it; per set, step by step."""
@@ -165,8 +192,14 @@ def replica_alarms(facts: list[StepFacts], rank: int) -> Fired:
         e = f.replicas
         if e is None or not (rank in (e.get("ranks") or ()) or (e.get("tie") and rank in (e.get("replicas") or ()))):
             continue
-        fired[k] = {ReplicaAgreement.name: Alarm(ReplicaAgreement.name, float(e.get("measured") or 0.0),
-                                                 float(e.get("threshold") or 0.0), str(e.get("detail") or ""))}
+        fired[k] = {
+            ReplicaAgreement.name: Alarm(
+                ReplicaAgreement.name,
+                float(e.get("measured") or 0.0),
+                float(e.get("threshold") or 0.0),
+                str(e.get("detail") or ""),
+            )
+        }
     return fired
 
 
@@ -189,8 +222,9 @@ def _steps(facts: list[StepFacts]) -> Steps:
     )
 
 
-def _alarm_table(facts: list[StepFacts], sets: list[Scored], fired: list[Fired], rank: int,
-                 run_id: str, node_label: str) -> pa.Table:
+def _alarm_table(
+    facts: list[StepFacts], sets: list[Scored], fired: list[Fired], rank: int, run_id: str, node_label: str
+) -> pa.Table:
     """Rows set by set, step by step, and within a step detector by detector: the columns that are the step's
     repeated with numpy, the alarms' filled in where there are any."""
     n = len(facts)
@@ -248,13 +282,20 @@ def decision_rows(guards: Iterable[EventRecord]) -> list[dict[str, Any]]:
         runs = [r for r in f.get("runs") or () if isinstance(r, Mapping)]
         faults = [int((r.get("events") or {}).get("fault", 0)) for r in runs]
         accepted = f.get("accepted")
-        rows.append({
-            "step": g.step, "detectors": [str(a.get("detector")) for a in alarms], "outcome": f.get("outcome"),
-            "action": f.get("action"), "accepted": accepted if isinstance(accepted, int) else None,
-            "runs": len(runs), "first_run_faults": faults[0] if faults else None,
-            "accepted_run_faults": faults[accepted] if isinstance(accepted, int) and 0 <= accepted < len(faults)
-            else None,
-        })
+        rows.append(
+            {
+                "step": g.step,
+                "detectors": [str(a.get("detector")) for a in alarms],
+                "outcome": f.get("outcome"),
+                "action": f.get("action"),
+                "accepted": accepted if isinstance(accepted, int) else None,
+                "runs": len(runs),
+                "first_run_faults": faults[0] if faults else None,
+                "accepted_run_faults": faults[accepted]
+                if isinstance(accepted, int) and 0 <= accepted < len(faults)
+                else None,
+            }
+        )
     return rows
 
 
@@ -264,8 +305,10 @@ class DetectorAlarms(beam.PTransform):
 
     def __init__(self, suspect: RunLayout) -> None:
         super().__init__()
-        self.who = {rank: (r.header.run_id, r.header.node_label, checks_replicas(r.header.extra))
-                    for rank, r in suspect.ranks.items()}
+        self.who = {
+            rank: (r.header.run_id, r.header.node_label, checks_replicas(r.header.extra))
+            for rank, r in suspect.ranks.items()
+        }
 
     def expand(self, evidence: beam.PCollection) -> beam.PCollection:
         return (
@@ -286,16 +329,16 @@ def readable(segments: Iterable[SegmentEvidence]) -> list[SegmentEvidence]:
     return out
 
 
-def rank_alarms(rank: int, segments: Iterable[SegmentEvidence],
-                who: Mapping[int, tuple[str, str, bool]]) -> Iterator[tuple[str, pa.Table]]:
+def rank_alarms(
+    rank: int, segments: Iterable[SegmentEvidence], who: Mapping[int, tuple[str, str, bool]]
+) -> Iterator[tuple[str, pa.Table]]:
     by_side: dict[str, list[SegmentEvidence]] = {"golden": [], "suspect": []}
     for seg in segments:
         by_side[seg.side].append(seg)
     if not by_side["suspect"] or rank not in who:
         return
     facts, abft, guards = step_facts(readable(by_side["suspect"]))
-    twin = {f.step: f.fingerprint for f in step_facts(readable(by_side["golden"]))[0]} if by_side["golden"] \
-        else None
+    twin = {f.step: f.fingerprint for f in step_facts(readable(by_side["golden"]))[0]} if by_side["golden"] else None
     run_id, node_label, replicas = who[rank]
     table = run_alarms(facts, abft, twin, rank, run_id, node_label, replicas)
     if table.num_rows:

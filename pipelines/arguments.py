@@ -57,35 +57,70 @@ class DiffRequest:
     @classmethod
     def from_args(cls, args: argparse.Namespace, beam_args: Sequence[str]) -> DiffRequest:
         """From a parser that `add_arguments` set up, and the arguments it left for Beam."""
-        return cls(golden=args.golden, suspect=args.suspect, db=args.db, replays=tuple(args.replay), twin=args.twin,
-                   baseline=args.baseline, staging=args.staging, skip_corrupt=args.skip_corrupt, steps_per_bucket=args.steps_per_bucket,
-                   tolerance=load_tolerance_map(args.tolerance) if args.tolerance is not None else None,
-                   beam_args=tuple(beam_args))
+        return cls(
+            golden=args.golden,
+            suspect=args.suspect,
+            db=args.db,
+            replays=tuple(args.replay),
+            twin=args.twin,
+            baseline=args.baseline,
+            staging=args.staging,
+            skip_corrupt=args.skip_corrupt,
+            steps_per_bucket=args.steps_per_bucket,
+            tolerance=load_tolerance_map(args.tolerance) if args.tolerance is not None else None,
+            beam_args=tuple(beam_args),
+        )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--golden", required=True, metavar="RUN", help="the healthy run's directory (local path or URL)")
     p.add_argument("--suspect", required=True, metavar="RUN", help="the run to check against it")
-    p.add_argument("--replay", action="append", default=[], metavar="RUN",
-                   help="a replay log of this pair (lockstep: RQ1, parameter sync: RQ2); repeatable")
-    p.add_argument("--twin", metavar="RUN",
-                   help="the golden fine-tune's shuffle-seed twin (`sdc finetune --shuffle-seed`): its disagreement "
-                        "with --golden is the baseline suspect disagreement is compared with")
-    p.add_argument("--baseline", action="store_true",
-                   help="the suspect is golden's pretraining shuffle-seed twin (golden's config with data.shuffle_seed "
-                        "changed, no faults): its parameter drift is the baseline other nodes' drift is read against")
+    p.add_argument(
+        "--replay",
+        action="append",
+        default=[],
+        metavar="RUN",
+        help="a replay log of this pair (lockstep: RQ1, parameter sync: RQ2); repeatable",
+    )
+    p.add_argument(
+        "--twin",
+        metavar="RUN",
+        help="the golden fine-tune's shuffle-seed twin (`sdc finetune --shuffle-seed`): its disagreement "
+        "with --golden is the baseline suspect disagreement is compared with",
+    )
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="the suspect is golden's pretraining shuffle-seed twin (golden's config with data.shuffle_seed "
+        "changed, no faults): its parameter drift is the baseline other nodes' drift is read against",
+    )
     p.add_argument("--db", required=True, type=Path, metavar="FILE", help="DuckDB study database to load into")
-    p.add_argument("--staging", metavar="DIR",
-                   help="an empty directory (a URL on a cluster) for the job's Parquet; default: a temporary "
-                        "directory beside --db, removed after loading")
-    p.add_argument("--skip-corrupt", action="store_true",
-                   help="load what is readable and list corrupt records in the corruptions table, instead of failing")
-    p.add_argument("--steps-per-bucket", type=int, default=DEFAULT_STEPS_PER_BUCKET, metavar="N",
-                   help=f"steps per joined batch (default {DEFAULT_STEPS_PER_BUCKET}); lower it for very large models")
-    p.add_argument("--tolerance", type=Path, metavar="MAP",
-                   help="a tolerance map (sdc verify-determinism --report): events at the places it lists whose bits "
-                        "differ within its band are counted apart as within tolerance, never as SDC; beyond the "
-                        "band they still differ (docs/incident.md)")
+    p.add_argument(
+        "--staging",
+        metavar="DIR",
+        help="an empty directory (a URL on a cluster) for the job's Parquet; default: a temporary "
+        "directory beside --db, removed after loading",
+    )
+    p.add_argument(
+        "--skip-corrupt",
+        action="store_true",
+        help="load what is readable and list corrupt records in the corruptions table, instead of failing",
+    )
+    p.add_argument(
+        "--steps-per-bucket",
+        type=int,
+        default=DEFAULT_STEPS_PER_BUCKET,
+        metavar="N",
+        help=f"steps per joined batch (default {DEFAULT_STEPS_PER_BUCKET}); lower it for very large models",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=Path,
+        metavar="MAP",
+        help="a tolerance map (sdc verify-determinism --report): events at the places it lists whose bits "
+        "differ within its band are counted apart as within tolerance, never as SDC; beyond the "
+        "band they still differ (docs/incident.md)",
+    )
 
 
 def diff_job() -> Callable[[DiffRequest], DiffReport]:

@@ -45,8 +45,9 @@ def build_pipeline(p: beam.Pipeline, plan: DiffPlan, staging: str) -> None:
     bounds = ranks[log_source.RANKS] | "Compared steps" >> ComparisonBounds(plan.run_ids())
     events = read[EVENTS] | "Route events" >> events_mod.RouteEvents(plan.run_ids())
     faults = events[events_mod.FAULTS]
-    diffs = read[TENSORS] | "Diff tensors" >> tensor_diff.DiffTensors(bounds[BOUNDS], faults, bounds[LOST],
-                                                                       plan.tolerance)
+    diffs = read[TENSORS] | "Diff tensors" >> tensor_diff.DiffTensors(
+        bounds[BOUNDS], faults, bounds[LOST], plan.tolerance
+    )
     small = (
         read[TABLES],
         ranks[TABLES],

@@ -65,8 +65,19 @@ def rank_tables(rank: int, tagged: Iterable[tuple[str, Any]]) -> Iterator[tuple[
     scores = []
     if buckets:
         units, tp, fp, fn, tn, propagated = (sum(col) for col in zip(*(b.scores for b in buckets)))
-        scores.append({"rank": rank, "detector": "fingerprint", "side": "pair", "units": units, "tp": tp, "fp": fp,
-                       "fn": fn, "tn": tn, "propagated": propagated})
+        scores.append(
+            {
+                "rank": rank,
+                "detector": "fingerprint",
+                "side": "pair",
+                "units": units,
+                "tp": tp,
+                "fp": fp,
+                "fn": fn,
+                "tn": tn,
+                "propagated": propagated,
+            }
+        )
     flagged: dict[tuple[Any, ...], bool] = {}
     for c in checks:
         flagged[c.unit] = flagged.get(c.unit, False) or c.verdict == "flag"
@@ -74,19 +85,36 @@ def rank_tables(rank: int, tagged: Iterable[tuple[str, Any]]) -> Iterator[tuple[
     hits = {fault_id: hit for b in buckets for fault_id, hit in b.fault_hits}
     if faults:
         no_hit = {"traced_site": None, "fingerprint_detected": None}
-        yield named(FAULTS, [{**f._asdict(), **hits.get(f.id, no_hit), "abft_flagged": flagged.get(f.unit)}
-                             for f in faults])
+        yield named(
+            FAULTS, [{**f._asdict(), **hits.get(f.id, no_hit), "abft_flagged": flagged.get(f.unit)} for f in faults]
+        )
     if checks:
-        yield named(ABFT, [{**c._asdict(), "faulted": c.unit in faulted,
-                            "outcome": outcome(c.unit in faulted, flagged[c.unit])} for c in checks])
+        yield named(
+            ABFT,
+            [
+                {**c._asdict(), "faulted": c.unit in faulted, "outcome": outcome(c.unit in faulted, flagged[c.unit])}
+                for c in checks
+            ],
+        )
     by_side: dict[str, list[int]] = {}
     for unit, flag in flagged.items():
         counts = by_side.setdefault(unit[0], [0] * (1 + len(_OUTCOMES)))
         counts[0] += 1
         counts[1 + _OUTCOMES.index(outcome(unit in faulted, flag))] += 1
     for side, (units, tp, fp, fn, tn) in sorted(by_side.items()):
-        scores.append({"rank": rank, "detector": "abft", "side": side, "units": units, "tp": tp, "fp": fp, "fn": fn,
-                       "tn": tn, "propagated": 0})
+        scores.append(
+            {
+                "rank": rank,
+                "detector": "abft",
+                "side": side,
+                "units": units,
+                "tp": tp,
+                "fp": fp,
+                "fn": fn,
+                "tn": tn,
+                "propagated": 0,
+            }
+        )
     if scores:
         yield named(SCORES, scores)
 

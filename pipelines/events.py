@@ -110,9 +110,20 @@ def parse_fault(side: str, row: EventRow, unreadable: Any = None) -> Fault:
     f = Fields(row.fields, unreadable)
     detail = f.get("detail", dict)
     return Fault(
-        side, row.rank, row.step, row.segment, row.offset, f.get("microbatch", int), f.get("site", str),
-        f.get("op", str), f.get("phase", str), f.get("kind", str), f.get("elements", int), f.ints("index"),
-        f.floats("original"), f.floats("corrupted"),
+        side,
+        row.rank,
+        row.step,
+        row.segment,
+        row.offset,
+        f.get("microbatch", int),
+        f.get("site", str),
+        f.get("op", str),
+        f.get("phase", str),
+        f.get("kind", str),
+        f.get("elements", int),
+        f.ints("index"),
+        f.floats("original"),
+        f.floats("corrupted"),
         json.dumps(detail, sort_keys=True, default=repr) if detail is not None else None,
     )
 
@@ -122,8 +133,19 @@ def parse_abft(side: str, row: EventRow, unreadable: Any = None) -> AbftCheck:
     shape = f.ints("shape")
     m, k, n = shape if shape is not None and len(shape) == 3 else (None, None, None)
     return AbftCheck(
-        side, row.rank, row.step, f.get("microbatch", int), f.get("site", str), f.get("op", str),
-        f.get("phase", str), m, k, n, f.get("residual", NUMBER), f.get("bound", NUMBER), f.get("verdict", str),
+        side,
+        row.rank,
+        row.step,
+        f.get("microbatch", int),
+        f.get("site", str),
+        f.get("op", str),
+        f.get("phase", str),
+        m,
+        k,
+        n,
+        f.get("residual", NUMBER),
+        f.get("bound", NUMBER),
+        f.get("verdict", str),
     )
 
 
@@ -142,44 +164,73 @@ def fault_units(faults: Iterable[Fault], site_names: Iterable[str]) -> Iterator[
 def site_mismatch_row(run_id: str, row: EventRow, unreadable: Any = None) -> dict[str, Any]:
     f = Fields(row.fields, unreadable)
     return {
-        "replay_run_id": run_id, "rank": row.rank, "step": row.step, "microbatch": f.get("microbatch", int),
-        "site": f.get("site", str), "phase": f.get("phase", str), "elements": f.get("elements", int),
-        "mismatched": f.get("mismatched", int), "frequency": f.get("frequency", NUMBER),
-        "severity": f.get("severity", NUMBER), "max_rel": f.get("max_rel", NUMBER),
+        "replay_run_id": run_id,
+        "rank": row.rank,
+        "step": row.step,
+        "microbatch": f.get("microbatch", int),
+        "site": f.get("site", str),
+        "phase": f.get("phase", str),
+        "elements": f.get("elements", int),
+        "mismatched": f.get("mismatched", int),
+        "frequency": f.get("frequency", NUMBER),
+        "severity": f.get("severity", NUMBER),
+        "max_rel": f.get("max_rel", NUMBER),
     }
 
 
 def grad_noise_row(run_id: str, row: EventRow, unreadable: Any = None) -> dict[str, Any]:
     f = Fields(row.fields, unreadable)
     return {
-        "replay_run_id": run_id, "rank": row.rank, "step": row.step, "name": f.get("name", str),
-        "diff_l2": f.get("diff_l2", NUMBER), "golden_l2": f.get("golden_l2", NUMBER), "ratio": f.get("ratio", NUMBER),
+        "replay_run_id": run_id,
+        "rank": row.rank,
+        "step": row.step,
+        "name": f.get("name", str),
+        "diff_l2": f.get("diff_l2", NUMBER),
+        "golden_l2": f.get("golden_l2", NUMBER),
+        "ratio": f.get("ratio", NUMBER),
     }
 
 
 def finetune_eval_row(run_id: str, row: EventRow, unreadable: Any = None) -> dict[str, Any]:
     f = Fields(row.fields, unreadable)
     return {
-        "run_id": run_id, "rank": row.rank, "step": row.step, "task": f.get("task", str),
-        "examples": f.get("examples", int), "correct": f.get("correct", int), "accuracy": f.get("accuracy", NUMBER),
-        "chance": f.get("chance", NUMBER), "collapsed": f.get("collapsed", bool),
+        "run_id": run_id,
+        "rank": row.rank,
+        "step": row.step,
+        "task": f.get("task", str),
+        "examples": f.get("examples", int),
+        "correct": f.get("correct", int),
+        "accuracy": f.get("accuracy", NUMBER),
+        "chance": f.get("chance", NUMBER),
+        "collapsed": f.get("collapsed", bool),
     }
 
 
 def sharpness_row(run_id: str, row: EventRow, unreadable: Any = None) -> dict[str, Any]:
     f = Fields(row.fields, unreadable)
     return {
-        "run_id": run_id, "rank": row.rank, "step": row.step, "value": f.get("value", NUMBER),
-        "iterations": f.get("iterations", int), "converged": f.get("converged", bool),
-        "residual": f.get("residual", NUMBER), "method": f.get("method", str), "microbatch": f.get("microbatch", int),
+        "run_id": run_id,
+        "rank": row.rank,
+        "step": row.step,
+        "value": f.get("value", NUMBER),
+        "iterations": f.get("iterations", int),
+        "converged": f.get("converged", bool),
+        "residual": f.get("residual", NUMBER),
+        "method": f.get("method", str),
+        "microbatch": f.get("microbatch", int),
     }
 
 
 def finetune_prediction_row(run_id: str, row: EventRow, unreadable: Any = None) -> dict[str, Any]:
     f = Fields(row.fields, unreadable)
     return {
-        "run_id": run_id, "rank": row.rank, "step": row.step, "task": f.get("task", str),
-        "example": f.get("example", int), "predicted": f.get("predicted", int), "answer": f.get("answer", int),
+        "run_id": run_id,
+        "rank": row.rank,
+        "step": row.step,
+        "task": f.get("task", str),
+        "example": f.get("example", int),
+        "predicted": f.get("predicted", int),
+        "answer": f.get("answer", int),
     }
 
 

@@ -44,7 +44,6 @@ from pipelines.tables import TABLES, named
 from pipelines.tagged_outputs import split
 from tracer.checkpoint import CHECKPOINT_GLOB, parse_checkpoint_path
 from tracer.errors import LogError, LogFormatError, UsageError
-from tracer.regular_files import open_regular, read_regular
 from tracer.log import (
     SEGMENT_GLOB,
     LostRange,
@@ -63,6 +62,7 @@ from tracer.log import (
 )
 from tracer.log.columns import TensorColumns
 from tracer.log.layout import list_segments
+from tracer.regular_files import open_regular, read_regular
 
 NAMESPACE = "sdctrace"
 TENSORS, EVENTS, SEGMENTS, RANKS, EVIDENCE = "tensors", "events", "segments", "ranks", "evidence"
@@ -73,20 +73,22 @@ FINETUNE_KINDS = frozenset({"finetune_eval", "finetune_prediction"})
 DIFFED_KINDS = frozenset({"step", "fault", "abft", "sharpness"}) | FINETUNE_KINDS
 REPLAY_KINDS = frozenset({"site_mismatch", "grad_noise"})
 
-TENSOR_SCHEMA = pa.schema([
-    ("step", pa.int64()),
-    ("microbatch", pa.int64()),
-    ("name", pa.dictionary(pa.int32(), pa.string())),
-    ("phase", pa.int8()),
-    ("fingerprint", pa.uint64()),
-    ("l2", pa.float32()),
-    ("absmax", pa.float32()),
-    ("nan", pa.int64()),
-    ("inf", pa.int64()),
-    ("meta", pa.dictionary(pa.int32(), pa.string())),
-    ("segment", pa.int32()),
-    ("offset", pa.int64()),
-])
+TENSOR_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("microbatch", pa.int64()),
+        ("name", pa.dictionary(pa.int32(), pa.string())),
+        ("phase", pa.int8()),
+        ("fingerprint", pa.uint64()),
+        ("l2", pa.float32()),
+        ("absmax", pa.float32()),
+        ("nan", pa.int64()),
+        ("inf", pa.int64()),
+        ("meta", pa.dictionary(pa.int32(), pa.string())),
+        ("segment", pa.int32()),
+        ("offset", pa.int64()),
+    ]
+)
 
 _HEAD_BYTES = 64 << 10  # enough for a run header unless the config is huge; then the whole file is read
 
@@ -195,8 +197,9 @@ def describe_run(path: str) -> RunLayout:
     for rank, segments in sorted(by_rank.items()):
         segments.sort()
         sessions = Sessions(tuple(r for i, p in segments[1:] if (r := resumption_in(read_file(p, _HEAD_BYTES), p, i))))
-        ranks[rank] = RankLayout(rank, _first_header(segments, f"{path}/{rank_dir_name(rank)}"), tuple(segments),
-                                 sessions)
+        ranks[rank] = RankLayout(
+            rank, _first_header(segments, f"{path}/{rank_dir_name(rank)}"), tuple(segments), sessions
+        )
     return RunLayout(path, ranks, size)
 
 
@@ -206,8 +209,12 @@ def segment_files(path: str) -> list[tuple[str, int]]:
     trusted); Beam's local glob would not follow it. Other file systems are listed through Beam's."""
     if FileSystems.get_scheme(path) in (None, "file"):
         run = Path(path.removeprefix("file://"))
-        return [(str(p), p.stat().st_size) for rank in list_ranks(run)
-                for _, p in list_segments(run / rank_dir_name(rank)) if p.is_file()]
+        return [
+            (str(p), p.stat().st_size)
+            for rank in list_ranks(run)
+            for _, p in list_segments(run / rank_dir_name(rank))
+            if p.is_file()
+        ]
     try:
         matches = FileSystems.match([FileSystems.join(path, SEGMENT_GLOB)])[0].metadata_list
     except ValueError as e:  # no file system for the scheme
@@ -282,8 +289,16 @@ class ReadRuns(beam.PTransform):
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         tasks = [
-            SegmentTask(side, r.rank, index, path, index == r.segments[-1][0], r.header.run_id,
-                        r.sessions.ends_session(index), r.sessions.cutoff(index))
+            SegmentTask(
+                side,
+                r.rank,
+                index,
+                path,
+                index == r.segments[-1][0],
+                r.header.run_id,
+                r.sessions.ends_session(index),
+                r.sessions.cutoff(index),
+            )
             for side, run in self.runs.items()
             for r in run.ranks.values()
             for index, path in r.segments
@@ -311,9 +326,15 @@ class DecodeSegment(beam.DoFn):
     def setup(self) -> None:
         counter = lambda name: Metrics.counter(NAMESPACE, name)  # noqa: E731
         self.segments, self.tensor_records, self.event_records = (
-            counter("segments_read"), counter("tensor_records"), counter("event_records"))
+            counter("segments_read"),
+            counter("tensor_records"),
+            counter("event_records"),
+        )
         self.unused_events, self.corrupt, self.skipped = (
-            counter("events_of_unused_kinds"), counter("corruptions"), counter("corrupt_records_skipped"))
+            counter("events_of_unused_kinds"),
+            counter("corruptions"),
+            counter("corrupt_records_skipped"),
+        )
         self.torn, self.errors = counter("torn_tails"), counter("unreadable_segments")
 
     def process(self, task: SegmentTask) -> Iterator[tuple[str, Any]]:
@@ -321,8 +342,14 @@ class DecodeSegment(beam.DoFn):
             data = read_file(task.path)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a torn tail is in the status, counted below
-                seg = read_segment_columns(data, task.path, last=task.last, on_corruption="skip",
-                                           session_end=task.session_end, cutoff=task.cutoff)
+                seg = read_segment_columns(
+                    data,
+                    task.path,
+                    last=task.last,
+                    on_corruption="skip",
+                    session_end=task.session_end,
+                    cutoff=task.cutoff,
+                )
             if seg.header is not None and (seg.header.run_id, seg.header.rank) != (task.run_id, task.rank):
                 raise LogFormatError(
                     f"{task.path}: segment of run {seg.header.run_id} rank {seg.header.rank}, but the rank's first "
@@ -359,17 +386,20 @@ class DecodeSegment(beam.DoFn):
             else:
                 self.unused_events.inc(len(rows))
         steps = [r[1] for r in by_kind.get("step", [])]
-        yield SEGMENTS, SegmentInfo(
-            task.side,
-            task.rank,
-            seg.summary(task.index, task.path),
-            status.records,
-            status.complete,
-            status.torn_tail,
-            max(steps) if steps else None,
-            int(seg.tensors.step.max()) if len(seg.tensors) else None,
-            bool(status.corruptions),
-            status.end.status if status.end is not None else None,
+        yield (
+            SEGMENTS,
+            SegmentInfo(
+                task.side,
+                task.rank,
+                seg.summary(task.index, task.path),
+                status.records,
+                status.complete,
+                status.torn_tail,
+                max(steps) if steps else None,
+                int(seg.tensors.step.max()) if len(seg.tensors) else None,
+                bool(status.corruptions),
+                status.end.status if status.end is not None else None,
+            ),
         )
 
 
@@ -385,7 +415,7 @@ def bucket_batches(cols: TensorColumns, segment: int, steps_per_bucket: int) -> 
     strings = pa.array(cols.strings, pa.string())  # name and meta codes index the same list
     for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(bucket)]):
         take = slice(lo, hi) if order is None else order[lo:hi]
-        part = lambda a: np.ascontiguousarray(a[take])  # noqa: E731 - a copy: slices would pickle whole buffers
+        part = lambda a, take=take: np.ascontiguousarray(a[take])  # noqa: E731 - a copy: slices would pickle whole buffers
         batch = pa.RecordBatch.from_arrays(
             [
                 pa.array(part(cols.step)),
@@ -473,11 +503,25 @@ class _SummariseRank(beam.DoFn):
         step_events = [i.last_step_event for i in infos if i.last_step_event is not None]
         tensor_steps = [i.last_tensor_step for i in infos if i.last_tensor_step is not None]
         last = infos[-1]
-        status = "corrupt" if problems or lost or any(i.corrupt for i in infos) else "crashed" if not last.complete \
-            else "failed" if last.end_status == "failed" else "complete"
+        status = (
+            "corrupt"
+            if problems or lost or any(i.corrupt for i in infos)
+            else "crashed"
+            if not last.complete
+            else "failed"
+            if last.end_status == "failed"
+            else "complete"
+        )
         info = RankInfo(
-            side, rank, len(infos), sum(i.records for i in infos), last.complete, last.torn_tail,
-            max(step_events) if step_events else max(tensor_steps) if tensor_steps else None, lost, status,
+            side,
+            rank,
+            len(infos),
+            sum(i.records for i in infos),
+            last.complete,
+            last.torn_tail,
+            max(step_events) if step_events else max(tensor_steps) if tensor_steps else None,
+            lost,
+            status,
         )
         yield RANKS, info
         yield TABLES, named("runs", [_run_row(run.path, header, info)])
@@ -486,16 +530,41 @@ class _SummariseRank(beam.DoFn):
 def _run_row(path: str, h: RunHeader, info: RankInfo) -> dict[str, Any]:
     as_json = lambda v: json.dumps(v, sort_keys=True, default=repr)  # noqa: E731
     return {
-        "run_id": h.run_id, "rank": info.rank, "path": path, "node_label": h.node_label, "role": h.role,
-        "world_size": h.world_size, "schema_version": h.schema_version, "config_fingerprint": h.config_fingerprint,
-        "seed": h.seed, "data_order_fingerprint": h.data_order_fingerprint,
-        "fingerprint_algorithm": h.fingerprint_algorithm, "device": h.device, "created_unix": h.created_unix,
-        "config": as_json(h.config), "versions": as_json(h.versions), "determinism": as_json(h.determinism),
-        "extra": as_json(h.extra), "segments": info.segments, "records": info.records, "complete": info.complete,
-        "torn_tail": info.torn_tail, "last_step": info.last_step, "status": info.status,
+        "run_id": h.run_id,
+        "rank": info.rank,
+        "path": path,
+        "node_label": h.node_label,
+        "role": h.role,
+        "world_size": h.world_size,
+        "schema_version": h.schema_version,
+        "config_fingerprint": h.config_fingerprint,
+        "seed": h.seed,
+        "data_order_fingerprint": h.data_order_fingerprint,
+        "fingerprint_algorithm": h.fingerprint_algorithm,
+        "device": h.device,
+        "created_unix": h.created_unix,
+        "config": as_json(h.config),
+        "versions": as_json(h.versions),
+        "determinism": as_json(h.determinism),
+        "extra": as_json(h.extra),
+        "segments": info.segments,
+        "records": info.records,
+        "complete": info.complete,
+        "torn_tail": info.torn_tail,
+        "last_step": info.last_step,
+        "status": info.status,
     }
 
 
 def lost_row(run_id: str, side: str, rank: int, r: LostRange) -> dict[str, Any]:
-    return {"run_id": run_id, "side": side, "rank": rank, "path": r.file, "offset": r.start, "bytes": r.bytes,
-            "records": r.records, "first_step": r.first_step, "last_step": r.last_step}
+    return {
+        "run_id": run_id,
+        "side": side,
+        "rank": rank,
+        "path": r.file,
+        "offset": r.start,
+        "bytes": r.bytes,
+        "records": r.records,
+        "first_step": r.first_step,
+        "last_step": r.last_step,
+    }

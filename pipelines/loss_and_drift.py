@@ -19,10 +19,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 import numpy as np
 import pyarrow as pa
 import torch
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from pipelines.events import NUMBER, Fields
@@ -72,8 +72,12 @@ def _baselines(loss: np.ndarray) -> np.ndarray:
     return np.where(count >= SPIKE_MIN_HISTORY, sorted_median(ordered, count), np.nan)
 
 
-def loss_tables(rank: int, golden: Mapping[int, float | None], suspect: Mapping[int, float | None],
-                lrs: Mapping[int, float | None] | None = None) -> tuple[pa.Table, pa.Table]:
+def loss_tables(
+    rank: int,
+    golden: Mapping[int, float | None],
+    suspect: Mapping[int, float | None],
+    lrs: Mapping[int, float | None] | None = None,
+) -> tuple[pa.Table, pa.Table]:
     """Both runs' per-step loss side by side (every step either run has), the golden's learning rate beside
     them (``lrs``), and each run's spikes."""
     steps = sorted(golden.keys() | suspect.keys())
@@ -85,11 +89,18 @@ def loss_tables(rank: int, golden: Mapping[int, float | None], suspect: Mapping[
         diff = s - g
         rel = diff / np.abs(g)
     n = len(steps)
-    loss = pa.Table.from_arrays([
-        pa.array(np.full(n, rank, np.int32)), pa.array(np.array(steps, np.int64)),
-        pa.array(g, mask=~g_given), pa.array(s, mask=~s_given), pa.array(diff, mask=~both),
-        pa.array(rel, mask=~both | (g == 0)), pa.array(lr, mask=~lr_given),
-    ], schema=SCHEMAS[LOSS])
+    loss = pa.Table.from_arrays(
+        [
+            pa.array(np.full(n, rank, np.int32)),
+            pa.array(np.array(steps, np.int64)),
+            pa.array(g, mask=~g_given),
+            pa.array(s, mask=~s_given),
+            pa.array(diff, mask=~both),
+            pa.array(rel, mask=~both | (g == 0)),
+            pa.array(lr, mask=~lr_given),
+        ],
+        schema=SCHEMAS[LOSS],
+    )
     spike_rows = []
     for side, curve in (("golden", golden), ("suspect", suspect)):
         ordered = sorted(curve)
@@ -101,19 +112,17 @@ def loss_tables(rank: int, golden: Mapping[int, float | None], suspect: Mapping[
 def _column(values: Mapping[int, float | None], steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """``values`` at ``steps`` as floats, and where they are given (not None, not missing)."""
     got = [values.get(step) for step in steps]
-    return (np.array([math.nan if v is None else v for v in got], np.float64),
-            np.array([v is not None for v in got], bool))
+    return (
+        np.array([math.nan if v is None else v for v in got], np.float64),
+        np.array([v is not None for v in got], bool),
+    )
 
 
 class LossCurves(beam.PTransform):
     """(rank, (side, EventBatch of `step` events)) -> TABLES: loss and loss_spikes."""
 
     def expand(self, steps: beam.PCollection) -> beam.PCollection:
-        return (
-            steps
-            | "Group by rank" >> beam.GroupByKey()
-            | "Loss tables" >> beam.ParDo(_LossTables())
-        )
+        return steps | "Group by rank" >> beam.GroupByKey() | "Loss tables" >> beam.ParDo(_LossTables())
 
 
 class _LossTables(beam.DoFn):
@@ -143,7 +152,9 @@ def parameter_group(name: str) -> str:
     return m[1] if m else name.split(".", 1)[0]
 
 
-def drift_rows(rank: int, step: int, golden: Mapping[str, torch.Tensor], suspect: Mapping[str, torch.Tensor]) -> list[dict[str, Any]]:
+def drift_rows(
+    rank: int, step: int, golden: Mapping[str, torch.Tensor], suspect: Mapping[str, torch.Tensor]
+) -> list[dict[str, Any]]:
     """‖θ_s − θ_h‖₂ / ‖θ_h‖₂ over all floating-point tensors ("*") and per parameter group, in float64."""
     sums: dict[str, list[float]] = {}  # group -> [elements, ‖θ_h‖², ‖θ_s − θ_h‖²]
     for name in sorted(golden):
@@ -159,10 +170,17 @@ def drift_rows(rank: int, step: int, golden: Mapping[str, torch.Tensor], suspect
     rows = []
     for group, (elements, golden_sq, diff_sq) in sorted(sums.items()):
         golden_norm, diff_norm = math.sqrt(golden_sq), math.sqrt(diff_sq)
-        rows.append({
-            "rank": rank, "step": step, "group": group, "elements": int(elements), "golden_norm": golden_norm,
-            "diff_norm": diff_norm, "drift": diff_norm / golden_norm if golden_norm else None,
-        })
+        rows.append(
+            {
+                "rank": rank,
+                "step": step,
+                "group": group,
+                "elements": int(elements),
+                "golden_norm": golden_norm,
+                "diff_norm": diff_norm,
+                "drift": diff_norm / golden_norm if golden_norm else None,
+            }
+        )
     return rows
 
 
@@ -207,8 +225,11 @@ def logged_before_checkpoints(run: str, rank: int, steps: Iterable[int]) -> dict
         matches = FileSystems.match([FileSystems.join(run, rank_dir_name(rank), "*" + SEGMENT_SUFFIX)])[0]
     except (ValueError, OSError):
         return {}
-    paths = sorted((parsed[1], m.path) for m in matches.metadata_list
-                   if (parsed := parse_segment_path(m.path)) is not None and parsed[0] == rank)
+    paths = sorted(
+        (parsed[1], m.path)
+        for m in matches.metadata_list
+        if (parsed := parse_segment_path(m.path)) is not None and parsed[0] == rank
+    )
     return parameters_in_segments([(path, lambda path=path: read_file(path)) for _, path in paths], list(steps))
 
 
@@ -229,8 +250,10 @@ class _Drift(beam.DoFn):
     def process(self, element: tuple[int, Sequence[DriftTask]]) -> Iterator[tuple[str, pa.Table]]:
         rank, tasks = element
         steps = [t.step for t in tasks]
-        logged = [logged_before_checkpoints(run_of_checkpoint(manifest), rank, steps)
-                  for manifest in (tasks[0].golden[0], tasks[0].suspect[0])]
+        logged = [
+            logged_before_checkpoints(run_of_checkpoint(manifest), rank, steps)
+            for manifest in (tasks[0].golden[0], tasks[0].suspect[0])
+        ]
         for task in tasks:
             yield from self._compare(task, logged)
 
@@ -250,11 +273,18 @@ class _Drift(beam.DoFn):
         golden, suspect = models
         if set(golden) != set(suspect):
             only = sorted(set(golden) ^ set(suspect))
-            yield named("errors", [{
-                "side": "pair", "rank": task.rank, "path": task.suspect[0],
-                "message": f"checkpoints of step {task.step} hold different tensors ({', '.join(only[:5])}): "
-                           "the runs do not train the same model",
-            }])
+            yield named(
+                "errors",
+                [
+                    {
+                        "side": "pair",
+                        "rank": task.rank,
+                        "path": task.suspect[0],
+                        "message": f"checkpoints of step {task.step} hold different tensors ({', '.join(only[:5])}): "
+                        "the runs do not train the same model",
+                    }
+                ],
+            )
             return
         self.compared.inc()
         yield named(DRIFT, drift_rows(task.rank, task.step, golden, suspect))

@@ -21,18 +21,22 @@ from pathlib import Path
 
 import torch
 
+from pipelines.tolerance import PHASE_NAMES, ToleranceMap, TolerancePlace, stats_band
 from tracer.blobs import BlobStore
 from tracer.collectives import OPS
 from tracer.errors import ValidationError
 from tracer.float_bits import ordered
 from tracer.log import LogReader, TensorRecord, list_ranks, rank_dir
 from tracer.pairing import pairing_differences, setting_warnings
-from pipelines.tolerance import PHASE_NAMES, TolerancePlace, ToleranceMap, stats_band
 
 DEFAULT_MARGIN = 2.0
 _COLLECTIVE = re.compile(r".*\.(" + "|".join(OPS) + r")\.(in|out)")
-_BITS = {torch.float32: (torch.int32, 32), torch.float64: (torch.int64, 64), torch.bfloat16: (torch.int16, 16),
-         torch.float16: (torch.int16, 16)}
+_BITS = {
+    torch.float32: (torch.int32, 32),
+    torch.float64: (torch.int64, 64),
+    torch.bfloat16: (torch.int16, 16),
+    torch.float16: (torch.int16, 16),
+}
 
 
 @dataclass(frozen=True)
@@ -115,8 +119,9 @@ def audit_runs(a: Path, b: Path, *, margin: float = DEFAULT_MARGIN) -> Audit:
             if y is None:
                 break
             if (x.step, x.microbatch, x.name, x.phase) != (y.step, y.microbatch, y.name, y.phase):
-                misaligned = misaligned or (f"rank {rank}, step {x.step}: {x.name} {x.phase.name.lower()} vs "
-                                            f"{y.name} {y.phase.name.lower()}")
+                misaligned = misaligned or (
+                    f"rank {rank}, step {x.step}: {x.name} {x.phase.name.lower()} vs {y.name} {y.phase.name.lower()}"
+                )
                 break
             events += 1
             steps.add(x.step)
@@ -125,13 +130,19 @@ def audit_runs(a: Path, b: Path, *, margin: float = DEFAULT_MARGIN) -> Audit:
                 key = (x.name, PHASE_NAMES[int(x.phase)])
                 acc.setdefault(key, _Band()).add(x, y, _tensors(blobs, x, y))
     places = tuple(band.place(key, margin) for key, band in sorted(acc.items()))
-    tolerance = ToleranceMap((str(a), str(b)), tuple(sorted(steps)), tuple(ranks), margin,
-                             {(p.place.name, p.place.phase): p.place for p in places})
+    tolerance = ToleranceMap(
+        (str(a), str(b)),
+        tuple(sorted(steps)),
+        tuple(ranks),
+        margin,
+        {(p.place.name, p.place.phase): p.place for p in places},
+    )
     return Audit(events, len(steps), differing, places, tolerance, tuple(warnings), misaligned)
 
 
-def _tensors(blobs: tuple[BlobStore, BlobStore], x: TensorRecord,
-             y: TensorRecord) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _tensors(
+    blobs: tuple[BlobStore, BlobStore], x: TensorRecord, y: TensorRecord
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Both runs' full tensors of the event, where both captured it."""
     if x.fingerprint not in blobs[0] or y.fingerprint not in blobs[1]:
         return None
@@ -179,21 +190,26 @@ class _Band:
 
 def audit_table(audit: Audit, limit: int = 200) -> list[str]:
     """The audit as printed lines: a summary, then one row per differing place (at most ``limit``)."""
-    lines = [f"{audit.events:,} tensor events over {audit.steps} steps compared; {audit.differing:,} differ at "
-             f"{len(audit.places)} place(s)"]
+    lines = [
+        f"{audit.events:,} tensor events over {audit.steps} steps compared; {audit.differing:,} differ at "
+        f"{len(audit.places)} place(s)"
+    ]
     lines += [f"warning: setting differs: {w}" for w in audit.warnings]
     if audit.misaligned:
         lines.append(f"the runs recorded different events from {audit.misaligned}: not compared past it")
     if not audit.places:
         return lines
-    lines.append(f"{'kind':<11} {'phase':<9} {'events':>6} {'steps':>9} {'max ulps':>10} {'max rel diff':>12} "
-                 f"{'band':>9}  name")
+    lines.append(
+        f"{'kind':<11} {'phase':<9} {'events':>6} {'steps':>9} {'max ulps':>10} {'max rel diff':>12} {'band':>9}  name"
+    )
     for p in audit.places[:limit]:
         t = p.place
         ulps = "unknown" if t.max_ulps is None else f"{t.max_ulps:,}"
         steps = f"{p.first_step}..{p.last_step}"
-        lines.append(f"{p.kind:<11} {t.phase:<9} {t.events:>6} {steps:>9} {ulps:>10} {t.max_rel_diff:>12.3g} "
-                     f"{t.band:>9.3g}  {t.name}")
+        lines.append(
+            f"{p.kind:<11} {t.phase:<9} {t.events:>6} {steps:>9} {ulps:>10} {t.max_rel_diff:>12.3g} "
+            f"{t.band:>9.3g}  {t.name}"
+        )
     if len(audit.places) > limit:
         lines.append(f"... and {len(audit.places) - limit} more place(s) in the JSON map")
     return lines

@@ -31,8 +31,13 @@ BOUNDS = "bounds"
 LOST = "lost"  # (rank, ((first, last) step, ...)): steps corruption made unknown on either side
 
 
-def differences(a: RunLayout, b: RunLayout, *, subset: bool = False,
-                compare: Callable[[RunHeader, RunHeader], list[str]] = pairing_differences) -> list[str]:
+def differences(
+    a: RunLayout,
+    b: RunLayout,
+    *,
+    subset: bool = False,
+    compare: Callable[[RunHeader, RunHeader], list[str]] = pairing_differences,
+) -> list[str]:
     """Every field that stops `a` and `b` from pairing, as ``field: a-value vs b-value`` (any rank).
 
     `subset`: `b` may hold fewer ranks than `a` (a replay log of some ranks). `compare`: the header check.
@@ -45,8 +50,14 @@ def differences(a: RunLayout, b: RunLayout, *, subset: bool = False,
     return out
 
 
-def validate_pair(golden: RunLayout, suspect: RunLayout, replays: Iterable[RunLayout] = (),
-                  twin: RunLayout | None = None, *, baseline: bool = False) -> list[str]:
+def validate_pair(
+    golden: RunLayout,
+    suspect: RunLayout,
+    replays: Iterable[RunLayout] = (),
+    twin: RunLayout | None = None,
+    *,
+    baseline: bool = False,
+) -> list[str]:
     """Raise one ValidationError listing every differing field of every run that does not fit; with `baseline`
     the suspect must be golden's pretraining shuffle-seed twin. Return the warnings: golden's and the suspect's
     bit-changing settings that differ without stopping the pair (`tracer.pairing.setting_warnings`)."""
@@ -54,8 +65,10 @@ def validate_pair(golden: RunLayout, suspect: RunLayout, replays: Iterable[RunLa
     if baseline:
         diffs = differences(golden, suspect, compare=baseline_differences)
         if diffs:
-            problems.append(f"baseline {suspect.path} is not the shuffle-seed twin of golden {golden.path} (record it "
-                            "with golden's config and data.shuffle_seed changed, no faults): " + "; ".join(diffs))
+            problems.append(
+                f"baseline {suspect.path} is not the shuffle-seed twin of golden {golden.path} (record it "
+                "with golden's config and data.shuffle_seed changed, no faults): " + "; ".join(diffs)
+            )
     else:
         diffs = differences(golden, suspect)
         if diffs:
@@ -70,7 +83,9 @@ def validate_pair(golden: RunLayout, suspect: RunLayout, replays: Iterable[RunLa
     if twin is not None:
         diffs = differences(golden, twin, compare=twin_differences)
         if diffs:
-            problems.append(f"twin {twin.path} is not the shuffle-seed twin of golden {golden.path}: " + "; ".join(diffs))
+            problems.append(
+                f"twin {twin.path} is not the shuffle-seed twin of golden {golden.path}: " + "; ".join(diffs)
+            )
     if problems:
         raise ValidationError(
             " | ".join(problems) + ". Record the runs with the same config, seed and data order "
@@ -83,7 +98,8 @@ def validate_pair(golden: RunLayout, suspect: RunLayout, replays: Iterable[RunLa
 def pair_id(golden: RunLayout, suspect: RunLayout) -> str:
     """Deterministic from both runs' per-rank run ids: loading the same pair again replaces its rows."""
     layout = ";".join(
-        f"{rank}:{golden.ranks[rank].header.run_id}:{suspect.ranks[rank].header.run_id}" for rank in sorted(golden.ranks)
+        f"{rank}:{golden.ranks[rank].header.run_id}:{suspect.ranks[rank].header.run_id}"
+        for rank in sorted(golden.ranks)
     )
     return hashlib.sha256(layout.encode()).hexdigest()[:16]
 
@@ -127,17 +143,25 @@ class _Bounds(beam.DoFn):
         lost = tuple(r for i in (golden, suspect) if i is not None for r in i.lost_steps)
         if lost:
             yield LOST, (rank, lost)
-        yield TABLES, named("pair_ranks", [{
-            "rank": rank,
-            "golden_run_id": self.run_ids.get(("golden", rank)),
-            "suspect_run_id": self.run_ids.get(("suspect", rank)),
-            "golden_last_step": golden.last_step if golden else None,
-            "suspect_last_step": suspect.last_step if suspect else None,
-            "compared_through": bound,
-            "golden_status": golden.status if golden else None,
-            "suspect_status": suspect.status if suspect else None,
-            "lost_steps": None if bound is None else lost_step_count(lost, bound),
-        }])
+        yield (
+            TABLES,
+            named(
+                "pair_ranks",
+                [
+                    {
+                        "rank": rank,
+                        "golden_run_id": self.run_ids.get(("golden", rank)),
+                        "suspect_run_id": self.run_ids.get(("suspect", rank)),
+                        "golden_last_step": golden.last_step if golden else None,
+                        "suspect_last_step": suspect.last_step if suspect else None,
+                        "compared_through": bound,
+                        "golden_status": golden.status if golden else None,
+                        "suspect_status": suspect.status if suspect else None,
+                        "lost_steps": None if bound is None else lost_step_count(lost, bound),
+                    }
+                ],
+            ),
+        )
 
 
 def in_lost_steps(step: Any, lost: Iterable[tuple[int | None, int | None]]) -> Any:

@@ -44,9 +44,12 @@ class DiffPlan:
     tolerance: ToleranceMap | None = None  # places compared within a measured band (pipelines.tolerance)
 
     def sides(self) -> dict[str, RunLayout]:
-        return {"golden": self.golden, "suspect": self.suspect,
-                **({log_source.TWIN: self.twin} if self.twin is not None else {}),
-                **{f"replay{i}": r for i, r in enumerate(self.replays)}}
+        return {
+            "golden": self.golden,
+            "suspect": self.suspect,
+            **({log_source.TWIN: self.twin} if self.twin is not None else {}),
+            **{f"replay{i}": r for i, r in enumerate(self.replays)},
+        }
 
     def run_ids(self) -> dict[tuple[str, int], str]:
         return {(side, rank): r.header.run_id for side, run in self.sides().items() for rank, r in run.ranks.items()}
@@ -54,13 +57,18 @@ class DiffPlan:
     def pair_row(self) -> dict[str, Any]:
         """The ``pairs`` table's row of this plan."""
         return {
-            "golden_path": self.golden.path, "suspect_path": self.suspect.path,
-            "golden_run_id": self.golden.header.run_id, "suspect_run_id": self.suspect.header.run_id,
-            "replay_paths": [r.path for r in self.replays], "replay_run_ids": [r.header.run_id for r in self.replays],
+            "golden_path": self.golden.path,
+            "suspect_path": self.suspect.path,
+            "golden_run_id": self.golden.header.run_id,
+            "suspect_run_id": self.suspect.header.run_id,
+            "replay_paths": [r.path for r in self.replays],
+            "replay_run_ids": [r.header.run_id for r in self.replays],
             "twin_run_id": self.twin.header.run_id if self.twin is not None else None,
             "baseline": self.baseline,
-            "world_size": self.golden.header.world_size, "ranks": len(self.golden.ranks),
-            "steps_per_bucket": self.steps_per_bucket, "created_unix": time.time(),
+            "world_size": self.golden.header.world_size,
+            "ranks": len(self.golden.ranks),
+            "steps_per_bucket": self.steps_per_bucket,
+            "created_unix": time.time(),
             "sdctrace_version": _version(),
         }
 
@@ -77,12 +85,27 @@ def plan_diff(request: DiffRequest) -> DiffPlan:
     for rank in sorted(g.ranks):
         for step in sorted(g_ckpt.get(rank, set()) & s_ckpt.get(rank, set())):
             rel = checkpoint_files(step, rank)
-            tasks.append(DriftTask(
-                rank, step, tuple(_join(golden, f) for f in rel), tuple(_join(suspect, f) for f in rel),
-                (g.ranks[rank].header.run_id, s.ranks[rank].header.run_id),
-            ))
-    return DiffPlan(g, s, rs, pair_id(g, s), request.steps_per_bucket, tuple(tasks), t, request.baseline,
-                    tuple(warnings), request.tolerance)
+            tasks.append(
+                DriftTask(
+                    rank,
+                    step,
+                    tuple(_join(golden, f) for f in rel),
+                    tuple(_join(suspect, f) for f in rel),
+                    (g.ranks[rank].header.run_id, s.ranks[rank].header.run_id),
+                )
+            )
+    return DiffPlan(
+        g,
+        s,
+        rs,
+        pair_id(g, s),
+        request.steps_per_bucket,
+        tuple(tasks),
+        t,
+        request.baseline,
+        tuple(warnings),
+        request.tolerance,
+    )
 
 
 def _join(run: str, relpath: str) -> str:

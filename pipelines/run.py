@@ -72,22 +72,30 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
     for side, run in plan.sides().items():
         h = run.header
         segments = sum(len(r.segments) for r in run.ranks.values())
-        echo(f"  {side:<8} {run.path}: run {h.run_id[:12]}, node {h.node_label!r}, role {h.role}, "
-             f"{len(run.ranks)} rank(s), {segments} segment(s)")
+        echo(
+            f"  {side:<8} {run.path}: run {h.run_id[:12]}, node {h.node_label!r}, role {h.role}, "
+            f"{len(run.ranks)} rank(s), {segments} segment(s)"
+        )
     h = plan.golden.header
     match = "baseline pair, data order differs" if plan.baseline else "headers match"
-    echo(f"[1/3] pair {plan.pair_id}: {match} (config {h.config_fingerprint[:12]}, seed {h.seed}, "
-         f"world size {h.world_size}); {len(plan.drift)} checkpoint pair(s) for drift")
+    echo(
+        f"[1/3] pair {plan.pair_id}: {match} (config {h.config_fingerprint[:12]}, seed {h.seed}, "
+        f"world size {h.world_size}); {len(plan.drift)} checkpoint pair(s) for drift"
+    )
     for warning in plan.warnings:
         echo(f"      warning: setting differs: {warning}")
     if plan.tolerance is not None:
-        echo(f"      tolerance map {plan.tolerance.source}: {len(plan.tolerance.places)} place(s) compared within "
-             "their band")
+        echo(
+            f"      tolerance map {plan.tolerance.source}: {len(plan.tolerance.places)} place(s) compared within "
+            "their band"
+        )
     opts = pipeline_options(request.beam_args, sum(run.bytes for run in plan.sides().values()))
     keep = request.staging is not None
     if keep and FileSystems.match([FileSystems.join(request.staging, "**")])[0].metadata_list:
-        raise UsageError(f"--staging {request.staging}: not empty; give an empty or new directory (all its "
-                         "Parquet is loaded as this pair's)")
+        raise UsageError(
+            f"--staging {request.staging}: not empty; give an empty or new directory (all its "
+            "Parquet is loaded as this pair's)"
+        )
     check_study_db(request.db)  # a foreign, other-version, unreadable or locked --db fails now, untouched
     parent = request.db.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -108,8 +116,14 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
             raise SdcError(f"the Beam job ended in state {state}; see the runner's log")
         write_table(staging, "pairs", table("pairs", [plan.pair_row()]))
         report.counters = c = job_counters(result)
-        counts = (f": {c.get('segments_read', 0)} segment(s), {c.get('tensor_records', 0):,} tensor records, "
-                  f"{c.get('events_compared', 0):,} events compared") if c else " (this runner reports no metrics)"
+        counts = (
+            (
+                f": {c.get('segments_read', 0)} segment(s), {c.get('tensor_records', 0):,} tensor records, "
+                f"{c.get('events_compared', 0):,} events compared"
+            )
+            if c
+            else " (this runner reports no metrics)"
+        )
         echo(f"      done in {report.pipeline_s:.1f} s{counts}")
         with local_copy(staging) as local:
             check_problems(local, request.skip_corrupt, echo)
@@ -122,12 +136,15 @@ def diff(request: DiffRequest, echo: Echo = print) -> DiffReport:
     except Exception as exc:
         if (reason := full_disk_reason(exc)) is not None:
             kept = "no database was created" if new_db is not None else f"{request.db} is as it was"
-            raise StorageError(f"{stage}: {reason}; {kept}. Free space there (or raise the file size limit), or "
-                               "give --staging / --db on another file system, and run the diff again") from None
+            raise StorageError(
+                f"{stage}: {reason}; {kept}. Free space there (or raise the file size limit), or "
+                "give --staging / --db on another file system, and run the diff again"
+            ) from None
         if isinstance(exc, duckdb.Error):
-            raise StorageError(f"{stage}: DuckDB failed: {duckdb_message(exc)}; "
-                               f"{'no database was created' if new_db is not None else 'the database is as it was'}"
-                               ) from None
+            raise StorageError(
+                f"{stage}: DuckDB failed: {duckdb_message(exc)}; "
+                f"{'no database was created' if new_db is not None else 'the database is as it was'}"
+            ) from None
         raise
     finally:
         if not keep:
@@ -165,8 +182,9 @@ def _heartbeat(echo: Echo, start: float) -> Iterator[None]:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(parser)
     known, beam_args = parser.parse_known_args(argv)
     diff(DiffRequest.from_args(known, beam_args))

@@ -39,8 +39,13 @@ def pipeline_options(beam_args: Sequence[str], input_bytes: int) -> PipelineOpti
     args = list(beam_args)
     given = {a.split("=", 1)[0] for a in args if a.startswith("--")}
     if PipelineOptions(args).view_as(StandardOptions).runner is None:
-        mode = PipelineOptions(args).view_as(DirectOptions).direct_running_mode if "--direct_running_mode" in given \
-            else "in_memory" if input_bytes < IN_MEMORY_BYTES else "multi_processing"
+        mode = (
+            PipelineOptions(args).view_as(DirectOptions).direct_running_mode
+            if "--direct_running_mode" in given
+            else "in_memory"
+            if input_bytes < IN_MEMORY_BYTES
+            else "multi_processing"
+        )
         defaults = [f"--runner={DEFAULT_RUNNER}", f"--direct_running_mode={mode}"]
         if "--direct_num_workers" not in given and mode != "in_memory":
             defaults.append("--direct_num_workers=0")  # 0: one worker per CPU
@@ -66,8 +71,9 @@ def new_pipeline(opts: PipelineOptions) -> beam.Pipeline:
         return beam.Pipeline(options=opts)
     encoded = JobServiceHandle.encode_pipeline_options(opts.get_all_options())
     provision = beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)
-    return beam.Pipeline(runner=fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(provision)),
-                         options=opts)
+    return beam.Pipeline(
+        runner=fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(provision)), options=opts
+    )
 
 
 def _runner_name(opts: PipelineOptions) -> str:

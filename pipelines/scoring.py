@@ -58,8 +58,17 @@ class Steps:
 
     def evidence(self, k: int, past: History = _NO_HISTORY) -> Evidence:
         loss = float(self.loss[k]) if self.has_loss[k] else None
-        return Evidence(int(self.step[k]), 0, loss, float(self.grad_norm[k]), int(self.nonfinite[k]),
-                        int(self.abft_flags[k]), self.fingerprint[k], None, past)
+        return Evidence(
+            int(self.step[k]),
+            0,
+            loss,
+            float(self.grad_norm[k]),
+            int(self.nonfinite[k]),
+            int(self.abft_flags[k]),
+            self.fingerprint[k],
+            None,
+            past,
+        )
 
 
 Fired = dict[int, dict[str, Alarm]]  # per step index with any alarm: detector name -> its alarm
@@ -67,8 +76,12 @@ Fired = dict[int, dict[str, Alarm]]  # per step index with any alarm: detector n
 
 def score(steps: Steps, sets: Sequence[Scored]) -> list[Fired]:
     """Per set: the alarms of each step that had any, as a guard running that set alone would raise them."""
-    return [_score_set(steps, s.detectors) if all(_vectorised(d) for d in s.detectors)
-            else score_stepwise(steps, s.detectors) for s in sets]
+    return [
+        _score_set(steps, s.detectors)
+        if all(_vectorised(d) for d in s.detectors)
+        else score_stepwise(steps, s.detectors)
+        for s in sets
+    ]
 
 
 def score_stepwise(steps: Steps, detectors: tuple[Detector, ...]) -> Fired:
@@ -142,8 +155,9 @@ def _fires_without_history(steps: Steps, d: Detector) -> np.ndarray:
     return np.fromiter((t is not None and t != fp for t, fp in zip(theirs, steps.fingerprint)), bool, len(steps))
 
 
-def _spikes(steps: Steps, d: LossSpike | GradNormSpike, accepted: np.ndarray, pushable: np.ndarray, at: int,
-            end: int) -> np.ndarray:
+def _spikes(
+    steps: Steps, d: LossSpike | GradNormSpike, accepted: np.ndarray, pushable: np.ndarray, at: int, end: int
+) -> np.ndarray:
     """Whether ``d`` fires at each step in [at, end), each against its own window of the history."""
     values = steps.loss if isinstance(d, LossSpike) else steps.grad_norm
     kept = np.flatnonzero(accepted[:end] & pushable[:end])
@@ -192,8 +206,10 @@ class _Histories:
 
     def __init__(self, steps: Steps, accepted: np.ndarray, pushable: dict[str, np.ndarray], keep: int) -> None:
         self.keep = keep
-        self.kept = {f: (values, np.flatnonzero(accepted & pushable[f]))
-                     for f, values in (("loss", steps.loss), ("grad_norm", steps.grad_norm))}
+        self.kept = {
+            f: (values, np.flatnonzero(accepted & pushable[f]))
+            for f, values in (("loss", steps.loss), ("grad_norm", steps.grad_norm))
+        }
 
     def at(self, k: int) -> History:
         def last(values: np.ndarray, kept: np.ndarray) -> tuple[float, ...]:

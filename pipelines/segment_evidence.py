@@ -56,8 +56,9 @@ class SegmentEvidence(NamedTuple):
 
 
 def segment_evidence(side: str, index: int, seg: SegmentColumns) -> SegmentEvidence:
-    events = tuple((e.record.step, e.record.kind, e.record.fields) for e in seg.events
-                   if e.record.kind in EVIDENCE_KINDS)
+    events = tuple(
+        (e.record.step, e.record.kind, e.record.fields) for e in seg.events if e.record.kind in EVIDENCE_KINDS
+    )
     return SegmentEvidence(side, index, grad_groups(seg.tensors), events)
 
 
@@ -68,8 +69,15 @@ def grad_groups(t: TensorColumns) -> GradGroups:
     starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if len(grad) else np.zeros(0, np.int64)
     squares = np.add.reduceat(t.l2[grad].astype(np.float64) ** 2, starts) if len(grad) else np.zeros(0)
     nonfinite = np.add.reduceat(t.nan[grad] + t.inf[grad], starts) if len(grad) else np.zeros(0, np.int64)
-    return GradGroups(t.name[grad], t.fingerprint[grad], steps[starts], np.r_[starts[1:], len(grad)].astype(np.int64),
-                      squares, nonfinite, t.strings)
+    return GradGroups(
+        t.name[grad],
+        t.fingerprint[grad],
+        steps[starts],
+        np.r_[starts[1:], len(grad)].astype(np.int64),
+        squares,
+        nonfinite,
+        t.strings,
+    )
 
 
 def _digest_bytes(names: np.ndarray, fingerprints: np.ndarray, strings: list[str]) -> tuple[bytes, np.ndarray]:

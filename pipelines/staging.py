@@ -51,8 +51,11 @@ def check_problems(staging: Path, skip_corrupt: bool, echo: Echo) -> None:
     corrupt = _read(staging, "corruptions")
     if corrupt and not skip_corrupt:
         first = corrupt[0]
-        more = f"; {len(corrupt) - 1} more corrupt region(s) in {', '.join(sorted({c['path'] for c in corrupt}))}" \
-            if len(corrupt) > 1 else ""
+        more = (
+            f"; {len(corrupt) - 1} more corrupt region(s) in {', '.join(sorted({c['path'] for c in corrupt}))}"
+            if len(corrupt) > 1
+            else ""
+        )
         raise LogCorruptionError(first["path"], first["offset"], first["reason"] + more)
     for c in corrupt:
         echo(f"  warning: skipped corrupt data in {c['path']} at byte {c['offset']}: {c['reason']}")
@@ -74,10 +77,15 @@ def report_runs(staging: Path, plan: DiffPlan, echo: Echo) -> None:
             echo(f"  warning: {where} failed at {step}: training raised, the log was closed")
         elif status == "corrupt":
             ranges = lost.get((r["run_id"], r["rank"]), [])
-            steps = ", ".join(f"{'?' if x['first_step'] is None else x['first_step']}.."
-                              f"{'end' if x['last_step'] is None else x['last_step']}" for x in ranges)
-            echo(f"  warning: {where} is corrupt: at least {sum(x['records'] for x in ranges)} records lost, "
-                 f"steps {steps or 'none'} unknown (not compared as differences)")
+            steps = ", ".join(
+                f"{'?' if x['first_step'] is None else x['first_step']}.."
+                f"{'end' if x['last_step'] is None else x['last_step']}"
+                for x in ranges
+            )
+            echo(
+                f"  warning: {where} is corrupt: at least {sum(x['records'] for x in ranges)} records lost, "
+                f"steps {steps or 'none'} unknown (not compared as differences)"
+            )
 
 
 def _read(staging: Path, name: str) -> list[dict[str, Any]]:

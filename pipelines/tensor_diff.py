@@ -71,14 +71,20 @@ class BucketDiff:
 class DiffTensors(beam.PTransform):
     """((rank, bucket), (side, batch)) -> {TABLES: event_diffs, divergence_steps; FINDINGS: (rank, findings)}.
 
-    A batch is a `pa.RecordBatch` of `pipelines.log_source.TENSOR_SCHEMA`, or one `pipelines.log_source.pack_batch` packed.
+    A batch is a `pa.RecordBatch` of `pipelines.log_source.TENSOR_SCHEMA`, or one `pipelines.log_source.pack_batch`
+    packed.
 
     Side inputs: `bounds`, (rank, last compared step); `faults`, every `Fault` of both runs; `lost`, (rank,
     step ranges corruption made unknown). `tolerance`: places compared within a band (`sdc diff --tolerance`).
     """
 
-    def __init__(self, bounds: beam.PCollection, faults: beam.PCollection, lost: beam.PCollection | None = None,
-                 tolerance: ToleranceMap | None = None) -> None:
+    def __init__(
+        self,
+        bounds: beam.PCollection,
+        faults: beam.PCollection,
+        lost: beam.PCollection | None = None,
+        tolerance: ToleranceMap | None = None,
+    ) -> None:
         super().__init__()
         self.bounds, self.faults, self.lost, self.tolerance = bounds, faults, lost, tolerance
 
@@ -86,8 +92,11 @@ class DiffTensors(beam.PTransform):
         diffs = (
             batches
             | "Join buckets" >> beam.GroupByKey()
-            | "Diff buckets" >> beam.ParDo(
-                _DiffBucket(self.tolerance), beam.pvalue.AsDict(self.bounds), beam.pvalue.AsList(self.faults),
+            | "Diff buckets"
+            >> beam.ParDo(
+                _DiffBucket(self.tolerance),
+                beam.pvalue.AsDict(self.bounds),
+                beam.pvalue.AsList(self.faults),
                 beam.pvalue.AsDict(self.lost) if self.lost is not None else {},
             )
         )
@@ -130,9 +139,20 @@ class _DiffBucket(beam.DoFn):
         yield FINDINGS, (rank, ("bucket", result.findings))
 
 
-_DTYPES = {"step": np.int64, "microbatch": np.int64, "name": np.int32, "phase": np.int8, "fingerprint": np.uint64,
-           "l2": np.float32, "absmax": np.float32, "nan": np.int64, "inf": np.int64, "meta": np.int32,
-           "segment": np.int32, "offset": np.int64}
+_DTYPES = {
+    "step": np.int64,
+    "microbatch": np.int64,
+    "name": np.int32,
+    "phase": np.int8,
+    "fingerprint": np.uint64,
+    "l2": np.float32,
+    "absmax": np.float32,
+    "nan": np.int64,
+    "inf": np.int64,
+    "meta": np.int32,
+    "segment": np.int32,
+    "offset": np.int64,
+}
 _CODED = ("name", "meta")  # dictionary columns: codes into the segment's strings, translated into the bucket's
 
 
@@ -155,8 +175,9 @@ class _Side:
                 else:
                     parts[key].append(col.to_numpy()[rows])
         self.n = sum(len(a) for a in parts["step"])
-        self.cols = {k: (v[0] if len(v) == 1 else np.concatenate(v)) if v else np.zeros(0, _DTYPES[k])
-                     for k, v in parts.items()}
+        self.cols = {
+            k: (v[0] if len(v) == 1 else np.concatenate(v)) if v else np.zeros(0, _DTYPES[k]) for k, v in parts.items()
+        }
         self.position = (self.cols["segment"].astype(np.int64) << 40) | self.cols["offset"]
 
     def __getitem__(self, key: str) -> np.ndarray:
@@ -164,8 +185,12 @@ class _Side:
 
 
 def diff_bucket(
-    rank: int, golden: Iterable[pa.RecordBatch], suspect: Iterable[pa.RecordBatch], bound: int,
-    faults: Sequence[Fault] = (), lost: Sequence[tuple[int | None, int | None]] = (),
+    rank: int,
+    golden: Iterable[pa.RecordBatch],
+    suspect: Iterable[pa.RecordBatch],
+    bound: int,
+    faults: Sequence[Fault] = (),
+    lost: Sequence[tuple[int | None, int | None]] = (),
     tolerance: ToleranceMap | None = None,
 ) -> BucketDiff | None:
     """Join one bucket's records of both runs (steps <= `bound`) and derive its rows of every diff table.
@@ -207,14 +232,21 @@ def diff_bucket(
             pa.array(occurrence.astype(np.int32)),
             coded(status.astype(np.int8), _STATUS_DICT),
             pa.array(equal),
-            gr.take(g["fingerprint"]), sr.take(s["fingerprint"]),
-            gr.take(g["l2"]), sr.take(s["l2"]),
-            gr.take(g["absmax"]), sr.take(s["absmax"]),
-            gr.take(g["nan"]), sr.take(s["nan"]),
-            gr.take(g["inf"]), sr.take(s["inf"]),
+            gr.take(g["fingerprint"]),
+            sr.take(s["fingerprint"]),
+            gr.take(g["l2"]),
+            sr.take(s["l2"]),
+            gr.take(g["absmax"]),
+            sr.take(s["absmax"]),
+            gr.take(g["nan"]),
+            sr.take(s["nan"]),
+            gr.take(g["inf"]),
+            sr.take(s["inf"]),
             coded(_pick(g["meta"], s["meta"], gi, si), dictionary),
-            gr.take(g["segment"]), gr.take(g["offset"]),
-            sr.take(s["segment"]), sr.take(s["offset"]),
+            gr.take(g["segment"]),
+            gr.take(g["offset"]),
+            sr.take(s["segment"]),
+            sr.take(s["offset"]),
         ],
         schema=SCHEMAS[EVENT_DIFFS],
     )
@@ -257,8 +289,9 @@ def _match(g: _Side, s: _Side, n_names: int) -> tuple[np.ndarray, np.ndarray, np
     return gi, si, _pick(gk % span, sk % span, gi, si)
 
 
-def _base(step: np.ndarray, mb: np.ndarray, name: np.ndarray, phase: np.ndarray,
-          n_names: int) -> tuple[np.ndarray, tuple[int, ...]]:
+def _base(
+    step: np.ndarray, mb: np.ndarray, name: np.ndarray, phase: np.ndarray, n_names: int
+) -> tuple[np.ndarray, tuple[int, ...]]:
     """(step, microbatch, name, phase) packed into one int64 per record; and the packing's dimensions."""
     lo_step, lo_mb = int(step.min()), int(mb.min())
     dims = (int(step.max()) - lo_step + 1, int(mb.max()) - lo_mb + 1, max(n_names, 1), len(Phase))
@@ -328,8 +361,9 @@ class _Rows:
     def __init__(self, idx: np.ndarray) -> None:
         self.missing = idx < 0
         self.any_missing = bool(self.missing.any())
-        self.identity = not self.any_missing and len(idx) > 0 and idx[0] == 0 and _increasing(idx) \
-            and idx[-1] == len(idx) - 1
+        self.identity = (
+            not self.any_missing and len(idx) > 0 and idx[0] == 0 and _increasing(idx) and idx[-1] == len(idx) - 1
+        )
         self.idx = np.maximum(idx, 0) if self.any_missing else idx
         self.n = len(idx)
 
@@ -347,8 +381,14 @@ class _Rows:
 
 
 def _divergence_steps(
-    rank: int, step: np.ndarray, mb: np.ndarray, name: np.ndarray, phase: np.ndarray, site: np.ndarray,
-    differ: np.ndarray, names: list[str],
+    rank: int,
+    step: np.ndarray,
+    mb: np.ndarray,
+    name: np.ndarray,
+    phase: np.ndarray,
+    site: np.ndarray,
+    differ: np.ndarray,
+    names: list[str],
 ) -> pa.Table:
     """Per step: how many events differ, and how many distinct sites (the divergence frontier)."""
     if not len(step):
@@ -386,8 +426,16 @@ def _divergence_steps(
 
 
 def _fault_scores(
-    rank: int, step: np.ndarray, mb: np.ndarray, name: np.ndarray, phase: np.ndarray, site: np.ndarray,
-    differ: np.ndarray, names: dict[str, int], faults: Sequence[Fault], bound: int,
+    rank: int,
+    step: np.ndarray,
+    mb: np.ndarray,
+    name: np.ndarray,
+    phase: np.ndarray,
+    site: np.ndarray,
+    differ: np.ndarray,
+    names: dict[str, int],
+    faults: Sequence[Fault],
+    bound: int,
 ) -> tuple[list[tuple[tuple[Any, ...], dict[str, Any]]], tuple[int, int, int, int, int, int]]:
     """Fingerprint divergence as a fault detector over this bucket's site events (docs: analysis/SCHEMA.md)."""
     lo, hi = (int(step.min()), int(step.max())) if len(step) else (0, -1)

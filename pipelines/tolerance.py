@@ -84,8 +84,13 @@ def stats_band(max_rel_diff: float, max_rel_error: float | None, margin: float) 
     return margin * max(max_rel_diff, implied)
 
 
-def within_band(tolerance: ToleranceMap, names: list[str], name: np.ndarray, phase: np.ndarray,
-                stats: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+def within_band(
+    tolerance: ToleranceMap,
+    names: list[str],
+    name: np.ndarray,
+    phase: np.ndarray,
+    stats: Mapping[str, tuple[np.ndarray, np.ndarray]],
+) -> np.ndarray:
     """Per event (``name``: codes into ``names``; ``phase``: Phase values), whether the golden and suspect stats
     (``stats``: l2, absmax, nan, inf, meta; golden and suspect columns) lie within the band of a place the map
     lists: same meta (dtype and shape) and NaN/Inf counts, l2 and absmax within the band's relative difference.
@@ -113,11 +118,21 @@ def _relative(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def to_json(tolerance: ToleranceMap) -> dict[str, Any]:
     return {
-        "format": FORMAT, "version": VERSION, "margin": tolerance.margin,
+        "format": FORMAT,
+        "version": VERSION,
+        "margin": tolerance.margin,
         "measured": {"runs": list(tolerance.runs), "steps": list(tolerance.steps), "ranks": list(tolerance.ranks)},
         "places": [
-            {"name": p.name, "phase": p.phase, "events": p.events, "max_ulps": p.max_ulps, "ulp_events": p.ulp_events,
-             "max_rel_diff": p.max_rel_diff, "max_rel_error": p.max_rel_error, "band": p.band}
+            {
+                "name": p.name,
+                "phase": p.phase,
+                "events": p.events,
+                "max_ulps": p.max_ulps,
+                "ulp_events": p.ulp_events,
+                "max_rel_diff": p.max_rel_diff,
+                "max_rel_error": p.max_rel_error,
+                "band": p.band,
+            }
             for p in sorted(tolerance.places.values(), key=lambda p: (p.name, PHASE_NAMES.index(p.phase)))
         ],
     }
@@ -135,8 +150,10 @@ def load_tolerance_map(path: str | Path) -> ToleranceMap:
     where = str(path)
     size = regular_size(path, "tolerance map")
     if size > MAX_BYTES:
-        raise ConfigError(f"{where}: {size:,} bytes, more than a tolerance map may hold ({MAX_BYTES:,}); "
-                          "write it again with sdc verify-determinism --report")
+        raise ConfigError(
+            f"{where}: {size:,} bytes, more than a tolerance map may hold ({MAX_BYTES:,}); "
+            "write it again with sdc verify-determinism --report"
+        )
     try:
         doc = json.loads(read_regular(path, "tolerance map"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -151,15 +168,24 @@ def parse_tolerance_map(doc: Any, where: str = "tolerance map") -> ToleranceMap:
     if doc.get("format") != FORMAT:
         r.fail("format", f"{doc.get('format')!r}, expected {FORMAT!r}", "this is not a tolerance map")
     if doc.get("version") != VERSION:
-        r.fail("version", f"{doc.get('version')!r}, this sdctrace reads version {VERSION}",
-               "measure it again with this version's sdc verify-determinism --report")
+        r.fail(
+            "version",
+            f"{doc.get('version')!r}, this sdctrace reads version {VERSION}",
+            "measure it again with this version's sdc verify-determinism --report",
+        )
     margin = r.number(doc.get("margin"), "margin", 1.0, MAX_MARGIN)
     measured = r.mapping(doc.get("measured"), "measured")
-    runs = tuple(r.string(x, f"measured.runs[{i}]") for i, x in enumerate(r.items(measured.get("runs"), "measured.runs")))
-    steps = tuple(r.integer(x, f"measured.steps[{i}]", 0, 1 << 40)
-                  for i, x in enumerate(r.items(measured.get("steps"), "measured.steps")))
-    ranks = tuple(r.integer(x, f"measured.ranks[{i}]", 0, 1 << 20)
-                  for i, x in enumerate(r.items(measured.get("ranks"), "measured.ranks")))
+    runs = tuple(
+        r.string(x, f"measured.runs[{i}]") for i, x in enumerate(r.items(measured.get("runs"), "measured.runs"))
+    )
+    steps = tuple(
+        r.integer(x, f"measured.steps[{i}]", 0, 1 << 40)
+        for i, x in enumerate(r.items(measured.get("steps"), "measured.steps"))
+    )
+    ranks = tuple(
+        r.integer(x, f"measured.ranks[{i}]", 0, 1 << 20)
+        for i, x in enumerate(r.items(measured.get("ranks"), "measured.ranks"))
+    )
     places: dict[tuple[str, str], TolerancePlace] = {}
     for i, item in enumerate(r.items(doc.get("places"), "places", MAX_PLACES)):
         at = f"places[{i}]"
@@ -172,7 +198,9 @@ def parse_tolerance_map(doc: Any, where: str = "tolerance map") -> ToleranceMap:
             r.fail(f"{at}", f"{name!r} {phase} listed twice", "keep one entry per place")
         ulps = p.get("max_ulps")
         places[(name, phase)] = TolerancePlace(
-            name, phase, r.integer(p.get("events"), f"{at}.events", 0, 1 << 62),
+            name,
+            phase,
+            r.integer(p.get("events"), f"{at}.events", 0, 1 << 62),
             None if ulps is None else r.integer(ulps, f"{at}.max_ulps", 0, MAX_ULPS),
             r.integer(p.get("ulp_events"), f"{at}.ulp_events", 0, 1 << 62),
             r.number(p.get("max_rel_diff"), f"{at}.max_rel_diff", 0.0, math.inf),
@@ -189,8 +217,9 @@ class _Reader:
         self.where = where
 
     def fail(self, name: str, found: str, fix: str) -> None:
-        raise ConfigError(f"{self.where}: {name}: {found}; {fix} (or measure the map again with "
-                          "sdc verify-determinism --report)")
+        raise ConfigError(
+            f"{self.where}: {name}: {found}; {fix} (or measure the map again with sdc verify-determinism --report)"
+        )
 
     def mapping(self, v: Any, name: str) -> Mapping[str, Any]:
         if not isinstance(v, Mapping):

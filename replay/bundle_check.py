@@ -37,9 +37,18 @@ MANIFEST, TENSORS, VERDICTS_FILE = "manifest.json", "tensors.safetensors", "verd
 CHECKER = "bundle_check.py"  # this module, as a bundle carries it beside reproduce.py
 FORMAT = "sdctrace-incident/1"
 # safetensors' dtype codes (little-endian data)
-DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-          "BOOL": torch.bool}
+DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 # Bounds on what a bundle may ask for, checked before it is read or used.
 MANIFEST_BYTES = 256 << 20  # the op list of a large site runs to megabytes
@@ -57,9 +66,10 @@ _OP_NAME = re.compile(r"([a-z]+)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9
 _OP_PACKET = type(torch.ops.aten.add)
 _OP_OVERLOAD = type(torch.ops.aten.add.Tensor)
 # torch's own dtypes, layouts and memory formats, by the names the manifest writes (``float32``, ``strided``)
-TORCH_OBJECTS = {kind: {name: v for name, v in vars(torch).items() if type(v) is cls and not name.startswith("_")}
-                  for kind, cls in (("dtype", torch.dtype), ("layout", torch.layout),
-                                    ("memory_format", torch.memory_format))}
+TORCH_OBJECTS = {
+    kind: {name: v for name, v in vars(torch).items() if type(v) is cls and not name.startswith("_")}
+    for kind, cls in (("dtype", torch.dtype), ("layout", torch.layout), ("memory_format", torch.memory_format))
+}
 _REF = re.compile(r"[A-Za-z0-9_.\-]+")  # a tensor's name in the bundle (input.0, param.w1.weight, op.3.0)
 _MODULE = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")  # a module path ("" is the site itself)
 _SITE = re.compile(_MODULE.pattern + r"(\[[0-9]+\])?")  # a site: a module path, [N] for its N-th output view
@@ -113,12 +123,13 @@ def read_bounded(path: Path, limit: int, what: str) -> bytes:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise BundleError(f"{path}: the bundle's {what} is not a regular file; put the file `sdc incident` wrote "
-                          "there")
+        raise BundleError(f"{path}: the bundle's {what} is not a regular file; put the file `sdc incident` wrote there")
     with os.fdopen(fd, "rb") as f:
         if st.st_size > limit:
-            raise BundleError(f"{path}: the bundle's {what} has {st.st_size} bytes, over the {limit} a bundle's "
-                              f"{what} may have; {FIX}")
+            raise BundleError(
+                f"{path}: the bundle's {what} has {st.st_size} bytes, over the {limit} a bundle's "
+                f"{what} may have; {FIX}"
+            )
         try:
             return f.read(st.st_size)
         except (OSError, MemoryError) as exc:
@@ -146,8 +157,9 @@ def parse_json(data: bytes, source: Path | str) -> Any:
         raise ValueError(f"{text} is not JSON")
 
     try:
-        value = json.loads(data.decode("utf-8"), object_pairs_hook=unique, parse_int=bounded_int,
-                           parse_constant=no_constant)
+        value = json.loads(
+            data.decode("utf-8"), object_pairs_hook=unique, parse_int=bounded_int, parse_constant=no_constant
+        )
     except UnicodeDecodeError as exc:
         raise BundleError(f"{source}: not UTF-8 text (byte {exc.start}); {FIX}") from None
     except (ValueError, RecursionError) as exc:
@@ -186,12 +198,14 @@ def read_safetensors(path: Path, sha256: str | None = None) -> dict[str, torch.T
     have that digest before any tensor is read."""
     data = read_bounded(path, TENSOR_BYTES, "tensors")
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise BundleError(f"{path}: its SHA-256 is not the one {MANIFEST} records (files.{TENSORS}): the tensors "
-                          f"were changed or damaged after the capture; {FIX}")
+        raise BundleError(
+            f"{path}: its SHA-256 is not the one {MANIFEST} records (files.{TENSORS}): the tensors "
+            f"were changed or damaged after the capture; {FIX}"
+        )
     n = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
     if not 0 < n <= min(HEADER_BYTES, len(data) - 8):
         raise BundleError(f"{path}: not a safetensors file (header length {n} of a {len(data)}-byte file); {FIX}")
-    header = parse_json(data[8:8 + n], f"{path} (header)")
+    header = parse_json(data[8 : 8 + n], f"{path} (header)")
     if not isinstance(header, dict):
         raise _refuse(path, "the header", "is not a JSON object")
     base, tensors = 8 + n, {}
@@ -210,21 +224,29 @@ def _stored_tensor(path: Path, name: str, info: Any, data: bytes, base: int) -> 
     if dtype is None:
         raise _refuse(path, f"{field} dtype", f"{str(info['dtype'])[:20]!r} is none of {sorted(DTYPES)}")
     shape = _shape(shape, path, f"{field} shape")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-            and 0 <= offsets[0] <= offsets[1] <= len(data) - base):
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int for o in offsets)
+        and 0 <= offsets[0] <= offsets[1] <= len(data) - base
+    ):
         raise _refuse(path, f"{field} data_offsets", f"{str(offsets)[:60]} lie outside the file's data")
     begin, end = offsets
     if end - begin != math.prod(shape) * dtype.itemsize:
-        raise _refuse(path, field, f"has {end - begin} bytes where {dtype} of shape {list(shape)} takes "
-                      f"{math.prod(shape) * dtype.itemsize}")
-    raw = bytearray(data[base + begin:base + end])
+        raise _refuse(
+            path,
+            field,
+            f"has {end - begin} bytes where {dtype} of shape {list(shape)} takes {math.prod(shape) * dtype.itemsize}",
+        )
+    raw = bytearray(data[base + begin : base + end])
     flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
     return flat.reshape(shape)
 
 
 def _shape(value: Any, source: Path | str, field: str) -> tuple[int, ...]:
-    if not (isinstance(value, list) and len(value) <= MAX_DIMS
-            and all(type(d) is int and 0 <= d < 1 << 40 for d in value)):
+    if not (
+        isinstance(value, list) and len(value) <= MAX_DIMS and all(type(d) is int and 0 <= d < 1 << 40 for d in value)
+    ):
         raise _refuse(source, field, f"{str(value)[:60]} is no shape (at most {MAX_DIMS} sizes, each from 0 to 2^40)")
     if math.prod(value) > TENSOR_BYTES:
         raise _refuse(source, field, f"{value} has more elements than a bundle may hold")
@@ -245,8 +267,10 @@ def op_of(name: Any) -> Any:
     ``OpOverload``. Nothing is called here."""
     m = _OP_NAME.fullmatch(name) if isinstance(name, str) and len(name) <= MAX_TEXT else None
     if m is None or m.group(1) not in NAMESPACES or any(p.startswith("__") for p in m.groups()):
-        raise BundleError(f"the op name {str(name)[:80]!r} is not aten.<op>.<overload> or prims.<op>.<overload>; "
-                          "a bundle runs torch operators only")
+        raise BundleError(
+            f"the op name {str(name)[:80]!r} is not aten.<op>.<overload> or prims.<op>.<overload>; "
+            "a bundle runs torch operators only"
+        )
     namespace, packet, overload = m.groups()
     if packet in REFUSED_OPS:
         raise BundleError(f"the op {name} reads a file; a bundle never names one")
@@ -276,13 +300,16 @@ def _check_arg(value: Any, known: set[str], source: str, depth: int = 0) -> None
             raise BundleError(f"{source}: a string argument of {len(value)} characters; {FIX}")
         return
     if not isinstance(value, dict) or len(value) != 1:
-        raise BundleError(f"{source}: an argument {str(value)[:60]} is neither a value nor one {{kind: value}} pair; "
-                          f"{FIX}")
-    (kind, v), = value.items()
+        raise BundleError(
+            f"{source}: an argument {str(value)[:60]} is neither a value nor one {{kind: value}} pair; {FIX}"
+        )
+    ((kind, v),) = value.items()
     if kind == "t":
         if v not in known:
-            raise BundleError(f"{source}: reads the tensor {str(v)[:80]!r}, which neither the bundle holds nor an "
-                              f"earlier op made; {FIX}")
+            raise BundleError(
+                f"{source}: reads the tensor {str(v)[:80]!r}, which neither the bundle holds nor an "
+                f"earlier op made; {FIX}"
+            )
     elif kind == "float":
         if v not in ("inf", "-inf", "nan"):
             raise BundleError(f"{source}: the float {str(v)[:40]!r} is none of inf, -inf, nan; {FIX}")
@@ -312,7 +339,10 @@ def _ops(manifest: dict[str, Any], held: set[str], source: Path) -> tuple[Op, ..
             func = op_of(name)
         except BundleError as exc:
             raise BundleError(f"{where}: {exc}; {FIX}") from None
-        args, kwargs = _get(entry, "args", list, source, f"ops[{k}]."), _get(entry, "kwargs", dict, source, f"ops[{k}].")
+        args, kwargs = (
+            _get(entry, "args", list, source, f"ops[{k}]."),
+            _get(entry, "kwargs", dict, source, f"ops[{k}]."),
+        )
         for a in [args, *kwargs.values()]:
             _check_arg(a, known, f"{where} ({name})")
         module = entry.get("module", "")
@@ -351,8 +381,10 @@ def load(bundle: Path) -> Bundle:
     if not isinstance(manifest, dict):
         raise _refuse(source, "the manifest", "is not a JSON object")
     if manifest.get("format") != FORMAT:
-        raise BundleError(f"{source}: format {str(manifest.get('format'))[:60]!r}, this script reads {FORMAT}; "
-                          "reproduce it with the sdctrace that wrote it")
+        raise BundleError(
+            f"{source}: format {str(manifest.get('format'))[:60]!r}, this script reads {FORMAT}; "
+            "reproduce it with the sdctrace that wrote it"
+        )
     _check_site(manifest, source)
     stored: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for name, meta in _get(manifest, "tensors", dict, source).items():
@@ -360,8 +392,11 @@ def load(bundle: Path) -> Bundle:
             raise _refuse(source, f"tensors.{name[:80]}", "is no tensor name with its shape, stride and dtype")
         shape = _shape(meta.get("shape"), source, f"tensors.{name}.shape")
         stride = meta.get("stride")
-        if not (isinstance(stride, list) and len(stride) == len(shape)
-                and all(type(s) is int and 0 <= s < 1 << 40 for s in stride)):
+        if not (
+            isinstance(stride, list)
+            and len(stride) == len(shape)
+            and all(type(s) is int and 0 <= s < 1 << 40 for s in stride)
+        ):
             raise _refuse(source, f"tensors.{name}.stride", f"{str(stride)[:60]} is no stride of shape {list(shape)}")
         stored[name] = (shape, tuple(stride))
     ops = _ops(manifest, set(stored), source)
@@ -378,14 +413,21 @@ def load(bundle: Path) -> Bundle:
     return Bundle(bundle, manifest, ops, tensors, stored, tuple(outputs))
 
 
-def _check_tensors(tensors: dict[str, torch.Tensor], stored: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
-                   outputs: int, source: Path) -> None:
+def _check_tensors(
+    tensors: dict[str, torch.Tensor],
+    stored: dict[str, tuple[tuple[int, ...], tuple[int, ...]]],
+    outputs: int,
+    source: Path,
+) -> None:
     for name, (shape, stride) in stored.items():
         if name not in tensors:
             raise _refuse(source, f"tensor {name!r}", f"is missing, while {MANIFEST} names it")
         if tuple(tensors[name].shape) != shape:
-            raise _refuse(source, f"tensor {name!r}", f"has shape {list(tensors[name].shape)} where {MANIFEST} "
-                          f"records {list(shape)}")
+            raise _refuse(
+                source,
+                f"tensor {name!r}",
+                f"has shape {list(tensors[name].shape)} where {MANIFEST} records {list(shape)}",
+            )
         extent = 1 + sum((d - 1) * s for d, s in zip(shape, stride)) if math.prod(shape) else 0
         if extent * tensors[name].dtype.itemsize > TENSOR_BYTES:
             raise _refuse(source, f"tensor {name!r}", f"would take {extent} elements in its recorded strides")
@@ -397,8 +439,9 @@ def _check_tensors(tensors: dict[str, torch.Tensor], stored: dict[str, tuple[tup
         raise _refuse(source, "tensor 'rng.cpu'", "is no RNG state (a 1-D uint8 tensor)")
 
 
-def _check_outputs(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], outputs: list[str],
-                   ops: tuple[Op, ...], source: Path) -> None:
+def _check_outputs(
+    manifest: dict[str, Any], tensors: dict[str, torch.Tensor], outputs: list[str], ops: tuple[Op, ...], source: Path
+) -> None:
     """Each output's golden and suspect tensors have the dtype and shape `output_meta` and the op that made it
     record; an output that is a stored tensor (the site passes an input through) is golden's output bit for bit."""
     meta = _get(manifest, "output_meta", list, source)
@@ -412,13 +455,19 @@ def _check_outputs(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], o
         else:
             made = (tuple(tensors[ref].shape), str(tensors[ref].dtype).removeprefix("torch."))
         if made != (shape, m.get("dtype")):
-            raise _refuse(source, f"outputs[{j}]", f"names {ref}, a {describe_results((made,))}, where output_meta records "
-                          f"{m.get('dtype')}{list(shape)}")
+            raise _refuse(
+                source,
+                f"outputs[{j}]",
+                f"names {ref}, a {describe_results((made,))}, where output_meta records {m.get('dtype')}{list(shape)}",
+            )
         for who in ("golden", "suspect"):
             t = tensors[f"{who}.output.{j}"]
             if (tuple(t.shape), str(t.dtype).removeprefix("torch.")) != made:
-                raise _refuse(source, f"tensor {who}.output.{j}", f"is {t.dtype}{list(t.shape)} where output_meta "
-                              f"records {m.get('dtype')}{list(shape)}")
+                raise _refuse(
+                    source,
+                    f"tensor {who}.output.{j}",
+                    f"is {t.dtype}{list(t.shape)} where output_meta records {m.get('dtype')}{list(shape)}",
+                )
         if not ref.startswith("op.") and not same_bits(tensors[ref], tensors[f"golden.output.{j}"]):
             raise _refuse(source, f"outputs[{j}]", f"names the stored tensor {ref}, which is not golden's output")
 

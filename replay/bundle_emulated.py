@@ -27,6 +27,7 @@ from faults import FaultEmulator, FaultProfile
 from replay.bundle_check import BundleError, load
 from replay.bundle_reproduce import Within, reproduce
 
+
 class _Module(nn.Module):
     """A module of the site's tree whose forward runs what it is given."""
 
@@ -45,12 +46,14 @@ def site_tree(site: str, below: set[str]) -> tuple[nn.Module, Within]:
             if not hasattr(parent, part):
                 parent.add_module(part, _Module())
             elif not isinstance(getattr(parent, part), nn.Module):  # a module attribute's name ("training")
-                raise BundleError(f"the module path {path!r} names an attribute of nn.Module, which no submodule "
-                                  "can be named; capture the bundle again with `sdc incident`")
+                raise BundleError(
+                    f"the module path {path!r} names an attribute of nn.Module, which no submodule "
+                    "can be named; capture the bundle again with `sdc incident`"
+                )
             parent = getattr(parent, part)
 
     def within(rel: str, op: Callable[[], Any]) -> Any:
-        chain = [site, *(f"{site}.{'.'.join(rel.split('.')[:i + 1])}" for i in range(rel.count(".") + 1) if rel)]
+        chain = [site, *(f"{site}.{'.'.join(rel.split('.')[: i + 1])}" for i in range(rel.count(".") + 1) if rel)]
         run = op
         for path in reversed(chain):
             run = functools.partial(root.get_submodule(path), run)
@@ -59,8 +62,9 @@ def site_tree(site: str, below: set[str]) -> tuple[nn.Module, Within]:
     return root, within
 
 
-def reproduce_emulated(bundle: Path, profile: FaultProfile, *, fault_seed: int = 0, repeats: int = 5,
-                       device: str | None = None) -> dict[str, Any]:
+def reproduce_emulated(
+    bundle: Path, profile: FaultProfile, *, fault_seed: int = 0, repeats: int = 5, device: str | None = None
+) -> dict[str, Any]:
     """`bundle_reproduce.reproduce` with run ``i`` under ``profile``'s emulator as attempt ``i + 1`` of the
     incident's step; the result adds the fault events each run drew."""
     loaded = load(bundle)  # every name checked: module paths without dunders, a site that is a module path
@@ -71,11 +75,18 @@ def reproduce_emulated(bundle: Path, profile: FaultProfile, *, fault_seed: int =
     def run(i: int) -> tuple[FaultEmulator, Within]:
         drawn: list[dict[str, Any]] = []
         faults.append(drawn)
-        emulator = FaultEmulator(profile, root, clock=lambda: (site["step"], site["microbatch"], i + 1),
-                                 sink=lambda kind, fields: drawn.append(fields) if kind == "fault" else None,
-                                 seed=fault_seed, sites=re.escape(site["name"]))
+        emulator = FaultEmulator(
+            profile,
+            root,
+            clock=lambda: (site["step"], site["microbatch"], i + 1),
+            sink=lambda kind, fields: drawn.append(fields) if kind == "fault" else None,
+            seed=fault_seed,
+            sites=re.escape(site["name"]),
+        )
         return emulator, inside
 
     result = reproduce(bundle, repeats, device, run, loaded)
-    return {**result, "emulated": {"profile": profile.name, "fault_seed": fault_seed,
-                                   "faults_per_run": [len(f) for f in faults]}}
+    return {
+        **result,
+        "emulated": {"profile": profile.name, "fault_seed": fault_seed, "faults_per_run": [len(f) for f in faults]},
+    }

@@ -7,8 +7,9 @@
 forward began (``rng.cpu``) and the golden and suspect outputs (``golden.output.N``, ``suspect.output.N``), each
 stored contiguous; the manifest gives the strides they had. Written by the few lines of `write_safetensors` (no
 pickle, no dependency); any safetensors reader loads the file. ``reproduce.py`` is replay/bundle_reproduce.py,
-copied, beside ``bundle_check.py`` (replay/bundle_check.py), which checks the bundle before it runs. The manifest (format ``sdctrace-incident/1``) holds the site, the versions, the op list, the files with
-their SHA-256, the fingerprints and the defect signature of each output (replay/signature.py).
+copied, beside ``bundle_check.py`` (replay/bundle_check.py), which checks the bundle before it runs. The manifest
+(format ``sdctrace-incident/1``) holds the site, the versions, the op list, the files with their SHA-256, the
+fingerprints and the defect signature of each output (replay/signature.py).
 """
 
 from __future__ import annotations
@@ -97,9 +98,11 @@ def write_bundle(c: Captured, out: Path, *, golden: dict[str, Any], suspect: dic
         "ops": c.ops,
         "outputs": c.outputs,
         "output_meta": [describe_tensor(t) for t in c.golden],
-        "fingerprints": {"logged": f"{c.logged:016x}" if c.logged is not None else None,
-                         "golden": [f"{fingerprint(t):016x}" for t in c.golden],
-                         "suspect": [f"{fingerprint(t):016x}" for t in c.suspect]},
+        "fingerprints": {
+            "logged": f"{c.logged:016x}" if c.logged is not None else None,
+            "golden": [f"{fingerprint(t):016x}" for t in c.golden],
+            "suspect": [f"{fingerprint(t):016x}" for t in c.suspect],
+        },
         "signatures": signatures(c),
     }
     manifest["files"] = {name: _sha256(out / name) for name in (bundle_check.TENSORS, SCRIPT, bundle_check.CHECKER)}
@@ -113,13 +116,37 @@ def signatures(c: Captured) -> list[dict[str, Any]]:
     for j, (g, s) in enumerate(zip(c.golden, c.suspect)):
         if not g.is_floating_point() or g.shape != s.shape or bundle_check.same_bits(g, s):
             continue
-        found.append({"output": j, **defect_signature(g, s, op=computed_by(c.ops, c.outputs[j]), step=c.site.step, site=c.site.name).to_json()})
+        found.append(
+            {
+                "output": j,
+                **defect_signature(
+                    g, s, op=computed_by(c.ops, c.outputs[j]), step=c.site.step, site=c.site.name
+                ).to_json(),
+            }
+        )
     return found
 
 
 # Ops that only relabel their first argument's elements: an output made by one was computed by the op before.
-VIEWS = frozenset({"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "alias", "detach",
-                   "contiguous", "clone", "squeeze", "unsqueeze", "slice", "select"})
+VIEWS = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "t",
+        "transpose",
+        "permute",
+        "expand",
+        "alias",
+        "detach",
+        "contiguous",
+        "clone",
+        "squeeze",
+        "unsqueeze",
+        "slice",
+        "select",
+    }
+)
 
 
 def computed_by(ops: list[dict[str, Any]], ref: str) -> str | None:

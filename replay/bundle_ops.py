@@ -40,8 +40,9 @@ def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
 class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
     """Records the ops run while active; ``inputs`` and ``named`` are the tensors it names by reference."""
 
-    def __init__(self, inputs: dict[str, torch.Tensor], named: dict[str, torch.Tensor],
-                 module: Callable[[], str] = lambda: "") -> None:
+    def __init__(
+        self, inputs: dict[str, torch.Tensor], named: dict[str, torch.Tensor], module: Callable[[], str] = lambda: ""
+    ) -> None:
         super().__init__()
         self._module = module  # the path, below the recorded module, of the submodule running now ("": itself)
         self.ops: list[dict[str, Any]] = []
@@ -81,24 +82,35 @@ class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
             self.constants[ref] = value.get_state()
             self.seeds.append(value.initial_seed())
             return {"generator": {"device": value.device.type, "state": ref}}
-        for kind, cls in (("dtype", torch.dtype), ("device", torch.device), ("layout", torch.layout),
-                          ("memory_format", torch.memory_format)):
+        for kind, cls in (
+            ("dtype", torch.dtype),
+            ("device", torch.device),
+            ("layout", torch.layout),
+            ("memory_format", torch.memory_format),
+        ):
             if isinstance(value, cls):
                 return {kind: str(value).removeprefix("torch.").split(":")[0] if kind != "device" else value.type}
-        raise ValidationError(f"incident capture cannot write down the argument {value!r} of type "
-                              f"{type(value).__name__} (ops so far: {len(self.ops)})")
+        raise ValidationError(
+            f"incident capture cannot write down the argument {value!r} of type "
+            f"{type(value).__name__} (ops so far: {len(self.ops)})"
+        )
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if in_own_ops():
             return func(*args, **kwargs)
         if func.namespace not in NAMESPACES:
-            raise ValidationError(f"incident capture: the site runs {func}, an op of the namespace {func.namespace!r}; "
-                                  f"a bundle runs torch's own operators only ({', '.join(sorted(NAMESPACES))}), as a "
-                                  "custom op's code does not travel with it")
+            raise ValidationError(
+                f"incident capture: the site runs {func}, an op of the namespace {func.namespace!r}; "
+                f"a bundle runs torch's own operators only ({', '.join(sorted(NAMESPACES))}), as a "
+                "custom op's code does not travel with it"
+            )
         reads: list[str] = []
-        entry = {"op": str(func), "args": self.encode(list(args), reads),
-                 "kwargs": {k: self.encode(v, reads) for k, v in kwargs.items()}}
+        entry = {
+            "op": str(func),
+            "args": self.encode(list(args), reads),
+            "kwargs": {k: self.encode(v, reads) for k, v in kwargs.items()},
+        }
         read_meta = {r: describe_tensor(t) for r, t in _tensors(args, kwargs, self._refs)}
         out = func(*args, **kwargs)
         k = len(self.ops)
@@ -107,14 +119,18 @@ class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
             if isinstance(t, torch.Tensor):
                 self._name(t, f"op.{k}.{j}")
                 results.append({"ref": f"op.{k}.{j}", **describe_tensor(t)})
-        self.ops.append({**entry, "module": self._module(), "reads": sorted(set(reads)), "read_meta": read_meta, "results": results})
+        self.ops.append(
+            {**entry, "module": self._module(), "reads": sorted(set(reads)), "read_meta": read_meta, "results": results}
+        )
         return out
 
     def output_refs(self, outputs: list[torch.Tensor]) -> list[str]:
         """The references of the module's output tensors (each an op result, an input or a named tensor)."""
         missing = [i for i, t in enumerate(outputs) if id(t) not in self._refs]
         if missing:
-            raise ValidationError(f"incident capture: output {missing[0]} of the site is no tensor its ops made or read")
+            raise ValidationError(
+                f"incident capture: output {missing[0]} of the site is no tensor its ops made or read"
+            )
         return [self._refs[id(t)] for t in outputs]
 
 

@@ -28,12 +28,14 @@ the bundle's folder; a read-only bundle is reported and the verdict stands (``--
 
 *software* is what two machines' verdicts say together: a bundle that is *persistent here* on a healthy machine
 too reproduces the suspect's bits without the suspect's hardware (docs/incident.md). sdctrace imports this
-module for ``sdc incident reproduce``, which runs `reproduce` under the fault emulator (``within`` puts each op in its module).
+module for ``sdc incident reproduce``, which runs `reproduce` under the fault emulator (``within`` puts each op in
+its module).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -47,12 +49,30 @@ from typing import Any
 import torch
 
 if __package__:  # sdctrace's replay.bundle_reproduce
-    from replay.bundle_check import (FIX, MANIFEST, TORCH_OBJECTS, VERDICTS_FILE, Bundle, BundleError,
-                                     describe_results, load, same_bits)
+    from replay.bundle_check import (
+        FIX,
+        MANIFEST,
+        TORCH_OBJECTS,
+        VERDICTS_FILE,
+        Bundle,
+        BundleError,
+        describe_results,
+        load,
+        same_bits,
+    )
 else:  # a bundle's reproduce.py: the checker the bundle carries beside it (`python -I` puts no folder on the path)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bundle_check import (FIX, MANIFEST, TORCH_OBJECTS, VERDICTS_FILE, Bundle,  # type: ignore[no-redef]
-                              BundleError, describe_results, load, same_bits)
+    from bundle_check import (  # type: ignore[no-redef]
+        FIX,
+        MANIFEST,
+        TORCH_OBJECTS,
+        VERDICTS_FILE,
+        Bundle,
+        BundleError,
+        describe_results,
+        load,
+        same_bits,
+    )
 
 # 1 and 3 are sdc's own (an error, the guard's stop), so a verdict never reads as one
 Within = Callable[[str, Callable[[], Any]], Any]  # (module path below the site, an op's call) -> its result
@@ -69,8 +89,9 @@ def device_of(text: str) -> torch.device:
         torch.empty(1, device=where)
     except (RuntimeError, AssertionError, ValueError, TypeError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BundleError(f"device {text[:40]!r} is not usable here ({reason}); pass --device cpu or one this "
-                          "machine has") from None
+        raise BundleError(
+            f"device {text[:40]!r} is not usable here ({reason}); pass --device cpu or one this machine has"
+        ) from None
     return where
 
 
@@ -80,7 +101,7 @@ def decode(value: Any, env: dict[str, torch.Tensor], device: torch.device) -> An
         return [decode(v, env, device) for v in value]
     if not isinstance(value, dict):
         return value
-    (kind, v), = value.items()
+    ((kind, v),) = value.items()
     if kind == "t":
         return env[v]
     if kind == "float":
@@ -129,16 +150,20 @@ def run_once(bundle: Bundle, device: torch.device, within: Within | None = None)
             try:
                 args = decode(op.args, env, device)
                 kwargs = {key: decode(v, env, device) for key, v in op.kwargs.items()}
-                out = op.func(*args, **kwargs) if within is None else within(op.module, lambda: op.func(*args, **kwargs))
+                call = functools.partial(op.func, *args, **kwargs)
+                out = call() if within is None else within(op.module, call)
             except (RuntimeError, TypeError, ValueError, IndexError) as exc:
                 reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-                raise BundleError(f"{bundle.path / MANIFEST}: ops[{k}] ({op.name}) fails on its recorded arguments "
-                                  f"({reason}); {FIX}") from None
+                raise BundleError(
+                    f"{bundle.path / MANIFEST}: ops[{k}] ({op.name}) fails on its recorded arguments ({reason}); {FIX}"
+                ) from None
             results = [t for t in flatten(out) if isinstance(t, torch.Tensor)]
             got = tuple((tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in results)
             if got != op.results:
-                raise BundleError(f"{bundle.path / MANIFEST}: ops[{k}] ({op.name}) made {describe_results(got)} where the "
-                                  f"manifest records {describe_results(op.results)}; {FIX}")
+                raise BundleError(
+                    f"{bundle.path / MANIFEST}: ops[{k}] ({op.name}) made {describe_results(got)} where the "
+                    f"manifest records {describe_results(op.results)}; {FIX}"
+                )
             for j, t in enumerate(results):
                 env[f"op.{k}.{j}"] = t
     return [env[ref].detach().clone() for ref in bundle.outputs]
@@ -160,9 +185,13 @@ def classify(runs: list[list[torch.Tensor]], golden: list[torch.Tensor], suspect
     return "unexplained"
 
 
-def reproduce(bundle: Path, repeats: int = 5, device: str | None = None,
-              runs_within: Callable[[int], tuple[AbstractContextManager[Any], Within]] | None = None,
-              loaded: Bundle | None = None) -> dict[str, Any]:
+def reproduce(
+    bundle: Path,
+    repeats: int = 5,
+    device: str | None = None,
+    runs_within: Callable[[int], tuple[AbstractContextManager[Any], Within]] | None = None,
+    loaded: Bundle | None = None,
+) -> dict[str, Any]:
     """Run ``bundle``'s op sequence ``repeats`` times; the verdict and what it rests on. ``runs_within(i)`` gives
     the context run ``i`` runs in and its `run_once` ``within``; ``loaded`` is the bundle when already `load`-ed."""
     if not 1 <= repeats <= 10_000:
@@ -180,20 +209,34 @@ def reproduce(bundle: Path, repeats: int = 5, device: str | None = None,
             runs.append(run_once(b, where, within))
     verdict = classify(runs, golden, suspect)
     differing = [sum(not same_bits(r[j], runs[0][j]) for r in runs) for j in outputs]
-    return {"verdict": verdict, "exit_code": VERDICTS[verdict], "repeats": repeats, "device": str(where),
-            "torch": torch.__version__, "site": b.site, "golden_equals_suspect": all_same(golden, suspect),
-            "runs_differing_from_the_first": differing,
-            "runs_matching_golden": sum(all_same(r, golden) for r in runs),
-            "runs_matching_suspect": sum(all_same(r, suspect) for r in runs)}
+    return {
+        "verdict": verdict,
+        "exit_code": VERDICTS[verdict],
+        "repeats": repeats,
+        "device": str(where),
+        "torch": torch.__version__,
+        "site": b.site,
+        "golden_equals_suspect": all_same(golden, suspect),
+        "runs_differing_from_the_first": differing,
+        "runs_matching_golden": sum(all_same(r, golden) for r in runs),
+        "runs_matching_suspect": sum(all_same(r, suspect) for r in runs),
+    }
 
 
 def record_verdict(bundle: Path, result: dict[str, Any], machine: str | None = None) -> Path:
     """Append ``result``'s verdict to ``bundle/verdicts.jsonl`` (never a file a link points to elsewhere); the file.
     ``machine`` names where it ran (default: this host's name)."""
-    line = {"machine": machine or socket.gethostname(), "verdict": result["verdict"], "repeats": result["repeats"],
-            "runs_matching_golden": result["runs_matching_golden"],
-            "runs_matching_suspect": result["runs_matching_suspect"], "device": result["device"],
-            "torch": result["torch"], "emulated": (result.get("emulated") or {}).get("profile"), "unix": time.time()}
+    line = {
+        "machine": machine or socket.gethostname(),
+        "verdict": result["verdict"],
+        "repeats": result["repeats"],
+        "runs_matching_golden": result["runs_matching_golden"],
+        "runs_matching_suspect": result["runs_matching_suspect"],
+        "device": result["device"],
+        "torch": result["torch"],
+        "emulated": (result.get("emulated") or {}).get("profile"),
+        "unix": time.time(),
+    }
     path = bundle / VERDICTS_FILE
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     with os.fdopen(fd, "a", encoding="utf-8") as f:
@@ -204,23 +247,27 @@ def record_verdict(bundle: Path, result: dict[str, Any], machine: str | None = N
 def describe(result: dict[str, Any]) -> str:
     site = result["site"]
     where = f"step {site['step']}, microbatch {site['microbatch']}, {site['phase']} {site['name']}"
-    lines = [f"{where}: {result['verdict']} (exit {result['exit_code']})",
-             f"  {result['repeats']} runs on {result['device']} with torch {result['torch']}: "
-             f"{result['runs_matching_golden']} reproduce the golden bits, "
-             f"{result['runs_matching_suspect']} the suspect's"]
+    lines = [
+        f"{where}: {result['verdict']} (exit {result['exit_code']})",
+        f"  {result['repeats']} runs on {result['device']} with torch {result['torch']}: "
+        f"{result['runs_matching_golden']} reproduce the golden bits, "
+        f"{result['runs_matching_suspect']} the suspect's",
+    ]
     if result["golden_equals_suspect"]:
         lines.append("  note: the bundle's golden and suspect outputs are equal; no fault was captured")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None, bundle: Path | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=5, help="identical runs of the op sequence (default 5)")
     parser.add_argument("--device", default=None, help="where to run (default: the device the bundle was captured on)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--machine", default=None, help="the name verdicts.jsonl gives this machine (default: its "
-                        "host name)")
+    parser.add_argument(
+        "--machine", default=None, help="the name verdicts.jsonl gives this machine (default: its host name)"
+    )
     parser.add_argument("--no-record", action="store_true", help="do not append the verdict to verdicts.jsonl")
     args = parser.parse_args(argv)
     where = bundle or Path(__file__).resolve().parent

@@ -27,10 +27,10 @@ import torch
 from torch import nn
 
 from faults import FaultEmulator
-from replay.bundle_ops import GeneratorSeeds, OpRecorder, draw_afresh
 from replay.bundle_check import same_bits
+from replay.bundle_ops import GeneratorSeeds, OpRecorder, draw_afresh
 from replay.bundle_reproduce import flatten
-from replay.golden import GoldenMismatch, GoldenRun, Key, KeepingTracer, VerifyingSink, index_key, workload_entry
+from replay.golden import GoldenMismatch, GoldenRun, KeepingTracer, Key, VerifyingSink, index_key, workload_entry
 from replay.injection import StepClock, lockstep_hooks, sync_parameters
 from replay.request import Suspect
 from tracer.blobs import BlobStore
@@ -62,16 +62,17 @@ class SiteKey:
         parts = text.split(":")
         phases = {p.name.lower(): p for p in (Phase.FORWARD, Phase.BACKWARD)}
         if len(parts) < 4 or not parts[0].isdigit() or not parts[1].isdigit() or parts[-1] not in phases:
-            raise UsageError(f"--at {text!r}: expected STEP:MB:SITE:PHASE with PHASE forward or backward, "
-                             "e.g. 3:0:layers.1.feed_forward:forward")
+            raise UsageError(
+                f"--at {text!r}: expected STEP:MB:SITE:PHASE with PHASE forward or backward, "
+                "e.g. 3:0:layers.1.feed_forward:forward"
+            )
         return cls(int(parts[0]), int(parts[1]), ":".join(parts[2:-1]), phases[parts[-1]])
 
     def describe(self) -> str:
         return f"step {self.step}, microbatch {self.microbatch}, {self.phase.name.lower()} {self.name}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "microbatch": self.microbatch, "name": self.name,
-                "phase": self.phase.name.lower()}
+        return {"step": self.step, "microbatch": self.microbatch, "name": self.name, "phase": self.phase.name.lower()}
 
 
 def first_divergence(golden: Path, suspect: Path) -> SiteKey:
@@ -80,17 +81,21 @@ def first_divergence(golden: Path, suspect: Path) -> SiteKey:
     if found is None:
         raise ValidationError(f"{golden} and {suspect} do not diverge: there is no incident to capture")
     if found.phase not in (Phase.FORWARD, Phase.BACKWARD):
-        raise ValidationError(f"the first divergence is at {found.describe()}, which is no site's forward or backward; "
-                              "pass --at STEP:MB:SITE:forward naming a site")
+        raise ValidationError(
+            f"the first divergence is at {found.describe()}, which is no site's forward or backward; "
+            "pass --at STEP:MB:SITE:forward naming a site"
+        )
     return SiteKey(found.step, found.microbatch, found.name, found.phase)
 
 
 def require_forward(site: SiteKey) -> None:
     """Refuse a site that is not a forward: what `capture` supports."""
     if site.phase != Phase.FORWARD:
-        raise UsageError(f"--at ...:{site.phase.name.lower()}: incident capture supports forward sites only; a "
-                         "backward site's ops run in the autograd engine, outside the module call it records. "
-                         f"Capture the forward of {site.name} (--at {site.step}:{site.microbatch}:{site.name}:forward)")
+        raise UsageError(
+            f"--at ...:{site.phase.name.lower()}: incident capture supports forward sites only; a "
+            "backward site's ops run in the autograd engine, outside the module call it records. "
+            f"Capture the forward of {site.name} (--at {site.step}:{site.microbatch}:{site.name}:forward)"
+        )
 
 
 @dataclass
@@ -124,21 +129,29 @@ def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | 
     require_forward(site)
     golden = GoldenRun.open(golden_path, site.step, site.step + 1)
     if golden.header.world_size != 1:
-        raise UsageError(f"{golden_path}: recorded on {golden.header.world_size} ranks; incident capture replays "
-                         "single-rank runs only")
+        raise UsageError(
+            f"{golden_path}: recorded on {golden.header.world_size} ranks; incident capture replays "
+            "single-rank runs only"
+        )
     if site.step > golden.last_step:
         raise ValidationError(f"{golden_path}: step {site.step} is beyond the recorded steps 0..{golden.last_step}")
     entry = workload_entry(golden, workload)
     golden_w, suspect_w = (build_workload(entry, golden.header.config, torch.device("cpu")) for _ in range(2))
-    restore_step_checkpoint(golden.path, golden.start_checkpoint, 0, golden_w.model, golden_w.optimizer,
-                            golden_w.states())
+    restore_step_checkpoint(
+        golden.path, golden.start_checkpoint, 0, golden_w.model, golden_w.optimizer, golden_w.states()
+    )
     names = sorted({re.sub(r"\[.*\]$", "", s) for s in golden.sites})
     pattern = "|".join(re.escape(n) for n in names) if names else None
     path = re.sub(r"\[.*\]$", "", site.name)
     module = _module(golden_w.model, path)
     device = str(next(golden_w.model.parameters()).device)
-    out = Captured(site, golden.start_checkpoint, device, type(module).__name__,
-                   logged=golden.expected.get(index_key(site.step, site.microbatch, site.name, Phase.FORWARD)))
+    out = Captured(
+        site,
+        golden.start_checkpoint,
+        device,
+        type(module).__name__,
+        logged=golden.expected.get(index_key(site.step, site.microbatch, site.name, Phase.FORWARD)),
+    )
     for step in range(golden.start_checkpoint, site.step):
         _require_matched(_golden_step(golden, golden_w, step, pattern).mismatches)
 
@@ -147,11 +160,20 @@ def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | 
         _suspect_step(suspect, suspect_w, site, pattern, kept, out)
 
     key = index_key(site.step, site.microbatch, site.name, site.phase)
-    sink = _golden_step(golden, golden_w, site.step, pattern, between=suspect_step,
-                        record=lambda tracer: _recording(module, site, out, tracer), watch=key)
+    sink = _golden_step(
+        golden,
+        golden_w,
+        site.step,
+        pattern,
+        between=suspect_step,
+        record=lambda tracer: _recording(module, site, out, tracer),
+        watch=key,
+    )
     if not out.golden:
-        raise ValidationError(f"{golden_path}: {site.describe()} never ran in the re-execution (a microbatch or site "
-                              "the step does not have?)")
+        raise ValidationError(
+            f"{golden_path}: {site.describe()} never ran in the re-execution (a microbatch or site "
+            "the step does not have?)"
+        )
     # What differed before the site changed what the bundle would hold: refused. The site itself: this machine
     # computed it otherwise (what differs after it follows from it), and the bundle shows whether that repeats.
     # After a site that matched: the bundle holds nothing of it (what the site read and golden's output came
@@ -171,10 +193,15 @@ def _module(model: nn.Module, path: str) -> nn.Module:
     return found[0][1]
 
 
-def _golden_step(golden: GoldenRun, w: Workload, step: int, pattern: str | None,
-                 between: Callable[[dict[Key, torch.Tensor]], None] | None = None,
-                 record: Callable[[KeepingTracer], AbstractContextManager[None]] | None = None,
-                 watch: Key | None = None) -> VerifyingSink:
+def _golden_step(
+    golden: GoldenRun,
+    w: Workload,
+    step: int,
+    pattern: str | None,
+    between: Callable[[dict[Key, torch.Tensor]], None] | None = None,
+    record: Callable[[KeepingTracer], AbstractContextManager[None]] | None = None,
+    watch: Key | None = None,
+) -> VerifyingSink:
     """Re-execute ``step`` with every fingerprint checked; the sink holds what differed from the log, in the order
     traced, and the position of ``watch``. ``between`` runs the suspect after the golden forward and backward, on
     the golden tensors, from the step's starting RNG state (as the `Replayer` does)."""
@@ -184,8 +211,14 @@ def _golden_step(golden: GoldenRun, w: Workload, step: int, pattern: str | None,
     start = RngState()
     sink = VerifyingSink(golden.expected, watch)
     kept: dict[Key, torch.Tensor] = {}
-    tracer = KeepingTracer(w.model, w.optimizer, sink=sink, run=RunInfo("golden-reexecution", config=golden.header.config),
-                           options=TraceOptions(sites=pattern), parallel=w.layout)
+    tracer = KeepingTracer(
+        w.model,
+        w.optimizer,
+        sink=sink,
+        run=RunInfo("golden-reexecution", config=golden.header.config),
+        options=TraceOptions(sites=pattern),
+        parallel=w.layout,
+    )
     tracer.keep(kept if between is not None else None, {Phase.GRAD, Phase.FORWARD, Phase.BACKWARD})
     with tracer, tracer.step(step):
         with record(tracer) if record is not None else nullcontext():
@@ -203,9 +236,11 @@ def _golden_step(golden: GoldenRun, w: Workload, step: int, pattern: str | None,
 
 def _require_matched(mismatches: list[GoldenMismatch]) -> None:
     if mismatches:
-        raise ValidationError(f"re-executing the golden run on this machine diverged from its log at "
-                              f"{mismatches[0].describe()}: its state at the incident cannot be rebuilt here "
-                              "(`sdc replay` of that step names likely causes)")
+        raise ValidationError(
+            f"re-executing the golden run on this machine diverged from its log at "
+            f"{mismatches[0].describe()}: its state at the incident cannot be rebuilt here "
+            "(`sdc replay` of that step names likely causes)"
+        )
 
 
 @contextmanager
@@ -243,12 +278,13 @@ def _recording(module: nn.Module, site: SiteKey, out: Captured, tracer: KeepingT
         with own_ops():
             out.golden = [t.detach().clone() for t in tensors]
 
-    handles = [module.register_forward_pre_hook(before, with_kwargs=True),
-               module.register_forward_hook(after, prepend=True)]
+    handles = [
+        module.register_forward_pre_hook(before, with_kwargs=True),
+        module.register_forward_hook(after, prepend=True),
+    ]
     for path, sub in module.named_modules():
         if path:
-            handles += [sub.register_forward_pre_hook(enter(path)),
-                        sub.register_forward_hook(leave)]
+            handles += [sub.register_forward_pre_hook(enter(path)), sub.register_forward_hook(leave)]
     try:
         yield
     finally:
@@ -258,8 +294,9 @@ def _recording(module: nn.Module, site: SiteKey, out: Captured, tracer: KeepingT
             recorder[0].__exit__(None, None, None)  # the forward raised
 
 
-def _suspect_step(suspect: Suspect, w: Workload, site: SiteKey, pattern: str | None, golden: dict[Key, torch.Tensor],
-                  out: Captured) -> None:
+def _suspect_step(
+    suspect: Suspect, w: Workload, site: SiteKey, pattern: str | None, golden: dict[Key, torch.Tensor], out: Captured
+) -> None:
     """The suspect's step in lockstep; keeps its output of the site (before lockstep puts the golden one back)."""
     clock = StepClock(site.step)
     path = re.sub(r"\[.*\]$", "", site.name)
@@ -286,13 +323,25 @@ def _suspect_step(suspect: Suspect, w: Workload, site: SiteKey, pattern: str | N
                 seen["outputs"] = [t.detach().clone() for t in flatten(output) if isinstance(t, torch.Tensor)]
 
     def sink(kind: str, fields: dict[str, Any]) -> None:
-        if kind == "fault" and fields.get("microbatch") == site.microbatch and f"{fields.get('site')}.".startswith(path + "."):
+        if (
+            kind == "fault"
+            and fields.get("microbatch") == site.microbatch
+            and f"{fields.get('site')}.".startswith(path + ".")
+        ):
             out.faults.append(fields)
 
     with ExitStack() as stack:
         if suspect.profile is not None:
-            stack.enter_context(FaultEmulator(suspect.profile, w.model, clock=lambda: (clock.step_index,
-                                              clock.microbatch_index), sink=sink, seed=suspect.fault_seed, sites=pattern))
+            stack.enter_context(
+                FaultEmulator(
+                    suspect.profile,
+                    w.model,
+                    clock=lambda: (clock.step_index, clock.microbatch_index),
+                    sink=sink,
+                    seed=suspect.fault_seed,
+                    sites=pattern,
+                )
+            )
         sites = find_sites(w.model, pattern) if pattern else []
         stack.enter_context(lockstep_hooks(sites, golden, clock, lambda *report: None))
         stack.callback(module.register_forward_pre_hook(before, with_kwargs=True).remove)
@@ -306,7 +355,8 @@ def _suspect_step(suspect: Suspect, w: Workload, site: SiteKey, pattern: str | N
     out.suspect = seen.get("outputs", [])
     theirs = seen.get("inputs", {})
     out.suspect_inputs_golden = theirs.keys() == out.inputs.keys() and all(
-        same_bits(t, out.inputs[k]) for k, t in theirs.items())
+        same_bits(t, out.inputs[k]) for k, t in theirs.items()
+    )
 
 
 def _named_inputs(args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:

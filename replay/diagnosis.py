@@ -44,7 +44,8 @@ def likely_causes(
                 f"precision: {d.phase.name.lower()} {d.name} is {recorded} in the recording and {here} here, so the "
                 "recording ran under an autocast or mixed precision that the replay workload does not (or the "
                 "reverse); build the workload with the recording's precision (the same TrainingArguments(bf16=..., "
-                "fp16=...), Lightning Trainer(precision=...), or torch.autocast around your loss)")
+                "fp16=...), Lightning Trainer(precision=...), or torch.autocast around your loss)"
+            )
             break
     step = mismatches[0].step if mismatches else checkpoint
     dropout = dropout_modules(model)
@@ -57,7 +58,8 @@ def likely_causes(
             f"the global RNG: {shown} draw from it (dropout in training mode), and this log holds no RNG state at "
             f"step starts (recorded by an sdctrace before `rng` events), so whatever drew from it between checkpoint "
             f"{checkpoint} and step {step} in the recording (a data loader's iterator does, at each epoch's start) "
-            "is not repeated here; replay from a checkpoint inside an epoch, or record the run again")
+            "is not repeated here; replay from a checkpoint inside an epoch, or record the run again"
+        )
     return causes
 
 

@@ -23,8 +23,8 @@ from tracer.log import LogReader, list_ranks, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord, describe_microbatch
 from tracer.step_checkpoint import list_step_checkpoints
 from tracer.tracing import Tracer
-from workload.reference_config import Config
 from workload.protocol import REFERENCE
+from workload.reference_config import Config
 
 Key = tuple[int, int, str, Phase]  # step, microbatch, name, phase
 
@@ -122,16 +122,21 @@ def workload_entry(golden: GoldenRun, named: str | None) -> str:
     recorded = golden.header.extra.get("workload")
     if named is not None:
         if recorded is not None and recorded != named:
-            print(f"note: {golden.path} was recorded with --workload {recorded}; replaying with {named}",
-                  file=sys.stderr)
+            print(
+                f"note: {golden.path} was recorded with --workload {recorded}; replaying with {named}", file=sys.stderr
+            )
         return named
     if recorded == REFERENCE or (recorded is None and _is_reference_config(golden.header.config)):
         return REFERENCE
     if recorded is not None:
-        raise ConfigError(f"{golden.path}: was recorded with workload {recorded!r}; replay imports only code you "
-                          f"name, so pass --workload {recorded} if you trust it")
-    raise ConfigError(f"{golden.path}: was recorded by a training loop of your own; pass --workload "
-                      "package.module:factory naming a factory that rebuilds it (README: Your own training)")
+        raise ConfigError(
+            f"{golden.path}: was recorded with workload {recorded!r}; replay imports only code you "
+            f"name, so pass --workload {recorded} if you trust it"
+        )
+    raise ConfigError(
+        f"{golden.path}: was recorded by a training loop of your own; pass --workload "
+        "package.module:factory naming a factory that rebuilds it (README: Your own training)"
+    )
 
 
 def _is_reference_config(config: dict[str, Any]) -> bool:
@@ -145,10 +150,17 @@ def _is_reference_config(config: dict[str, Any]) -> bool:
 def _rng_fields(path: Path, rec: EventRecord) -> dict[str, Any]:
     f = rec.fields
     fp, devices, stored = f.get("fingerprint"), f.get("devices"), f.get("stored")
-    if not (type(fp) is int and 0 <= fp < 1 << 64 and type(devices) is int and 0 <= devices < 1 << 16
-            and type(stored) is bool):
-        raise LogError(f"{path}: the rng event of step {rec.step} must hold fingerprint (uint64), devices (int) and "
-                       f"stored (bool), found {f!r:.120}; the log is damaged")
+    if not (
+        type(fp) is int
+        and 0 <= fp < 1 << 64
+        and type(devices) is int
+        and 0 <= devices < 1 << 16
+        and type(stored) is bool
+    ):
+        raise LogError(
+            f"{path}: the rng event of step {rec.step} must hold fingerprint (uint64), devices (int) and "
+            f"stored (bool), found {f!r:.120}; the log is damaged"
+        )
     return f
 
 
@@ -192,8 +204,11 @@ class VerifyingSink:
         if key == self.watch:
             self.watched_at = self.checked
         if want != rec.fingerprint:
-            self.mismatches.append(GoldenMismatch(rec.step, rec.microbatch, rec.name, Phase(rec.phase), want,
-                                                  rec.fingerprint, rec.meta, self.checked))
+            self.mismatches.append(
+                GoldenMismatch(
+                    rec.step, rec.microbatch, rec.name, Phase(rec.phase), want, rec.fingerprint, rec.meta, self.checked
+                )
+            )
 
     def write_event(self, rec: EventRecord) -> None:
         pass
@@ -220,7 +235,11 @@ class KeepingTracer(Tracer):
         self._params = self.parameter_names
 
     def record_many(
-        self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None, *,
+        self,
+        named: list[tuple[str, torch.Tensor]],
+        phase: Phase,
+        microbatch: int | None = None,
+        *,
         read_now: bool = False,
     ) -> list[TensorDigest] | None:
         digests = super().record_many(named, phase, microbatch, read_now=read_now)

@@ -44,7 +44,7 @@ class StepClock:
 def sync_parameters(golden: nn.Module, suspect: nn.Module) -> None:
     """Give the suspect the golden parameters; it never updates, so no optimizer state is needed."""
     with own_ops(), torch.no_grad():
-        for (name, g), (_, s) in zip(golden.state_dict().items(), suspect.state_dict().items()):
+        for g, s in zip(golden.state_dict().values(), suspect.state_dict().values()):
             s.copy_(g)
 
 

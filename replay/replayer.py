@@ -53,7 +53,7 @@ from tqdm import tqdm
 
 from faults import FaultEmulator
 from replay.diagnosis import likely_causes
-from replay.golden import GoldenRun, Key, KeepingTracer, VerifyingSink, index_key, workload_entry
+from replay.golden import GoldenRun, KeepingTracer, Key, VerifyingSink, index_key, workload_entry
 from replay.injection import StepClock, lockstep_hooks, passthrough_hooks, sync_parameters
 from replay.metrics import TOTAL, Mismatch, gradient_noise
 from replay.request import ReplayRequest
@@ -167,9 +167,17 @@ class Replayer:
         golden_w, suspect_w = (build_workload(self.workload, config, device) for _ in range(2))
         if self.suspect.profile is not None:
             self._schedule = self._emulator(golden_w, StepClock(0), lambda kind, fields: None)
-        restore_step_checkpoint(self.golden.path, self.golden.start_checkpoint, self.rank, golden_w.model,
-                                golden_w.optimizer, golden_w.states())
-        self._log = LogWriter(rank_dir(self.out, self.rank), self._header(str(next(golden_w.model.parameters()).device)))
+        restore_step_checkpoint(
+            self.golden.path,
+            self.golden.start_checkpoint,
+            self.rank,
+            golden_w.model,
+            golden_w.optimizer,
+            golden_w.states(),
+        )
+        self._log = LogWriter(
+            rank_dir(self.out, self.rank), self._header(str(next(golden_w.model.parameters()).device))
+        )
         total = self.steps.stop - self.golden.start_checkpoint
         show = self.progress and self.rank == 0
         bar = tqdm(total=total, desc=f"replay {self.mode}", unit="step", disable=None if show else True, leave=False)
@@ -190,8 +198,11 @@ class Replayer:
                     EventRecord(
                         "replay_step",
                         step,
-                        {"golden_loss": result.golden_loss, "suspect_loss": result.suspect_loss,
-                         "faults": result.faults},
+                        {
+                            "golden_loss": result.golden_loss,
+                            "suspect_loss": result.suspect_loss,
+                            "faults": result.faults,
+                        },
                     )
                 )
                 self._log.flush()
@@ -239,7 +250,10 @@ class Replayer:
         sync_parameters(golden_w.model, suspect_w.model)  # the parameter sync
         suspect: list[StepResult] = []
         golden, golden_loss = self._golden_step(
-            golden_w, step, keep=True, summary=summary,
+            golden_w,
+            step,
+            keep=True,
+            summary=summary,
             between=lambda kept: suspect.append(self._suspect_step(suspect_w, step, kept)),
         )
         result = suspect[0]
@@ -275,7 +289,7 @@ class Replayer:
                     "suspect": self.suspect.source,
                     "golden_from": self.golden_from,
                     "workload": self.workload,
-                }
+                },
             },
         )
 
@@ -338,7 +352,13 @@ class Replayer:
                     EventRecord(
                         "replay_divergence",
                         d.step,
-                        {"microbatch": d.microbatch, "name": d.name, "phase": int(d.phase), "expected": d.expected, "found": d.found},
+                        {
+                            "microbatch": d.microbatch,
+                            "name": d.name,
+                            "phase": int(d.phase),
+                            "expected": d.expected,
+                            "found": d.found,
+                        },
                     )
                 )
             raise ValidationError(self._mismatch_message(w, step, sink, rng_problem))
@@ -346,8 +366,12 @@ class Replayer:
     def _verifying_tracer(self, w: Workload, sink: VerifyingSink) -> KeepingTracer:
         """A Tracer on the golden workload whose records ``sink`` checks against the golden log."""
         return KeepingTracer(
-            w.model, w.optimizer, sink=sink, run=RunInfo("golden-reexecution", config=self.golden.header.config),
-            options=TraceOptions(sites=self.site_pattern), parallel=w.layout,
+            w.model,
+            w.optimizer,
+            sink=sink,
+            run=RunInfo("golden-reexecution", config=self.golden.header.config),
+            options=TraceOptions(sites=self.site_pattern),
+            parallel=w.layout,
         )
 
     def _rng_at_start(self, step: int) -> str | None:
@@ -362,24 +386,39 @@ class Replayer:
         here = TorchRng.now().fingerprint
         if here == fields["fingerprint"]:
             return None
-        return (f"its state at step {step}'s start is not the recording's (fingerprint {here:016x}, the log has "
-                f"{fields['fingerprint']:016x}), and the log did not store it because the recording had it at the "
-                "step before's end or at a checkpoint: the replay workload drew from the global RNG between steps "
-                "(building or iterating a data loader without its own generator?); make it draw from its own "
-                "generators, e.g. DataLoader(..., generator=torch.Generator().manual_seed(s))")
+        return (
+            f"its state at step {step}'s start is not the recording's (fingerprint {here:016x}, the log has "
+            f"{fields['fingerprint']:016x}), and the log did not store it because the recording had it at the "
+            "step before's end or at a checkpoint: the replay workload drew from the global RNG between steps "
+            "(building or iterating a data loader without its own generator?); make it draw from its own "
+            "generators, e.g. DataLoader(..., generator=torch.Generator().manual_seed(s))"
+        )
 
     def _mismatch_message(self, w: Workload, step: int, sink: VerifyingSink, rng_problem: str | None) -> str:
         first = sink.mismatches[0]
-        where = (f"re-executing the golden run on this machine diverged from its log at {first.describe()} "
-                 f"({len(sink.mismatches)} tensors differ in step {step})")
-        causes = likely_causes(sink.mismatches, self.golden.metas, w.model, logs_rng=self.golden.logs_rng,
-                               rng_problem=rng_problem, checkpoint=self.golden.start_checkpoint)
+        where = (
+            f"re-executing the golden run on this machine diverged from its log at {first.describe()} "
+            f"({len(sink.mismatches)} tensors differ in step {step})"
+        )
+        causes = likely_causes(
+            sink.mismatches,
+            self.golden.metas,
+            w.model,
+            logs_rng=self.golden.logs_rng,
+            rng_problem=rng_problem,
+            checkpoint=self.golden.start_checkpoint,
+        )
         if causes:
-            return (f"{where}; replay does not reproduce the recording here: " + "; ".join(causes)
-                    + ". Only if none of this applies, suspect this machine (check with `sdc verify-determinism`)")
-        return (f"{where}: this machine is not deterministic with the golden run's settings, or it corrupts data "
-                "itself; run the replay on a healthy machine with the same software, or check with "
-                "`sdc verify-determinism`")
+            return (
+                f"{where}; replay does not reproduce the recording here: "
+                + "; ".join(causes)
+                + ". Only if none of this applies, suspect this machine (check with `sdc verify-determinism`)"
+            )
+        return (
+            f"{where}: this machine is not deterministic with the golden run's settings, or it corrupts data "
+            "itself; run the replay on a healthy machine with the same software, or check with "
+            "`sdc verify-determinism`"
+        )
 
     def _substitute_blobs(self, step: int, kept: dict[Key, torch.Tensor]) -> None:
         store = BlobStore(self.golden.path)
@@ -411,9 +450,7 @@ class Replayer:
         result = StepResult(step, 0.0, 0.0)
         with ExitStack() as stack:
             if self.suspect.profile is not None:
-                stack.enter_context(
-                    self._emulator(w, clock, sink)
-                )
+                stack.enter_context(self._emulator(w, clock, sink))
             # The same site hooks as the golden re-execution's Tracer, so both sum gradients in the same order.
             sites = find_sites(w.model, self.site_pattern) if self.site_pattern else []
             if self.mode == "lockstep":
@@ -429,8 +466,14 @@ class Replayer:
     def _emulator(self, w: Workload, clock: StepClock, sink: Callable[[str, dict[str, Any]], None]) -> FaultEmulator:
         """The suspect's fault emulator on ``w``, drawing by ``clock``."""
         assert self.suspect.profile is not None
-        return FaultEmulator(self.suspect.profile, w.model, clock=lambda: (clock.step_index, clock.microbatch_index),
-                             sink=sink, seed=self.suspect.fault_seed, sites=self.site_pattern)
+        return FaultEmulator(
+            self.suspect.profile,
+            w.model,
+            clock=lambda: (clock.step_index, clock.microbatch_index),
+            sink=sink,
+            seed=self.suspect.fault_seed,
+            sites=self.site_pattern,
+        )
 
     def _trial_step(self, w: Workload, step: int, summary: ReplaySummary) -> StepResult | None:
         """One rank: run ``step`` as the golden re-execution with the suspect's emulator on. It starts from the
@@ -441,8 +484,9 @@ class Replayer:
         compared. None: a lockstep trial fired (its suspect needs the golden site tensors while it runs), or a
         fingerprint differed with no fault; the step runs as golden + suspect (whose golden step then says why)."""
         trial = _Trial(StepClock(step), RngState())
-        kept = self._golden_step(w, step, keep=True, summary=summary,
-                                 trial=(self._emulator(w, trial.clock, trial.sink), trial))
+        kept = self._golden_step(
+            w, step, keep=True, summary=summary, trial=(self._emulator(w, trial.clock, trial.sink), trial)
+        )
         if kept is not None:
             return self._identical_to_golden(step, *kept)
         if not trial.events or self.mode == "lockstep":
@@ -507,7 +551,10 @@ class Replayer:
         return result
 
     def _gradient_noise(
-        self, step: int, golden: dict[Key, torch.Tensor], result: StepResult,
+        self,
+        step: int,
+        golden: dict[Key, torch.Tensor],
+        result: StepResult,
         grads: dict[str, torch.Tensor] | None = None,
     ) -> None:
         """Compare the suspect's clipped gradients ``grads`` (None: the golden ones, for a suspect execution that

@@ -39,9 +39,13 @@ class Suspect:
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for a launched rank; the profile in its run-header form."""
-        return {"label": self.label, "profile": self.profile.header(self.fault_seed) if self.profile else None,
-                "fault_seed": self.fault_seed, "source": self.source,
-                "run": str(self.run) if self.run is not None else None}
+        return {
+            "label": self.label,
+            "profile": self.profile.header(self.fault_seed) if self.profile else None,
+            "fault_seed": self.fault_seed,
+            "source": self.source,
+            "run": str(self.run) if self.run is not None else None,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Suspect:
@@ -71,8 +75,10 @@ def suspect_from_run(path: str | Path, golden: RunHeader, golden_path: Path) -> 
     try:
         profile = profile_from_header(recorded)
     except SdcError as exc:
-        raise ValidationError(f"{path}: {exc}; or replay with --fault-profile FILE --fault-seed "
-                              f"{recorded.get('seed', 0)} instead of --suspect") from None
+        raise ValidationError(
+            f"{path}: {exc}; or replay with --fault-profile FILE --fault-seed "
+            f"{recorded.get('seed', 0)} instead of --suspect"
+        ) from None
     seed = recorded.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValidationError(f"{path}: its header's fault_profile.seed = {seed!r} is not an integer")
@@ -101,15 +107,31 @@ class ReplayRequest:
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the launcher, which hands the request to every rank's process."""
-        return {"golden": str(self.golden), "out": str(self.out), "steps": [self.steps.start, self.steps.stop],
-                "suspect": self.suspect.to_json(), "mode": self.mode, "golden_from": self.golden_from,
-                "workload": self.workload, "overwrite": self.overwrite, "progress": self.progress, "clip": self.clip,
-                "run_id": self.run_id}
+        return {
+            "golden": str(self.golden),
+            "out": str(self.out),
+            "steps": [self.steps.start, self.steps.stop],
+            "suspect": self.suspect.to_json(),
+            "mode": self.mode,
+            "golden_from": self.golden_from,
+            "workload": self.workload,
+            "overwrite": self.overwrite,
+            "progress": self.progress,
+            "clip": self.clip,
+            "run_id": self.run_id,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReplayRequest:
-        return cls(**{**data, "golden": Path(data["golden"]), "out": Path(data["out"]),
-                      "steps": range(*data["steps"]), "suspect": Suspect.from_json(data["suspect"])})
+        return cls(
+            **{
+                **data,
+                "golden": Path(data["golden"]),
+                "out": Path(data["out"]),
+                "steps": range(*data["steps"]),
+                "suspect": Suspect.from_json(data["suspect"]),
+            }
+        )
 
 
 def parse_steps(text: str) -> range:

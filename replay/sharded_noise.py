@@ -35,9 +35,16 @@ def holders(shard: ParameterShard | None, world_size: int) -> int:
 def whole_parameter_noise(noises: list[Noise], shards: Mapping[str, ParameterShard], world_size: int) -> list[Noise]:
     """The per-parameter and total noise of whole parameters from this rank's ``noises`` of its shards."""
     per_param = [n for n in noises if n.name != TOTAL]
-    squares = torch.tensor([[n.diff_l2 ** 2 / holders(shards.get(n.name), world_size),
-                             n.golden_l2 ** 2 / holders(shards.get(n.name), world_size)] for n in per_param],
-                           dtype=torch.float64).reshape(-1, 2)
+    squares = torch.tensor(
+        [
+            [
+                n.diff_l2**2 / holders(shards.get(n.name), world_size),
+                n.golden_l2**2 / holders(shards.get(n.name), world_size),
+            ]
+            for n in per_param
+        ],
+        dtype=torch.float64,
+    ).reshape(-1, 2)
     if dist.is_initialized():
         dist.all_reduce(squares)
     out = [Noise(n.name, math.sqrt(d), math.sqrt(g)) for n, (d, g) in zip(per_param, squares.tolist())]

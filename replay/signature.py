@@ -6,10 +6,11 @@
     sig.period            # 32 when every 32nd element is hit (the gcd of the gaps between hit positions)
     sig.to_json()         # what an incident's manifest holds and `sdc incident` prints (`describe`)
 
-Pure torch (with faults.corrupt's `LAYOUTS`), on any floating dtype of faults.corrupt's layouts (float64, float32, bfloat16, float16). Bits are
-compared in the dtype's own IEEE layout; ulps are the distance between the two values' positions in the ordered
-sequence of that dtype's floats (sign-magnitude mapped onto integers), so one exponent-bit flip is a huge
-distance and a last-mantissa-bit flip is 1. Warp- and tile-periodic errors, typical of real SDC, show as a period.
+Pure torch (with faults.corrupt's `LAYOUTS`), on any floating dtype of faults.corrupt's layouts (float64, float32,
+bfloat16, float16). Bits are compared in the dtype's own IEEE layout; ulps are the distance between the two values'
+positions in the ordered sequence of that dtype's floats (sign-magnitude mapped onto integers), so one exponent-bit flip
+is a huge distance and a last-mantissa-bit flip is 1. Warp- and tile-periodic errors, typical of real SDC, show as a
+period.
 """
 
 from __future__ import annotations
@@ -50,12 +51,25 @@ class Signature:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "shape": list(self.shape), "shape_class": self.shape_class,
-                "elements": self.elements, "differing": self.differing, "fields": self.fields,
-                "bits": {str(b): n for b, n in sorted(self.bits.items())}, "ulps_max": self.ulps_max,
-                "ulps_median": self.ulps_median, "positions": list(self.positions),
-                "coordinates": [list(c) for c in self.coordinates], "period": self.period, "offset": self.offset,
-                "op": self.op, "step": self.step, "site": self.site, **self.extra}
+        return {
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "shape_class": self.shape_class,
+            "elements": self.elements,
+            "differing": self.differing,
+            "fields": self.fields,
+            "bits": {str(b): n for b, n in sorted(self.bits.items())},
+            "ulps_max": self.ulps_max,
+            "ulps_median": self.ulps_median,
+            "positions": list(self.positions),
+            "coordinates": [list(c) for c in self.coordinates],
+            "period": self.period,
+            "offset": self.offset,
+            "op": self.op,
+            "step": self.step,
+            "site": self.site,
+            **self.extra,
+        }
 
     def describe(self) -> str:
         """A few lines for a person."""
@@ -73,21 +87,32 @@ def describe_json(sig: dict[str, Any]) -> str:
     where += f" in {sig['site']}" if sig.get("site") else ""
     where += f" ({sig['op']})" if sig.get("op") else ""
     period = f", period {sig['period']} (offset {sig['offset']})" if sig.get("period") else ""
-    return (f"{sig['differing']} of {sig['elements']} elements of {shape} differ{where}\n"
-            f"  flipped: {fields}; {bits}\n"
-            f"  ulps: max {sig['ulps_max']:.6g}, median {sig['ulps_median']:.6g}{period}\n"
-            f"  first positions: {sig['positions'][:8]}")
+    return (
+        f"{sig['differing']} of {sig['elements']} elements of {shape} differ{where}\n"
+        f"  flipped: {fields}; {bits}\n"
+        f"  ulps: max {sig['ulps_max']:.6g}, median {sig['ulps_median']:.6g}{period}\n"
+        f"  first positions: {sig['positions'][:8]}"
+    )
 
 
-def defect_signature(golden: torch.Tensor, suspect: torch.Tensor, *, op: str | None = None, step: int | None = None,
-                     site: str | None = None) -> Signature:
+def defect_signature(
+    golden: torch.Tensor,
+    suspect: torch.Tensor,
+    *,
+    op: str | None = None,
+    step: int | None = None,
+    site: str | None = None,
+) -> Signature:
     """The signature of ``suspect`` against ``golden`` (same shape and floating dtype)."""
     if golden.shape != suspect.shape or golden.dtype != suspect.dtype:
-        raise ValidationError(f"a defect signature compares tensors of one shape and dtype, not "
-                              f"{golden.dtype}{list(golden.shape)} and {suspect.dtype}{list(suspect.shape)}")
+        raise ValidationError(
+            f"a defect signature compares tensors of one shape and dtype, not "
+            f"{golden.dtype}{list(golden.shape)} and {suspect.dtype}{list(suspect.shape)}"
+        )
     if golden.dtype not in LAYOUTS:
-        raise ValidationError(f"a defect signature reads floating tensors ({', '.join(map(str, LAYOUTS))}), "
-                              f"not {golden.dtype}")
+        raise ValidationError(
+            f"a defect signature reads floating tensors ({', '.join(map(str, LAYOUTS))}), not {golden.dtype}"
+        )
     width, exponent, mantissa, int_dtype = LAYOUTS[golden.dtype]
     g = golden.detach().cpu().contiguous().reshape(-1).view(int_dtype)
     s = suspect.detach().cpu().contiguous().reshape(-1).view(int_dtype)
@@ -107,14 +132,29 @@ def defect_signature(golden: torch.Tensor, suspect: torch.Tensor, *, op: str | N
     if hit.numel() >= 2:
         period = math.gcd(*(int(d) for d in hit[1:] - hit[:-1]))
         offset = int(hit[0]) % period
-    coordinates = tuple(tuple(int(c) for c in coord) for coord in zip(*torch.unravel_index(hit[:SHOWN], golden.shape))) \
-        if golden.dim() else tuple(() for _ in positions)
+    coordinates = (
+        tuple(tuple(int(c) for c in coord) for coord in zip(*torch.unravel_index(hit[:SHOWN], golden.shape)))
+        if golden.dim()
+        else tuple(() for _ in positions)
+    )
     return Signature(
-        dtype=str(golden.dtype).removeprefix("torch."), shape=tuple(golden.shape), shape_class=shape_class(golden.shape),
-        elements=golden.numel(), differing=int(hit.numel()), fields=fields, bits=bits,
+        dtype=str(golden.dtype).removeprefix("torch."),
+        shape=tuple(golden.shape),
+        shape_class=shape_class(golden.shape),
+        elements=golden.numel(),
+        differing=int(hit.numel()),
+        fields=fields,
+        bits=bits,
         ulps_max=float(ulps.max()) if ulps.numel() else 0.0,
-        ulps_median=float(ulps.median()) if ulps.numel() else 0.0, positions=tuple(positions),
-        coordinates=coordinates, period=period, offset=offset, op=op, step=step, site=site)
+        ulps_median=float(ulps.median()) if ulps.numel() else 0.0,
+        positions=tuple(positions),
+        coordinates=coordinates,
+        period=period,
+        offset=offset,
+        op=op,
+        step=step,
+        site=site,
+    )
 
 
 def shape_class(shape: tuple[int, ...] | torch.Size) -> str:

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from tracer.log import LogReader, LogWriter, rank_dir
 from tracer.log.records import EventRecord, Phase, TensorRecord
-from workload.reference_config import Config, load_config
 from workload.multiple_choice import FinetuneSettings
+from workload.reference_config import Config, load_config
 
 if TYPE_CHECKING:
     import numpy as np
@@ -20,8 +20,14 @@ if TYPE_CHECKING:
 # A 2-layer model with short sequences and a handful of steps on one intra-op thread: real, but quick. A second
 # thread buys this model no time (a step's ops are too small to split) and takes the core that another test
 # process (`make test` runs two) needs.
-SMALL = ["model.n_layers=2", "data.batch_size=2", "data.seq_len=32", "run.steps=4", "run.checkpoint_every=2",
-         "train.threads=1"]
+SMALL = [
+    "model.n_layers=2",
+    "data.batch_size=2",
+    "data.seq_len=32",
+    "run.steps=4",
+    "run.checkpoint_every=2",
+    "train.threads=1",
+]
 
 
 def small_config(*overrides: str) -> Config:
@@ -58,8 +64,9 @@ with claim_out_dir(Path(sys.argv[1]), role="train", overwrite=False):
 
 def hold_run_dir(out: Path) -> subprocess.Popen[str]:
     """Start a process that holds ``out``'s writer lock; returns once it holds it (close its stdin to end it)."""
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout is not None and holder.stdout.readline() == "claimed\n"
     return holder
 
@@ -80,8 +87,9 @@ bits = "exponent"
 """
 
 # A fine-tune of a few steps on a few examples of two tasks: real, but quick.
-TINY_FINETUNE = FinetuneSettings(steps=4, batch_size=8, eval_every=2, checkpoint_every=2, train_per_task=16,
-                                 test_per_task=8, tasks=("copy", "add"))
+TINY_FINETUNE = FinetuneSettings(
+    steps=4, batch_size=8, eval_every=2, checkpoint_every=2, train_per_task=16, test_per_task=8, tasks=("copy", "add")
+)
 
 # Scales a few elements of each forward matmul of layers.0.feed_forward by 8 at (fine-tune) step 1: several,
 # and before the last layer, so that they reach the answer position of some prompt and change training.
@@ -106,8 +114,22 @@ def diff_first_divergence(golden: Path, suspect: Path, db: Path) -> list[tuple]:
 
     from sdc.cli import main
 
-    assert main(["diff", "--golden", str(golden), "--suspect", str(suspect), "--db", str(db),
-                 "--", "--direct_running_mode=in_memory"]) == 0
+    assert (
+        main(
+            [
+                "diff",
+                "--golden",
+                str(golden),
+                "--suspect",
+                str(suspect),
+                "--db",
+                str(db),
+                "--",
+                "--direct_running_mode=in_memory",
+            ]
+        )
+        == 0
+    )
     con = duckdb.connect(str(db), read_only=True)
     try:
         return con.execute("SELECT step, microbatch, phase, name, status FROM first_divergence").fetchall()
@@ -124,7 +146,7 @@ def reframe(path: Path, offset: int, payload: bytes) -> None:
     data = path.read_bytes()
     length, _crc, rtype = struct.unpack_from("<IIB", data, offset)
     frame = struct.pack("<IIB", len(payload), zlib.crc32(bytes([rtype]) + payload), rtype) + payload
-    path.write_bytes(data[:offset] + frame + data[offset + 9 + length:])
+    path.write_bytes(data[:offset] + frame + data[offset + 9 + length :])
 
 
 def captured_gradients(run: Path, step: int) -> dict[str, np.ndarray]:
@@ -132,5 +154,8 @@ def captured_gradients(run: Path, step: int) -> dict[str, np.ndarray]:
     from tracer.blobs import BlobStore
 
     store = BlobStore(run)
-    return {e.fields["name"]: store.get(e.fields["fingerprint"]).double().numpy()
-            for e in events(run, "blob") if e.step == step and e.fields["phase"] == int(Phase.GRAD)}
+    return {
+        e.fields["name"]: store.get(e.fields["fingerprint"]).double().numpy()
+        for e in events(run, "blob")
+        if e.step == step and e.fields["phase"] == int(Phase.GRAD)
+    }

@@ -20,16 +20,26 @@ def private_imports(path: Path, root: Path = ROOT) -> list[str]:
     """``from <project module> import _name`` in ``path``: a private name used outside its own module."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                and node.module.split(".")[0] in PACKAGES:
-            found += [f"{path.relative_to(root)}:{node.lineno} imports {node.module}.{a.name}"
-                      for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and node.module.split(".")[0] in PACKAGES
+        ):
+            found += [
+                f"{path.relative_to(root)}:{node.lineno} imports {node.module}.{a.name}"
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+            ]
     return found
 
 
 def test_no_module_is_over_the_line_limit() -> None:
-    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in modules()
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
+    long = [
+        f"{p.relative_to(ROOT)}: {n} lines"
+        for p in modules()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    ]
     assert long == [], f"modules over {MAX_LINES} lines: split them along their seams"
 
 

@@ -48,11 +48,18 @@ def test_the_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     torch.manual_seed(0)
     model = Net()
     data = torch.Generator().manual_seed(1)
-    batches = [[(torch.randn(4, 8, generator=data), torch.randn(4, 8, generator=data)) for _ in range(2)]
-               for _ in range(3)]
+    batches = [
+        [(torch.randn(4, 8, generator=data), torch.randn(4, 8, generator=data)) for _ in range(2)] for _ in range(3)
+    ]
     namespace = {
-        "model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "cfg_dict": {"dim": 8}, "seed": 0,
-        "steps": 3, "loader_position": 0, "microbatches": lambda step: batches[step], "loss_fn": F.mse_loss,
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "cfg_dict": {"dim": 8},
+        "seed": 0,
+        "steps": 3,
+        "loader_position": 0,
+        "microbatches": lambda step: batches[step],
+        "loss_fn": F.mse_loss,
         "n_micro": 2,
     }
     monkeypatch.chdir(tmp_path)

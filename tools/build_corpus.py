@@ -24,21 +24,105 @@ import sysconfig
 from pathlib import Path
 
 # Pure-Python modules and packages with plenty of prose, present in CPython 3.10-3.13.
-MODULES = sorted([
-    "_collections_abc", "_pydecimal", "_pyio", "argparse", "ast", "asyncio", "bdb",
-    "calendar", "cmd", "codecs", "collections", "concurrent", "configparser",
-    "contextlib", "csv", "ctypes", "dataclasses", "datetime", "difflib", "dis",
-    "doctest", "email", "enum", "fileinput", "fractions", "ftplib", "functools",
-    "gettext", "glob", "gzip", "hashlib", "heapq", "hmac", "http", "imaplib",
-    "importlib", "inspect", "ipaddress", "json", "locale", "logging", "lzma", "mailbox",
-    "mimetypes", "multiprocessing", "operator", "optparse", "os", "pathlib", "pdb",
-    "pickle", "pickletools", "pkgutil", "platform", "plistlib", "poplib", "pprint",
-    "pydoc", "queue", "random", "re", "sched", "selectors", "shelve", "shlex", "shutil",
-    "site", "smtplib", "socket", "socketserver", "ssl", "statistics", "string",
-    "subprocess", "tarfile", "tempfile", "textwrap", "threading", "timeit", "tokenize",
-    "trace", "traceback", "types", "typing", "unittest", "urllib", "uuid", "warnings",
-    "wave", "weakref", "wsgiref", "xml", "xmlrpc", "zipfile", "zipimport",
-])
+MODULES = sorted(
+    [
+        "_collections_abc",
+        "_pydecimal",
+        "_pyio",
+        "argparse",
+        "ast",
+        "asyncio",
+        "bdb",
+        "calendar",
+        "cmd",
+        "codecs",
+        "collections",
+        "concurrent",
+        "configparser",
+        "contextlib",
+        "csv",
+        "ctypes",
+        "dataclasses",
+        "datetime",
+        "difflib",
+        "dis",
+        "doctest",
+        "email",
+        "enum",
+        "fileinput",
+        "fractions",
+        "ftplib",
+        "functools",
+        "gettext",
+        "glob",
+        "gzip",
+        "hashlib",
+        "heapq",
+        "hmac",
+        "http",
+        "imaplib",
+        "importlib",
+        "inspect",
+        "ipaddress",
+        "json",
+        "locale",
+        "logging",
+        "lzma",
+        "mailbox",
+        "mimetypes",
+        "multiprocessing",
+        "operator",
+        "optparse",
+        "os",
+        "pathlib",
+        "pdb",
+        "pickle",
+        "pickletools",
+        "pkgutil",
+        "platform",
+        "plistlib",
+        "poplib",
+        "pprint",
+        "pydoc",
+        "queue",
+        "random",
+        "re",
+        "sched",
+        "selectors",
+        "shelve",
+        "shlex",
+        "shutil",
+        "site",
+        "smtplib",
+        "socket",
+        "socketserver",
+        "ssl",
+        "statistics",
+        "string",
+        "subprocess",
+        "tarfile",
+        "tempfile",
+        "textwrap",
+        "threading",
+        "timeit",
+        "tokenize",
+        "trace",
+        "traceback",
+        "types",
+        "typing",
+        "unittest",
+        "urllib",
+        "uuid",
+        "warnings",
+        "wave",
+        "weakref",
+        "wsgiref",
+        "xml",
+        "xmlrpc",
+        "zipfile",
+        "zipimport",
+    ]
+)
 MAX_BYTES = 2_000_000  # keep the committed file small; cut at a docstring boundary
 OUT_DIR = Path(__file__).resolve().parent.parent / "workload" / "corpus"
 CORPUS_NAME = "stdlib-docstrings.txt.gz"
@@ -49,13 +133,14 @@ def source_files(stdlib: Path, module: str) -> list[Path]:
     package = stdlib / module
     if package.is_dir():
         return sorted(
-            p for p in package.rglob("*.py")
-            if not {"test", "tests", "idle_test"} & set(p.relative_to(package).parts)
+            p for p in package.rglob("*.py") if not {"test", "tests", "idle_test"} & set(p.relative_to(package).parts)
         )
     single = stdlib / f"{module}.py"
     if not single.is_file():
-        sys.exit(f"build_corpus: stdlib module {module!r} not found under {stdlib}; "
-                 "remove it from MODULES or use another Python")
+        sys.exit(
+            f"build_corpus: stdlib module {module!r} not found under {stdlib}; "
+            "remove it from MODULES or use another Python"
+        )
     return [single]
 
 
@@ -124,15 +209,12 @@ def main(argv: list[str] | None = None) -> None:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     license_path = stdlib / "LICENSE.txt"
     if not license_path.is_file():
-        sys.exit(f"build_corpus: {license_path} not found; this Python ships no license "
-                 "file to copy beside the corpus")
+        sys.exit(f"build_corpus: {license_path} not found; this Python ships no license file to copy beside the corpus")
     text = build_text(stdlib)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / CORPUS_NAME).write_bytes(gzip_bytes(text))
-    (args.out / "LICENSE").write_text(notice(text, license_path.read_text(encoding="utf-8")),
-                                      encoding="utf-8")
-    print(f"wrote {args.out / CORPUS_NAME}: {len(text)} bytes of text, "
-          f"sha256 {hashlib.sha256(text).hexdigest()}")
+    (args.out / "LICENSE").write_text(notice(text, license_path.read_text(encoding="utf-8")), encoding="utf-8")
+    print(f"wrote {args.out / CORPUS_NAME}: {len(text)} bytes of text, sha256 {hashlib.sha256(text).hexdigest()}")
 
 
 if __name__ == "__main__":

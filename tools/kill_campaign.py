@@ -3,8 +3,9 @@
     .venv/bin/python tools/kill_campaign.py --kills 30 --seed 0
 
 Each kill: a tiny `sdc record` in its own process, SIGKILLed at a random moment between creating its run
-directory and its usual end; then `sdc inspect` and `sdc inspect --skip-corrupt` on what it left, and `sdc record --overwrite` into
-the same folder (the writer lock of a dead process must not block it). Each bad command line runs once.
+directory and its usual end; then `sdc inspect` and `sdc inspect --skip-corrupt` on what it left, and
+`sdc record --overwrite` into the same folder (the writer lock of a dead process must not block it). Each bad command
+line runs once.
 Full disks: `sdc record` and `sdc study` under a file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored, so writes fail
 with EFBIG as on a full disk), and a killed recording resumed under the limit, then again without it: the
 second resume must succeed ("data lost" counts those that do not). `sdc diff` under the same kind of limit, into a
@@ -34,8 +35,13 @@ TIMEOUT_S = 120
 def outcome(args: list[str], fsize: int | None = None) -> tuple[str, str]:
     """What `sdc args` ends in; with ``fsize``, under that file-size limit (a full disk)."""
     try:
-        done = subprocess.run([*SDC, *args], capture_output=True, text=True, timeout=TIMEOUT_S,
-                              preexec_fn=None if fsize is None else lambda: _disk_of(fsize))
+        done = subprocess.run(
+            [*SDC, *args],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            preexec_fn=None if fsize is None else lambda: _disk_of(fsize),
+        )
     except subprocess.TimeoutExpired:
         return "hang", ""
     if "Traceback" in done.stderr:
@@ -68,17 +74,21 @@ def kills(n: int, seed: int, root: Path, totals: Counter[str]) -> None:
     window = time.perf_counter() - began  # from the run directory's creation to the process's end
     for i in range(n):
         out = root / f"killed-{i}"
-        proc = subprocess.Popen([*SDC, "record", "--out", str(out), "--node-label", "k", *TINY],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [*SDC, "record", "--out", str(out), "--node-label", "k", *TINY],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         _started(out, proc)
         delay = rng.uniform(0.0, window)
         time.sleep(delay)
         proc.kill()
         proc.wait()
-        for name, args in (("inspect", ["inspect", str(out)]),
-                           ("inspect --skip-corrupt", ["inspect", "--skip-corrupt", str(out)]),
-                           ("record --overwrite", ["record", "--out", str(out), "--node-label", "k", "--overwrite",
-                                                   *TINY])):
+        for name, args in (
+            ("inspect", ["inspect", str(out)]),
+            ("inspect --skip-corrupt", ["inspect", "--skip-corrupt", str(out)]),
+            ("record --overwrite", ["record", "--out", str(out), "--node-label", "k", "--overwrite", *TINY]),
+        ):
             kind, line = outcome(args)
             totals[f"kill/{name}/{kind}"] += 1
             print(f"kill {i:>3} at {delay:5.2f} s  {name:<24} {kind:<9} {line[:110]}")
@@ -101,17 +111,66 @@ def bad_command_lines(root: Path, totals: Counter[str]) -> None:
         ["record", "--out", str(run), "--node-label", "x"],
         ["inspect", str(root / "nothing")],
         ["inspect", str(root / "file.txt")],
-        ["replay", "--golden", str(run), "--fault-profile", "healthy-node", "--steps", "5:2", "--out", str(root / "r2")],
-        ["replay", "--golden", str(run), "--fault-profile", "healthy-node", "--steps", "1:99", "--out", str(root / "r2")],
-        ["replay", "--golden", str(run), "--fault-profile", "healthy-node", "--steps", "1", "--out", str(run),
-         "--overwrite"],
-        ["replay", "--golden", str(root / "nothing"), "--fault-profile", "healthy-node", "--steps", "1",
-         "--out", str(root / "r2")],
+        [
+            "replay",
+            "--golden",
+            str(run),
+            "--fault-profile",
+            "healthy-node",
+            "--steps",
+            "5:2",
+            "--out",
+            str(root / "r2"),
+        ],
+        [
+            "replay",
+            "--golden",
+            str(run),
+            "--fault-profile",
+            "healthy-node",
+            "--steps",
+            "1:99",
+            "--out",
+            str(root / "r2"),
+        ],
+        [
+            "replay",
+            "--golden",
+            str(run),
+            "--fault-profile",
+            "healthy-node",
+            "--steps",
+            "1",
+            "--out",
+            str(run),
+            "--overwrite",
+        ],
+        [
+            "replay",
+            "--golden",
+            str(root / "nothing"),
+            "--fault-profile",
+            "healthy-node",
+            "--steps",
+            "1",
+            "--out",
+            str(root / "r2"),
+        ],
         ["diff", "--golden", str(run), "--suspect", str(root / "nothing"), "--db", str(root / "d.duckdb")],
         ["diff", "--golden", str(run), "--suspect", str(run), "--db", str(root)],
         ["diff", "--golden", str(run), "--suspect", str(run), "--db", str(root / "file.txt")],
-        ["diff", "--golden", str(run), "--suspect", str(run), "--db", str(root / "d.duckdb"), "--", "--runner",
-         "NoSuchRunner"],
+        [
+            "diff",
+            "--golden",
+            str(run),
+            "--suspect",
+            str(run),
+            "--db",
+            str(root / "d.duckdb"),
+            "--",
+            "--runner",
+            "NoSuchRunner",
+        ],
         ["query", "summary", "--db", str(root / "missing.duckdb")],
         ["query", "--sql", "DROP TABLE runs", "--db", str(root / "d.duckdb")],
         ["query", "no_such_query", "--db", str(root / "d.duckdb")],
@@ -135,16 +194,20 @@ def full_disks(root: Path, totals: Counter[str], seed: int) -> None:
     """Record and study on a full disk; a killed recording resumed on a full disk, then with room."""
     rng = random.Random(seed)
     for fsize in FSIZES:
-        cases = [("record", ["record", "--out", str(root / f"full-{fsize}"), "--node-label", "f", *TINY]),
-                 ("study", ["study", "demo", "--out", str(root / f"study-{fsize}"), "--set", "model.n_layers=1",
-                            "--quiet"])]
+        cases = [
+            ("record", ["record", "--out", str(root / f"full-{fsize}"), "--node-label", "f", *TINY]),
+            ("study", ["study", "demo", "--out", str(root / f"study-{fsize}"), "--set", "model.n_layers=1", "--quiet"]),
+        ]
         for name, args in cases:
             kind, line = outcome(args, fsize)
             totals[f"full disk/{name}/{kind}"] += 1
             print(f"full {fsize:>7} B  {name:<24} {kind:<9} {line[:110]}")
         out = root / f"resume-{fsize}"
-        proc = subprocess.Popen([*SDC, "record", "--out", str(out), "--node-label", "r", *TINY],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [*SDC, "record", "--out", str(out), "--node-label", "r", *TINY],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         while not (out / "checkpoints" / "step-000004").exists() and proc.poll() is None:  # two checkpoints
             time.sleep(0.005)
         time.sleep(rng.uniform(0.0, 0.5))
@@ -157,7 +220,6 @@ def full_disks(root: Path, totals: Counter[str], seed: int) -> None:
             print(f"full {fsize:>7} B  {name:<24} {kind:<9} {line[:110]}")
         if kind != "ok" and "nothing to resume" not in line and "no checkpoint" not in line:
             totals["data lost"] += 1  # the killed run could be resumed before the failed attempt, and not after
-
 
 
 def diff_full_disks_and_foreign_dbs(root: Path, totals: Counter[str]) -> None:
@@ -174,12 +236,20 @@ def diff_full_disks_and_foreign_dbs(root: Path, totals: Counter[str]) -> None:
 
     run, work = root / "timing", root / "full-disk"
     if not run.exists():  # --only-full-disks: no kills ran
-        subprocess.run([*SDC, "record", "--out", str(run), "--node-label", "t", *TINY], capture_output=True,
-                       timeout=TIMEOUT_S, check=True)
+        subprocess.run(
+            [*SDC, "record", "--out", str(run), "--node-label", "t", *TINY],
+            capture_output=True,
+            timeout=TIMEOUT_S,
+            check=True,
+        )
     work.mkdir()
     base = work / "base.duckdb"
-    subprocess.run([*SDC, "diff", "--golden", str(run), "--suspect", str(run), "--db", str(base)],
-                   capture_output=True, timeout=TIMEOUT_S, check=True)
+    subprocess.run(
+        [*SDC, "diff", "--golden", str(run), "--suspect", str(run), "--db", str(base)],
+        capture_output=True,
+        timeout=TIMEOUT_S,
+        check=True,
+    )
 
     def digest(path: Path) -> str | None:
         return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
@@ -190,9 +260,13 @@ def diff_full_disks_and_foreign_dbs(root: Path, totals: Counter[str]) -> None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
         try:
-            done = subprocess.run([*SDC, "diff", "--golden", str(run), "--suspect", str(run), "--db", str(db)],
-                                  capture_output=True, text=True, timeout=TIMEOUT_S,
-                                  preexec_fn=limit_writes if limit else None)
+            done = subprocess.run(
+                [*SDC, "diff", "--golden", str(run), "--suspect", str(run), "--db", str(db)],
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+                preexec_fn=limit_writes if limit else None,
+            )
         except subprocess.TimeoutExpired:
             return "hang", ""
         lines = done.stderr.strip().splitlines()
@@ -203,8 +277,11 @@ def diff_full_disks_and_foreign_dbs(root: Path, totals: Counter[str]) -> None:
         return "clean", lines[0]
 
     foreign = {"foreign duckdb": "CREATE TABLE runs (x INTEGER)", "text file": None}
-    cases = [(f"{kind} db, limit {limit}", kind, limit) for kind in ("new", "existing")
-             for limit in (1_000, 4_000, 16_000, 64_000, 256_000, 1 << 20)]
+    cases = [
+        (f"{kind} db, limit {limit}", kind, limit)
+        for kind in ("new", "existing")
+        for limit in (1_000, 4_000, 16_000, 64_000, 256_000, 1 << 20)
+    ]
     cases += [(name, name, None) for name in foreign]
     for i, (name, kind, limit) in enumerate(cases):
         folder = work / f"case-{i}"

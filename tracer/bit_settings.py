@@ -21,18 +21,47 @@ from tracer.log.records import RunHeader
 
 # NCCL picks its all-reduce algorithm (ring, tree, NVLS, CollNet), protocol and channel count per message size
 # and topology; each sums in another order. cuBLAS/TF32 overrides and OpenMP/MKL thread counts change compute.
-NCCL_ENV = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "NCCL_NVLSTREE_ENABLE", "NCCL_COLLNET_ENABLE",
-            "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_NTHREADS",
-            "NCCL_BUFFSIZE", "NCCL_TUNER_PLUGIN", "NCCL_ALGO_TUNER")
-COMPUTE_ENV = ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "CUBLASLT_WORKSPACE_SIZE",
-               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR")
+NCCL_ENV = (
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_NVLSTREE_ENABLE",
+    "NCCL_COLLNET_ENABLE",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_MAX_NCHANNELS",
+    "NCCL_MIN_CTAS",
+    "NCCL_MAX_CTAS",
+    "NCCL_NTHREADS",
+    "NCCL_BUFFSIZE",
+    "NCCL_TUNER_PLUGIN",
+    "NCCL_ALGO_TUNER",
+)
+COMPUTE_ENV = (
+    "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "CUBLASLT_WORKSPACE_SIZE",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "MKL_CBWR",
+)
 BIT_ENV = NCCL_ENV + COMPUTE_ENV
 # determinism keys that change bits only on a CUDA device (CPU kernels read none of them, or have no
 # nondeterministic implementation for the flags to forbid).
-CUDA_BITS = frozenset({"cublas_workspace_config", "cudnn_benchmark", "cudnn_deterministic", "cuda_matmul_allow_tf32",
-                       "cudnn_allow_tf32", "deterministic_algorithms", "deterministic_warn_only",
-                       "fill_uninitialized_memory", "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
-                       "CUBLASLT_WORKSPACE_SIZE"})
+CUDA_BITS = frozenset(
+    {
+        "cublas_workspace_config",
+        "cudnn_benchmark",
+        "cudnn_deterministic",
+        "cuda_matmul_allow_tf32",
+        "cudnn_allow_tf32",
+        "deterministic_algorithms",
+        "deterministic_warn_only",
+        "fill_uninitialized_memory",
+        "NVIDIA_TF32_OVERRIDE",
+        "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+        "CUBLASLT_WORKSPACE_SIZE",
+    }
+)
 # determinism keys that change bits only of ops on the CPU (`cpu_capability`: the vector width of ATen's CPU kernels).
 CPU_BITS = frozenset({"cpu_capability"})
 # Thread settings torch's own intra-op count (compared apart) overrides, or that run independent ops side by side.
@@ -72,14 +101,23 @@ def setting_differences(golden: RunHeader, suspect: RunHeader) -> list[SettingDi
         if key in CHECKED_ELSEWHERE:
             continue
         if key in NCCL_ENV:
-            refuses, why = (True, "NCCL sums collectives in another order") if cuda and multi else (
-                False, "changes bits only in NCCL collectives, which these runs did not use")
+            refuses, why = (
+                (True, "NCCL sums collectives in another order")
+                if cuda and multi
+                else (False, "changes bits only in NCCL collectives, which these runs did not use")
+            )
         elif key in CUDA_BITS:
-            refuses, why = (True, "changes CUDA kernels' bits") if cuda else (
-                False, "changes bits only on CUDA devices; these runs did not use one")
+            refuses, why = (
+                (True, "changes CUDA kernels' bits")
+                if cuda
+                else (False, "changes bits only on CUDA devices; these runs did not use one")
+            )
         elif key in CPU_BITS:
-            refuses, why = (True, "selects the CPU kernels' vector width, which sums in another order") if cpu else (
-                False, "changes the bits of CPU kernels; these runs computed on another device")
+            refuses, why = (
+                (True, "selects the CPU kernels' vector width, which sums in another order")
+                if cpu
+                else (False, "changes the bits of CPU kernels; these runs computed on another device")
+            )
         elif key in NO_BITS:
             refuses, why = False, "torch's intra-op thread count, which matches, decides reductions' order"
         else:

@@ -15,9 +15,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
 from tracer.errors import LogError
-from tracer.regular_files import read_regular
 from tracer.fingerprint import fingerprint
 from tracer.log.layout import BLOB_DIR
+from tracer.regular_files import read_regular
 
 
 class BlobStore:

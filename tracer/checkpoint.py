@@ -1,13 +1,12 @@
 """Checkpoints that let a later process resume a step bit for bit.
 
-A checkpoint for step ``k`` is the state *before* step ``k`` runs: model and
-optimizer tensors (safetensors), optimizer scalars, every RNG state, the data
-cursor, and the ``state_dict`` of any other stateful object the training names
-(an LR scheduler, a sampler): their tensors in safetensors, the rest in msgpack. Every tensor's fingerprint is stored beside it and checked on
-load, so a checkpoint damaged on disk or in transit is refused rather than
-silently replayed. No pickle anywhere. Model tensors are named as the model is written, without a wrapper's
-``module.`` or ``_orig_mod.`` (`tracer.sites.module_path`), so a DDP run's checkpoint restores into the model
-unwrapped and back; one written with those prefixes still restores into the wrapped model.
+A checkpoint for step ``k`` is the state *before* step ``k`` runs: model and optimizer tensors (safetensors), optimizer
+scalars, every RNG state, the data cursor, and the ``state_dict`` of any other stateful object the training names (an LR
+scheduler, a sampler): their tensors in safetensors, the rest in msgpack. Every tensor's fingerprint is stored beside it
+and checked on load, so a checkpoint damaged on disk or in transit is refused rather than silently replayed. No pickle
+anywhere. Model tensors are named as the model is written, without a wrapper's ``module.`` or ``_orig_mod.``
+(`tracer.sites.module_path`), so a DDP run's checkpoint restores into the model unwrapped and back; one written with
+those prefixes still restores into the wrapped model.
 """
 
 from __future__ import annotations
@@ -28,12 +27,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
 from tracer.errors import CaptureError, LogError
-from tracer.regular_files import read_regular
 from tracer.fingerprint import fingerprint
 from tracer.log.layout import CHECKPOINT_DIR
 from tracer.log.records import MAX_DEPTH, MAX_STEP, MAX_WORLD_SIZE, nesting_depth_over
-from tracer.manifest_bounds import decode_manifest, read_manifest, tensor_count
 from tracer.logged_parameters import LoggedParameters, check_logged, logged_parameters
+from tracer.manifest_bounds import decode_manifest, read_manifest, tensor_count
+from tracer.regular_files import read_regular
 from tracer.sites import module_path, wrappers
 
 CHECKPOINT_GLOB = f"{CHECKPOINT_DIR}/step-*/rank-*.msgpack"  # every complete checkpoint's manifest (renamed in last)
@@ -67,8 +66,10 @@ class Checkpoint:
             optimizer.load_state_dict(self.optimizer)
         for name, obj in (states or {}).items():
             if name not in self.states:
-                raise LogError(f"checkpoint of step {self.step} holds no state for {name!r} "
-                               f"(it has {sorted(self.states) or 'none'}); was the run recorded with it?")
+                raise LogError(
+                    f"checkpoint of step {self.step} holds no state for {name!r} "
+                    f"(it has {sorted(self.states) or 'none'}); was the run recorded with it?"
+                )
             obj.load_state_dict(self.states[name])
         set_rng_state(self.rng)
 
@@ -151,8 +152,10 @@ def save_checkpoint(
             path.unlink(missing_ok=True)
         if not any(d.iterdir()):
             d.rmdir()
-        raise CaptureError(f"{d}: cannot write the checkpoint of step {step} ({exc}); free space on that "
-                           "file system or record somewhere else") from exc
+        raise CaptureError(
+            f"{d}: cannot write the checkpoint of step {step} ({exc}); free space on that "
+            "file system or record somewhere else"
+        ) from exc
     return d
 
 
@@ -171,8 +174,10 @@ def load_checkpoint(run_dir: str | Path, step: int, rank: int = 0) -> Checkpoint
     tensors = read_regular(st, "checkpoint tensors")
     ckpt = decode_checkpoint(manifest, tensors, str(base), logged_parameters(run_dir, rank, step))
     if ckpt.step != step:
-        raise LogError(f"{mp}: checkpoint manifest field 'step' is {ckpt.step}, but the file is that of step {step}: "
-                       "a checkpoint was copied into the wrong folder; record it again")
+        raise LogError(
+            f"{mp}: checkpoint manifest field 'step' is {ckpt.step}, but the file is that of step {step}: "
+            "a checkpoint was copied into the wrong folder; record it again"
+        )
     return ckpt
 
 
@@ -224,8 +229,9 @@ def decode_checkpoint(
     rng["torch"] = tensors.get("rng/torch")
     rng["cuda"] = [tensors[k] for k in sorted(tensors) if k.startswith("rng/cuda/")]
     states = {name: join_tensors(plain, tensors) for name, plain in manifest.get("states", {}).items()}
-    return Checkpoint(step=manifest["step"], model=model, optimizer=optimizer, rng=rng, data=manifest["data"],
-                      states=states)
+    return Checkpoint(
+        step=manifest["step"], model=model, optimizer=optimizer, rng=rng, data=manifest["data"], states=states
+    )
 
 
 _MANIFEST_KEYS = ("step", "rank", "fingerprints", "optimizer", "rng", "data", "states")
@@ -245,8 +251,10 @@ def _manifest_problem(m: Any) -> str | None:
     if not (type(rank) is int and 0 <= rank < MAX_WORLD_SIZE):
         return f"'rank' must be an int in 0..{MAX_WORLD_SIZE - 1}, found {rank!r:.80}"
     fps = m["fingerprints"]
-    if not (isinstance(fps, dict) and all(isinstance(k, str) and isinstance(v, str) and _HEX16.fullmatch(v)
-                                          for k, v in fps.items())):
+    if not (
+        isinstance(fps, dict)
+        and all(isinstance(k, str) and isinstance(v, str) and _HEX16.fullmatch(v) for k, v in fps.items())
+    ):
         return f"'fingerprints' must map tensor name to 16 hex digits, found {fps!r:.80}"
     for name in ("data", "states"):
         if not isinstance(m[name], dict) or nesting_depth_over(m[name]):
@@ -259,18 +267,31 @@ def _manifest_problem(m: Any) -> str | None:
 
 def rng_problem(rng: Any) -> str | None:
     """What is wrong with a manifest's ``rng`` map (as `rng_state` makes it); None if nothing."""
-    if not (isinstance(rng, dict) and isinstance(rng.get("python"), list) and len(rng["python"]) == 3
-            and type(rng["python"][0]) is int and isinstance(rng["python"][1], list) and len(rng["python"][1]) == 625
-            and all(type(x) is int and 0 <= x < 1 << 32 for x in rng["python"][1])
-            and rng["python"][1][-1] <= 624 and (rng["python"][2] is None or isinstance(rng["python"][2], float))):
+    if not (
+        isinstance(rng, dict)
+        and isinstance(rng.get("python"), list)
+        and len(rng["python"]) == 3
+        and type(rng["python"][0]) is int
+        and isinstance(rng["python"][1], list)
+        and len(rng["python"][1]) == 625
+        and all(type(x) is int and 0 <= x < 1 << 32 for x in rng["python"][1])
+        and rng["python"][1][-1] <= 624
+        and (rng["python"][2] is None or isinstance(rng["python"][2], float))
+    ):
         return "'rng.python' must be [version, 625 ints < 2**32 (the last <= 624), float or nil] (random.getstate())"
     numpy_state = rng.get("numpy")
     if numpy_state is not None and not (
-            isinstance(numpy_state, list) and len(numpy_state) == 5 and isinstance(numpy_state[0], str)
-            and isinstance(numpy_state[1], list) and len(numpy_state[1]) == 624
-            and all(type(x) is int and 0 <= x < 1 << 32 for x in numpy_state[1])
-            and type(numpy_state[2]) is int and 0 <= numpy_state[2] <= 624 and type(numpy_state[3]) is int
-            and isinstance(numpy_state[4], float)):
+        isinstance(numpy_state, list)
+        and len(numpy_state) == 5
+        and isinstance(numpy_state[0], str)
+        and isinstance(numpy_state[1], list)
+        and len(numpy_state[1]) == 624
+        and all(type(x) is int and 0 <= x < 1 << 32 for x in numpy_state[1])
+        and type(numpy_state[2]) is int
+        and 0 <= numpy_state[2] <= 624
+        and type(numpy_state[3]) is int
+        and isinstance(numpy_state[4], float)
+    ):
         return "'rng.numpy' must be [name, 624 ints < 2**32, pos 0..624, has_gauss, float] (numpy.random.get_state())"
     return None
 
@@ -312,8 +333,10 @@ def split_tensors(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> An
         return [split_tensors(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str, bytes)):
         return value
-    raise LogError(f"checkpoint state {path!r}: cannot store a {type(value).__name__} without pickle; "
-                   "keep state_dict() to tensors, numbers, strings, lists and dicts")
+    raise LogError(
+        f"checkpoint state {path!r}: cannot store a {type(value).__name__} without pickle; "
+        "keep state_dict() to tensors, numbers, strings, lists and dicts"
+    )
 
 
 def join_tensors(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:

@@ -63,7 +63,8 @@ def compare_runs(golden: str | Path, suspect: str | Path) -> Comparison:
     ranks_a, ranks_b = list_ranks(Path(golden)), list_ranks(Path(suspect))
     if ranks_a != ranks_b:
         raise ValidationError(
-            f"{golden} has ranks {ranks_a} but {suspect} has ranks {ranks_b}; they cannot be compared")
+            f"{golden} has ranks {ranks_a} but {suspect} has ranks {ranks_b}; they cannot be compared"
+        )
     events = 0
     steps: set[int] = set()
     firsts: list[tuple[tuple[int, int, int], Divergence]] = []

@@ -16,8 +16,9 @@ tensors go in under the rank's own names; everything that is not a tensor is in 
 mesh, placements) of every tensor it holds.
 
 On load, each shard is fingerprinted before it is used, and a model shard is checked against the parameter
-fingerprint its writer's log recorded before ``step`` (`tracer.logged_parameters`). A checkpoint written by another world size, or with
-another mesh or placements for any tensor, is refused in one line naming the fix: sdctrace does not reshard.
+fingerprint its writer's log recorded before ``step`` (`tracer.logged_parameters`). A checkpoint written by another
+world size, or with another mesh or placements for any tensor, is refused in one line naming the fix: sdctrace does
+not reshard.
 
     <run>/checkpoints/step-000010/dcp/__0_0.distcp        rank 0's shards (safetensors)
     <run>/checkpoints/step-000010/dcp/rank-00000.msgpack  rank 0's manifest (renamed into place last)
@@ -59,7 +60,6 @@ from tracer.logged_parameters import logged_parameters
 from tracer.manifest_bounds import read_manifest, tensor_count
 
 
-
 @dataclass(frozen=True)
 class RestoredCheckpoint:
     """What `load_sharded_checkpoint` restored: its step, the world size that wrote it, the data cursor."""
@@ -96,8 +96,9 @@ def save_sharded_checkpoint(
         optim_plain = {"param_groups": osd["param_groups"], "state": plain}
     own = _own_prefix(rank)
     rng, own_tensors = rng_state()
-    plain_states = {name: split_tensors(obj.state_dict(), f"state/{name}", own_tensors)
-                    for name, obj in (states or {}).items()}
+    plain_states = {
+        name: split_tensors(obj.state_dict(), f"state/{name}", own_tensors) for name, obj in (states or {}).items()
+    }
     flat.update({own + k: v for k, v in own_tensors.items()})
     writer = ShardWriter(folder)
     try:
@@ -106,15 +107,28 @@ def save_sharded_checkpoint(
     except CheckpointException as exc:
         _raise_first(exc, f"{folder}: cannot write the checkpoint of step {step}")
     except OSError as exc:
-        raise CaptureError(f"{folder}: cannot write the checkpoint of step {step} ({exc}); free space on that "
-                           "file system or record somewhere else") from exc
-    manifest = DcpManifest(step, rank, world, {k: TensorLayout.of(v) for k, v in flat.items()}, writer.shards,
-                           optim_plain, rng, dict(data), plain_states)
+        raise CaptureError(
+            f"{folder}: cannot write the checkpoint of step {step} ({exc}); free space on that "
+            "file system or record somewhere else"
+        ) from exc
+    manifest = DcpManifest(
+        step,
+        rank,
+        world,
+        {k: TensorLayout.of(v) for k, v in flat.items()},
+        writer.shards,
+        optim_plain,
+        rng,
+        dict(data),
+        plain_states,
+    )
     try:
         encoded = manifest.encode()
     except (TypeError, ValueError) as exc:
-        raise LogError(f"checkpoint of step {step}: cannot store the optimizer's param_groups or the data cursor "
-                       f"without pickle ({exc}); keep them to numbers, strings, lists and dicts") from None
+        raise LogError(
+            f"checkpoint of step {step}: cannot store the optimizer's param_groups or the data cursor "
+            f"without pickle ({exc}); keep them to numbers, strings, lists and dicts"
+        ) from None
     path = folder / manifest_name(rank)
     tmp = path.with_suffix(".msgpack.tmp")
     tmp.write_bytes(encoded)
@@ -134,9 +148,11 @@ def load_sharded_checkpoint(
     folder = sharded_checkpoint_dir(run_dir, step)
     first = _read_manifest(run_dir, step, 0)
     if first.world_size != world:
-        raise LogError(f"{folder}: the checkpoint of step {step} was written by {first.world_size} ranks, this run "
-                       f"has {world}: resume it with {first.world_size} ranks (--nproc {first.world_size}); "
-                       "sdctrace does not reshard checkpoints")
+        raise LogError(
+            f"{folder}: the checkpoint of step {step} was written by {first.world_size} ranks, this run "
+            f"has {world}: resume it with {first.world_size} ranks (--nproc {first.world_size}); "
+            "sdctrace does not reshard checkpoints"
+        )
     manifests = [first] + [_read_manifest(run_dir, step, r) for r in range(1, world)]
     mine = manifests[rank]
     model_sd = _model_state(model)
@@ -147,16 +163,27 @@ def load_sharded_checkpoint(
         with _no_state_created(optimizer):
             osd = get_optimizer_state_dict(model, optimizer)
     if osd is not None and not saved_fresh:
-        flat.update({f"optim/{fqn}/{key}": val for fqn, entries in osd["state"].items()
-                     for key, val in entries.items() if isinstance(val, torch.Tensor)})
+        flat.update(
+            {
+                f"optim/{fqn}/{key}": val
+                for fqn, entries in osd["state"].items()
+                for key, val in entries.items()
+                if isinstance(val, torch.Tensor)
+            }
+        )
     own = _own_prefix(rank)
-    own_tensors = {k: torch.empty(v.shape, dtype=getattr(torch, v.dtype))
-                   for k, v in mine.layout.items() if k.startswith(own)}
+    own_tensors = {
+        k: torch.empty(v.shape, dtype=getattr(torch, v.dtype)) for k, v in mine.layout.items() if k.startswith(own)
+    }
     flat.update(own_tensors)
     _check_layout(folder / manifest_name(rank), step, mine, flat)
     try:
-        reader = VerifyingReader(folder, manifests, [str(folder / manifest_name(r)) for r in range(world)],
-                                 lambda writer: logged_parameters(run_dir, writer, step))
+        reader = VerifyingReader(
+            folder,
+            manifests,
+            [str(folder / manifest_name(r)) for r in range(world)],
+            lambda writer: logged_parameters(run_dir, writer, step),
+        )
         with _single_process_quietly():
             dcp.load(flat, storage_reader=reader, no_dist=not dist.is_initialized())
     except CheckpointException as exc:
@@ -164,19 +191,28 @@ def load_sharded_checkpoint(
     set_model_state_dict(model, model_sd)
     if optimizer is not None and osd is not None:
         if mine.optimizer is None:
-            raise LogError(f"{folder / manifest_name(rank)}: the checkpoint of step {step} holds no optimizer state; "
-                           "was it saved without the optimizer?")
+            raise LogError(
+                f"{folder / manifest_name(rank)}: the checkpoint of step {step} holds no optimizer state; "
+                "was it saved without the optimizer?"
+            )
         plain = mine.optimizer["state"]
-        state = {} if saved_fresh else {
-            fqn: {**plain.get(fqn, {}), **{k: v for k, v in entries.items() if isinstance(v, torch.Tensor)}}
-            for fqn, entries in osd["state"].items()}
+        state = (
+            {}
+            if saved_fresh
+            else {
+                fqn: {**plain.get(fqn, {}), **{k: v for k, v in entries.items() if isinstance(v, torch.Tensor)}}
+                for fqn, entries in osd["state"].items()
+            }
+        )
         with _no_state_created(optimizer) if saved_fresh else contextlib.nullcontext():
             set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": mine.optimizer["param_groups"]})
     tensors = {k.removeprefix(own): v for k, v in own_tensors.items()}
     for name, obj in (states or {}).items():
         if name not in mine.states:
-            raise LogError(f"checkpoint of step {step} holds no state for {name!r} "
-                           f"(it has {sorted(mine.states) or 'none'}); was the run recorded with it?")
+            raise LogError(
+                f"checkpoint of step {step} holds no state for {name!r} "
+                f"(it has {sorted(mine.states) or 'none'}); was the run recorded with it?"
+            )
         obj.load_state_dict(join_tensors(mine.states[name], tensors))
     rng = dict(mine.rng)
     rng["torch"] = tensors.get("rng/torch")
@@ -222,8 +258,9 @@ def _model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     sd = get_model_state_dict(model)
     for k, v in sd.items():
         if not isinstance(v, torch.Tensor):
-            raise LogError(f"model state {k!r} is a {type(v).__name__}: a sharded checkpoint stores the model's "
-                           "tensors only")
+            raise LogError(
+                f"model state {k!r} is a {type(v).__name__}: a sharded checkpoint stores the model's tensors only"
+            )
     return sd
 
 
@@ -231,13 +268,17 @@ def _read_manifest(run_dir: str | Path, step: int, rank: int) -> DcpManifest:
     path = sharded_checkpoint_dir(run_dir, step) / manifest_name(rank)
     if not os.path.lexists(path):
         have = list_sharded_checkpoints(run_dir)
-        raise LogError(f"{path}: no complete sharded checkpoint for step {step}, rank {rank} "
-                       f"(sharded checkpoints at steps {have or 'none'}; record with a smaller checkpoint interval)")
+        raise LogError(
+            f"{path}: no complete sharded checkpoint for step {step}, rank {rank} "
+            f"(sharded checkpoints at steps {have or 'none'}; record with a smaller checkpoint interval)"
+        )
     shards = sorted(p for p in path.parent.iterdir() if p.suffix == ".distcp") if path.parent.is_dir() else []
     manifest = parse_manifest(read_manifest(path, tensor_count(shards)), str(path))
     if (manifest.step, manifest.rank) != (step, rank):
-        raise LogError(f"{path}: the manifest is that of step {manifest.step}, rank {manifest.rank}: a checkpoint "
-                       "was copied into the wrong folder; record it again")
+        raise LogError(
+            f"{path}: the manifest is that of step {manifest.step}, rank {manifest.rank}: a checkpoint "
+            "was copied into the wrong folder; record it again"
+        )
     return manifest
 
 
@@ -247,13 +288,17 @@ def _check_layout(source: Path, step: int, mine: DcpManifest, flat: Mapping[str,
     extra = sorted(set(mine.layout) - set(flat))
     if missing or extra:
         what = f"holds no {missing[0]!r}" if missing else f"holds {extra[0]!r}, which this run has not"
-        raise LogError(f"{source}: the checkpoint of step {step} {what} ({len(missing)} missing, {len(extra)} "
-                       "extra): restore it into the model and optimizer it was saved from")
+        raise LogError(
+            f"{source}: the checkpoint of step {step} {what} ({len(missing)} missing, {len(extra)} "
+            "extra): restore it into the model and optimizer it was saved from"
+        )
     for name, t in flat.items():
         diffs = mine.layout[name].differences(TensorLayout.of(t))
         if diffs:
-            raise LogError(f"{source}: tensor {name!r} of the checkpoint of step {step}: {'; '.join(diffs)}: resume "
-                           "on the mesh and placements it was saved with; sdctrace does not reshard checkpoints")
+            raise LogError(
+                f"{source}: tensor {name!r} of the checkpoint of step {step}: {'; '.join(diffs)}: resume "
+                "on the mesh and placements it was saved with; sdctrace does not reshard checkpoints"
+            )
 
 
 def _raise_first(exc: CheckpointException, context: str) -> NoReturn:
@@ -266,4 +311,3 @@ def _raise_first(exc: CheckpointException, context: str) -> NoReturn:
     first = exc.failures[min(exc.failures)] if exc.failures else None
     err = first[0] if isinstance(first, tuple) else first
     raise CaptureError(f"{context}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
-

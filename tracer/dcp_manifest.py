@@ -53,14 +53,21 @@ class TensorLayout:
         mesh = getattr(t, "device_mesh", None)
         if mesh is None:
             return cls(tuple(t.shape), dtype)
-        return cls(tuple(t.shape), dtype, tuple(mesh.shape), tuple(mesh.mesh_dim_names or ()) or None,
-                   tuple(str(p) for p in t.placements))
+        return cls(
+            tuple(t.shape),
+            dtype,
+            tuple(mesh.shape),
+            tuple(mesh.mesh_dim_names or ()) or None,
+            tuple(str(p) for p in t.placements),
+        )
 
     def differences(self, other: TensorLayout) -> list[str]:
         """Each field in which ``other`` (this run's) differs, as 'field saved X, now Y'."""
-        return [f"{name} saved {getattr(self, name)}, now {getattr(other, name)}"
-                for name in ("shape", "dtype", "mesh", "mesh_dims", "placements")
-                if getattr(self, name) != getattr(other, name)]
+        return [
+            f"{name} saved {getattr(self, name)}, now {getattr(other, name)}"
+            for name in ("shape", "dtype", "mesh", "mesh_dims", "placements")
+            if getattr(self, name) != getattr(other, name)
+        ]
 
 
 @dataclass(frozen=True)
@@ -86,13 +93,24 @@ class DcpManifest:
     states: dict[str, Any]
 
     def encode(self) -> bytes:
-        return msgpack.packb({
-            "format": MANIFEST_FORMAT, "step": self.step, "rank": self.rank, "world_size": self.world_size,
-            "layout": {k: [list(v.shape), v.dtype, _list(v.mesh), _list(v.mesh_dims), _list(v.placements)]
-                       for k, v in self.layout.items()},
-            "shards": {k: [v.file, list(v.offsets), list(v.sizes), v.fingerprint] for k, v in self.shards.items()},
-            "optimizer": self.optimizer, "rng": self.rng, "data": self.data, "states": self.states,
-        }, use_bin_type=True)
+        return msgpack.packb(
+            {
+                "format": MANIFEST_FORMAT,
+                "step": self.step,
+                "rank": self.rank,
+                "world_size": self.world_size,
+                "layout": {
+                    k: [list(v.shape), v.dtype, _list(v.mesh), _list(v.mesh_dims), _list(v.placements)]
+                    for k, v in self.layout.items()
+                },
+                "shards": {k: [v.file, list(v.offsets), list(v.sizes), v.fingerprint] for k, v in self.shards.items()},
+                "optimizer": self.optimizer,
+                "rng": self.rng,
+                "data": self.data,
+                "states": self.states,
+            },
+            use_bin_type=True,
+        )
 
 
 def sharded_checkpoint_dir(run_dir: str | Path, step: int) -> Path:
@@ -109,8 +127,11 @@ def list_sharded_checkpoints(run_dir: str | Path, rank: int = 0) -> list[int]:
     root = Path(run_dir) / CHECKPOINT_DIR
     if not root.is_dir():
         return []
-    return sorted(int(m[1]) for d in root.iterdir()
-                  if (m := STEP_DIR.match(d.name)) and (d / DCP_DIR / manifest_name(rank)).is_file())
+    return sorted(
+        int(m[1])
+        for d in root.iterdir()
+        if (m := STEP_DIR.match(d.name)) and (d / DCP_DIR / manifest_name(rank)).is_file()
+    )
 
 
 def parse_manifest(raw: bytes, source: str) -> DcpManifest:
@@ -119,19 +140,25 @@ def parse_manifest(raw: bytes, source: str) -> DcpManifest:
     try:
         return _parse(m)
     except (KeyError, TypeError, ValueError) as exc:
-        raise LogError(f"{source}: checkpoint manifest field {exc.args[0] if exc.args else exc}: "
-                       "the checkpoint is damaged; record it again") from None
+        raise LogError(
+            f"{source}: checkpoint manifest field {exc.args[0] if exc.args else exc}: "
+            "the checkpoint is damaged; record it again"
+        ) from None
 
 
 def _parse(m: Any) -> DcpManifest:
     if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
-        raise ValueError(f"'format' must be {MANIFEST_FORMAT!r}, found {m.get('format') if isinstance(m, dict) else m!r:.60}")
+        raise ValueError(
+            f"'format' must be {MANIFEST_FORMAT!r}, found {m.get('format') if isinstance(m, dict) else m!r:.60}"
+        )
     step, rank, world = m["step"], m["rank"], m["world_size"]
     if not (type(step) is int and 0 <= step <= MAX_STEP):
         raise ValueError(f"'step' must be an int in 0..{MAX_STEP}, found {step!r:.60}")
     if not (type(world) is int and 1 <= world <= MAX_WORLD_SIZE and type(rank) is int and 0 <= rank < world):
-        raise ValueError(f"'rank' and 'world_size' must be ints, 0 <= rank < world_size <= {MAX_WORLD_SIZE}, "
-                         f"found {rank!r:.20} and {world!r:.20}")
+        raise ValueError(
+            f"'rank' and 'world_size' must be ints, 0 <= rank < world_size <= {MAX_WORLD_SIZE}, "
+            f"found {rank!r:.20} and {world!r:.20}"
+        )
     layout = {_key(k): _layout(k, v) for k, v in _map(m, "layout").items()}
     shards = {_key(k): _shard(k, v) for k, v in _map(m, "shards").items()}
     for name in ("data", "states"):
@@ -141,8 +168,12 @@ def _parse(m: Any) -> DcpManifest:
     if problem:
         raise ValueError(problem)
     opt = m["optimizer"]
-    if opt is not None and not (isinstance(opt, dict) and isinstance(opt.get("param_groups"), list)
-                                and isinstance(opt.get("state"), dict) and not nesting_depth_over(opt)):
+    if opt is not None and not (
+        isinstance(opt, dict)
+        and isinstance(opt.get("param_groups"), list)
+        and isinstance(opt.get("state"), dict)
+        and not nesting_depth_over(opt)
+    ):
         raise ValueError(f"'optimizer' must be nil or {{param_groups: list, state: map}}, found {opt!r:.60}")
     return DcpManifest(step, rank, world, layout, shards, opt, m["rng"], m["data"], m["states"])
 
@@ -174,17 +205,32 @@ def _strs(v: Any, what: str) -> tuple[str, ...] | None:
 
 
 def _layout(k: str, v: Any) -> TensorLayout:
-    if not (isinstance(v, list) and len(v) == 5 and isinstance(v[1], str)
-            and isinstance(getattr(torch, v[1], None), torch.dtype)):
+    if not (
+        isinstance(v, list)
+        and len(v) == 5
+        and isinstance(v[1], str)
+        and isinstance(getattr(torch, v[1], None), torch.dtype)
+    ):
         raise ValueError(f"'layout.{k:.80}' must be [shape, dtype, mesh, mesh_dims, placements], found {v!r:.60}")
     mesh = None if v[2] is None else _ints(v[2], f"'layout.{k:.80}' mesh")
-    return TensorLayout(_ints(v[0], f"'layout.{k:.80}' shape"), v[1], mesh, _strs(v[3], f"'layout.{k:.80}' mesh_dims"),
-                        _strs(v[4], f"'layout.{k:.80}' placements"))
+    return TensorLayout(
+        _ints(v[0], f"'layout.{k:.80}' shape"),
+        v[1],
+        mesh,
+        _strs(v[3], f"'layout.{k:.80}' mesh_dims"),
+        _strs(v[4], f"'layout.{k:.80}' placements"),
+    )
 
 
 def _shard(k: str, v: Any) -> ShardRecord:
-    if not (isinstance(v, list) and len(v) == 4 and isinstance(v[0], str) and _FILE.fullmatch(v[0])
-            and isinstance(v[3], str) and _HEX16.fullmatch(v[3])):
+    if not (
+        isinstance(v, list)
+        and len(v) == 4
+        and isinstance(v[0], str)
+        and _FILE.fullmatch(v[0])
+        and isinstance(v[3], str)
+        and _HEX16.fullmatch(v[3])
+    ):
         raise ValueError(f"'shards.{k:.80}' must be [__R_N.distcp, offsets, sizes, 16 hex digits], found {v!r:.60}")
     offsets, sizes = _ints(v[1], f"'shards.{k:.80}' offsets"), _ints(v[2], f"'shards.{k:.80}' sizes")
     if len(offsets) != len(sizes):

@@ -29,7 +29,6 @@ from torch.distributed.checkpoint.filesystem import SerializationFormat
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
-    MetadataIndex,
     TensorProperties,
     TensorStorageMetadata,
 )
@@ -47,23 +46,32 @@ class ShardWriter(FileSystemWriter):
     """DCP's file-system writer in safetensors form, remembering the fingerprint of every shard it writes."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1, overwrite=True,
-                         serialization_format=SerializationFormat.SAFETENSORS)
+        super().__init__(
+            path,
+            single_file_per_rank=True,
+            sync_files=True,
+            thread_count=1,
+            overwrite=True,
+            serialization_format=SerializationFormat.SAFETENSORS,
+        )
         self.shards: dict[str, ShardRecord] = {}
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[Any]:
         prints, sizes = {}, {}
         for item in plan.items:
             if item.type == WriteItemType.BYTE_IO:
-                raise LogError(f"{item.index.fqn!r}: a sharded checkpoint stores tensors only (DCP pickles other "
-                               "objects); sdctrace keeps the rest in its manifest")
+                raise LogError(
+                    f"{item.index.fqn!r}: a sharded checkpoint stores tensors only (DCP pickles other "
+                    "objects); sdctrace keeps the rest in its manifest"
+                )
             prints[item.index.fqn] = f"{fingerprint(planner.resolve_data(item)):016x}"
             sizes[item.index.fqn] = tuple(item.tensor_data.chunk.sizes)
         future = super().write_data(plan, planner)
         for result in future.value():
             index, info = result.index, result.storage_data
-            self.shards[index.fqn] = ShardRecord(info.relative_path, tuple(index.offset), sizes[index.fqn],
-                                                 prints[index.fqn])
+            self.shards[index.fqn] = ShardRecord(
+                info.relative_path, tuple(index.offset), sizes[index.fqn], prints[index.fqn]
+            )
         return future
 
     def finish(self, metadata: Metadata, results: list[list[Any]]) -> None:
@@ -74,7 +82,10 @@ class VerifyingReader(StorageReader):
     """Reads what `ShardWriter` wrote, with DCP's metadata built from the manifests of all ranks."""
 
     def __init__(
-        self, folder: Path, manifests: Sequence[DcpManifest], manifest_names: Sequence[str],
+        self,
+        folder: Path,
+        manifests: Sequence[DcpManifest],
+        manifest_names: Sequence[str],
         logged: Callable[[int], LoggedParameters | None] = lambda rank: None,
     ) -> None:
         super().__init__()
@@ -91,8 +102,12 @@ class VerifyingReader(StorageReader):
                 layout = manifest.layout.get(name)
                 if layout is None:
                     raise LogError(f"{source}: shard {name!r} has no layout entry; the checkpoint is damaged")
-                md = self.metadata.setdefault(name, TensorStorageMetadata(
-                    TensorProperties(dtype=getattr(torch, layout.dtype)), torch.Size(layout.shape), []))
+                md = self.metadata.setdefault(
+                    name,
+                    TensorStorageMetadata(
+                        TensorProperties(dtype=getattr(torch, layout.dtype)), torch.Size(layout.shape), []
+                    ),
+                )
                 md.chunks.append(ChunkStorageMetadata(torch.Size(shard.offsets), torch.Size(shard.sizes)))
         self._files: dict[str, dict[str, torch.Tensor]] = {}
 
@@ -118,14 +133,15 @@ class VerifyingReader(StorageReader):
             stored = self.verified(name, shard, source)
             if writer not in self._logs:
                 self._logs[writer] = self._logged(writer)
-            check_logged(str(self.folder / shard.file), self.step, {name: shard.fingerprint},
-                         self._logs[writer])
+            check_logged(str(self.folder / shard.file), self.step, {name: shard.fingerprint}, self._logs[writer])
             for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
                 stored = stored.narrow(dim, start, length)
             target = planner.resolve_tensor(req).detach()
             if target.size() != stored.size():
-                raise LogError(f"{self.folder / shard.file}: tensor {name!r} has a slice of {tuple(stored.shape)}, "
-                               f"this run's is {tuple(target.shape)}; the checkpoint is damaged")
+                raise LogError(
+                    f"{self.folder / shard.file}: tensor {name!r} has a slice of {tuple(stored.shape)}, "
+                    f"this run's is {tuple(target.shape)}; the checkpoint is damaged"
+                )
             target.copy_(stored)
             planner.commit_tensor(req, target)
         future: Future[None] = Future()
@@ -145,8 +161,10 @@ class VerifyingReader(StorageReader):
             raise LogError(f"{path}: holds no tensor {name!r}, which {source} says it wrote (an incomplete copy?)")
         found = f"{fingerprint(stored):016x}"
         if found != shard.fingerprint or tuple(stored.shape) != shard.sizes:
-            raise LogError(f"{path}: tensor {name!r} has fingerprint {found}, {source} recorded {shard.fingerprint} "
-                           "(corrupted on disk or in transit); restore another checkpoint or record it again")
+            raise LogError(
+                f"{path}: tensor {name!r} has fingerprint {found}, {source} recorded {shard.fingerprint} "
+                "(corrupted on disk or in transit); restore another checkpoint or record it again"
+            )
         return stored
 
     @classmethod

@@ -70,8 +70,11 @@ class GuardStop(SdcError):
 
     def __init__(self, step: int, outcome: str, alarms: str, checkpoint: str | None) -> None:
         self.step, self.outcome, self.checkpoint = step, outcome, checkpoint
-        saved = (f"the state before the step is checkpointed in {checkpoint}" if checkpoint is not None
-                 else "no checkpoint (the Tracer writes to a sink, not a run directory)")
+        saved = (
+            f"the state before the step is checkpointed in {checkpoint}"
+            if checkpoint is not None
+            else "no checkpoint (the Tracer writes to a sink, not a run directory)"
+        )
         super().__init__(
             f"step {step}: the guard stopped training ({outcome}: {alarms}); {saved}; look at the step's "
             "guard event (sdc inspect), then resume from the checkpoint or take the node out of service"

@@ -4,7 +4,8 @@ Algorithm ``lanes64-v1``
 ------------------------
 The tensor's bytes (logical element order, i.e. as ``.contiguous()`` lays them out)
 are read as signed 32-bit words ``x_p``; a final partial word is zero-padded. Words
-are processed in chunks of ``CHUNK = 2**18`` through a reused product buffer. Word ``p = c*CHUNK + q`` gets the weight ``W[q] * R[c]`` (mod 2**64), where
+are processed in chunks of ``CHUNK = 2**18`` through a reused product buffer. Word
+``p = c*CHUNK + q`` gets the weight ``W[q] * R[c]`` (mod 2**64), where
 ``W`` and ``R`` are fixed tables of odd 64-bit values drawn from splitmix64 (with
 ``R[0] = 1``), so every weight is odd. The lane sum is
 
@@ -242,8 +243,7 @@ def digest_many(tensors: Sequence[torch.Tensor]) -> list[TensorDigest]:
     """The digests of many tensors at once: a step's gradients or parameters cost one kernel call on
     CPU, and one batched computation and one transfer on an accelerator, instead of one per tensor."""
     fused = _fused()
-    if fused is not None and all(t.device.type == "cpu" and t.dtype in _FUSED_DTYPES and own_bytes(t)
-                                 for t in tensors):
+    if fused is not None and all(t.device.type == "cpu" and t.dtype in _FUSED_DTYPES and own_bytes(t) for t in tensors):
         return _fused_digests(fused, tensors)  # the training loop's common case, kept short
     out: list[TensorDigest | None] = [None] * len(tensors)
     by_device: dict[torch.device, list[int]] = {}
@@ -325,10 +325,20 @@ def _chunks(t: torch.Tensor) -> int:
 
 # -- the fused CPU kernel -------------------------------------------------------------------
 DIGEST_ENV = "SDCTRACE_DIGEST"  # "torch": use torch ops even where the fused kernel is built
-_FUSED_DTYPES = frozenset({
-    torch.float32, torch.float64, torch.float16, torch.bfloat16,
-    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
-})
+_FUSED_DTYPES = frozenset(
+    {
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+)
 _fused_state: list[ModuleType | None] = []  # [] until the first digest looks
 
 
@@ -337,7 +347,10 @@ def _fused() -> ModuleType | None:
     if _fused_state:
         return _fused_state[0]
     return kernel.load_once(
-        kernel.DIGEST, _fused_state, _TABLES.lock, DIGEST_ENV,
+        kernel.DIGEST,
+        _fused_state,
+        _TABLES.lock,
+        DIGEST_ENV,
         "sdctrace's fused digest kernel is not built for this torch and Python, so fingerprints are computed with "
         "torch ops: the same bits, several times the cost per traced step. Build it once with `python -m "
         "tracer.kernel` (needs a C++ compiler and ninja; `make venv` does it).",

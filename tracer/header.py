@@ -52,8 +52,15 @@ def software_versions() -> dict[str, str]:
 
 
 def run_header(
-    run: RunInfo, model: nn.Module, sites: list[tuple[str, nn.Module]], layout: Layout, *, rank: int,
-    world_size: int, device: torch.device, guard: Guard | None,
+    run: RunInfo,
+    model: nn.Module,
+    sites: list[tuple[str, nn.Module]],
+    layout: Layout,
+    *,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    guard: Guard | None,
 ) -> RunHeader:
     """The header of rank ``rank``'s log of ``run``, tracing ``sites`` of ``model`` on ``device``."""
     config = header_config(run.config)
@@ -81,8 +88,11 @@ def run_header(
             **({"wrappers": wrapped} if (wrapped := stripped_wrappers(model)) else {}),
             "parallel": layout.header(rank),
             # Which slice of each sharded (DTensor) parameter this rank holds and fingerprints.
-            **({"shards": {s.name: s.header() for s in shards}} if (shards := parameter_shards(
-                named_parameters(model))) else {}),
+            **(
+                {"shards": {s.name: s.header() for s in shards}}
+                if (shards := parameter_shards(named_parameters(model)))
+                else {}
+            ),
             **({"guard": guard.describe()} if guard is not None else {}),
         },
     )

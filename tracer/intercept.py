@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+
 from tracer.compiled import refuse_compilation
 from tracer.errors import ConfigError
 from tracer.torch_internals import (

@@ -59,8 +59,9 @@ def parameters_in_segments(
             continue
         t = cols.tensors
         rows = np.flatnonzero((t.phase == int(Phase.PARAM)) & np.isin(t.step, wanted))
-        for step, name_id, fp in zip(t.step[rows].tolist(), t.name[rows].tolist(), t.fingerprint[rows].tolist(),
-                                     strict=True):
+        for step, name_id, fp in zip(
+            t.step[rows].tolist(), t.name[rows].tolist(), t.fingerprint[rows].tolist(), strict=True
+        ):
             found.setdefault(step + 1, {})[t.strings[name_id]] = fp
     return {k: LoggedParameters(k - 1, fps) for k, fps in found.items()}
 

@@ -47,13 +47,17 @@ def header_tensor_count(data: bytes, size: int, source: str) -> int:
     """Tensors in a safetensors file of ``size`` bytes whose start is ``data`` (at least its whole header)."""
     length = struct.unpack("<Q", data[:8])[0] if len(data) >= 8 else -1
     if not 0 < length <= min(MAX_SAFETENSORS_HEADER, size - 8, len(data) - 8):
-        raise LogError(f"{source}: not a safetensors file (header length {length} of a {size}-byte file); "
-                       "the checkpoint is damaged: restore it or record it again")
+        raise LogError(
+            f"{source}: not a safetensors file (header length {length} of a {size}-byte file); "
+            "the checkpoint is damaged: restore it or record it again"
+        )
     try:
-        header = json.loads(data[8:8 + length])
+        header = json.loads(data[8 : 8 + length])
     except (ValueError, RecursionError) as exc:
-        raise LogError(f"{source}: unreadable safetensors header ({exc or type(exc).__name__}); the checkpoint is "
-                       "damaged: restore it or record it again") from None
+        raise LogError(
+            f"{source}: unreadable safetensors header ({exc or type(exc).__name__}); the checkpoint is "
+            "damaged: restore it or record it again"
+        ) from None
     if not isinstance(header, dict):
         raise LogError(f"{source}: the safetensors header must be a map; the checkpoint is damaged")
     return len(header) - ("__metadata__" in header)
@@ -68,9 +72,11 @@ def check_manifest_size(source: str, size: int, tensors: int) -> None:
     """LogError when a manifest of ``size`` bytes is larger than `manifest_limit` allows."""
     limit = manifest_limit(tensors)
     if size > limit:
-        raise LogError(f"{source}: checkpoint manifest of {size} bytes, over the {limit} a checkpoint of {tensors} "
-                       "tensors may have (tracer.manifest_bounds); the checkpoint is damaged: restore it or "
-                       "record it again")
+        raise LogError(
+            f"{source}: checkpoint manifest of {size} bytes, over the {limit} a checkpoint of {tensors} "
+            "tensors may have (tracer.manifest_bounds); the checkpoint is damaged: restore it or "
+            "record it again"
+        )
 
 
 def read_manifest(path: str | Path, tensors: int) -> bytes:
@@ -96,6 +102,8 @@ def decode_manifest(raw: bytes, source: str) -> Any:
     else:
         deep = nesting_depth_over(value, MAX_MANIFEST_DEPTH)
     if deep:
-        raise LogError(f"{source}: unreadable checkpoint manifest (maps and arrays nested deeper than "
-                       f"{MAX_MANIFEST_DEPTH}); the checkpoint is damaged: restore it or record it again")
+        raise LogError(
+            f"{source}: unreadable checkpoint manifest (maps and arrays nested deeper than "
+            f"{MAX_MANIFEST_DEPTH}); the checkpoint is damaged: restore it or record it again"
+        )
     return value

@@ -22,19 +22,23 @@ from tracer.sharding import local_shards
 def optimizer_gradients(optimizer: torch.optim.Optimizer, names: Mapping[int, str]) -> list[tuple[str, torch.Tensor]]:
     """``(name, gradient)`` of each parameter of ``optimizer`` that has one, in its order (a DTensor's local shard)."""
     get = names.get
-    return local_shards([
-        (name if (name := get(id(p))) is not None else f"optimizer.group{gi}.{pi}", p.grad)
-        for gi, group in enumerate(optimizer.param_groups)
-        for pi, p in enumerate(group["params"])
-        if p.grad is not None
-    ])
+    return local_shards(
+        [
+            (name if (name := get(id(p))) is not None else f"optimizer.group{gi}.{pi}", p.grad)
+            for gi, group in enumerate(optimizer.param_groups)
+            for pi, p in enumerate(group["params"])
+            if p.grad is not None
+        ]
+    )
 
 
 def optimizer_parameters(optimizer: torch.optim.Optimizer, names: Mapping[int, str]) -> list[tuple[str, torch.Tensor]]:
     """``(name, parameter)`` of every parameter of ``optimizer``, in its order (a DTensor's local shard)."""
     get = names.get
-    return local_shards([
-        (name if (name := get(id(p))) is not None else f"optimizer.group{gi}.{pi}", p)
-        for gi, group in enumerate(optimizer.param_groups)
-        for pi, p in enumerate(group["params"])
-    ])
+    return local_shards(
+        [
+            (name if (name := get(id(p))) is not None else f"optimizer.group{gi}.{pi}", p)
+            for gi, group in enumerate(optimizer.param_groups)
+            for pi, p in enumerate(group["params"])
+        ]
+    )

@@ -60,8 +60,18 @@ class RunInfo:
     extra: Mapping[str, Any] = field(default_factory=dict)  # role-specific header fields
 
     def __post_init__(self) -> None:
-        _check_types(self, {"node_label": str, "config": Mapping, "seed": int, "data_order_fingerprint": str,
-                            "role": str, "run_id": (str, type(None)), "extra": Mapping})
+        _check_types(
+            self,
+            {
+                "node_label": str,
+                "config": Mapping,
+                "seed": int,
+                "data_order_fingerprint": str,
+                "role": str,
+                "run_id": (str, type(None)),
+                "extra": Mapping,
+            },
+        )
 
 
 @dataclass(frozen=True)
@@ -80,9 +90,19 @@ class TraceOptions:
     def __post_init__(self) -> None:
         if isinstance(self.sites, list):
             object.__setattr__(self, "sites", tuple(self.sites))
-        _check_types(self, {"sites": (str, tuple, type(None)), "capture": CapturePolicy, "activations": bool,
-                            "gradients": bool, "parameters": bool, "collectives": bool, "segment_bytes": int,
-                            "max_pending_chunks": int})
+        _check_types(
+            self,
+            {
+                "sites": (str, tuple, type(None)),
+                "capture": CapturePolicy,
+                "activations": bool,
+                "gradients": bool,
+                "parameters": bool,
+                "collectives": bool,
+                "segment_bytes": int,
+                "max_pending_chunks": int,
+            },
+        )
         if isinstance(self.sites, tuple) and not all(isinstance(m, nn.Module) for m in self.sites):
             raise ConfigError("TraceOptions.sites: a list of sites must hold modules (nn.Module); or pass a regex")
         for name in ("segment_bytes", "max_pending_chunks"):
@@ -113,7 +133,9 @@ class TraceOptions:
             phases = c.get("phases")
             try:
                 values["capture"] = CapturePolicy(
-                    steps=frozenset(c.get("steps", ())), every=c.get("every", 0), names=c.get("names"),
+                    steps=frozenset(c.get("steps", ())),
+                    every=c.get("every", 0),
+                    names=c.get("names"),
                     phases=frozenset(Phase) if phases is None else frozenset(Phase[p.upper()] for p in phases),
                 )
             except KeyError as e:

@@ -42,7 +42,11 @@ def pairing_differences(golden: RunHeader, suspect: RunHeader, fields: Sequence[
         if layout_g.get(name) != layout_s.get(name):
             out.append(f"parallel.{name}: {layout_g.get(name)!r} vs {layout_s.get(name)!r}")
     out += shard_differences(golden.extra, suspect.extra)
-    threads = ("intra_op_threads", golden.determinism.get("intra_op_threads"), suspect.determinism.get("intra_op_threads"))
+    threads = (
+        "intra_op_threads",
+        golden.determinism.get("intra_op_threads"),
+        suspect.determinism.get("intra_op_threads"),
+    )
     if threads[1] != threads[2]:
         out.append(f"determinism.intra_op_threads: {threads[1]!r} vs {threads[2]!r}")
     out += [d.describe() for d in setting_differences(golden, suspect) if d.refuses]
@@ -126,7 +130,11 @@ def twin_differences(golden: RunHeader, twin: RunHeader, *, seed: str = TWIN_SEE
         if golden.extra.get(key) != twin.extra.get(key):
             out.append(f"extra.{key}: {golden.extra.get(key)!r} vs {twin.extra.get(key)!r}")
     g, t = _flat(golden.config), _flat(twin.config)
-    out += [f"config.{k}: {g.get(k)!r} vs {t.get(k)!r}" for k in sorted(set(g) | set(t)) if k != seed and g.get(k) != t.get(k)]
+    out += [
+        f"config.{k}: {g.get(k)!r} vs {t.get(k)!r}"
+        for k in sorted(set(g) | set(t))
+        if k != seed and g.get(k) != t.get(k)
+    ]
     if seed in g and g.get(seed) == t.get(seed):
         out.append(f"config.{seed}: both {g.get(seed)!r} (a twin must differ here)")
     return out

@@ -28,7 +28,6 @@ from typing import Protocol
 
 import torch
 
-from tracer.io_thread import IOThread
 from tracer.blobs import BlobStore
 from tracer.device import is_lazy, mark_step, to_host
 from tracer.fingerprint import (
@@ -41,6 +40,7 @@ from tracer.fingerprint import (
     tensor_meta,
 )
 from tracer.intercept import own_ops
+from tracer.io_thread import IOThread
 from tracer.log.records import EventRecord, Phase, TensorRecord
 from tracer.options import CapturePolicy
 
@@ -161,13 +161,15 @@ class RecordBuffer:
                 parts = batched_parts(tensors)
                 # A tensor captured later could have changed in place by then; an XLA tensor is a value.
                 kept = [
-                    (t.detach() if is_lazy(t.device) else t.detach().clone()) if self._captures(step, n, phase)
+                    (t.detach() if is_lazy(t.device) else t.detach().clone())
+                    if self._captures(step, n, phase)
                     else None
                     for n, t in named
                 ]
             metas = [tensor_meta(t) for t in tensors]
-            self._pending.append(([parts], functools.partial(self._write_rows, log, step, mb, phase, named, metas,
-                                                             kept)))
+            self._pending.append(
+                ([parts], functools.partial(self._write_rows, log, step, mb, phase, named, metas, kept))
+            )
             return None
         with own_ops():
             digests = digest_many(tensors)
@@ -215,8 +217,15 @@ class RecordBuffer:
         self._held.clear()
 
     def _write_rows(
-        self, log: RecordSink, step: int, mb: int, phase: Phase, named: list[tuple[str, torch.Tensor]],
-        metas: list[tuple[str, int]], kept: list[torch.Tensor | None], host: list[torch.Tensor],
+        self,
+        log: RecordSink,
+        step: int,
+        mb: int,
+        phase: Phase,
+        named: list[tuple[str, torch.Tensor]],
+        metas: list[tuple[str, int]],
+        kept: list[torch.Tensor | None],
+        host: list[torch.Tensor],
     ) -> None:
         for (name, _), tensor, d in zip(named, kept, resolve_rows(host[0], metas)):
             self._write(log, step, mb, name, phase, d, tensor)

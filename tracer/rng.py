@@ -53,11 +53,16 @@ class TorchRng:
             cpu = torch.get_rng_state().numel()
             rest = self.state.numel() - cpu
             cuda = torch.cuda.device_count() if self.devices else 0
-            if rest < 0 or (self.devices and (cuda < self.devices or rest % self.devices)) or (
-                    not self.devices and rest):
-                raise LogError(f"the recorded RNG state ({self.state.numel()} bytes, {self.devices} CUDA "
-                               f"device(s)) does not fit this machine's generators ({cpu} bytes on the CPU, {cuda} "
-                               "CUDA device(s)); replay on a machine like the recording's")
+            if (
+                rest < 0
+                or (self.devices and (cuda < self.devices or rest % self.devices))
+                or (not self.devices and rest)
+            ):
+                raise LogError(
+                    f"the recorded RNG state ({self.state.numel()} bytes, {self.devices} CUDA "
+                    f"device(s)) does not fit this machine's generators ({cpu} bytes on the CPU, {cuda} "
+                    "CUDA device(s)); replay on a machine like the recording's"
+                )
             torch.set_rng_state(self.state[:cpu].clone())
             if self.devices:
                 torch.cuda.set_rng_state_all(list(self.state[cpu:].clone().chunk(self.devices)))

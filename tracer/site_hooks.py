@@ -172,7 +172,12 @@ class SiteHooks:
         return hook
 
     def _tap_others(
-        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], x: torch.Tensor, tapped: torch.Tensor,
+        self,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        x: torch.Tensor,
+        tapped: torch.Tensor,
         taps: tuple[tuple[torch.Tensor, int], ...],
     ) -> tuple[tuple[Any, ...], dict[str, Any], tuple[tuple[torch.Tensor, int], ...]]:
         """Put ``tapped`` wherever the site input ``x`` recurs, and a tapped view in place of every other

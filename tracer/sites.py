@@ -71,7 +71,7 @@ def module_path(name: str, top: Sequence[str] = ()) -> str:
     ``_orig_mod``/``_fsdp_wrapped_module`` segments: ``module._orig_mod.h.0.attn`` -> ``h.0.attn``."""
     prefix = ".".join(top)
     if prefix and (name == prefix or name.startswith(prefix + ".")):
-        name = name[len(prefix) + 1:]
+        name = name[len(prefix) + 1 :]
     return _SEGMENTS.sub("", name).rstrip(".") if any(w in name for w in _WRAPPER_SEGMENTS) else name
 
 
@@ -246,7 +246,7 @@ def no_default_sites(model: nn.Module) -> str:
     return (
         f"the Tracer found no default sites in {type(model).__name__} (no attention or MLP submodule of a "
         f"numbered block, by path or class name): pass TraceOptions(sites=...) a regex over the module paths "
-        f"below (e.g. sites=r\"{example}\") or a list of modules, or TraceOptions(activations=False) to trace "
+        f'below (e.g. sites=r"{example}") or a list of modules, or TraceOptions(activations=False) to trace '
         f"only gradients and parameters. The model's modules:\n{module_tree(model)}"
     )
 
@@ -257,5 +257,7 @@ def sites_said(paths: Sequence[str], *, defaults: bool, wrappers: Sequence[str] 
     chosen = "the defaults" if defaults else "as chosen"
     left_out = f"; names leave out the wrappers' {', '.join(wrappers)}" if wrappers else ""
     lines = "".join(f"\n  {line}" for line in describe_sites(paths))
-    return (f"sdctrace: tracing {len(paths)} sites ({chosen}: TraceOptions(sites=...) or sdc record --sites "
-            f"to change them{left_out}):{lines}")
+    return (
+        f"sdctrace: tracing {len(paths)} sites ({chosen}: TraceOptions(sites=...) or sdc record --sites "
+        f"to change them{left_out}):{lines}"
+    )

@@ -11,8 +11,8 @@ from tracer.checkpoint import list_checkpoints
 from tracer.errors import LogFormatError
 from tracer.log import list_ranks, rank_dir
 from tracer.log.reader import LogReader
-from tracer.log.segment import LogStatus
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord
+from tracer.log.segment import LogStatus
 
 
 @dataclass

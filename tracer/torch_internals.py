@@ -44,8 +44,10 @@ class PrivateApi:
             version = metadata.version(self.package)
         except metadata.PackageNotFoundError:
             version = "(not installed)"
-        return (f"{self.package} {version} removed or changed {self.name}, which sdctrace's {self.feature} needs; "
-                "use the version pinned in pyproject.toml")
+        return (
+            f"{self.package} {version} removed or changed {self.name}, which sdctrace's {self.feature} needs; "
+            "use the version pinned in pyproject.toml"
+        )
 
     def stand_in(self) -> Callable[..., Any]:
         """What sdctrace calls in place of the API where this torch lacks it: it raises, saying so."""
@@ -85,28 +87,45 @@ parse_dispatch_key = _private("torch._C._parse_dispatch_key", _INTERCEPT)
 DispatchKeySet = _private("torch._C.DispatchKeySet", _INTERCEPT)
 dispatch_key_included: Callable[[Any], bool] = _private("torch._C._dispatch_tls_is_dispatch_key_included", _INTERCEPT)
 set_dispatch_key_included: Callable[[Any, bool], None] = _private(
-    "torch._C._dispatch_tls_set_dispatch_key_included", _INTERCEPT)
+    "torch._C._dispatch_tls_set_dispatch_key_included", _INTERCEPT
+)
 dispatch_key_excluded: Callable[[Any], bool] = _private("torch._C._dispatch_tls_is_dispatch_key_excluded", _INTERCEPT)
 set_dispatch_key_excluded: Callable[[Any, bool], None] = _private(
-    "torch._C._dispatch_tls_set_dispatch_key_excluded", _INTERCEPT)
+    "torch._C._dispatch_tls_set_dispatch_key_excluded", _INTERCEPT
+)
 has_kernel_for_dispatch_key: Callable[[str, str], bool] = _private(
-    "torch._C._dispatch_has_kernel_for_dispatch_key", _INTERCEPT)
+    "torch._C._dispatch_has_kernel_for_dispatch_key", _INTERCEPT
+)
 # Edits below autograd: no history, no version bump (tracer.intercept.below_autograd).
 AutoDispatchBelowAutograd = _private("torch._C._AutoDispatchBelowADInplaceOrView", _INTERCEPT)
 
 # -- op objects (tracer.intercept, faults.ops) ---------------------------------------------------------------
 OpOverload: type = _lookup("torch._ops.OpOverload")
 OpOverloadPacket: type = _lookup("torch._ops.OpOverloadPacket")
-_APIS.append(PrivateApi("torch._ops.OpOverload", _INTERCEPT,
-                        lambda: isinstance(_lookup("torch._ops.OpOverload"), type)))
-_APIS.append(PrivateApi("torch._ops.OpOverloadPacket", _INTERCEPT,
-                        lambda: isinstance(_lookup("torch._ops.OpOverloadPacket"), type)))
-_APIS.append(PrivateApi("OpOverload._op, ._schema.name and ._schema.is_mutable", _INTERCEPT,
-                        lambda: callable(torch.ops.aten.mm.default._op)
-                        and torch.ops.aten.mm.default._schema.name == "aten::mm"
-                        and torch.ops.aten.add_.Tensor._schema.is_mutable is True))
-_APIS.append(PrivateApi("torch.library.Library._destroy", _INTERCEPT,
-                        lambda: callable(getattr(torch.library.Library, "_destroy", None))))
+_APIS.append(
+    PrivateApi("torch._ops.OpOverload", _INTERCEPT, lambda: isinstance(_lookup("torch._ops.OpOverload"), type))
+)
+_APIS.append(
+    PrivateApi(
+        "torch._ops.OpOverloadPacket", _INTERCEPT, lambda: isinstance(_lookup("torch._ops.OpOverloadPacket"), type)
+    )
+)
+_APIS.append(
+    PrivateApi(
+        "OpOverload._op, ._schema.name and ._schema.is_mutable",
+        _INTERCEPT,
+        lambda: (
+            callable(torch.ops.aten.mm.default._op)
+            and torch.ops.aten.mm.default._schema.name == "aten::mm"
+            and torch.ops.aten.add_.Tensor._schema.is_mutable is True
+        ),
+    )
+)
+_APIS.append(
+    PrivateApi(
+        "torch.library.Library._destroy", _INTERCEPT, lambda: callable(getattr(torch.library.Library, "_destroy", None))
+    )
+)
 # A mixture-of-experts layer's experts in one call (faults.ops' matmul family, faults.abft's grouped check).
 GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
 
@@ -136,8 +155,13 @@ _graph_task_id = _private("torch._C._current_graph_task_id", "Tracer and fault s
 current_autograd_node = _private("torch._C._current_autograd_node", _SCOPE)
 autograd_sequence_nr: Callable[[], int] = _private("torch._C._autograd._get_sequence_nr", _SCOPE)
 tree_leaves: Callable[[Any], list[Any]] = _private("torch.utils._pytree.tree_leaves", _SCOPE)
-_APIS.append(PrivateApi("Tensor._version", "site hooks (was a tapped tensor changed in place?)",
-                        lambda: isinstance(torch.zeros(1)._version, int)))
+_APIS.append(
+    PrivateApi(
+        "Tensor._version",
+        "site hooks (was a tapped tensor changed in place?)",
+        lambda: isinstance(torch.zeros(1)._version, int),
+    )
+)
 
 
 def in_backward() -> bool:
@@ -165,10 +189,20 @@ def compiled_module_type() -> type | None:
     return eval_frame.OptimizedModule if eval_frame is not None else None
 
 
-_APIS.append(PrivateApi("torch._dynamo.callback.on_compile_start", "refusal of torch.compile under interceptors",
-                        lambda: callable(_lookup_dynamo("callback", "on_compile_start"))))
-_APIS.append(PrivateApi("torch._dynamo.eval_frame.OptimizedModule", "site names of compiled models",
-                        lambda: isinstance(_lookup_dynamo("eval_frame", "OptimizedModule"), type)))
+_APIS.append(
+    PrivateApi(
+        "torch._dynamo.callback.on_compile_start",
+        "refusal of torch.compile under interceptors",
+        lambda: callable(_lookup_dynamo("callback", "on_compile_start")),
+    )
+)
+_APIS.append(
+    PrivateApi(
+        "torch._dynamo.eval_frame.OptimizedModule",
+        "site names of compiled models",
+        lambda: isinstance(_lookup_dynamo("eval_frame", "OptimizedModule"), type),
+    )
+)
 
 
 def _lookup_dynamo(module: str, name: str) -> Any:
@@ -185,8 +219,9 @@ def _lookup_dynamo(module: str, name: str) -> Any:
 DTENSOR_UTILS = "torch.distributed.tensor._utils"
 
 
-def local_shape_and_global_offset(global_shape: tuple[int, ...], mesh: Any, placements: Any) -> tuple[
-        tuple[int, ...], tuple[int, ...]]:
+def local_shape_and_global_offset(
+    global_shape: tuple[int, ...], mesh: Any, placements: Any
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The local shape and global offsets of this rank's shard of a DTensor of ``global_shape`` laid out by
     ``placements`` over ``mesh`` (call it only on a DTensor: its module is loaded by then)."""
     compute = getattr(sys.modules.get(DTENSOR_UTILS), "compute_local_shape_and_global_offset", None)
@@ -206,8 +241,11 @@ def _lookup_dtensor_utils() -> Any:
         return None
 
 
-_SHARD_API = PrivateApi(DTENSOR_UTILS + ".compute_local_shape_and_global_offset", "shard offsets in run headers",
-                        lambda: callable(_lookup_dtensor_utils()))
+_SHARD_API = PrivateApi(
+    DTENSOR_UTILS + ".compute_local_shape_and_global_offset",
+    "shard offsets in run headers",
+    lambda: callable(_lookup_dtensor_utils()),
+)
 _APIS.append(_SHARD_API)
 
 
@@ -231,8 +269,13 @@ def _async_collective_tensor() -> Any:
         return None
 
 
-_APIS.append(PrivateApi(FUNCTIONAL_COLLECTIVES + ".AsyncCollectiveTensor.wait", "fingerprints of DTensor outputs",
-                        lambda: callable(getattr(_async_collective_tensor(), "wait", None))))
+_APIS.append(
+    PrivateApi(
+        FUNCTIONAL_COLLECTIVES + ".AsyncCollectiveTensor.wait",
+        "fingerprints of DTensor outputs",
+        lambda: callable(getattr(_async_collective_tensor(), "wait", None)),
+    )
+)
 
 
 # -- op sequences (replay.bundle_ops: the aten ops an incident's site runs) -------------------------------------
@@ -258,8 +301,9 @@ def _dispatch_mode_present() -> bool:
     return True
 
 
-_DISPATCH_MODE_API = PrivateApi(PYTHON_DISPATCH + ".TorchDispatchMode", "incident capture (sdc incident's op sequence)",
-                                _dispatch_mode_present)
+_DISPATCH_MODE_API = PrivateApi(
+    PYTHON_DISPATCH + ".TorchDispatchMode", "incident capture (sdc incident's op sequence)", _dispatch_mode_present
+)
 _APIS.append(_DISPATCH_MODE_API)
 
 

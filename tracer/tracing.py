@@ -51,7 +51,6 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tracer.io_thread import AsyncFile, IOThread
 from tracer.blobs import BlobStore
 from tracer.checkpoint import Stateful
 from tracer.collectives import Stage, observing, record_name
@@ -61,14 +60,14 @@ from tracer.guard.guard import Guard
 from tracer.guard.step_check import Attempt, check_step, step_guard, step_loss
 from tracer.header import run_header, with_sites_without_backward
 from tracer.intercept import own_ops, workload_ops
-from tracer.log import rank_dir
+from tracer.io_thread import IOThread
 from tracer.log.records import MAX_STEP, NO_MICROBATCH, EventRecord, Phase, RunHeader, checked_index
 from tracer.log.runlock import RunLock
-from tracer.log.sessions import Resumption, abandon_failed
-from tracer.log.writer import HeaderAtFirstFlush
+from tracer.log.sessions import Resumption
 from tracer.optimizer_tensors import optimizer_gradients, optimizer_parameters
 from tracer.options import RunInfo, TraceOptions
 from tracer.parallel import Layout
+from tracer.rank_log import close_rank_log, open_rank_log
 from tracer.record_buffer import RecordBuffer, RecordSink
 from tracer.rng import StepRng
 from tracer.site_hooks import SiteHooks
@@ -134,8 +133,9 @@ class Tracer:
         device = first.device if first is not None else torch.device("cpu")
         self.guard = guard
         self._guard = step_guard(guard, optimizer, options, device, self.layout, self.rank)
-        self.header = run_header(run, model, self.sites, self.layout, rank=self.rank, world_size=self.world_size,
-                                 device=device, guard=guard)
+        self.header = run_header(
+            run, model, self.sites, self.layout, rank=self.rank, world_size=self.world_size, device=device, guard=guard
+        )
         self._names = {id(p): n for n, p in named_parameters(model)}
         self._handles: list[RemovableHandle] = []
         self._site_hooks: SiteHooks | None = None
@@ -164,8 +164,11 @@ class Tracer:
         # each record as it comes, a subclass that overrides record_many sees every record there, and a capture
         # copies the tensor as it is: none of them holds.
         self._records = RecordBuffer(lambda: self.log, self.capture, self.blobs)
-        self._holds = (sink is None and type(self).record_many is Tracer.record_many
-                       and not (self.capture.active and self.blobs is not None))
+        self._holds = (
+            sink is None
+            and type(self).record_many is Tracer.record_many
+            and not (self.capture.active and self.blobs is not None)
+        )
         self._paused = False
         self._echo = echo
         self._lock: RunLock | None = None
@@ -174,26 +177,14 @@ class Tracer:
     # -- lifecycle ------------------------------------------------------------------
     def __enter__(self) -> Tracer:
         prepare_digests()  # the kernel and its tables are loaded here, not in the first traced step
-        io = IOThread(max_pending=self.options.max_pending_chunks) if self._sink is None else None
+        io = None
         try:
-            if io is None:
+            if self._sink is not None:
                 self._log = self._sink
             else:
                 assert self.out is not None
-                if self.rank == 0:
-                    # Rank 0 holds the run's writer lock while it records (the one its process or launcher holds
-                    # already, as under `sdc record`), so `sdc watch` tells a crashed writer from a slow one, also
-                    # in a user's own script or torchrun job.
-                    self.out.mkdir(parents=True, exist_ok=True)
-                    self._lock = RunLock.ensure(self.out)
-                # The header is written at the first flush (the end of the first step), so that it can
-                # name the sites found at their first forward to give no input gradient.
-                self._log = HeaderAtFirstFlush(
-                    rank_dir(self.out, self.rank),
-                    self._final_header,
-                    segment_bytes=self.options.segment_bytes,
-                    open_file=lambda path: AsyncFile(path, io),
-                    resume=self._resume,
+                io, self._log, self._lock = open_rank_log(
+                    self.out, self.rank, self._final_header, self.options, self._resume
                 )
             self._io = self._records.io = io
             self._site_hooks = SiteHooks(
@@ -211,8 +202,13 @@ class Tracer:
                 self._observing = observing(self._collective)
                 self._observing.__enter__()
             if self.sites and self.rank == 0 and self._sink is None and self._echo is not None:
-                self._echo(sites_said([n for n, _ in self.sites], defaults=self.options.sites is None,
-                                      wrappers=self.header.extra.get("wrappers", ())))
+                self._echo(
+                    sites_said(
+                        [n for n, _ in self.sites],
+                        defaults=self.options.sites is None,
+                        wrappers=self.header.extra.get("wrappers", ()),
+                    )
+                )
         except BaseException:
             self._remove_hooks()
             if self._log is not None:
@@ -251,23 +247,8 @@ class Tracer:
         self._records.discard_held()
         log, io = self._log, self._io
         self._log = self._io = self._records.io = None
-        if log is None:
-            return
-        if exc is None:
-            log.close("complete")
-            if io is not None:
-                io.stop()
-            return
-        # Keep the training error as the one the user sees; a writer failure is secondary.
-        try:
-            if self._resume is not None:  # a failed resumption leaves the log resumable (tracer.log.sessions)
-                abandon_failed(log, self._resume, self.rank, exc)
-            else:
-                log.close("failed", f"{type(exc).__name__}: {exc}")
-            if io is not None:
-                io.stop()
-        except Exception:
-            pass
+        if log is not None:
+            close_rank_log(log, io, exc, self._resume, self.rank)
 
     def _remove_hooks(self) -> None:
         for h in self._handles:
@@ -301,9 +282,7 @@ class Tracer:
 
     # -- what the training loop calls ---------------------------------------------------
     @contextmanager
-    def step(
-        self, step: int, rerun: Callable[[], Any] | None = None, *, closure_reruns: bool = True
-    ) -> Iterator[None]:
+    def step(self, step: int, rerun: Callable[[], Any] | None = None, *, closure_reruns: bool = True) -> Iterator[None]:
         """Bracket one optimizer step; its wall time, losses and learning rates are logged.
 
         With a guard, ``rerun`` runs the step's forward and backward again on the same data: it zeroes the
@@ -451,7 +430,11 @@ class Tracer:
             self.record_many([(name, tensor)], phase, microbatch)
 
     def record_many(
-        self, named: list[tuple[str, torch.Tensor]], phase: Phase, microbatch: int | None = None, *,
+        self,
+        named: list[tuple[str, torch.Tensor]],
+        phase: Phase,
+        microbatch: int | None = None,
+        *,
         read_now: bool = False,
     ) -> list[TensorDigest] | None:
         """`record` for many tensors of one phase: one digest call for all of them (a step's gradients, its
@@ -505,8 +488,9 @@ class Tracer:
             return
         if phase == Phase.GRAD:  # a gradient collective completes the step's gradients after its microbatches
             self._grads_reduced = True
-        self.record(record_name(point, op, stage), tensor, phase,
-                    microbatch=NO_MICROBATCH if phase == Phase.GRAD else None)
+        self.record(
+            record_name(point, op, stage), tensor, phase, microbatch=NO_MICROBATCH if phase == Phase.GRAD else None
+        )
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         if self._paused:
@@ -518,6 +502,7 @@ class Tracer:
             if self._guard is not None and self._guard.pending:
                 self._check_step(optimizer, grads, self._rerun)
             return None
+
         # A step with a closure (Lightning, LBFGS) computes the gradients inside the step, and a framework may
         # clip them there too: record them when the closure returns, i.e. what the update itself reads.
         def traced() -> Any:
@@ -547,14 +532,25 @@ class Tracer:
         return [(name, d) for (name, _), d in zip(grads, digests)]
 
     def _check_step(
-        self, optimizer: torch.optim.Optimizer, grads: list[tuple[str, TensorDigest]], rerun: Callable[[], Any] | None,
+        self,
+        optimizer: torch.optim.Optimizer,
+        grads: list[tuple[str, TensorDigest]],
+        rerun: Callable[[], Any] | None,
         result: Any = None,
     ) -> Any:
         """The guard's decision on this step (`tracer.guard.step_check`): what the accepted run's closure returned."""
         assert self._guard is not None
         first = Attempt(self.attempt, step_loss(self._losses, result), grads, result, self._grad_norm)
-        return check_step(self._guard, self.step_index, optimizer, first, rerun, use_sink=self._use_sink,
-                          run_again=functools.partial(self._run_again, optimizer), checkpoint=self._stop_checkpoint)
+        return check_step(
+            self._guard,
+            self.step_index,
+            optimizer,
+            first,
+            rerun,
+            use_sink=self._use_sink,
+            run_again=functools.partial(self._run_again, optimizer),
+            checkpoint=self._stop_checkpoint,
+        )
 
     def _use_sink(self, sink: RecordSink) -> None:
         self._log = sink
@@ -582,4 +578,3 @@ class Tracer:
             return self._guard.replicas.compare(self.step_index, params, digests, self.event)
         if not self._records.hold_many(params, Phase.PARAM, self.step_index, 0):
             self.record_many(params, Phase.PARAM, microbatch=0)
-

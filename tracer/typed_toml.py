@@ -78,8 +78,11 @@ INLINE = types.MappingProxyType({"inline": True})
 def shipped(package: str, folder: str) -> dict[str, Path]:
     """Name -> path of every ``.toml`` file that ships in ``package/folder``."""
     found = resources.files(package) / folder
-    return {p.name.removesuffix(".toml"): Path(str(p))
-            for p in sorted(found.iterdir(), key=lambda p: p.name) if p.name.endswith(".toml")}
+    return {
+        p.name.removesuffix(".toml"): Path(str(p))
+        for p in sorted(found.iterdir(), key=lambda p: p.name)
+        if p.name.endswith(".toml")
+    }
 
 
 def resolve(spec: str | Path, names: Mapping[str, Path], what: str) -> Path:
@@ -88,8 +91,10 @@ def resolve(spec: str | Path, names: Mapping[str, Path], what: str) -> Path:
         return names[spec]
     path = Path(spec)
     if not path.is_file():
-        raise ConfigError(f"{what} {str(spec)!r} not found: no such file, and not a shipped {what}; "
-                          f"pass a path to a TOML file or one of: {', '.join(names)}")
+        raise ConfigError(
+            f"{what} {str(spec)!r} not found: no such file, and not a shipped {what}; "
+            f"pass a path to a TOML file or one of: {', '.join(names)}"
+        )
     return path
 
 
@@ -113,8 +118,10 @@ def parse(text: str, source: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: TOML syntax error: {e}; fix that line") from None
     except RecursionError:
-        raise ConfigError(f"{source}: arrays or inline tables nest too deep for the TOML parser (far past the "
-                          f"{MAX_NESTING} levels allowed); flatten them") from None
+        raise ConfigError(
+            f"{source}: arrays or inline tables nest too deep for the TOML parser (far past the "
+            f"{MAX_NESTING} levels allowed); flatten them"
+        ) from None
     except ValueError as e:  # int() refusing thousands of digits
         raise ConfigError(f"{source}: unreadable TOML value ({e}); write a 64-bit integer") from None
     if nesting_depth_over(data, MAX_NESTING):
@@ -143,16 +150,20 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
         except tomllib.TOMLDecodeError:
             value = text.strip()  # a bare word such as `sgd`: a string
         except (ValueError, RecursionError):  # thousands of digits, or nesting
-            raise ConfigError(f"override {override!r}: its value is too long an integer or nests too deep for "
-                              "TOML; write a 64-bit integer, nested a few levels at most") from None
+            raise ConfigError(
+                f"override {override!r}: its value is too long an integer or nests too deep for "
+                "TOML; write a 64-bit integer, nested a few levels at most"
+            ) from None
         table = raw
         for i, part in enumerate(parts[:-1]):
             if part not in table:
                 origins[".".join(parts[: i + 1])] = f"override {override!r}"
             table = table.setdefault(part, {})
             if not isinstance(table, dict):
-                raise ConfigError(f"override {override!r}: {'.'.join(parts[: i + 1])} is {_kind(table)} "
-                                  f"{table!r}, not a table; override a key of a table")
+                raise ConfigError(
+                    f"override {override!r}: {'.'.join(parts[: i + 1])} is {_kind(table)} "
+                    f"{table!r}, not a table; override a key of a table"
+                )
         table[parts[-1]] = value
         origins[".".join(parts)] = f"override {override!r}"
     return origins
@@ -196,8 +207,9 @@ def _table(cls: type[T], raw: Mapping[str, Any], path: str, origin: Origin, labe
             raise ConfigError(f"{origin(name)}: unknown section [{name}]{hint}; allowed sections: {', '.join(allowed)}")
         hint = f" (did you mean {at}{close[0]}?)" if close else ""
         where = f" in {label}" if label else ""
-        raise ConfigError(f"{origin(at + str(name))}: unknown key {at}{name}{hint}; "
-                          f"allowed keys{where}: {', '.join(allowed)}")
+        raise ConfigError(
+            f"{origin(at + str(name))}: unknown key {at}{name}{hint}; allowed keys{where}: {', '.join(allowed)}"
+        )
     return _build(cls, raw, path, origin)
 
 
@@ -221,9 +233,11 @@ def _build(cls: type[T], raw: Mapping[str, Any], path: str, origin: Origin) -> T
     for name, value in kwargs.items():  # after the dataclass's own bounds, which say more where it has them
         big = _beyond_int64(value)
         if big is not None:
-            raise ConfigError(f"{origin(at + name)}: {at}{name} holds the integer {big:.3g}, beyond the 64-bit "
-                              f"integers TOML holds ({INT64_MIN}..{INT64_MAX}) and torch and numpy take; write a "
-                              "smaller one")
+            raise ConfigError(
+                f"{origin(at + name)}: {at}{name} holds the integer {big:.3g}, beyond the 64-bit "
+                f"integers TOML holds ({INT64_MIN}..{INT64_MAX}) and torch and numpy take; write a "
+                "smaller one"
+            )
     return built
 
 
@@ -231,16 +245,20 @@ def _value(hint: Any, value: Any, key: str, f: dataclasses.Field, origin: Origin
     """``value`` as the field's type, or a one-line error: expected vs found, and what to write."""
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{origin(key)}: [{key}] must be a table, found {_kind(value)}; "
-                              f"write a [{key}] header with keys under it")
+            raise ConfigError(
+                f"{origin(key)}: [{key}] must be a table, found {_kind(value)}; "
+                f"write a [{key}] header with keys under it"
+            )
         return _table(hint, value, key, origin, f"[{key}]")
     if _is_tables(hint):
         (element, _) = typing.get_args(hint)
         if isinstance(value, (list, tuple)) and all(isinstance(v, Mapping) for v in value):
             return tuple(_table(element, v, f"{key}[{i}]", origin, f"[[{key}]]") for i, v in enumerate(value))
     elif typing.get_origin(hint) is Literal and isinstance(value, str) and value not in typing.get_args(hint):
-        raise ConfigError(f"{origin(key)}: {key} = {value!r} is not one of "
-                          f"{', '.join(map(repr, typing.get_args(hint)))}; pick one of them")
+        raise ConfigError(
+            f"{origin(key)}: {key} = {value!r} is not one of "
+            f"{', '.join(map(repr, typing.get_args(hint)))}; pick one of them"
+        )
     else:
         try:
             return _coerce(hint, value)
@@ -304,8 +322,12 @@ def _coerce(hint: Any, value: Any) -> Any:
 
 def _is_tables(hint: Any) -> bool:
     args = typing.get_args(hint)
-    return typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis \
+    return (
+        typing.get_origin(hint) is tuple
+        and len(args) == 2
+        and args[1] is Ellipsis
         and dataclasses.is_dataclass(args[0])
+    )
 
 
 def _describe(hint: Any, key: str = "") -> str:
@@ -347,6 +369,7 @@ def toml_value(value: Any) -> str:
 
 def shown(value: Any) -> str:
     """``value`` as an error quotes what was found: as parsed (tuples as lists, enums by lower-case name)."""
+
     def plain(v: Any) -> Any:
         if isinstance(v, enum.Enum):
             return v.name.lower()
@@ -356,5 +379,6 @@ def shown(value: Any) -> str:
 
 
 def _kind(value: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "table"}.get(type(value), type(value).__name__)
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "table"}.get(
+        type(value), type(value).__name__
+    )

@@ -44,8 +44,10 @@ class TokenData:
         corpus = load_corpus() if corpus is None else corpus
         self.num_windows = (len(corpus) - 1) // cfg.seq_len
         if self.num_windows < 1:
-            raise ConfigError(f"data.seq_len = {cfg.seq_len} needs a corpus of at least "
-                              f"{cfg.seq_len + 1} bytes, got {len(corpus)}; lower data.seq_len")
+            raise ConfigError(
+                f"data.seq_len = {cfg.seq_len} needs a corpus of at least "
+                f"{cfg.seq_len + 1} bytes, got {len(corpus)}; lower data.seq_len"
+            )
         self.tokens = torch.frombuffer(bytearray(corpus), dtype=torch.uint8)  # (N,)
         self.corpus_sha256 = hashlib.sha256(corpus).hexdigest()
         self._permutations: dict[int, torch.Tensor] = {}
@@ -68,8 +70,7 @@ class TokenData:
         """(inputs, targets) of one microbatch, each (batch_size, seq_len) int64 on the CPU."""
         B, L, M = self.cfg.batch_size, self.cfg.seq_len, self.cfg.microbatches
         if step < 0 or not 0 <= microbatch < M:
-            raise ValueError(f"need step >= 0 and 0 <= microbatch < {M}, "
-                             f"got step={step}, microbatch={microbatch}")
+            raise ValueError(f"need step >= 0 and 0 <= microbatch < {M}, got step={step}, microbatch={microbatch}")
         first = (step * M + microbatch) * B  # index of this microbatch's first sample overall
         windows = torch.stack([self._window(i) for i in range(first, first + B)])  # (B,)
         offsets = windows[:, None] * L + torch.arange(L + 1)[None, :]  # (B, L+1)

@@ -54,9 +54,12 @@ class EpochBatches:
             count = min(self.per_step, self.batches_per_epoch - index * self.per_step)
             batches = list(itertools.islice(self._iterator, count))
         if len(batches) < count:
-            raise ValidationError(f"the data loader has {len(batches)} of the {count} batches of step {step} (epoch {epoch}, step {index} of "
-                                  f"{self.steps_per_epoch}): it yields fewer than the {self.batches_per_epoch} "
-                                  "batches its length promises")
+            raise ValidationError(
+                f"the data loader has {len(batches)} of the {count} batches of step {step} "
+                f"(epoch {epoch}, step {index} of "
+                f"{self.steps_per_epoch}): it yields fewer than the {self.batches_per_epoch} "
+                "batches its length promises"
+            )
         self._next = index + 1
         return batches
 

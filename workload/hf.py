@@ -66,15 +66,21 @@ class TrainerWorkload(Workload):
     def of(cls, trainer: Trainer) -> TrainerWorkload:
         """Create the Trainer's train dataloader, optimizer and scheduler as ``train()`` would, without training."""
         if trainer.accelerator.scaler is not None:
-            raise ConfigError("fp16 with a gradient scaler is not replayable yet: the scale changes from step to "
-                              "step outside the checkpoint; train in fp32 or bf16")
+            raise ConfigError(
+                "fp16 with a gradient scaler is not replayable yet: the scale changes from step to "
+                "step outside the checkpoint; train in fp32 or bf16"
+            )
         if trainer.args.world_size > 1:
-            raise ConfigError(f"the Trainer runs on {trainer.args.world_size} processes; TrainerWorkload rebuilds "
-                              "single-process runs only")
+            raise ConfigError(
+                f"the Trainer runs on {trainer.args.world_size} processes; TrainerWorkload rebuilds "
+                "single-process runs only"
+            )
         loader = trainer.get_train_dataloader()
         if not has_length(loader):
-            raise ConfigError("the train dataset has no length (an IterableDataset): its steps cannot be found "
-                              "from a step number, so TrainerWorkload cannot rebuild them")
+            raise ConfigError(
+                "the train dataset has no length (an IterableDataset): its steps cannot be found "
+                "from a step number, so TrainerWorkload cannot rebuild them"
+            )
         _, _, _, _, _, batches_per_epoch, max_steps = trainer.set_initial_training_values(trainer.args, loader)
         trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
         # As Trainer._prepare_for_training on one process: accelerate wraps the model's forward in its autocast
@@ -94,8 +100,12 @@ class TrainerWorkload(Workload):
             return iter(loader)
 
         return cls(
-            model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.lr_scheduler,
-            config=trainer_config(trainer.model, trainer.args, max_steps), seed=trainer.args.seed, trainer=trainer,
+            model=trainer.model,
+            optimizer=trainer.optimizer,
+            scheduler=trainer.lr_scheduler,
+            config=trainer_config(trainer.model, trainer.args, max_steps),
+            seed=trainer.args.seed,
+            trainer=trainer,
             batches=EpochBatches(open_epoch, batches_per_epoch, trainer.args.gradient_accumulation_steps),
         )
 

@@ -39,10 +39,18 @@ def _method(name: str, *params: str) -> bool:
 
 
 _APIS = (
-    PrivateApi("transformers.Trainer._clip_grad_norm(model)", _FEATURE, lambda: _method("_clip_grad_norm", "model"),
-               "transformers"),
-    PrivateApi("transformers.Trainer._get_grad_norm(model, grad_norm)", _FEATURE,
-               lambda: _method("_get_grad_norm", "model", "grad_norm"), "transformers"),
+    PrivateApi(
+        "transformers.Trainer._clip_grad_norm(model)",
+        _FEATURE,
+        lambda: _method("_clip_grad_norm", "model"),
+        "transformers",
+    ),
+    PrivateApi(
+        "transformers.Trainer._get_grad_norm(model, grad_norm)",
+        _FEATURE,
+        lambda: _method("_get_grad_norm", "model", "grad_norm"),
+        "transformers",
+    ),
 )
 
 

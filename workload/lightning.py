@@ -64,8 +64,14 @@ class LightningWorkload(Workload):
     schedulers: list[LRSchedulerConfig] = field(default_factory=list)
 
     @classmethod
-    def of(cls, module: pl.LightningModule, trainer: pl.Trainer, *, datamodule: pl.LightningDataModule | None = None,
-           checkpoint_every: int = 10) -> LightningWorkload:
+    def of(
+        cls,
+        module: pl.LightningModule,
+        trainer: pl.Trainer,
+        *,
+        datamodule: pl.LightningDataModule | None = None,
+        checkpoint_every: int = 10,
+    ) -> LightningWorkload:
         """Configure the module's optimizers and its train dataloader as ``trainer.fit`` would, without fitting."""
         optimizers, configs = configure_optimizers(module)
         if not module.automatic_optimization or len(optimizers) != 1:
@@ -85,8 +91,11 @@ class LightningWorkload(Workload):
 
         batches_per_epoch = len(source.train_dataloader())
         return cls(
-            model=module, optimizer=optimizers[0], scheduler=configs[0].scheduler if configs else None,
-            config=module_config(module, trainer, batches_per_epoch, checkpoint_every), trainer=trainer,
+            model=module,
+            optimizer=optimizers[0],
+            scheduler=configs[0].scheduler if configs else None,
+            config=module_config(module, trainer, batches_per_epoch, checkpoint_every),
+            trainer=trainer,
             batches=EpochBatches(open_epoch, batches_per_epoch, trainer.accumulate_grad_batches, history=True),
             schedulers=configs,
         )
@@ -117,15 +126,21 @@ class LightningWorkload(Workload):
         trainer, _ = self._parts
         module = self.model
         assert isinstance(module, pl.LightningModule)
-        args = (batch.batch, batch.batch_idx) if is_param_in_hook_signature(module.training_step, "batch_idx", min_args=2) else (batch.batch,)
+        args = (
+            (batch.batch, batch.batch_idx)
+            if is_param_in_hook_signature(module.training_step, "batch_idx", min_args=2)
+            else (batch.batch,)
+        )
         with trainer.precision_plugin.train_step_context(), torch.enable_grad(), warnings.catch_warnings():
             # No fit loop is running, so self.log() has nowhere to log: that is expected here.
             warnings.filterwarnings("ignore", message=r"You are trying to `self\.log\(\)`")
             out = module.training_step(*args)
         loss = out.get("loss") if isinstance(out, Mapping) else out
         if not isinstance(loss, torch.Tensor):
-            raise ConfigError(f"training_step returned {type(out).__name__} at step {step}, batch {batch.batch_idx}: "
-                              "a skipped batch (None) is not replayable")
+            raise ConfigError(
+                f"training_step returned {type(out).__name__} at step {step}, batch {batch.batch_idx}: "
+                "a skipped batch (None) is not replayable"
+            )
         return loss / trainer.accumulate_grad_batches
 
     def finish_backward(self, step: int) -> None:

@@ -36,8 +36,9 @@ def _private(module: str, name: str, *params: str) -> tuple[PrivateApi, Callable
         function = getattr(importlib.import_module(module), name, None)
         return function if callable(function) and _starts_with(function, params) else None
 
-    api = PrivateApi(f"{module}.{name}({', '.join(params)})", _FEATURE, lambda: found() is not None,
-                     module.split(".")[0])
+    api = PrivateApi(
+        f"{module}.{name}({', '.join(params)})", _FEATURE, lambda: found() is not None, module.split(".")[0]
+    )
     return api, found() or api.stand_in()
 
 
@@ -46,17 +47,24 @@ def _starts_with(function: Callable[..., Any], params: tuple[str, ...]) -> bool:
 
 
 def _module_method(name: str, *params: str) -> PrivateApi:
-    return PrivateApi(f"LightningModule.{name}({', '.join(params)})", _FEATURE,
-                      lambda: callable(method := getattr(pl.LightningModule, name, None))
-                      and _starts_with(method, ("self", *params)), "pytorch_lightning")
+    return PrivateApi(
+        f"LightningModule.{name}({', '.join(params)})",
+        _FEATURE,
+        lambda: callable(method := getattr(pl.LightningModule, name, None)) and _starts_with(method, ("self", *params)),
+        "pytorch_lightning",
+    )
 
 
 _CONFIGURE = _private(_OPTIMIZER, "_configure_optimizers", "optim_conf")
 _SCHEDULERS = _private(_OPTIMIZER, "_configure_schedulers_automatic_opt", "schedulers", "monitor")
 _SAMPLER_EPOCH = _private(_DATA, "_set_sampler_epoch", "dataloader", "epoch")
-_APIS = (_CONFIGURE[0], _SCHEDULERS[0], _SAMPLER_EPOCH[0],
-         _module_method("_on_before_batch_transfer", "batch", "dataloader_idx"),
-         _module_method("_apply_batch_transfer_handler", "batch", "device"))
+_APIS = (
+    _CONFIGURE[0],
+    _SCHEDULERS[0],
+    _SAMPLER_EPOCH[0],
+    _module_method("_on_before_batch_transfer", "batch", "dataloader_idx"),
+    _module_method("_apply_batch_transfer_handler", "batch", "device"),
+)
 
 
 def configure_optimizers(module: pl.LightningModule) -> tuple[list[torch.optim.Optimizer], list[LRSchedulerConfig]]:

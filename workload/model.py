@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from workload.reference_config import ModelConfig
 from workload.model_parallel import ENTER, LEAVE, SINGLE, Collective, Groups
+from workload.reference_config import ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -135,8 +135,15 @@ class TransformerBlock(nn.Module):
 
 
 # Tensor-parallel weights and the dimension they are split along (column-parallel: 0, row-parallel: 1).
-SHARDED = {"attention.wq.weight": 0, "attention.wk.weight": 0, "attention.wv.weight": 0, "attention.wo.weight": 1,
-           "feed_forward.w1.weight": 0, "feed_forward.w3.weight": 0, "feed_forward.w2.weight": 1}
+SHARDED = {
+    "attention.wq.weight": 0,
+    "attention.wk.weight": 0,
+    "attention.wv.weight": 0,
+    "attention.wo.weight": 1,
+    "feed_forward.w1.weight": 0,
+    "feed_forward.w3.weight": 0,
+    "feed_forward.w2.weight": 1,
+}
 
 
 class Transformer(nn.Module):

@@ -60,33 +60,59 @@ class FinetuneSettings:
         def at_or_finetune(at: str) -> str:
             return at or "fine-tune "
 
-        for name, low in (*((n, 1) for n in ("steps", "batch_size", "eval_every", "checkpoint_every",
-                                               "train_per_task", "test_per_task")),
-                          *((n, 0) for n in ("task_seed", "shuffle_seed", "warmup_steps", "weight_decay",
-                                             "grad_clip"))):
+        for name, low in (
+            *(
+                (n, 1)
+                for n in ("steps", "batch_size", "eval_every", "checkpoint_every", "train_per_task", "test_per_task")
+            ),
+            *((n, 0) for n in ("task_seed", "shuffle_seed", "warmup_steps", "weight_decay", "grad_clip")),
+        ):
             value = getattr(self, name)
-            check(value >= low, name,
-                  lambda at, n=name, v=value, lo=low: f"{at_or_finetune(at)}{n} = {v} must be >= {lo}")
-        for name, top in (("steps", MAX_STEP), ("warmup_steps", MAX_STEP), ("eval_every", MAX_STEP),
-                          ("checkpoint_every", MAX_STEP), ("train_per_task", MAX_EXAMPLES),
-                          ("test_per_task", MAX_EXAMPLES), ("task_seed", MAX_SEED), ("shuffle_seed", MAX_SEED)):
+            check(
+                value >= low, name, lambda at, n=name, v=value, lo=low: f"{at_or_finetune(at)}{n} = {v} must be >= {lo}"
+            )
+        for name, top in (
+            ("steps", MAX_STEP),
+            ("warmup_steps", MAX_STEP),
+            ("eval_every", MAX_STEP),
+            ("checkpoint_every", MAX_STEP),
+            ("train_per_task", MAX_EXAMPLES),
+            ("test_per_task", MAX_EXAMPLES),
+            ("task_seed", MAX_SEED),
+            ("shuffle_seed", MAX_SEED),
+        ):
             value = getattr(self, name)
-            check(value <= top, name, lambda at, n=name, v=value, t=top: f"{at_or_finetune(at)}{n} = {v} must be <= {t}")
+            check(
+                value <= top, name, lambda at, n=name, v=value, t=top: f"{at_or_finetune(at)}{n} = {v} must be <= {t}"
+            )
         for name in ("lr", "weight_decay", "grad_clip"):
             value = getattr(self, name)
-            check(math.isfinite(value), name, lambda at, n=name, v=value: f"{at_or_finetune(at)}{n} = {v} must be a "
-                  "finite number")
+            check(
+                math.isfinite(value),
+                name,
+                lambda at, n=name, v=value: f"{at_or_finetune(at)}{n} = {v} must be a finite number",
+            )
         check(self.lr > 0, "lr", lambda at: f"{at_or_finetune(at)}lr = {self.lr} must be > 0")
         unknown = [t for t in self.tasks if t not in TASK_NAMES]
-        check(not unknown and bool(self.tasks) and len(set(self.tasks)) == len(self.tasks), "tasks",
-              lambda at: f"{at_or_finetune(at)}tasks {','.join(self.tasks) or '(none)'}: name each once, from "
-                         f"{', '.join(TASK_NAMES)}")
+        check(
+            not unknown and bool(self.tasks) and len(set(self.tasks)) == len(self.tasks),
+            "tasks",
+            lambda at: (
+                f"{at_or_finetune(at)}tasks {','.join(self.tasks) or '(none)'}: name each once, from "
+                f"{', '.join(TASK_NAMES)}"
+            ),
+        )
 
     def optim(self) -> OptimConfig:
         """AdamW with linear warmup, then cosine decay to lr / 10 at the last step."""
-        return OptimConfig(lr=self.lr, warmup_steps=self.warmup_steps, weight_decay=self.weight_decay,
-                           grad_clip=self.grad_clip, schedule_steps=max(self.steps, self.warmup_steps + 1),
-                           min_lr=self.lr / 10)
+        return OptimConfig(
+            lr=self.lr,
+            warmup_steps=self.warmup_steps,
+            weight_decay=self.weight_decay,
+            grad_clip=self.grad_clip,
+            schedule_steps=max(self.steps, self.warmup_steps + 1),
+            min_lr=self.lr / 10,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -143,8 +169,10 @@ class ExampleBatches:
     def batch(self, step: int, batch_size: int, shuffle_seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Training batch `step`: the next `batch_size` examples of the epochs' permutations."""
         first = step * batch_size
-        picks = [self._order(shuffle_seed, epoch)[i] for epoch, i in
-                 (divmod(n, len(self)) for n in range(first, first + batch_size))]
+        picks = [
+            self._order(shuffle_seed, epoch)[i]
+            for epoch, i in (divmod(n, len(self)) for n in range(first, first + batch_size))
+        ]
         return self.take(torch.stack(picks))
 
     def _order(self, shuffle_seed: int, epoch: int) -> torch.Tensor:
@@ -180,6 +208,10 @@ def evaluate(model: torch.nn.Module, tasks: Sequence[Task]) -> dict[str, list[in
 
 
 def data_order_fingerprint(settings: FinetuneSettings, tasks: Sequence[Task]) -> str:
-    order = {"algorithm": ORDER_ALGORITHM, "tasks": {t.name: t.fingerprint for t in tasks},
-             "batch_size": settings.batch_size, "shuffle_seed": settings.shuffle_seed}
+    order = {
+        "algorithm": ORDER_ALGORITHM,
+        "tasks": {t.name: t.fingerprint for t in tasks},
+        "batch_size": settings.batch_size,
+        "shuffle_seed": settings.shuffle_seed,
+    }
     return hashlib.sha256(json.dumps(order, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

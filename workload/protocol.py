@@ -67,10 +67,18 @@ class RunSettings:
     def __post_init__(self) -> None:
         for name, low in (("steps", 1), ("checkpoint_every", 0)):
             value = getattr(self, name)
-            typed_toml.check(value >= low, name, lambda at, n=name, v=value, lo=low: f"{at}{n} = {v} must be an "
-                             f"integer >= {lo}" + (" (0 = never)" if n == "checkpoint_every" else ""))
-        typed_toml.check(self.steps <= MAX_STEP, "steps", lambda at: f"{at}steps = {self.steps} must be in "
-                         f"1..{MAX_STEP} (the largest step a log records)")
+            typed_toml.check(
+                value >= low,
+                name,
+                lambda at, n=name, v=value, lo=low: (
+                    f"{at}{n} = {v} must be an integer >= {lo}" + (" (0 = never)" if n == "checkpoint_every" else "")
+                ),
+            )
+        typed_toml.check(
+            self.steps <= MAX_STEP,
+            "steps",
+            lambda at: f"{at}steps = {self.steps} must be in 1..{MAX_STEP} (the largest step a log records)",
+        )
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> RunSettings:

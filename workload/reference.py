@@ -21,11 +21,11 @@ import torch.nn.functional as F
 
 from tracer.determinism import configure_determinism
 from tracer.parallel import Layout
-from workload.reference_config import Config, OptimConfig
 from workload.data import TokenData
 from workload.model import Transformer
 from workload.model_parallel import Groups, clip_grad_norm, process_groups, reduce_gradients
 from workload.protocol import Workload
+from workload.reference_config import Config, OptimConfig
 
 
 @dataclass
@@ -111,9 +111,16 @@ def build(config: Config | Mapping[str, Any], device: str | torch.device = "cpu"
     model.to(device)
     data = TokenData(cfg.data)
     return Reference(
-        model=model, optimizer=make_optimizer(model, cfg.optim), config=cfg.to_dict(), seed=cfg.train.seed,
-        data_order_fingerprint=data.fingerprint, layout=groups.layout, grad_clip=cfg.optim.grad_clip,
-        cfg=cfg, data=data, groups=groups,
+        model=model,
+        optimizer=make_optimizer(model, cfg.optim),
+        config=cfg.to_dict(),
+        seed=cfg.train.seed,
+        data_order_fingerprint=data.fingerprint,
+        layout=groups.layout,
+        grad_clip=cfg.optim.grad_clip,
+        cfg=cfg,
+        data=data,
+        groups=groups,
     )
 
 

@@ -56,25 +56,48 @@ class ModelConfig:
         for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
             value = getattr(self, name)
             require(value >= 1, name, value, ">= 1")
-        check(self.vocab_size >= 256, "vocab_size",
-              lambda at: f"{at}vocab_size = {self.vocab_size} is too small for byte-level tokens; set it to 256")
-        check(self.dim % self.n_heads == 0, "dim",
-              lambda at: f"{at}dim = {self.dim} is not divisible by {at}n_heads = {self.n_heads}; "
-                         f"set {at}dim to a multiple of {self.n_heads}")
-        check(self.n_heads % self.n_kv_heads == 0, "n_kv_heads",
-              lambda at: f"{at}n_heads = {self.n_heads} is not divisible by {at}n_kv_heads = "
-                         f"{self.n_kv_heads}; set {at}n_kv_heads to a divisor of {self.n_heads}")
-        check((self.dim // self.n_heads) % 2 == 0, "dim",
-              lambda at: f"head size {at}dim / {at}n_heads = {self.dim // self.n_heads} is odd; "
-                         "rotary embeddings rotate pairs, so make it even")
+        check(
+            self.vocab_size >= 256,
+            "vocab_size",
+            lambda at: f"{at}vocab_size = {self.vocab_size} is too small for byte-level tokens; set it to 256",
+        )
+        check(
+            self.dim % self.n_heads == 0,
+            "dim",
+            lambda at: (
+                f"{at}dim = {self.dim} is not divisible by {at}n_heads = {self.n_heads}; "
+                f"set {at}dim to a multiple of {self.n_heads}"
+            ),
+        )
+        check(
+            self.n_heads % self.n_kv_heads == 0,
+            "n_kv_heads",
+            lambda at: (
+                f"{at}n_heads = {self.n_heads} is not divisible by {at}n_kv_heads = "
+                f"{self.n_kv_heads}; set {at}n_kv_heads to a divisor of {self.n_heads}"
+            ),
+        )
+        check(
+            (self.dim // self.n_heads) % 2 == 0,
+            "dim",
+            lambda at: (
+                f"head size {at}dim / {at}n_heads = {self.dim // self.n_heads} is odd; "
+                "rotary embeddings rotate pairs, so make it even"
+            ),
+        )
         for name in ("norm_eps", "rope_theta", "init_std"):
             value = getattr(self, name)
             require(0 < value < math.inf, name, value, "a finite number > 0")
-        check(self.parameters <= MAX_PARAMETERS, "dim",
-              lambda at: f"the model would have {self.parameters:,} parameters ({at}dim = {self.dim}, "
-                         f"{at}n_layers = {self.n_layers}, {at}ffn_hidden = {self.ffn_hidden}, "
-                         f"{at}vocab_size = {self.vocab_size}), over the {MAX_PARAMETERS:,} this reference workload "
-                         "builds; make them smaller, or trace your own model with --workload")
+        check(
+            self.parameters <= MAX_PARAMETERS,
+            "dim",
+            lambda at: (
+                f"the model would have {self.parameters:,} parameters ({at}dim = {self.dim}, "
+                f"{at}n_layers = {self.n_layers}, {at}ffn_hidden = {self.ffn_hidden}, "
+                f"{at}vocab_size = {self.vocab_size}), over the {MAX_PARAMETERS:,} this reference workload "
+                "builds; make them smaller, or trace your own model with --workload"
+            ),
+        )
 
     @property
     def parameters(self) -> int:
@@ -127,21 +150,34 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         require(0 < self.lr < math.inf, "lr", self.lr, "a finite number > 0")
-        check(all(0 <= b < 1 for b in self.betas), "betas",
-              lambda at: f"{at}betas = {list(self.betas)} must both lie in [0, 1)")
+        check(
+            all(0 <= b < 1 for b in self.betas),
+            "betas",
+            lambda at: f"{at}betas = {list(self.betas)} must both lie in [0, 1)",
+        )
         require(0 < self.eps < math.inf, "eps", self.eps, "a finite number > 0")
         for name in ("weight_decay", "grad_clip"):
             value = getattr(self, name)
             require(0 <= value < math.inf, name, value, "a finite number >= 0")
         for name in ("warmup_steps", "schedule_steps"):
             value = getattr(self, name)
-            require(0 <= value <= MAX_STEP, name, value, f"an integer in 0..{MAX_STEP} (the largest step a log records)")
+            require(
+                0 <= value <= MAX_STEP, name, value, f"an integer in 0..{MAX_STEP} (the largest step a log records)"
+            )
         check(0 <= self.momentum < 1, "momentum", lambda at: f"{at}momentum = {self.momentum} must lie in [0, 1)")
-        check(0 <= self.min_lr <= self.lr, "min_lr",
-              lambda at: f"{at}min_lr = {self.min_lr} must lie in [0, {at}lr = {self.lr}]")
-        check(self.schedule != "cosine" or self.schedule_steps > self.warmup_steps, "schedule_steps",
-              lambda at: f"{at}schedule_steps = {self.schedule_steps} must exceed {at}warmup_steps "
-                         f"= {self.warmup_steps} for a cosine schedule")
+        check(
+            0 <= self.min_lr <= self.lr,
+            "min_lr",
+            lambda at: f"{at}min_lr = {self.min_lr} must lie in [0, {at}lr = {self.lr}]",
+        )
+        check(
+            self.schedule != "cosine" or self.schedule_steps > self.warmup_steps,
+            "schedule_steps",
+            lambda at: (
+                f"{at}schedule_steps = {self.schedule_steps} must exceed {at}warmup_steps "
+                f"= {self.warmup_steps} for a cosine schedule"
+            ),
+        )
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step `step` (0-based): linear warmup, then the schedule."""
@@ -161,7 +197,9 @@ class TrainConfig:
     threads: int = 2  # intra-op threads: a different count changes reduction order
 
     def __post_init__(self) -> None:
-        require(0 <= self.seed <= MAX_SEED, "seed", self.seed, f"an integer in 0..{MAX_SEED} (what torch.manual_seed takes)")
+        require(
+            0 <= self.seed <= MAX_SEED, "seed", self.seed, f"an integer in 0..{MAX_SEED} (what torch.manual_seed takes)"
+        )
         check(self.threads >= 1, "threads", lambda at: f"{at}threads = {self.threads} must be >= 1")
 
 
@@ -195,21 +233,38 @@ class Config:
     run: RunSettings = field(default_factory=RunSettings)
 
     def __post_init__(self) -> None:
-        check(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
-              lambda at: f"{at}data.seq_len = {self.data.seq_len} exceeds {at}model.max_seq_len = "
-                         f"{self.model.max_seq_len}; lower {at}data.seq_len or raise {at}model.max_seq_len")
+        check(
+            self.data.seq_len <= self.model.max_seq_len,
+            "data.seq_len",
+            lambda at: (
+                f"{at}data.seq_len = {self.data.seq_len} exceeds {at}model.max_seq_len = "
+                f"{self.model.max_seq_len}; lower {at}data.seq_len or raise {at}model.max_seq_len"
+            ),
+        )
         p, m = self.parallel, self.model
-        check(self.data.batch_size % p.dp == 0, "parallel.dp",
-              lambda at: f"{at}data.batch_size = {self.data.batch_size} is not divisible by {at}parallel.dp = "
-                         f"{p.dp}; each replica takes an equal share of every microbatch")
+        check(
+            self.data.batch_size % p.dp == 0,
+            "parallel.dp",
+            lambda at: (
+                f"{at}data.batch_size = {self.data.batch_size} is not divisible by {at}parallel.dp = "
+                f"{p.dp}; each replica takes an equal share of every microbatch"
+            ),
+        )
 
         def split_by_tp(key: str, value: int) -> None:
-            check(value % p.tp == 0, "parallel.tp",
-                  lambda at: f"{at}{key} = {value} is not divisible by {at}parallel.tp = {p.tp}; "
-                             "choose a tp that divides it")
+            check(
+                value % p.tp == 0,
+                "parallel.tp",
+                lambda at: (
+                    f"{at}{key} = {value} is not divisible by {at}parallel.tp = {p.tp}; choose a tp that divides it"
+                ),
+            )
 
-        for key, value in (("model.n_heads", m.n_heads), ("model.n_kv_heads", m.n_kv_heads),
-                           ("model.ffn_hidden", m.ffn_hidden)) + ((("data.seq_len", self.data.seq_len),) if p.sp else ()):
+        for key, value in (
+            ("model.n_heads", m.n_heads),
+            ("model.n_kv_heads", m.n_kv_heads),
+            ("model.ffn_hidden", m.ffn_hidden),
+        ) + ((("data.seq_len", self.data.seq_len),) if p.sp else ()):
             split_by_tp(key, value)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

@@ -57,8 +57,16 @@ class Sharpness:
     microbatch: int = 0  # index of the microbatch whose loss it is
 
 
-def sharpness(w: Workload, step: int, *, iterations: int = 20, tol: float = 1e-3, seed: int = 0,
-              method: str = "auto", fd_eps: float = 1e-4) -> Sharpness:
+def sharpness(
+    w: Workload,
+    step: int,
+    *,
+    iterations: int = 20,
+    tol: float = 1e-3,
+    seed: int = 0,
+    method: str = "auto",
+    fd_eps: float = 1e-4,
+) -> Sharpness:
     """The top Hessian eigenvalue of ``w``'s loss on step ``step``'s first microbatch, at the current parameters.
 
     ``method``: "auto" (exact, finite differences if double backward fails), EXACT or FINITE_DIFFERENCE;
@@ -132,7 +140,9 @@ def _tridiagonal(alphas: list[float], betas: list[float]) -> torch.Tensor:
 
 
 @contextmanager
-def _exact_hvp(loss: Callable[[], torch.Tensor], params: Sequence[torch.Tensor]) -> Iterator[Callable[[Vector], Vector]]:
+def _exact_hvp(
+    loss: Callable[[], torch.Tensor], params: Sequence[torch.Tensor]
+) -> Iterator[Callable[[Vector], Vector]]:
     """H v by double backward through one graph of the gradient, kept for every product."""
     with sdpa_kernel([SDPBackend.MATH]):
         grads = torch.autograd.grad(loss(), params, create_graph=True)
@@ -144,8 +154,9 @@ def _exact_hvp(loss: Callable[[], torch.Tensor], params: Sequence[torch.Tensor])
         yield hvp
 
 
-def _finite_difference_hvp(loss: Callable[[], torch.Tensor], params: Sequence[torch.Tensor],
-                           rel_eps: float) -> Callable[[Vector], Vector]:
+def _finite_difference_hvp(
+    loss: Callable[[], torch.Tensor], params: Sequence[torch.Tensor], rel_eps: float
+) -> Callable[[Vector], Vector]:
     """H v by central differences of gradients; the parameters are copied back bit for bit after each."""
     eps = rel_eps * max(_norm([p.detach() for p in params]), 1.0)
 

@@ -74,8 +74,9 @@ class QueryLibrary:
                 columns = [d[0] for d in cursor.description]
                 return Result(columns, cursor.fetchall())
             except duckdb.Error as exc:
-                raise ValidationError(f"{db_path}: the query failed: {duckdb_message(exc)}{_later_table_hint(exc)}"
-                                      ) from None
+                raise ValidationError(
+                    f"{db_path}: the query failed: {duckdb_message(exc)}{_later_table_hint(exc)}"
+                ) from None
         finally:
             con.close()
 
@@ -93,8 +94,10 @@ class QueryLibrary:
 
 
 # Tables that `sdc diff` does not create: a command loads them into a study database later.
-LOADED_LATER = {"incident_signatures": "sdc incident load BUNDLE --db DB",
-                "incident_verdicts": "sdc incident load BUNDLE --db DB"}
+LOADED_LATER = {
+    "incident_signatures": "sdc incident load BUNDLE --db DB",
+    "incident_verdicts": "sdc incident load BUNDLE --db DB",
+}
 
 
 def _later_table_hint(exc: duckdb.Error) -> str:
@@ -116,9 +119,7 @@ def _check_read_only(con: duckdb.DuckDBPyConnection, text: str) -> None:
         raise UsageError(f"expected one SQL statement, found {len(statements)}; run them one at a time")
     kind = statements[0].type
     if kind not in _ALLOWED:
-        raise UsageError(
-            f"refused a {kind.name} statement: queries are read-only, only SELECT (or EXPLAIN) runs here"
-        )
+        raise UsageError(f"refused a {kind.name} statement: queries are read-only, only SELECT (or EXPLAIN) runs here")
 
 
 LIBRARY = QueryLibrary(resources.files(__name__))

@@ -34,23 +34,37 @@ COMMANDS = (
     Command("record", "sdc.commands.record", "train and record a fingerprinted run"),
     Command("inspect", "sdc.commands.inspect", "summarise a recorded run"),
     Command("verify-determinism", "sdc.commands.verify", "run a config twice and check the two runs are bit-identical"),
-    Command("replay", "sdc.commands.replay",
-            "replay steps of a golden run on a suspect executor (param-sync or lockstep)"),
-    Command("incident", "sdc.commands.incident",
-            "capture a divergent site into a bundle for the vendor (reproduce.py, safetensors, defect signature)"),
-    Command("faults", "sdc.commands.faults",
-            "list or print the shipped fault profiles, or draw a fleet of unhealthy nodes"),
+    Command(
+        "replay", "sdc.commands.replay", "replay steps of a golden run on a suspect executor (param-sync or lockstep)"
+    ),
+    Command(
+        "incident",
+        "sdc.commands.incident",
+        "capture a divergent site into a bundle for the vendor (reproduce.py, safetensors, defect signature)",
+    ),
+    Command(
+        "faults", "sdc.commands.faults", "list or print the shipped fault profiles, or draw a fleet of unhealthy nodes"
+    ),
     Command("diff", "sdc.commands.diff", "diff a pair of runs into a DuckDB study database (an Apache Beam job)"),
-    Command("certify", "sdc.commands.certify",
-            "name the last checkpoint of a run that matched a golden run (or its replicas), to resume from"),
-    Command("watch", "sdc.commands.watch",
-            "compare two runs while they are recorded and report their first divergence live"),
+    Command(
+        "certify",
+        "sdc.commands.certify",
+        "name the last checkpoint of a run that matched a golden run (or its replicas), to resume from",
+    ),
+    Command(
+        "watch", "sdc.commands.watch", "compare two runs while they are recorded and report their first divergence live"
+    ),
     Command("finetune", "sdc.commands.finetune", "fine-tune a recorded run on multiple-choice QA tasks, traced"),
-    Command("query", "sdc.commands.query",
-            "run a named query (RQ1-RQ3, summary) or one SELECT on a study database"),
+    Command("query", "sdc.commands.query", "run a named query (RQ1-RQ3, summary) or one SELECT on a study database"),
     Command("report", "sdc.commands.report", "write PNG plots and an index.html of a study database"),
-    Command("study", "sdc.commands.study",
-            "run a whole study from a study file (nodes, fault profiles, model, replay window, fine-tuning)"),
-    Command("demo", "sdc.commands.demo",
-            "run the shipped demo study: a golden node and four emulated ones, end to end, no download"),
+    Command(
+        "study",
+        "sdc.commands.study",
+        "run a whole study from a study file (nodes, fault profiles, model, replay window, fine-tuning)",
+    ),
+    Command(
+        "demo",
+        "sdc.commands.demo",
+        "run the shipped demo study: a golden node and four emulated ones, end to end, no download",
+    ),
 )

@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from tracer.errors import ConfigError
-from workload.reference_config import MAX_SEED, load_config, shipped_configs
 from workload.protocol import load_workload_config
+from workload.reference_config import MAX_SEED, load_config, shipped_configs
 
 
 def seed(text: str) -> int:
@@ -60,13 +60,22 @@ def add_device_option(p: argparse.ArgumentParser) -> None:
 
 def add_parallel_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("ranks (tensor-, sequence- and data-parallel, on this machine)")
-    g.add_argument("--nproc", type=int, metavar="N",
-                   help="ranks to launch, one process each on gloo; N = dp * tp (default: the config's layout, 1)")
+    g.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="ranks to launch, one process each on gloo; N = dp * tp (default: the config's layout, 1)",
+    )
     g.add_argument("--tp", type=int, metavar="T", help="tensor-parallel ranks per replica (parallel.tp; default 1)")
     g.add_argument("--sp", action="store_true", help="sequence parallelism inside each tensor-parallel group")
     g.add_argument("--dp", type=int, metavar="D", help="data-parallel replicas (parallel.dp; default N / T)")
-    g.add_argument("--rank-timeout", type=float, default=300.0, metavar="S",
-                   help="seconds a rank may wait in one collective before the job fails (default 300)")
+    g.add_argument(
+        "--rank-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds a rank may wait in one collective before the job fails (default 300)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], int]:

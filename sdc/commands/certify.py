@@ -48,18 +48,25 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
             "Prints the checkpoint's directory, RUN/checkpoints/step-NNNNNN, alone on stdout, and its step and "
             "what limited it on stderr; exit 0. Exit 1 with a one-line reason when no checkpoint is clean; exit 2 "
             "when there is nothing to certify against (no --golden and no replicas compared). Resume from it: "
-            "sdc record --out NEW --resume-from \"$(sdc certify RUN --golden G)\" (docs/replay.md). The diff runs "
+            'sdc record --out NEW --resume-from "$(sdc certify RUN --golden G)" (docs/replay.md). The diff runs '
             "on Beam's default runner (use sdc diff with its Beam options, then --db, for another)."
         ),
     )
     p.add_argument("run", metavar="RUN", help="the run directory whose checkpoints to certify")
     p.add_argument("--golden", metavar="G", help="a healthy recording of the same training to compare RUN with")
-    p.add_argument("--db", type=Path, metavar="FILE",
-                   help="a study database: used as it is when it already holds the pair (`sdc diff --golden G "
-                        "--suspect RUN`), else the pair is diffed into it; default: a temporary one")
-    p.add_argument("--skip-corrupt", action="store_true",
-                   help="diff what is readable (sdc diff --skip-corrupt): a checkpoint after a damaged or missing "
-                        "part of either log is never certified, one before it can be; default: fail on corruption")
+    p.add_argument(
+        "--db",
+        type=Path,
+        metavar="FILE",
+        help="a study database: used as it is when it already holds the pair (`sdc diff --golden G "
+        "--suspect RUN`), else the pair is diffed into it; default: a temporary one",
+    )
+    p.add_argument(
+        "--skip-corrupt",
+        action="store_true",
+        help="diff what is readable (sdc diff --skip-corrupt): a checkpoint after a damaged or missing "
+        "part of either log is never certified, one before it can be; default: fail on corruption",
+    )
     p.set_defaults(handler=run)
 
 
@@ -77,8 +84,13 @@ def run(args: argparse.Namespace) -> int:
 
     cert = against_golden(args) if args.golden is not None else against_replicas(Path(args.run))
     if cert is None:
-        print(printable(f"sdc certify: nothing to certify {args.run} against: it compared no replicas (recorded "
-                        "without Guard(replicas=...) or on one rank); give --golden RUN"), file=sys.stderr)
+        print(
+            printable(
+                f"sdc certify: nothing to certify {args.run} against: it compared no replicas (recorded "
+                "without Guard(replicas=...) or on one rank); give --golden RUN"
+            ),
+            file=sys.stderr,
+        )
         return EXIT_NOTHING_TO_COMPARE
     if cert.step is None:
         print(printable(f"sdc certify: no clean checkpoint in {args.run}: {cert.reason}"), file=sys.stderr)
@@ -116,8 +128,11 @@ def loaded_pair(db: Path, golden: str, suspect: str) -> str | None:
         ids.append(LogReader(rank_dir(Path(run), ranks[0]), on_corruption="skip").header.run_id)
     con = open_read_only(db)
     try:
-        row = con.execute("SELECT pair_id FROM pairs WHERE golden_run_id = ? AND suspect_run_id = ? "
-                          "ORDER BY created_unix DESC LIMIT 1", ids).fetchone()
+        row = con.execute(
+            "SELECT pair_id FROM pairs WHERE golden_run_id = ? AND suspect_run_id = ? "
+            "ORDER BY created_unix DESC LIMIT 1",
+            ids,
+        ).fetchone()
     finally:
         con.close()
     return None if row is None else str(row[0])
@@ -130,8 +145,9 @@ def clean_checkpoint_rows(db: Path, pair_id: str) -> list[dict[str, Any]]:
 
     con = open_read_only(db)
     try:
-        cursor = con.execute(f"SELECT * FROM ({queries.sql('last_clean_checkpoint')}) WHERE pair_id = ? ORDER BY rank",
-                             [pair_id])
+        cursor = con.execute(
+            f"SELECT * FROM ({queries.sql('last_clean_checkpoint')}) WHERE pair_id = ? ORDER BY rank", [pair_id]
+        )
         columns = [d[0] for d in cursor.description]
         return [dict(zip(columns, row)) for row in cursor.fetchall()]
     finally:
@@ -145,13 +161,17 @@ def certificate_of(rows: list[Mapping[str, Any]], golden: str) -> Certificate:
     first = min(rows, key=lambda r: (r["verified_until"], r["rank"]))
     until, what = first["verified_until"], first["limited_by"]
     if what == "divergence":
-        why = (f"rank {first['rank']} diverged from {golden} at step {until} "
-               f"({first['first_name']} {first['first_phase']})")
+        why = (
+            f"rank {first['rank']} diverged from {golden} at step {until} "
+            f"({first['first_name']} {first['first_phase']})"
+        )
     elif what == "loss":
         why = f"rank {first['rank']}'s loss differs from {golden}'s at step {until}"
     elif what == "lost":
-        why = (f"rank {first['rank']}'s steps from {until} on could not be read in one of the runs (a damaged or "
-               "missing log segment)")
+        why = (
+            f"rank {first['rank']}'s steps from {until} on could not be read in one of the runs (a damaged or "
+            "missing log segment)"
+        )
     else:
         why = f"every record matched {golden} through step {until - 1}, the last step both runs hold"
     step = rows[0]["run_certified_step"]
@@ -160,8 +180,11 @@ def certificate_of(rows: list[Mapping[str, Any]], golden: str) -> Certificate:
     held = sorted(set.intersection(*(set(r["checkpoints"] or ()) for r in rows)))
     if not held:
         return Certificate(None, f"{why}; the two runs hold no common checkpoint that could be read")
-    return Certificate(None, f"{why}, before the first checkpoint that matches golden "
-                             f"(checkpoints both runs hold: steps {', '.join(map(str, held))})")
+    return Certificate(
+        None,
+        f"{why}, before the first checkpoint that matches golden "
+        f"(checkpoints both runs hold: steps {', '.join(map(str, held))})",
+    )
 
 
 # -- against the run's own replicas ----------------------------------------------------------------------------------
@@ -194,18 +217,23 @@ def against_replicas(run: Path) -> Certificate | None:
         for rec in reader.records():
             if isinstance(rec, EventRecord) and rec.kind == "step":
                 done.add(rec.step)
-            elif isinstance(rec, EventRecord) and rec.kind == "replicas" and (disagreed is None or rec.step < disagreed):
+            elif (
+                isinstance(rec, EventRecord) and rec.kind == "replicas" and (disagreed is None or rec.step < disagreed)
+            ):
                 disagreed, detail = rec.step, str(rec.fields.get("detail", ""))
         prefixes.append(next(k for k in range(len(done) + 1) if k not in done))
     completed = min(prefixes)
     if disagreed is not None and disagreed < completed:
         until, why = disagreed, f"the replicas disagreed at step {disagreed}: {detail}"
     else:
-        until, why = completed, (f"the replicas agreed at every step through step {completed - 1}, the last every "
-                                 "rank completed")
+        until, why = (
+            completed,
+            (f"the replicas agreed at every step through step {completed - 1}, the last every rank completed"),
+        )
     held = set.intersection(*(set(list_step_checkpoints(run, rank)) for rank in ranks))
     usable = [step for step in held if step <= until]
     if not usable:
-        return Certificate(None, f"{why}, before the first checkpoint every rank holds"
-                                 f" ({min(held) if held else 'none'})")
+        return Certificate(
+            None, f"{why}, before the first checkpoint every rank holds ({min(held) if held else 'none'})"
+        )
     return Certificate(max(usable), why)

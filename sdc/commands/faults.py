@@ -41,13 +41,27 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
             "defects in one unit each, with outcome shares taken from published GPU measurements."
         ),
     )
-    fl.add_argument("--model", choices=MODELS, default=FleetSpec.model,
-                    help="the fleet model: study (calibrated around the reference study, the default) or hardware "
-                         "(parameters from published GPU SDC measurements; docs/fleet.md cites each)")
-    fl.add_argument("--nodes", type=int, default=FleetSpec.nodes, metavar="N",
-                    help=f"nodes in the fleet, 1..{MAX_NODES} (default: {FleetSpec.nodes})")
-    fl.add_argument("--seed", type=seed, default=FleetSpec.seed, metavar="S",
-                    help=f"the seed of every draw (default: {FleetSpec.seed}, the study model's calibrated fleet)")
+    fl.add_argument(
+        "--model",
+        choices=MODELS,
+        default=FleetSpec.model,
+        help="the fleet model: study (calibrated around the reference study, the default) or hardware "
+        "(parameters from published GPU SDC measurements; docs/fleet.md cites each)",
+    )
+    fl.add_argument(
+        "--nodes",
+        type=int,
+        default=FleetSpec.nodes,
+        metavar="N",
+        help=f"nodes in the fleet, 1..{MAX_NODES} (default: {FleetSpec.nodes})",
+    )
+    fl.add_argument(
+        "--seed",
+        type=seed,
+        default=FleetSpec.seed,
+        metavar="S",
+        help=f"the seed of every draw (default: {FleetSpec.seed}, the study model's calibrated fleet)",
+    )
     fl.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write the fleet into")
     fl.add_argument("--overwrite", action="store_true", help="write into --out even if it is not empty")
     fl.set_defaults(handler=run_fleet)

@@ -58,8 +58,10 @@ def _state(s: RankSummary) -> str:
         steps = st.lost_steps
         first = "?" if steps is None or steps[0] is None else steps[0]
         last = "end" if steps is None or steps[1] is None else steps[1]
-        state += (f"; skipped corrupt data: lost: {st.lost_bytes} bytes, at least {st.lost_records} records, "
-                  f"steps {first}..{last} incomplete")
+        state += (
+            f"; skipped corrupt data: lost: {st.lost_bytes} bytes, at least {st.lost_records} records, "
+            f"steps {first}..{last} incomplete"
+        )
     others = [c for c in st.corruptions if not any(r.file == c[0] and r.start == c[1] for r in st.lost)]
     if others:
         more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
@@ -92,7 +94,7 @@ def _as_dict(s: RankSummary) -> dict:
 
 def _as_text(run: Path, s: RankSummary) -> str:
     h = s.header
-    created = dt.datetime.fromtimestamp(h.created_unix, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    created = dt.datetime.fromtimestamp(h.created_unix, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     steps = f"{min(s.steps)}..{max(s.steps)} ({_plural(len(s.steps), 'step')})" if s.steps else "none"
     det = h.determinism
     lines = [

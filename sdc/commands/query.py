@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
             "statements that would write (DELETE, CREATE, ATTACH, COPY ... TO, INSTALL, ...) are refused."
         ),
         epilog="Examples: sdc query --list; sdc query summary --db study.duckdb; "
-               "sdc query --sql 'SELECT * FROM loss_spikes' --db study.duckdb --format csv",
+        "sdc query --sql 'SELECT * FROM loss_spikes' --db study.duckdb --format csv",
     )
     p.add_argument("name", nargs="?", metavar="NAME", help="a named query (see --list)")
     p.add_argument("--sql", metavar="SELECT", help="run this one SELECT statement instead of a named query")
@@ -32,8 +32,8 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
         choices=("table", "csv", "json"),
         default="table",
         help="table: aligned, floats to 4 significant digits (default); csv, json: every digit, for programs. Table "
-             "and csv escape control characters (ANSI escapes, \\r, ...); every DuckDB type has one JSON form "
-             "(ISO 8601 times and durations, base64 BLOBs, UUIDs as strings: analysis/formats.py)",
+        "and csv escape control characters (ANSI escapes, \\r, ...); every DuckDB type has one JSON form "
+        "(ISO 8601 times and durations, base64 BLOBs, UUIDs as strings: analysis/formats.py)",
     )
     p.set_defaults(handler=run)
 

@@ -9,9 +9,9 @@ import argparse
 from pathlib import Path
 
 from jobs.replay import golden_header, replay
+from replay.request import MODES, ReplayRequest, parse_steps, suspect_from_profile, suspect_from_run
 from sdc.commands import Command
 from sdc.commands._common import seed
-from replay.request import MODES, ReplayRequest, parse_steps, suspect_from_profile, suspect_from_run
 from tracer.compare import compare_runs
 from tracer.errors import UsageError
 
@@ -33,8 +33,12 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     )
     p.add_argument("--golden", required=True, type=Path, metavar="RUN", help="the healthy run (with checkpoints)")
     who = p.add_mutually_exclusive_group(required=True)
-    who.add_argument("--suspect", type=Path, metavar="RUN", help="the suspect node's recorded run (must pair with --golden)")
-    who.add_argument("--fault-profile", metavar="PROFILE", help="emulate a node with this fault profile (see `sdc faults list`)")
+    who.add_argument(
+        "--suspect", type=Path, metavar="RUN", help="the suspect node's recorded run (must pair with --golden)"
+    )
+    who.add_argument(
+        "--fault-profile", metavar="PROFILE", help="emulate a node with this fault profile (see `sdc faults list`)"
+    )
     p.add_argument("--fault-seed", type=seed, default=0, metavar="S", help="seed for --fault-profile (default 0)")
     p.add_argument("--steps", metavar="A:B", help="steps to replay, stop exclusive (e.g. 10:20) or one step")
     p.add_argument(
@@ -43,7 +47,9 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
         help="replay around the first step where --golden and --suspect differ (instead of --steps)",
     )
     p.add_argument("--window", type=int, default=1, metavar="N", help="with --at-first-divergence: N steps either side")
-    p.add_argument("--mode", choices=MODES, default="lockstep", help="param-sync (RQ2) or lockstep (RQ1); default lockstep")
+    p.add_argument(
+        "--mode", choices=MODES, default="lockstep", help="param-sync (RQ2) or lockstep (RQ1); default lockstep"
+    )
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the replay log")
     p.add_argument(
         "--golden-from",
@@ -58,11 +64,20 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
         "needed for runs not recorded with the reference workload. Code is imported only from what you name here",
     )
     p.add_argument("--overwrite", action="store_true", help="replace a replay already in --out")
-    p.add_argument("--nproc", type=int, metavar="N",
-                   help="ranks to replay on: the golden run's world size, which is the default (a replay runs every "
-                   "rank of the golden run, each with its own shard, checkpoints and log)")
-    p.add_argument("--rank-timeout", type=float, default=300.0, metavar="S",
-                   help="multi-rank runs: seconds a rank may wait in one collective before the replay fails")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="ranks to replay on: the golden run's world size, which is the default (a replay runs every "
+        "rank of the golden run, each with its own shard, checkpoints and log)",
+    )
+    p.add_argument(
+        "--rank-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="multi-rank runs: seconds a rank may wait in one collective before the replay fails",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
 
@@ -87,21 +102,35 @@ def run(args: argparse.Namespace) -> int:
     else:
         steps = parse_steps(args.steps)
     request = ReplayRequest(
-        golden=args.golden, out=args.out, steps=steps, suspect=suspect, mode=args.mode,
-        golden_from=args.golden_from, workload=args.workload, overwrite=args.overwrite, progress=not args.quiet,
+        golden=args.golden,
+        out=args.out,
+        steps=steps,
+        suspect=suspect,
+        mode=args.mode,
+        golden_from=args.golden_from,
+        workload=args.workload,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
         clip=args.at_first_divergence,
     )
     summaries = replay(request, golden, rank_timeout_s=args.rank_timeout)
     n = len(summaries)
     checked = sum(s.checked for s in summaries)
-    print(f"replayed {len(summaries[0].steps)} step(s) in {args.mode} mode on {suspect.label}, {n} rank(s) "
-          f"({checked:,} golden fingerprints verified, {summaries[0].wall_s:.1f} s) -> {args.out}")
+    print(
+        f"replayed {len(summaries[0].steps)} step(s) in {args.mode} mode on {suspect.label}, {n} rank(s) "
+        f"({checked:,} golden fingerprints verified, {summaries[0].wall_s:.1f} s) -> {args.out}"
+    )
     for rank, summary in enumerate(summaries):
         for r in summary.steps:
-            detail = (f"worst site mismatch frequency {r.worst_frequency:.3g}" if args.mode == "lockstep"
-                      else f"noise-to-signal {r.noise:.3g}")
+            detail = (
+                f"worst site mismatch frequency {r.worst_frequency:.3g}"
+                if args.mode == "lockstep"
+                else f"noise-to-signal {r.noise:.3g}"
+            )
             where = f"rank {rank} " if n > 1 else ""
-            print(f"  {where}step {r.step:>5}: {detail}; loss golden {r.golden_loss:.6f} "
-                  f"suspect {r.suspect_loss:.6f}; {r.faults} injected fault(s)")
+            print(
+                f"  {where}step {r.step:>5}: {detail}; loss golden {r.golden_loss:.6f} "
+                f"suspect {r.suspect_loss:.6f}; {r.faults} injected fault(s)"
+            )
     print(f"next: sdc inspect {args.out}")
     return 0

@@ -23,9 +23,13 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
         ),
     )
     p.add_argument("--db", required=True, type=Path, metavar="FILE", help="the study database written by `sdc diff`")
-    p.add_argument("--out", required=True, type=Path, metavar="DIR",
-                   help="folder for index.html and the PNGs (created; a folder holding files sdctrace did not "
-                        "write is refused)")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="folder for index.html and the PNGs (created; a folder holding files sdctrace did not write is refused)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
@@ -47,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(args.out, ignore_errors=True)
         raise
     missing = sum(len(s.notes) for s in report.sections)
-    print(f"wrote {report.index} with {len(report.images)} plot(s)"
-          + (f"; {missing} part(s) without data, see the notes in the page" if missing else ""))
+    print(
+        f"wrote {report.index} with {len(report.images)} plot(s)"
+        + (f"; {missing} part(s) without data, see the notes in the page" if missing else "")
+    )
     return 0

@@ -36,12 +36,19 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
 def add_study_options(p: argparse.ArgumentParser, default_out: str | None) -> None:
     where = f"default: ./{default_out}" if default_out else "default: ./<study name>"
     p.add_argument("--out", type=Path, metavar="DIR", default=default_out, help=f"output directory ({where})")
-    p.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
-                   help="override one value of the study's training config, e.g. --set run.steps=20 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override one value of the study's training config, e.g. --set run.steps=20 (repeatable)",
+    )
     again = p.add_mutually_exclusive_group()
     again.add_argument("--overwrite", action="store_true", help="replace a study already in --out")
-    again.add_argument("--resume", action="store_true",
-                       help="finish a study that stopped: skip the jobs it finished, redo the rest")
+    again.add_argument(
+        "--resume", action="store_true", help="finish a study that stopped: skip the jobs it finished, redo the rest"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -61,14 +68,16 @@ def run_fleet(fleet: FleetStudy, args: argparse.Namespace) -> int:
 
     out = args.out if args.out is not None else Path(fleet.name)
     print(f"fleet study {fleet.name}: {fleet.description or fleet.source}")
-    print(f"  {fleet.fleets[0].nodes} unhealthy nodes from each fleet model ({', '.join(fleet.models)}; seed {fleet.fleets[0].seed}); experiments "
-          f"rq1 ({fleet.rq1.config}, lockstep), rq2 ({fleet.rq2.config}, param-sync), rq3 ({fleet.rq3.config}, "
-          f"pretraining{' and fine-tuning' if fleet.finetune else ''}); output in {out}/")
+    print(
+        f"  {fleet.fleets[0].nodes} unhealthy nodes from each fleet model ({', '.join(fleet.models)}; "
+        f"seed {fleet.fleets[0].seed}); experiments "
+        f"rq1 ({fleet.rq1.config}, lockstep), rq2 ({fleet.rq2.config}, param-sync), rq3 ({fleet.rq3.config}, "
+        f"pretraining{' and fine-tuning' if fleet.finetune else ''}); output in {out}/"
+    )
     result = run_fleet_study(fleet, out, overwrite=args.overwrite, resume=args.resume, progress=not args.quiet)
     print()
     print(result.paths.reproduction.read_text(encoding="utf-8"))
-    print(f"fleet study {fleet.name} finished in {result.wall_s / 60:.1f} min; each job's output is in "
-          f"{out}/study.log")
+    print(f"fleet study {fleet.name} finished in {result.wall_s / 60:.1f} min; each job's output is in {out}/study.log")
     for part in result.parts:
         print(f"  {part}: database {result.paths.part(part).db}, report {result.paths.part(part).report}/index.html")
     print(f"  reproduction: {result.paths.reproduction} and {result.paths.report}/index.html")
@@ -92,5 +101,5 @@ def run_loaded(study: Study, args: argparse.Namespace) -> int:
     print("  sdc query --list")
     print(f"  sdc query rq1_mismatch_by_site --db {db}")
     print(f"  sdc query rq3_drift_and_loss --db {db} --format csv")
-    print(f"  sdc query --sql \"SELECT * FROM first_divergence\" --db {db}")
+    print(f'  sdc query --sql "SELECT * FROM first_divergence" --db {db}')
     return 0

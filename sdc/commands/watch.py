@@ -64,16 +64,34 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     )
     p.add_argument("--golden", required=True, type=Path, metavar="RUN", help="the trusted run's directory")
     p.add_argument("--suspect", required=True, type=Path, metavar="RUN", help="the run under test's directory")
-    p.add_argument("--keep-going", action="store_true",
-                   help="after a divergence, keep following and report each further diverging step once "
-                   "(exit status 3 at the end)")
-    p.add_argument("--idle-timeout", type=float, default=600.0, metavar="S",
-                   help="give up when nothing new came and no writer ran for S seconds (default 600): a run "
-                   "that does not start, or crashed and is not resumed")
-    p.add_argument("--max-pending", type=int, default=MAX_PENDING, metavar="N",
-                   help=f"records held for the other run at most (default {MAX_PENDING:,}); more is an error")
-    p.add_argument("--progress-every", type=float, default=10.0, metavar="S",
-                   help="seconds between progress lines (default 10; 0: every compared step)")
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="after a divergence, keep following and report each further diverging step once "
+        "(exit status 3 at the end)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="give up when nothing new came and no writer ran for S seconds (default 600): a run "
+        "that does not start, or crashed and is not resumed",
+    )
+    p.add_argument(
+        "--max-pending",
+        type=int,
+        default=MAX_PENDING,
+        metavar="N",
+        help=f"records held for the other run at most (default {MAX_PENDING:,}); more is an error",
+    )
+    p.add_argument(
+        "--progress-every",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds between progress lines (default 10; 0: every compared step)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -95,8 +113,10 @@ class WatchOptions:
 
 def _render(d: Divergence) -> str:
     """What watch prints of a divergence: where, then each run's record with its stats."""
-    head = f"DIVERGENCE at step {d.step}, rank {d.rank}, {describe_microbatch(d.microbatch)}: {d.name} " \
-           f"{d.phase.name.lower()}"
+    head = (
+        f"DIVERGENCE at step {d.step}, rank {d.rank}, {describe_microbatch(d.microbatch)}: {d.name} "
+        f"{d.phase.name.lower()}"
+    )
     sides = zip(SIDES, (d.golden, d.suspect))
     return "\n".join([head, *(f"  {side:<8}{_stats(rec)}" for side, rec in sides)])
 
@@ -104,8 +124,10 @@ def _render(d: Divergence) -> str:
 def _stats(rec: TensorRecord | None) -> str:
     if rec is None:
         return "(no such record: only the other run holds it)"
-    return (f"fingerprint {rec.fingerprint:016x}  l2 {rec.l2:.9g}  absmax {rec.absmax:.9g}  nan {rec.nan}  "
-            f"inf {rec.inf}  {rec.meta}")
+    return (
+        f"fingerprint {rec.fingerprint:016x}  l2 {rec.l2:.9g}  absmax {rec.absmax:.9g}  nan {rec.nan}  "
+        f"inf {rec.inf}  {rec.meta}"
+    )
 
 
 class Matcher:
@@ -198,15 +220,23 @@ class _Follow:
 class Watch:
     """Follow the golden and suspect runs to their ends, comparing as records arrive; `run` returns the exit status."""
 
-    def __init__(self, golden: Path, suspect: Path, options: WatchOptions = WatchOptions(),
-                 out: TextIO | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        golden: Path,
+        suspect: Path,
+        options: WatchOptions = WatchOptions(),
+        out: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.runs = (Path(golden), Path(suspect))
         self.options = options
         self.out = out or sys.stdout
         self.clock = clock
         self.matcher = Matcher(options.max_pending)
-        self.follows: tuple[dict[int, _Follow], dict[int, _Follow]] = ({0: _Follow(self.runs[0], 0)},
-                                                                       {0: _Follow(self.runs[1], 0)})
+        self.follows: tuple[dict[int, _Follow], dict[int, _Follow]] = (
+            {0: _Follow(self.runs[0], 0)},
+            {0: _Follow(self.runs[1], 0)},
+        )
         self.paired = False
         self._said_waiting = False
         self.divergences = 0
@@ -227,8 +257,10 @@ class Watch:
                     got = got or bool(items)
                     for item in items:
                         if self._take(side, rank, item) and not self.options.keep_going:
-                            self._say(f"sdc watch: the runs diverged at step {self._first_step()}; exit status "
-                                      f"{EXIT_DIVERGED}")
+                            self._say(
+                                f"sdc watch: the runs diverged at step {self._first_step()}; exit status "
+                                f"{EXIT_DIVERGED}"
+                            )
                             return EXIT_DIVERGED
             self._writers()
             self._progress()
@@ -261,8 +293,10 @@ class Watch:
             return False
         if isinstance(item, LostRange):
             self.matcher.lost(side, rank, item)
-            self._say(f"{SIDES[side]} rank {rank}: {item.records} record(s) lost to corruption in {item.file} at byte "
-                      f"{item.start} (steps {item.first_step}..{item.last_step}); not compared")
+            self._say(
+                f"{SIDES[side]} rank {rank}: {item.records} record(s) lost to corruption in {item.file} at byte "
+                f"{item.start} (steps {item.first_step}..{item.last_step}); not compared"
+            )
             return False
         rec = item.record
         f.step = max(f.step, rec.step)
@@ -278,8 +312,10 @@ class Watch:
         """A writer restarted from a checkpoint: its records from there on come again, and are compared again
         with the other run's, which are read again from that step."""
         crashed = f" (it had completed step {r.last_step})" if r.last_step is not None else ""
-        self._say(f"{SIDES[side]} rank {rank}: resumed from the checkpoint of step {r.step}{crashed}; steps from "
-                  f"{r.step} on are compared again")
+        self._say(
+            f"{SIDES[side]} rank {rank}: resumed from the checkpoint of step {r.step}{crashed}; steps from "
+            f"{r.step} on are compared again"
+        )
         self.matcher.forget(side, rank, r.step)
         self.follows[side][rank].step = r.step - 1
         other = self.follows[1 - side].get(rank)
@@ -306,8 +342,10 @@ class Watch:
             if (golden, suspect) != (None, None) and not self._said_waiting:
                 self._said_waiting = True
                 side = 1 if suspect is None else 0
-                self._say(f"the {SIDES[1 - side]} run is being recorded; waiting for the {SIDES[side]} run's log in "
-                          f"{self.runs[side]} (up to {self.options.idle_timeout_s:g} s)")
+                self._say(
+                    f"the {SIDES[1 - side]} run is being recorded; waiting for the {SIDES[side]} run's log in "
+                    f"{self.runs[side]} (up to {self.options.idle_timeout_s:g} s)"
+                )
             return got
         from tracer.pairing import check_pair  # imports torch (tracer.sharding): not for `sdc watch --help`
 
@@ -316,8 +354,10 @@ class Watch:
         for side in (0, 1):
             for rank in range(1, golden.world_size):
                 self.follows[side][rank] = _Follow(self.runs[side], rank)
-        self._say(f"the runs pair: {golden.world_size} rank(s), golden node {golden.node_label!r}, suspect node "
-                  f"{suspect.node_label!r}")
+        self._say(
+            f"the runs pair: {golden.world_size} rank(s), golden node {golden.node_label!r}, suspect node "
+            f"{suspect.node_label!r}"
+        )
         return got
 
     def _writers(self) -> None:
@@ -331,8 +371,10 @@ class Watch:
                 f.said = state
                 who = f"{SIDES[side]} rank {rank}"
                 if state == "crashed":
-                    self._say(f"{who}: the writer stopped without finishing (crashed) after step {f.step}; waiting up "
-                              f"to {self.options.idle_timeout_s:g} s for it to resume (sdc record --resume)")
+                    self._say(
+                        f"{who}: the writer stopped without finishing (crashed) after step {f.step}; waiting up "
+                        f"to {self.options.idle_timeout_s:g} s for it to resume (sdc record --resume)"
+                    )
                 elif state == "finished":
                     end = f.follower.status.end
                     how = "" if end is None or end.status == "complete" else f" ({end.status}: {end.detail})"
@@ -371,24 +413,34 @@ class Watch:
             for d in self.matcher.end_step(0, rank, 1 << 40) + self.matcher.end_step(1, rank, 1 << 40):
                 self._report(d)
         if self.divergences:
-            self._say(f"sdc watch: both runs finished; they diverged at step {self._first_step()} "
-                      f"({self.divergences} diverging step(s)); exit status {EXIT_DIVERGED}")
+            self._say(
+                f"sdc watch: both runs finished; they diverged at step {self._first_step()} "
+                f"({self.divergences} diverging step(s)); exit status {EXIT_DIVERGED}"
+            )
             return EXIT_DIVERGED
-        self._say(f"sdc watch: both runs finished, identical ({self.matcher.compared:,} records compared"
-                  + (f", {self.matcher.uncompared:,} not: lost to corruption" if self.matcher.uncompared else "") + ")")
+        self._say(
+            f"sdc watch: both runs finished, identical ({self.matcher.compared:,} records compared"
+            + (f", {self.matcher.uncompared:,} not: lost to corruption" if self.matcher.uncompared else "")
+            + ")"
+        )
         return EXIT_IDENTICAL
 
     def _give_up(self) -> int:
-        states = [f"{SIDES[side]} rank {rank} " + ("read ahead, not further" if self._ahead(side, rank)
-                                                    else f.follower.state)
-                  for side in (0, 1) for rank, f in self.follows[side].items() if f.follower.state != "finished"]
-        why = f"sdc watch: nothing new and no writer running for {self.options.idle_timeout_s:g} s " \
-              f"({', '.join(states)})"
+        states = [
+            f"{SIDES[side]} rank {rank} " + ("read ahead, not further" if self._ahead(side, rank) else f.follower.state)
+            for side in (0, 1)
+            for rank, f in self.follows[side].items()
+            if f.follower.state != "finished"
+        ]
+        why = (
+            f"sdc watch: nothing new and no writer running for {self.options.idle_timeout_s:g} s ({', '.join(states)})"
+        )
         if self.divergences:
             self._say(f"{why}; the runs diverged at step {self._first_step()}; exit status {EXIT_DIVERGED}")
             return EXIT_DIVERGED
-        self._say(f"{why}; identical as far as compared ({self.matcher.compared:,} records); exit status "
-                  f"{EXIT_INCOMPLETE}")
+        self._say(
+            f"{why}; identical as far as compared ({self.matcher.compared:,} records); exit status {EXIT_INCOMPLETE}"
+        )
         return EXIT_INCOMPLETE
 
     def _say(self, line: str) -> None:

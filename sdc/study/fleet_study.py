@@ -41,7 +41,6 @@ from pathlib import Path
 from faults.fleet import DEFAULT_SEED, MODELS, FleetSpec, trigger_profile_text, trigger_state_text
 from faults.fleet_files import write_fleet
 from sdc.study.folders import FLEET_FOLDER, PARTS
-from sdc.study.study_file import Finetune, FinetuneTable, Node, Study, build_study, is_fleet_file, shipped_studies
 from sdc.study.runner import (
     Job,
     StudyPaths,
@@ -52,6 +51,7 @@ from sdc.study.runner import (
     record_node,
     run_jobs,
 )
+from sdc.study.study_file import Finetune, FinetuneTable, Node, Study, build_study, is_fleet_file, shipped_studies
 from tracer import typed_toml
 from tracer.errors import ConfigError
 from tracer.typed_toml import require, toml_field
@@ -67,13 +67,18 @@ class _Fleet:
     seed: int = toml_field(DEFAULT_SEED, expected="an integer >= 0")
     healthy_twin: bool = True  # a node-00 with the healthy-node profile in every experiment: every table shows 0
     models: tuple[str, ...] = toml_field(  # the fleet models the nodes are drawn from (faults.fleet.MODELS)
-        ("study",), expected='a list of distinct fleet models: "study" (calibrated around the reference study), '
-                             '"hardware" (published measurements)')
+        ("study",),
+        expected='a list of distinct fleet models: "study" (calibrated around the reference study), '
+        '"hardware" (published measurements)',
+    )
 
     def __post_init__(self) -> None:
-        require(bool(self.models) and len(set(self.models)) == len(self.models)
-                and all(m in MODELS for m in self.models), "models", list(self.models),
-                typed_toml.expected(type(self), "models"))
+        require(
+            bool(self.models) and len(set(self.models)) == len(self.models) and all(m in MODELS for m in self.models),
+            "models",
+            list(self.models),
+            typed_toml.expected(type(self), "models"),
+        )
         require(1 <= self.nodes <= 99, "nodes", self.nodes, "an integer from 1 to 99")
         require(self.seed >= 0, "seed", self.seed, "an integer >= 0")
 
@@ -87,7 +92,8 @@ class _Replayed:
     replay: str | None = toml_field(None, expected='"start:stop", the steps replayed (default: the first 8)')
     abft: bool = False  # every node (and the golden one) also checks every matmul
     models: tuple[str, ...] = toml_field(  # which of [fleet].models this experiment runs (empty: every one)
-        (), expected="a list of models named in [fleet].models (empty: every one)")
+        (), expected="a list of models named in [fleet].models (empty: every one)"
+    )
 
 
 @dataclass(frozen=True)
@@ -100,10 +106,12 @@ class _Pretrain:
     trigger_step: int = toml_field(20, expected="an integer >= 0 below run.steps")
     trigger_site: str = toml_field("layers.0.attention.wo", expected="the module path of a linear layer")
     trigger_parameter: str | None = toml_field(  # if given, the trigger flips one ulp of this parameter after the
-        None, expected='a parameter name, e.g. "layers.0.attention.wo.weight"')  # update (a [[state]] rule) instead
+        None, expected='a parameter name, e.g. "layers.0.attention.wo.weight"'
+    )  # update (a [[state]] rule) instead
     sharpness: int = toml_field(20, expected="an integer >= 0: power iterations (0: sharpness not measured)")
     models: tuple[str, ...] = toml_field(  # which of [fleet].models this experiment runs (empty: every one)
-        (), expected="a list of models named in [fleet].models (empty: every one)")
+        (), expected="a list of models named in [fleet].models (empty: every one)"
+    )
 
     def __post_init__(self) -> None:
         require(self.trigger_step >= 0, "trigger_step", self.trigger_step, "an integer >= 0 below run.steps")
@@ -179,32 +187,70 @@ class FleetStudy:
                 if self.runs(spec.model, part):  # another model's replays need no control of their own
                     nodes = [Node(n.label, n.profile, abft=replayed.abft) for n in (twin if first else []) + fleet]
                     out[self.part_name(spec.model, part)] = self._study(
-                        self.part_name(spec.model, part), replayed.config, replayed.set, nodes, replayed.replay,
-                        (mode,), None, abft_golden=replayed.abft)
+                        self.part_name(spec.model, part),
+                        replayed.config,
+                        replayed.set,
+                        nodes,
+                        replayed.replay,
+                        (mode,),
+                        None,
+                        abft_golden=replayed.abft,
+                    )
             if self.runs(spec.model, "rq3"):
                 out[self.part_name(spec.model, "rq3")] = self._pretrain(spec.model, twin + fleet, profiles)
         return out
 
     def _pretrain(self, model: str, nodes: list[Node], profiles: Path) -> Study:
         trigger = Node(TRIGGER, str(profiles / f"{TRIGGER}.toml"))
-        rq3 = self._study(self.part_name(model, "rq3"), self.rq3.config, self.rq3.set, nodes + [trigger], None, (),
-                          self.finetune, sharpness=self.rq3.sharpness)
+        rq3 = self._study(
+            self.part_name(model, "rq3"),
+            self.rq3.config,
+            self.rq3.set,
+            nodes + [trigger],
+            None,
+            (),
+            self.finetune,
+            sharpness=self.rq3.sharpness,
+        )
         shuffle = rq3.train.data.shuffle_seed
         if self.rq3.shuffle_seed == shuffle:
-            raise ConfigError(f"{self.source}: rq3.shuffle_seed: {shuffle} is the config's own data.shuffle_seed; "
-                              "the baseline twin needs another one")
+            raise ConfigError(
+                f"{self.source}: rq3.shuffle_seed: {shuffle} is the config's own data.shuffle_seed; "
+                "the baseline twin needs another one"
+            )
         if self.rq3.trigger_step >= rq3.train.run.steps:
-            raise ConfigError(f"{self.source}: rq3.trigger_step: {self.rq3.trigger_step} is not below the "
-                              f"{rq3.train.run.steps} recorded steps; choose an earlier step")
+            raise ConfigError(
+                f"{self.source}: rq3.trigger_step: {self.rq3.trigger_step} is not below the "
+                f"{rq3.train.run.steps} recorded steps; choose an earlier step"
+            )
         return rq3
 
-    def _study(self, part: str, config: str, sets: tuple[str, ...], nodes: list[Node], replay: str | None,
-               modes: tuple[str, ...], finetune: Finetune | None, *, abft_golden: bool = False,
-               sharpness: int = 0) -> Study:
+    def _study(
+        self,
+        part: str,
+        config: str,
+        sets: tuple[str, ...],
+        nodes: list[Node],
+        replay: str | None,
+        modes: tuple[str, ...],
+        finetune: Finetune | None,
+        *,
+        abft_golden: bool = False,
+        sharpness: int = 0,
+    ) -> Study:
         return build_study(
-            name=f"{self.name}/{part}", source=self.source, description=f"{self.description} ({part})",
-            config=config, sets=tuple(sets) + self.overrides, golden=GOLDEN, abft_golden=abft_golden, nodes=nodes,
-            replay_steps=replay, modes=modes, finetune=finetune, key=f"{part.rsplit('/', 1)[-1]}.",
+            name=f"{self.name}/{part}",
+            source=self.source,
+            description=f"{self.description} ({part})",
+            config=config,
+            sets=tuple(sets) + self.overrides,
+            golden=GOLDEN,
+            abft_golden=abft_golden,
+            nodes=nodes,
+            replay_steps=replay,
+            modes=modes,
+            finetune=finetune,
+            key=f"{part.rsplit('/', 1)[-1]}.",
             sharpness=sharpness,
         )
 
@@ -213,8 +259,11 @@ class FleetStudy:
         written = [p for spec in self.fleets for p in write_fleet(spec, self.profiles(profiles, spec.model))]
         trigger = profiles / f"{TRIGGER}.toml"
         rq3 = self.rq3
-        text = (trigger_profile_text(rq3.trigger_step, rq3.trigger_site) if rq3.trigger_parameter is None
-                else trigger_state_text(rq3.trigger_step, rq3.trigger_parameter))
+        text = (
+            trigger_profile_text(rq3.trigger_step, rq3.trigger_site)
+            if rq3.trigger_parameter is None
+            else trigger_state_text(rq3.trigger_step, rq3.trigger_parameter)
+        )
         trigger.write_text(text, encoding="utf-8")
         return [*written, trigger]
 
@@ -230,16 +279,23 @@ def load_fleet_study(spec: str | Path, overrides: tuple[str, ...] = ()) -> Fleet
         named = getattr(f, part).models
         unknown = [m for m in named if m not in f.fleet.models]
         if unknown:
-            raise ConfigError(f"{path}: {part}.models: {', '.join(unknown)} not in [fleet].models "
-                              f"({', '.join(f.fleet.models)})")
+            raise ConfigError(
+                f"{path}: {part}.models: {', '.join(unknown)} not in [fleet].models ({', '.join(f.fleet.models)})"
+            )
         if named and f.fleet.models[0] not in named:
-            raise ConfigError(f"{path}: {part}.models: must name {f.fleet.models[0]}, the first of [fleet].models, "
-                              "whose experiments record the runs every model shares (golden, its twins)")
+            raise ConfigError(
+                f"{path}: {part}.models: must name {f.fleet.models[0]}, the first of [fleet].models, "
+                "whose experiments record the runs every model shares (golden, its twins)"
+            )
     study = FleetStudy(
-        name=path.name.removesuffix(".toml"), source=path, description=f.description,
+        name=path.name.removesuffix(".toml"),
+        source=path,
+        description=f.description,
         fleets=tuple(FleetSpec(nodes=f.fleet.nodes, seed=f.fleet.seed, model=m) for m in f.fleet.models),
         healthy_twin=f.fleet.healthy_twin,
-        rq1=f.rq1, rq2=f.rq2, rq3=f.rq3,
+        rq1=f.rq1,
+        rq2=f.rq2,
+        rq3=f.rq3,
         finetune=f.finetune.plan(),
         overrides=tuple(overrides),
     )
@@ -281,8 +337,15 @@ class FleetResult:
     wall_s: float
 
 
-def run_fleet_study(fleet: FleetStudy, out: Path, *, overwrite: bool = False, resume: bool = False,
-                    progress: bool = True, beam_args: tuple[str, ...] = ()) -> FleetResult:
+def run_fleet_study(
+    fleet: FleetStudy,
+    out: Path,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+    beam_args: tuple[str, ...] = (),
+) -> FleetResult:
     """Run every job of every experiment, then the reproduction table; see the module docstring."""
     paths = FleetPaths(Path(out), shared=fleet.shared())
     state = StudyState(paths.out, fleet.name, fleet.fingerprint, FLEET_FOLDER)
@@ -294,8 +357,9 @@ def run_fleet_study(fleet: FleetStudy, out: Path, *, overwrite: bool = False, re
         return FleetResult(paths, parts, run_jobs(jobs, state, finished, progress=progress))
 
 
-def plan_fleet_jobs(fleet: FleetStudy, parts: dict[str, Study], paths: FleetPaths, *, progress: bool,
-                    beam_args: tuple[str, ...]) -> list[Job]:
+def plan_fleet_jobs(
+    fleet: FleetStudy, parts: dict[str, Study], paths: FleetPaths, *, progress: bool, beam_args: tuple[str, ...]
+) -> list[Job]:
     """Every job of every model's experiments, in order (the shared runs once, in the first model's), then the
     reproduction table."""
     jobs: list[Job] = []
@@ -304,10 +368,17 @@ def plan_fleet_jobs(fleet: FleetStudy, parts: dict[str, Study], paths: FleetPath
         part_jobs = plan_jobs(study, part_paths, progress=progress, beam_args=beam_args)
         if name.endswith("rq3"):
             part_jobs = _with_baseline(fleet, study, part_paths, part_jobs, progress, beam_args)
-        jobs += [Job(f"{name}/{j.name}", f"{name}: {j.describe}", j.action) for j in part_jobs
-                 if part_paths.writes(j) and j.name not in _UNUSED]
-    dbs = {model: {part: (paths.part(fleet.part_name(model, part)).db if fleet.runs(model, part) else None)
-                   for part in PARTS} for model in fleet.models}
+        jobs += [
+            Job(f"{name}/{j.name}", f"{name}: {j.describe}", j.action)
+            for j in part_jobs
+            if part_paths.writes(j) and j.name not in _UNUSED
+        ]
+    dbs = {
+        model: {
+            part: (paths.part(fleet.part_name(model, part)).db if fleet.runs(model, part) else None) for part in PARTS
+        }
+        for model in fleet.models
+    }
     jobs.append(Job("reproduction", "reproduction table", lambda: _reproduction(dbs, paths)))
     return jobs
 
@@ -317,16 +388,23 @@ def plan_fleet_jobs(fleet: FleetStudy, parts: dict[str, Study], paths: FleetPath
 _UNUSED = frozenset({f"finetune:{TRIGGER}", f"diff-finetune:{TRIGGER}"})
 
 
-def _with_baseline(fleet: FleetStudy, study: Study, paths: StudyPaths, jobs: list[Job], progress: bool,
-                   beam_args: tuple[str, ...]) -> list[Job]:
+def _with_baseline(
+    fleet: FleetStudy, study: Study, paths: StudyPaths, jobs: list[Job], progress: bool, beam_args: tuple[str, ...]
+) -> list[Job]:
     """rq3's jobs with the golden run's shuffle-seed twin recorded after golden and diffed as the baseline pair."""
     seed = fleet.rq3.shuffle_seed
     train = dataclasses.replace(study.train, data=dataclasses.replace(study.train.data, shuffle_seed=seed))
     twin = dataclasses.replace(study, train=train, sharpness=0)
-    record = Job(f"record:{TWIN}", f"record {TWIN} (healthy, data shuffle seed {seed})",
-                 lambda: record_node(twin, paths.run(TWIN), TWIN, None, 0, False, progress))
-    diff = Job(f"diff:{TWIN}", f"diff {GOLDEN} vs {TWIN} (the drift baseline)",
-               lambda: diff_into_db(paths.run(GOLDEN), paths.run(TWIN), [], paths.db, beam_args, baseline=True))
+    record = Job(
+        f"record:{TWIN}",
+        f"record {TWIN} (healthy, data shuffle seed {seed})",
+        lambda: record_node(twin, paths.run(TWIN), TWIN, None, 0, False, progress),
+    )
+    diff = Job(
+        f"diff:{TWIN}",
+        f"diff {GOLDEN} vs {TWIN} (the drift baseline)",
+        lambda: diff_into_db(paths.run(GOLDEN), paths.run(TWIN), [], paths.db, beam_args, baseline=True),
+    )
     first_diff = next(i for i, j in enumerate(jobs) if j.name.startswith("diff:"))
     return [jobs[0], record, *jobs[1:first_diff], diff, *jobs[first_diff:]]
 
@@ -335,8 +413,14 @@ def _reproduction(dbs: dict[str, dict[str, Path | None]], paths: FleetPaths) -> 
     from analysis.reproduction import build_reproduction, write_reproduction
 
     reproductions = {model: build_reproduction(parts) for model, parts in dbs.items()}
-    reports = {(model, part): db.parent / "report" for model, parts in dbs.items() for part, db in parts.items()
-               if db is not None}
+    reports = {
+        (model, part): db.parent / "report"
+        for model, parts in dbs.items()
+        for part, db in parts.items()
+        if db is not None
+    }
     write_reproduction(reproductions, paths.reproduction, paths.report, reports)
-    return "; ".join(f"{model}: {rep.totals()}" for model, rep in reproductions.items()) + \
-        f"; {paths.reproduction.name} written"
+    return (
+        "; ".join(f"{model}: {rep.totals()}" for model, rep in reproductions.items())
+        + f"; {paths.reproduction.name} written"
+    )

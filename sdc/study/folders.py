@@ -60,8 +60,9 @@ def fleet_written(parts: tuple[str, ...], is_dir: bool) -> bool:
     if top in PARTS:
         return is_dir if not rest else study_written(rest, is_dir)
     if top in MODELS:  # another fault model's experiments: hardware/rq1/ ...
-        return is_dir if not rest else (rest[0] in PARTS and (is_dir if not rest[1:] else study_written(rest[1:],
-                                                                                                   is_dir)))
+        return (
+            is_dir if not rest else (rest[0] in PARTS and (is_dir if not rest[1:] else study_written(rest[1:], is_dir)))
+        )
     if top == "profiles":
         if rest and rest[0] in MODELS:  # another fault model's profiles
             rest = rest[1:]
@@ -84,5 +85,7 @@ def refuse_foreign_databases(out: Path) -> None:
     for db in (out / DB, *fleet):
         ours = not db.is_file() or db_written_by_sdctrace(db)
         if not ours:
-            raise UsageError(f"{db}: is not a study database sdctrace wrote; nothing was deleted: move it away "
-                             "or choose another --out")
+            raise UsageError(
+                f"{db}: is not a study database sdctrace wrote; nothing was deleted: move it away "
+                "or choose another --out"
+            )

@@ -47,9 +47,17 @@ from tracer.log.claim import FolderKind, claim_folder, reclaim_folder
 from tracer.log.runlock import RunLock
 
 # Printed at the end of a study, in this order (named queries in analysis/queries).
-SUMMARY_QUERIES = ("summary", "rq1_mismatch_by_node", "rq1_mismatch_bursts", "rq1_abft_by_fault_kind",
-                   "rq2_noise_worst", "rq3_finetune_accuracy", "rq3_finetune_disagreement", "guard_detector_scores",
-                   "guard_outcome")
+SUMMARY_QUERIES = (
+    "summary",
+    "rq1_mismatch_by_node",
+    "rq1_mismatch_bursts",
+    "rq1_abft_by_fault_kind",
+    "rq2_noise_worst",
+    "rq3_finetune_accuracy",
+    "rq3_finetune_disagreement",
+    "guard_detector_scores",
+    "guard_outcome",
+)
 
 
 @dataclass(frozen=True)
@@ -76,8 +84,9 @@ class StudyPaths:
     def writes(self, job: Job) -> bool:
         """Whether `job` writes into this folder: not one that records, replays or fine-tunes a borrowed run."""
         kind, _, rest = job.name.partition(":")
-        return not (kind in ("record", "replay", "finetune") and rest.split(":")[0] in self.shared
-                    and self.borrowed is not None)
+        return not (
+            kind in ("record", "replay", "finetune") and rest.split(":")[0] in self.shared and self.borrowed is not None
+        )
 
     @property
     def db(self) -> Path:
@@ -107,8 +116,9 @@ def study_fingerprint(study: Study) -> str:
 
 
 def derived_run_id(study: Study, label: str, role: str) -> str:
-    """The run id of node `label`'s `role` run ("train", "finetune", "replay-lockstep", ...) in `study`: a hash of the study's file,
-    overrides and name (a fleet study's part: "fleet/rq1") and of the node and role, as long as a random id."""
+    """The run id of node `label`'s `role` run ("train", "finetune", "replay-lockstep", ...) in `study`: a hash of the
+    study's file, overrides and name (a fleet study's part: "fleet/rq1") and of the node and role, as long as a random
+    id."""
     key = json.dumps([study_fingerprint(study), study.name, label, role])
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
@@ -140,8 +150,9 @@ def run_study(
 def run_jobs(jobs: list[Job], state: StudyState, finished: list[str], *, progress: bool) -> float:
     """Run `jobs` in order, skipping those in `finished`, saving the state after each; returns the wall time."""
     start = time.perf_counter()
-    bar = tqdm(jobs, desc=f"study {state.name}", unit="job", disable=None if progress else True,
-               position=0, leave=False)
+    bar = tqdm(
+        jobs, desc=f"study {state.name}", unit="job", disable=None if progress else True, position=0, leave=False
+    )
     with open(state.out / LOG, "a", encoding="utf-8") as log:
         for i, job in enumerate(bar, 1):
             prefix = f"[{i:>2}/{len(jobs)}] {job.describe}"
@@ -172,31 +183,63 @@ def _cpu_seconds() -> float:
 def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tuple[str, ...]) -> list[Job]:
     """Every job of the study, in the order they must run."""
     golden = study.golden
-    jobs = [Job(f"record:{golden}", f"record {golden} (healthy)",
-                lambda: record_node(study, paths.run(golden), golden, None, 0, study.abft_golden, progress,
-                                    sharpness=study.sharpness))]
+    jobs = [
+        Job(
+            f"record:{golden}",
+            f"record {golden} (healthy)",
+            lambda: record_node(
+                study, paths.run(golden), golden, None, 0, study.abft_golden, progress, sharpness=study.sharpness
+            ),
+        )
+    ]
     for n in study.nodes:
-        jobs.append(Job(f"record:{n.label}", f"record {n.label} ({n.profile}{', ABFT' if n.abft else ''})",
-                        lambda n=n: record_node(study, paths.run(n.label), n.label, n.profile, n.fault_seed, n.abft,
-                                                progress)))
+        jobs.append(
+            Job(
+                f"record:{n.label}",
+                f"record {n.label} ({n.profile}{', ABFT' if n.abft else ''})",
+                lambda n=n: record_node(study, paths.run(n.label), n.label, n.profile, n.fault_seed, n.abft, progress),
+            )
+        )
     for n in study.nodes:
         if n.guarded is not None:
-            jobs.append(Job(f"record:{n.guarded}", f"record {n.guarded} ({n.profile}, guard {n.guard})",
-                            lambda n=n: record_node(study, paths.run(n.guarded), n.guarded, n.profile, n.fault_seed,
-                                                    n.abft, progress, guard=n.guard)))
+            jobs.append(
+                Job(
+                    f"record:{n.guarded}",
+                    f"record {n.guarded} ({n.profile}, guard {n.guard})",
+                    lambda n=n: record_node(
+                        study, paths.run(n.guarded), n.guarded, n.profile, n.fault_seed, n.abft, progress, guard=n.guard
+                    ),
+                )
+            )
     steps = study.replay.steps
     for n in study.nodes:
         for mode in study.replay.modes:
-            jobs.append(Job(f"replay:{n.label}:{mode}", f"replay {n.label} {mode} {steps.start}:{steps.stop}",
-                            lambda n=n, mode=mode: _replay(study, paths, golden, n.label, mode, steps, progress)))
+            jobs.append(
+                Job(
+                    f"replay:{n.label}:{mode}",
+                    f"replay {n.label} {mode} {steps.start}:{steps.stop}",
+                    lambda n=n, mode=mode: _replay(study, paths, golden, n.label, mode, steps, progress),
+                )
+            )
     for n in study.nodes:
         replays = [paths.replay(n.label, m) for m in study.replay.modes]
-        jobs.append(Job(f"diff:{n.label}", f"diff {golden} vs {n.label}",
-                        lambda n=n, replays=replays: diff_into_db(paths.run(golden), paths.run(n.label), replays,
-                                                           paths.db, beam_args)))
+        jobs.append(
+            Job(
+                f"diff:{n.label}",
+                f"diff {golden} vs {n.label}",
+                lambda n=n, replays=replays: diff_into_db(
+                    paths.run(golden), paths.run(n.label), replays, paths.db, beam_args
+                ),
+            )
+        )
         if n.guarded is not None:  # no replays: the guarded run is compared as it trained
-            jobs.append(Job(f"diff:{n.guarded}", f"diff {golden} vs {n.guarded}",
-                            lambda n=n: diff_into_db(paths.run(golden), paths.run(n.guarded), [], paths.db, beam_args)))
+            jobs.append(
+                Job(
+                    f"diff:{n.guarded}",
+                    f"diff {golden} vs {n.guarded}",
+                    lambda n=n: diff_into_db(paths.run(golden), paths.run(n.guarded), [], paths.db, beam_args),
+                )
+            )
     if study.finetune is not None:
         jobs += _finetune_jobs(study, paths, progress=progress, beam_args=beam_args)
     jobs.append(Job("report", "report", lambda: _report(paths, progress)))
@@ -215,30 +258,64 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
     for label, source, profile, seed, shuffle in runs:
         detail = profile or (f"shuffle seed {shuffle}" if shuffle is not None else "")
         describe = f"fine-tune {label} ({detail + ', ' if detail else ''}{ft.settings.steps} steps)"
-        jobs.append(Job(f"finetune:{label}", describe,
-                        lambda label=label, source=source, profile=profile, seed=seed, shuffle=shuffle: _finetune(
-                            ft, paths.run(source), paths.finetune(label), label, profile, seed, shuffle, progress,
-                            derived_run_id(study, label, "finetune"))))
+        jobs.append(
+            Job(
+                f"finetune:{label}",
+                describe,
+                lambda label=label, source=source, profile=profile, seed=seed, shuffle=shuffle: _finetune(
+                    ft,
+                    paths.run(source),
+                    paths.finetune(label),
+                    label,
+                    profile,
+                    seed,
+                    shuffle,
+                    progress,
+                    derived_run_id(study, label, "finetune"),
+                ),
+            )
+        )
     # A twin cannot be a pair's suspect (it differs from golden in its data order), so each pair takes one twin as
     # its baseline, in turn: with n twins, node k's pair gets twin k mod n, and every twin is in some pair when there
     # are at least n nodes (the twins' rows in rq3_finetune_accuracy and rq3_finetune_disagreement)
     suspects = [n.label for n in study.nodes] + [n.guarded for n in study.nodes if n.guarded is not None]
     for k, label in enumerate(suspects):
         twin = twins[k % len(twins)][0]
-        jobs.append(Job(f"diff-finetune:{label}", f"diff fine-tuned {golden} vs {label} (twin baseline {twin})",
-                        lambda label=label, twin=twin: diff_into_db(paths.finetune(golden), paths.finetune(label), [],
-                                                             paths.db, beam_args, twin=paths.finetune(twin))))
+        jobs.append(
+            Job(
+                f"diff-finetune:{label}",
+                f"diff fine-tuned {golden} vs {label} (twin baseline {twin})",
+                lambda label=label, twin=twin: diff_into_db(
+                    paths.finetune(golden), paths.finetune(label), [], paths.db, beam_args, twin=paths.finetune(twin)
+                ),
+            )
+        )
     return jobs
 
 
-def _finetune(ft: Finetune, pretrained: Path, out: Path, label: str, profile: str | None, seed: int,
-              shuffle: int | None, progress: bool, run_id: str) -> str:
+def _finetune(
+    ft: Finetune,
+    pretrained: Path,
+    out: Path,
+    label: str,
+    profile: str | None,
+    seed: int,
+    shuffle: int | None,
+    progress: bool,
+    run_id: str,
+) -> str:
     from jobs.finetune import finetune_run
 
     settings = ft.settings if shuffle is None else dataclasses.replace(ft.settings, shuffle_seed=shuffle)
     summary = finetune_run(
-        pretrained, out, node_label=label, settings=settings,
-        fault_profile=load_profile(profile) if profile else None, fault_seed=seed, overwrite=True, progress=progress,
+        pretrained,
+        out,
+        node_label=label,
+        settings=settings,
+        fault_profile=load_profile(profile) if profile else None,
+        fault_seed=seed,
+        overwrite=True,
+        progress=progress,
         run_id=run_id,
     )
     accuracy = ", ".join(f"{e.task} {e.accuracy:.0%}" for e in summary.final)
@@ -259,24 +336,50 @@ def summary_tables(db: Path) -> list[tuple[str, str]]:
     return out
 
 
-def record_node(study: Study, out: Path, label: str, profile: str | None, seed: int, abft: bool, progress: bool,
-                guard: str | None = None, sharpness: int = 0) -> str:
+def record_node(
+    study: Study,
+    out: Path,
+    label: str,
+    profile: str | None,
+    seed: int,
+    abft: bool,
+    progress: bool,
+    guard: str | None = None,
+    sharpness: int = 0,
+) -> str:
     """Record one node of ``study`` into ``out`` (replacing a run there); the job's one-line result."""
     summary = record_run(
-        study.train, out, node_label=label, overwrite=True, progress=progress,
-        fault_profile=load_profile(profile) if profile else None, fault_seed=seed, abft=abft, guard=guard,
-        sharpness=sharpness, run_id=derived_run_id(study, label, "train"),
+        study.train,
+        out,
+        node_label=label,
+        overwrite=True,
+        progress=progress,
+        fault_profile=load_profile(profile) if profile else None,
+        fault_seed=seed,
+        abft=abft,
+        guard=guard,
+        sharpness=sharpness,
+        run_id=derived_run_id(study, label, "train"),
     )
     return f"{summary.steps} steps, final loss {summary.final_loss:.4f}"
 
 
-def _replay(study: Study, paths: StudyPaths, golden: str, label: str, mode: str, steps: range,
-            progress: bool) -> str:
+def _replay(study: Study, paths: StudyPaths, golden: str, label: str, mode: str, steps: range, progress: bool) -> str:
     header = golden_header(paths.run(golden))
     suspect = suspect_from_run(paths.run(label), header, paths.run(golden))
-    summaries = replay(ReplayRequest(golden=paths.run(golden), out=paths.replay(label, mode), steps=steps,
-                                     suspect=suspect, mode=mode, overwrite=True, progress=progress,
-                                     run_id=derived_run_id(study, label, f"replay-{mode}")), header)
+    summaries = replay(
+        ReplayRequest(
+            golden=paths.run(golden),
+            out=paths.replay(label, mode),
+            steps=steps,
+            suspect=suspect,
+            mode=mode,
+            overwrite=True,
+            progress=progress,
+            run_id=derived_run_id(study, label, f"replay-{mode}"),
+        ),
+        header,
+    )
     results = [r for summary in summaries for r in summary.steps]
     if mode == "lockstep":
         worst = max((r.worst_frequency for r in results), default=0.0)
@@ -285,12 +388,26 @@ def _replay(study: Study, paths: StudyPaths, golden: str, label: str, mode: str,
     return f"worst noise-to-signal {worst:.3g}"
 
 
-def diff_into_db(golden: Path, suspect: Path, replays: list[Path], db: Path, beam_args: tuple[str, ...],
-                 twin: Path | None = None, baseline: bool = False) -> str:
+def diff_into_db(
+    golden: Path,
+    suspect: Path,
+    replays: list[Path],
+    db: Path,
+    beam_args: tuple[str, ...],
+    twin: Path | None = None,
+    baseline: bool = False,
+) -> str:
     """Diff ``suspect`` against ``golden`` (with its replays, a twin baseline) into ``db``; the one-line result."""
 
-    request = DiffRequest(golden=str(golden), suspect=str(suspect), db=db, replays=tuple(map(str, replays)),
-                          twin=str(twin) if twin is not None else None, beam_args=beam_args, baseline=baseline)
+    request = DiffRequest(
+        golden=str(golden),
+        suspect=str(suspect),
+        db=db,
+        replays=tuple(map(str, replays)),
+        twin=str(twin) if twin is not None else None,
+        beam_args=beam_args,
+        baseline=baseline,
+    )
     report = diff_job()(request)
     return f"{report.rows.get('event_diffs', 0):,} events compared into {db.name}"
 
@@ -315,8 +432,9 @@ class StudyState:
         """Claim the output directory (`claim_folder`) and lock it; return the lock (held while the study runs)
         and the jobs a resumed study has finished."""
         if not resume:
-            lock = claim_folder(self.out, self.kind, overwrite=overwrite,
-                                check=lambda: refuse_foreign_databases(self.out))
+            lock = claim_folder(
+                self.out, self.kind, overwrite=overwrite, check=lambda: refuse_foreign_databases(self.out)
+            )
             try:
                 self.save([])
             except BaseException:
@@ -327,8 +445,10 @@ class StudyState:
         try:
             state = read_state(self.out / STATE)
             if state.fingerprint != self.fingerprint:
-                raise UsageError(f"{self.out}: was started from a different study file or overrides; run with "
-                                 "--overwrite to start again, or resume with the same study")
+                raise UsageError(
+                    f"{self.out}: was started from a different study file or overrides; run with "
+                    "--overwrite to start again, or resume with the same study"
+                )
         except BaseException:
             lock.release()
             raise
@@ -336,8 +456,9 @@ class StudyState:
 
     def save(self, finished: list[str]) -> None:
         tmp = self.out / (STATE + ".tmp")
-        tmp.write_text(json.dumps({"study": self.fingerprint, "name": self.name, "finished": finished}, indent=1),
-                       encoding="utf-8")
+        tmp.write_text(
+            json.dumps({"study": self.fingerprint, "name": self.name, "finished": finished}, indent=1), encoding="utf-8"
+        )
         os.replace(tmp, self.out / STATE)
 
 

@@ -22,15 +22,17 @@ from tracer import typed_toml
 from tracer.errors import ConfigError
 from tracer.guard import Policy
 from tracer.typed_toml import check, require, toml_field
-from workload.reference_config import MAX_SEED, Config, load_config, shipped_configs
 from workload.multiple_choice import FinetuneSettings
+from workload.reference_config import MAX_SEED, Config, load_config, shipped_configs
 
 # A label names folders (runs/<label>-guarded/, replays/<label>-param-sync/): 64 ASCII characters keep every such
 # name far inside the file system's 255 bytes.
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 DERIVED = ("-twin", "-lockstep", "-param-sync", "-guarded")  # suffixes of the runs a study derives from a node
-_LABEL = "letters, digits, '.', '_' or '-' (64 at most), not ending in -twin, -lockstep, -param-sync or -guarded " \
+_LABEL = (
+    "letters, digits, '.', '_' or '-' (64 at most), not ending in -twin, -lockstep, -param-sync or -guarded "
     "(they name derived runs)"
+)
 _POLICY = f"one of {', '.join(get_args(Policy))}: the node is recorded a second time, guarded, as <label>-guarded"
 
 
@@ -83,8 +85,10 @@ class Finetune:
 
     def twin_labels(self, golden: str) -> list[tuple[str, int]]:
         """(label, shuffle seed) of each twin: ``<golden>-twin`` (the pairs' baseline), ``<golden>-twin-2`` ..."""
-        return [(f"{golden}-twin" + (f"-{k}" if k > 1 else ""), self.twin_shuffle_seed + k - 1)
-                for k in range(1, self.twins + 1)]
+        return [
+            (f"{golden}-twin" + (f"-{k}" if k > 1 else ""), self.twin_shuffle_seed + k - 1)
+            for k in range(1, self.twins + 1)
+        ]
 
 
 @dataclass(frozen=True)
@@ -148,8 +152,12 @@ class FinetuneTable:
     twins: int = toml_field(1, expected="an integer from 1 to 20: shuffle-seed twins of the golden fine-tune")
 
     def __post_init__(self) -> None:
-        require(0 <= self.twin_shuffle_seed <= MAX_SEED - 20, "twin_shuffle_seed", self.twin_shuffle_seed,
-                f"an integer in 0..{MAX_SEED - 20}")
+        require(
+            0 <= self.twin_shuffle_seed <= MAX_SEED - 20,
+            "twin_shuffle_seed",
+            self.twin_shuffle_seed,
+            f"an integer in 0..{MAX_SEED - 20}",
+        )
         require(1 <= self.twins <= 20, "twins", self.twins, "an integer from 1 to 20")
         self.plan()  # FinetuneSettings checks the values; the loader names the key
 
@@ -158,8 +166,9 @@ class FinetuneTable:
         if not self.enabled:
             return None
         given = {"steps": self.steps, "tasks": self.tasks or None, "eval_every": self.eval_every}
-        return Finetune(FinetuneSettings(**{k: v for k, v in given.items() if v is not None}), self.twin_shuffle_seed,
-                        self.twins)
+        return Finetune(
+            FinetuneSettings(**{k: v for k, v in given.items() if v is not None}), self.twin_shuffle_seed, self.twins
+        )
 
 
 @dataclass(frozen=True)
@@ -187,38 +196,74 @@ def load_study(spec: str | Path, overrides: tuple[str, ...] = ()) -> Study:
     path = typed_toml.resolve(spec, shipped_studies(), "study")
     data = typed_toml.read(path)
     if is_fleet_file(data):
-        raise ConfigError(f"{path}: is a fleet study (it has a [fleet] table); load it with "
-                          "sdc.study.fleet_study.load_fleet_study, or run it with `sdc study`")
+        raise ConfigError(
+            f"{path}: is a fleet study (it has a [fleet] table); load it with "
+            "sdc.study.fleet_study.load_fleet_study, or run it with `sdc study`"
+        )
     return _build(typed_toml.from_dict(_StudyFile, data, str(path)), path, overrides)
 
 
 def _build(f: _StudyFile, path: Path, overrides: tuple[str, ...]) -> Study:
     """The study the file describes, checked against what it names: the config, the profiles, the steps."""
     if not f.node:
-        raise ConfigError(f"{path}: no [[node]] tables; add at least one emulated node "
-                          "(label = \"node-1\", profile = \"bursty-mismatch\")")
-    nodes = [Node(n.label, n.profile if "/" not in n.profile and not n.profile.endswith(".toml")
-                  else str(_relative(path, n.profile)), n.fault_seed, n.abft, n.guard) for n in f.node]
+        raise ConfigError(
+            f"{path}: no [[node]] tables; add at least one emulated node "
+            '(label = "node-1", profile = "bursty-mismatch")'
+        )
+    nodes = [
+        Node(
+            n.label,
+            n.profile if "/" not in n.profile and not n.profile.endswith(".toml") else str(_relative(path, n.profile)),
+            n.fault_seed,
+            n.abft,
+            n.guard,
+        )
+        for n in f.node
+    ]
     return build_study(
-        name=path.name.removesuffix(".toml"), source=path, description=f.description, config=f.train.config,
-        sets=f.train.set + tuple(overrides), golden=f.golden.label, abft_golden=f.golden.abft, nodes=nodes,
-        replay_steps=f.replay.steps, modes=f.replay.modes or MODES,
+        name=path.name.removesuffix(".toml"),
+        source=path,
+        description=f.description,
+        config=f.train.config,
+        sets=f.train.set + tuple(overrides),
+        golden=f.golden.label,
+        abft_golden=f.golden.abft,
+        nodes=nodes,
+        replay_steps=f.replay.steps,
+        modes=f.replay.modes or MODES,
         finetune=f.finetune.plan(),
     )
 
 
-def build_study(*, name: str, source: Path, description: str, config: str, sets: tuple[str, ...], golden: str,
-                nodes: list[Node], replay_steps: str | None, modes: tuple[str, ...], finetune: Finetune | None,
-                abft_golden: bool = False, key: str = "", sharpness: int = 0) -> Study:
+def build_study(
+    *,
+    name: str,
+    source: Path,
+    description: str,
+    config: str,
+    sets: tuple[str, ...],
+    golden: str,
+    nodes: list[Node],
+    replay_steps: str | None,
+    modes: tuple[str, ...],
+    finetune: Finetune | None,
+    abft_golden: bool = False,
+    key: str = "",
+    sharpness: int = 0,
+) -> Study:
     """A `Study` checked against what it names (the config, the profiles, the steps); errors name `source` and
     the key under `key` (a table of a larger file, or "" for a study file's top level)."""
+
     def error(name: str, message: str) -> ConfigError:
         return ConfigError(f"{source}: {key}{name}: {message}")
 
     cfg = load_config(config if config in shipped_configs() else _relative(source, config), sets)
     if cfg.parallel.dp * cfg.parallel.tp > 1:
-        raise error("train.set", "studies run single-rank for now; record and replay multi-rank runs with "
-                                 "`sdc record --nproc` and `sdc replay` (docs/parallel.md)")
+        raise error(
+            "train.set",
+            "studies run single-rank for now; record and replay multi-rank runs with "
+            "`sdc record --nproc` and `sdc replay` (docs/parallel.md)",
+        )
     if cfg.run.checkpoint_every == 0:
         raise error("train.set", "run.checkpoint_every is 0; replay, drift and fine-tuning need checkpoints")
     labels = [golden, *(n.label for n in nodes)]
@@ -233,20 +278,33 @@ def build_study(*, name: str, source: Path, description: str, config: str, sets:
 
     suspects = len(nodes) + sum(1 for n in nodes if n.guarded is not None)
     if finetune is not None and finetune.twins > suspects:
-        raise ConfigError(f"{source}: finetune.twins: {finetune.twins} twins need at least as many nodes to pair "
-                          f"with (each pair takes one twin as its baseline), and there are {suspects}")
+        raise ConfigError(
+            f"{source}: finetune.twins: {finetune.twins} twins need at least as many nodes to pair "
+            f"with (each pair takes one twin as its baseline), and there are {suspects}"
+        )
     text = replay_steps or f"0:{min(cfg.run.steps, 8)}"
     try:
         steps = parse_steps(text)
     except ConfigError as e:
         raise error("replay.steps", str(e)) from None
     if steps.stop > cfg.run.steps:
-        raise error("replay.steps", f"{text!r} reaches past the {cfg.run.steps} recorded steps; "
-                                    f"end it at {cfg.run.steps} or less")
+        raise error(
+            "replay.steps",
+            f"{text!r} reaches past the {cfg.run.steps} recorded steps; end it at {cfg.run.steps} or less",
+        )
     return Study(
-        name=name, source=source, description=description, train=cfg, golden=golden, abft_golden=abft_golden,
-        nodes=tuple(nodes), replay=Replay(steps, tuple(modes)), finetune=finetune, config_spec=config,
-        config_overrides=sets, sharpness=sharpness,
+        name=name,
+        source=source,
+        description=description,
+        train=cfg,
+        golden=golden,
+        abft_golden=abft_golden,
+        nodes=tuple(nodes),
+        replay=Replay(steps, tuple(modes)),
+        finetune=finetune,
+        config_spec=config,
+        config_overrides=sets,
+        sharpness=sharpness,
     )
 
 

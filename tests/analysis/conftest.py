@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from faults import load_profile
+from jobs.record import record_run
 from replay.replayer import Replayer
 from replay.request import ReplayRequest, parse_steps, suspect_from_profile
 from sdc.cli import main
 from tests.support import small_config
-from jobs.record import record_run
 
 NODE_7 = """
 description = "test node: a burst of scaled results (steps 1-2), a last-bit flip (step 4), a blown-up LM head (step 5)"
@@ -71,8 +71,18 @@ class Study:
 
 def diff(golden: Path, suspect: Path, db: Path, *replays: Path) -> None:
     extra = [a for r in replays for a in ("--replay", str(r))]
-    args = ["diff", "--golden", str(golden), "--suspect", str(suspect), "--db", str(db), *extra,
-            "--", "--direct_running_mode=in_memory"]
+    args = [
+        "diff",
+        "--golden",
+        str(golden),
+        "--suspect",
+        str(suspect),
+        "--db",
+        str(db),
+        *extra,
+        "--",
+        "--direct_running_mode=in_memory",
+    ]
     assert main(args) == 0
 
 
@@ -82,15 +92,17 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Study:
     profile = root / "node-7.toml"
     profile.write_text(NODE_7, encoding="utf-8")
     cfg = small_config("run.steps=6")
-    s = Study(root / "study.duckdb", root / "golden", root / "node-7", root / "node-3", root / "lockstep",
-              root / "param-sync")
+    s = Study(
+        root / "study.duckdb", root / "golden", root / "node-7", root / "node-3", root / "lockstep", root / "param-sync"
+    )
     record_run(cfg, s.golden, node_label="golden", progress=False)
     record_run(cfg, s.node7, node_label="node-7", progress=False, abft=True, fault_profile=load_profile(profile))
     record_run(small_config("run.steps=3"), s.node3, node_label="node-3", progress=False)
     emulated = suspect_from_profile(str(profile))
     Replayer(ReplayRequest(s.golden, s.lockstep, parse_steps("0:6"), emulated, mode="lockstep", progress=False)).run()
-    Replayer(ReplayRequest(s.golden, s.param_sync, parse_steps("3:6"), emulated, mode="param-sync",
-                           progress=False)).run()
+    Replayer(
+        ReplayRequest(s.golden, s.param_sync, parse_steps("3:6"), emulated, mode="param-sync", progress=False)
+    ).run()
     diff(s.golden, s.node7, s.db, s.lockstep, s.param_sync)
     diff(s.golden, s.node3, s.db)
     return s

@@ -35,17 +35,23 @@ def con() -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     con.execute(schema_sql())
     for run in CORRECT:
-        con.execute("INSERT INTO runs (run_id, rank, path, node_label) VALUES (?, 0, ?, ?)",
-                    [f"id-{run}", f"/runs/{run}", "golden" if run == "twin" else run])
+        con.execute(
+            "INSERT INTO runs (run_id, rank, path, node_label) VALUES (?, 0, ?, ?)",
+            [f"id-{run}", f"/runs/{run}", "golden" if run == "twin" else run],
+        )
         for task, correct in CORRECT[run].items():
             for step, right in ((0, N // 4), (200, correct)):  # the query must read the final step only
                 acc = right / N
-                con.execute("INSERT INTO finetune_eval VALUES (?, 0, ?, ?, ?, ?, ?, 0.25, ?)",
-                            [f"id-{run}", step, task, N, right, acc, collapsed(acc, 0.25, N)])
+                con.execute(
+                    "INSERT INTO finetune_eval VALUES (?, 0, ?, ?, ?, ?, ?, 0.25, ?)",
+                    [f"id-{run}", step, task, N, right, acc, collapsed(acc, 0.25, N)],
+                )
     for suspect in ("dented", "nan", "equal"):
-        con.execute("INSERT INTO pairs (pair_id, golden_path, suspect_path, golden_run_id, suspect_run_id, "
-                    "twin_run_id) VALUES (?, '/runs/golden', ?, 'id-golden', ?, 'id-twin')",
-                    [f"p-{suspect}", f"/runs/{suspect}", f"id-{suspect}"])
+        con.execute(
+            "INSERT INTO pairs (pair_id, golden_path, suspect_path, golden_run_id, suspect_run_id, "
+            "twin_run_id) VALUES (?, '/runs/golden', ?, 'id-golden', ?, 'id-twin')",
+            [f"p-{suspect}", f"/runs/{suspect}", f"id-{suspect}"],
+        )
     return con
 
 
@@ -53,7 +59,8 @@ def test_each_run_is_judged_against_chance_and_against_its_golden(con: duckdb.Du
     cur = con.execute(QUERY.read_text(encoding="utf-8"))
     rows = [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
     assert sorted((r["run_id"], r["task"]) for r in rows) == sorted(
-        (f"id-{run}", task) for run in CORRECT for task in CORRECT[run])
+        (f"id-{run}", task) for run in CORRECT for task in CORRECT[run]
+    )
     golden = CORRECT["golden"]
     for r in rows:
         run = r["run_id"].removeprefix("id-")

@@ -99,17 +99,22 @@ def test_every_type_nested_or_not_in_every_format(db: Path, capsys: pytest.Captu
 def test_time_zone_types_keep_their_instant(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sql = nested_sql("TIMESTAMPTZ '2024-01-02 03:04:05+02'")
     [row] = json.loads(query(capsys, db, sql, "json"))
-    instant = datetime.datetime(2024, 1, 2, 1, 4, 5, tzinfo=datetime.timezone.utc)
+    instant = datetime.datetime(2024, 1, 2, 1, 4, 5, tzinfo=datetime.UTC)
     assert datetime.datetime.fromisoformat(row["v"]) == instant
     assert datetime.datetime.fromisoformat(row["s"]["f"]) == instant
 
 
 def test_deep_nesting_and_map_shapes(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    sql = ("SELECT {'k': MAP {'a': [TIMESTAMP '2024-01-01', NULL]}, 'b': [[UUID '" + UUID + "']]} AS deep, "
-           "MAP {[1, 2]: 'x'} AS list_keys, MAP {DATE '2024-01-02': [INTERVAL '1 hour']} AS date_keys")
+    sql = (
+        "SELECT {'k': MAP {'a': [TIMESTAMP '2024-01-01', NULL]}, 'b': [[UUID '" + UUID + "']]} AS deep, "
+        "MAP {[1, 2]: 'x'} AS list_keys, MAP {DATE '2024-01-02': [INTERVAL '1 hour']} AS date_keys"
+    )
     [row] = json.loads(query(capsys, db, sql, "json"))
-    assert row == {"deep": {"k": {"a": ["2024-01-01T00:00:00", None]}, "b": [[UUID]]},
-                   "list_keys": {"key": [[1, 2]], "value": ["x"]}, "date_keys": {"2024-01-02": ["PT1H"]}}
+    assert row == {
+        "deep": {"k": {"a": ["2024-01-01T00:00:00", None]}, "b": [[UUID]]},
+        "list_keys": {"key": [[1, 2]], "value": ["x"]},
+        "date_keys": {"2024-01-02": ["PT1H"]},
+    }
 
 
 ESCAPES = "\x1b[31mred\x1b[0m \r\x00\x07 \u202egnp.exe\x9b"
@@ -117,8 +122,9 @@ SHOWN = "\\x1b[31mred\\x1b[0m \\r\\x00\\x07 \\u202egnp.exe\\x9b"
 
 
 @pytest.mark.parametrize("fmt", ["table", "csv"])
-def test_control_characters_are_escaped_in_table_and_csv(db: Path, capsys: pytest.CaptureFixture[str],
-                                                         fmt: str) -> None:
+def test_control_characters_are_escaped_in_table_and_csv(
+    db: Path, capsys: pytest.CaptureFixture[str], fmt: str
+) -> None:
     literal = "'" + ESCAPES.replace("'", "''") + "'"
     sql = f'SELECT {literal} AS v, [{literal}] AS l, 1 AS "col\x1b[2J"'
     out = query(capsys, db, sql, fmt)

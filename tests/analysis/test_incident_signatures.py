@@ -21,11 +21,27 @@ MANIFEST = {
     "golden": {"path": "runs/golden", "run_id": "g-1", "node_label": "golden"},
     "suspect": {"node_label": "node-7", "kind": "run", "path": "runs/node-7", "run_id": "s-1"},
     "ops": [{"op": "aten.mm.default"}],
-    "signatures": [{
-        "output": 0, "dtype": "float32", "shape": [2, 32, 128], "shape_class": "2x32x128", "elements": 8192,
-        "differing": 3, "fields": {"sign": 0, "exponent": 3, "mantissa": 1}, "bits": {"27": 3, "2": 1},
-        "ulps_max": 134217728.0, "ulps_median": 134217728.0, "positions": [5, 37, 69], "coordinates": [],
-        "period": 32, "offset": 5, "op": "aten.mm.default", "step": 3, "site": "layers.1.feed_forward"}],
+    "signatures": [
+        {
+            "output": 0,
+            "dtype": "float32",
+            "shape": [2, 32, 128],
+            "shape_class": "2x32x128",
+            "elements": 8192,
+            "differing": 3,
+            "fields": {"sign": 0, "exponent": 3, "mantissa": 1},
+            "bits": {"27": 3, "2": 1},
+            "ulps_max": 134217728.0,
+            "ulps_median": 134217728.0,
+            "positions": [5, 37, 69],
+            "coordinates": [],
+            "period": 32,
+            "offset": 5,
+            "op": "aten.mm.default",
+            "step": 3,
+            "site": "layers.1.feed_forward",
+        }
+    ],
 }
 
 
@@ -38,14 +54,28 @@ def bundle(root: Path, name: str, manifest: dict[str, Any] | None = None, verdic
     return folder
 
 
-VERDICT = {"machine": "host-1", "verdict": "persistent here", "emulated": None, "repeats": 5, "device": "cpu",
-           "torch": "2.9.0", "unix": 1.0, "runs_matching_golden": 0, "runs_matching_suspect": 5}
+VERDICT = {
+    "machine": "host-1",
+    "verdict": "persistent here",
+    "emulated": None,
+    "repeats": 5,
+    "device": "cpu",
+    "torch": "2.9.0",
+    "unix": 1.0,
+    "runs_matching_golden": 0,
+    "runs_matching_suspect": 5,
+}
 
 
 def test_a_bundle_reads_into_typed_rows(tmp_path: Path) -> None:
     inc = read_bundle(bundle(tmp_path, "INC", verdicts=json.dumps(VERDICT) + "\n\n"))
-    assert (inc.node_label, inc.run_id, inc.golden_run_id, inc.step, inc.site) == \
-        ("node-7", "s-1", "g-1", 3, "layers.1.feed_forward")
+    assert (inc.node_label, inc.run_id, inc.golden_run_id, inc.step, inc.site) == (
+        "node-7",
+        "s-1",
+        "g-1",
+        3,
+        "layers.1.feed_forward",
+    )
     (sig,) = inc.signatures
     assert sig.bits == {27: 3, 2: 1} and sig.top_bit == (27, 3) and sig.fields == (0, 3, 1)
     assert sig.period == 32 and sig.offset == 5 and sig.shape == (2, 32, 128)
@@ -65,20 +95,24 @@ def broken(change: str, value: Any) -> dict[str, Any]:
     return manifest
 
 
-@pytest.mark.parametrize(("change", "value", "message"), [
-    ("site.step", "3", "field site.step is str, expected int"),
-    ("site.step", True, "field site.step is bool"),
-    ("site.name", "x" * 5000, "field site.name is 5000 characters long"),
-    ("suspect", [], "field suspect is list, expected dict"),
-    ("signatures.0.bits", {"99": 1}, "has the key '99', expected a bit index"),
-    ("signatures.0.differing", 10 ** 6, "field signatures[0].differing = 1000000 lies outside"),
-    ("signatures.0.period", 0, "field signatures[0].period = 0 lies outside"),
-    ("signatures.0.ulps_max", -1, "is not a distance"),
-    ("signatures.0.shape", [2, -1], "is not a list of dimensions"),
-    ("signatures", [{}] * 5000, "holds 5000 entries, at most 4096"),
-])
-def test_a_damaged_manifest_is_refused_naming_the_file_and_field(tmp_path: Path, change: str, value: Any,
-                                                                    message: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "value", "message"),
+    [
+        ("site.step", "3", "field site.step is str, expected int"),
+        ("site.step", True, "field site.step is bool"),
+        ("site.name", "x" * 5000, "field site.name is 5000 characters long"),
+        ("suspect", [], "field suspect is list, expected dict"),
+        ("signatures.0.bits", {"99": 1}, "has the key '99', expected a bit index"),
+        ("signatures.0.differing", 10**6, "field signatures[0].differing = 1000000 lies outside"),
+        ("signatures.0.period", 0, "field signatures[0].period = 0 lies outside"),
+        ("signatures.0.ulps_max", -1, "is not a distance"),
+        ("signatures.0.shape", [2, -1], "is not a list of dimensions"),
+        ("signatures", [{}] * 5000, "holds 5000 entries, at most 4096"),
+    ],
+)
+def test_a_damaged_manifest_is_refused_naming_the_file_and_field(
+    tmp_path: Path, change: str, value: Any, message: str
+) -> None:
     with pytest.raises(ValidationError, match="manifest.json: ") as info:
         read_bundle(bundle(tmp_path, "INC", broken(change, value)))
     assert message in str(info.value) and "capture it again with `sdc incident`" in str(info.value)
@@ -87,8 +121,11 @@ def test_a_damaged_manifest_is_refused_naming_the_file_and_field(tmp_path: Path,
 def test_files_beyond_their_bounds_and_bad_verdict_lines_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="INC/manifest.json: no such file"):
         read_bundle(tmp_path / "INC")
-    with pytest.raises(ValidationError, match="field format is 'sdctrace-incident/9', this sdctrace reads "
-                       "sdctrace-incident/1; load it with the sdctrace that wrote it"):
+    with pytest.raises(
+        ValidationError,
+        match="field format is 'sdctrace-incident/9', this sdctrace reads "
+        "sdctrace-incident/1; load it with the sdctrace that wrote it",
+    ):
         read_bundle(bundle(tmp_path, "OLD", broken("format", "sdctrace-incident/9")))
     (tmp_path / "OLD" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValidationError, match="OLD/manifest.json: not JSON"):

@@ -21,8 +21,12 @@ def declared() -> dict[str, list[str]]:
     con = duckdb.connect()
     con.execute(schema_sql())
     return {
-        name: [c for (c,) in con.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE table_name = ? ORDER BY column_index", [name]).fetchall()]
+        name: [
+            c
+            for (c,) in con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = ? ORDER BY column_index", [name]
+            ).fetchall()
+        ]
         for name in TABLES
     }
 
@@ -63,7 +67,9 @@ def test_loading_again_replaces_the_pair_only(tmp_path: Path) -> None:
     assert counts["loss"] == 2 and counts["runs"] == 1 and counts["event_diffs"] == 0
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT pair_id, count(*) FROM loss GROUP BY ALL ORDER BY ALL").fetchall() == [
-        ("pair-a", 2), ("pair-b", 1)]
+        ("pair-a", 2),
+        ("pair-b", 1),
+    ]
     assert con.execute("SELECT count(*) FROM runs").fetchall() == [(2,)]
     assert set(PAIR_TABLES) <= {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
 
@@ -92,8 +98,20 @@ def test_refuses_what_it_cannot_load(tmp_path: Path) -> None:
 
 def test_detector_tables_load_and_a_version_3_database_is_refused(tmp_path: Path) -> None:
     root = stage(tmp_path / "a", [1.0])
-    rows = [{"rank": 0, "run_id": "run-s", "node_label": "n", "step": s, "detector": d, "fired": s == 1 and d == "guard",
-             "faults": int(s == 1), "guarded": False} for s in range(3) for d in ("loss_spike", "guard")]
+    rows = [
+        {
+            "rank": 0,
+            "run_id": "run-s",
+            "node_label": "n",
+            "step": s,
+            "detector": d,
+            "fired": s == 1 and d == "guard",
+            "faults": int(s == 1),
+            "guarded": False,
+        }
+        for s in range(3)
+        for d in ("loss_spike", "guard")
+    ]
     (root / "detector_alarms").mkdir()
     pq.write_table(table("detector_alarms", rows), root / "detector_alarms" / "part.parquet")
     counts = load_parquet(tmp_path / "study.duckdb", root, "pair-a")

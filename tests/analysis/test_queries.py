@@ -92,7 +92,6 @@ def fingerprints(run: Path) -> dict[tuple, int]:
     return out
 
 
-
 def records(run: Path) -> dict[tuple, int]:
     """Every tensor record's fingerprint by (step, microbatch, name, phase, occurrence in log order)."""
     out: dict[tuple, int] = {}
@@ -107,6 +106,7 @@ def records(run: Path) -> dict[tuple, int]:
 
 def run_id(run: Path) -> str:
     return LogReader(rank_dir(run, 0)).header.run_id
+
 
 def losses(run: Path) -> dict[int, float]:
     return {e.step: e.fields["loss"] for e in events(run, "step")}
@@ -143,8 +143,9 @@ def first_divergence(golden: Path, suspect: Path) -> tuple | None:
     differing = [k for k in g if k[0] <= last and s.get(k) != g[k]]
     if not differing:
         return None
-    step, mb, name, phase = min(differing, key=lambda k: (k[0], k[3] in (Phase.GRAD, Phase.PARAM), k[1],
-                                                          order[k[3]], position[k]))
+    step, mb, name, phase = min(
+        differing, key=lambda k: (k[0], k[3] in (Phase.GRAD, Phase.PARAM), k[1], order[k[3]], position[k])
+    )
     return step, mb, name, phase.name.lower()
 
 
@@ -162,8 +163,15 @@ def test_every_sql_file_is_a_named_query_with_a_description() -> None:
 
 # No loss spikes, no fine-tunes, no guarded recording and no sharpness here; tests/pipelines/test_finetune_diff.py
 # checks the fine-tune queries, tests/pipelines/test_detector_alarms.py guard_outcome, test_drift_rate.py rq3_sharpness.
-NOT_IN_THIS_STUDY = {"rq3_loss_spikes", "rq3_finetune_accuracy", "rq3_finetune_disagreement", "rq3_finetune_plateau",
-                     "guard_outcome", "rq3_sharpness", "signature_groups"}
+NOT_IN_THIS_STUDY = {
+    "rq3_loss_spikes",
+    "rq3_finetune_accuracy",
+    "rq3_finetune_disagreement",
+    "rq3_finetune_plateau",
+    "guard_outcome",
+    "rq3_sharpness",
+    "signature_groups",
+}
 # Queries named for what they answer, not for a research question; signature_groups groups incidents across nodes (its
 # rows name them in node_labels: tests/replay/test_incident_fleet.py)
 PLAIN_NAMES = {"last_clean_checkpoint", "signature_groups"}
@@ -179,19 +187,26 @@ def test_every_named_query_runs_and_is_deterministic(study: Study) -> None:
             assert first.rows, f"{name}: no rows on a study with lockstep, param-sync, faults and ABFT"
 
 
-
 @pytest.mark.slow
 def test_summary_totals_are_what_sdc_diff_prints(study: Study) -> None:
     for node, suspect in (("node-7", study.node7), ("node-3", study.node3)):
         g, s = records(study.golden), records(suspect)
         last = min(max(k[0] for k in g), max(k[0] for k in s))
         compared = {k for k in g.keys() | s.keys() if k[0] <= last}
-        assert_matches(only(study, "summary_totals", node), {
-            "golden_node": "golden", "golden_run_id": run_id(study.golden), "suspect_run_id": run_id(suspect),
-            "events_compared": len(compared), "events_differing": sum(g.get(k) != s.get(k) for k in compared),
-            "compared_through": last, "max_drift": max(drift(study.golden, suspect).values()),
-            "loss_spikes": len(spikes(losses(study.golden))) + len(spikes(losses(suspect))),
-        })
+        assert_matches(
+            only(study, "summary_totals", node),
+            {
+                "golden_node": "golden",
+                "golden_run_id": run_id(study.golden),
+                "suspect_run_id": run_id(suspect),
+                "events_compared": len(compared),
+                "events_differing": sum(g.get(k) != s.get(k) for k in compared),
+                "compared_through": last,
+                "max_drift": max(drift(study.golden, suspect).values()),
+                "loss_spikes": len(spikes(losses(study.golden))) + len(spikes(losses(suspect))),
+            },
+        )
+
 
 @pytest.mark.slow
 # -- RQ1 --------------------------------------------------------------------------------
@@ -214,7 +229,9 @@ def test_mismatch_by_node_site_step_and_calls(study: Study) -> None:
         assert_matches(r, mismatch_stats([c for c in calls if c["step"] == r["step"]]))
 
     differing = rows(study, "rq1_mismatch_calls")
-    expected = sorted((c["step"], c["microbatch"], c["site"], c["phase"], c["severity"]) for c in calls if c["mismatched"])
+    expected = sorted(
+        (c["step"], c["microbatch"], c["site"], c["phase"], c["severity"]) for c in calls if c["mismatched"]
+    )
     assert [(r["step"], r["microbatch"], r["site"], r["phase"], r["severity"]) for r in differing] == expected
 
 
@@ -225,11 +242,20 @@ def test_mismatch_bursts(study: Study) -> None:
     assert mismatching == [1, 2, 4, 5]  # the profile's armed steps: 1-2, 4 and 5
     bursts = runs_of_consecutive(mismatching)
     longest = max(bursts, key=len)
-    assert_matches(only(study, "rq1_mismatch_bursts", "node-7"), {
-        "steps_replayed": 6, "first_step": 0, "last_step": 5, "steps_mismatching": len(mismatching),
-        "step_fraction": len(mismatching) / 6, "bursts": len(bursts), "longest_burst": len(longest),
-        "longest_burst_start": longest[0], "mean_burst": float(np.mean([len(b) for b in bursts])),
-    })
+    assert_matches(
+        only(study, "rq1_mismatch_bursts", "node-7"),
+        {
+            "steps_replayed": 6,
+            "first_step": 0,
+            "last_step": 5,
+            "steps_mismatching": len(mismatching),
+            "step_fraction": len(mismatching) / 6,
+            "bursts": len(bursts),
+            "longest_burst": len(longest),
+            "longest_burst_start": longest[0],
+            "mean_burst": float(np.mean([len(b) for b in bursts])),
+        },
+    )
 
 
 @pytest.mark.slow
@@ -249,11 +275,19 @@ def test_abft_detection_rate_by_fault_kind(study: Study) -> None:
             if traced is not None:
                 key = (f["step"], f["microbatch"], traced, Phase[f["phase"].upper()])
                 compared.append(golden[key] != suspect[key])
-        assert_matches(found["suspect", kind], {
-            "node_label": "node-7", "faults": len(mine), "abft_checked": len(checked), "abft_flagged": len(flagged),
-            "abft_rate": len(flagged) / len(checked), "fingerprint_compared": len(compared),
-            "fingerprint_detected": sum(compared), "fingerprint_rate": sum(compared) / len(compared),
-        })
+        assert_matches(
+            found["suspect", kind],
+            {
+                "node_label": "node-7",
+                "faults": len(mine),
+                "abft_checked": len(checked),
+                "abft_flagged": len(flagged),
+                "abft_rate": len(flagged) / len(checked),
+                "fingerprint_compared": len(compared),
+                "fingerprint_detected": sum(compared),
+                "fingerprint_rate": sum(compared) / len(compared),
+            },
+        )
     assert found["suspect", "scale"]["abft_rate"] > 0  # a 100x element is far outside the rounding bound
     assert found["suspect", "bitflip"]["abft_flagged"] == 0  # a last-bit flip is within it
     assert found["suspect", "bitflip"]["fingerprint_rate"] == 1.0  # fingerprints see every bit
@@ -267,9 +301,20 @@ def test_detection_scores_of_abft(study: Study) -> None:
     tp, fp = len(flagged & faulted), len(flagged - faulted)
     fn = len((set(checks) - flagged) & faulted)
     row = next(r for r in rows(study, "rq1_detection_scores") if r["detector"] == "abft")
-    assert_matches(row, {"node_label": "node-7", "side": "suspect", "units": len(checks), "tp": tp, "fp": fp,
-                         "fn": fn, "tn": len(checks) - tp - fp - fn, "recall": tp / (tp + fn),
-                         "precision": tp / (tp + fp)})
+    assert_matches(
+        row,
+        {
+            "node_label": "node-7",
+            "side": "suspect",
+            "units": len(checks),
+            "tp": tp,
+            "fp": fp,
+            "fn": fn,
+            "tn": len(checks) - tp - fp - fn,
+            "recall": tp / (tp + fn),
+            "precision": tp / (tp + fp),
+        },
+    )
     for r in rows(study, "rq1_detection_scores"):
         if r["tp"] + r["fn"]:
             assert r["recall"] == r["tp"] / (r["tp"] + r["fn"])
@@ -293,11 +338,19 @@ def test_noise_to_signal_per_step_and_worst_case(study: Study) -> None:
     assert worst_step == 5  # the blown-up LM head
     per_param = {e.fields["name"]: e.fields["ratio"] for e in noise if e.step == worst_step and e.fields["name"] != "*"}
     worst_param = max(sorted(per_param), key=per_param.__getitem__)
-    assert_matches(only(study, "rq2_noise_worst", "node-7"), {
-        "steps": 3, "noisy_steps": int((ratios > 0).sum()), "mean_ratio": float(ratios.mean()),
-        "median_ratio": float(np.median(ratios)), "worst_ratio": float(ratios.max()), "worst_step": worst_step,
-        "worst_parameter": worst_param, "worst_parameter_ratio": per_param[worst_param],
-    })
+    assert_matches(
+        only(study, "rq2_noise_worst", "node-7"),
+        {
+            "steps": 3,
+            "noisy_steps": int((ratios > 0).sum()),
+            "mean_ratio": float(ratios.mean()),
+            "median_ratio": float(np.median(ratios)),
+            "worst_ratio": float(ratios.max()),
+            "worst_step": worst_step,
+            "worst_parameter": worst_param,
+            "worst_parameter_ratio": per_param[worst_param],
+        },
+    )
 
 
 @pytest.mark.slow
@@ -329,9 +382,11 @@ def test_loss_spikes(study: Study) -> None:
     assert list(expected) == [5] and not spikes(g)  # the LM head blown up at step 5, nothing on golden
     found = rows(study, "rq3_loss_spikes")
     assert [(r["node_label"], r["side"], r["step"]) for r in found] == [("node-7", "suspect", 5)]
-    (value, baseline), = expected.values()
-    assert_matches(found[0], {"loss": value, "baseline": baseline, "ratio": value / baseline,
-                              "golden_loss": g[5], "suspect_loss": s[5]})
+    ((value, baseline),) = expected.values()
+    assert_matches(
+        found[0],
+        {"loss": value, "baseline": baseline, "ratio": value / baseline, "golden_loss": g[5], "suspect_loss": s[5]},
+    )
 
 
 @pytest.mark.slow
@@ -357,15 +412,35 @@ def test_summary_has_the_headline_numbers(study: Study) -> None:
     noise = [e.fields["ratio"] for e in events(study.param_sync, "grad_noise") if e.fields["name"] == "*"]
     d = drift(study.golden, study.node7)
     step, _, name, phase = first_divergence(study.golden, study.node7)
-    assert_matches(summary["node-7"], {
-        "golden_node": "golden", "compared_through": 5, "first_step": step, "first_site": f"{name} {phase}",
-        "mismatch_frequency": stats["frequency"], "mismatch_severity": stats["severity"],
-        "mismatching_steps": 4, "lockstep_steps": 6, "worst_noise": max(noise), "suspect_spikes": 1,
-        "faults": len(faults), "abft_rate": sum(any(checks[f["unit"]]) for f in checked) / len(checked),
-    })
+    assert_matches(
+        summary["node-7"],
+        {
+            "golden_node": "golden",
+            "compared_through": 5,
+            "first_step": step,
+            "first_site": f"{name} {phase}",
+            "mismatch_frequency": stats["frequency"],
+            "mismatch_severity": stats["severity"],
+            "mismatching_steps": 4,
+            "lockstep_steps": 6,
+            "worst_noise": max(noise),
+            "suspect_spikes": 1,
+            "faults": len(faults),
+            "abft_rate": sum(any(checks[f["unit"]]) for f in checked) / len(checked),
+        },
+    )
     assert summary["node-7"]["final_drift"] == pytest.approx(d[max(d)], rel=1e-9)
     assert summary["node-7"]["max_drift"] == pytest.approx(max(d.values()), rel=1e-9)
-    assert_matches(summary["node-3"], {
-        "compared_through": 2, "first_step": None, "mismatch_frequency": None, "worst_noise": None,
-        "final_drift": 0.0, "suspect_spikes": 0, "faults": 0, "abft_rate": None,
-    })
+    assert_matches(
+        summary["node-3"],
+        {
+            "compared_through": 2,
+            "first_step": None,
+            "mismatch_frequency": None,
+            "worst_noise": None,
+            "final_drift": 0.0,
+            "suspect_spikes": 0,
+            "faults": 0,
+            "abft_rate": None,
+        },
+    )

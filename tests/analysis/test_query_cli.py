@@ -64,7 +64,14 @@ def test_formats_agree_with_the_query(study: Study, capsys: pytest.CaptureFixtur
 
 def test_cell_and_json_spell_out_what_text_cannot() -> None:
     assert [formats.cell(v) for v in (None, True, 0.000123456, 1234567.0, 3, "a\nb", [1, 2])] == [
-        "-", "true", "0.0001235", "1.235e+06", "3", "a\\nb", "[1, 2]"]
+        "-",
+        "true",
+        "0.0001235",
+        "1.235e+06",
+        "3",
+        "a\\nb",
+        "[1, 2]",
+    ]
     result = Result(["x", "y"], [(float("inf"), None), (float("nan"), -float("inf"))])
     assert json.loads(formats.json_text(result)) == [{"x": "Infinity", "y": None}, {"x": "NaN", "y": "-Infinity"}]
     assert formats.json_text(Result(["x"], [])) == "[]\n"
@@ -79,7 +86,8 @@ def test_sql_reads(study: Study, capsys: pytest.CaptureFixture[str]) -> None:
 WRITES = [
     "DELETE FROM loss",
     "UPDATE loss SET golden_loss = 0",
-    "INSERT INTO pairs (pair_id, golden_path, suspect_path, golden_run_id, suspect_run_id) VALUES ('x', 'a', 'b', 'c', 'd')",
+    "INSERT INTO pairs (pair_id, golden_path, suspect_path, golden_run_id, suspect_run_id) "
+    "VALUES ('x', 'a', 'b', 'c', 'd')",
     "DROP TABLE loss",
     "CREATE TABLE t AS SELECT 1",
     "CREATE TEMP TABLE t AS SELECT 1",
@@ -101,8 +109,9 @@ WRITES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("statement", WRITES)
-def test_sql_that_writes_is_refused_and_changes_nothing(study: Study, tmp_path: Path, statement: str,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_sql_that_writes_is_refused_and_changes_nothing(
+    study: Study, tmp_path: Path, statement: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = hashlib.sha256(study.db.read_bytes()).hexdigest()
     counts = queries.run(study.db, "SELECT (SELECT count(*) FROM loss), (SELECT count(*) FROM pairs)").rows
     sql = statement.format(tmp=tmp_path, db=study.db)
@@ -114,18 +123,22 @@ def test_sql_that_writes_is_refused_and_changes_nothing(study: Study, tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args, message", [
-    (["summary", "--db", "{tmp}/missing.duckdb"], "no such study database"),
-    (["summary", "--db", "{tmp}/junk.duckdb"], "cannot open as a DuckDB study database"),
-    (["sumary", "--db", "{db}"], "did you mean summary,"),
-    (["--sql", "SELECT * FROM no_such_table", "--db", "{db}"], "Table with name no_such_table does not exist"),
-    (["--sql", "SELEC 1", "--db", "{db}"], "does not parse"),
-    (["summary"], "--db FILE is required"),
-    (["--db", "{db}"], "give a query NAME or --sql"),
-    (["summary", "--sql", "SELECT 1", "--db", "{db}"], "give a query NAME or --sql"),
-])
-def test_user_errors_are_one_line(study: Study, tmp_path: Path, args: list[str], message: str,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["summary", "--db", "{tmp}/missing.duckdb"], "no such study database"),
+        (["summary", "--db", "{tmp}/junk.duckdb"], "cannot open as a DuckDB study database"),
+        (["sumary", "--db", "{db}"], "did you mean summary,"),
+        (["--sql", "SELECT * FROM no_such_table", "--db", "{db}"], "Table with name no_such_table does not exist"),
+        (["--sql", "SELEC 1", "--db", "{db}"], "does not parse"),
+        (["summary"], "--db FILE is required"),
+        (["--db", "{db}"], "give a query NAME or --sql"),
+        (["summary", "--sql", "SELECT 1", "--db", "{db}"], "give a query NAME or --sql"),
+    ],
+)
+def test_user_errors_are_one_line(
+    study: Study, tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "junk.duckdb").write_bytes(b"not a database" * 100)
     line = one_error_line(capsys, "query", *[a.format(tmp=tmp_path, db=study.db) for a in args])
     assert message in line, line
@@ -133,14 +146,20 @@ def test_user_errors_are_one_line(study: Study, tmp_path: Path, args: list[str],
 
 @pytest.mark.slow
 def test_a_refused_write_is_one_line_from_the_shell(study: Study) -> None:
-    result = subprocess.run([sys.executable, "-m", "sdc.cli", "query", "--sql", "DELETE FROM loss", "--db", str(study.db)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "sdc.cli", "query", "--sql", "DELETE FROM loss", "--db", str(study.db)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1 and result.stderr.strip().splitlines() == [
-        "sdc: error: refused a DELETE statement: queries are read-only, only SELECT (or EXPLAIN) runs here"]
+        "sdc: error: refused a DELETE statement: queries are read-only, only SELECT (or EXPLAIN) runs here"
+    ]
 
 
 def test_a_query_of_tables_loaded_later_names_the_command_that_loads_them(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "study.duckdb"
     con = duckdb.connect(str(db))
     ensure_schema(con)

@@ -21,8 +21,9 @@ def images(page: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_report_writes_every_plot_and_the_page_shows_each(study: Study, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_writes_every_plot_and_the_page_shows_each(
+    study: Study, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "report"
     assert main(["report", "--db", str(study.db), "--out", str(out), "--quiet"]) == 0
     assert "with 5 plot(s)" in capsys.readouterr().out
@@ -30,8 +31,9 @@ def test_report_writes_every_plot_and_the_page_shows_each(study: Study, tmp_path
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert sorted(images(page)) == pngs
     pairs = [pid for (pid,) in queries.run(study.db, "SELECT pair_id FROM pairs").rows]
-    assert pngs == sorted(["rq1_frequency.png", "rq1_severity.png", "rq2_noise.png",
-                           *(f"rq3_{p}_rank0.png" for p in pairs)])
+    assert pngs == sorted(
+        ["rq1_frequency.png", "rq1_severity.png", "rq2_noise.png", *(f"rq3_{p}_rank0.png" for p in pairs)]
+    )
     assert all((out / p).read_bytes().startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
     assert "The fine-tuning tables hold no rows yet." in page  # this study fine-tuned nothing
     assert "http" not in page.replace("http-equiv", "")  # self-contained: nothing fetched from elsewhere
@@ -43,8 +45,13 @@ def test_report_writes_every_plot_and_the_page_shows_each(study: Study, tmp_path
 def test_tables_are_the_named_queries(study: Study, tmp_path: Path) -> None:
     report = build_report(study.db, tmp_path, progress=False)
     shown = {name: result for s in report.sections for name, result, _ in s.tables}
-    assert {"summary", "rq1_mismatch_bursts", "rq2_noise_by_step", "rq3_drift_and_loss",
-            "guard_detector_scores"} <= set(shown)
+    assert {
+        "summary",
+        "rq1_mismatch_bursts",
+        "rq2_noise_by_step",
+        "rq3_drift_and_loss",
+        "guard_detector_scores",
+    } <= set(shown)
     for name, result in shown.items():
         assert result == queries.run(study.db, name), name
 

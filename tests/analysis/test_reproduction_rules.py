@@ -15,6 +15,7 @@ import pytest
 from analysis import reproduction
 from analysis import reproduction_provenance as prov
 from analysis import reproduction_rules as rules
+from analysis import reproduction_stats as stats
 from analysis.reproduction import FINDINGS, Reproduction, build_reproduction, to_markdown
 
 Row = dict[str, Any]
@@ -26,41 +27,66 @@ Row = dict[str, Any]
 def test_binomial_interval_leaves_at_most_two_and_a_half_percent_in_each_tail() -> None:
     for n in (5, 15, 30):
         p = 2 / 15
-        lo, hi = rules.binomial_interval(n, p)
-        pmf = [math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(n + 1)]
-        assert sum(pmf[:lo]) <= 0.025 < sum(pmf[:lo + 1])
-        assert sum(pmf[hi + 1:]) <= 0.025 < sum(pmf[hi:])
-    assert rules.binomial_interval(5, 2 / 15) == (0, 2)
-    assert rules.binomial_interval(15, 2 / 15) == (0, 5)
+        lo, hi = stats.binomial_interval(n, p)
+        pmf = [math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)]
+        assert sum(pmf[:lo]) <= 0.025 < sum(pmf[: lo + 1])
+        assert sum(pmf[hi + 1 :]) <= 0.025 < sum(pmf[hi:])
+    assert stats.binomial_interval(5, 2 / 15) == (0, 2)
+    assert stats.binomial_interval(15, 2 / 15) == (0, 5)
 
 
 @pytest.mark.parametrize(("k", "table"), [(3, 7.815), (10, 18.307), (23, 35.172), (39, 54.572)])
 def test_chi2_quantile_is_within_one_percent_of_the_table(k: int, table: float) -> None:
-    assert rules.chi2_quantile(k) == pytest.approx(table, rel=0.01)
+    assert stats.chi2_quantile(k) == pytest.approx(table, rel=0.01)
 
 
 def test_poisson_fano_bound_is_the_dispersion_tests_quantile_over_the_steps() -> None:
-    assert rules.poisson_fano_bound(24) == pytest.approx(35.172 / 24, rel=0.01)
-    assert rules.poisson_fano_bound(24) > 1
+    assert stats.poisson_fano_bound(24) == pytest.approx(35.172 / 24, rel=0.01)
+    assert stats.poisson_fano_bound(24) > 1
 
 
 def test_spearman() -> None:
-    assert rules.spearman([(1, 2), (2, 3), (3, 5)]) == pytest.approx(1)
-    assert rules.spearman([(1, 5), (2, 3), (3, 2)]) == pytest.approx(-1)
-    assert rules.spearman([(1, 1), (2, 1), (3, 1)]) == 0.0
+    assert stats.spearman([(1, 2), (2, 3), (3, 5)]) == pytest.approx(1)
+    assert stats.spearman([(1, 5), (2, 3), (3, 2)]) == pytest.approx(-1)
+    assert stats.spearman([(1, 1), (2, 1), (3, 1)]) == 0.0
 
 
 # -- RQ1 -----------------------------------------------------------------------------------------
 
 
-def rq1(label: str, *, calls: int = 0, steps: int = 0, faults: int = 0, fault_steps: int = 0,
-        fault_fano: float | None = None, severity: float | None = None, max_rel: float = 0.0,
-        recall: float | None = None, outside: int = 0, below: int = 0, replayed: int = 24) -> Row:
+def rq1(
+    label: str,
+    *,
+    calls: int = 0,
+    steps: int = 0,
+    faults: int = 0,
+    fault_steps: int = 0,
+    fault_fano: float | None = None,
+    severity: float | None = None,
+    max_rel: float = 0.0,
+    recall: float | None = None,
+    outside: int = 0,
+    below: int = 0,
+    replayed: int = 24,
+) -> Row:
     """One rq1_fleet_nodes row."""
-    return {"node_label": label, "steps_replayed": replayed, "steps_mismatching": steps, "mismatching_calls": calls,
-            "frequency": 1e-6 * (calls + 1), "median_severity": severity, "max_rel": max_rel, "fano": None,
-            "faults": faults, "faults_in_window": faults, "fault_steps": fault_steps, "fault_fano": fault_fano,
-            "faults_outside_matmul": outside, "faults_below_bound": below, "abft_recall": recall}
+    return {
+        "node_label": label,
+        "steps_replayed": replayed,
+        "steps_mismatching": steps,
+        "mismatching_calls": calls,
+        "frequency": 1e-6 * (calls + 1),
+        "median_severity": severity,
+        "max_rel": max_rel,
+        "fano": None,
+        "faults": faults,
+        "faults_in_window": faults,
+        "fault_steps": fault_steps,
+        "fault_fano": fault_fano,
+        "faults_outside_matmul": outside,
+        "faults_below_bound": below,
+        "abft_recall": recall,
+    }
 
 
 def fleet(*rows: Row) -> list[Row]:
@@ -94,19 +120,23 @@ def test_frequent_nodes() -> None:
 
 
 def test_bursts_use_injected_faults_against_a_poisson_rate() -> None:
-    steady = rules.poisson_fano_bound(24) * 0.5
-    bursty = rules.poisson_fano_bound(24) * 3
-    rows = [rq1("node-01", faults=10, fault_steps=3, fault_fano=bursty),
-            rq1("node-02", faults=10, fault_steps=3, fault_fano=bursty),
-            rq1("node-03", faults=10, fault_steps=8, fault_fano=steady)]
+    steady = stats.poisson_fano_bound(24) * 0.5
+    bursty = stats.poisson_fano_bound(24) * 3
+    rows = [
+        rq1("node-01", faults=10, fault_steps=3, fault_fano=bursty),
+        rq1("node-02", faults=10, fault_steps=3, fault_fano=bursty),
+        rq1("node-03", faults=10, fault_steps=8, fault_fano=steady),
+    ]
     v = rules.bursts(rows)
     assert v.outcome == "reproduced" and not v.unstable and "2 of 3" in v.ours
     # one fault mismatching two calls makes the old Fano factor of mismatching calls 2: the rule does not read it
     doubled = [{**rq1(f"node-0{i}", faults=8, fault_steps=8, fault_fano=0.7), "fano": 2.0} for i in range(1, 4)]
     assert rules.bursts(doubled).outcome == "not reproduced"
     assert rules.bursts([rq1("node-01", faults=1, fault_steps=1, fault_fano=0.96)]).outcome == "not measured"
-    near = [rq1("node-01", faults=10, fault_steps=3, fault_fano=bursty),
-            rq1("node-02", faults=10, fault_steps=8, fault_fano=rules.poisson_fano_bound(24) * 0.95)]
+    near = [
+        rq1("node-01", faults=10, fault_steps=3, fault_fano=bursty),
+        rq1("node-02", faults=10, fault_steps=8, fault_fano=stats.poisson_fano_bound(24) * 0.95),
+    ]
     v = rules.bursts(near)
     assert v.outcome == "not reproduced" and "margin" in v.unstable
 
@@ -188,8 +218,15 @@ def test_overlap_needs_drift_above_the_float_noise() -> None:
 
 
 def spread(**kw: Any) -> Row:
-    base = {"nodes": 4, "rate_ratio": 1.5, "median_rate": 0.1, "sdc_rate_ratio": 100.0, "sdc_rate_decades": 2.0,
-            "trigger_rate": 0.1, "trigger_over_median": 1.0}
+    base = {
+        "nodes": 4,
+        "rate_ratio": 1.5,
+        "median_rate": 0.1,
+        "sdc_rate_ratio": 100.0,
+        "sdc_rate_decades": 2.0,
+        "trigger_rate": 0.1,
+        "trigger_over_median": 1.0,
+    }
     return base | kw
 
 
@@ -228,28 +265,44 @@ def test_sharpness_decides_only_when_its_interval_excludes_the_other_answer() ->
 
 
 def test_spearman_interval_by_fishers_z() -> None:
-    lo, hi = rules.spearman_interval(0.5, 20)
+    lo, hi = stats.spearman_interval(0.5, 20)
     half = 1.959963984540054 * math.sqrt(1.06 / 17)
     z = math.atanh(0.5)
     assert (lo, hi) == (pytest.approx(math.tanh(z - half)), pytest.approx(math.tanh(z + half)))
-    assert rules.spearman_interval(0.0, 30)[0] == pytest.approx(-rules.spearman_interval(0.0, 30)[1])
+    assert stats.spearman_interval(0.0, 30)[0] == pytest.approx(-stats.spearman_interval(0.0, 30)[1])
     with pytest.raises(ValueError):
-        rules.spearman_interval(0.5, 3)
+        stats.spearman_interval(0.5, 3)
 
 
 def test_binomial_upper_bound_leaves_at_most_five_percent_above_it() -> None:
     for n, p in ((10, 1 / 6), (75, 1 / 6), (75, 1 / 3), (5, 0.5)):
-        k = rules.binomial_upper(n, p)
-        pmf = [math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(n + 1)]
-        assert sum(pmf[k + 1:]) <= 0.05 < sum(pmf[k:])
-    assert rules.binomial_upper(10, 1 / 6) == 4
+        k = stats.binomial_upper(n, p)
+        pmf = [math.comb(n, j) * p**j * (1 - p) ** (n - j) for j in range(n + 1)]
+        assert sum(pmf[k + 1 :]) <= 0.05 < sum(pmf[k:])
+    assert stats.binomial_upper(10, 1 / 6) == 4
 
 
-def spike(label: str, kind: str, *, golden: bool = False, faults: int = 0, scripted: int = 0,
-          ratio: float = 3.0, side: str = "suspect") -> Row:
+def spike(
+    label: str,
+    kind: str,
+    *,
+    golden: bool = False,
+    faults: int = 0,
+    scripted: int = 0,
+    ratio: float = 3.0,
+    side: str = "suspect",
+) -> Row:
     """One rq3_loss_spikes row."""
-    return {"node_label": label, "kind": kind, "side": side, "golden_spike": golden, "faults_before": faults,
-            "scripted_faults_before": scripted, "ratio": ratio, "step": 7}
+    return {
+        "node_label": label,
+        "kind": kind,
+        "side": side,
+        "golden_spike": golden,
+        "faults_before": faults,
+        "scripted_faults_before": scripted,
+        "ratio": ratio,
+        "step": 7,
+    }
 
 
 def test_spikes_count_only_after_a_fault_and_not_where_golden_spikes() -> None:
@@ -257,9 +310,14 @@ def test_spikes_count_only_after_a_fault_and_not_where_golden_spikes() -> None:
     assert v.outcome == "reproduced" and "node-03" in v.ours and not v.unstable
     assert rules.spikes([]).outcome == "not reproduced"
     # golden's own spike, a spike without a fault, the scripted destroyer: none counts
-    v = rules.spikes([spike("node-03", "fleet", golden=True, faults=2), spike("golden", "golden", golden=True,
-                                                                              side="golden"),
-                      spike("node-04", "fleet"), spike("node-07", "fleet", faults=1, scripted=1)])
+    v = rules.spikes(
+        [
+            spike("node-03", "fleet", golden=True, faults=2),
+            spike("golden", "golden", golden=True, side="golden"),
+            spike("node-04", "fleet"),
+            spike("node-07", "fleet", faults=1, scripted=1),
+        ]
+    )
     assert v.outcome == "not reproduced"
     assert "scripted spikes (reported apart): node-07" in v.ours and "without a fault in the window: node-04" in v.ours
     # the shuffle-seed twin's spikes are shown; the healthy twin's mean the spike rule fires without SDC
@@ -272,17 +330,30 @@ def test_spikes_count_only_after_a_fault_and_not_where_golden_spikes() -> None:
 # -- RQ3 fine-tuning -----------------------------------------------------------------------------
 
 
-def acc(label: str, role: str, task: str, accuracy: float, *, below: bool = False, chance: float = 0.25,
-        golden: float = 0.8) -> Row:
+def acc(
+    label: str, role: str, task: str, accuracy: float, *, below: bool = False, chance: float = 0.25, golden: float = 0.8
+) -> Row:
     """One rq3_finetune_accuracy row."""
-    return {"node_label": label, "role": role, "task": task, "accuracy": accuracy, "chance": chance,
-            "collapsed": accuracy <= chance, "golden_accuracy": golden, "accuracy_vs_golden": accuracy - golden,
-            "below_golden": below}
+    return {
+        "node_label": label,
+        "role": role,
+        "task": task,
+        "accuracy": accuracy,
+        "chance": chance,
+        "collapsed": accuracy <= chance,
+        "golden_accuracy": golden,
+        "accuracy_vs_golden": accuracy - golden,
+        "below_golden": below,
+    }
 
 
 GOLDEN = [acc("golden", "golden", "copy", 0.8), acc("golden", "golden", "match", 0.28, golden=0.28)]
-TWINS = [acc("golden-twin", "twin", "copy", 0.78), acc("golden-twin-2", "suspect", "copy", 0.82),
-         acc("golden-twin-3", "suspect", "copy", 0.80), acc("golden-twin", "twin", "match", 0.27, golden=0.28)]
+TWINS = [
+    acc("golden-twin", "twin", "copy", 0.78),
+    acc("golden-twin-2", "suspect", "copy", 0.82),
+    acc("golden-twin-3", "suspect", "copy", 0.80),
+    acc("golden-twin", "twin", "match", 0.27, golden=0.28),
+]
 
 
 def test_accuracy_counts_results_below_every_twin_against_a_binomial_bound() -> None:
@@ -301,12 +372,14 @@ def test_accuracy_counts_results_below_every_twin_against_a_binomial_bound() -> 
 
 
 def test_destroyed_needs_a_task_golden_and_its_twins_learnt() -> None:
-    v = rules.destroyed(GOLDEN + TWINS + [acc("node-06", "suspect", "copy", 0.0),
-                                          acc("node-01", "suspect", "copy", 0.8)])
+    v = rules.destroyed(
+        GOLDEN + TWINS + [acc("node-06", "suspect", "copy", 0.0), acc("node-01", "suspect", "copy", 0.8)]
+    )
     assert v.outcome == "reproduced" and "node-06 copy" in v.ours and "3 twins" in v.ours
     # at chance on a task golden barely beats chance is no destroyed node
-    v = rules.destroyed(GOLDEN + TWINS + [acc("node-06", "suspect", "match", 0.2, golden=0.28),
-                                          acc("node-01", "suspect", "copy", 0.8)])
+    v = rules.destroyed(
+        GOLDEN + TWINS + [acc("node-06", "suspect", "match", 0.2, golden=0.28), acc("node-01", "suspect", "copy", 0.8)]
+    )
     assert v.outcome == "not reproduced" and not v.unstable
     # nor on a task a twin did not learn
     weak = [acc("golden-twin-2", "suspect", "copy", 0.3)]
@@ -316,22 +389,36 @@ def test_destroyed_needs_a_task_golden_and_its_twins_learnt() -> None:
     assert v.outcome == "not reproduced" and "node-01" in v.unstable
 
 
-def dis(label: str, disagreement: float, *, twin: str = "golden-twin", baseline: float = 0.10,
-        task: str = "copy") -> Row:
+def dis(
+    label: str, disagreement: float, *, twin: str = "golden-twin", baseline: float = 0.10, task: str = "copy"
+) -> Row:
     """One rq3_finetune_disagreement row: `label`'s pair, whose baseline is shuffle-seed twin `twin`."""
-    return {"suspect_node": label, "twin_node": twin, "task": task, "disagreement": disagreement,
-            "baseline_disagreement": baseline, "suspect_accuracy": 0.6}
+    return {
+        "suspect_node": label,
+        "twin_node": twin,
+        "task": task,
+        "disagreement": disagreement,
+        "baseline_disagreement": baseline,
+        "suspect_accuracy": 0.6,
+    }
 
 
 # five twins, each the baseline of some pairs (they take turns): their disagreements with golden
-TWIN_BASELINES = {"golden-twin": 0.10, "golden-twin-2": 0.08, "golden-twin-3": 0.12, "golden-twin-4": 0.09,
-                  "golden-twin-5": 0.14}
+TWIN_BASELINES = {
+    "golden-twin": 0.10,
+    "golden-twin-2": 0.08,
+    "golden-twin-3": 0.12,
+    "golden-twin-4": 0.09,
+    "golden-twin-5": 0.14,
+}
 TWINS_IN_TURN = list(TWIN_BASELINES.items()) * 2
 
 
 def pairs(disagreements: list[float]) -> list[Row]:
-    return [dis(f"node-{i:02d}", d, twin=t, baseline=b)
-            for i, (d, (t, b)) in enumerate(zip(disagreements, TWINS_IN_TURN), 1)]
+    return [
+        dis(f"node-{i:02d}", d, twin=t, baseline=b)
+        for i, (d, (t, b)) in enumerate(zip(disagreements, TWINS_IN_TURN), 1)
+    ]
 
 
 def test_disagreement_counts_results_outside_the_twins_range_against_a_binomial_bound() -> None:
@@ -350,20 +437,42 @@ def test_disagreement_counts_results_outside_the_twins_range_against_a_binomial_
 # -- provenance ----------------------------------------------------------------------------------
 
 
-def rule(label: str, kind: str = "bitflip", *, ops: str = '["matmul"]', p_call: float = 1e-3,
-         p_enter: float | None = None, factor: tuple[float, float] | None = None, bits: str | None = "mantissa",
-         roles: str | None = None, steps: str | None = None) -> Row:
+def rule(
+    label: str,
+    kind: str = "bitflip",
+    *,
+    ops: str = '["matmul"]',
+    p_call: float = 1e-3,
+    p_enter: float | None = None,
+    factor: tuple[float, float] | None = None,
+    bits: str | None = "mantissa",
+    roles: str | None = None,
+    steps: str | None = None,
+) -> Row:
     """One rq1_fleet_profiles row."""
-    return {"node_label": label, "kind": kind, "ops": ops, "p_call": p_call, "p_enter": p_enter, "p_exit": None,
-            "factor_min": factor[0] if factor else None, "factor_max": factor[1] if factor else None,
-            "bits": bits, "roles": roles, "steps": steps}
+    return {
+        "node_label": label,
+        "kind": kind,
+        "ops": ops,
+        "p_call": p_call,
+        "p_enter": p_enter,
+        "p_exit": None,
+        "factor_min": factor[0] if factor else None,
+        "factor_max": factor[1] if factor else None,
+        "bits": bits,
+        "roles": roles,
+        "steps": steps,
+    }
 
 
 def test_provenance_follows_the_fault_rules() -> None:
-    drawn = [rule("node-01", p_call=1e-6, p_enter=0.3), rule("node-02", p_call=1e-2, p_enter=0.3),
-             rule("node-02", "scale", ops='["softmax"]', p_call=1e-4, factor=(100.0, 1000.0), bits=None),
-             rule("node-02", "stuck", ops='["matmul"]', p_call=1.0, roles='["finetune"]', steps="[60]", bits=None),
-             rule("node-00", "bitflip", p_call=0.0)]
+    drawn = [
+        rule("node-01", p_call=1e-6, p_enter=0.3),
+        rule("node-02", p_call=1e-2, p_enter=0.3),
+        rule("node-02", "scale", ops='["softmax"]', p_call=1e-4, factor=(100.0, 1000.0), bits=None),
+        rule("node-02", "stuck", ops='["matmul"]', p_call=1.0, roles='["finetune"]', steps="[60]", bits=None),
+        rule("node-00", "bitflip", p_call=0.0),
+    ]
     assert prov.rate_spread(drawn).kind == "built in"
     assert prov.burst_chain(drawn).kind == "built in"
     assert prov.heavy_tail(drawn).kind == "built in"
@@ -372,8 +481,16 @@ def test_provenance_follows_the_fault_rules() -> None:
     assert prov.scripted_destroyer(drawn).kind == "built in"
     assert prov.small_flips([rule("node-01"), rule("node-02")]).kind == "built in"
     plain = [rule("node-01", bits="30"), rule("node-02", bits="30")]  # steady, alike, one bit, matmul only
-    for decide in (prov.rate_spread, prov.burst_chain, prov.small_flips, prov.heavy_tail, prov.outside_matmul,
-                   prov.tail_rate, prov.scripted_destroyer, prov.emergent):
+    for decide in (
+        prov.rate_spread,
+        prov.burst_chain,
+        prov.small_flips,
+        prov.heavy_tail,
+        prov.outside_matmul,
+        prov.tail_rate,
+        prov.scripted_destroyer,
+        prov.emergent,
+    ):
         assert decide(plain).kind == "emergent", decide.__name__
 
 
@@ -386,8 +503,15 @@ def test_the_table_shows_provenance_and_unstable_rows(tmp_path: Path) -> None:
     missing = build_reproduction({"rq1": tmp_path / "none.duckdb"})
     assert all(r.verdict.outcome == "not measured" and r.provenance.kind == "unknown" for r in missing.rows)
     finding = FINDINGS[0]
-    rep = Reproduction((reproduction.Row(finding, rules.Verdict("2 of 5", "reproduced", "a node within the margin"),
-                                       prov.Provenance("built in", "rates span 1e4x")),))
+    rep = Reproduction(
+        (
+            reproduction.Row(
+                finding,
+                rules.Verdict("2 of 5", "reproduced", "a node within the margin"),
+                prov.Provenance("built in", "rates span 1e4x"),
+            ),
+        )
+    )
     text = to_markdown(rep, "t")
     assert "| built in: rates span 1e4x | **reproduced** (unstable: a node within the margin) |" in text
     assert "Totals: 1 reproduced; 1 unstable." in text and "Provenance: 1 built in;" in text

@@ -12,20 +12,28 @@ from analysis.reproduction_rules import Outcome, Verdict
 
 def table(*verdicts: tuple[Outcome, str]) -> Reproduction:
     """A reproduction whose first rows have these (outcome, unstable) verdicts."""
-    return Reproduction(tuple(Row(f, Verdict("ours | with a bar", outcome, unstable), Provenance("emergent", "why"))
-                              for f, (outcome, unstable) in zip(FINDINGS, verdicts)))
+    return Reproduction(
+        tuple(
+            Row(f, Verdict("ours | with a bar", outcome, unstable), Provenance("emergent", "why"))
+            for f, (outcome, unstable) in zip(FINDINGS, verdicts)
+        )
+    )
 
 
 def test_reads_every_models_verdicts_from_the_markdown() -> None:
     study = table(("reproduced", ""), ("not reproduced", "a node within the margin"))
     hardware = table(("not measured", ""), ("reproduced", ""))
     read = stability.read_verdicts(models_markdown({"study": study, "hardware": hardware}, "t"))
-    assert read == {("study", 1): stability.Verdict("reproduced", False),
-                    ("study", 2): stability.Verdict("not reproduced", True),
-                    ("hardware", 1): stability.Verdict("not measured", False),
-                    ("hardware", 2): stability.Verdict("reproduced", False)}
+    assert read == {
+        ("study", 1): stability.Verdict("reproduced", False),
+        ("study", 2): stability.Verdict("not reproduced", True),
+        ("hardware", 1): stability.Verdict("not measured", False),
+        ("hardware", 2): stability.Verdict("reproduced", False),
+    }
     assert stability.read_verdicts(to_markdown(study, "t")) == {
-        ("fleet", 1): stability.Verdict("reproduced", False), ("fleet", 2): stability.Verdict("not reproduced", True)}
+        ("fleet", 1): stability.Verdict("reproduced", False),
+        ("fleet", 2): stability.Verdict("not reproduced", True),
+    }
 
 
 def test_a_flip_passes_only_where_a_run_marked_the_row_unstable(tmp_path: Path, capsys) -> None:

@@ -21,8 +21,18 @@ from torch import nn
 from tracer.determinism import configure_determinism
 from workload.protocol import Workload
 
-DEFAULTS = {"dim": 32, "layers": 2, "heads": 4, "vocab": 64, "seq": 16, "batch": 4, "microbatches": 2,
-            "seed": 0, "lr": 3e-3, "threads": 1}
+DEFAULTS = {
+    "dim": 32,
+    "layers": 2,
+    "heads": 4,
+    "vocab": 64,
+    "seq": 16,
+    "batch": 4,
+    "microbatches": 2,
+    "seed": 0,
+    "lr": 3e-3,
+    "threads": 1,
+}
 
 
 class Attention(nn.Module):
@@ -94,5 +104,12 @@ def build(config: Mapping[str, Any], device: torch.device) -> GPTWorkload:
     model = GPT(c["vocab"], c["dim"], c["layers"], c["heads"], c["seq"]).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=c["lr"], foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
-    return GPTWorkload(model=model, optimizer=optimizer, config=dict(config), scheduler=scheduler, seed=c["seed"],
-                       data_order_fingerprint=f"gpt-random-tokens/seed={c['seed']}", grad_clip=1.0)
+    return GPTWorkload(
+        model=model,
+        optimizer=optimizer,
+        config=dict(config),
+        scheduler=scheduler,
+        seed=c["seed"],
+        data_order_fingerprint=f"gpt-random-tokens/seed={c['seed']}",
+        grad_clip=1.0,
+    )

@@ -54,8 +54,24 @@ class Runs:
 
 def record(root: Path, name: str, *extra: str) -> Path:
     out = root / name
-    assert main(["record", "--workload", WORKLOAD, "--config", str(root / "gpt.toml"), "--out", str(out),
-                 "--node-label", name, "--quiet", *extra]) == 0
+    assert (
+        main(
+            [
+                "record",
+                "--workload",
+                WORKLOAD,
+                "--config",
+                str(root / "gpt.toml"),
+                "--out",
+                str(out),
+                "--node-label",
+                name,
+                "--quiet",
+                *extra,
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -85,15 +101,35 @@ def test_healthy_runs_are_identical_and_every_site_has_its_backward(runs: Runs) 
 def test_the_fault_is_the_first_divergence_in_sdc_diff(runs: Runs) -> None:
     faults = events(runs.sick, "fault")
     assert faults and {(f.step, f.fields["microbatch"], f.fields["site"], f.fields["phase"]) for f in faults} == {
-        (STEP, MICROBATCH, SITE, "forward")}
+        (STEP, MICROBATCH, SITE, "forward")
+    }
     first = diff_first_divergence(runs.golden, runs.sick, runs.root / "study.duckdb")
     assert first == [(STEP, MICROBATCH, "forward", SITE, "differ")]
 
 
 def replay(runs: Runs, mode: str, out: str) -> Path:
     # --suspect: the custom profile comes back from the sick run's header, not from a file.
-    assert main(["replay", "--golden", str(runs.golden), "--suspect", str(runs.sick), "--workload", WORKLOAD,
-                 "--mode", mode, "--steps", f"{STEP}:{STEP + 1}", "--out", str(runs.root / out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                "--golden",
+                str(runs.golden),
+                "--suspect",
+                str(runs.sick),
+                "--workload",
+                WORKLOAD,
+                "--mode",
+                mode,
+                "--steps",
+                f"{STEP}:{STEP + 1}",
+                "--out",
+                str(runs.root / out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     return runs.root / out
 
 
@@ -121,8 +157,20 @@ def test_param_sync_noise_equals_one_from_full_gradient_tensors(runs: Runs) -> N
 
 
 def test_replay_imports_only_the_workload_you_name(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["replay", "--golden", str(runs.golden), "--fault-profile", "healthy-node", "--steps", "2:3",
-                 "--out", str(runs.root / "unnamed"), "--quiet"])
+    code = main(
+        [
+            "replay",
+            "--golden",
+            str(runs.golden),
+            "--fault-profile",
+            "healthy-node",
+            "--steps",
+            "2:3",
+            "--out",
+            str(runs.root / "unnamed"),
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert code != 0 and err.count("\n") == 1 and f"pass --workload {WORKLOAD}" in err
     assert not (runs.root / "unnamed").exists()

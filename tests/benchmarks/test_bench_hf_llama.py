@@ -35,8 +35,11 @@ def test_the_hf_llama_lines_print_from_its_steady_steps(
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2, lines
     # The ratio with its interval over the 4 steady steps, its verdict against tiny's target, the warm-up apart.
-    assert re.match(r"  hf-llama \(tiny\)\s+\d+\.\d M params  steady: \d+\.\d+ \(95 % CI \d+\.\d+-\d+\.\d+, n=4\), "
-                    r"target <= 1\.05: (met|NOT met); interval width .*; first 3 steps .* \(one-time\)$", lines[0]), lines[0]
+    assert re.match(
+        r"  hf-llama \(tiny\)\s+\d+\.\d M params  steady: \d+\.\d+ \(95 % CI \d+\.\d+-\d+\.\d+, n=4\), "
+        r"target <= 1\.05: (met|NOT met); interval width .*; first 3 steps .* \(one-time\)$",
+        lines[0],
+    ), lines[0]
     assert "Hugging Face LlamaForCausalLM" in lines[1] and " s in all" in lines[1]
     warmup = sys.modules["timing"].WARMUP
     assert {len(t) for t in r.steps.seconds.values()} == {4}  # the ratio's samples: steady steps only

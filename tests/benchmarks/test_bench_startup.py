@@ -38,8 +38,9 @@ def test_a_failed_process_is_an_error_not_a_sample(bench_startup: ModuleType) ->
         bench_startup.process_seconds([sys.executable, "-c", "raise SystemExit(3)"], bench_startup.checkout_env())
 
 
-def test_sdc_query_reads_the_small_study_database(bench_startup: ModuleType, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_sdc_query_reads_the_small_study_database(
+    bench_startup: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = bench_startup.small_study_db(tmp_path, steps=5)
     assert main(["query", "--sql", bench_startup.QUERY_SQL, "--db", str(db), "--format", "csv"]) == 0
     assert capsys.readouterr().out.splitlines() == ["steps,worst", "5,1.0"]

@@ -45,8 +45,11 @@ def test_the_writers_delayed_work_is_counted_in_the_step_when_drained(timing) ->
             pending.pop().result()
 
     try:
-        timed = timing.interleave({"plain": timing.drained(lambda index: None, lambda: None),
-                                   "traced": timing.drained(step, drain)}, 4, warmup=1)
+        timed = timing.interleave(
+            {"plain": timing.drained(lambda index: None, lambda: None), "traced": timing.drained(step, drain)},
+            4,
+            warmup=1,
+        )
     finally:
         writer.shutdown()
     assert all(t >= 0.05 for t in timed.seconds["traced"]), timed.seconds

@@ -21,8 +21,9 @@ def test_plain_and_traced_runs_alternate_in_fresh_processes(whole_run) -> None:
 
 
 def test_a_multi_rank_step_takes_as_long_as_its_slowest_rank(timing) -> None:
-    spec = importlib.util.spec_from_file_location("bench_bench_parallel",
-                                                  Path(timing.__file__).with_name("bench_parallel.py"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_bench_parallel", Path(timing.__file__).with_name("bench_parallel.py")
+    )
     assert spec is not None and spec.loader is not None
     bench_parallel = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench_parallel

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from faults import FaultProfile, load_profile
-from tests.support import small_config
 from jobs.record import record_run
+from tests.support import small_config
 
 
 @pytest.fixture

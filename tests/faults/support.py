@@ -28,9 +28,17 @@ def small_mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
 
 
-def train_mlp(out: Path, profile: FaultProfile | None, *, steps: int, foreach: bool = False,
-              fault_seed: int = 0, model_of: Callable[[], nn.Module] = small_mlp, sites: str = "0|2",
-              capture: CapturePolicy = CapturePolicy()) -> dict:
+def train_mlp(
+    out: Path,
+    profile: FaultProfile | None,
+    *,
+    steps: int,
+    foreach: bool = False,
+    fault_seed: int = 0,
+    model_of: Callable[[], nn.Module] = small_mlp,
+    sites: str = "0|2",
+    capture: CapturePolicy = CapturePolicy(),
+) -> dict:
     """``steps`` steps of a small MLP (or ``model_of()``, 8 features in and out) with AdamW, traced at ``sites``,
     under the emulator if ``profile``: whether each optimizer step ran with the interceptors paused, the fault
     events, every tensor record (log order), the parameters at the end and by name after each step."""
@@ -41,8 +49,9 @@ def train_mlp(out: Path, profile: FaultProfile | None, *, steps: int, foreach: b
     optimizer.register_step_pre_hook(lambda *_: steps_paused.append(paused()))  # after the global hooks
     after: list[dict[str, torch.Tensor]] = []
     data = torch.Generator().manual_seed(1)
-    with Tracer(model, optimizer, out=out, run=RunInfo("node"), options=TraceOptions(sites=sites, capture=capture),
-                echo=None) as tracer:
+    with Tracer(
+        model, optimizer, out=out, run=RunInfo("node"), options=TraceOptions(sites=sites, capture=capture), echo=None
+    ) as tracer:
         with emulated_node(tracer, model, fault_profile=profile, fault_seed=fault_seed):
             for step in range(steps):
                 with tracer.step(step):

@@ -138,7 +138,9 @@ def test_a_large_matmul_fault_is_flagged_where_it_was_injected(run_factory, writ
     flags = [c for c in verdicts(run) if c["verdict"] == "flag"]
     assert len(faults) == 18  # per microbatch: 3 forward mm, 6 backward (input and weight gradients)
     key = ("step", "microbatch", "site", "phase")
-    assert [tuple(c[k] for k in key) for c in flags] == [(f.step,) + tuple(f.fields[k] for k in key[1:]) for f in faults]
+    assert [tuple(c[k] for k in key) for c in flags] == [
+        (f.step,) + tuple(f.fields[k] for k in key[1:]) for f in faults
+    ]
     assert all(c["residual"] > 1000 * c["bound"] for c in flags)
 
 
@@ -156,7 +158,9 @@ def test_a_user_model_with_biased_linears_is_checked_through_the_emulator(write_
     """Emulator entered first, checker second: the checker sees (and flags) the corrupted addmm."""
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
-    profile = write_profile('[[fault]]\nops = ["addmm"]\nsites = "2"\nphases = ["forward"]\nkind = "stuck"\nvalue = 1e4\n')
+    profile = write_profile(
+        '[[fault]]\nops = ["addmm"]\nsites = "2"\nphases = ["forward"]\nkind = "stuck"\nvalue = 1e4\n'
+    )
     log: list[tuple[str, dict]] = []
     hooks = {"clock": lambda: (0, 0), "sink": lambda kind, fields: log.append((kind, fields))}
     with FaultEmulator(profile, model, **hooks), AbftChecker(model, **hooks, sites=[model[0], model[2]]):

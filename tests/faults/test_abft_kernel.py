@@ -85,8 +85,12 @@ def cases(dtype: torch.dtype) -> list[tuple[str, object, tuple, dict]]:
 def empty_cases(dtype: torch.dtype) -> list[tuple[str, object, tuple, dict]]:
     return [
         ("k = 0", aten.mm.default, (randn(dtype, 5, 0, seed=1), randn(dtype, 0, 7, seed=2)), {}),
-        ("k = 0 bias", aten.addmm.default, (randn(dtype, 7, seed=3), randn(dtype, 5, 0, seed=1),
-                                            randn(dtype, 0, 7, seed=2)), {"beta": 2.0}),
+        (
+            "k = 0 bias",
+            aten.addmm.default,
+            (randn(dtype, 7, seed=3), randn(dtype, 5, 0, seed=1), randn(dtype, 0, 7, seed=2)),
+            {"beta": 2.0},
+        ),
         ("m = 0", aten.mm.default, (randn(dtype, 0, 6, seed=1), randn(dtype, 6, 7, seed=2)), {}),
         ("m = n = 0", aten.mm.default, (randn(dtype, 0, 6, seed=1), randn(dtype, 6, 0, seed=2)), {}),
         ("batch 0", aten.bmm.default, (randn(dtype, 0, 4, 6, seed=1), randn(dtype, 0, 6, 3, seed=2)), {}),
@@ -252,7 +256,8 @@ def test_the_environment_forces_torch_ops_without_a_warning(monkeypatch) -> None
 def test_cuda_checks_agree_with_the_cpu_kernel(with_kernel) -> None:
     for name, op, args, kwargs in cases(torch.float64):
         out = run(op, args, kwargs)
-        on_gpu = abft.check_matmul(op, tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args), kwargs,
-                                   out.cuda())
+        on_gpu = abft.check_matmul(
+            op, tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args), kwargs, out.cuda()
+        )
         on_cpu = abft.check_matmul(op, args, kwargs, out)
         assert on_gpu.flagged == on_cpu.flagged and score(on_gpu) == pytest.approx(score(on_cpu), rel=1e-6), name

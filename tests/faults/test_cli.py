@@ -32,8 +32,20 @@ def test_faults_show_prints_the_commented_file(capsys: pytest.CaptureFixture[str
 @pytest.mark.slow
 def test_record_with_a_profile_and_abft(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "suspect"
-    args = ["record", "--out", str(out), "--steps", "2", "--quiet", "--fault-profile", "bursty-mismatch",
-            "--fault-seed", "5", "--abft", *SMALL_ARGS]
+    args = [
+        "record",
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--quiet",
+        "--fault-profile",
+        "bursty-mismatch",
+        "--fault-seed",
+        "5",
+        "--abft",
+        *SMALL_ARGS,
+    ]
     assert main(args) == 0
     capsys.readouterr()
     assert events(out, "fault") and events(out, "abft")

@@ -36,12 +36,16 @@ def config_error(exc: BaseException) -> ConfigError:
     return exc.__context__
 
 
-@pytest.mark.parametrize(("flags", "names"), [
-    (["--fault-profile", "rare-huge"], "fault emulator"),
-    (["--abft"], "ABFT checker"),
-])
+@pytest.mark.parametrize(
+    ("flags", "names"),
+    [
+        (["--fault-profile", "rare-huge"], "fault emulator"),
+        (["--abft"], "ABFT checker"),
+    ],
+)
 def test_sdc_record_refuses_a_compiled_model_on_an_emulated_node_in_one_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], names: str) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], names: str
+) -> None:
     rc = main(["record", "--workload", WORKLOAD, "--steps", "1", "--quiet", "--out", str(tmp_path / "run"), *flags])
     err = capsys.readouterr().err.strip()
     assert rc == 1 and len(err.splitlines()) == 1, err
@@ -74,12 +78,22 @@ def test_a_compiled_gpt2_under_the_hf_trainer_is_refused_at_its_first_step(tmp_p
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2))
     ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1))
-    args = TrainingArguments(output_dir=str(tmp_path / "hf"), per_device_train_batch_size=2, max_steps=2,
-                             torch_compile=True, torch_compile_backend="aot_eager", save_strategy="no",
-                             logging_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "hf"),
+        per_device_train_batch_size=2,
+        max_steps=2,
+        torch_compile=True,
+        torch_compile_backend="aot_eager",
+        save_strategy="no",
+        logging_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     callback = SdcTraceCallback(tmp_path / "run", "node-b", **node_options(load_profile("rare-huge"), 1))
-    trainer = Trainer(model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids],
-                      callbacks=[callback])
+    trainer = Trainer(
+        model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids], callbacks=[callback]
+    )
     with pytest.raises(Exception) as caught, callback:
         trainer.train()
     assert "fault emulator cannot act inside torch.compile'd code" in str(config_error(caught.value))
@@ -99,7 +113,8 @@ def test_a_compilation_that_first_imports_dynamo_under_an_interceptor_is_refused
         "    except Exception as e:\n"
         "        print(f'{type(e.__context__).__name__}: {e.__context__}')\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ConfigError: sdctrace's operator interceptor cannot act inside"), done.stdout

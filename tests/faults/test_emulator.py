@@ -72,8 +72,10 @@ def test_an_emulator_that_never_fires_changes_nothing(run_factory, write_profile
     """Hooks on extra sites and every per-call draw leave training bit for bit as it was."""
     healthy = run_factory("healthy")
     rng_after_healthy = torch.random.get_rng_state(), random.getstate()
-    never = write_profile('[[fault]]\nops = ["matmul", "elementwise", "reduction", "softmax"]\n'
-                          'sites = "(.*_)?norm|.*w2|layers.0"\np_call = 0.0\nkind = "bitflip"\n')
+    never = write_profile(
+        '[[fault]]\nops = ["matmul", "elementwise", "reduction", "softmax"]\n'
+        'sites = "(.*_)?norm|.*w2|layers.0"\np_call = 0.0\nkind = "bitflip"\n'
+    )
     for name, profile in [("healthy-node", load_profile("healthy-node")), ("never", never)]:
         run = run_factory(name, fault_profile=profile, fault_seed=3)
         assert compare_runs(healthy, run).first is None, name
@@ -87,26 +89,40 @@ def test_the_header_records_the_profile_and_still_pairs(healthy_run, run_factory
     profile = load_profile("rare-huge")
     healthy = LogReader(rank_dir(healthy_run, 0)).header
     faulty = LogReader(rank_dir(run_factory("faulty", fault_profile=profile, fault_seed=9, abft=True), 0)).header
-    assert faulty.extra["fault_profile"] == {"name": "rare-huge", "sha256": profile.sha256, "seed": 9,
-                                             "profile": profile.data}
+    assert faulty.extra["fault_profile"] == {
+        "name": "rare-huge",
+        "sha256": profile.sha256,
+        "seed": 9,
+        "profile": profile.data,
+    }
     assert profile_from_header(faulty.extra["fault_profile"]) == profile
     assert faulty.extra["abft"] is True and faulty.extra["sites"] == healthy.extra["sites"]
-    for field in ("schema_version", "config", "config_fingerprint", "seed", "data_order_fingerprint",
-                  "fingerprint_algorithm", "world_size"):
+    for field in (
+        "schema_version",
+        "config",
+        "config_fingerprint",
+        "seed",
+        "data_order_fingerprint",
+        "fingerprint_algorithm",
+        "world_size",
+    ):
         assert getattr(faulty, field) == getattr(healthy, field), field
     assert pairing_differences(healthy, faulty) == []
 
 
-
 def test_a_rule_naming_microbatches_fires_only_in_them(run_factory, write_profile) -> None:
-    profile = write_profile('[[fault]]\nops = ["mm"]\nphases = ["forward"]\nsteps = [1]\nmicrobatches = [1]\n'
-                            'kind = "bitflip"\n')
+    profile = write_profile(
+        '[[fault]]\nops = ["mm"]\nphases = ["forward"]\nsteps = [1]\nmicrobatches = [1]\nkind = "bitflip"\n'
+    )
     run = run_factory("second-microbatch", "run.steps=2", "data.microbatches=2", fault_profile=profile)
     faults = events(run, "fault")
     assert faults and {(f.step, f.fields["microbatch"]) for f in faults} == {(1, 1)}
 
+
 def test_it_corrupts_any_model_and_logs_what_it_did(write_profile) -> None:
-    profile = write_profile('seed = 1\n[[fault]]\nops = ["addmm"]\nsites = "1"\nelements = 3\nkind = "stuck"\nvalue = 7.0\n')
+    profile = write_profile(
+        'seed = 1\n[[fault]]\nops = ["addmm"]\nsites = "1"\nelements = 3\nkind = "stuck"\nvalue = 7.0\n'
+    )
     model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
     x = torch.randn(5, 4)
     with torch.no_grad():
@@ -129,15 +145,20 @@ def test_it_corrupts_any_model_and_logs_what_it_did(write_profile) -> None:
 def test_a_rule_on_a_block_names_the_traced_site_inside_it_that_the_op_ran_in(write_profile, phase: str) -> None:
     """A rule on ``ffn`` hitting the matmul of a traced ``ffn.up`` happened in ``ffn.up``: the fault event says so
     (not ``ffn``), so the diff finds it at the site that diverged, and no untraced-module warning is given."""
-    profile = write_profile(f'[[fault]]\nops = ["mm", "addmm"]\nsites = "ffn"\nphases = ["{phase}"]\nkind = "scale"\n'
-                            'factor = 2.0\n')
+    profile = write_profile(
+        f'[[fault]]\nops = ["mm", "addmm"]\nsites = "ffn"\nphases = ["{phase}"]\nkind = "scale"\nfactor = 2.0\n'
+    )
     model = nn.Sequential()
     model.add_module("ffn", nn.Sequential())
     model.ffn.add_module("up", nn.Linear(4, 8))
     model.ffn.add_module("act", nn.GELU())
     log: list[tuple[str, dict]] = []
-    with FaultEmulator(profile, model, clock=lambda: (0, 0), sink=lambda k, f: log.append((k, f)),
-                       sites=r"ffn\.up|ffn\.act"), warnings.catch_warnings():
+    with (
+        FaultEmulator(
+            profile, model, clock=lambda: (0, 0), sink=lambda k, f: log.append((k, f)), sites=r"ffn\.up|ffn\.act"
+        ),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("error")
         model(torch.randn(3, 4, requires_grad=True)).sum().backward()
     assert log and {(f["site"], f["phase"]) for _, f in log} == {("ffn.up", phase)}

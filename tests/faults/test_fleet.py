@@ -20,13 +20,13 @@ from faults.fleet import (
     trigger_state_text,
 )
 from faults.fleet_files import write_fleet
+from jobs.record import record_run
 from sdc.cli import main
 from tests.faults.support import events
 from tests.support import small_config
 from tracer.compare import compare_runs
 from tracer.errors import ConfigError
 from tracer.log.records import Phase
-from jobs.record import record_run
 
 WINDOW = 24  # steps of the fleet study's RQ1 lockstep window
 
@@ -152,21 +152,26 @@ def test_sdc_faults_fleet_writes_and_lists_the_nodes(tmp_path: Path, capsys: pyt
     out = tmp_path / "fleet"
     assert main(["faults", "fleet", "--nodes", "3", "--seed", "4", "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 3 and all(line.startswith(str(out / f"node-{i:02d}.toml")) for i, line in
-                                   zip((1, 2, 3), lines))
+    assert len(lines) == 3 and all(
+        line.startswith(str(out / f"node-{i:02d}.toml")) for i, line in zip((1, 2, 3), lines)
+    )
     assert sorted(p.name for p in out.iterdir()) == ["fleet.md", "node-01.toml", "node-02.toml", "node-03.toml"]
     assert (out / "node-02.toml").read_text(encoding="utf-8") == fleet(FleetSpec(nodes=3, seed=4))[1].text
     assert main(["faults", "fleet", "--nodes", "3", "--seed", "4", "--out", str(out), "--overwrite"]) == 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--nodes", "0"], "a fleet has 1 to 99 nodes, not 0"),
-    (["--nodes", "100"], "a fleet has 1 to 99 nodes, not 100"),
-    (["--out-is-file"], "is a file; give a directory"),
-    (["--out-not-empty"], "is not empty; pass --overwrite"),
-])
-def test_sdc_faults_fleet_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
-                                              message: str) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--nodes", "0"], "a fleet has 1 to 99 nodes, not 0"),
+        (["--nodes", "100"], "a fleet has 1 to 99 nodes, not 100"),
+        (["--out-is-file"], "is a file; give a directory"),
+        (["--out-not-empty"], "is not empty; pass --overwrite"),
+    ],
+)
+def test_sdc_faults_fleet_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     out = tmp_path / "fleet"
     if args == ["--out-is-file"]:
         out.write_text("x", encoding="utf-8")

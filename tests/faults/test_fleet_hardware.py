@@ -100,8 +100,10 @@ def test_each_cited_proportion_holds_over_a_large_fleet(tmp_path: Path) -> None:
     assert abs(single - SINGLE_BIT_SHARE) < 0.005 and single < 0.40
     # The drawn parameters, over 495 nodes: each share within 4.5 standard errors of its value.
     n = len(LARGE)
-    for share, expected in ((sum(x.periodic for x in LARGE) / n, 0.5),
-                            (sum(x.location == "matmul" for x in LARGE) / n, TENSOR_CORE_SHARE)):
+    for share, expected in (
+        (sum(x.periodic for x in LARGE) / n, 0.5),
+        (sum(x.location == "matmul" for x in LARGE) / n, TENSOR_CORE_SHARE),
+    ):
         assert abs(share - expected) < 4.5 * math.sqrt(expected * (1 - expected) / n), share
     # Rates log-uniform over RATE: the mean log-rate within 4.5 standard errors of the middle.
     lo, hi = (math.log(x) for x in RATE)
@@ -133,7 +135,7 @@ def test_multi_bit_and_warp_periodic_hits_under_the_emulator(write_profile) -> N
 def test_a_pattern_that_makes_no_sense_is_an_error(write_profile) -> None:
     with pytest.raises(ConfigError, match="flips = 2 needs bits to name a field"):
         write_profile('[[fault]]\nops = ["matmul"]\nkind = "bitflip"\nbits = 3\nflips = 2\n')
-    with pytest.raises(ConfigError, match="flips applies only to kind = \"bitflip\""):
+    with pytest.raises(ConfigError, match='flips applies only to kind = "bitflip"'):
         write_profile('[[fault]]\nops = ["matmul"]\nkind = "stuck"\nvalue = 0.0\nflips = 2\n')
     with pytest.raises(ConfigError, match="stride"):
         write_profile('[[fault]]\nops = ["matmul"]\nkind = "stuck"\nvalue = 0.0\nstride = 0\n')
@@ -144,8 +146,9 @@ def test_a_hardware_node_runs_under_the_emulator_on_the_reference_model(tmp_path
     its profile's (bit flips of 1 or 2-4 bits, or NaN/Inf, 4 elements 32 apart)."""
     node = max((x for x in LARGE if x.location == "matmul" and x.periodic), key=lambda x: x.rate)
     out = tmp_path / "node"
-    record_run(small_config("run.steps=6"), out, node_label=node.label, fault_profile=loaded(node, tmp_path),
-               progress=False)
+    record_run(
+        small_config("run.steps=6"), out, node_label=node.label, fault_profile=loaded(node, tmp_path), progress=False
+    )
     faults = [f.fields for f in events(out, "fault")]
     assert faults
     assert any(len(f["index"]) == PERIODIC_ELEMENTS for f in faults)  # fewer only where a result is short
@@ -156,7 +159,8 @@ def test_a_hardware_node_runs_under_the_emulator_on_the_reference_model(tmp_path
         if f["kind"] == "bitflip":
             bits = f["detail"]["bits"]
             assert all(isinstance(b, int) for b in bits) or all(
-                MULTI_BIT_FLIPS[0] <= len(b) <= MULTI_BIT_FLIPS[1] for b in bits)
+                MULTI_BIT_FLIPS[0] <= len(b) <= MULTI_BIT_FLIPS[1] for b in bits
+            )
         else:
             value = f["detail"]["value"]
             assert f["kind"] == "stuck" and (math.isnan(value) or value in (math.inf, -math.inf))

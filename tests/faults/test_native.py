@@ -56,8 +56,9 @@ value = 3.0
 def gate() -> ModuleType:
     built = kernel.load(NATIVE)
     if built is None:
-        pytest.skip(f"faults' native kernel is not built here ({kernel.build_dir(NATIVE)}): "
-                    "`python -m faults.native_kernel`")
+        pytest.skip(
+            f"faults' native kernel is not built here ({kernel.build_dir(NATIVE)}): `python -m faults.native_kernel`"
+        )
     return built
 
 
@@ -78,8 +79,9 @@ class Counted(FaultEmulator):
         return super().intercept(func, args, kwargs, call)
 
 
-def train(tmp_path: Path, name: str, profile: FaultProfile, *, steps: int = 3, abft: bool = False,
-          attempts: int = 1) -> tuple[list[dict], list[torch.Tensor], int]:
+def train(
+    tmp_path: Path, name: str, profile: FaultProfile, *, steps: int = 3, abft: bool = False, attempts: int = 1
+) -> tuple[list[dict], list[torch.Tensor], int]:
     """Train the small workload (two microbatches) under the emulator, and the checker entered second when
     ``abft``; each step ``attempts`` times, as the guard re-runs one. The faults logged, the final parameters, and
     the calls the emulator's Python side saw."""
@@ -88,6 +90,7 @@ def train(tmp_path: Path, name: str, profile: FaultProfile, *, steps: int = 3, a
     faults: list[dict] = []
     attempt = [0]
     with Tracer(w.model, w.optimizer, out=tmp_path / name, run=RunInfo(name, config=cfg.to_dict())) as tracer:
+
         def clock() -> tuple[int, int, int]:
             return tracer.step_index, tracer.microbatch_index, attempt[0]
 
@@ -107,8 +110,9 @@ def train(tmp_path: Path, name: str, profile: FaultProfile, *, steps: int = 3, a
 
 @pytest.mark.slow
 @pytest.mark.parametrize("abft", [False, True], ids=["alone", "under-abft"])
-def test_the_gate_gives_the_python_kernels_faults_bit_for_bit(gate, monkeypatch, tmp_path: Path, write_profile,
-                                                               abft: bool) -> None:
+def test_the_gate_gives_the_python_kernels_faults_bit_for_bit(
+    gate, monkeypatch, tmp_path: Path, write_profile, abft: bool
+) -> None:
     """Under the checker the matmuls go through both interceptors' Python kernels and the rest through the
     gate, drawing from one generator in call order."""
     profile = write_profile(MIXED)
@@ -170,15 +174,21 @@ def ops_of_every_argument_kind(x: torch.Tensor, y: torch.Tensor) -> list[torch.T
         x.clone(memory_format=torch.contiguous_format),
         torch.clamp(x, min=None, max=0.5),
         x.clone().mul_(y),
-        out, values, indices, var, mean,
+        out,
+        values,
+        indices,
+        var,
+        mean,
         torch.softmax(x, -1),
     ]
 
 
 def test_calls_handed_to_python_keep_every_argument(gate, monkeypatch, write_profile) -> None:
     """Every call hits (p_call 1), so every one crosses from the gate's C++ stack into Python and back."""
-    profile = write_profile('[[fault]]\nops = ["elementwise", "reduction", "softmax", "clone", "_to_copy"]\n'
-                            'p_call = 1.0\nelements = 1\nkind = "stuck"\nvalue = 0.25\n')
+    profile = write_profile(
+        '[[fault]]\nops = ["elementwise", "reduction", "softmax", "clone", "_to_copy"]\n'
+        'p_call = 1.0\nelements = 1\nkind = "stuck"\nvalue = 0.25\n'
+    )
     model = nn.Linear(1, 1)  # the forward phase comes from grad mode; the model only names sites
     x = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
     y = torch.randn(6, 5, generator=torch.Generator().manual_seed(1))
@@ -190,9 +200,17 @@ def test_calls_handed_to_python_keep_every_argument(gate, monkeypatch, write_pro
             results[name] = (ops_of_every_argument_kind(x, y), log)
     (expected, expected_log), (got, got_log) = results["python"], results["gate"]
     assert got_log == expected_log and len(got_log) >= 10
-    assert {f["op"] for f in got_log} >= {"aten.add.out", "aten.max.dim", "aten.var_mean.correction",
-                                          "aten.sum.dim_IntList", "aten._to_copy.default", "aten.clone.default",
-                                          "aten.clamp.default", "aten.mul_.Tensor", "aten._softmax.default"}
+    assert {f["op"] for f in got_log} >= {
+        "aten.add.out",
+        "aten.max.dim",
+        "aten.var_mean.correction",
+        "aten.sum.dim_IntList",
+        "aten._to_copy.default",
+        "aten.clone.default",
+        "aten.clamp.default",
+        "aten.mul_.Tensor",
+        "aten._softmax.default",
+    }
     for a, b in zip(got, expected):
         assert a.dtype == b.dtype and torch.equal(a, b)
 

@@ -7,7 +7,6 @@ and Python alone give the same faults."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -23,8 +22,10 @@ STEPS, FAULT_STEP = 5, 2
 
 def update_rule(op: str = "addcdiv_", phases: str = '["optimizer"]') -> str:
     """One element of what ``op`` writes at step FAULT_STEP, scaled by 1.5."""
-    return (f'[[fault]]\nops = ["{op}"]\nphases = {phases}\nsteps = [{FAULT_STEP}]\nelements = 1\n'
-            'kind = "scale"\nfactor = 1.5\n')
+    return (
+        f'[[fault]]\nops = ["{op}"]\nphases = {phases}\nsteps = [{FAULT_STEP}]\nelements = 1\n'
+        'kind = "scale"\nfactor = 1.5\n'
+    )
 
 
 def train(out: Path, profile: FaultProfile | None, *, foreach: bool = False) -> dict:
@@ -36,8 +37,9 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return train(tmp_path_factory.mktemp("clean") / "run", None)
 
 
-def test_an_update_fault_changes_the_parameters_at_its_step_and_nothing_before(clean, tmp_path: Path,
-                                                                             write_profile) -> None:
+def test_an_update_fault_changes_the_parameters_at_its_step_and_nothing_before(
+    clean, tmp_path: Path, write_profile
+) -> None:
     got = train(tmp_path / "run", write_profile(update_rule()))
     # AdamW on the CPU updates one parameter at a time: each of the 4 updates of the step is one call, each hit.
     assert [step for step, _ in got["faults"]] == [FAULT_STEP] * 4
@@ -52,8 +54,9 @@ def test_an_update_fault_changes_the_parameters_at_its_step_and_nothing_before(c
     assert clean["paused"] == [False] * STEPS  # no emulator at all
 
 
-def test_a_foreach_update_fault_hits_one_element_of_one_tensor_of_the_list(clean, tmp_path: Path,
-                                                                          write_profile) -> None:
+def test_a_foreach_update_fault_hits_one_element_of_one_tensor_of_the_list(
+    clean, tmp_path: Path, write_profile
+) -> None:
     foreach_clean = train(tmp_path / "clean", None, foreach=True)
     got = train(tmp_path / "run", write_profile(update_rule("_foreach_addcdiv_")), foreach=True)
     ((step, fault),) = got["faults"]
@@ -61,26 +64,35 @@ def test_a_foreach_update_fault_hits_one_element_of_one_tensor_of_the_list(clean
     assert fault["elements"] == 1 and len(fault["index"]) == 1
     first = first_divergence(foreach_clean["tensors"], got["tensors"])
     assert (first.step, first.phase) == (FAULT_STEP, Phase.PARAM)
-    apart = {r.name for c, r in zip(foreach_clean["tensors"], got["tensors"])
-             if c.fingerprint != r.fingerprint and r.step == FAULT_STEP and r.phase == Phase.PARAM}
+    apart = {
+        r.name
+        for c, r in zip(foreach_clean["tensors"], got["tensors"])
+        if c.fingerprint != r.fingerprint and r.step == FAULT_STEP and r.phase == Phase.PARAM
+    }
     assert len(apart) == 1  # one tensor of the list
 
 
-def test_a_forward_rule_on_the_same_op_leaves_the_optimizer_alone_and_paused(clean, tmp_path: Path,
-                                                                           write_profile) -> None:
+def test_a_forward_rule_on_the_same_op_leaves_the_optimizer_alone_and_paused(
+    clean, tmp_path: Path, write_profile
+) -> None:
     got = train(tmp_path / "run", write_profile(update_rule(phases='["forward"]')))
     assert got["faults"] == [] and got["paused"] == [True] * STEPS
     assert [r.fingerprint for r in got["tensors"]] == [r.fingerprint for r in clean["tensors"]]
 
 
 @pytest.mark.parametrize("op", ["addcdiv_", "_foreach_addcdiv_"])
-def test_the_gate_and_python_alone_give_the_same_update_faults(monkeypatch, tmp_path: Path, write_profile,
-                                                               op: str) -> None:
+def test_the_gate_and_python_alone_give_the_same_update_faults(
+    monkeypatch, tmp_path: Path, write_profile, op: str
+) -> None:
     built = kernel.load(NATIVE)
     if built is None:
         pytest.skip("faults' native kernel is not built here: `python -m faults.native_kernel`")
-    profile = write_profile("seed = 2\n" + update_rule(op).replace("elements = 1", "elements = 3\np_call = 0.5").replace(
-        f"steps = [{FAULT_STEP}]", "start = 1"))
+    profile = write_profile(
+        "seed = 2\n"
+        + update_rule(op)
+        .replace("elements = 1", "elements = 3\np_call = 0.5")
+        .replace(f"steps = [{FAULT_STEP}]", "start = 1")
+    )
     got: dict[str, dict] = {}
     for name, module in (("python", None), ("gate", built)):
         monkeypatch.setattr(scope, "_native_state", [module])

@@ -8,10 +8,10 @@ import pytest
 
 from faults import load_profile, profile_from_header, shipped_profiles
 from faults.ops import resolve_collectives, resolve_ops
+from faults.profile import RulePhase
 from tests.faults.support import SHIPPED
 from tracer.errors import ConfigError, ValidationError
 from tracer.log import SCHEMA_VERSION, LogReader, LogWriter, RunHeader, rank_dir
-from faults.profile import RulePhase
 
 
 def test_shipped_profiles_load_with_a_description_and_rules() -> None:
@@ -56,8 +56,9 @@ def test_a_rule_can_name_the_attempts_of_a_step_it_fires_in(write_profile) -> No
 def test_a_rule_can_name_the_optimizer_phase(write_profile) -> None:
     rule = write_profile(RULE + 'phases = ["optimizer", "forward"]\n').faults[0]
     assert rule.phases == (RulePhase.FORWARD, RulePhase.OPTIMIZER)  # in step order
-    profile = write_profile('[[fault]]\nops = ["_foreach_addcdiv_"]\nphases = ["optimizer"]\nkind = "scale"\n'
-                            "factor = 2.0\n")
+    profile = write_profile(
+        '[[fault]]\nops = ["_foreach_addcdiv_"]\nphases = ["optimizer"]\nkind = "scale"\nfactor = 2.0\n'
+    )
     assert profile.faults[0].phases == (RulePhase.OPTIMIZER,) and profile.data["fault"][0]["phases"] == ["optimizer"]
 
 
@@ -100,8 +101,24 @@ bits = 7
 
 def through_a_log(tmp_path: Path, recorded: dict) -> dict:
     """``recorded`` as a run header's extra["fault_profile"] stores it: written to a real log and read back."""
-    header = RunHeader(SCHEMA_VERSION, "run-1", "node", "train", 1, 0, {}, "cfg", 0, "data", "fp", {}, "cpu", {}, 0.0,
-                       {"fault_profile": recorded})
+    header = RunHeader(
+        SCHEMA_VERSION,
+        "run-1",
+        "node",
+        "train",
+        1,
+        0,
+        {},
+        "cfg",
+        0,
+        "data",
+        "fp",
+        {},
+        "cpu",
+        {},
+        0.0,
+        {"fault_profile": recorded},
+    )
     out = rank_dir(tmp_path / recorded["name"], 0)
     LogWriter(out, header).close()
     return LogReader(out).header.extra["fault_profile"]
@@ -133,20 +150,31 @@ def test_a_tampered_header_is_refused(write_profile) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (RULE + "bitz = 3\n", ["unknown key fault[0].bitz", "did you mean fault[0].bits?", "allowed keys in [[fault]]: ops, sites"]),
+        (
+            RULE + "bitz = 3\n",
+            ["unknown key fault[0].bitz", "did you mean fault[0].bits?", "allowed keys in [[fault]]: ops, sites"],
+        ),
         (RULE + 'bits = "exp"\n', ["fault[0].bits = 'exp'", '"sign", "exponent", "mantissa", "random" or a bit index']),
         (RULE + "bits = 64\n", ["fault[0].bits = 64", "bit index 0..63"]),
         ('[[fault]]\nops = ["matmul"]\n', ["fault[0].kind is missing", "'bitflip', 'scale', 'stuck'"]),
-        ('[[fault]]\nops = ["matmull"]\nkind = "bitflip"\n', ["fault[0].ops", "'matmull'", "matmul, attention, softmax"]),
+        (
+            '[[fault]]\nops = ["matmull"]\nkind = "bitflip"\n',
+            ["fault[0].ops", "'matmull'", "matmul, attention, softmax"],
+        ),
         ('[[fault]]\nops = []\nkind = "bitflip"\n', ["fault[0].ops = []", "non-empty array of op families"]),
         (RULE + "p_call = 1.5\n", ["fault[0].p_call = 1.5", "a number in [0, 1]"]),
         (RULE + 'p_exit = "often"\n', ["fault[0].p_exit must be a number in [0, 1], found string 'often'"]),
         (RULE + 'phases = ["sideways"]\n', ["fault[0].phases", 'some of "forward", "backward", "optimizer"']),
-        (RULE + 'phases = []\n', ["fault[0].phases = []", 'some of "forward", "backward", "optimizer"']),
-        (RULE + 'sites = "1"\nphases = ["forward", "optimizer"]\n',
-         ["fault[0].sites names module paths", 'put the "optimizer" phase in a rule of its own']),
+        (RULE + "phases = []\n", ["fault[0].phases = []", 'some of "forward", "backward", "optimizer"']),
+        (
+            RULE + 'sites = "1"\nphases = ["forward", "optimizer"]\n',
+            ["fault[0].sites names module paths", 'put the "optimizer" phase in a rule of its own'],
+        ),
         (RULE + "factor = 10\n", ['fault[0].factor applies only to kind = "scale"']),
-        ('[[fault]]\nops = ["mm"]\nkind = "scale"\nfactor = [10, 1]\n', ["fault[0].factor = [10.0, 1.0]", "0 < low <= high"]),
+        (
+            '[[fault]]\nops = ["mm"]\nkind = "scale"\nfactor = [10, 1]\n',
+            ["fault[0].factor = [10.0, 1.0]", "0 < low <= high"],
+        ),
         ('[[fault]]\nops = ["mm"]\nkind = "stuck"\n', ["fault[0].value is missing", "a number"]),
         (RULE + "elements = 2\nfraction = 0.5\n", ["fault[0].elements and fault[0].fraction both given"]),
         (RULE + "elements = 0\n", ["fault[0].elements = 0", "an integer >= 1"]),
@@ -165,9 +193,7 @@ def test_a_tampered_header_is_refused(write_profile) -> None:
         (RULE + "kind = 2\n", ["TOML"]),
     ],
 )
-def test_a_malformed_profile_names_file_key_and_allowed_values(
-    tmp_path: Path, text: str, expected: list[str]
-) -> None:
+def test_a_malformed_profile_names_file_key_and_allowed_values(tmp_path: Path, text: str, expected: list[str]) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigError) as err:

@@ -10,12 +10,12 @@ import torch
 
 from faults import load_profile
 from faults.fleet import destroyer_rule_text
+from jobs.finetune import finetune_run
+from jobs.record import record_run
 from tests.faults.support import events
 from tests.support import TINY_FINETUNE, small_config
 from tracer.checkpoint import load_checkpoint
 from tracer.errors import ConfigError
-from jobs.finetune import finetune_run
-from jobs.record import record_run
 
 
 def test_roles_default_to_every_role_and_are_validated(write_profile) -> None:
@@ -23,7 +23,11 @@ def test_roles_default_to_every_role_and_are_validated(write_profile) -> None:
     assert rule.roles is None
     (rule,) = write_profile('[[fault]]\nops = ["matmul"]\nkind = "bitflip"\nroles = ["finetune", "train"]\n').faults
     assert rule.roles == ("train", "finetune")
-    with pytest.raises(ConfigError, match=r"fault\[0\]\.roles must be a non-empty array of \"train\" and/or \"finetune\", found array \['pretrain'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"fault\[0\]\.roles must be a non-empty array of \"train\" and/or \"finetune\", "
+        r"found array \['pretrain'\]",
+    ):
         write_profile('[[fault]]\nops = ["matmul"]\nkind = "bitflip"\nroles = ["pretrain"]\n')
     with pytest.raises(ConfigError, match=r"fault\[0\]\.roles = \[\] must be a non-empty array"):
         write_profile('[[fault]]\nops = ["matmul"]\nkind = "bitflip"\nroles = []\n')
@@ -61,8 +65,14 @@ def test_a_finetune_only_spike_destroys_the_fine_tune_and_nothing_else(pretraine
     for name, text in (("destroyed", destroyer), ("spared", destroyer.replace('"finetune"', '"train"'))):
         path = tmp_path / f"{name}.toml"
         path.write_text(text, encoding="utf-8")
-        summary = finetune_run(pretrained, tmp_path / name, node_label=name, progress=False,
-                               settings=TINY_FINETUNE, fault_profile=load_profile(path))
+        summary = finetune_run(
+            pretrained,
+            tmp_path / name,
+            node_label=name,
+            progress=False,
+            settings=TINY_FINETUNE,
+            fault_profile=load_profile(path),
+        )
         weights = load_checkpoint(tmp_path / name, TINY_FINETUNE.steps).model
         runs[name] = summary, weights
     summary, weights = runs["destroyed"]

@@ -76,8 +76,9 @@ def test_a_drawn_element_and_bit_are_the_same_for_the_same_seeds(tmp_path: Path,
     assert 0 <= a["index"][0] < 16 * 8 and (a["index"], a["detail"]["bits"]) != (c["index"], c["detail"]["bits"])
 
 
-def test_the_reference_models_first_divergence_is_the_flipped_parameter(healthy_run: Path, tmp_path: Path,
-                                                                        write_profile) -> None:
+def test_the_reference_models_first_divergence_is_the_flipped_parameter(
+    healthy_run: Path, tmp_path: Path, write_profile
+) -> None:
     name = "layers.0.attention.wo.weight"
     profile = write_profile(state_rule(name, 1, "element = 5\nbits = 3\n"))
     out = tmp_path / "state"
@@ -88,13 +89,16 @@ def test_the_reference_models_first_divergence_is_the_flipped_parameter(healthy_
     assert first is not None and (first.step, first.phase, first.name) == (1, Phase.PARAM, name)
 
 
-@pytest.mark.parametrize("rule, message", [
-    (state_rule("2.bias.nope"), "state\\[0\\].parameter = '2.bias.nope' is no parameter of the model"),
-    (state_rule(extra="element = 128\n"), "state\\[0\\].element = 128 is outside 2.weight's 128 elements"),
-    (state_rule(extra="bits = 32\n"), "state\\[0\\].bits = 32 is outside the 32 bits"),
-    (state_rule(extra='bits = "high"\n'), "bits"),
-    (state_rule(step=-1), "step"),
-])
+@pytest.mark.parametrize(
+    "rule, message",
+    [
+        (state_rule("2.bias.nope"), "state\\[0\\].parameter = '2.bias.nope' is no parameter of the model"),
+        (state_rule(extra="element = 128\n"), "state\\[0\\].element = 128 is outside 2.weight's 128 elements"),
+        (state_rule(extra="bits = 32\n"), "state\\[0\\].bits = 32 is outside the 32 bits"),
+        (state_rule(extra='bits = "high"\n'), "bits"),
+        (state_rule(step=-1), "step"),
+    ],
+)
 def test_a_state_rule_that_does_not_fit_is_an_error(rule: str, message: str, tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(rule, encoding="utf-8")

@@ -32,8 +32,9 @@ persistent = {persistent}
 """
 
 
-def stuck_logit(tmp: Path, step: int, *, persistent: bool, p_call: float = 1.0,
-                attempts: list[int] | None = None) -> FaultProfile:
+def stuck_logit(
+    tmp: Path, step: int, *, persistent: bool, p_call: float = 1.0, attempts: list[int] | None = None
+) -> FaultProfile:
     """``attempts``: the runs of the step it fires in (the first only: ``[0]``); None, every run."""
     kind = "persistent" if persistent else "transient"
     path = tmp / f"stuck-{step}-{kind}-{p_call}-{'_'.join(map(str, attempts or []))}.toml"
@@ -44,8 +45,9 @@ def stuck_logit(tmp: Path, step: int, *, persistent: bool, p_call: float = 1.0,
     return load_profile(path)
 
 
-def record_guarded(out: Path, guard: Guard | None, steps: int, profile: FaultProfile | None = None,
-                   fault_seed: int = 0) -> list[float]:
+def record_guarded(
+    out: Path, guard: Guard | None, steps: int, profile: FaultProfile | None = None, fault_seed: int = 0
+) -> list[float]:
     """What `jobs.record` does, with any guard: train ``steps`` steps (a checkpoint before the first)."""
     w = build(small_config(f"run.steps={steps}", "run.checkpoint_every=0"))
     run = RunInfo(out.name, config=w.config, seed=w.seed, data_order_fingerprint=w.data_order_fingerprint)
@@ -65,14 +67,21 @@ def records(run: Path) -> list[TensorRecord | EventRecord]:
 
 def trained(run: Path) -> list[tuple]:
     """What training did, in log order: every tensor record, and every loss."""
-    return [(r.step, r.microbatch, r.name, r.phase, r.fingerprint) if isinstance(r, TensorRecord)
-            else (r.step, r.fields["microbatch"], r.fields["loss"]) for r in records(run)
-            if isinstance(r, TensorRecord) or r.kind == "loss"]
+    return [
+        (r.step, r.microbatch, r.name, r.phase, r.fingerprint)
+        if isinstance(r, TensorRecord)
+        else (r.step, r.fields["microbatch"], r.fields["loss"])
+        for r in records(run)
+        if isinstance(r, TensorRecord) or r.kind == "loss"
+    ]
 
 
 def params(run: Path, step: int) -> dict[str, int]:
-    return {r.name: r.fingerprint for r in records(run)
-            if isinstance(r, TensorRecord) and r.phase == Phase.PARAM and r.step == step}
+    return {
+        r.name: r.fingerprint
+        for r in records(run)
+        if isinstance(r, TensorRecord) and r.phase == Phase.PARAM and r.step == step
+    }
 
 
 def kinds(run: Path, kind: str) -> list[EventRecord]:

@@ -14,8 +14,10 @@ from tracer.errors import GuardStop
 from tracer.log import LogReader, rank_dir
 
 # A NaN in one logit at step 1: the default NonFinite detector fires without any history.
-NAN_AT_1 = '[[fault]]\nops = ["matmul"]\nsites = "output"\nphases = ["forward"]\nsteps = [1]\nkind = "stuck"\n' \
-           'value = nan\npersistent = true\n'
+NAN_AT_1 = (
+    '[[fault]]\nops = ["matmul"]\nsites = "output"\nphases = ["forward"]\nsteps = [1]\nkind = "stuck"\n'
+    "value = nan\npersistent = true\n"
+)
 
 
 def test_record_guard_stop_checkpoints_and_exits_with_its_own_status(
@@ -23,8 +25,19 @@ def test_record_guard_stop_checkpoints_and_exits_with_its_own_status(
 ) -> None:
     (tmp_path / "nan.toml").write_text(NAN_AT_1, encoding="utf-8")
     out = tmp_path / "run"
-    args = ["record", "--out", str(out), "--steps", "3", "--quiet", "--fault-profile", str(tmp_path / "nan.toml"),
-            "--checkpoint-every", "0", *SMALL_ARGS]
+    args = [
+        "record",
+        "--out",
+        str(out),
+        "--steps",
+        "3",
+        "--quiet",
+        "--fault-profile",
+        str(tmp_path / "nan.toml"),
+        "--checkpoint-every",
+        "0",
+        *SMALL_ARGS,
+    ]
     assert main([*args, "--guard", "stop"]) == GuardStop.exit_code == 3
     # The default detectors' warm-up, said once; the fault is in the LM head, which no default site holds: said
     # once as untraced; then the guard's one error line.
@@ -43,8 +56,25 @@ def test_record_guard_stop_checkpoints_and_exits_with_its_own_status(
 def test_record_guard_skip_trains_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     profile = stuck_logit(tmp_path, 1, persistent=True)
     out = tmp_path / "run"
-    assert main(["record", "--out", str(out), "--steps", "3", "--quiet", "--fault-profile", profile.path, "--abft",
-                 "--guard", "skip", *SMALL_ARGS]) == 0
+    assert (
+        main(
+            [
+                "record",
+                "--out",
+                str(out),
+                "--steps",
+                "3",
+                "--quiet",
+                "--fault-profile",
+                profile.path,
+                "--abft",
+                "--guard",
+                "skip",
+                *SMALL_ARGS,
+            ]
+        )
+        == 0
+    )
     (event,) = kinds(out, "guard")  # the stuck logit is flagged by ABFT: the product no longer matches its checksums
     assert event.step == 1 and event.fields["alarms"][0]["detector"] == "abft_flags"
     assert (event.fields["outcome"], event.fields["action"]) == ("deterministic", "skip")

@@ -22,9 +22,17 @@ from tracer.guard import (
 from tracer.guard.guard import verdict
 
 
-def evidence(loss: float | None = 2.0, grad_norm: float = 1.0, *, nonfinite: int = 0, abft_flags: int = 0,
-             fingerprint: int = 7, update_rms: float | None = None, past: History = History(),
-             step: int = 9) -> Evidence:
+def evidence(
+    loss: float | None = 2.0,
+    grad_norm: float = 1.0,
+    *,
+    nonfinite: int = 0,
+    abft_flags: int = 0,
+    fingerprint: int = 7,
+    update_rms: float | None = None,
+    past: History = History(),  # noqa: B008 - frozen
+    step: int = 9,
+) -> Evidence:
     return Evidence(step, 0, loss, grad_norm, nonfinite, abft_flags, fingerprint, update_rms, past)
 
 
@@ -143,11 +151,24 @@ def test_guard_description_and_window() -> None:
     g = Guard(detectors=(NonFinite(), LossSpike(window=10), GradNormSpike(window=20)), on_deterministic="stop")
     assert g.keep == 20 and not g.wants_update_rms
     assert g.describe() == {
-        "detectors": [{"name": "non_finite"}, {"name": "loss_spike", "window": 10, "z": LossSpike.z,
-                                                "floor": LossSpike.floor, "min_history": LossSpike.min_history},
-                      {"name": "grad_norm_spike", "window": 20, "factor": GradNormSpike.factor,
-                       "min_history": GradNormSpike.min_history}],
-        "on_deterministic": "stop", "max_runs": 3,
+        "detectors": [
+            {"name": "non_finite"},
+            {
+                "name": "loss_spike",
+                "window": 10,
+                "z": LossSpike.z,
+                "floor": LossSpike.floor,
+                "min_history": LossSpike.min_history,
+            },
+            {
+                "name": "grad_norm_spike",
+                "window": 20,
+                "factor": GradNormSpike.factor,
+                "min_history": GradNormSpike.min_history,
+            },
+        ],
+        "on_deterministic": "stop",
+        "max_runs": 3,
     }
 
 

@@ -28,16 +28,26 @@ def healthy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_guarded_healthy_run_is_bit_identical_to_an_unguarded_one(healthy: Path, tmp_path: Path) -> None:
-    guard = Guard(detectors=(NonFinite(), SPIKE, GradNormSpike(window=4, min_history=2),
-                             UpdateRmsSpike(window=4, min_history=2)))
+    guard = Guard(
+        detectors=(NonFinite(), SPIKE, GradNormSpike(window=4, min_history=2), UpdateRmsSpike(window=4, min_history=2))
+    )
     record_guarded(tmp_path / "guarded", guard, steps=FAULT_STEP + 2)
     assert trained(tmp_path / "guarded") == trained(healthy)
     assert kinds(tmp_path / "guarded", "guard") == []
     header = LogReader(rank_dir(tmp_path / "guarded", 0)).header
     assert [d["name"] for d in header.extra["guard"]["detectors"]] == [
-        "non_finite", "loss_spike", "grad_norm_spike", "update_rms_spike"]
-    assert header.extra["guard"]["detectors"][1] == {"name": "loss_spike", "window": 4, "z": SPIKE.z,
-                                                     "floor": SPIKE.floor, "min_history": 2}
+        "non_finite",
+        "loss_spike",
+        "grad_norm_spike",
+        "update_rms_spike",
+    ]
+    assert header.extra["guard"]["detectors"][1] == {
+        "name": "loss_spike",
+        "window": 4,
+        "z": SPIKE.z,
+        "floor": SPIKE.floor,
+        "min_history": 2,
+    }
 
 
 def test_a_transient_fault_is_caught_recomputed_and_training_goes_on_as_if_healthy(
@@ -45,8 +55,9 @@ def test_a_transient_fault_is_caught_recomputed_and_training_goes_on_as_if_healt
 ) -> None:
     profile = stuck_logit(tmp_path, FAULT_STEP, persistent=False, attempts=[0])  # the first run only
     out = tmp_path / "guarded"
-    losses = record_guarded(out, Guard(detectors=(NonFinite(), SPIKE), on_deterministic="stop"), FAULT_STEP + 2,
-                            profile)
+    losses = record_guarded(
+        out, Guard(detectors=(NonFinite(), SPIKE), on_deterministic="stop"), FAULT_STEP + 2, profile
+    )
     (event,) = kinds(out, "guard")
     assert event.step == FAULT_STEP
     f = event.fields
@@ -76,8 +87,9 @@ def test_a_fault_that_reproduces_is_deterministic_and_the_policy_decides(
     out = tmp_path / policy
     guard = Guard(detectors=(NonFinite(), SPIKE), on_deterministic=policy, max_runs=5)
     if policy == "stop":
-        with pytest.raises(GuardStop, match=f"step {FAULT_STEP}: the guard stopped training \\(deterministic: "
-                                            "loss_spike") as stopped:
+        with pytest.raises(
+            GuardStop, match=f"step {FAULT_STEP}: the guard stopped training \\(deterministic: loss_spike"
+        ) as stopped:
             record_guarded(out, guard, FAULT_STEP + 2, profile)
         assert stopped.value.step == FAULT_STEP and stopped.value.checkpoint is not None
     else:
@@ -123,8 +135,9 @@ def test_a_guard_without_a_way_to_rerun_logs_an_unclassified_alarm_and_applies_i
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     guard = Guard(detectors=(NonFinite(),), on_deterministic="skip")
     x = torch.randn(8, 4)
-    with Tracer(model, opt, out=tmp_path / "run", run=RunInfo("own"), options=TraceOptions(activations=False),
-                guard=guard) as tr:
+    with Tracer(
+        model, opt, out=tmp_path / "run", run=RunInfo("own"), options=TraceOptions(activations=False), guard=guard
+    ) as tr:
         for step in range(3):
             with tr.step(step):
                 y = x.clone()
@@ -152,8 +165,11 @@ def test_a_guard_without_a_way_to_rerun_logs_an_unclassified_alarm_and_applies_i
 def test_a_twin_sees_what_no_statistic_can(healthy: Path, tmp_path: Path) -> None:
     """One mantissa bit of one matmul result at step 2: invisible in the loss, not in the gradients' bits."""
     path = tmp_path / "flip.toml"
-    path.write_text('[[fault]]\nops = ["mm"]\nsites = "layers\\\\.1\\\\.feed_forward"\nphases = ["forward"]\n'
-                    'steps = [2]\nkind = "bitflip"\nbits = "mantissa"\npersistent = true\n', encoding="utf-8")
+    path.write_text(
+        '[[fault]]\nops = ["mm"]\nsites = "layers\\\\.1\\\\.feed_forward"\nphases = ["forward"]\n'
+        'steps = [2]\nkind = "bitflip"\nbits = "mantissa"\npersistent = true\n',
+        encoding="utf-8",
+    )
     twin = RecordedTwin(healthy)
     guard = Guard(detectors=(SPIKE, TwinMismatch(twin)), on_deterministic="stop")
     record_guarded(tmp_path / "same", guard, FAULT_STEP + 2)

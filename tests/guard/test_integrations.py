@@ -25,8 +25,11 @@ def stuck_head(tmp_path: Path, site: str, sites: str | None) -> dict:
     """Callback options for a node with a persistent fault: one logit of the model's head ``site`` stuck at 1e4 at
     FAULT_STEP (the loss jumps)."""
     path = tmp_path / "stuck-head.toml"
-    path.write_text(f'[[fault]]\nops = ["matmul"]\nsites = "{site}"\nphases = ["forward"]\nsteps = [{FAULT_STEP}]\n'
-                    'elements = 1\nkind = "stuck"\nvalue = 10000.0\npersistent = true\n', encoding="utf-8")
+    path.write_text(
+        f'[[fault]]\nops = ["matmul"]\nsites = "{site}"\nphases = ["forward"]\nsteps = [{FAULT_STEP}]\n'
+        'elements = 1\nkind = "stuck"\nvalue = 10000.0\npersistent = true\n',
+        encoding="utf-8",
+    )
     return node_options(load_profile(path), sites=sites)
 
 
@@ -34,14 +37,31 @@ def fit_lightning(out: Path, guard: Guard | None, node: dict) -> None:
     """lightning_tiny's module fitted one batch a step, so that Lightning's optimizer closure is the whole step."""
     import pytorch_lightning as pl
 
-    cb = LightningCallback(out, out.name, seed=lightning_tiny.SEED, options=TraceOptions(sites=lightning_tiny.SITES),
-                           checkpoint_every=0, guard=guard, **node)
+    cb = LightningCallback(
+        out,
+        out.name,
+        seed=lightning_tiny.SEED,
+        options=TraceOptions(sites=lightning_tiny.SITES),
+        checkpoint_every=0,
+        guard=guard,
+        **node,
+    )
     lightning_tiny.configure_determinism(lightning_tiny.SEED, threads=1)
     module = lightning_tiny.TinyLM()
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=5, accumulate_grad_batches=1, gradient_clip_val=lightning_tiny.CLIP,
-        deterministic=True, enable_checkpointing=False, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(out) + "-lightning", callbacks=[cb],
+        accelerator="cpu",
+        devices=1,
+        max_steps=5,
+        accumulate_grad_batches=1,
+        gradient_clip_val=lightning_tiny.CLIP,
+        deterministic=True,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(out) + "-lightning",
+        callbacks=[cb],
     )
     trainer.fit(module)
 
@@ -83,4 +103,3 @@ def test_hf_alarms_are_unclassified_and_follow_the_policy(tmp_path: Path) -> Non
     assert event.step == FAULT_STEP and (f["outcome"], f["action"], f["accepted"]) == ("unclassified", "skip", None)
     assert [r["attempt"] for r in f["runs"]] == [0]
     assert params(tmp_path / "run", FAULT_STEP) == params(tmp_path / "run", FAULT_STEP - 1)
-

@@ -39,8 +39,15 @@ def test_the_guard_records_it_in_the_header_and_refuses_anything_else() -> None:
 
 
 def test_offline_scoring_fires_on_the_blamed_rank_and_on_both_sides_of_a_tie() -> None:
-    blame = {"detector": "replica_agreement", "measured": 1.0, "threshold": 0.0, "detail": "rank 1 ...",
-             "replicas": [0, 1, 2], "ranks": [1], "tie": False}
+    blame = {
+        "detector": "replica_agreement",
+        "measured": 1.0,
+        "threshold": 0.0,
+        "detail": "rank 1 ...",
+        "replicas": [0, 1, 2],
+        "ranks": [1],
+        "tie": False,
+    }
     tie = {**blame, "replicas": [0, 1], "ranks": [], "tie": True}
     facts = [StepFacts(s, 1.0, 1.0, 0, 0, s, int(s == 1)) for s in range(3)]
     facts[1], facts[2] = facts[1]._replace(replicas=blame), facts[2]._replace(replicas=tie)

@@ -47,8 +47,14 @@ def test_the_predicted_update_is_the_applied_one(name: str) -> None:
 def test_other_optimizers_are_refused_by_name(tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 1)
     with pytest.raises(ConfigError, match="SGD, Adam, AdamW only; this run's optimizer is torch.optim.lbfgs.LBFGS"):
-        Tracer(model, torch.optim.LBFGS(model.parameters()), out=tmp_path / "run", run=RunInfo("n"),
-               options=TraceOptions(activations=False), guard=Guard(detectors=(UpdateRmsSpike(),)))
+        Tracer(
+            model,
+            torch.optim.LBFGS(model.parameters()),
+            out=tmp_path / "run",
+            run=RunInfo("n"),
+            options=TraceOptions(activations=False),
+            guard=Guard(detectors=(UpdateRmsSpike(),)),
+        )
 
 
 def test_a_tracer_that_cannot_guard_says_why(tmp_path: Path) -> None:
@@ -57,8 +63,18 @@ def test_a_tracer_that_cannot_guard_says_why(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="give the Tracer the optimizer"):
         Tracer(model, None, options=TraceOptions(activations=False), **kw)
     with pytest.raises(ConfigError, match="keep TraceOptions\\(gradients=True\\)"):
-        Tracer(model, torch.optim.SGD(model.parameters(), lr=1.0),
-               options=TraceOptions(activations=False, gradients=False), **kw)
+        Tracer(
+            model,
+            torch.optim.SGD(model.parameters(), lr=1.0),
+            options=TraceOptions(activations=False, gradients=False),
+            **kw,
+        )
     with pytest.raises(ConfigError, match="takes a tracer.guard.Guard, found str"):
-        Tracer(model, torch.optim.SGD(model.parameters(), lr=1.0), options=TraceOptions(activations=False),
-               out=tmp_path / "run", run=RunInfo("n"), guard="skip")
+        Tracer(
+            model,
+            torch.optim.SGD(model.parameters(), lr=1.0),
+            options=TraceOptions(activations=False),
+            out=tmp_path / "run",
+            run=RunInfo("n"),
+            guard="skip",
+        )

@@ -22,8 +22,11 @@ from tracer.options import CapturePolicy
 # modules of tests.integrations (record(), build(), FAULT_SITE, FAULT_STEP, SITES, WORKLOAD), and the package each needs
 FRAMEWORKS = {"hf_tiny": "transformers", "lightning_tiny": "pytorch_lightning"}
 # Without an extra installed, its own test module is not collected and its end-to-end parameter is skipped.
-collect_ignore = [f"test_{name.removesuffix('_tiny')}.py" for name, package in FRAMEWORKS.items()
-                  if importlib.util.find_spec(package) is None]
+collect_ignore = [
+    f"test_{name.removesuffix('_tiny')}.py"
+    for name, package in FRAMEWORKS.items()
+    if importlib.util.find_spec(package) is None
+]
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,14 @@ def recorded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 def fault_profile(site: str, step: int) -> str:
     """A profile that scales a few elements of ``site``'s forward matmul results by 8 at ``step``, and nowhere else."""
-    rule = {"ops": ["matmul"], "sites": re.escape(site), "phases": ["forward"], "steps": [step], "elements": 4,
-            "kind": "scale", "factor": 8.0}
+    rule = {
+        "ops": ["matmul"],
+        "sites": re.escape(site),
+        "phases": ["forward"],
+        "steps": [step],
+        "elements": 4,
+        "kind": "scale",
+        "factor": 8.0,
+    }
     lines = [f"{key} = {json.dumps(value)}" for key, value in rule.items()]  # JSON's strings and lists are TOML's
     return "\n".join([f'description = "{site} forward matmuls x8 at step {step}"', "seed = 7", "[[fault]]", *lines])

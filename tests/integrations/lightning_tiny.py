@@ -32,7 +32,6 @@ FAULT_STEP, FAULT_SITE = 2, "blocks.1.mlp"  # step 2 has one microbatch
 WORKLOAD = "tests.integrations.lightning_tiny:build"
 
 
-
 class Block(nn.Module):
     def __init__(self, dim: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -75,17 +74,28 @@ class TinyLM(pl.LightningModule):
         return DataLoader(data, batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(SEED))
 
 
-def make(root_dir: Path, callbacks: Sequence[pl.Callback] = (), *, bf16: bool = False,
-         dropout: float = 0.0) -> tuple[TinyLM, pl.Trainer]:
+def make(
+    root_dir: Path, callbacks: Sequence[pl.Callback] = (), *, bf16: bool = False, dropout: float = 0.0
+) -> tuple[TinyLM, pl.Trainer]:
     """The module and Trainer; ``bf16``: Lightning's ``precision="bf16-mixed"`` (autocast), ``dropout``: in each
     block's MLP."""
     configure_determinism(SEED, threads=1)
     module = TinyLM(dropout=dropout)
     trainer = pl.Trainer(
-        precision="bf16-mixed" if bf16 else "32-true", accelerator="cpu", devices=1, max_steps=STEPS,
-        accumulate_grad_batches=2, gradient_clip_val=CLIP,
-        deterministic=True, enable_checkpointing=False, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(root_dir), callbacks=list(callbacks),
+        precision="bf16-mixed" if bf16 else "32-true",
+        accelerator="cpu",
+        devices=1,
+        max_steps=STEPS,
+        accumulate_grad_batches=2,
+        gradient_clip_val=CLIP,
+        deterministic=True,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(root_dir),
+        callbacks=list(callbacks),
     )
     return module, trainer
 
@@ -93,8 +103,14 @@ def make(root_dir: Path, callbacks: Sequence[pl.Callback] = (), *, bf16: bool = 
 def record(out: Path, label: str, capture: CapturePolicy = CapturePolicy(), **callback: Any) -> Path:
     """Fit with the callback into ``out``; Lightning's own directory is a sibling. A ``config`` with a ``variant``
     section fits that variant."""
-    cb = SdcTraceCallback(out, label, seed=SEED, options=TraceOptions(sites=SITES, capture=capture),
-                         checkpoint_every=CHECKPOINT_EVERY, **callback)
+    cb = SdcTraceCallback(
+        out,
+        label,
+        seed=SEED,
+        options=TraceOptions(sites=SITES, capture=capture),
+        checkpoint_every=CHECKPOINT_EVERY,
+        **callback,
+    )
     module, trainer = make(out.with_name(out.name + "-lightning"), [cb], **variant(callback.get("config", {})))
     trainer.fit(module)
     return out

@@ -47,13 +47,27 @@ class ShardedLM(lightning_tiny.TinyLM):
 def record_model_parallel(out: Path) -> None:
     """Fit ShardedLM with ModelParallelStrategy, traced into ``out``."""
     configure_determinism(lightning_tiny.SEED, threads=1)
-    cb = lightning.SdcTraceCallback(out, "node", seed=lightning_tiny.SEED,
-                                    options=TraceOptions(sites=lightning_tiny.SITES), checkpoint_every=CHECKPOINT_EVERY)
+    cb = lightning.SdcTraceCallback(
+        out,
+        "node",
+        seed=lightning_tiny.SEED,
+        options=TraceOptions(sites=lightning_tiny.SITES),
+        checkpoint_every=CHECKPOINT_EVERY,
+    )
     trainer = pl.Trainer(
-        accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
-        max_steps=STEPS, accumulate_grad_batches=2, deterministic=True, enable_checkpointing=False, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        default_root_dir=str(out.with_name(out.name + "-lightning")), callbacks=[cb],
+        accelerator="cpu",
+        devices=2,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        max_steps=STEPS,
+        accumulate_grad_batches=2,
+        deterministic=True,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(out.with_name(out.name + "-lightning")),
+        callbacks=[cb],
     )
     trainer.fit(ShardedLM())
 
@@ -62,16 +76,37 @@ def record_hf_fsdp(out: Path) -> None:
     """Train hf_tiny's Llama with FSDP2 asked of accelerate, traced into ``out``."""
     configure_determinism(hf_tiny.SEED, threads=1)
     args = TrainingArguments(
-        output_dir=str(out.with_name(out.name + "-hf")), per_device_train_batch_size=2, gradient_accumulation_steps=2,
-        max_steps=STEPS, learning_rate=1e-3, warmup_steps=0, max_grad_norm=1.0, save_strategy="steps",
-        save_steps=CHECKPOINT_EVERY, save_only_model=True, logging_strategy="no", report_to="none", use_cpu=True,
-        seed=hf_tiny.SEED, disable_tqdm=True,
-        fsdp=True, fsdp_config={"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
+        output_dir=str(out.with_name(out.name + "-hf")),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_steps=STEPS,
+        learning_rate=1e-3,
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        save_strategy="steps",
+        save_steps=CHECKPOINT_EVERY,
+        save_only_model=True,
+        logging_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=hf_tiny.SEED,
+        disable_tqdm=True,
+        fsdp=True,
+        fsdp_config={"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
     )
     trainer = Trainer(model=LlamaForCausalLM(LlamaConfig(**hf_tiny.MODEL)), args=args, train_dataset=hf_tiny.dataset())
     state = trainer.accelerator.state
-    cb = hf.SdcTraceCallback(out, "node", options=TraceOptions(sites=hf_tiny.SITES), extra={"accelerate": {
-        "distributed_type": state.distributed_type.value, "fsdp_plugin": getattr(state, "fsdp_plugin", None) is not None}})
+    cb = hf.SdcTraceCallback(
+        out,
+        "node",
+        options=TraceOptions(sites=hf_tiny.SITES),
+        extra={
+            "accelerate": {
+                "distributed_type": state.distributed_type.value,
+                "fsdp_plugin": getattr(state, "fsdp_plugin", None) is not None,
+            }
+        },
+    )
     trainer.add_callback(cb)
     with cb:
         trainer.train()

@@ -30,8 +30,24 @@ def header(run: Path):
 
 def replay(r: Recorded, mode: str, steps: str, out: Path) -> Path:
     """`sdc replay` with the sick node's fault profile, rebuilding the run through the framework's factory."""
-    code = main(["replay", "--golden", str(r.golden), "--fault-profile", str(r.profile), "--workload",
-                 r.framework.WORKLOAD, "--mode", mode, "--steps", steps, "--out", str(out), "--quiet"])
+    code = main(
+        [
+            "replay",
+            "--golden",
+            str(r.golden),
+            "--fault-profile",
+            str(r.profile),
+            "--workload",
+            r.framework.WORKLOAD,
+            "--mode",
+            mode,
+            "--steps",
+            steps,
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0
     return out
 
@@ -54,7 +70,8 @@ def test_sdc_diff_finds_the_emulated_fault_as_the_first_divergence(recorded: Rec
     fw = recorded.framework
     faults = events(recorded.sick, "fault")
     assert faults and {(f.step, f.fields["microbatch"], f.fields["site"], f.fields["phase"]) for f in faults} == {
-        (fw.FAULT_STEP, 0, fw.FAULT_SITE, "forward")}
+        (fw.FAULT_STEP, 0, fw.FAULT_SITE, "forward")
+    }
     first = diff_first_divergence(recorded.golden, recorded.sick, tmp_path / "study.duckdb")
     assert first == [(fw.FAULT_STEP, 0, "forward", fw.FAULT_SITE, "differ")]
 

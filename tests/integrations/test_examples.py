@@ -27,13 +27,36 @@ def test_an_example_records_and_replays_from_the_command_line(name: str, tmp_pat
     example = importlib.import_module(f"examples.{name}")
     golden, sick, lock = tmp_path / "golden", tmp_path / "sick", tmp_path / "lock"
     example.main(["--out", str(golden)])
-    example.main(["--out", str(sick), "--node-label", "node-b", "--fault-profile", "bursty-mismatch", "--fault-seed", "1"])
+    example.main(
+        ["--out", str(sick), "--node-label", "node-b", "--fault-profile", "bursty-mismatch", "--fault-seed", "1"]
+    )
     assert min(e.step for e in events(sick, "fault")) == 3  # bursty-mismatch with fault seed 1 starts at step 3
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     done = subprocess.run(
-        [sys.executable, "-m", "sdc.cli", "replay", "--golden", str(golden), "--suspect", str(sick), "--workload",
-         f"examples.{name}:build", "--at-first-divergence", "--mode", "lockstep", "--out", str(lock), "--quiet"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "sdc.cli",
+            "replay",
+            "--golden",
+            str(golden),
+            "--suspect",
+            str(sick),
+            "--workload",
+            f"examples.{name}:build",
+            "--at-first-divergence",
+            "--mode",
+            "lockstep",
+            "--out",
+            str(lock),
+            "--quiet",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     assert "first divergence: rank 0, step 3, microbatch 0, forward" in done.stdout

@@ -36,7 +36,8 @@ def test_one_tracer_step_per_optimizer_step_with_losses_as_the_trainer_scales_th
     tensors = [r for r in records if isinstance(r, TensorRecord)]
     for phase in (Phase.GRAD, Phase.PARAM):
         assert sorted((r.step, r.name) for r in tensors if r.phase == phase) == sorted(
-            (s, n) for s in range(5) for n in names)
+            (s, n) for s in range(5) for n in names
+        )
     last = {r.name: r.fingerprint for r in tensors if r.phase == Phase.PARAM and r.step == 4}
     assert last == {n: fingerprint(p) for n, p in trainer.model.named_parameters()}
     # Checkpoints at the start and at the Trainer's save steps, each with the LR scheduler's state.
@@ -60,9 +61,15 @@ def test_a_model_without_loss_kwargs_logs_losses_divided_by_the_steps_microbatch
     assert sum(losses) / 5 == pytest.approx(output.training_loss, rel=1e-6)
     assert LogReader(rank_dir(tmp_path / "run", 0)).header.config["variant"] == {"loss_kwargs": False}
     # The workload scales the same way, bit for bit: replay verifies every fingerprint of steps 0 to 3.
-    request = ReplayRequest(tmp_path / "run", tmp_path / "replay", parse_steps("1:4"),
-                            suspect_from_profile("healthy-node"), mode="lockstep", workload=hf_tiny.WORKLOAD,
-                            progress=False)
+    request = ReplayRequest(
+        tmp_path / "run",
+        tmp_path / "replay",
+        parse_steps("1:4"),
+        suspect_from_profile("healthy-node"),
+        mode="lockstep",
+        workload=hf_tiny.WORKLOAD,
+        progress=False,
+    )
     Replayer(request).run()
     assert all(e.fields["mismatched"] == 0 for e in events(tmp_path / "replay", "site_mismatch"))
 

@@ -30,20 +30,31 @@ BERT = {"variant": {"bert": True}}
 
 
 def replay(run: Path, steps: str, out: Path, profile: str = "healthy-node") -> Path:
-    request = ReplayRequest(run, out, parse_steps(steps), suspect_from_profile(profile), mode="lockstep",
-                            workload=hf_tiny.WORKLOAD, progress=False)
+    request = ReplayRequest(
+        run,
+        out,
+        parse_steps(steps),
+        suspect_from_profile(profile),
+        mode="lockstep",
+        workload=hf_tiny.WORKLOAD,
+        progress=False,
+    )
     Replayer(request).run()
     return out
 
 
 def mismatched(out: Path) -> set[tuple[int, str, str]]:
-    return {(e.step, e.fields["site"], e.fields["phase"]) for e in events(out, "site_mismatch")
-            if e.fields["mismatched"]}
+    return {
+        (e.step, e.fields["site"], e.fields["phase"]) for e in events(out, "site_mismatch") if e.fields["mismatched"]
+    }
 
 
 def forward_dtypes(run: Path) -> set[str]:
-    return {r.meta.partition("[")[0] for r in LogReader(rank_dir(run, 0)).records()
-            if isinstance(r, TensorRecord) and r.phase == Phase.FORWARD}
+    return {
+        r.meta.partition("[")[0]
+        for r in LogReader(rank_dir(run, 0)).records()
+        if isinstance(r, TensorRecord) and r.phase == Phase.FORWARD
+    }
 
 
 def test_a_bf16_autocast_run_replays_from_the_first_and_a_later_checkpoint(tmp_path: Path) -> None:
@@ -58,8 +69,20 @@ def test_verify_determinism_runs_what_the_trainer_ran_for_the_steps_asked(tmp_pa
     run = hf_tiny.record(tmp_path / "run", "golden", config=BF16)
     config = tmp_path / "bf16.toml"
     config.write_text("[variant]\nbf16 = true\n", encoding="utf-8")
-    code = main(["verify-determinism", "--workload", hf_tiny.WORKLOAD, "--config", str(config), "--steps", "2",
-                 "--keep", str(tmp_path / "verify"), "--quiet"])
+    code = main(
+        [
+            "verify-determinism",
+            "--workload",
+            hf_tiny.WORKLOAD,
+            "--config",
+            str(config),
+            "--steps",
+            "2",
+            "--keep",
+            str(tmp_path / "verify"),
+            "--quiet",
+        ]
+    )
     assert code == 0
     assert [e.step for e in events(tmp_path / "verify" / "a", "step")] == [0, 1]
     # The workload's steps are the Trainer's, autocast included, bit for bit.

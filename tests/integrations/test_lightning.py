@@ -19,15 +19,25 @@ from tracer.options import TraceOptions
 
 
 def test_one_tracer_step_per_optimizer_step_with_the_losses_backward_got(tmp_path: Path) -> None:
-    cb = SdcTraceCallback(tmp_path / "run", "golden", seed=lightning_tiny.SEED, options=TraceOptions(sites=lightning_tiny.SITES),
-                          checkpoint_every=2)
+    cb = SdcTraceCallback(
+        tmp_path / "run",
+        "golden",
+        seed=lightning_tiny.SEED,
+        options=TraceOptions(sites=lightning_tiny.SITES),
+        checkpoint_every=2,
+    )
     module, trainer = lightning_tiny.make(tmp_path / "pl", [cb])
     trainer.fit(module)
     reader = LogReader(rank_dir(tmp_path / "run", 0))
     records = list(reader.records())
     assert reader.status.end.status == "complete"
     assert [(e.step, e.fields["microbatches"]) for e in events(tmp_path / "run", "step")] == [
-        (0, 2), (1, 2), (2, 1), (3, 2), (4, 2)]
+        (0, 2),
+        (1, 2),
+        (2, 1),
+        (3, 2),
+        (4, 2),
+    ]
     # The loss backward() got is training_step's divided by accumulate_grad_batches, a short step's too.
     losses = events(tmp_path / "run", "loss")
     assert len(losses) == 9
@@ -71,13 +81,22 @@ def test_a_bf16_mixed_run_with_dropout_replays_from_every_checkpoint(tmp_path: P
     """Lightning's precision plugin runs the replayed forward under the recording's autocast, and the dropout
     masks are the recording's: every fingerprint of steps 0 to 4 is verified."""
     run = lightning_tiny.record(tmp_path / "run", "golden", config={"variant": {"bf16": True, "dropout": 0.1}})
-    metas = {r.meta for r in LogReader(rank_dir(run, 0)).records()
-             if isinstance(r, TensorRecord) and r.phase == Phase.FORWARD}
+    metas = {
+        r.meta
+        for r in LogReader(rank_dir(run, 0)).records()
+        if isinstance(r, TensorRecord) and r.phase == Phase.FORWARD
+    }
     assert metas == {"bfloat16[2,16,32]"}
     for steps in ("0:2", "2:4", "4:5"):
-        request = ReplayRequest(run, tmp_path / f"replay-{steps.replace(':', '-')}", parse_steps(steps),
-                                suspect_from_profile("healthy-node"), mode="lockstep",
-                                workload=lightning_tiny.WORKLOAD, progress=False)
+        request = ReplayRequest(
+            run,
+            tmp_path / f"replay-{steps.replace(':', '-')}",
+            parse_steps(steps),
+            suspect_from_profile("healthy-node"),
+            mode="lockstep",
+            workload=lightning_tiny.WORKLOAD,
+            progress=False,
+        )
         Replayer(request).run()
         sites = events(request.out, "site_mismatch")
         assert sites and all(e.fields["mismatched"] == 0 for e in sites)

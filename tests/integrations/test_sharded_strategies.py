@@ -28,9 +28,25 @@ def launch(out: Path, strategy: str) -> subprocess.CompletedProcess[str]:
     """Record ``strategy`` on 2 ranks into ``out``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "tests.integrations.sharded_tiny", "--strategy", strategy, "--out", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "tests.integrations.sharded_tiny",
+            "--strategy",
+            strategy,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
     )
 
 
@@ -72,7 +88,8 @@ def test_lightning_model_parallel_strategy_records_each_ranks_shards_bit_identic
         records = tensors(run, rank)
         # The sites are named as in the unsharded module, forward and backward, in both microbatches of step 0.
         assert {(r.name, r.phase) for r in records if r.step == 0 and r.phase in (Phase.FORWARD, Phase.BACKWARD)} == {
-            (f"blocks.{b}.mlp", phase) for b in (0, 1) for phase in (Phase.FORWARD, Phase.BACKWARD)}
+            (f"blocks.{b}.mlp", phase) for b in (0, 1) for phase in (Phase.FORWARD, Phase.BACKWARD)
+        }
         params = {r.name: r.fingerprint for r in records if r.phase == Phase.PARAM and r.step == 2}
         assert set(params) == set(shards) and len(shards) == 15  # every parameter a DTensor shard
         last[rank] = params
@@ -94,7 +111,8 @@ def test_hf_trainer_asked_for_fsdp2_trains_data_parallel_on_cpu_and_records_bit_
         assert shards_of(header.extra) == {}
         records = tensors(run, rank)
         assert {r.name for r in records if r.phase == Phase.FORWARD} == {
-            f"model.layers.{i}.{part}" for i in (0, 1) for part in ("self_attn", "mlp")}
+            f"model.layers.{i}.{part}" for i in (0, 1) for part in ("self_attn", "mlp")
+        }
         last[rank] = {r.name: r.fingerprint for r in records if r.phase == Phase.PARAM and r.step == 2}
     assert last[0] == last[1] and len(last[0]) == 21  # replicas: every parameter whole and equal on both ranks
     # Rank 0 claims the run directory for all ranks: refused there, every rank stops, none waits forever.

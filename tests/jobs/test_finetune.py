@@ -82,14 +82,14 @@ def test_finetune_logs_evaluations_and_is_bit_exact(pretrained: Path, tuned: dic
         assert e.fields["accuracy"] == correct / 8 and e.fields["collapsed"] == collapsed(correct / 8, 0.25, 8)
     h = header(a)
     # Evaluation is not traced: each site's forward output is recorded once per step (one microbatch).
-    forward = Counter(r.step for r in LogReader(rank_dir(a, 0)).records()
-                      if isinstance(r, TensorRecord) and r.phase == Phase.FORWARD)
+    forward = Counter(
+        r.step for r in LogReader(rank_dir(a, 0)).records() if isinstance(r, TensorRecord) and r.phase == Phase.FORWARD
+    )
     assert forward == {step: len(h.extra["sites"]) for step in range(TINY.steps)}
     assert h.role == "finetune" and h.extra["finetune_of"] == header(pretrained).run_id
     assert h.config["finetune"] == dataclasses.asdict(TINY) | {"tasks": list(TINY.tasks)}
     assert set(h.extra["tasks"]) == set(TINY.tasks) and h.extra["finetune"] == h.config["finetune"]
-    assert sorted(p.name for p in (a / "checkpoints").iterdir()) == [
-        "step-000000", "step-000002", "step-000004"]
+    assert sorted(p.name for p in (a / "checkpoints").iterdir()) == ["step-000000", "step-000002", "step-000004"]
 
 
 @pytest.mark.slow
@@ -97,7 +97,9 @@ def test_nodes_pair_and_a_shuffle_twin_is_a_twin_not_a_pair(pretrained: Path, tu
     golden, node, twin = (header(tuned[name]) for name in ("golden", "node", "twin"))
     assert pairing_differences(golden, node) == []
     assert {d.split(":")[0] for d in pairing_differences(golden, twin)} == {
-        "config_fingerprint", "data_order_fingerprint"}
+        "config_fingerprint",
+        "data_order_fingerprint",
+    }
     assert twin_differences(golden, twin) == []
     assert compare_runs(tuned["golden"], tuned["twin"]).first is not None
     assert twin_differences(golden, node) == ["config.finetune.shuffle_seed: both 0 (a twin must differ here)"]
@@ -119,8 +121,9 @@ def test_an_unhealthy_node_fine_tunes_with_its_faults(tuned: dict[str, Path]) ->
 
 
 @pytest.mark.slow
-def test_fine_tune_errors_name_the_run_and_the_fix(pretrained: Path, tuned: dict[str, Path], run_factory,
-                                                   tmp_path: Path) -> None:
+def test_fine_tune_errors_name_the_run_and_the_fix(
+    pretrained: Path, tuned: dict[str, Path], run_factory, tmp_path: Path
+) -> None:
     no_final = run_factory("no-final", "run.checkpoint_every=0")
     with pytest.raises(UsageError, match=r"no-final: no final checkpoint \(step 4; checkpoints at steps none\)"):
         finetune_run(no_final, tmp_path / "x", node_label="x", progress=False, settings=TINY)
@@ -140,7 +143,7 @@ def solve(name: str, prompt: str) -> int:
         return LETTERS.index(next(x for x in LETTERS if x not in question[4:]))
     if name == "longest":
         return max(range(CHOICES), key=lambda i: len(options[i]))
-    return options.index(question[len("Which is "):-1])  # match
+    return options.index(question[len("Which is ") : -1])  # match
 
 
 def test_every_ladder_answer_follows_from_its_prompt_at_the_default_sizes() -> None:
@@ -167,8 +170,14 @@ def test_a_fine_tune_with_nan_weights_is_at_or_below_chance_and_collapsed(pretra
 
     (tmp_path / "nan.toml").write_text(NAN_AT_0, encoding="utf-8")
     settings = dataclasses.replace(TINY, steps=2, test_per_task=12)
-    summary = finetune_run(pretrained, tmp_path / "ft", node_label="nan", progress=False, settings=settings,
-                           fault_profile=load_profile(tmp_path / "nan.toml"))
+    summary = finetune_run(
+        pretrained,
+        tmp_path / "ft",
+        node_label="nan",
+        progress=False,
+        settings=settings,
+        fault_profile=load_profile(tmp_path / "nan.toml"),
+    )
     weights = load_checkpoint(tmp_path / "ft", settings.steps).model
     assert all(torch.isnan(w).all() for w in weights.values() if w.is_floating_point())
     assert [e.task for e in summary.final] == list(settings.tasks)

@@ -30,16 +30,35 @@ def with_config(run: Path, section: str, key: str, value: int) -> None:
     craft_header(run, config=config)
 
 
-@pytest.mark.parametrize(("section", "key", "value", "message"), [
-    ("train", "threads", 2000, "the recording asks for 2000 threads (train.threads) per rank; this machine has"),
-    ("data", "batch_size", 10**8, "of memory (")
-])
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("train", "threads", 2000, "the recording asks for 2000 threads (train.threads) per rank; this machine has"),
+        ("data", "batch_size", 10**8, "of memory ("),
+    ],
+)
 def test_replay_of_a_header_asking_for_more_than_this_machine_has_is_one_line(
-        run: Path, tmp_path: Path, capsys, section: str, key: str, value: int, message: str) -> None:
+    run: Path, tmp_path: Path, capsys, section: str, key: str, value: int, message: str
+) -> None:
     with_config(run, section, key, value)
     out = tmp_path / "replay"
-    assert main(["replay", "--golden", str(run), "--fault-profile", "healthy-node", "--steps", "1", "--out",
-                 str(out), "--quiet"]) == 1
+    assert (
+        main(
+            [
+                "replay",
+                "--golden",
+                str(run),
+                "--fault-profile",
+                "healthy-node",
+                "--steps",
+                "1",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert err.startswith(f"sdc: error: {run}") and err.count("\n") == 1 and message in err, err
     assert not out.exists()
@@ -66,8 +85,9 @@ def test_bounds_follow_this_machine() -> None:
         check_resources(small, 1, "tiny")
 
 
-def test_a_recording_whose_config_asks_for_more_threads_than_this_machine_has_is_one_line(tmp_path: Path,
-                                                                                         capsys) -> None:
+def test_a_recording_whose_config_asks_for_more_threads_than_this_machine_has_is_one_line(
+    tmp_path: Path, capsys
+) -> None:
     out = tmp_path / "run"
     assert main(["record", "--out", str(out), "--set", "train.threads=2000", "--steps", "1"]) == 1
     err = capsys.readouterr().err
@@ -75,14 +95,18 @@ def test_a_recording_whose_config_asks_for_more_threads_than_this_machine_has_is
     assert not out.exists()
 
 
-@pytest.mark.parametrize("argv", [
-    ["record", "--out", "{tmp}/r", "--fault-seed", str(2**63)],
-    ["replay", "--golden", "{tmp}/g", "--fault-profile", "healthy-node", "--fault-seed", "-1", "--out", "{tmp}/o"],
-    ["finetune", "--from", "{tmp}/g", "--out", "{tmp}/o", "--shuffle-seed", str(10**20)],
-    ["faults", "fleet", "--seed", str(2**64), "--out", "{tmp}/f"],
-])
-def test_a_seed_torch_or_numpy_cannot_take_is_refused_on_the_command_line(tmp_path: Path, capsys,
-                                                                          argv: list[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["record", "--out", "{tmp}/r", "--fault-seed", str(2**63)],
+        ["replay", "--golden", "{tmp}/g", "--fault-profile", "healthy-node", "--fault-seed", "-1", "--out", "{tmp}/o"],
+        ["finetune", "--from", "{tmp}/g", "--out", "{tmp}/o", "--shuffle-seed", str(10**20)],
+        ["faults", "fleet", "--seed", str(2**64), "--out", "{tmp}/f"],
+    ],
+)
+def test_a_seed_torch_or_numpy_cannot_take_is_refused_on_the_command_line(
+    tmp_path: Path, capsys, argv: list[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_:
         main([a.replace("{tmp}", str(tmp_path)) for a in argv])
     err = capsys.readouterr().err

@@ -19,8 +19,9 @@ from tracer.log import claim_out_dir, list_ranks
 
 def test_the_replayer_writes_into_the_directory_its_job_claimed(run_factory, tmp_path: Path) -> None:
     golden = run_factory("golden", "run.steps=3", "run.checkpoint_every=2")
-    request = ReplayRequest(golden, tmp_path / "replay", parse_steps("2"), suspect_from_profile("healthy-node"),
-                            progress=False)
+    request = ReplayRequest(
+        golden, tmp_path / "replay", parse_steps("2"), suspect_from_profile("healthy-node"), progress=False
+    )
     # The job's one claim: the Replayer claims nothing itself (a second claim in this process would be refused).
     with claim_out_dir(request.out, role="replay", overwrite=False, inputs=(golden,)):
         summary = Replayer(request).run()
@@ -54,13 +55,30 @@ def test_a_launched_rank_gets_the_parsed_request_back_and_returns_its_summary(ru
 
 
 def test_a_wrong_nproc_is_refused_in_one_line_naming_the_golden_runs_ranks(
-        run_factory, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_factory, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     golden = run_factory("golden", "run.steps=3", "run.checkpoint_every=2")
     assert golden_header(golden, 1).world_size == 1
     out = tmp_path / "replay"
-    code = main(["replay", "--golden", str(golden), "--fault-profile", "healthy-node", "--steps", "2", "--out",
-                 str(out), "--nproc", "2", "--quiet"])
+    code = main(
+        [
+            "replay",
+            "--golden",
+            str(golden),
+            "--fault-profile",
+            "healthy-node",
+            "--steps",
+            "2",
+            "--out",
+            str(out),
+            "--nproc",
+            "2",
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert code != 0 and not out.exists() and len(err.strip().splitlines()) == 1
-    assert (f"--nproc 2: {golden} was recorded on 1 rank(s), and a replay runs each of them with its own shard, "
-            "checkpoints and log: give --nproc 1, or leave --nproc out") in err
+    assert (
+        f"--nproc 2: {golden} was recorded on 1 rank(s), and a replay runs each of them with its own shard, "
+        "checkpoints and log: give --nproc 1, or leave --nproc out"
+    ) in err

@@ -75,8 +75,14 @@ class RandomOrder(nn.Module):
 
 def record(out: Path, profile: Path | None = None) -> Path:
     """STEPS steps of `RandomOrder`, every tensor captured, under the emulated ``profile`` if given."""
-    train_mlp(out, load_profile(profile) if profile else None, steps=STEPS, model_of=RandomOrder, sites=SITES,
-              capture=CapturePolicy(every=1))
+    train_mlp(
+        out,
+        load_profile(profile) if profile else None,
+        steps=STEPS,
+        model_of=RandomOrder,
+        sites=SITES,
+        capture=CapturePolicy(every=1),
+    )
     return out
 
 
@@ -90,8 +96,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("random-order")
     profile = root / "exponent-27.toml"
     profile.write_text(EXPONENT_27, encoding="utf-8")
-    return {"a": record(root / "a"), "b": record(root / "b"),
-            "faulty": record(root / "faulty", profile), "root": root}
+    return {"a": record(root / "a"), "b": record(root / "b"), "faulty": record(root / "faulty", profile), "root": root}
 
 
 def test_the_audit_lists_the_random_order_site_with_its_ulp_band(runs, capsys) -> None:
@@ -104,7 +109,7 @@ def test_the_audit_lists_the_random_order_site_with_its_ulp_band(runs, capsys) -
     # every step's sum differs, measured in ulps on the captured tensors of both runs: by a few where the sum is
     # large, by more where it nearly cancels (1408 seen, 2026-12-02); far below the 2**20 and more of a flipped
     # exponent bit, and the band, relative, stays small
-    assert mix["events"] == STEPS and mix["ulp_events"] == STEPS and 0 < mix["max_ulps"] < 2 ** 16
+    assert mix["events"] == STEPS and mix["ulp_events"] == STEPS and 0 < mix["max_ulps"] < 2**16
     assert 0 < mix["band"] < 1e-3 and doc["measured"]["steps"] == list(range(STEPS)) and doc["margin"] == 2.0
     # what it reaches differs too (gradients, parameters), the input batch does not
     assert {("mix.proj.weight", "grad"), ("out.weight", "param"), ("out", "forward")} <= set(places)
@@ -122,26 +127,60 @@ def test_a_diff_with_the_map_reports_no_difference_yet_still_the_exponent_bit_fa
     assert diff_rows(db, "SELECT step, name, phase FROM first_divergence") == [(0, "mix", "forward")]
     capsys.readouterr()
     # with it: no difference, every differing event counted apart
-    assert main(["diff", "--golden", str(runs["a"]), "--suspect", str(runs["b"]), "--db", str(db),
-                 "--tolerance", str(tolerance)]) == 0
+    assert (
+        main(
+            [
+                "diff",
+                "--golden",
+                str(runs["a"]),
+                "--suspect",
+                str(runs["b"]),
+                "--db",
+                str(db),
+                "--tolerance",
+                str(tolerance),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     pid = diff_rows(db, "SELECT pair_id FROM pairs")[0][0]
-    assert diff_rows(db, f"SELECT count(*) FROM event_diffs WHERE pair_id = '{pid}' AND status NOT IN "
-                         "('equal', 'within_tolerance')") == [(0,)]
+    assert diff_rows(
+        db, f"SELECT count(*) FROM event_diffs WHERE pair_id = '{pid}' AND status NOT IN ('equal', 'within_tolerance')"
+    ) == [(0,)]
     assert diff_rows(db, f"SELECT count(*) FROM first_divergence WHERE pair_id = '{pid}'") == [(0,)]
     assert diff_rows(db, f"SELECT sum(differing) FROM divergence_steps WHERE pair_id = '{pid}'") == [(0,)]
     (within,) = diff_rows(db, f"SELECT events, places FROM within_tolerance WHERE pair_id = '{pid}'")
     assert within[0] > 0 and f"{within[0]:,} of them within the tolerance map's band" in out
     assert "0 differ beyond it" in out
     # the exponent bit at step 2 lies far outside mix's band: the first divergence, as without nondeterminism
-    assert main(["diff", "--golden", str(runs["a"]), "--suspect", str(runs["faulty"]), "--db", str(db),
-                 "--tolerance", str(tolerance)]) == 0
-    faulty = diff_rows(db, "SELECT pair_id FROM pair_nodes JOIN pairs USING (pair_id) WHERE suspect_path = "
-                           f"'{runs['faulty']}'")[0][0]
-    assert diff_rows(db, f"SELECT step, microbatch, name, phase, status FROM first_divergence "
-                         f"WHERE pair_id = '{faulty}'") == [(FAULT_STEP, 0, "mix", "forward", "differ")]
-    assert diff_rows(db, f"SELECT count(*) FROM event_diffs WHERE pair_id = '{faulty}' AND step < {FAULT_STEP} "
-                         "AND status NOT IN ('equal', 'within_tolerance')") == [(0,)]
+    assert (
+        main(
+            [
+                "diff",
+                "--golden",
+                str(runs["a"]),
+                "--suspect",
+                str(runs["faulty"]),
+                "--db",
+                str(db),
+                "--tolerance",
+                str(tolerance),
+            ]
+        )
+        == 0
+    )
+    faulty = diff_rows(
+        db, f"SELECT pair_id FROM pair_nodes JOIN pairs USING (pair_id) WHERE suspect_path = '{runs['faulty']}'"
+    )[0][0]
+    assert diff_rows(
+        db, f"SELECT step, microbatch, name, phase, status FROM first_divergence WHERE pair_id = '{faulty}'"
+    ) == [(FAULT_STEP, 0, "mix", "forward", "differ")]
+    assert diff_rows(
+        db,
+        f"SELECT count(*) FROM event_diffs WHERE pair_id = '{faulty}' AND step < {FAULT_STEP} "
+        "AND status NOT IN ('equal', 'within_tolerance')",
+    ) == [(0,)]
 
 
 def test_pairing_names_a_bit_changing_setting_that_differs(runs, monkeypatch, capsys) -> None:
@@ -181,8 +220,24 @@ def test_the_reference_workload_recorded_twice_audits_as_deterministic(tmp_path:
     """The config mode: two recordings that keep step 1's full tensors (the blob store), audited."""
     args = [a for kv in SMALL if not kv.startswith("run.") for a in ("--set", kv)]
     tolerance = tmp_path / "tolerance.json"
-    assert main(["verify-determinism", "--report", str(tolerance), "--steps", "2", "--capture-steps", "1",
-                 "--keep", str(tmp_path / "kept"), "--quiet", *args]) == 0
+    assert (
+        main(
+            [
+                "verify-determinism",
+                "--report",
+                str(tolerance),
+                "--steps",
+                "2",
+                "--capture-steps",
+                "1",
+                "--keep",
+                str(tmp_path / "kept"),
+                "--quiet",
+                *args,
+            ]
+        )
+        == 0
+    )
     assert " 0 differ at 0 place(s)" in capsys.readouterr().out
     assert json.loads(tolerance.read_text())["places"] == []
     assert any((tmp_path / "kept" / "a" / "blobs").rglob("*.safetensors"))
@@ -193,8 +248,24 @@ def test_two_ranks_recorded_twice_audit_rank_by_rank_as_deterministic(tmp_path: 
     """gloo on CPU, data parallel over 2 ranks: every rank's events compared, none differs."""
     args = [a for kv in SMALL if not kv.startswith("run.") for a in ("--set", kv)]
     tolerance = tmp_path / "tolerance.json"
-    assert main(["verify-determinism", "--report", str(tolerance), "--steps", "2", "--capture-steps", "1",
-                 "--nproc", "2", "--quiet", *args]) == 0
+    assert (
+        main(
+            [
+                "verify-determinism",
+                "--report",
+                str(tolerance),
+                "--steps",
+                "2",
+                "--capture-steps",
+                "1",
+                "--nproc",
+                "2",
+                "--quiet",
+                *args,
+            ]
+        )
+        == 0
+    )
     assert " 0 differ at 0 place(s)" in capsys.readouterr().out
     assert json.loads(tolerance.read_text())["measured"]["ranks"] == [0, 1]
 
@@ -208,19 +279,38 @@ def test_runs_on_other_cpu_kernels_do_not_pair_and_the_header_says_why(tmp_path:
     sets = [a for kv in SMALL for a in ("--set", kv)]
     recorded = {}
     for name, env in (("native", {}), ("scalar", {"ATEN_CPU_CAPABILITY": "default"})):
-        done = subprocess.run([sys.executable, "-m", "sdc.cli", "record", "--out", str(tmp_path / name), "--steps",
-                               "1", "--quiet", *sets], cwd=Path(__file__).parents[2], capture_output=True, text=True,
-                              timeout=300, env={**os.environ, **env})
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sdc.cli",
+                "record",
+                "--out",
+                str(tmp_path / name),
+                "--steps",
+                "1",
+                "--quiet",
+                *sets,
+            ],
+            cwd=Path(__file__).parents[2],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, **env},
+        )
         assert done.returncode == 0, done.stderr
         recorded[name] = LogReader(rank_dir(tmp_path / name, 0))
     native, scalar = (recorded[n].header for n in ("native", "scalar"))
     assert scalar.determinism["cpu_capability"] == "DEFAULT" != native.determinism["cpu_capability"]
-    fingerprints = [[r.fingerprint for r in recorded[n].records() if isinstance(r, TensorRecord)]
-                    for n in ("native", "scalar")]
+    fingerprints = [
+        [r.fingerprint for r in recorded[n].records() if isinstance(r, TensorRecord)] for n in ("native", "scalar")
+    ]
     assert len(fingerprints[0]) == len(fingerprints[1]) and fingerprints[0] != fingerprints[1]
     (difference,) = [d for d in pairing_differences(native, scalar) if "cpu_capability" in d]
-    assert difference.startswith(f"determinism.cpu_capability: {native.determinism['cpu_capability']!r} vs "
-                                 "'DEFAULT' (selects the CPU kernels' vector width")
+    assert difference.startswith(
+        f"determinism.cpu_capability: {native.determinism['cpu_capability']!r} vs "
+        "'DEFAULT' (selects the CPU kernels' vector width"
+    )
 
 
 def test_a_cpu_kernel_width_that_differs_warns_only_where_the_runs_computed_elsewhere() -> None:
@@ -228,10 +318,24 @@ def test_a_cpu_kernel_width_that_differs_warns_only_where_the_runs_computed_else
     from tracer.log.records import RunHeader
 
     def header(device: str, capability: str) -> RunHeader:
-        return RunHeader(schema_version=1, run_id="r", node_label="n", role="train", world_size=1, rank=0, config={},
-                         config_fingerprint="c", seed=0, data_order_fingerprint="d", fingerprint_algorithm="f",
-                         versions={}, device=device, determinism={"cpu_capability": capability}, created_unix=0.0,
-                         extra={})
+        return RunHeader(
+            schema_version=1,
+            run_id="r",
+            node_label="n",
+            role="train",
+            world_size=1,
+            rank=0,
+            config={},
+            config_fingerprint="c",
+            seed=0,
+            data_order_fingerprint="d",
+            fingerprint_algorithm="f",
+            versions={},
+            device=device,
+            determinism={"cpu_capability": capability},
+            created_unix=0.0,
+            extra={},
+        )
 
     (cpu,) = setting_differences(header("cpu", "AVX512"), header("cpu", "AVX2"))
     (cuda,) = setting_differences(header("cuda:0", "AVX512"), header("cuda:0", "AVX2"))

@@ -76,8 +76,9 @@ def make_log(tmp_path: Path, header: RunHeader) -> Callable[..., Path]:
     """Writes `records(n)`, closed cleanly unless `close=False`: with LogWriter (format v2: tensor blocks), or, with
     `version=1`, framed as the v1 writer framed them (one TENSOR record each)."""
 
-    def make(n: int = 60, *, segment_bytes: int = 64 << 20, close: bool = True, name: str = "rank-00000",
-             version: int = 2) -> Path:
+    def make(
+        n: int = 60, *, segment_bytes: int = 64 << 20, close: bool = True, name: str = "rank-00000", version: int = 2
+    ) -> Path:
         directory = tmp_path / name
         if version == 1:
             return write_v1_log(directory, header, records(n), segment_bytes=segment_bytes, close=close)

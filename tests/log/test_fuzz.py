@@ -27,14 +27,15 @@ WRONG = ["x", -1, 2**64 - 1, -(2**63), 1.5, None, True, [1], {"a": 1}, b"\x00", 
 
 @pytest.fixture(scope="module")
 def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.support import small_config
     from jobs.record import record_run
+    from tests.support import small_config
 
     out = tmp_path_factory.mktemp("fuzz") / "golden"
     from tracer.options import TraceOptions
 
-    record_run(small_config("run.steps=2"), out, node_label="golden", progress=False,
-               trace=TraceOptions(segment_bytes=4096))
+    record_run(
+        small_config("run.steps=2"), out, node_label="golden", progress=False, trace=TraceOptions(segment_bytes=4096)
+    )
     return out
 
 
@@ -116,10 +117,24 @@ def agree(data: bytes, path: Path) -> None:
         return
     cols = read_segment_columns(data, str(path), last=True, on_corruption="skip")
     t = cols.tensors
-    got = [(int(t.offset[i]), TensorRecord(int(t.step[i]), int(t.microbatch[i]), t.strings[t.name[i]],
-                                           Phase(int(t.phase[i])), int(t.fingerprint[i]), float(t.l2[i]),
-                                           float(t.absmax[i]), int(t.nan[i]), int(t.inf[i]), t.strings[t.meta[i]]))
-           for i in range(len(t))]
+    got = [
+        (
+            int(t.offset[i]),
+            TensorRecord(
+                int(t.step[i]),
+                int(t.microbatch[i]),
+                t.strings[t.name[i]],
+                Phase(int(t.phase[i])),
+                int(t.fingerprint[i]),
+                float(t.l2[i]),
+                float(t.absmax[i]),
+                int(t.nan[i]),
+                int(t.inf[i]),
+                t.strings[t.meta[i]],
+            ),
+        )
+        for i in range(len(t))
+    ]
     got = sorted(got + [(e.offset, e.record) for e in cols.events], key=lambda x: x[0])
     same = lambda a, b: a == b or repr(a) == repr(b)  # noqa: E731 - NaN stats compare unequal to themselves
     assert len(got) == len(expected) and all(same(a, b) for a, b in zip(got, expected)), path

@@ -26,15 +26,15 @@ from tracer.log import (
     TensorRecord,
     chain_lost,
     check_chain,
+    frame_scan,
     read_segment,
     read_segment_columns,
 )
-from tracer.log import frame_scan
 from tracer.log.columns import decode_clean
 from tracer.log.framing import FRAME_SIZE, HEADER_SIZE
 from tracer.log.layout import list_segments, segment_path
-from tracer.log.segment import LogStatus, Segment
 from tracer.log.records import MAX_MICROBATCH, MAX_STEP
+from tracer.log.segment import LogStatus, Segment
 
 
 def columnar(directory: Path, mode: str = "skip") -> tuple[list[tuple], list[tuple], list[tuple], bool, bool]:
@@ -46,14 +46,28 @@ def columnar(directory: Path, mode: str = "skip") -> tuple[list[tuple], list[tup
         seg = read_segment_columns(path.read_bytes(), str(path), last=i == len(segments) - 1, on_corruption=mode)
         t = seg.tensors
         for j in range(len(t)):
-            tensors.append((index, int(t.offset[j]), int(t.step[j]), int(t.microbatch[j]), t.strings[t.name[j]],
-                            Phase(int(t.phase[j])), int(t.fingerprint[j]), _f(t.l2[j]), _f(t.absmax[j]),
-                            int(t.nan[j]), int(t.inf[j]), t.strings[t.meta[j]]))
+            tensors.append(
+                (
+                    index,
+                    int(t.offset[j]),
+                    int(t.step[j]),
+                    int(t.microbatch[j]),
+                    t.strings[t.name[j]],
+                    Phase(int(t.phase[j])),
+                    int(t.fingerprint[j]),
+                    _f(t.l2[j]),
+                    _f(t.absmax[j]),
+                    int(t.nan[j]),
+                    int(t.inf[j]),
+                    t.strings[t.meta[j]],
+                )
+            )
         events += [(index, e.offset, e.record) for e in seg.events]
         problems += seg.status.corruptions
         torn, complete = seg.status.torn_tail, seg.status.complete
-        summaries.append(SegmentSummary(index, str(path), seg.index, seg.status.first_record, seg.data_records,
-                                        seg.lost))
+        summaries.append(
+            SegmentSummary(index, str(path), seg.index, seg.status.first_record, seg.data_records, seg.lost)
+        )
     problems += check_chain(summaries, lambda i: str(segment_path(directory, i)))
     return tensors, events, sorted(problems), torn, complete
 
@@ -64,8 +78,22 @@ def reference(directory: Path) -> tuple[list[tuple], list[tuple], list[tuple], b
     for e in reader.entries():
         r = e.record
         if isinstance(r, TensorRecord):
-            tensors.append((e.segment, e.offset, r.step, r.microbatch, r.name, r.phase, r.fingerprint, _f(r.l2),
-                            _f(r.absmax), r.nan, r.inf, r.meta))
+            tensors.append(
+                (
+                    e.segment,
+                    e.offset,
+                    r.step,
+                    r.microbatch,
+                    r.name,
+                    r.phase,
+                    r.fingerprint,
+                    _f(r.l2),
+                    _f(r.absmax),
+                    r.nan,
+                    r.inf,
+                    r.meta,
+                )
+            )
         else:
             events.append((e.segment, e.offset, r))
     s = reader.status
@@ -96,8 +124,9 @@ def lost_apart(directory: Path) -> list[LostRange]:
     """What corruption hid, from segments decoded apart and put together by `chain_lost`."""
     segments = list_segments(directory)
     summaries = [
-        read_segment_columns(path.read_bytes(), str(path), last=i == len(segments) - 1, on_corruption="skip")
-        .summary(index, str(path))
+        read_segment_columns(path.read_bytes(), str(path), last=i == len(segments) - 1, on_corruption="skip").summary(
+            index, str(path)
+        )
         for i, (index, path) in enumerate(segments)
     ]
     return chain_lost(summaries, lambda i: str(segment_path(directory, i)))
@@ -141,18 +170,20 @@ def test_every_encoding_the_writer_can_produce(tmp_path: Path, header: RunHeader
         for i in range(3000):
             if rng.random() < 0.1:  # a new step: a new block, of 10 records on average
                 step, wide = rng.choice([v for v in values if v <= MAX_STEP] + [MAX_STEP]), rng.random() < 0.5
-            w.write_tensor(TensorRecord(
-                step=step,
-                microbatch=rng.choice([v for v in values if v <= MAX_MICROBATCH] + [MAX_MICROBATCH]) if wide else 0,
-                name=rng.choice(["layers.0.attention", "ünïcode.site", "x" * 300]),
-                phase=Phase(rng.randrange(5)) if wide else Phase.FORWARD,
-                fingerprint=rng.choice(values + [2**64 - 1, rng.getrandbits(64)]) if wide else rng.randrange(256),
-                l2=rng.choice([0.0, -0.0, 1.5, float("inf"), float("nan"), 3.4e38, 1e-45, 1e39, -1e300]),
-                absmax=rng.uniform(-1e6, 1e6),
-                nan=rng.choice(values) if wide else 0,
-                inf=rng.choice(values) if wide else 0,
-                meta=rng.choice(["bfloat16[8,64,128]", "float32[]"]),
-            ))
+            w.write_tensor(
+                TensorRecord(
+                    step=step,
+                    microbatch=rng.choice([v for v in values if v <= MAX_MICROBATCH] + [MAX_MICROBATCH]) if wide else 0,
+                    name=rng.choice(["layers.0.attention", "ünïcode.site", "x" * 300]),
+                    phase=Phase(rng.randrange(5)) if wide else Phase.FORWARD,
+                    fingerprint=rng.choice(values + [2**64 - 1, rng.getrandbits(64)]) if wide else rng.randrange(256),
+                    l2=rng.choice([0.0, -0.0, 1.5, float("inf"), float("nan"), 3.4e38, 1e-45, 1e39, -1e300]),
+                    absmax=rng.uniform(-1e6, 1e6),
+                    nan=rng.choice(values) if wide else 0,
+                    inf=rng.choice(values) if wide else 0,
+                    meta=rng.choice(["bfloat16[8,64,128]", "float32[]"]),
+                )
+            )
             if i % 97 == 0:
                 w.write_event(EventRecord("step", i, {"loss": None, "lr": [1e-3], "nested": {"a": [1, 2]}}))
     log = tmp_path / "rank-00000"

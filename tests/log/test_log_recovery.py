@@ -360,8 +360,9 @@ def test_garbage_after_a_clean_close_is_corruption_not_a_torn_tail(make_log) -> 
     assert [c[:2] for c in status.corruptions] == [(str(path), size)]
 
 
-@pytest.mark.parametrize(("version", "lost"), [(1, "at least 45 records, steps 2..5"),
-                                               (2, "at least 46 records, steps 2..6")])
+@pytest.mark.parametrize(
+    ("version", "lost"), [(1, "at least 45 records, steps 2..5"), (2, "at least 46 records, steps 2..6")]
+)
 def test_inspect_reports_a_mid_log_cut_as_lost_steps_not_a_clean_close(make_log, frames, capsys, version, lost) -> None:
     from sdc.cli import main
 

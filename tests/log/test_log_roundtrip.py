@@ -105,10 +105,23 @@ def test_tensor_records_cost_at_most_32_bytes(tmp_path: Path, header: RunHeader,
     params = [f"layers.{i}.{k}.weight" for i in range(12) for k in ("wq", "w1")] + ["embed.weight", "norm.weight"]
     n = 0
     with LogWriter(tmp_path / "r", header) as w:
+
         def tensor(step: int, mb: int, name: str, phase: Phase) -> None:
             nonlocal n
-            w.write_tensor(TensorRecord(step, mb, name, phase, rng.getrandbits(64), rng.uniform(0, 1e4),
-                                        rng.uniform(0, 50), 0, 0, "bfloat16[8,2048,4096]"))
+            w.write_tensor(
+                TensorRecord(
+                    step,
+                    mb,
+                    name,
+                    phase,
+                    rng.getrandbits(64),
+                    rng.uniform(0, 1e4),
+                    rng.uniform(0, 50),
+                    0,
+                    0,
+                    "bfloat16[8,2048,4096]",
+                )
+            )
             n += 1
 
         for step in range(200):
@@ -124,8 +137,11 @@ def test_tensor_records_cost_at_most_32_bytes(tmp_path: Path, header: RunHeader,
                     tensor(step, 0, name, phase)
             w.write_event(EventRecord("step", step, {"loss": 5.0, "lr": [1e-3], "wall_s": 0.1, "microbatches": 2}))
     (segment,) = LogReader(tmp_path / "r").segments
-    holders = [(rtype, 9 + length) for _, rtype, length in frames(segment)
-               if rtype in (RecordType.TENSOR, RecordType.TENSOR_BLOCK)]
+    holders = [
+        (rtype, 9 + length)
+        for _, rtype, length in frames(segment)
+        if rtype in (RecordType.TENSOR, RecordType.TENSOR_BLOCK)
+    ]
     assert {rtype for rtype, _ in holders} == {RecordType.TENSOR_BLOCK} and n == 200 * (2 * 49 + 52)
     assert sum(size for _, size in holders) / n <= 32, sum(size for _, size in holders) / n
     assert segment.stat().st_size / n <= 32  # the whole file: run header, strings and events too
@@ -144,8 +160,9 @@ def test_a_lone_record_is_a_tensor_record_and_blocks_are_bounded(tmp_path: Path,
     (segment,) = LogReader(tmp_path / "r").segments
     kinds = [rtype for _, rtype, _ in frames(segment)][3:-1]  # after the file's HEADER and 2 STRINGs, before END
     assert kinds == [RecordType.TENSOR] + [RecordType.TENSOR_BLOCK, RecordType.TENSOR] * 2
-    assert list(LogReader(tmp_path / "r").records()) == [t] + [dataclasses.replace(t, step=s) for s in (1, 2)
-                                                                for _ in range(BLOCK_ROWS + 1)]
+    assert list(LogReader(tmp_path / "r").records()) == [t] + [
+        dataclasses.replace(t, step=s) for s in (1, 2) for _ in range(BLOCK_ROWS + 1)
+    ]
 
 
 def test_rank_dirs(tmp_path: Path, header: RunHeader) -> None:

@@ -56,8 +56,9 @@ def craft_tensor(run: Path, index: int, value: object) -> int:
     fields[index] = value
     data = path.read_bytes()
     length = struct.unpack_from("<I", data, pos)[0]
-    path.write_bytes(data[:pos] + frame(RecordType.TENSOR, msgpack.packb(fields, use_single_float=True))
-                     + data[pos + 9 + length:])
+    path.write_bytes(
+        data[:pos] + frame(RecordType.TENSOR, msgpack.packb(fields, use_single_float=True)) + data[pos + 9 + length :]
+    )
     return pos
 
 
@@ -88,10 +89,19 @@ def inspect_error(run: Path, capsys: pytest.CaptureFixture[str]) -> str:
     return err
 
 
-@pytest.mark.parametrize(("index", "value", "field"), [
-    (0, "7", "step"), (0, -1, "step"), (0, 2**41, "step"), (1, 1.5, "microbatch"), (4, "9e37", "fingerprint"),
-    (5, "big", "l2"), (7, -3, "nan"), (8, None, "inf"),
-])
+@pytest.mark.parametrize(
+    ("index", "value", "field"),
+    [
+        (0, "7", "step"),
+        (0, -1, "step"),
+        (0, 2**41, "step"),
+        (1, 1.5, "microbatch"),
+        (4, "9e37", "fingerprint"),
+        (5, "big", "l2"),
+        (7, -3, "nan"),
+        (8, None, "inf"),
+    ],
+)
 def test_tensor_field_of_wrong_type_or_range_names_file_offset_and_field(run, capsys, index, value, field) -> None:
     pos = craft_tensor(run, index, value)
     with pytest.raises(LogCorruptionError, match=f"at byte {pos}: TENSOR field '{field}' must be"):
@@ -112,17 +122,23 @@ BLOCK_CASES = [
     (lambda b: b.__setitem__(1, 0), f"field 'rows' must be an int in 1..{MAX_BLOCK_ROWS}, found int 0"),
     (lambda b: b.__setitem__(1, MAX_BLOCK_ROWS + 1), f"field 'rows' must be an int in 1..{MAX_BLOCK_ROWS}"),
     (lambda b: b.__setitem__(1, 2.0), "field 'rows' must be an int"),
-    (lambda b: (column(b, "microbatch", [0] * rows_of(b)), b.__setitem__(1, b[1] - 1)),  # a row more than it says
-     "field 'microbatch' must hold"),
+    (
+        lambda b: (column(b, "microbatch", [0] * rows_of(b)), b.__setitem__(1, b[1] - 1)),  # a row more than it says
+        "field 'microbatch' must hold",
+    ),
     (lambda b: b.__setitem__(3, "x" * len(b[3])), "payload must be an 11-element array"),  # a str, not a bin column
     (lambda b: b.pop(), "payload must be an 11-element array"),
     (lambda b: b.__setitem__(4, b"\x00" * 3 * rows_of(b)), "field 'phase' must hold"),  # 3 bytes a value
     (lambda b: b.__setitem__(6, b"\x00" * 8 * rows_of(b)), "field 'l2' must hold"),  # float64: not the format's
     (lambda b: column(b, "phase", [9] * rows_of(b)), "field 'phase' must be an int in 0..4, found 9 in row 0"),
-    (lambda b: column(b, "microbatch", [0, MAX_MICROBATCH + 1] + [0] * (rows_of(b) - 2), "I"),
-     f"field 'microbatch' must be an int in 0..{MAX_MICROBATCH}, found {MAX_MICROBATCH + 1} in row 1"),
-    (lambda b: column(b, "nan", [2**63] * rows_of(b), "Q"),
-     f"field 'nan' must be an int in 0..{MAX_ELEMENTS}, found {2**63} in row 0"),
+    (
+        lambda b: column(b, "microbatch", [0, MAX_MICROBATCH + 1] + [0] * (rows_of(b) - 2), "I"),
+        f"field 'microbatch' must be an int in 0..{MAX_MICROBATCH}, found {MAX_MICROBATCH + 1} in row 1",
+    ),
+    (
+        lambda b: column(b, "nan", [2**63] * rows_of(b), "Q"),
+        f"field 'nan' must be an int in 0..{MAX_ELEMENTS}, found {2**63} in row 0",
+    ),
     (lambda b: column(b, "meta_id", [250] * rows_of(b)), "refers to string id 250, which no earlier STRING"),
 ]
 
@@ -150,13 +166,16 @@ def test_a_bad_block_loses_its_records_and_nothing_else(run) -> None:
     assert reader.status.lost_records == len(in_block) > 1 and reader.status.complete
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"created_unix": 1e300}, "'created_unix' must be a finite time"),
-    ({"created_unix": float("nan")}, "'created_unix' must be a finite time"),
-    ({"world_size": 0}, "'world_size' must be in 1.."),
-    ({"world_size": 2**40}, "'world_size' must be in 1.."),
-    ({"rank": 3}, "'rank' must be in 0..world_size-1"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"created_unix": 1e300}, "'created_unix' must be a finite time"),
+        ({"created_unix": float("nan")}, "'created_unix' must be a finite time"),
+        ({"world_size": 0}, "'world_size' must be in 1.."),
+        ({"world_size": 2**40}, "'world_size' must be in 1.."),
+        ({"rank": 3}, "'rank' must be in 0..world_size-1"),
+    ],
+)
 def test_header_value_out_of_range_is_refused(run, capsys, fields, message) -> None:
     craft_header(run, **fields)
     with pytest.raises(LogFormatError, match=f"^{segment(run)}: run header field {message}"):
@@ -210,19 +229,27 @@ def craft_manifest(run: Path, change) -> Path:  # noqa: ANN001
     return path
 
 
-@pytest.mark.parametrize(("change", "field"), [
-    (lambda m: m.pop("rng"), "'rng' is missing"),
-    (lambda m: m.update(step=-2), "'step' must be an int"),
-    (lambda m: m.update(step="2"), "'step' must be an int"),
-    (lambda m: m.update(rank=[0]), "'rank' must be an int"),
-    (lambda m: m.update(data=7), "'data' must be a map"),
-    (lambda m: m["optimizer"]["param_groups"][0].update(lr="fast"), "'optimizer.param_groups[0].lr' must be a finite"),
-    (lambda m: m["optimizer"]["param_groups"][0].update(lr=float("inf")), "'optimizer.param_groups[0].lr'"),
-    (lambda m: m["rng"].update(python=[3, [1, 2], None]), "'rng.python' must be"),
-    (lambda m: m.update(fingerprints={"model/x": 5}), "'fingerprints' must map"),
-])
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda m: m.pop("rng"), "'rng' is missing"),
+        (lambda m: m.update(step=-2), "'step' must be an int"),
+        (lambda m: m.update(step="2"), "'step' must be an int"),
+        (lambda m: m.update(rank=[0]), "'rank' must be an int"),
+        (lambda m: m.update(data=7), "'data' must be a map"),
+        (
+            lambda m: m["optimizer"]["param_groups"][0].update(lr="fast"),
+            "'optimizer.param_groups[0].lr' must be a finite",
+        ),
+        (lambda m: m["optimizer"]["param_groups"][0].update(lr=float("inf")), "'optimizer.param_groups[0].lr'"),
+        (lambda m: m["rng"].update(python=[3, [1, 2], None]), "'rng.python' must be"),
+        (lambda m: m.update(fingerprints={"model/x": 5}), "'fingerprints' must map"),
+    ],
+)
 def test_checkpoint_manifest_field_is_validated(run, change, field) -> None:
     craft_manifest(run, change)
     base = run / checkpoint_files(2, 0)[0].removesuffix(".msgpack")
-    with pytest.raises(LogError, match=f"^{base}: checkpoint manifest field {field}".replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(
+        LogError, match=f"^{base}: checkpoint manifest field {field}".replace("[", r"\[").replace("]", r"\]")
+    ):
         load_checkpoint(run, 2)

@@ -25,8 +25,10 @@ def header(header: RunHeader) -> RunHeader:
 
 def stored(n: int) -> list:
     """`records(n)` as a log holds them: l2 and absmax as float32."""
-    return [dataclasses.replace(r, l2=f32(r.l2), absmax=f32(r.absmax)) if isinstance(r, TensorRecord) else r
-            for r in records(n)]
+    return [
+        dataclasses.replace(r, l2=f32(r.l2), absmax=f32(r.absmax)) if isinstance(r, TensorRecord) else r
+        for r in records(n)
+    ]
 
 
 def test_a_log_the_v1_writer_wrote_still_reads(header: RunHeader) -> None:
@@ -40,9 +42,21 @@ def test_a_log_the_v1_writer_wrote_still_reads(header: RunHeader) -> None:
     cols = read_segment_columns(path.read_bytes(), str(path), last=True)
     tensors = [r for r in stored(60) if isinstance(r, TensorRecord)]
     t = cols.tensors
-    assert [(int(t.step[i]), int(t.microbatch[i]), t.strings[t.name[i]], Phase(int(t.phase[i])), int(t.fingerprint[i]),
-             float(t.l2[i]), float(t.absmax[i]), int(t.nan[i]), int(t.inf[i]), t.strings[t.meta[i]])
-            for i in range(len(t))] == [dataclasses.astuple(r) for r in tensors]
+    assert [
+        (
+            int(t.step[i]),
+            int(t.microbatch[i]),
+            t.strings[t.name[i]],
+            Phase(int(t.phase[i])),
+            int(t.fingerprint[i]),
+            float(t.l2[i]),
+            float(t.absmax[i]),
+            int(t.nan[i]),
+            int(t.inf[i]),
+            t.strings[t.meta[i]],
+        )
+        for i in range(len(t))
+    ] == [dataclasses.astuple(r) for r in tensors]
     assert t.offset.tolist() == [e.offset for e in LogReader(FIXTURE).entries() if isinstance(e.record, TensorRecord)]
     assert [e.record for e in cols.events] == [r for r in stored(60) if not isinstance(r, TensorRecord)]
     assert cols.status.complete and not cols.status.corruptions

@@ -83,8 +83,20 @@ def test_refuses_events_that_would_not_read_back(tmp_path: Path, header: RunHead
     assert list(LogReader(tmp_path / "r").records()) == [EventRecord("loss", 1, {"loss": 0.5})]
 
 
-ABFT_EVENT = EventRecord("abft", 3, {"microbatch": 0, "op": "aten.mm.default", "shape": [512, 128, 384],
-                                     "residual": 1e-5, "verdict": "ok", "bound": float("inf"), "none": None, "no": False})
+ABFT_EVENT = EventRecord(
+    "abft",
+    3,
+    {
+        "microbatch": 0,
+        "op": "aten.mm.default",
+        "shape": [512, 128, 384],
+        "residual": 1e-5,
+        "verdict": "ok",
+        "bound": float("inf"),
+        "none": None,
+        "no": False,
+    },
+)
 EDGES = EventRecord("loss", 0, {"loss": -(2**63), "big": 2**64 - 1, "empty": [], "mixed": [1, "a", None, 2.5, True]})
 BLOB = EventRecord("blob", 1, {"microbatch": 0, "name": "w", "phase": 1, "fingerprint": 7})
 
@@ -96,8 +108,11 @@ BLOB = EventRecord("blob", 1, {"microbatch": 0, "name": "w", "phase": 1, "finger
         (EDGES, True, EDGES),
         (EventRecord("step", MAX_STEP, {}), True, EventRecord("step", MAX_STEP, {})),
         (BLOB, False, BLOB),  # a kind whose fields have a schema: always decoded
-        (EventRecord("loss", 1, {"pair": (1, 2), "raw": b"\x00"}), False,  # decoded: a tuple reads back as a list
-         EventRecord("loss", 1, {"pair": [1, 2], "raw": b"\x00"})),
+        (
+            EventRecord("loss", 1, {"pair": (1, 2), "raw": b"\x00"}),
+            False,  # decoded: a tuple reads back as a list
+            EventRecord("loss", 1, {"pair": [1, 2], "raw": b"\x00"}),
+        ),
     ],
 )
 def test_events_the_writer_does_not_decode_read_back_as_written(

@@ -19,8 +19,12 @@ FIXTURE = Path(__file__).parent / "data" / "v1-log"
 
 
 def write_v1_log(
-    directory: Path, header: RunHeader, records: Iterable[TensorRecord | EventRecord], *,
-    segment_bytes: int = 64 << 20, close: bool = True,
+    directory: Path,
+    header: RunHeader,
+    records: Iterable[TensorRecord | EventRecord],
+    *,
+    segment_bytes: int = 64 << 20,
+    close: bool = True,
 ) -> Path:
     """A v1 log of `records` in `directory`: segments rolled at `segment_bytes`, END unless `close` is False."""
     directory.mkdir(parents=True)
@@ -52,9 +56,24 @@ def write_v1_log(
             roll()
         if isinstance(rec, TensorRecord):
             name_id, meta_id = intern(rec.name), intern(rec.meta)
-            put(RecordType.TENSOR, msgpack.packb(
-                [rec.step, rec.microbatch, name_id, int(rec.phase), rec.fingerprint, rec.l2, rec.absmax, rec.nan,
-                 rec.inf, meta_id], use_single_float=True))
+            put(
+                RecordType.TENSOR,
+                msgpack.packb(
+                    [
+                        rec.step,
+                        rec.microbatch,
+                        name_id,
+                        int(rec.phase),
+                        rec.fingerprint,
+                        rec.l2,
+                        rec.absmax,
+                        rec.nan,
+                        rec.inf,
+                        meta_id,
+                    ],
+                    use_single_float=True,
+                ),
+            )
         else:
             put(RecordType.EVENT, encode_event(rec))
         written += 1

@@ -1,7 +1,7 @@
 """A small FSDP2 training job for the sharded-checkpoint tests, and the targets the multi-rank ones launch.
 
-    model, optimizer, scheduler = build_fsdp2(seed=0)       # every rank, inside a process group
-    losses = train(model, optimizer, scheduler, range(2, 5))
+model, optimizer, scheduler = build_fsdp2(seed=0)       # every rank, inside a process group
+losses = train(model, optimizer, scheduler, range(2, 5))
 """
 
 from __future__ import annotations
@@ -59,7 +59,10 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, st
 
 def local_fingerprints(model: nn.Module) -> dict[str, str]:
     """This rank's shard of every parameter, fingerprinted."""
-    return {n: f"{fingerprint(getattr(p, 'to_local', lambda: p)().detach()):016x}" for n, p in model.named_parameters()}
+    return {
+        n: f"{fingerprint((p.to_local() if hasattr(p, 'to_local') else p).detach()):016x}"
+        for n, p in model.named_parameters()
+    }
 
 
 def save_then_resume(out: str, save_at: int, steps: int) -> dict[str, Any]:
@@ -71,8 +74,13 @@ def save_then_resume(out: str, save_at: int, steps: int) -> dict[str, Any]:
     model2, optimizer2, scheduler2 = build_fsdp2(seed=1)
     restored = load_sharded_checkpoint(out, save_at, model2, optimizer2, {"scheduler": scheduler2})
     resumed = train(model2, optimizer2, scheduler2, range(restored.data["step"], steps))
-    return {"straight": straight, "resumed": resumed, "fingerprints": local_fingerprints(model),
-            "resumed_fingerprints": local_fingerprints(model2), "files": sorted(p.name for p in Path(out).rglob("*"))}
+    return {
+        "straight": straight,
+        "resumed": resumed,
+        "fingerprints": local_fingerprints(model),
+        "resumed_fingerprints": local_fingerprints(model2),
+        "files": sorted(p.name for p in Path(out).rglob("*")),
+    }
 
 
 def load_only(out: str, step: int) -> int:
@@ -85,6 +93,6 @@ def flip_byte_of(path: Path, tensor: str) -> None:
     """Flip one bit in the data of ``tensor`` inside a safetensors file."""
     raw = bytearray(path.read_bytes())
     (n,) = struct.unpack("<Q", raw[:8])
-    start = 8 + n + json.loads(raw[8:8 + n])[tensor]["data_offsets"][0]
+    start = 8 + n + json.loads(raw[8 : 8 + n])[tensor]["data_offsets"][0]
     raw[start] ^= 0x01
     path.write_bytes(bytes(raw))

@@ -54,8 +54,9 @@ def tiny_hsdp(width: int = 8) -> tuple[nn.Module, torch.optim.Optimizer, dist.Pr
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2), mesh.get_group("replicate")
 
 
-def train_with_replica_check(out: str, steps: int, profile_path: str = "", hsdp: bool = False,
-                             checkpoint_every: int = 0) -> dict[str, Any]:
+def train_with_replica_check(
+    out: str, steps: int, profile_path: str = "", hsdp: bool = False, checkpoint_every: int = 0
+) -> dict[str, Any]:
     """Train ``steps`` steps with replica agreement on (DDP, or HSDP with the mesh's replicate group), under the
     fault emulator with the profile at ``profile_path`` if given (`UPDATE_ON_ONE_RANK`), with a checkpoint every
     ``checkpoint_every`` steps and after the last (0: none). Returns the ``replicas``, ``guard`` and ``fault``
@@ -69,8 +70,15 @@ def train_with_replica_check(out: str, steps: int, profile_path: str = "", hsdp:
     guard = Guard(detectors=(NonFinite(),), replicas=ReplicaAgreement(group=group))
     events: dict[str, list] = {"replicas": [], "guard": [], "fault": []}
     profile = load_profile(profile_path) if profile_path else None
-    tracer = Tracer(ddp, optimizer, out=out, run=RunInfo(f"rank{rank}"), options=TraceOptions(activations=False),
-                    guard=guard, echo=None)
+    tracer = Tracer(
+        ddp,
+        optimizer,
+        out=out,
+        run=RunInfo(f"rank{rank}"),
+        options=TraceOptions(activations=False),
+        guard=guard,
+        echo=None,
+    )
     with tracer, emulated_node(tracer, ddp, fault_profile=profile, fault_seed=0):
         for step in range(steps):
             if checkpoint_every and step % checkpoint_every == 0:
@@ -112,13 +120,20 @@ def train_guarded(out: str, steps: int, profile_path: str = "") -> dict[str, Any
     ddp, optimizer = tiny_ddp()
     data = torch.Generator().manual_seed(100 + rank)
     profile = load_profile(profile_path) if profile_path else None
-    tracer = Tracer(ddp, optimizer, out=out, run=RunInfo(f"rank{rank}"), options=TraceOptions(sites="0|2"),
-                    guard=Guard(detectors=(NonFinite(),)), echo=None)
+    tracer = Tracer(
+        ddp,
+        optimizer,
+        out=out,
+        run=RunInfo(f"rank{rank}"),
+        options=TraceOptions(sites="0|2"),
+        guard=Guard(detectors=(NonFinite(),)),
+        echo=None,
+    )
     with tracer, emulated_node(tracer, ddp, fault_profile=profile, fault_seed=0):
         for step in range(steps):
             x = torch.randn(4, 8, generator=data)
 
-            def forward_backward() -> None:
+            def forward_backward(x: torch.Tensor = x) -> None:
                 optimizer.zero_grad(set_to_none=True)
                 tracer.microbatch(0, inputs=x)
                 loss = (ddp(x) - x.flip(-1)).pow(2).mean()
@@ -129,7 +144,10 @@ def train_guarded(out: str, steps: int, profile_path: str = "") -> dict[str, Any
                 forward_backward()
                 optimizer.step()
     records = list(LogReader(rank_dir(Path(out), rank)).records())
-    last = {r.name: r.fingerprint for r in records if isinstance(r, TensorRecord) and r.phase == Phase.PARAM
-            and r.step == steps - 1}
+    last = {
+        r.name: r.fingerprint
+        for r in records
+        if isinstance(r, TensorRecord) and r.phase == Phase.PARAM and r.step == steps - 1
+    }
     guards = [[r.step, r.fields] for r in records if isinstance(r, EventRecord) and r.kind == "guard"]
     return {"guard": guards, "params": {n: str(fp) for n, fp in last.items()}}

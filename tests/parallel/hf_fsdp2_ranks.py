@@ -14,8 +14,15 @@ from tracer.determinism import configure_determinism
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
 
-CONFIG = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16}
+CONFIG = {
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 16,
+}
 
 
 def train_llama(out: str, steps: int, profile_path: str = "") -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from workload.reference_config import Config
 from workload.protocol import run_step
 from workload.reference import build
+from workload.reference_config import Config
 
 
 def train_and_report(config: dict[str, Any], steps: int) -> dict[str, Any]:

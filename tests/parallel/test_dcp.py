@@ -10,8 +10,7 @@ import pytest
 from jobs.launch import launch
 from tests.parallel.dcp_ranks import build_fsdp2, flip_byte_of
 from tracer.dcp_checkpoint import load_sharded_checkpoint
-from tracer.dcp_manifest import sharded_checkpoint_dir
-from tracer.dcp_manifest import parse_manifest
+from tracer.dcp_manifest import parse_manifest, sharded_checkpoint_dir
 from tracer.errors import LogError
 
 pytestmark = pytest.mark.slow  # ranks are processes
@@ -20,8 +19,9 @@ pytestmark = pytest.mark.slow  # ranks are processes
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     out = tmp_path_factory.mktemp("dcp") / "run"
-    return out, launch("tests.parallel.dcp_ranks:save_then_resume", {"out": str(out), "save_at": 2, "steps": 5},
-                       nproc=2)
+    return out, launch(
+        "tests.parallel.dcp_ranks:save_then_resume", {"out": str(out), "save_at": 2, "steps": 5}, nproc=2
+    )
 
 
 def test_two_ranks_resume_an_fsdp2_run_bit_for_bit(run: tuple[Path, list[dict]]) -> None:
@@ -31,8 +31,12 @@ def test_two_ranks_resume_an_fsdp2_run_bit_for_bit(run: tuple[Path, list[dict]])
         assert result["fingerprints"] == result["resumed_fingerprints"], rank
     assert results[0]["fingerprints"] != results[1]["fingerprints"]  # each rank holds its own shard
     folder = sharded_checkpoint_dir(out, 2)
-    assert sorted(p.name for p in folder.iterdir()) == ["__0_0.distcp", "__1_0.distcp", "rank-00000.msgpack",
-                                                        "rank-00001.msgpack"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "rank-00000.msgpack",
+        "rank-00001.msgpack",
+    ]
     manifests = [parse_manifest((folder / f"rank-0000{r}.msgpack").read_bytes(), "m") for r in (0, 1)]
     assert [m.world_size for m in manifests] == [2, 2]
     w0, w1 = (m.shards["model/0.0.weight"] for m in manifests)
@@ -45,8 +49,11 @@ def test_two_ranks_resume_an_fsdp2_run_bit_for_bit(run: tuple[Path, list[dict]])
 def test_a_checkpoint_of_two_ranks_is_refused_on_one_naming_the_fix(run: tuple[Path, list[dict]]) -> None:
     out, _ = run
     model, optimizer, _ = build_fsdp2(seed=1, shard=False)
-    with pytest.raises(LogError, match=r"the checkpoint of step 2 was written by 2 ranks, this run has 1: resume it "
-                                       r"with 2 ranks \(--nproc 2\); sdctrace does not reshard checkpoints$"):
+    with pytest.raises(
+        LogError,
+        match=r"the checkpoint of step 2 was written by 2 ranks, this run has 1: resume it "
+        r"with 2 ranks \(--nproc 2\); sdctrace does not reshard checkpoints$",
+    ):
         load_sharded_checkpoint(out, 2, model, optimizer)
 
 
@@ -58,6 +65,9 @@ def test_a_damaged_shard_of_rank_1_is_refused_on_every_rank(run: tuple[Path, lis
     for p in sharded_checkpoint_dir(out, 2).iterdir():
         (folder / p.name).write_bytes(p.read_bytes())
     flip_byte_of(folder / "__1_0.distcp", "model/1.0.weight")
-    with pytest.raises(LogError, match=r"rank \d: \S+__1_0\.distcp: tensor 'model/1\.0\.weight' has fingerprint "
-                                       r"[0-9a-f]{16}, \S+rank-00001\.msgpack recorded [0-9a-f]{16} \(corrupted"):
+    with pytest.raises(
+        LogError,
+        match=r"rank \d: \S+__1_0\.distcp: tensor 'model/1\.0\.weight' has fingerprint "
+        r"[0-9a-f]{16}, \S+rank-00001\.msgpack recorded [0-9a-f]{16} \(corrupted",
+    ):
         launch("tests.parallel.dcp_ranks:load_only", {"out": str(damaged), "step": 2}, nproc=2)

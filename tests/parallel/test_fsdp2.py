@@ -50,18 +50,61 @@ RANK1_FAULT = rank1_fault("matmul")
 
 def lockstep_hits(golden: Path, suspect: Path, workload: str, out: Path) -> dict[int, set[tuple[int, str, str]]]:
     """``sdc replay --mode lockstep`` of step 3 on both ranks: each rank's mismatched (step, site, phase)."""
-    assert main(["replay", "--golden", str(golden), "--suspect", str(suspect), "--workload", workload, "--nproc", "2",
-                 "--steps", "3:4", "--mode", "lockstep", "--out", str(out), "--quiet"]) == 0
-    return {rank: {(e.step, e.fields["site"], e.fields["phase"]) for e in rank_events(out, rank, "site_mismatch")
-                   if e.fields["mismatched"]} for rank in (0, 1)}
+    assert (
+        main(
+            [
+                "replay",
+                "--golden",
+                str(golden),
+                "--suspect",
+                str(suspect),
+                "--workload",
+                workload,
+                "--nproc",
+                "2",
+                "--steps",
+                "3:4",
+                "--mode",
+                "lockstep",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    return {
+        rank: {
+            (e.step, e.fields["site"], e.fields["phase"])
+            for e in rank_events(out, rank, "site_mismatch")
+            if e.fields["mismatched"]
+        }
+        for rank in (0, 1)
+    }
 
 
 def torchrun(out: Path, *args: str, example: str = EXAMPLE, nproc: int = 2) -> Path:
     """Run the example module as its docstring says: ``torchrun -m`` from the repository root."""
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "-m", example,
-         "--out", str(out), "--steps", STEPS, *args],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "-m",
+            example,
+            "--out",
+            str(out),
+            "--steps",
+            STEPS,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -89,8 +132,12 @@ def test_each_rank_records_its_shard_and_which_slice_it_is(fsdp2_golden: Path) -
         records = [r for r in reader.records() if isinstance(r, TensorRecord)]
         # Site hooks fire on the fully_shard-ed blocks' attention and MLP, forward and backward.
         sites = {(r.name, r.phase) for r in records if r.phase in (Phase.FORWARD, Phase.BACKWARD)}
-        assert sites == {(f"blocks.{b}.{part}", phase) for b in (0, 1) for part in ("attention", "mlp")
-                         for phase in (Phase.FORWARD, Phase.BACKWARD)}
+        assert sites == {
+            (f"blocks.{b}.{part}", phase)
+            for b in (0, 1)
+            for part in ("attention", "mlp")
+            for phase in (Phase.FORWARD, Phase.BACKWARD)
+        }
         params[rank] = {r.name: r.fingerprint for r in records if r.phase == Phase.PARAM and r.step == 4}
         assert set(params[rank]) == set(shards)
     # Every rank fingerprints its own half: no parameter's fingerprint is the same on both ranks.
@@ -119,11 +166,19 @@ def test_a_fault_on_rank_1_in_block_1s_mlp_is_rank_1s_first_divergence(
     out = capsys.readouterr().out
     row = summary(db)
     assert (row["first_rank"], row["first_step"], row["first_microbatch"], row["first_site"]) == (
-        1, 3, 0, "blocks.1.mlp forward"), row
+        1,
+        3,
+        0,
+        "blocks.1.mlp forward",
+    ), row
     firsts = {r["rank"]: r for r in query_rows(db, "rq1_first_divergence_by_rank")}
     assert firsts[1]["went_first"] and not firsts[0]["went_first"]
     assert (firsts[1]["step"], firsts[1]["microbatch"], firsts[1]["name"], firsts[1]["phase"]) == (
-        3, 0, "blocks.1.mlp", "forward"), firsts[1]
+        3,
+        0,
+        "blocks.1.mlp",
+        "forward",
+    ), firsts[1]
     assert firsts[0]["step"] == 3 and firsts[0]["phase"] in ("backward", "grad"), firsts[0]
     assert firsts[1]["slice"] is None  # a site's output, no parameter
     # The gradient shards FSDP2 reduce-scattered: rank 0 names the slice of the parameter its fingerprint covers.
@@ -133,7 +188,8 @@ def test_a_fault_on_rank_1_in_block_1s_mlp_is_rank_1s_first_divergence(
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute(
             "SELECT placements, global_shape, slice FROM param_shards WHERE rank = 1 AND name = 'embed.weight' "
-            "AND run_id = (SELECT suspect_run_id FROM pair_ranks WHERE rank = 1)").fetchall()
+            "AND run_id = (SELECT suspect_run_id FROM pair_ranks WHERE rank = 1)"
+        ).fetchall()
     assert rows == [(["Shard(0)"], [64, 32], "[32:64, 0:32]")]
 
 
@@ -150,11 +206,11 @@ def test_another_sharding_of_the_same_model_does_not_pair_and_one_line_says_whic
     fsdp2_golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     other = torchrun(tmp_path / "dim1", "--shard-dim", "1")
-    differences = pairing_differences(LogReader(rank_dir(fsdp2_golden, 1)).header,
-                                      LogReader(rank_dir(other, 1)).header)
+    differences = pairing_differences(LogReader(rank_dir(fsdp2_golden, 1)).header, LogReader(rank_dir(other, 1)).header)
     assert len(differences) == 1, differences
     assert differences[0].startswith(
-        "shards.placements: ['Shard(0)'] vs ['Shard(1)'] for 10 parameters (embed.weight, "), differences
+        "shards.placements: ['Shard(0)'] vs ['Shard(1)'] for 10 parameters (embed.weight, "
+    ), differences
     assert "same device mesh and fully_shard/parallelize_module plan" in differences[0]
     capsys.readouterr()
     db = tmp_path / "x.duckdb"

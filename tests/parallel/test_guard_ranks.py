@@ -20,8 +20,9 @@ def test_a_transient_fault_on_one_rank_is_rerun_on_both_and_training_ends_as_hea
     profile = tmp_path / "rank1.toml"
     profile.write_text(TRANSIENT_ON_RANK_1.format(step=FAULT_STEP))
     healthy = launch(TARGET, {"out": str(tmp_path / "healthy"), "steps": STEPS}, 2, timeout_s=120)
-    guarded = launch(TARGET, {"out": str(tmp_path / "guarded"), "steps": STEPS, "profile_path": str(profile)}, 2,
-                     timeout_s=120)
+    guarded = launch(
+        TARGET, {"out": str(tmp_path / "guarded"), "steps": STEPS, "profile_path": str(profile)}, 2, timeout_s=120
+    )
     assert [h["guard"] for h in healthy] == [[], []]
     for rank, got in enumerate(guarded):
         [(step, event)] = got["guard"]

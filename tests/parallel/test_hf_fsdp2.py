@@ -26,12 +26,21 @@ def test_hf_llama_under_fsdp2_is_bit_identical_and_a_rank_1_fault_is_found_at_it
     profile.write_text(RANK1_MLP_AT_2, encoding="utf-8")
     runs = {name: tmp_path / name for name in ("golden", "again", "sick")}
     for name, out in runs.items():
-        launch(TARGET, {"out": str(out), "steps": 4, "profile_path": str(profile) if name == "sick" else ""}, 2,
-               timeout_s=180)
+        launch(
+            TARGET,
+            {"out": str(out), "steps": 4, "profile_path": str(profile) if name == "sick" else ""},
+            2,
+            timeout_s=180,
+        )
     shards = shards_of(LogReader(rank_dir(runs["golden"], 1)).header.extra)
     assert shards["model.layers.1.mlp.up_proj.weight"].slice() == "[32:64, 0:32]"  # (64, 32) rows split in two
     assert compare_runs(runs["golden"], runs["again"]).first is None
     first = compare_runs(runs["golden"], runs["sick"]).first
     assert first is not None
     assert (first.rank, first.step, first.microbatch, first.name, first.phase) == (
-        1, 2, 0, "model.layers.1.mlp", Phase.FORWARD)
+        1,
+        2,
+        0,
+        "model.layers.1.mlp",
+        Phase.FORWARD,
+    )

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tracer.errors import CaptureError, UsageError
 from jobs.launch import launch
 from jobs.machine import max_local_ranks
+from tracer.errors import CaptureError, UsageError
 from tracer.log import claim_out_dir
 
 
@@ -77,10 +77,13 @@ def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads process states from /proc")
 def test_ranks_exit_when_their_launcher_is_killed(tmp_path: Path) -> None:
     # SIGKILL (or the out-of-memory killer) gives the launcher no chance to stop its ranks: they must notice.
-    code = ("from jobs.launch import launch; "
-            f"launch('tests.parallel.ranks:sleep_with_pid_file', {{'folder': {str(tmp_path)!r}}}, 2)")
-    launcher = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
-                                stderr=subprocess.PIPE, text=True)
+    code = (
+        "from jobs.launch import launch; "
+        f"launch('tests.parallel.ranks:sleep_with_pid_file', {{'folder': {str(tmp_path)!r}}}, 2)"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE, text=True
+    )
     pid_files = [tmp_path / f"rank-{r}.pid" for r in range(2)]
     ranks: list[int] = []
     try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import small_config
 from jobs.launch import launch
+from tests.support import small_config
 from workload.protocol import run_step
 from workload.reference import build
 
@@ -21,14 +21,16 @@ def single_rank(cfg) -> tuple[list[float], dict[str, float]]:
     return losses, {n: float(p.detach().double().pow(2).sum()) for n, p in w.model.named_parameters()}
 
 
-@pytest.mark.parametrize("layout", [["parallel.tp=2"], ["parallel.dp=2", "parallel.tp=2", "parallel.sp=true"]],
-                         ids=["tp2", "dp2-tp2-sp"])
+@pytest.mark.parametrize(
+    "layout", [["parallel.tp=2"], ["parallel.dp=2", "parallel.tp=2", "parallel.sp=true"]], ids=["tp2", "dp2-tp2-sp"]
+)
 def test_parallel_layout_matches_single_rank(layout: list[str]) -> None:
     base = ["model.n_layers=1", "train.threads=1", "data.batch_size=4"]
     cfg = small_config(*base, *layout)
     n = cfg.parallel.dp * cfg.parallel.tp
-    results = launch("tests.parallel.ranks:train_and_report", {"config": cfg.to_dict(), "steps": STEPS}, n,
-                     timeout_s=TIMEOUT)
+    results = launch(
+        "tests.parallel.ranks:train_and_report", {"config": cfg.to_dict(), "steps": STEPS}, n, timeout_s=TIMEOUT
+    )
     losses, squares = single_rank(small_config(*base))
     for r in results:
         assert r["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)

@@ -23,8 +23,19 @@ from tracer.log.records import EventRecord, TensorRecord
 pytestmark = pytest.mark.slow  # every test launches ranks as processes
 
 QUERY = Path(__file__).resolve().parents[2] / "analysis" / "queries" / "rq1_first_divergence_by_rank.sql"
-COMMON = ["--set", "model.n_layers=2", "--set", "data.batch_size=2", "--set", "data.seq_len=32",
-          "--set", "train.threads=1", "--quiet", "--rank-timeout", "120"]
+COMMON = [
+    "--set",
+    "model.n_layers=2",
+    "--set",
+    "data.batch_size=2",
+    "--set",
+    "data.seq_len=32",
+    "--set",
+    "train.threads=1",
+    "--quiet",
+    "--rank-timeout",
+    "120",
+]
 TP2 = ["--nproc", "2", "--tp", "2", "--sp"]
 RECORD = ["--steps", "3", "--checkpoint-every", "2"]
 
@@ -46,8 +57,11 @@ def rank_events(run: Path, rank: int, kind: str) -> list[EventRecord]:
 
 
 def fingerprints(run: Path, rank: int, step: int) -> dict[tuple[int, str, int], int]:
-    return {(r.microbatch, r.name, int(r.phase)): r.fingerprint for r in LogReader(rank_dir(run, rank)).records()
-            if isinstance(r, TensorRecord) and r.step == step}
+    return {
+        (r.microbatch, r.name, int(r.phase)): r.fingerprint
+        for r in LogReader(rank_dir(run, rank)).records()
+        if isinstance(r, TensorRecord) and r.step == step
+    }
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +110,10 @@ def dp2(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("dp2")
     (root / "rank1.toml").write_text(one_flip(1))
     args = ["--nproc", "2", "--dp", "2", *RECORD]
-    return SimpleNamespace(golden=record(root / "golden", *args),
-                           suspect=record(root / "suspect", *args, "--fault-profile", str(root / "rank1.toml")))
+    return SimpleNamespace(
+        golden=record(root / "golden", *args),
+        suspect=record(root / "suspect", *args, "--fault-profile", str(root / "rank1.toml")),
+    )
 
 
 def test_data_parallel_fault_on_rank_1_is_the_first_divergence_of_the_summary(
@@ -120,14 +136,26 @@ def test_data_parallel_fault_on_rank_1_is_the_first_divergence_of_the_summary(
     assert firsts[1]["went_first"] and not firsts[0]["went_first"]
     row = summary(db)
     assert (row["first_rank"], row["first_step"], row["first_microbatch"], row["first_site"]) == (
-        1, 1, 0, "layers.1.feed_forward forward")
+        1,
+        1,
+        0,
+        "layers.1.feed_forward forward",
+    )
     assert "first divergence: rank 1 (went first), step 1, microbatch 0, forward layers.1.feed_forward" in out, out
     assert "first divergence: rank 0 (#2), step 1, the whole step, grad " in out, out
 
 
 def test_corruption_in_a_collective_is_told_apart_from_compute(runs: SimpleNamespace) -> None:
-    link = record(runs.root / "link", *TP2, "--steps", "2", "--checkpoint-every", "0",
-                  "--fault-profile", str(runs.root / "link.toml"))
+    link = record(
+        runs.root / "link",
+        *TP2,
+        "--steps",
+        "2",
+        "--checkpoint-every",
+        "0",
+        "--fault-profile",
+        str(runs.root / "link.toml"),
+    )
     first = compare_runs(runs.golden, link).first
     assert first is not None and (first.rank, first.step) == (0, 1)
     assert first.name == "layers.0.attention_out.reduce_scatter.out"
@@ -144,13 +172,34 @@ def test_replay_both_modes_across_ranks_and_diff_them(runs: SimpleNamespace, cap
     replays = {}
     for mode in ("lockstep", "param-sync"):
         out = replays[mode] = runs.root / f"replay-{mode}"
-        assert main(["replay", "--golden", str(runs.golden), "--fault-profile", profile, "--steps", "1:2",
-                     "--mode", mode, "--out", str(out), "--quiet", "--rank-timeout", "120"]) == 0
+        assert (
+            main(
+                [
+                    "replay",
+                    "--golden",
+                    str(runs.golden),
+                    "--fault-profile",
+                    profile,
+                    "--steps",
+                    "1:2",
+                    "--mode",
+                    mode,
+                    "--out",
+                    str(out),
+                    "--quiet",
+                    "--rank-timeout",
+                    "120",
+                ]
+            )
+            == 0
+        )
     assert "2 rank(s)" in capsys.readouterr().out
     # Lockstep overwrites each site's partial output before its reduce-scatter: rank 0 only ever
     # receives golden partials, so the fault stays on rank 1.
-    worst = {rank: max(e.fields["frequency"] for e in rank_events(replays["lockstep"], rank, "site_mismatch"))
-             for rank in (0, 1)}
+    worst = {
+        rank: max(e.fields["frequency"] for e in rank_events(replays["lockstep"], rank, "site_mismatch"))
+        for rank in (0, 1)
+    }
     assert worst[0] == 0.0 and worst[1] > 0.0
     hit = {e.fields["site"] for e in rank_events(replays["lockstep"], 1, "site_mismatch") if e.fields["frequency"]}
     assert hit == {"layers.1.feed_forward"}
@@ -159,8 +208,24 @@ def test_replay_both_modes_across_ranks_and_diff_them(runs: SimpleNamespace, cap
         total = [e for e in rank_events(replays["param-sync"], rank, "grad_noise") if e.fields["name"] == "*"]
         assert len(total) == 1 and total[0].fields["ratio"] > 0
     db = runs.root / "replays.duckdb"
-    assert main(["diff", "--golden", str(runs.golden), "--suspect", str(runs.suspect), "--db", str(db),
-                 "--replay", str(replays["lockstep"]), "--replay", str(replays["param-sync"])]) == 0
+    assert (
+        main(
+            [
+                "diff",
+                "--golden",
+                str(runs.golden),
+                "--suspect",
+                str(runs.suspect),
+                "--db",
+                str(db),
+                "--replay",
+                str(replays["lockstep"]),
+                "--replay",
+                str(replays["param-sync"]),
+            ]
+        )
+        == 0
+    )
     con = duckdb.connect(str(db), read_only=True)
     assert con.sql("select distinct rank from site_mismatch order by rank").fetchall() == [(0,), (1,)]
     assert con.sql("select distinct rank from grad_noise order by rank").fetchall() == [(0,), (1,)]
@@ -172,15 +237,43 @@ def test_verify_determinism_across_ranks(capsys: pytest.CaptureFixture) -> None:
     assert out.startswith("bit-identical:") and "on 2 ranks" in out
 
 
-def test_runs_with_different_layouts_are_refused(runs: SimpleNamespace, dp2: SimpleNamespace,
-                                               capsys: pytest.CaptureFixture) -> None:
+def test_runs_with_different_layouts_are_refused(
+    runs: SimpleNamespace, dp2: SimpleNamespace, capsys: pytest.CaptureFixture
+) -> None:
     data_parallel = dp2.golden
-    assert main(["diff", "--golden", str(runs.golden), "--suspect", str(data_parallel),
-                 "--db", str(runs.root / "refused.duckdb")]) == 1
+    assert (
+        main(
+            [
+                "diff",
+                "--golden",
+                str(runs.golden),
+                "--suspect",
+                str(data_parallel),
+                "--db",
+                str(runs.root / "refused.duckdb"),
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "parallel.dp: 1 vs 2" in err and "parallel.tp: 2 vs 1" in err and "parallel.sp: True vs False" in err
-    assert main(["replay", "--golden", str(runs.golden), "--suspect", str(data_parallel), "--steps", "1",
-                 "--out", str(runs.root / "refused"), "--quiet"]) == 1
+    assert (
+        main(
+            [
+                "replay",
+                "--golden",
+                str(runs.golden),
+                "--suspect",
+                str(data_parallel),
+                "--steps",
+                "1",
+                "--out",
+                str(runs.root / "refused"),
+                "--quiet",
+            ]
+        )
+        == 1
+    )
     assert "parallel.tp: 2 vs 1" in capsys.readouterr().err
 
 
@@ -195,14 +288,34 @@ def test_a_failing_rank_reaches_the_user_as_one_line(tmp_path: Path) -> None:
 
 
 def test_four_ranks_data_tensor_and_sequence_parallel(tmp_path: Path) -> None:
-    golden = record(tmp_path / "golden", "--nproc", "4", "--dp", "2", "--tp", "2", "--sp", "--steps", "2",
-                    "--checkpoint-every", "1")
+    golden = record(
+        tmp_path / "golden", "--nproc", "4", "--dp", "2", "--tp", "2", "--sp", "--steps", "2", "--checkpoint-every", "1"
+    )
     coords = [LogReader(rank_dir(golden, r)).header.extra["parallel"]["coords"] for r in range(4)]
     assert coords == [{"dp": 0, "tp": 0}, {"dp": 0, "tp": 1}, {"dp": 1, "tp": 0}, {"dp": 1, "tp": 1}]
     profile = tmp_path / "rank2.toml"
     profile.write_text(one_flip(2))
     out = tmp_path / "lock"
-    assert main(["replay", "--golden", str(golden), "--fault-profile", str(profile), "--steps", "1", "--mode",
-                 "lockstep", "--out", str(out), "--quiet", "--rank-timeout", "120"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                "--golden",
+                str(golden),
+                "--fault-profile",
+                str(profile),
+                "--steps",
+                "1",
+                "--mode",
+                "lockstep",
+                "--out",
+                str(out),
+                "--quiet",
+                "--rank-timeout",
+                "120",
+            ]
+        )
+        == 0
+    )
     worst = [max(e.fields["frequency"] for e in rank_events(out, r, "site_mismatch")) for r in range(4)]
     assert worst[2] > 0 and worst[0] == worst[1] == worst[3] == 0.0

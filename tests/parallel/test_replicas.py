@@ -24,12 +24,15 @@ def update_fault(tmp_path: Path, step: int, rank: int = 1) -> str:
 
 
 def test_three_replicas_name_the_rank_whose_update_was_corrupted(tmp_path: Path) -> None:
-    results = launch(TARGET, {"out": str(tmp_path / "run"), "steps": 6, "profile_path": update_fault(tmp_path, 3)}, 3,
-                     timeout_s=120)
+    results = launch(
+        TARGET, {"out": str(tmp_path / "run"), "steps": 6, "profile_path": update_fault(tmp_path, 3)}, 3, timeout_s=120
+    )
     # The emulator's faults: rank 1 only, at step 3 only, in the optimizer phase (one per parameter's update).
     assert [len(got["fault"]) for got in results] == [0, 4, 0]
-    assert all(step == 3 and f["phase"] == "optimizer" and f["op"] == "aten.addcdiv_.default"
-               for step, f in results[1]["fault"])
+    assert all(
+        step == 3 and f["phase"] == "optimizer" and f["op"] == "aten.addcdiv_.default"
+        for step, f in results[1]["fault"]
+    )
     for rank, got in enumerate(results):
         first_step, first = got["replicas"][0]
         assert first_step == 3, (rank, got["replicas"])
@@ -43,8 +46,9 @@ def test_three_replicas_name_the_rank_whose_update_was_corrupted(tmp_path: Path)
 
 
 def test_two_replicas_that_differ_are_a_tie_that_blames_nobody(tmp_path: Path) -> None:
-    results = launch(TARGET, {"out": str(tmp_path / "run"), "steps": 3, "profile_path": update_fault(tmp_path, 1)}, 2,
-                     timeout_s=120)
+    results = launch(
+        TARGET, {"out": str(tmp_path / "run"), "steps": 3, "profile_path": update_fault(tmp_path, 1)}, 2, timeout_s=120
+    )
     for got in results:
         step, first = got["replicas"][0]
         assert step == 1 and first["tie"] is True and first["ranks"] == [] and first["replicas"] == [0, 1]
@@ -58,8 +62,12 @@ def test_two_hundred_healthy_steps_raise_no_alarm(tmp_path: Path) -> None:
 
 def test_under_hsdp_the_replicas_of_the_faulty_ranks_shard_disagree_and_the_others_agree(tmp_path: Path) -> None:
     # A (replicate 2, shard 2) mesh: ranks 0 and 2 hold one half of every parameter, ranks 1 and 3 the other.
-    results = launch(TARGET, {"out": str(tmp_path / "run"), "steps": 4, "profile_path": update_fault(tmp_path, 2),
-                              "hsdp": True}, 4, timeout_s=180)
+    results = launch(
+        TARGET,
+        {"out": str(tmp_path / "run"), "steps": 4, "profile_path": update_fault(tmp_path, 2), "hsdp": True},
+        4,
+        timeout_s=180,
+    )
     assert [len(got["fault"]) for got in results] == [0, 4, 0, 0]  # rank 1's update of its shard of each parameter
     for rank in (1, 3):
         step, first = results[rank]["replicas"][0]
@@ -79,11 +87,19 @@ def test_the_update_fault_is_the_ground_truth_replica_agreement_is_scored_agains
 
     runs = {name: tmp_path / name for name in ("golden", "suspect")}
     launch(TARGET, {"out": str(runs["golden"]), "steps": 5}, 3, timeout_s=120)
-    launch(TARGET, {"out": str(runs["suspect"]), "steps": 5, "profile_path": update_fault(tmp_path, 3)}, 3,
-           timeout_s=120)
+    launch(
+        TARGET, {"out": str(runs["suspect"]), "steps": 5, "profile_path": update_fault(tmp_path, 3)}, 3, timeout_s=120
+    )
     db = tmp_path / "study.duckdb"
-    diff(DiffRequest(golden=str(runs["golden"]), suspect=str(runs["suspect"]), db=db,
-                     beam_args=("--direct_running_mode=in_memory",)), echo=lambda _: None)
+    diff(
+        DiffRequest(
+            golden=str(runs["golden"]),
+            suspect=str(runs["suspect"]),
+            db=db,
+            beam_args=("--direct_running_mode=in_memory",),
+        ),
+        echo=lambda _: None,
+    )
     con = duckdb.connect(str(db), read_only=True)
     try:
         faults = con.execute("SELECT rank, step, phase, site, op FROM faults ORDER BY rank, step").fetchall()

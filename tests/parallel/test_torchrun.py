@@ -34,9 +34,21 @@ factor = 100.0
 
 def torchrun(out: Path, *args: str) -> Path:
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE),
-         "--out", str(out), *args],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(EXAMPLE),
+            "--out",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     return out
@@ -54,7 +66,9 @@ def test_torchrun_job_writes_one_log_per_rank_and_replicas_agree(tmp_path: Path)
         assert h.extra["parallel"] == {"dp": 2, "tp": 1, "sp": False, "coords": {"dp": rank, "tp": 0}}
         records = [r for r in reader.records() if isinstance(r, TensorRecord)]
         assert {r.step for r in records} == {0, 1, 2}
-        state[rank] = {(r.step, r.name, r.phase): r.fingerprint for r in records if r.phase in (Phase.GRAD, Phase.PARAM)}
+        state[rank] = {
+            (r.step, r.name, r.phase): r.fingerprint for r in records if r.phase in (Phase.GRAD, Phase.PARAM)
+        }
         inputs[rank] = {r.fingerprint for r in records if r.phase == Phase.INPUT}
     # Each replica saw its own data, yet DDP's all-reduce leaves them identical gradients and parameters.
     assert inputs[0].isdisjoint(inputs[1])
@@ -76,7 +90,11 @@ def test_a_fault_on_rank_1_of_a_ddp_job_is_the_first_divergence_of_the_summary(
     out = capsys.readouterr().out
     row = summary(db)
     assert (row["first_rank"], row["first_step"], row["first_microbatch"], row["first_site"]) == (
-        1, 1, 1, "1.mlp forward"), row
+        1,
+        1,
+        1,
+        "1.mlp forward",
+    ), row
     firsts = {r["rank"]: r for r in query_rows(db, "rq1_first_divergence_by_rank")}
     assert firsts[1]["went_first"] and not firsts[0]["went_first"]
     # DDP all-reduced in microbatch 1's backward: rank 0's first difference is a gradient that microbatch changed.

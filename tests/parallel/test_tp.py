@@ -38,8 +38,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("tp")
     profile = root / "rank1.toml"
     profile.write_text(RANK1_FAULT, encoding="utf-8")
-    return SimpleNamespace(root=root, profile=profile, golden=torchrun(root / "golden", example=EXAMPLE),
-                           suspect=torchrun(root / "suspect", "--fault-profile", str(profile), example=EXAMPLE))
+    return SimpleNamespace(
+        root=root,
+        profile=profile,
+        golden=torchrun(root / "golden", example=EXAMPLE),
+        suspect=torchrun(root / "suspect", "--fault-profile", str(profile), example=EXAMPLE),
+    )
 
 
 def test_a_tensor_parallel_run_records_its_shards_and_sites_and_twice_is_bit_identical(
@@ -74,14 +78,20 @@ def test_a_tensor_parallel_run_records_its_shards_and_sites_and_twice_is_bit_ide
             assert forward[0][step, f"blocks.{b}.mlp.2"] == forward[1][step, f"blocks.{b}.mlp.2"]
 
 
-def test_a_fault_in_rank_1s_gelu_is_rank_1s_first_divergence(runs: SimpleNamespace, capsys: pytest.CaptureFixture) -> None:
+def test_a_fault_in_rank_1s_gelu_is_rank_1s_first_divergence(
+    runs: SimpleNamespace, capsys: pytest.CaptureFixture
+) -> None:
     """mlp.2 all-reduces the partial sums: rank 0 sees rank 1's fault there, after."""
     db = runs.root / "tp.duckdb"
     assert main(["diff", "--golden", str(runs.golden), "--suspect", str(runs.suspect), "--db", str(db)]) == 0
     capsys.readouterr()
     row = summary(db)
     assert (row["first_rank"], row["first_step"], row["first_microbatch"], row["first_site"]) == (
-        1, 3, 0, "blocks.1.mlp.1 forward"), row
+        1,
+        3,
+        0,
+        "blocks.1.mlp.1 forward",
+    ), row
 
 
 def test_lockstep_replay_of_the_torchrun_recording_mismatches_at_the_faulty_site_only(runs: SimpleNamespace) -> None:
@@ -92,7 +102,8 @@ def test_lockstep_replay_of_the_torchrun_recording_mismatches_at_the_faulty_site
 
 def test_param_sync_noise_is_that_of_the_full_gradients_gathered_from_the_shards(runs: SimpleNamespace) -> None:
     """Shard(0) and Shard(1) weights count once, as do the parameters every rank holds whole."""
-    expected, totals = param_sync_noise(runs.golden, runs.suspect, runs.profile, f"{EXAMPLE}:build",
-                                        runs.root / "param-sync")
+    expected, totals = param_sync_noise(
+        runs.golden, runs.suspect, runs.profile, f"{EXAMPLE}:build", runs.root / "param-sync"
+    )
     assert expected > 0
     assert totals == [pytest.approx([expected], rel=1e-6)] * 2

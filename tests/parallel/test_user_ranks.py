@@ -16,8 +16,7 @@ from jobs.launch import launch
 from sdc.cli import main
 from tests.parallel.test_fsdp2 import RANK1_FAULT, lockstep_hits
 from tests.parallel.test_ranks import rank_events
-from tracer.dcp_manifest import manifest_name, sharded_checkpoint_dir
-from tracer.dcp_manifest import parse_manifest
+from tracer.dcp_manifest import manifest_name, parse_manifest, sharded_checkpoint_dir
 from tracer.log import LogReader, rank_dir
 from tracer.logged_parameters import logged_parameters
 from tracer.step_checkpoint import list_step_checkpoints
@@ -38,8 +37,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     root = tmp_path_factory.mktemp("user-ranks")
     profile = root / "rank1.toml"
     profile.write_text(RANK1_FAULT)
-    return SimpleNamespace(root=root, profile=profile, golden=record(root / "golden"),
-                           suspect=record(root / "suspect", "--fault-profile", str(profile)))
+    return SimpleNamespace(
+        root=root,
+        profile=profile,
+        golden=record(root / "golden"),
+        suspect=record(root / "suspect", "--fault-profile", str(profile)),
+    )
 
 
 def test_verify_determinism_of_an_fsdp2_workload_on_2_ranks(capsys: pytest.CaptureFixture) -> None:
@@ -57,12 +60,16 @@ def test_record_writes_sharded_checkpoints(runs: SimpleNamespace) -> None:
 
 
 def test_every_sharded_checkpoint_holds_the_parameter_shards_each_rank_logged_before_its_step(
-        runs: SimpleNamespace) -> None:
+    runs: SimpleNamespace,
+) -> None:
     for rank in (0, 1):
         for step in (2, 4, 6):
             path = sharded_checkpoint_dir(runs.golden, step) / manifest_name(rank)
-            shards = {k.removeprefix("model/"): int(v.fingerprint, 16)
-                      for k, v in parse_manifest(path.read_bytes(), str(path)).shards.items() if k.startswith("model/")}
+            shards = {
+                k.removeprefix("model/"): int(v.fingerprint, 16)
+                for k, v in parse_manifest(path.read_bytes(), str(path)).shards.items()
+                if k.startswith("model/")
+            }
             logged = logged_parameters(runs.golden, rank, step)
             assert logged is not None and logged.log_step == step - 1 and len(shards) > 20, (rank, step)
             assert shards == {n: logged.fingerprints[n] for n in shards}, (rank, step)
@@ -77,15 +84,40 @@ def test_lockstep_replay_finds_the_fault_on_rank_1_in_block_1s_mlp_forward(runs:
 def param_sync_noise(golden: Path, suspect: Path, profile: Path, workload: str, out: Path) -> tuple[float, list]:
     """``sdc replay --mode param-sync`` of step 3 (from the checkpoint at 2) on both ranks: numpy's noise-to-signal
     on the full gradients gathered from the shards, and each rank's total ``grad_noise`` ratios."""
-    assert main(["replay", "--golden", str(golden), "--suspect", str(suspect), "--workload", workload, "--nproc", "2",
-                 "--steps", "3:4", "--mode", "param-sync", "--out", str(out), "--quiet"]) == 0
-    grads = launch("tests.parallel.user_ranks:full_gradients", {"run": str(golden), "profile": str(profile),
-                                                                "step": 3, "checkpoint": 2, "workload": workload}, 2)[0]
+    assert (
+        main(
+            [
+                "replay",
+                "--golden",
+                str(golden),
+                "--suspect",
+                str(suspect),
+                "--workload",
+                workload,
+                "--nproc",
+                "2",
+                "--steps",
+                "3:4",
+                "--mode",
+                "param-sync",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    grads = launch(
+        "tests.parallel.user_ranks:full_gradients",
+        {"run": str(golden), "profile": str(profile), "step": 3, "checkpoint": 2, "workload": workload},
+        2,
+    )[0]
     golden_grads = np.concatenate([np.array(g) for g, _ in grads.values()])
     suspect_grads = np.concatenate([np.array(s) for _, s in grads.values()])
     expected = float(np.linalg.norm(suspect_grads - golden_grads) / np.linalg.norm(golden_grads))
-    return expected, [[e.fields["ratio"] for e in rank_events(out, rank, "grad_noise") if e.fields["name"] == "*"]
-                      for rank in (0, 1)]
+    return expected, [
+        [e.fields["ratio"] for e in rank_events(out, rank, "grad_noise") if e.fields["name"] == "*"] for rank in (0, 1)
+    ]
 
 
 def test_param_sync_noise_is_that_of_the_full_gradients(runs: SimpleNamespace) -> None:

@@ -1,7 +1,7 @@
 """What the multi-rank user-workload tests launch in each rank (`jobs.launch`): the full gradients of a step.
 
-    launch("tests.parallel.user_ranks:full_gradients", {"run": str(golden), "profile": str(toml), "step": 3,
-           "checkpoint": 2, "workload": "examples.torchrun_fsdp2:build"}, 2)
+launch("tests.parallel.user_ranks:full_gradients", {"run": str(golden), "profile": str(toml), "step": 3,
+       "checkpoint": 2, "workload": "examples.torchrun_fsdp2:build"}, 2)
 """
 
 from __future__ import annotations
@@ -36,12 +36,19 @@ def full_gradients(run: str, profile: str, step: int, checkpoint: int, workload:
     sync_parameters(golden.model, suspect.model)
     run_step(golden, step, update=False)
     clock = StepClock(step)
-    emulator = FaultEmulator(load_profile(profile), suspect.model, sink=lambda kind, fields: None, sites=sites,
-                             clock=lambda: (clock.step_index, clock.microbatch_index))
+    emulator = FaultEmulator(
+        load_profile(profile),
+        suspect.model,
+        sink=lambda kind, fields: None,
+        sites=sites,
+        clock=lambda: (clock.step_index, clock.microbatch_index),
+    )
     with emulator, passthrough_hooks(find_sites(suspect.model, sites)):
         run_step(suspect, step, clock, update=False)
-    return {name: [whole(p.grad).double().flatten().tolist() for p in (g, s)]
-            for (name, g), (_, s) in zip(golden.model.named_parameters(), suspect.model.named_parameters())}
+    return {
+        name: [whole(p.grad).double().flatten().tolist() for p in (g, s)]
+        for (name, g), (_, s) in zip(golden.model.named_parameters(), suspect.model.named_parameters())
+    }
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:

@@ -19,16 +19,16 @@ import pytest
 import torch
 
 from faults import load_profile
+from jobs.record import record_run
 from pipelines.arguments import DiffRequest
 from pipelines.run import DiffReport, diff
 from tests.support import ONE_FLIP, small_config
 from tracer.log import EventRecord, LogReader, LogWriter, rank_dir
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
-from workload.reference_config import Config
 from workload.protocol import run_step
-from jobs.record import record_run
 from workload.reference import build
+from workload.reference_config import Config
 
 FAULT_STEP, FAULT_MICROBATCH, FAULT_SITE = 2, 1, "layers.1.attention"
 IN_MEMORY = ["--direct_running_mode=in_memory"]
@@ -70,14 +70,35 @@ def write_replay(golden: Path, out: Path) -> None:
     header = dataclasses.replace(LogReader(rank_dir(golden, 0)).header, run_id="replay-0001", role="replay")
     with LogWriter(rank_dir(out, 0), header) as w:
         for step, mb, site, phase, elements, mismatched, severity in SITE_MISMATCH:
-            w.write_event(EventRecord("site_mismatch", step, {
-                "microbatch": mb, "site": site, "phase": phase, "elements": elements, "mismatched": mismatched,
-                "frequency": mismatched / elements, "severity": severity, "max_rel": (severity or 0.0) * 2,
-            }))
+            w.write_event(
+                EventRecord(
+                    "site_mismatch",
+                    step,
+                    {
+                        "microbatch": mb,
+                        "site": site,
+                        "phase": phase,
+                        "elements": elements,
+                        "mismatched": mismatched,
+                        "frequency": mismatched / elements,
+                        "severity": severity,
+                        "max_rel": (severity or 0.0) * 2,
+                    },
+                )
+            )
         for step, name, diff_l2, golden_l2 in GRAD_NOISE:
-            w.write_event(EventRecord("grad_noise", step, {
-                "name": name, "diff_l2": diff_l2, "golden_l2": golden_l2, "ratio": diff_l2 / golden_l2,
-            }))
+            w.write_event(
+                EventRecord(
+                    "grad_noise",
+                    step,
+                    {
+                        "name": name,
+                        "diff_l2": diff_l2,
+                        "golden_l2": golden_l2,
+                        "ratio": diff_l2 / golden_l2,
+                    },
+                )
+            )
 
 
 @pytest.fixture(scope="session")
@@ -97,8 +118,14 @@ def emulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (root / "one-flip.toml").write_text(ONE_FLIP, encoding="utf-8")
     cfg = small_config("run.steps=5")
     record_run(cfg, root / "golden", node_label="golden", progress=False, abft=True)
-    record_run(cfg, root / "suspect", node_label="suspect", progress=False, abft=True,
-               fault_profile=load_profile(root / "one-flip.toml"))
+    record_run(
+        cfg,
+        root / "suspect",
+        node_label="suspect",
+        progress=False,
+        abft=True,
+        fault_profile=load_profile(root / "one-flip.toml"),
+    )
     return {"golden": root / "golden", "suspect": root / "suspect"}
 
 
@@ -107,10 +134,16 @@ def run_diff(tmp_path: Path) -> Callable[..., tuple[DiffReport, list[str]]]:
     """Diff two runs into ``tmp_path/study.duckdb`` (or `db`): (report, progress lines). Keyword options are
     `DiffRequest`'s."""
 
-    def run(golden: Path, suspect: Path, *, beam: list[str] = IN_MEMORY, db: Path | None = None,
-            **options: object) -> tuple[DiffReport, list[str]]:
-        request = DiffRequest(golden=str(golden), suspect=str(suspect), db=db or tmp_path / "study.duckdb",
-                              beam_args=tuple(beam), **options)
+    def run(
+        golden: Path, suspect: Path, *, beam: list[str] = IN_MEMORY, db: Path | None = None, **options: object
+    ) -> tuple[DiffReport, list[str]]:
+        request = DiffRequest(
+            golden=str(golden),
+            suspect=str(suspect),
+            db=db or tmp_path / "study.duckdb",
+            beam_args=tuple(beam),
+            **options,
+        )
         lines: list[str] = []
         return diff(request, echo=lines.append), lines
 

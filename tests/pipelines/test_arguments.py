@@ -15,10 +15,17 @@ def test_a_request_from_the_command_line_keeps_beams_options_apart() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     known, beam_args = parser.parse_known_args(
-        ["--golden", "runs/A", "--suspect", "runs/B", "--db", "s.duckdb", "--replay", "runs/R", "--runner=X"])
+        ["--golden", "runs/A", "--suspect", "runs/B", "--db", "s.duckdb", "--replay", "runs/R", "--runner=X"]
+    )
     request = DiffRequest.from_args(known, beam_args)
-    assert request == DiffRequest(golden="runs/A", suspect="runs/B", db=Path("s.duckdb"), replays=("runs/R",),
-                                  steps_per_bucket=DEFAULT_STEPS_PER_BUCKET, beam_args=("--runner=X",))
+    assert request == DiffRequest(
+        golden="runs/A",
+        suspect="runs/B",
+        db=Path("s.duckdb"),
+        replays=("runs/R",),
+        steps_per_bucket=DEFAULT_STEPS_PER_BUCKET,
+        beam_args=("--runner=X",),
+    )
 
 
 @pytest.mark.parametrize("steps", [0, -3])

@@ -28,10 +28,15 @@ def tables(db: Path, pair_id: str) -> dict[str, list[tuple]]:
     con = duckdb.connect(str(db), read_only=True)
     try:
         out = {}
-        for (name,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE table_name <> 'sdctrace_schema'").fetchall():
-            every = [c for (c,) in con.execute(
-                "SELECT column_name FROM duckdb_columns() WHERE table_name = ? ORDER BY column_index", [name]
-            ).fetchall()]
+        for (name,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE table_name <> 'sdctrace_schema'"
+        ).fetchall():
+            every = [
+                c
+                for (c,) in con.execute(
+                    "SELECT column_name FROM duckdb_columns() WHERE table_name = ? ORDER BY column_index", [name]
+                ).fetchall()
+            ]
             columns = [c for c in every if c not in VOLATILE.get(name, [])]
             # a pair's rows; whole tables keyed by run (RUN_TABLES) or by none (incident_*: `sdc incident load`'s)
             by_pair = name not in RUN_TABLES and "pair_id" in every
@@ -49,10 +54,16 @@ def tables(db: Path, pair_id: str) -> dict[str, list[tuple]]:
 def test_dask_cluster_gives_the_directrunner_tables(runs, run_diff, tmp_path: Path) -> None:
     replays = (str(runs["replay"]),)
     direct, _ = run_diff(runs["golden"], runs["hooked"], replays=replays, beam=IN_MEMORY, db=tmp_path / "direct.duckdb")
-    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
-                                  dashboard_address=None) as cluster:
-        dask, lines = run_diff(runs["golden"], runs["hooked"], replays=replays, db=tmp_path / "dask.duckdb",
-                               beam=["--runner", DASK, f"--dask_client_address={cluster.scheduler_address}"])
+    with distributed.LocalCluster(
+        n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+    ) as cluster:
+        dask, lines = run_diff(
+            runs["golden"],
+            runs["hooked"],
+            replays=replays,
+            db=tmp_path / "dask.duckdb",
+            beam=["--runner", DASK, f"--dask_client_address={cluster.scheduler_address}"],
+        )
     assert any("Beam job on DaskRunner" in line for line in lines)
     expected, got = tables(tmp_path / "direct.duckdb", direct.pair_id), tables(tmp_path / "dask.duckdb", dask.pair_id)
     assert expected["event_diffs"] and expected["first_divergence"] and expected["site_mismatch"]

@@ -10,9 +10,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from analysis.study_db import SCHEMA_VERSION
 from analysis.queries import LIBRARY
+from analysis.study_db import SCHEMA_VERSION
 from faults import load_profile
+from jobs.record import record_run
 from pipelines.arguments import DiffRequest
 from pipelines.run import diff
 from tests.support import small_config
@@ -20,7 +21,6 @@ from tracer.guard import Evidence, GradNormSpike, History, LossSpike, NonFinite,
 from tracer.guard.evidence import step_fingerprint
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord, Phase, TensorRecord
-from jobs.record import record_run
 
 STEPS = 14  # the loss-spike profile corrupts steps 10 and 11; LossSpike needs 8 accepted steps first
 IN_MEMORY = ["--direct_running_mode=in_memory"]
@@ -35,12 +35,15 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Pa
     runs = {"golden": tmp / "golden", "spike": tmp / "spike", "spike-guarded": tmp / "spike-guarded"}
     record_run(cfg, runs["golden"], node_label="golden", progress=False)
     for label, guard in (("spike", None), ("spike-guarded", "skip")):
-        record_run(cfg, runs[label], node_label=label, progress=False, fault_profile=load_profile("loss-spike"),
-                   guard=guard)
+        record_run(
+            cfg, runs[label], node_label=label, progress=False, fault_profile=load_profile("loss-spike"), guard=guard
+        )
     db = tmp / "study.duckdb"
     for label in ("spike", "spike-guarded"):
-        diff(DiffRequest(golden=str(runs["golden"]), suspect=str(runs[label]), db=db, beam_args=tuple(IN_MEMORY)),
-             echo=lambda _: None)
+        diff(
+            DiffRequest(golden=str(runs["golden"]), suspect=str(runs[label]), db=db, beam_args=tuple(IN_MEMORY)),
+            echo=lambda _: None,
+        )
     return db, runs
 
 
@@ -67,8 +70,13 @@ def by_hand(run: Path, golden: Path) -> dict[str, dict[str, int]]:
         def fingerprint(self, step: int) -> int | None:
             return twin.get(step)
 
-    sets = {"non_finite": (NonFinite(),), "loss_spike": (LossSpike(),), "grad_norm_spike": (GradNormSpike(),),
-            "twin_mismatch": (TwinMismatch(Twin()),), "guard": (NonFinite(), LossSpike(), GradNormSpike())}
+    sets = {
+        "non_finite": (NonFinite(),),
+        "loss_spike": (LossSpike(),),
+        "grad_norm_spike": (GradNormSpike(),),
+        "twin_mismatch": (TwinMismatch(Twin()),),
+        "guard": (NonFinite(), LossSpike(), GradNormSpike()),
+    }
     counts = {}
     for name, detectors in sets.items():
         past = History()
@@ -104,8 +112,10 @@ def read(run: Path) -> dict[int, tuple[float, float, int, int, int]]:
             faults[r.step] = faults.get(r.step, 0) + 1
         elif isinstance(r, EventRecord) and r.kind == "step":
             done[r.step] = r.fields
-    return {s: (f["loss"], f["grad_norm"], nonfinite[s], step_fingerprint(grads[s]), faults.get(s, 0))
-            for s, f in done.items()}
+    return {
+        s: (f["loss"], f["grad_norm"], nonfinite[s], step_fingerprint(grads[s]), faults.get(s, 0))
+        for s, f in done.items()
+    }
 
 
 def records(run: Path) -> list[TensorRecord | EventRecord]:
@@ -122,9 +132,18 @@ def test_detector_scores_match_an_independent_count(scored: tuple[Path, dict[str
         assert {d for n, d in rows if n == node} == set(expected)  # no ABFT in these runs: no abft_flags row
         for detector, c in expected.items():
             r = rows[node, detector]
-            got = (r["checked_steps"], r["faulty_steps"], r["harmful_steps"], r["alarms"], r["true_alarms"],
-                   r["false_alarms"])
-            assert got == (c["checked"], c["faulty"], c["harmful"], c["alarms"], c["true"], c["false"]), (node, detector)
+            got = (
+                r["checked_steps"],
+                r["faulty_steps"],
+                r["harmful_steps"],
+                r["alarms"],
+                r["true_alarms"],
+                r["false_alarms"],
+            )
+            assert got == (c["checked"], c["faulty"], c["harmful"], c["alarms"], c["true"], c["false"]), (
+                node,
+                detector,
+            )
             assert r["recall"] == (c["true"] / c["faulty"] if c["faulty"] else None)
             assert r["harmful_recall"] == (c["harmful_caught"] / c["harmful"] if c["harmful"] else None)
     # What the profile does, so that the counts above are not all zero: two faulty, harmful steps the loss catches.
@@ -138,20 +157,35 @@ def test_guard_decisions_are_the_guard_events(scored: tuple[Path, dict[str, Path
     db, runs = scored
     con = duckdb.connect(str(db), read_only=True)
     try:
-        got = con.execute("SELECT step, detectors, outcome, action, accepted, runs, first_run_faults, "
-                          "accepted_run_faults FROM guard_decisions ORDER BY step").fetchall()
+        got = con.execute(
+            "SELECT step, detectors, outcome, action, accepted, runs, first_run_faults, "
+            "accepted_run_faults FROM guard_decisions ORDER BY step"
+        ).fetchall()
         guarded = con.execute("SELECT DISTINCT step FROM detector_alarms WHERE guarded ORDER BY step").fetchall()
         wall = con.execute("SELECT count(*) FROM detector_alarms WHERE wall_s > 0").fetchone()[0]
         schema = con.execute("SELECT version FROM sdctrace_schema").fetchall()
     finally:
         con.close()
     events = [r for r in records(runs["spike-guarded"]) if isinstance(r, EventRecord) and r.kind == "guard"]
-    expected = [(e.step, [a["detector"] for a in e.fields["alarms"]], e.fields["outcome"], e.fields["action"],
-                 e.fields["accepted"], len(e.fields["runs"]), e.fields["runs"][0]["events"].get("fault", 0), None)
-                for e in events]
+    expected = [
+        (
+            e.step,
+            [a["detector"] for a in e.fields["alarms"]],
+            e.fields["outcome"],
+            e.fields["action"],
+            e.fields["accepted"],
+            len(e.fields["runs"]),
+            e.fields["runs"][0]["events"].get("fault", 0),
+            None,
+        )
+        for e in events
+    ]
     assert got == expected
     # p_call = 1: every re-run is hit too, elsewhere, so no two runs agree and the policy skips both steps.
-    assert [(s, o, a, n) for s, _, o, a, _, n, *_ in got] == [(10, "unresolved", "skip", 3), (11, "unresolved", "skip", 3)]
+    assert [(s, o, a, n) for s, _, o, a, _, n, *_ in got] == [
+        (10, "unresolved", "skip", 3),
+        (11, "unresolved", "skip", 3),
+    ]
     assert guarded == [(10,), (11,)]
     assert wall > 0 and schema == [(SCHEMA_VERSION,)]
 
@@ -162,8 +196,9 @@ def test_the_step_event_holds_the_norm_before_clipping(tmp_path: Path) -> None:
     logged = records(tmp_path / "run")
     for step in (0, 1):
         (done,) = [r for r in logged if isinstance(r, EventRecord) and r.kind == "step" and r.step == step]
-        clipped = math.sqrt(sum(r.l2 ** 2 for r in logged
-                                if isinstance(r, TensorRecord) and r.phase == Phase.GRAD and r.step == step))
+        clipped = math.sqrt(
+            sum(r.l2**2 for r in logged if isinstance(r, TensorRecord) and r.phase == Phase.GRAD and r.step == step)
+        )
         assert clipped == pytest.approx(min(done.fields["grad_norm"], cfg.optim.grad_clip), rel=1e-3)
 
 
@@ -172,8 +207,14 @@ def test_guard_outcome_sets_the_guarded_node_beside_the_unguarded_one(scored: tu
     db, _ = scored
     (row,) = LIBRARY.run(db, "guard_outcome").records()
     assert (row["node_label"], row["guarded_node"], row["steps"]) == ("spike", "spike-guarded", STEPS)
-    assert (row["flagged"], row["recomputed"], row["reruns"], row["unresolved"], row["skipped"],
-            row["faulty_flagged"]) == (2, 2, 4, 2, 2, 2)
+    assert (
+        row["flagged"],
+        row["recomputed"],
+        row["reruns"],
+        row["unresolved"],
+        row["skipped"],
+        row["faulty_flagged"],
+    ) == (2, 2, 4, 2, 2, 2)
     assert row["step_s"] > 0 and row["guarded_step_s"] > 0 and row["overhead"] is not None
     # Both runs left golden, differently: one took the corrupted updates, the other skipped two updates.
     assert row["drift"] > 0 and row["guarded_drift"] > 0 and row["drift"] != row["guarded_drift"]

@@ -17,6 +17,7 @@ import pytest
 
 from analysis import queries
 from faults import load_profile
+from jobs.record import record_run
 from pipelines.arguments import DiffRequest
 from pipelines.run import diff
 from tests.pipelines.conftest import IN_MEMORY
@@ -25,7 +26,6 @@ from tracer.checkpoint import list_checkpoints, load_checkpoint
 from tracer.errors import ValidationError
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord
-from jobs.record import record_run
 
 pytestmark = pytest.mark.slow
 
@@ -65,8 +65,16 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         record_run(small_config(*size, *overrides), runs[label], node_label=label, progress=False, **options)
     db = root / "study.duckdb"
     for label in SUSPECTS:
-        diff(DiffRequest(golden=str(runs["golden"]), suspect=str(runs[label]), db=db, beam_args=tuple(IN_MEMORY),
-                         baseline=label == "golden-twin"), echo=lambda line: None)
+        diff(
+            DiffRequest(
+                golden=str(runs["golden"]),
+                suspect=str(runs[label]),
+                db=db,
+                beam_args=tuple(IN_MEMORY),
+                baseline=label == "golden-twin",
+            ),
+            echo=lambda line: None,
+        )
     return {**runs, "db": db}
 
 
@@ -88,12 +96,18 @@ def expected_rate(curve: dict[int, float], baseline: dict[int, float] | None) ->
     if baseline is not None:
         saturation = next((s for s in steps if baseline[s] > 0 and curve[s] >= 0.5 * baseline[s]), None)
     onset = next((s for s in steps if curve[s] > 0), None)
-    window = [s for s in steps if onset is not None and s >= onset and curve[s] > 0
-              and (saturation is None or s < saturation)]
+    window = [
+        s for s in steps if onset is not None and s >= onset and curve[s] > 0 and (saturation is None or s < saturation)
+    ]
     rate = np.polyfit(window, np.log([curve[s] for s in window]), 1)[0] if len(window) >= 2 else None
-    return {"points": len(window), "first_step": window[0] if window else None,
-            "last_step": window[-1] if window else None, "saturation_step": saturation, "drift_rate": rate,
-            "final_drift": curve[steps[-1]]}
+    return {
+        "points": len(window),
+        "first_step": window[0] if window else None,
+        "last_step": window[-1] if window else None,
+        "saturation_step": saturation,
+        "drift_rate": rate,
+        "final_drift": curve[steps[-1]],
+    }
 
 
 def faults_of(run: Path) -> int:
@@ -106,8 +120,9 @@ def test_drift_rate_matches_numpy_over_the_same_window(study: dict[str, Path]) -
     assert sorted(rows) == sorted(SUSPECTS)
     assert [r["baseline"] for r in queries.run(study["db"], "rq3_drift_rate").records()] == [False] * 3 + [True]
     for label in SUSPECTS:
-        expected = expected_rate(drift_curve(study["golden"], study[label]),
-                                 None if label == "golden-twin" else baseline)
+        expected = expected_rate(
+            drift_curve(study["golden"], study[label]), None if label == "golden-twin" else baseline
+        )
         row = rows[label]
         for key in ("points", "first_step", "last_step", "saturation_step"):
             assert row[key] == expected[key], (label, key, row, expected)
@@ -131,10 +146,12 @@ def test_drift_spread_matches_the_rates_it_summarises(study: dict[str, Path]) ->
     assert row["node_label"] == "golden" and row["nodes"] == len(fleet) >= 1
     drift, sdc = np.array([r["drift_rate"] for r in fleet]), np.array([r["sdc_rate"] for r in fleet])
     assert [row["min_rate"], row["median_rate"], row["max_rate"]] == pytest.approx(
-        [drift.min(), np.median(drift), drift.max()], rel=1e-12)
+        [drift.min(), np.median(drift), drift.max()], rel=1e-12
+    )
     assert row["rate_ratio"] == pytest.approx(drift.max() / drift.min(), rel=1e-12)
     assert [row["min_sdc_rate"], row["median_sdc_rate"], row["max_sdc_rate"]] == pytest.approx(
-        [sdc.min(), np.median(sdc), sdc.max()], rel=1e-12)
+        [sdc.min(), np.median(sdc), sdc.max()], rel=1e-12
+    )
     assert row["sdc_rate_decades"] == pytest.approx(np.log10(sdc.max() / sdc.min()), abs=1e-12)
     assert row["baseline_rate"] == pytest.approx(rates["golden-twin"]["drift_rate"], rel=1e-12)
     assert row["trigger_rate"] == pytest.approx(rates["trigger-ulp"]["drift_rate"], rel=1e-12)
@@ -142,12 +159,16 @@ def test_drift_spread_matches_the_rates_it_summarises(study: dict[str, Path]) ->
 
 
 def test_sharpness_rows_are_the_logged_events(study: dict[str, Path]) -> None:
-    logged = [r for r in LogReader(rank_dir(study["golden"], 0)).records()
-              if isinstance(r, EventRecord) and r.kind == "sharpness"]
+    logged = [
+        r
+        for r in LogReader(rank_dir(study["golden"], 0)).records()
+        if isinstance(r, EventRecord) and r.kind == "sharpness"
+    ]
     assert [e.step for e in logged] == list(range(0, STEPS + 1, EVERY))
     rows = queries.run(study["db"], "rq3_sharpness").records()
     assert [(r["step"], r["sharpness"], r["iterations"], r["converged"]) for r in rows] == [
-        (e.step, e.fields["value"], e.fields["iterations"], e.fields["converged"]) for e in logged]
+        (e.step, e.fields["value"], e.fields["iterations"], e.fields["converged"]) for e in logged
+    ]
     lrs = {e.step: e.fields["lr"][0] for e in events(study["golden"], "step")}
     for r in rows:
         assert r["node_label"] == "golden"
@@ -162,12 +183,26 @@ def test_sharpness_rows_are_the_logged_events(study: dict[str, Path]) -> None:
 
 def test_a_baseline_must_differ_in_the_data_order_only(study: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match=r"extra.fault_profile"):
-        diff(DiffRequest(golden=str(study["golden"]), suspect=str(study["node-01"]), db=tmp_path / "x.duckdb",
-                         beam_args=tuple(IN_MEMORY), baseline=True), echo=lambda line: None)
+        diff(
+            DiffRequest(
+                golden=str(study["golden"]),
+                suspect=str(study["node-01"]),
+                db=tmp_path / "x.duckdb",
+                beam_args=tuple(IN_MEMORY),
+                baseline=True,
+            ),
+            echo=lambda line: None,
+        )
     with pytest.raises(ValidationError, match=r"data_order_fingerprint"):
-        diff(DiffRequest(golden=str(study["golden"]), suspect=str(study["golden-twin"]), db=tmp_path / "y.duckdb",
-                         beam_args=tuple(IN_MEMORY)), echo=lambda line: None)
-
+        diff(
+            DiffRequest(
+                golden=str(study["golden"]),
+                suspect=str(study["golden-twin"]),
+                db=tmp_path / "y.duckdb",
+                beam_args=tuple(IN_MEMORY),
+            ),
+            echo=lambda line: None,
+        )
 
 
 def test_report_plots_drift_rates_beside_sharpness(study: dict[str, Path], tmp_path: Path) -> None:

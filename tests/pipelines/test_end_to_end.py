@@ -31,20 +31,28 @@ def test_healthy_pair_of_different_lengths(runs, run_diff, tmp_path: Path) -> No
     report, lines = run_diff(runs["golden"], runs["twin"])
     db, pid = tmp_path / "study.duckdb", report.pair_id
     assert query(db, "SELECT golden_last_step, suspect_last_step, compared_through FROM pair_ranks") == [(4, 3, 3)]
-    (events, differing, last), = query(db, "SELECT count(*), count(*) FILTER (NOT equal), max(step) FROM event_diffs")
+    ((events, differing, last),) = query(db, "SELECT count(*), count(*) FILTER (NOT equal), max(step) FROM event_diffs")
     assert events > 0 and differing == 0 and last == 3  # the shorter run bounds the comparison
     assert query(db, "SELECT count(*) FROM first_divergence") == [(0,)]
     assert query(db, "SELECT DISTINCT step FROM divergence_steps WHERE differing = 0 ORDER BY step") == [
-        (0,), (1,), (2,), (3,)]
-    drift = query(db, "SELECT step, \"group\", drift FROM param_drift ORDER BY step, \"group\"")
+        (0,),
+        (1,),
+        (2,),
+        (3,),
+    ]
+    drift = query(db, 'SELECT step, "group", drift FROM param_drift ORDER BY step, "group"')
     assert {step for step, _, _ in drift} == {0, 2, 4} and all(d == 0.0 for _, _, d in drift)
     assert {g for _, g, _ in drift} == {"*", "layers.0", "layers.1", "tok_embeddings", "norm", "output"}
     loss = query(db, "SELECT step, golden_loss, suspect_loss, diff FROM loss ORDER BY step")
     assert [s for s, *_ in loss] == [0, 1, 2, 3, 4] and loss[-1][2] is None
     assert all(d == 0.0 for *_, d in loss[:-1])
-    assert query(db, "SELECT detector, tp, fp, fn, tn = units FROM detection_scores") == [("fingerprint", 0, 0, 0, True)]
+    assert query(db, "SELECT detector, tp, fp, fn, tn = units FROM detection_scores") == [
+        ("fingerprint", 0, 0, 0, True)
+    ]
     assert query(db, "SELECT role, complete, torn_tail FROM runs ORDER BY node_label") == [
-        ("train", True, False), ("train", True, False)]
+        ("train", True, False),
+        ("train", True, False),
+    ]
     assert report.rows["event_diffs"] == events and report.counters["events_differing"] == 0
     assert lines[0] == "reading run headers ..." and any(line.startswith("[3/3] loading") for line in lines)
     assert query(db, "SELECT count(*) FROM pairs WHERE pair_id = ?", pid) == [(1,)]
@@ -55,16 +63,18 @@ def test_faulted_pair_first_divergence_is_the_injected_step_and_site(runs, run_d
     run_diff(runs["golden"], runs["hooked"], beam=beam)
     db = tmp_path / "study.duckdb"
     assert query(db, "SELECT step, microbatch, phase, name, status FROM first_divergence") == [
-        (FAULT_STEP, FAULT_MICROBATCH, "forward", FAULT_SITE, "differ")]
+        (FAULT_STEP, FAULT_MICROBATCH, "forward", FAULT_SITE, "differ")
+    ]
     frontier = dict(query(db, "SELECT step, differing FROM divergence_steps"))
     assert frontier[0] == frontier[1] == 0 and all(frontier[s] > 0 for s in (2, 3, 4))
-    (first_name, first_phase), = query(db, "SELECT first_name, first_phase FROM divergence_steps WHERE step = ?",
-                                       FAULT_STEP)
+    ((first_name, first_phase),) = query(
+        db, "SELECT first_name, first_phase FROM divergence_steps WHERE step = ?", FAULT_STEP
+    )
     assert (first_name, first_phase) == (FAULT_SITE, "forward")
     drift = dict(query(db, "SELECT step, drift FROM param_drift WHERE \"group\" = '*'"))
     assert drift[0] == drift[2] == 0.0 and drift[4] > 0  # a checkpoint holds the state before its step
     assert query(db, "SELECT count(*) FROM loss WHERE step < ? AND diff <> 0", FAULT_STEP) == [(0,)]
-    (fp, units), = query(db, "SELECT fp, units FROM detection_scores WHERE detector = 'fingerprint'")
+    ((fp, units),) = query(db, "SELECT fp, units FROM detection_scores WHERE detector = 'fingerprint'")
     assert 0 < fp < units  # no fault event was logged: every difference is unexplained
 
 
@@ -75,21 +85,31 @@ def test_emulated_faults_are_scored_against_fingerprints_and_abft(emulated, run_
     assert faults and all(f[:4] == ("suspect", 3, "layers.1.feed_forward", "forward") for f in faults)
     assert all(f[4] == "layers.1.feed_forward" and f[5] is True for f in faults)
     assert query(db, "SELECT step, phase, name FROM first_divergence") == [(3, "forward", "layers.1.feed_forward")]
-    scores = {(d, s): (tp, fp, fn) for d, s, tp, fp, fn in
-              query(db, "SELECT detector, side, tp, fp, fn FROM detection_scores")}
+    scores = {
+        (d, s): (tp, fp, fn)
+        for d, s, tp, fp, fn in query(db, "SELECT detector, side, tp, fp, fn FROM detection_scores")
+    }
     assert scores["fingerprint", "pair"][0] >= 1 and scores["fingerprint", "pair"][1] == 0
     assert scores["abft", "golden"] == (0, 0, 0)
     flagged = query(db, "SELECT count(*) FROM abft WHERE side = 'suspect' AND verdict = 'flag'")[0][0]
-    assert scores["abft", "suspect"][0] == query(
-        db, "SELECT count(DISTINCT (step, microbatch, site, phase, op)) FROM abft WHERE outcome = 'tp'")[0][0]
+    assert (
+        scores["abft", "suspect"][0]
+        == query(db, "SELECT count(DISTINCT (step, microbatch, site, phase, op)) FROM abft WHERE outcome = 'tp'")[0][0]
+    )
     assert flagged == query(db, "SELECT count(*) FROM abft WHERE verdict = 'flag' AND outcome IN ('tp', 'fp')")[0][0]
 
 
 def test_replay_logs_fill_the_rq1_and_rq2_tables(runs, run_diff, tmp_path: Path) -> None:
     run_diff(runs["golden"], runs["twin"], replays=(str(runs["replay"]),))
     db = tmp_path / "study.duckdb"
-    assert query(db, "SELECT step, microbatch, site, phase, elements, mismatched, severity FROM site_mismatch "
-                     "ORDER BY step, site") == SITE_MISMATCH
+    assert (
+        query(
+            db,
+            "SELECT step, microbatch, site, phase, elements, mismatched, severity FROM site_mismatch "
+            "ORDER BY step, site",
+        )
+        == SITE_MISMATCH
+    )
     assert query(db, "SELECT step, name, diff_l2, golden_l2 FROM grad_noise ORDER BY step, name") == sorted(GRAD_NOISE)
     assert query(db, "SELECT DISTINCT replay_run_id FROM grad_noise") == [("replay-0001",)]
     assert query(db, "SELECT replay_run_ids FROM pairs") == [(["replay-0001"],)]
@@ -110,8 +130,14 @@ def test_loading_again_replaces_the_pair_and_pairs_share_a_database(runs, run_di
 def test_mismatched_pair_fails_listing_every_differing_field(runs, run_diff, tmp_path: Path) -> None:
     header = LogReader(rank_dir(runs["twin"], 0)).header
     other = tmp_path / "other"
-    changed = dataclasses.replace(header, run_id="other", seed=1, config_fingerprint="cfg-x",
-                                  fingerprint_algorithm="other-v2", determinism={"intra_op_threads": 7})
+    changed = dataclasses.replace(
+        header,
+        run_id="other",
+        seed=1,
+        config_fingerprint="cfg-x",
+        fingerprint_algorithm="other-v2",
+        determinism={"intra_op_threads": 7},
+    )
     LogWriter(rank_dir(other, 0), changed).close()
     with pytest.raises(ValidationError) as err:
         run_diff(runs["golden"], other)
@@ -126,13 +152,13 @@ def test_corrupt_segment_is_reported_with_file_and_offset(runs, run_diff, tmp_pa
     flipped_copy(runs["twin"], suspect)
     expected = LogReader(rank_dir(suspect, 0), on_corruption="skip")
     list(expected.records())
-    (path, offset, reason), = expected.status.corruptions
+    ((path, offset, reason),) = expected.status.corruptions
     with pytest.raises(LogCorruptionError) as err:
         run_diff(runs["golden"], suspect)
     assert (err.value.path, err.value.offset, err.value.reason) == (path, offset, reason)
     report, lines = run_diff(runs["golden"], suspect, skip_corrupt=True)
     db = tmp_path / "study.duckdb"
-    assert query(db, "SELECT side, path, \"offset\", reason FROM corruptions") == [("suspect", path, offset, reason)]
+    assert query(db, 'SELECT side, path, "offset", reason FROM corruptions') == [("suspect", path, offset, reason)]
     assert any(f"at byte {offset}" in line for line in lines) and report.rows["event_diffs"] > 0
 
 
@@ -186,15 +212,28 @@ def write_two_ranks(out: Path, header, steps: dict[int, int], changed: tuple[int
     """A 2-rank run of `steps[rank]` steps; `changed`: (rank, step) from which rank's site outputs differ."""
     for rank, n in steps.items():
         parallel = {"dp": 2, "tp": 1, "sp": False, "coords": {"dp": rank, "tp": 0}}  # two data-parallel replicas
-        h = dataclasses.replace(header, run_id=f"{out.name}-{rank}", rank=rank, world_size=2,
-                                extra={**header.extra, "parallel": parallel})
+        h = dataclasses.replace(
+            header, run_id=f"{out.name}-{rank}", rank=rank, world_size=2, extra={**header.extra, "parallel": parallel}
+        )
         with LogWriter(rank_dir(out, rank), h, segment_bytes=2_000) as w:
             for step in range(n):
                 for mb in range(2):
                     for site in ("layers.0.attention", "layers.1.attention"):
                         differ = changed is not None and rank == changed[0] and step >= changed[1]
-                        w.write_tensor(TensorRecord(step, mb, site, Phase.FORWARD, 1000 * step + mb + int(differ),
-                                                    1.0, 1.0, 0, 0, "float32[4]"))
+                        w.write_tensor(
+                            TensorRecord(
+                                step,
+                                mb,
+                                site,
+                                Phase.FORWARD,
+                                1000 * step + mb + int(differ),
+                                1.0,
+                                1.0,
+                                0,
+                                0,
+                                "float32[4]",
+                            )
+                        )
                 w.write_event(EventRecord("step", step, {"loss": 2.0, "lr": [1e-3], "wall_s": 0.1, "microbatches": 2}))
 
 

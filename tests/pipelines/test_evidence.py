@@ -20,8 +20,11 @@ from tracer.log import Phase
 def test_grad_digest_bytes_hash_as_step_fingerprint_does() -> None:
     rng = random.Random(3)
     names = ["w", "layers.0.attention.wq.weight", "ünïcode.gewicht", "a" * 300, "x\0y"]
-    records = [(step, 0, rng.choice(names), rng.choice([Phase.GRAD, Phase.GRAD, Phase.PARAM]), rng.getrandbits(64))
-               for step in (0, 0, 1, 3, 3, 3, 3, 7) for _ in range(rng.randint(1, 30))]
+    records = [
+        (step, 0, rng.choice(names), rng.choice([Phase.GRAD, Phase.GRAD, Phase.PARAM]), rng.getrandbits(64))
+        for step in (0, 0, 1, 3, 3, 3, 3, 7)
+        for _ in range(rng.randint(1, 30))
+    ]
     cols = columns(records)
     cols.l2[:] = np.array([rng.uniform(0, 10) for _ in records], np.float32)
     cols.nan[:] = [rng.randint(0, 2) for _ in records]
@@ -35,8 +38,9 @@ def test_grad_digest_bytes_hash_as_step_fingerprint_does() -> None:
         expected[-1][1].append(r)
     assert [group[0] for group in groups] == [step for step, _ in expected]
     for (_, digest_input, squares, nonfinite), (step, rs) in zip(groups, expected):
-        assert int.from_bytes(hashlib.blake2b(digest_input, digest_size=8).digest(), "little") == \
-            step_fingerprint((name, fp) for _, _, name, _, fp in rs)
+        assert int.from_bytes(hashlib.blake2b(digest_input, digest_size=8).digest(), "little") == step_fingerprint(
+            (name, fp) for _, _, name, _, fp in rs
+        )
         at = [i for i, r in enumerate(records) if r[3] == Phase.GRAD and r[0] == step]
         assert squares == sum(float(cols.l2[i]) ** 2 for i in at)
         assert nonfinite == sum(int(cols.nan[i]) for i in at)
@@ -54,8 +58,9 @@ def test_grad_digest_bytes_span_chunks_and_skip_padding_that_would_cost_too_much
         assert len(g.steps) == records[-1][0] + 1
         for step, digest_input in list(zip(g.steps.tolist(), g.digest_inputs()))[::500]:
             rs = [r for r in records if r[0] == step]
-            assert hashlib.blake2b(digest_input, digest_size=8).digest() == \
-                step_fingerprint((r[2], r[4]) for r in rs).to_bytes(8, "little")
+            assert hashlib.blake2b(digest_input, digest_size=8).digest() == step_fingerprint(
+                (r[2], r[4]) for r in rs
+            ).to_bytes(8, "little")
 
 
 def naive(facts: list[StepFacts], detectors: tuple, name: str | None = None) -> list[dict]:
@@ -63,9 +68,21 @@ def naive(facts: list[StepFacts], detectors: tuple, name: str | None = None) -> 
     guard, past, rows = Guard(detectors=detectors), History(), []
 
     def row(f: StepFacts, detector: str, measured: float | None, threshold: float | None, detail: str | None) -> dict:
-        return {"rank": 3, "run_id": "r", "node_label": "n", "step": f.step, "detector": detector,
-                "fired": measured is not None, "measured": measured, "threshold": threshold, "detail": detail,
-                "faults": f.faults, "guarded": f.guarded, "loss": f.loss, "wall_s": f.wall_s}
+        return {
+            "rank": 3,
+            "run_id": "r",
+            "node_label": "n",
+            "step": f.step,
+            "detector": detector,
+            "fired": measured is not None,
+            "measured": measured,
+            "threshold": threshold,
+            "detail": detail,
+            "faults": f.faults,
+            "guarded": f.guarded,
+            "loss": f.loss,
+            "wall_s": f.wall_s,
+        }
 
     for f in facts:
         e = Evidence(f.step, 0, f.loss, f.grad_norm, f.nonfinite, f.abft_flags, f.fingerprint, None, past)
@@ -73,8 +90,9 @@ def naive(facts: list[StepFacts], detectors: tuple, name: str | None = None) -> 
         if not alarms:
             past = past.after(e, guard.keep)
         if name is not None:
-            rows.append(row(f, name, float(len(alarms)), 1.0, ",".join(alarms)) if alarms
-                        else row(f, name, None, None, None))
+            rows.append(
+                row(f, name, float(len(alarms)), 1.0, ",".join(alarms)) if alarms else row(f, name, None, None, None)
+            )
             continue
         for d in detectors:
             a = alarms.get(d.name)
@@ -98,8 +116,18 @@ def test_alarm_rows_equal_each_set_run_alone() -> None:
             norm *= 20
         if step == 250:
             loss = math.nan
-        facts.append(StepFacts(step, loss, norm, int(step == 111), int(step % 61 == 5), rng.getrandbits(64),
-                               int(step % 37 == 20), wall_s=0.1))
+        facts.append(
+            StepFacts(
+                step,
+                loss,
+                norm,
+                int(step == 111),
+                int(step % 61 == 5),
+                rng.getrandbits(64),
+                int(step % 37 == 20),
+                wall_s=0.1,
+            )
+        )
     twin = {f.step: f.fingerprint if f.step % 41 else f.fingerprint ^ 1 for f in facts}
 
     class Twin:
@@ -124,9 +152,15 @@ def _nan(row: dict) -> dict:
 def test_step_facts_join_a_step_split_across_segments() -> None:
     records = [(1, 0, "a", Phase.GRAD, 11), (1, 0, "b", Phase.GRAD, 12), (2, 0, "a", Phase.GRAD, 21)]
     cols_1, cols_2 = columns(records[:1]), columns(records[1:])
-    segs = [SegmentEvidence("suspect", 0, grad_groups(cols_1), ((1, "fault", {}),)),
-            SegmentEvidence("suspect", 1, grad_groups(cols_2),
-                            ((1, "step", {"loss": 2.0}), (2, "abft", {"verdict": "flag"}), (2, "step", {"loss": 1.0})))]
+    segs = [
+        SegmentEvidence("suspect", 0, grad_groups(cols_1), ((1, "fault", {}),)),
+        SegmentEvidence(
+            "suspect",
+            1,
+            grad_groups(cols_2),
+            ((1, "step", {"loss": 2.0}), (2, "abft", {"verdict": "flag"}), (2, "step", {"loss": 1.0})),
+        ),
+    ]
     facts, abft, guards = step_facts(segs)
     assert abft and not guards
     assert [(f.step, f.faults, f.abft_flags, f.loss) for f in facts] == [(1, 1, 0, 2.0), (2, 0, 1, 1.0)]

@@ -60,8 +60,9 @@ def study(tuned: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> P
     """The sick node against golden with its twin, and the healthy node against golden without one."""
     db = tmp_path_factory.mktemp("study") / "study.duckdb"
     for suspect, twin in (("sick", str(tuned["twin"])), ("node", None)):
-        request = DiffRequest(golden=str(tuned["golden"]), suspect=str(tuned[suspect]), db=db, twin=twin,
-                              beam_args=tuple(IN_MEMORY))
+        request = DiffRequest(
+            golden=str(tuned["golden"]), suspect=str(tuned[suspect]), db=db, twin=twin, beam_args=tuple(IN_MEMORY)
+        )
         lines: list[str] = []
         diff(request, echo=lines.append)
         (db.parent / f"{suspect}.txt").write_text("\n".join(lines))
@@ -83,18 +84,35 @@ def test_finetune_tables_hold_every_run_once(tuned: dict[str, Path], study: Path
     assert counts == {run_id(tuned[n]): evals_per_run for n in ("golden", "twin", "sick", "node")}
     counts = dict(query(study, "SELECT run_id, count(*) FROM finetune_predictions GROUP BY run_id"))
     assert set(counts.values()) == {evals_per_run * TINY_FINETUNE.test_per_task}
-    rows = query(study, "SELECT step, task, examples, correct, accuracy, chance, collapsed FROM finetune_eval "
-                        "WHERE run_id = ? ORDER BY step, task", run_id(tuned["sick"]))
-    logged = sorted((e.step, e.fields["task"], e.fields["examples"], e.fields["correct"], e.fields["accuracy"],
-                     e.fields["chance"], e.fields["collapsed"]) for e in events(tuned["sick"], "finetune_eval"))
+    rows = query(
+        study,
+        "SELECT step, task, examples, correct, accuracy, chance, collapsed FROM finetune_eval "
+        "WHERE run_id = ? ORDER BY step, task",
+        run_id(tuned["sick"]),
+    )
+    logged = sorted(
+        (
+            e.step,
+            e.fields["task"],
+            e.fields["examples"],
+            e.fields["correct"],
+            e.fields["accuracy"],
+            e.fields["chance"],
+            e.fields["collapsed"],
+        )
+        for e in events(tuned["sick"], "finetune_eval")
+    )
     assert rows == logged
-    assert sorted(query(study, "SELECT suspect_run_id, twin_run_id FROM pairs")) == sorted([
-        (run_id(tuned["sick"]), run_id(tuned["twin"])), (run_id(tuned["node"]), None)])
+    assert sorted(query(study, "SELECT suspect_run_id, twin_run_id FROM pairs")) == sorted(
+        [(run_id(tuned["sick"]), run_id(tuned["twin"])), (run_id(tuned["node"]), None)]
+    )
     # The fine-tune's own training is diffed like pretraining: loss curve, drift after the fault at step 1.
-    pid, = query(study, "SELECT pair_id FROM pairs WHERE twin_run_id IS NOT NULL")[0]
+    (pid,) = query(study, "SELECT pair_id FROM pairs WHERE twin_run_id IS NOT NULL")[0]
     drift = dict(query(study, "SELECT step, drift FROM param_drift WHERE pair_id = ? AND \"group\" = '*'", pid))
     assert drift[0] == 0.0 and drift[2] > 0 and drift[4] > 0
-    assert query(study, "SELECT min(step), max(step) FROM loss WHERE pair_id = ?", pid) == [(0, TINY_FINETUNE.steps - 1)]
+    assert query(study, "SELECT min(step), max(step) FROM loss WHERE pair_id = ?", pid) == [
+        (0, TINY_FINETUNE.steps - 1)
+    ]
     assert query(study, "SELECT step, microbatch, name FROM first_divergence WHERE pair_id = ?", pid)[0][0] == 1
 
 
@@ -103,12 +121,14 @@ def test_rq3_accuracy_query_matches_the_logs(tuned: dict[str, Path], study: Path
     roles = {"golden": "golden", "twin": "twin", "sick": "suspect", "node": "suspect"}
     expected = sorted(
         (name, run_id(tuned[name]), role, task, TINY_FINETUNE.steps, accuracy)
-        for name, role in roles.items() for task, accuracy in final_accuracy(tuned[name]).items()
+        for name, role in roles.items()
+        for task, accuracy in final_accuracy(tuned[name]).items()
     )
     found = sorted((r["node_label"], r["run_id"], r["role"], r["task"], r["step"], r["accuracy"]) for r in rows)
     assert found == expected
-    assert all(r["chance"] == 0.25 and r["collapsed"] == (r["accuracy"] <= 0.25 + 2 * np.sqrt(0.25 * 0.75 / 8))
-               for r in rows)
+    assert all(
+        r["chance"] == 0.25 and r["collapsed"] == (r["accuracy"] <= 0.25 + 2 * np.sqrt(0.25 * 0.75 / 8)) for r in rows
+    )
     golden, n = final_accuracy(tuned["golden"]), TINY_FINETUNE.test_per_task
     for r in rows:
         g, a = golden[r["task"]], r["accuracy"]
@@ -142,12 +162,19 @@ def test_reloading_replaces_a_runs_finetune_rows(tuned: dict[str, Path], study: 
     assert query(db, "SELECT count(*) FROM finetune_eval") == before
 
 
-@pytest.mark.parametrize("twin, message", [
-    ("node", "config.finetune.shuffle_seed: both 0 (a twin must differ here)"),
-    ("pretrained", "role: 'finetune' vs 'train' (both must be fine-tunes)"),
-])
-def test_a_run_that_is_not_a_twin_is_refused(tuned: dict[str, Path], pretrained: Path, run_diff, twin: str,
-                                             message: str) -> None:
+@pytest.mark.parametrize(
+    "twin, message",
+    [
+        ("node", "config.finetune.shuffle_seed: both 0 (a twin must differ here)"),
+        ("pretrained", "role: 'finetune' vs 'train' (both must be fine-tunes)"),
+    ],
+)
+def test_a_run_that_is_not_a_twin_is_refused(
+    tuned: dict[str, Path], pretrained: Path, run_diff, twin: str, message: str
+) -> None:
     path = pretrained if twin == "pretrained" else tuned[twin]
-    with pytest.raises(ValidationError, match=f"twin {re.escape(str(path))} is not the shuffle-seed twin of golden .*{re.escape(message)}"):
+    with pytest.raises(
+        ValidationError,
+        match=f"twin {re.escape(str(path))} is not the shuffle-seed twin of golden .*{re.escape(message)}",
+    ):
         run_diff(tuned["golden"], tuned["sick"], twin=str(path))

@@ -31,7 +31,8 @@ CASES = {  # name: (SQL that makes the DuckDB file, or bytes for a file that is 
     "sdctrace's with a view for a table": (
         "CREATE TABLE sdctrace_schema (version INTEGER NOT NULL); "
         f"INSERT INTO sdctrace_schema VALUES ({SCHEMA_VERSION}); CREATE VIEW pairs AS SELECT 1 AS x",
-        "its view 'pairs' is not the table of sdctrace's schema"),
+        "its view 'pairs' is not the table of sdctrace's schema",
+    ),
     "a text file": (b"my thesis\n" * 100, NOT_DUCKDB),
     "an empty file": (b"", NOT_DUCKDB),
 }
@@ -52,8 +53,11 @@ def make(path: Path, content: str | bytes) -> Path:
 
 def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
     """Every file under ``folder``: its digest and mtime (nanoseconds)."""
-    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -65,7 +69,8 @@ def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 @pytest.mark.parametrize("case", CASES)
 def test_diff_refuses_a_db_sdctrace_did_not_create_and_leaves_it_as_it_was(
-        pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str) -> None:
+    pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
     content, says = CASES[case]
     folder = tmp_path / "theirs"
     folder.mkdir()
@@ -78,8 +83,9 @@ def test_diff_refuses_a_db_sdctrace_did_not_create_and_leaves_it_as_it_was(
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("command", [["query", "--sql", "SELECT 1"], ["query", "summary"], ["report", "--quiet"]])
-def test_query_and_report_refuse_a_db_sdctrace_did_not_create(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                              case: str, command: list[str]) -> None:
+def test_query_and_report_refuse_a_db_sdctrace_did_not_create(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, command: list[str]
+) -> None:
     content, says = CASES[case]
     folder = tmp_path / "theirs"
     folder.mkdir()
@@ -100,7 +106,9 @@ def test_a_new_db_is_created_and_one_sdctrace_wrote_is_appended_to(tmp_path: Pat
     con = open_read_only(db)
     try:
         assert con.execute("SELECT pair_id, count(*) FROM loss GROUP BY ALL ORDER BY ALL").fetchall() == [
-            ("pair-a", 2), ("pair-b", 1)]
+            ("pair-a", 2),
+            ("pair-b", 1),
+        ]
         assert con.execute("SELECT version FROM sdctrace_schema").fetchall() == [(SCHEMA_VERSION,)]
     finally:
         con.close()

@@ -30,8 +30,22 @@ def measured(pretrained: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     """The largest Parquet file of the pair's staging, and a study database holding the pair."""
     root = tmp_path_factory.mktemp("full-disk")
     db = root / "study.duckdb"
-    assert main(["diff", "--golden", str(pretrained), "--suspect", str(pretrained), "--db", str(db),
-                 "--staging", str(root / "staging")]) == 0
+    assert (
+        main(
+            [
+                "diff",
+                "--golden",
+                str(pretrained),
+                "--suspect",
+                str(pretrained),
+                "--db",
+                str(db),
+                "--staging",
+                str(root / "staging"),
+            ]
+        )
+        == 0
+    )
     return max(p.stat().st_size for p in (root / "staging").rglob("*.parquet")), db
 
 
@@ -40,8 +54,13 @@ def diff_with_limit(golden: Path, db: Path, limit: int, *extra: str) -> subproce
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    return subprocess.run([*SDC, "diff", "--golden", str(golden), "--suspect", str(golden), "--db", str(db), *extra],
-                          preexec_fn=limit_writes, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [*SDC, "diff", "--golden", str(golden), "--suspect", str(golden), "--db", str(db), *extra],
+        preexec_fn=limit_writes,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def one_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -51,8 +70,9 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.parametrize("where", ["beam job", "staging given", "load"])
-def test_a_full_disk_creates_no_database(pretrained: Path, measured: tuple[int, Path], tmp_path: Path,
-                                         where: str) -> None:
+def test_a_full_disk_creates_no_database(
+    pretrained: Path, measured: tuple[int, Path], tmp_path: Path, where: str
+) -> None:
     largest, _ = measured
     folder = tmp_path / "study"
     folder.mkdir()
@@ -66,8 +86,9 @@ def test_a_full_disk_creates_no_database(pretrained: Path, measured: tuple[int, 
 
 
 @pytest.mark.parametrize("where", ["beam job", "load"])
-def test_a_full_disk_leaves_an_existing_database_as_it_was(pretrained: Path, measured: tuple[int, Path],
-                                                           tmp_path: Path, where: str) -> None:
+def test_a_full_disk_leaves_an_existing_database_as_it_was(
+    pretrained: Path, measured: tuple[int, Path], tmp_path: Path, where: str
+) -> None:
     largest, loaded = measured
     folder = tmp_path / "study"
     folder.mkdir()

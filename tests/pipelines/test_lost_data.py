@@ -33,7 +33,8 @@ def test_a_flipped_byte_is_lost_steps_not_a_divergence(runs, run_diff, tmp_path:
     assert query(db, "SELECT count(*) FROM first_divergence") == [(0,)]
     assert query(db, "SELECT count(*) FROM event_diffs WHERE status IN ('golden_only', 'suspect_only')") == [(0,)]
     assert query(db, "SELECT side, first_step, last_step, records FROM lost_ranges") == [
-        ("suspect", lost.first_step, lost.last_step, lost.records)]
+        ("suspect", lost.first_step, lost.last_step, lost.records)
+    ]
     assert query(db, "SELECT suspect_status, lost_steps > 0 FROM pair_ranks") == [("corrupt", True)]
     (summary,) = queries.run(db, "summary").records()
     assert summary["first_step"] is None and summary["lost_steps"] > 0 and summary["suspect_status"] == "corrupt"

@@ -49,7 +49,8 @@ def test_inspect_escapes_names_from_the_log(tmp_path: Path, capsys: pytest.Captu
 def test_diff_escapes_names_from_the_logs_and_the_database(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     golden = crafted(tmp_path / "golden", "golden", None)
     suspect = crafted(tmp_path / "suspect", "suspect", 2)
-    out = printed(capsys, ["diff", "--golden", str(golden), "--suspect", str(suspect), "--db",
-                           str(tmp_path / "study.duckdb")])
+    out = printed(
+        capsys, ["diff", "--golden", str(golden), "--suspect", str(suspect), "--db", str(tmp_path / "study.duckdb")]
+    )
     assert f"step 2, microbatch 0, forward {SHOWN}" in out, out
     assert "node-\\x1b[31msuspect" in out

@@ -16,12 +16,43 @@ from tracer.log import NO_MICROBATCH, EventRecord, LogReader, Phase, TensorRecor
 
 pytestmark = pytest.mark.slow  # runs a Beam job on runs recorded by a session fixture
 
-EVENT_COLUMNS = ("rank", "step", "microbatch", "name", "phase", "occurrence", "status", "equal", "golden_fingerprint",
-                 "suspect_fingerprint", "golden_l2", "suspect_l2", "golden_absmax", "suspect_absmax", "golden_nan",
-                 "suspect_nan", "golden_inf", "suspect_inf", "meta", "golden_segment", "golden_offset",
-                 "suspect_segment", "suspect_offset")
-STEP_COLUMNS = ("step", "events", "differing", "sites_differing", "inputs_differing", "grads_differing",
-                "params_differing", "first_microbatch", "first_name", "first_phase")
+EVENT_COLUMNS = (
+    "rank",
+    "step",
+    "microbatch",
+    "name",
+    "phase",
+    "occurrence",
+    "status",
+    "equal",
+    "golden_fingerprint",
+    "suspect_fingerprint",
+    "golden_l2",
+    "suspect_l2",
+    "golden_absmax",
+    "suspect_absmax",
+    "golden_nan",
+    "suspect_nan",
+    "golden_inf",
+    "suspect_inf",
+    "meta",
+    "golden_segment",
+    "golden_offset",
+    "suspect_segment",
+    "suspect_offset",
+)
+STEP_COLUMNS = (
+    "step",
+    "events",
+    "differing",
+    "sites_differing",
+    "inputs_differing",
+    "grads_differing",
+    "params_differing",
+    "first_microbatch",
+    "first_name",
+    "first_phase",
+)
 ORDER = [Phase.INPUT, Phase.FORWARD, Phase.BACKWARD, Phase.GRAD, Phase.PARAM]  # within a step, microbatch first
 
 
@@ -54,9 +85,22 @@ def expected_tables(golden: Path, suspect: Path) -> tuple[list[tuple], list[tupl
         field = lambda r, f: getattr(r, f) if r is not None else None  # noqa: E731
         # A parameter, and a gradient no microbatch was the last to change, belong to the whole step: null.
         shown = None if Phase(phase) == Phase.PARAM or mb == NO_MICROBATCH else mb
-        row = (0, step, shown, name, Phase(phase).name.lower(), occurrence, status, equal,
-               *(field(r, f) for f in ("fingerprint", "l2", "absmax", "nan", "inf") for r in (gr, sr)),
-               (gr or sr).meta, field(ge, "segment"), field(ge, "offset"), field(se, "segment"), field(se, "offset"))
+        row = (
+            0,
+            step,
+            shown,
+            name,
+            Phase(phase).name.lower(),
+            occurrence,
+            status,
+            equal,
+            *(field(r, f) for f in ("fingerprint", "l2", "absmax", "nan", "inf") for r in (gr, sr)),
+            (gr or sr).meta,
+            field(ge, "segment"),
+            field(ge, "offset"),
+            field(se, "segment"),
+            field(se, "offset"),
+        )
         rows.append(row)
         first = ge or se
         step_level = Phase(phase) in (Phase.GRAD, Phase.PARAM)
@@ -65,11 +109,21 @@ def expected_tables(golden: Path, suspect: Path) -> tuple[list[tuple], list[tupl
     for step in sorted({r[1] for r in rows}):
         mine = sorted((r for r in rows if r[1] == step), key=order.__getitem__)
         differ = [r for r in mine if r[6] != "equal"]
-        count = lambda phase: sum(r[4] == phase for r in differ)  # noqa: E731
+        count = lambda phase, differ=differ: sum(r[4] == phase for r in differ)  # noqa: E731
         sites = {r[3] for r in differ if r[4] in ("forward", "backward")}
         first = differ[0] if differ else None
-        steps.append((step, len(mine), len(differ), len(sites), count("input"), count("grad"), count("param"),
-                      *((first[2], first[3], first[4]) if first else (None, None, None))))
+        steps.append(
+            (
+                step,
+                len(mine),
+                len(differ),
+                len(sites),
+                count("input"),
+                count("grad"),
+                count("param"),
+                *((first[2], first[3], first[4]) if first else (None, None, None)),
+            )
+        )
     return sorted(rows, key=_sortable), steps
 
 
@@ -83,8 +137,9 @@ def query(db: Path, sql: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.parametrize("steps_per_bucket", [DEFAULT_STEPS_PER_BUCKET, 2])
-def test_event_diffs_and_frontier_equal_an_independent_join(runs, run_diff, tmp_path: Path,
-                                                            steps_per_bucket: int) -> None:
+def test_event_diffs_and_frontier_equal_an_independent_join(
+    runs, run_diff, tmp_path: Path, steps_per_bucket: int
+) -> None:
     run_diff(runs["golden"], runs["hooked"], steps_per_bucket=steps_per_bucket)
     db = tmp_path / "study.duckdb"
     rows, steps = expected_tables(runs["golden"], runs["hooked"])
@@ -93,5 +148,8 @@ def test_event_diffs_and_frontier_equal_an_independent_join(runs, run_diff, tmp_
     assert sorted(got, key=_sortable) == rows
     assert query(db, f"SELECT {', '.join(STEP_COLUMNS)} FROM divergence_steps ORDER BY step") == steps
     (first,) = [s for s in steps if s[2]][:1]
-    assert query(db, "SELECT step, microbatch, name, phase FROM first_divergence") == [first[:1] + first[-3:]] == [
-        (FAULT_STEP, FAULT_MICROBATCH, FAULT_SITE, "forward")]
+    assert (
+        query(db, "SELECT step, microbatch, name, phase FROM first_divergence")
+        == [first[:1] + first[-3:]]
+        == [(FAULT_STEP, FAULT_MICROBATCH, FAULT_SITE, "forward")]
+    )

@@ -20,7 +20,9 @@ def test_the_default_runner_and_mode_follow_the_size_of_the_logs() -> None:
     small = options.pipeline_options([], options.IN_MEMORY_BYTES - 1)
     large = options.pipeline_options([], options.IN_MEMORY_BYTES)
     assert options.describe_runner(small) == "FnApiRunner (in_memory)" and options.in_process(small)
-    assert options.describe_runner(large).startswith("FnApiRunner (multi_processing, ") and not options.in_process(large)
+    assert options.describe_runner(large).startswith("FnApiRunner (multi_processing, ") and not options.in_process(
+        large
+    )
     chosen = options.pipeline_options(["--direct_running_mode=multi_processing", "--direct_num_workers=3"], 0)
     assert options.describe_runner(chosen) == "FnApiRunner (multi_processing, 3 workers)"
     assert options.describe_runner(options.pipeline_options(["--runner=DirectRunner"], 0)) == "DirectRunner (in_memory)"

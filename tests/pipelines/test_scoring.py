@@ -48,7 +48,9 @@ def _run(seed: int, n: int, spiky: float) -> Steps:
         norm.append(g)
     return Steps(
         step=np.arange(n, dtype=np.int64) * 2 + 5,
-        loss=np.array(loss), has_loss=np.array(has_loss), grad_norm=np.array(norm),
+        loss=np.array(loss),
+        has_loss=np.array(has_loss),
+        grad_norm=np.array(norm),
         nonfinite=np.array([int(rng.random() < 0.01) for _ in range(n)], np.int64),
         abft_flags=np.array([rng.choice([0] * 30 + [1, 2]) for _ in range(n)], np.int64),
         fingerprint=[rng.getrandbits(64) for _ in range(n)],
@@ -56,12 +58,17 @@ def _run(seed: int, n: int, spiky: float) -> Steps:
 
 
 def _sets(steps: Steps) -> list[Scored]:
-    twin = _Twin({s: fp if i % 17 else fp ^ 1 for i, (s, fp) in enumerate(zip(steps.step.tolist(), steps.fingerprint))
-                  if i % 29})
+    twin = _Twin(
+        {s: fp if i % 17 else fp ^ 1 for i, (s, fp) in enumerate(zip(steps.step.tolist(), steps.fingerprint)) if i % 29}
+    )
     loose = (LossSpike(window=7, z=3.0, floor=0.0, min_history=2), GradNormSpike(window=6, factor=1.5, min_history=3))
     return [
-        Scored((NonFinite(),)), Scored((AbftFlags(min_flags=2),)), Scored((TwinMismatch(twin),)),
-        Scored((LossSpike(),)), Scored((GradNormSpike(),)), Scored(loose),
+        Scored((NonFinite(),)),
+        Scored((AbftFlags(min_flags=2),)),
+        Scored((TwinMismatch(twin),)),
+        Scored((LossSpike(),)),
+        Scored((GradNormSpike(),)),
+        Scored(loose),
         Scored((NonFinite(), LossSpike(), GradNormSpike(), AbftFlags()), "guard"),
         Scored((NonFinite(), *loose, TwinMismatch(twin)), "loose"),
         Scored((LossSpike(window=1, z=0.5, min_history=1), GradNormSpike(window=2, factor=1.01, min_history=1))),

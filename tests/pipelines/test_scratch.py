@@ -30,8 +30,9 @@ def test_a_diff_leaves_no_temporary_folder(runs, run_diff, tmp_path: Path, monke
 
 
 def test_folders_of_killed_diffs_are_removed_and_nothing_else(tmp_path: Path) -> None:
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     dead = int(gone.stdout)
     left = tmp_path / f"{SCRATCH_PREFIX}staging-{dead}-abc123"
     (left / "pairs").mkdir(parents=True)

@@ -12,8 +12,15 @@ import pytest
 import torch
 
 from pipelines.nondeterminism import relative_error, ulp_distance
-from pipelines.tolerance import (MAX_BYTES, ToleranceMap, TolerancePlace, load_tolerance_map, stats_band, within_band,
-                                 write_tolerance_map)
+from pipelines.tolerance import (
+    MAX_BYTES,
+    ToleranceMap,
+    TolerancePlace,
+    load_tolerance_map,
+    stats_band,
+    within_band,
+    write_tolerance_map,
+)
 from tracer.errors import ConfigError
 
 PLACE = TolerancePlace("mix", "forward", 3, 12, 3, 1e-7, 2e-7, 4e-7)
@@ -41,18 +48,21 @@ def test_a_map_reads_back_as_written(tmp_path: Path) -> None:
         tolerance.margin = 3.0  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("changes, field", [
-    ({"format": "other"}, "format"),
-    ({"version": 2}, "version"),
-    ({"margin": 0.5}, "margin"),
-    ({"margin": float("nan")}, "margin"),
-    ({"places__0__phase": "sideways"}, "places[0].phase"),
-    ({"places__0__max_ulps": -1}, "places[0].max_ulps"),
-    ({"places__0__band": "wide"}, "places[0].band"),
-    ({"places__0__name": ""}, "places[0].name"),
-    ({"measured__steps": [0] * ((1 << 20) + 1)}, "measured.steps"),
-    ({"places": {"mix": 1}}, "places"),
-])
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"format": "other"}, "format"),
+        ({"version": 2}, "version"),
+        ({"margin": 0.5}, "margin"),
+        ({"margin": float("nan")}, "margin"),
+        ({"places__0__phase": "sideways"}, "places[0].phase"),
+        ({"places__0__max_ulps": -1}, "places[0].max_ulps"),
+        ({"places__0__band": "wide"}, "places[0].band"),
+        ({"places__0__name": ""}, "places[0].name"),
+        ({"measured__steps": [0] * ((1 << 20) + 1)}, "measured.steps"),
+        ({"places": {"mix": 1}}, "places"),
+    ],
+)
 def test_every_bad_field_is_named_with_the_file_and_the_fix(tmp_path: Path, changes: dict, field: str) -> None:
     path = written(tmp_path, **changes)
     with pytest.raises(ConfigError) as e:
@@ -80,8 +90,13 @@ def test_within_band_compares_stats_at_listed_places_only() -> None:
     g_l2 = np.array([1.0, 1.0, 1.0, 1.0, 1.0], np.float32)
     s_l2 = np.array([1.0 + 2e-7, 1.0 + 1e-3, 1.0, 1.0, 1.0], np.float32)
     same = np.zeros(5, np.int64)
-    stats = {"l2": (g_l2, s_l2), "absmax": (g_l2, g_l2), "nan": (same, same), "inf": (same, same + [0, 0, 0, 0, 1]),
-             "meta": (same, same)}
+    stats = {
+        "l2": (g_l2, s_l2),
+        "absmax": (g_l2, g_l2),
+        "nan": (same, same),
+        "inf": (same, same + [0, 0, 0, 0, 1]),
+        "meta": (same, same),
+    }
     assert within_band(tolerance, names, name, phase, stats).tolist() == [True, False, False, False, False]
 
 

@@ -42,37 +42,82 @@ def test_repeated_calls_of_one_site_pair_up_in_log_order() -> None:
     suspect = [(0, 0, "a", F, 1), (0, 0, "a", F, 9)]
     result = diff_bucket(0, batch(golden), batch(suspect), bound=10)
     assert rows(result, "name", "occurrence", "status", "golden_fingerprint", "suspect_fingerprint") == [
-        ("a", 0, "equal", 1, 1), ("a", 1, "differ", 2, 9), ("b", 0, "golden_only", 3, None)]
+        ("a", 0, "equal", 1, 1),
+        ("a", 1, "differ", 2, 9),
+        ("b", 0, "golden_only", 3, None),
+    ]
 
 
 def test_execution_order_puts_step_level_phases_after_every_microbatch() -> None:
     # A gradient says the microbatch that last changed it (1), or none (an all-reduce after the microbatches).
     none = NO_MICROBATCH
-    golden = [(0, 0, "in", Phase.INPUT, 1), (0, 0, "a", F, 2), (0, 0, "a", B, 3), (0, 1, "a", F, 4),
-              (0, none, "sum.all_reduce.out", G, 7), (0, 1, "w", G, 5), (0, 0, "w", P, 6)]
-    suspect = [(0, 0, "in", Phase.INPUT, 1), (0, 0, "a", F, 2), (0, 0, "a", B, 3), (0, 1, "a", F, 40),
-               (0, none, "sum.all_reduce.out", G, 7), (0, 1, "w", G, 50), (0, 0, "w", P, 60)]
+    golden = [
+        (0, 0, "in", Phase.INPUT, 1),
+        (0, 0, "a", F, 2),
+        (0, 0, "a", B, 3),
+        (0, 1, "a", F, 4),
+        (0, none, "sum.all_reduce.out", G, 7),
+        (0, 1, "w", G, 5),
+        (0, 0, "w", P, 6),
+    ]
+    suspect = [
+        (0, 0, "in", Phase.INPUT, 1),
+        (0, 0, "a", F, 2),
+        (0, 0, "a", B, 3),
+        (0, 1, "a", F, 40),
+        (0, none, "sum.all_reduce.out", G, 7),
+        (0, 1, "w", G, 50),
+        (0, 0, "w", P, 60),
+    ]
     result = diff_bucket(0, batch(golden), batch(suspect), bound=10)
     assert [(r[1], r[3]) for r in rows(result, "step", "microbatch", "name", "phase")] == [
-        (0, "input"), (0, "forward"), (0, "backward"), (1, "forward"), (None, "grad"), (1, "grad"), (None, "param")]
+        (0, "input"),
+        (0, "forward"),
+        (0, "backward"),
+        (1, "forward"),
+        (None, "grad"),
+        (1, "grad"),
+        (None, "param"),
+    ]
     first = result.findings.first[1]
     assert (first["microbatch"], first["phase"], first["name"]) == (1, "forward", "a")
     (steps,) = result.divergence_steps.to_pylist()
-    assert (steps["differing"], steps["sites_differing"], steps["grads_differing"], steps["params_differing"]) == (3, 1, 1, 1)
+    assert (steps["differing"], steps["sites_differing"], steps["grads_differing"], steps["params_differing"]) == (
+        3,
+        1,
+        1,
+        1,
+    )
 
 
 def fault(step: int, site: str, phase: str = "forward", mb: int = 0) -> Fault:
-    return Fault("suspect", 0, step, 0, 100 + step, mb, site, "aten.mm.default", phase, "bitflip", 1, [0], [1.0], [2.0],
-                 None)
+    return Fault(
+        "suspect", 0, step, 0, 100 + step, mb, site, "aten.mm.default", phase, "bitflip", 1, [0], [1.0], [2.0], None
+    )
 
 
 def test_faults_are_located_at_the_longest_traced_prefix() -> None:
     sites = ["layers.1", "layers.1.attention", "layers.10.attention"]
-    located = [(traced, phase) for _, traced, phase in fault_units(
-        [fault(1, "layers.1.attention.wq"), fault(1, "layers.10.attention"), fault(1, "embed"),
-         fault(1, "layers.1.attention", phase="backward"), fault(1, "layers.1.attention", phase="sideways")], sites)]
-    assert located == [("layers.1.attention", 0), ("layers.10.attention", 0), (None, None), ("layers.1.attention", 1),
-                       (None, None)]
+    located = [
+        (traced, phase)
+        for _, traced, phase in fault_units(
+            [
+                fault(1, "layers.1.attention.wq"),
+                fault(1, "layers.10.attention"),
+                fault(1, "embed"),
+                fault(1, "layers.1.attention", phase="backward"),
+                fault(1, "layers.1.attention", phase="sideways"),
+            ],
+            sites,
+        )
+    ]
+    assert located == [
+        ("layers.1.attention", 0),
+        ("layers.10.attention", 0),
+        (None, None),
+        ("layers.1.attention", 1),
+        (None, None),
+    ]
 
 
 def test_fingerprint_scores_separate_unexplained_from_propagated_differences() -> None:
@@ -128,8 +173,15 @@ def test_loss_spikes_follow_the_rule_on_curves_with_gaps_and_non_finite_losses(s
     for i in range(600):
         value = rng.choice([2.0, 1.0, 0.0]) if i < 40 and seed % 2 else 2.0 + rng.gauss(0, 0.3)  # zero baselines too
         roll = rng.random()
-        losses.append(None if roll < 0.05 else rng.choice([math.nan, math.inf, -math.inf]) if roll < 0.1
-                      else value * 2.5 if roll < 0.15 else value)
+        losses.append(
+            None
+            if roll < 0.05
+            else rng.choice([math.nan, math.inf, -math.inf])
+            if roll < 0.1
+            else value * 2.5
+            if roll < 0.15
+            else value
+        )
     steps = sorted(rng.sample(range(5000), len(losses)))
     assert repr(spikes(steps, losses)) == repr(_spikes_row_by_row(steps, losses))  # repr: NaN equals itself
     assert spikes([], []) == [] and spikes([3], [math.nan])[0]["baseline"] is None
@@ -138,19 +190,31 @@ def test_loss_spikes_follow_the_rule_on_curves_with_gaps_and_non_finite_losses(s
 def test_loss_table_pairs_the_curves_step_by_step() -> None:
     golden = {0: 2.0, 1: 0.0, 2: None, 3: math.nan}
     loss, spike = loss_tables(7, golden, {0: 2.5, 1: 1.0, 3: 1.0, 4: 3.0}, {0: 0.1, 1: None})
-    rows = [(r["step"], r["golden_loss"], r["suspect_loss"], r["diff"], r["rel_diff"], r["lr"])
-            for r in loss.to_pylist()]
-    assert repr(rows) == repr([(0, 2.0, 2.5, 0.5, 0.25, 0.1), (1, 0.0, 1.0, 1.0, None, None),
-                               (2, None, None, None, None, None), (3, math.nan, 1.0, math.nan, math.nan, None),
-                               (4, None, 3.0, None, None, None)])
+    rows = [
+        (r["step"], r["golden_loss"], r["suspect_loss"], r["diff"], r["rel_diff"], r["lr"]) for r in loss.to_pylist()
+    ]
+    assert repr(rows) == repr(
+        [
+            (0, 2.0, 2.5, 0.5, 0.25, 0.1),
+            (1, 0.0, 1.0, 1.0, None, None),
+            (2, None, None, None, None, None),
+            (3, math.nan, 1.0, math.nan, math.nan, None),
+            (4, None, 3.0, None, None, None),
+        ]
+    )
     assert {r["rank"] for r in loss.to_pylist()} == {7}
-    assert repr(spike.to_pylist()) == repr([{"rank": 7, "step": 3, "side": "golden", "loss": math.nan,
-                                             "baseline": None, "ratio": None}])
+    assert repr(spike.to_pylist()) == repr(
+        [{"rank": 7, "step": 3, "side": "golden", "loss": math.nan, "baseline": None, "ratio": None}]
+    )
 
 
 def test_drift_is_relative_overall_and_per_layer() -> None:
-    golden = {"layers.0.w": torch.ones(4), "layers.1.w": torch.ones(4) * 2, "embed.weight": torch.ones(2),
-              "steps": torch.tensor([3])}
+    golden = {
+        "layers.0.w": torch.ones(4),
+        "layers.1.w": torch.ones(4) * 2,
+        "embed.weight": torch.ones(2),
+        "steps": torch.tensor([3]),
+    }
     suspect = {**golden, "layers.1.w": torch.tensor([2.0, 2.0, 2.0, 3.0])}
     drift = {r["group"]: r for r in drift_rows(0, 5, golden, suspect)}
     assert set(drift) == {"*", "layers.0", "layers.1", "embed"}  # integer tensors are not parameters
@@ -163,8 +227,24 @@ def layout(path: str, ranks: dict[int, RunHeader]) -> RunLayout:
     return RunLayout(path, {r: RankLayout(r, h, ()) for r, h in ranks.items()}, 0)
 
 
-HEADER = RunHeader(SCHEMA_VERSION, "g", "n", "train", 2, 0, {}, "cfg", 0, "data", "lanes64-v1", {}, "cpu",
-                   {"intra_op_threads": 2}, 0.0, {})
+HEADER = RunHeader(
+    SCHEMA_VERSION,
+    "g",
+    "n",
+    "train",
+    2,
+    0,
+    {},
+    "cfg",
+    0,
+    "data",
+    "lanes64-v1",
+    {},
+    "cpu",
+    {"intra_op_threads": 2},
+    0.0,
+    {},
+)
 
 
 def test_pairing_lists_every_difference_and_ids_are_deterministic() -> None:
@@ -192,24 +272,41 @@ def test_a_bucket_only_one_run_has_is_all_one_sided() -> None:
     records = [(0, 0, "a", F, 1), (0, 0, "b", F, 2)]
     golden_only = diff_bucket(0, batch(records), [], bound=10)
     assert rows(golden_only, "status", "golden_fingerprint", "suspect_fingerprint", "suspect_offset") == [
-        ("golden_only", 1, None, None), ("golden_only", 2, None, None)]
+        ("golden_only", 1, None, None),
+        ("golden_only", 2, None, None),
+    ]
     suspect_only = diff_bucket(0, [], batch(records), bound=10)
     assert rows(suspect_only, "status", "golden_fingerprint", "suspect_fingerprint", "meta") == [
-        ("suspect_only", None, 1, "float32[4]"), ("suspect_only", None, 2, "float32[4]")]
+        ("suspect_only", None, 1, "float32[4]"),
+        ("suspect_only", None, 2, "float32[4]"),
+    ]
     assert suspect_only.findings.first[1]["name"] == "a"
 
 
 def test_the_row_join_and_the_key_join_give_the_same_tables() -> None:
     """Both runs hold the same keys in log order: rows pair by position. The same batches in another order
     take the join on keys; nothing in the tables may tell the two apart."""
-    golden = [(0, 0, "in", Phase.INPUT, 1), (0, 0, "a", F, 2), (0, 0, "a", F, 3), (0, 0, "a", B, 4), (0, 1, "a", F, 5),
-              (0, 0, "w", G, 6), (1, 0, "a", F, 7), (1, 0, "a", F, 8), (1, 0, "w", G, 9), (1, 0, "w", P, 10)]
+    golden = [
+        (0, 0, "in", Phase.INPUT, 1),
+        (0, 0, "a", F, 2),
+        (0, 0, "a", F, 3),
+        (0, 0, "a", B, 4),
+        (0, 1, "a", F, 5),
+        (0, 0, "w", G, 6),
+        (1, 0, "a", F, 7),
+        (1, 0, "a", F, 8),
+        (1, 0, "w", G, 9),
+        (1, 0, "w", P, 10),
+    ]
     suspect = [(*r[:4], r[4] + 100) if r[4] in (3, 8) else r for r in golden]
 
     def two_segments(records: list) -> list:
         half = len(records) // 2
-        return [b for seg, part in enumerate((records[:half], records[half:]))
-                for _, b in bucket_batches(columns(part), seg, 1_000_000)]
+        return [
+            b
+            for seg, part in enumerate((records[:half], records[half:]))
+            for _, b in bucket_batches(columns(part), seg, 1_000_000)
+        ]
 
     by_row = diff_bucket(0, two_segments(golden), two_segments(suspect), bound=10)
     by_key = diff_bucket(0, two_segments(golden)[::-1], two_segments(suspect)[::-1], bound=10)
@@ -217,5 +314,14 @@ def test_the_row_join_and_the_key_join_give_the_same_tables() -> None:
     assert by_row.divergence_steps.to_pylist() == by_key.divergence_steps.to_pylist()
     assert by_row.findings == by_key.findings
     assert rows(by_row, "step", "name", "occurrence", "status") == [
-        (0, "in", 0, "equal"), (0, "a", 0, "equal"), (0, "a", 1, "differ"), (0, "a", 0, "equal"), (0, "a", 0, "equal"),
-        (0, "w", 0, "equal"), (1, "a", 0, "equal"), (1, "a", 1, "differ"), (1, "w", 0, "equal"), (1, "w", 0, "equal")]
+        (0, "in", 0, "equal"),
+        (0, "a", 0, "equal"),
+        (0, "a", 1, "differ"),
+        (0, "a", 0, "equal"),
+        (0, "a", 0, "equal"),
+        (0, "w", 0, "equal"),
+        (1, "a", 0, "equal"),
+        (1, "a", 1, "differ"),
+        (1, "w", 0, "equal"),
+        (1, "w", 0, "equal"),
+    ]

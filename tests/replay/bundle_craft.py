@@ -35,10 +35,20 @@ def small_bundle(out: Path) -> Path:
             y = module(x)
     suspect = y.clone()
     suspect.view(-1).view(torch.int32)[5] ^= 1 << 27
-    captured = Captured(SiteKey(3, 0, "layers.0", Phase.FORWARD), checkpoint=2, device="cpu", module="Sequential",
-                        inputs={"input.0": x.clone()}, named={k: v.detach().clone() for k, v in named.items()},
-                        rng=torch.get_rng_state(), ops=recorder.ops, constants=recorder.constants,
-                        outputs=recorder.output_refs([y]), golden=[y.clone()], suspect=[suspect])
+    captured = Captured(
+        SiteKey(3, 0, "layers.0", Phase.FORWARD),
+        checkpoint=2,
+        device="cpu",
+        module="Sequential",
+        inputs={"input.0": x.clone()},
+        named={k: v.detach().clone() for k, v in named.items()},
+        rng=torch.get_rng_state(),
+        ops=recorder.ops,
+        constants=recorder.constants,
+        outputs=recorder.output_refs([y]),
+        golden=[y.clone()],
+        suspect=[suspect],
+    )
     out.mkdir(parents=True)
     write_bundle(captured, out, golden={"path": "golden", "run_id": "g"}, suspect={"node_label": "suspect"})
     return out

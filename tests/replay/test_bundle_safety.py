@@ -21,12 +21,32 @@ from tests.replay.incident_support import reproduce_py
 # Names a manifest can hold that reach something other than a torch operator by walking attributes.
 HOSTILE_OP_NAMES = [
     "load_library.__self__.load_library",  # torch.ops.load_library: loads a shared library
-    "aten.__self__.load_library", "prims.__self__.load_library", "ops.load_library.load_library",
-    "classes.load_library.x", "_ops.load_library.x", "aten.__class__.__init__", "aten.__dict__.load_library",
-    "aten.name.upper", "aten._dir.append", "aten.add.__call__", "aten.add._op", "aten.add.overloads",
-    "aten.add.Tensor.__call__", "aten.from_file.default", "mkldnn._is_mkldnn_acl_supported.default",
-    "profiler._record_function_enter.default", "aten.mm", "aten..default", " aten.mm.default", "aten.mm.default ",
-    "ATEN.mm.default", "aten.mm.nosuch", "aten.nosuch.default", "torch.load.x", "builtins.exec.x", "",
+    "aten.__self__.load_library",
+    "prims.__self__.load_library",
+    "ops.load_library.load_library",
+    "classes.load_library.x",
+    "_ops.load_library.x",
+    "aten.__class__.__init__",
+    "aten.__dict__.load_library",
+    "aten.name.upper",
+    "aten._dir.append",
+    "aten.add.__call__",
+    "aten.add._op",
+    "aten.add.overloads",
+    "aten.add.Tensor.__call__",
+    "aten.from_file.default",
+    "mkldnn._is_mkldnn_acl_supported.default",
+    "profiler._record_function_enter.default",
+    "aten.mm",
+    "aten..default",
+    " aten.mm.default",
+    "aten.mm.default ",
+    "ATEN.mm.default",
+    "aten.mm.nosuch",
+    "aten.nosuch.default",
+    "torch.load.x",
+    "builtins.exec.x",
+    "",
 ]
 
 
@@ -36,8 +56,10 @@ def _shared_library(tmp_path: Path) -> tuple[Path, Path]:
         pytest.skip("gcc is needed to build the test's shared library")
     marker = tmp_path / "constructor-ran"
     source = tmp_path / "evil.c"
-    source.write_text('#include <stdio.h>\n__attribute__((constructor)) static void ran(void) {\n'
-                      f'  FILE *f = fopen("{marker}", "w"); if (f) {{ fputs("ran", f); fclose(f); }}\n}}\n')
+    source.write_text(
+        "#include <stdio.h>\n__attribute__((constructor)) static void ran(void) {\n"
+        f'  FILE *f = fopen("{marker}", "w"); if (f) {{ fputs("ran", f); fclose(f); }}\n}}\n'
+    )
     library = tmp_path / "libevil.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     return library, marker
@@ -60,13 +82,13 @@ def test_no_op_name_loads_a_shared_library(tmp_path: Path, capsys: pytest.Captur
     library, marker = _shared_library(tmp_path)
     bundle = small_bundle(tmp_path / "INC")
     for name in HOSTILE_OP_NAMES:
-        edit_manifest(bundle, lambda m: m["ops"][0].update(op=name, args=[str(library)], kwargs={}))
+        edit_manifest(bundle, lambda m, name=name: m["ops"][0].update(op=name, args=[str(library)], kwargs={}))
         code, err = _sdc_reproduce(bundle, capsys)
         assert code == 1 and err.count("\n") == 0 and "ops[0]" in err, (name, code, err)
         assert not marker.exists(), f"{name!r} loaded the library under sdc incident reproduce"
     # the bundle's own reproduce.py (as written by this sdctrace), on the name that once loaded the library
     for name in HOSTILE_OP_NAMES[:3]:
-        edit_manifest(bundle, lambda m: m["ops"][0].update(op=name, args=[str(library)], kwargs={}))
+        edit_manifest(bundle, lambda m, name=name: m["ops"][0].update(op=name, args=[str(library)], kwargs={}))
         done = reproduce_py(bundle, repeats=1)
         assert done.returncode == USAGE_ERROR and done.stderr.count("\n") == 1, (name, done.stderr)
         assert not marker.exists(), f"{name!r} loaded the library under reproduce.py"
@@ -82,16 +104,18 @@ def test_torch_operators_resolve_through_the_registry(name: str) -> None:
 
 @pytest.mark.parametrize("kind", ["dtype", "layout", "memory_format"])
 @pytest.mark.parametrize("value", ["load", "ops", "__class__", "Tensor", "float33", ""])
-def test_torch_names_resolve_to_objects_of_their_kind_only(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                           kind: str, value: str) -> None:
+def test_torch_names_resolve_to_objects_of_their_kind_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, value: str
+) -> None:
     bundle = small_bundle(tmp_path / "INC")
     edit_manifest(bundle, lambda m: m["ops"][0]["kwargs"].update(x={kind: value}))
     code, err = _sdc_reproduce(bundle, capsys)
     assert code == 1 and f"no {kind} of torch" in err and err.count("\n") == 0, err
 
 
-def test_tensors_that_do_not_match_their_recorded_hash_are_refused(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_tensors_that_do_not_match_their_recorded_hash_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bundle = small_bundle(tmp_path / "INC")
     flip_byte(bundle / "tensors.safetensors", -1)  # an element of the suspect output: once "transient"
     code, err = _sdc_reproduce(bundle, capsys)
@@ -101,8 +125,9 @@ def test_tensors_that_do_not_match_their_recorded_hash_are_refused(tmp_path: Pat
 
 
 @pytest.mark.parametrize("what", ["fifo", "directory", "dev-zero", "missing"])
-def test_tensors_that_are_not_a_regular_file_are_refused_without_reading(tmp_path: Path, what: str,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_tensors_that_are_not_a_regular_file_are_refused_without_reading(
+    tmp_path: Path, what: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     bundle = small_bundle(tmp_path / "INC")
     path = bundle / "tensors.safetensors"
     path.unlink()
@@ -116,21 +141,25 @@ def test_tensors_that_are_not_a_regular_file_are_refused_without_reading(tmp_pat
     assert code == 1 and "tensors.safetensors" in err and err.count("\n") == 0, err
 
 
-@pytest.mark.parametrize("change, words", [
-    (lambda m: m["ops"][1]["args"].__setitem__(0, {"t": "op.9.0"}), "which neither the bundle holds"),
-    (lambda m: m["ops"][1]["results"][0].update(shape=[4, 17]), "made float32[4, 16]"),
-    (lambda m: m.update(outputs=["input.0"]), "which is not golden's output"),
-    (lambda m: m.update(outputs=["op.0.0"]), "where output_meta records float32[4, 8]"),
-    (lambda m: m.update(outputs=["op.4.0", "op.4.0"]), "each output once"),
-    (lambda m: m.update(outputs=[]), "each output once"),
-    (lambda m: m["ops"][0].update(module="__class__"), "no module path"),
-    (lambda m: m["site"].update(name="layers.0.__class__"), "no module path"),
-    (lambda m: m["tensors"]["input.0"].update(stride=[1 << 39, 1]), "recorded strides"),
-    (lambda m: m["tensors"]["input.0"].update(shape=[4, 9]), "records [4, 9]"),
-    (lambda m: m.update(format="sdctrace-incident/0"), "format"),
-])
-def test_fields_that_do_not_fit_together_are_refused_before_a_verdict(tmp_path: Path, change, words: str,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda m: m["ops"][1]["args"].__setitem__(0, {"t": "op.9.0"}), "which neither the bundle holds"),
+        (lambda m: m["ops"][1]["results"][0].update(shape=[4, 17]), "made float32[4, 16]"),
+        (lambda m: m.update(outputs=["input.0"]), "which is not golden's output"),
+        (lambda m: m.update(outputs=["op.0.0"]), "where output_meta records float32[4, 8]"),
+        (lambda m: m.update(outputs=["op.4.0", "op.4.0"]), "each output once"),
+        (lambda m: m.update(outputs=[]), "each output once"),
+        (lambda m: m["ops"][0].update(module="__class__"), "no module path"),
+        (lambda m: m["site"].update(name="layers.0.__class__"), "no module path"),
+        (lambda m: m["tensors"]["input.0"].update(stride=[1 << 39, 1]), "recorded strides"),
+        (lambda m: m["tensors"]["input.0"].update(shape=[4, 9]), "records [4, 9]"),
+        (lambda m: m.update(format="sdctrace-incident/0"), "format"),
+    ],
+)
+def test_fields_that_do_not_fit_together_are_refused_before_a_verdict(
+    tmp_path: Path, change, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     bundle = small_bundle(tmp_path / "INC")
     edit_manifest(bundle, change)
     code, err = _sdc_reproduce(bundle, capsys)
@@ -138,8 +167,9 @@ def test_fields_that_do_not_fit_together_are_refused_before_a_verdict(tmp_path: 
 
 
 @pytest.mark.parametrize("device", ["meta", "nosuch", "cuda:7"])
-def test_a_device_this_machine_cannot_use_is_one_line(tmp_path: Path, device: str,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_device_this_machine_cannot_use_is_one_line(
+    tmp_path: Path, device: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     bundle = small_bundle(tmp_path / "INC")
     code, err = _sdc_reproduce(bundle, capsys, "--device", device)
     assert code == 1 and f"device {device!r} is not usable here" in err and err.count("\n") == 0, err
@@ -148,12 +178,13 @@ def test_a_device_this_machine_cannot_use_is_one_line(tmp_path: Path, device: st
     assert code == 1 and f"device {device!r} is not usable here" in err and err.count("\n") == 0, err
 
 
-@pytest.mark.parametrize("text", ['{"a": 1, "a": 2}', "[" * 100_000, '{"n": ' + "9" * 5000 + "}", '{"x": NaN}',
-                                  '{"x": "\\ud800"}', "\xff"])
-def test_a_manifest_that_is_no_bounded_json_object_is_one_line(tmp_path: Path, text: str,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "text", ['{"a": 1, "a": 2}', "[" * 100_000, '{"n": ' + "9" * 5000 + "}", '{"x": NaN}', '{"x": "\\ud800"}', "\xff"]
+)
+def test_a_manifest_that_is_no_bounded_json_object_is_one_line(
+    tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     bundle = small_bundle(tmp_path / "INC")
     (bundle / "manifest.json").write_bytes(text.encode("utf-8", "surrogatepass") if text != "\xff" else b"\xff")
     code, err = _sdc_reproduce(bundle, capsys)
     assert code == 1 and "manifest.json" in err and err.count("\n") == 0, err
-

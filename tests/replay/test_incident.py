@@ -14,6 +14,7 @@ from replay.bundle_reproduce import VERDICTS
 from sdc.cli import main
 from tests.replay.incident_support import assert_persistent_under_emulation_only, reproduce_py, sdc
 from tests.support import ONE_FLIP
+
 # ONE_FLIP (one exponent flip in each forward matmul of layers.1.feed_forward at step 3) as a stuck unit, and as a
 # transient one that fires in a step's first run only (a later moment, a re-run, is clean).
 PERSISTENT = ONE_FLIP + "persistent = true\n"
@@ -23,10 +24,9 @@ SITE = (3, 0, "layers.1.feed_forward", "forward")
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from faults import load_profile
     from jobs.record import record_run
     from tests.support import small_config
-
-    from faults import load_profile
 
     root = tmp_path_factory.mktemp("incident")
     paths = {"root": root}
@@ -44,8 +44,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.slow
 def test_a_persistent_fault_reproduces_under_its_emulation_only(runs: dict[str, Path], capsys) -> None:
     bundle = runs["root"] / "INC-persistent"
-    assert main(["incident", "--golden", str(runs["golden"]), "--suspect", str(runs["persistent"]),
-                 "--out", str(bundle)]) == 0
+    assert (
+        main(["incident", "--golden", str(runs["golden"]), "--suspect", str(runs["persistent"]), "--out", str(bundle)])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "incident at step 3, microbatch 0, forward layers.1.feed_forward" in printed
     manifest = json.loads((bundle / "manifest.json").read_text())
@@ -78,12 +80,22 @@ def test_a_persistent_fault_reproduces_under_its_emulation_only(runs: dict[str, 
 @pytest.mark.slow
 def test_a_transient_fault_classifies_transient(runs: dict[str, Path]) -> None:
     bundle = runs["root"] / "INC-transient"
-    done = sdc("incident", "--golden", str(runs["golden"]), "--suspect", str(runs["transient"]), "--out", str(bundle),
-               "--at", ":".join(map(str, SITE)))
+    done = sdc(
+        "incident",
+        "--golden",
+        str(runs["golden"]),
+        "--suspect",
+        str(runs["transient"]),
+        "--out",
+        str(bundle),
+        "--at",
+        ":".join(map(str, SITE)),
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads((bundle / "manifest.json").read_text())["signatures"]
-    emulated = sdc("incident", "reproduce", str(bundle), "--fault-profile", str(runs["transient.toml"]),
-                   "--repeats", "3")
+    emulated = sdc(
+        "incident", "reproduce", str(bundle), "--fault-profile", str(runs["transient.toml"]), "--repeats", "3"
+    )
     assert emulated.returncode == VERDICTS["transient"], emulated.stdout + emulated.stderr
     assert "transient (exit 0)" in emulated.stdout and "3 reproduce the golden bits" in emulated.stdout
     assert reproduce_py(bundle).returncode == VERDICTS["transient"]
@@ -98,8 +110,22 @@ def test_refusals_name_what_to_do(runs: dict[str, Path], tmp_path: Path, capsys)
     assert main(["incident", "--golden", golden, "--suspect", suspect, "--out", str(foreign)]) == 1
     assert "notes.txt" in capsys.readouterr().err and (foreign / "notes.txt").exists()
     out = str(tmp_path / "INC")
-    assert main(["incident", "--golden", golden, "--suspect", suspect, "--out", out,
-                 "--at", "3:0:layers.1.feed_forward:backward"]) == 1
+    assert (
+        main(
+            [
+                "incident",
+                "--golden",
+                golden,
+                "--suspect",
+                suspect,
+                "--out",
+                out,
+                "--at",
+                "3:0:layers.1.feed_forward:backward",
+            ]
+        )
+        == 1
+    )
     assert "forward sites only" in capsys.readouterr().err and not Path(out).exists()
     assert main(["incident", "--golden", golden, "--fault-profile", str(runs["persistent.toml"]), "--out", out]) == 1
     assert "pass --at" in capsys.readouterr().err

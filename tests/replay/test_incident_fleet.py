@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from analysis import queries
-from replay.bundle_reproduce import VERDICTS, main as reproduce_main
+from replay.bundle_reproduce import VERDICTS
+from replay.bundle_reproduce import main as reproduce_main
 from sdc.cli import main
 from tests.replay.incident_support import stuck_bit
 
@@ -38,11 +39,29 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     found = {"root": root}
     for label, (bit, seed) in NODES.items():
         (root / f"bit{bit}.toml").write_text(warp_rule(bit), encoding="utf-8")
-        record_run(config, root / label, node_label=label, progress=False,
-                   fault_profile=load_profile(root / f"bit{bit}.toml"), fault_seed=seed)
+        record_run(
+            config,
+            root / label,
+            node_label=label,
+            progress=False,
+            fault_profile=load_profile(root / f"bit{bit}.toml"),
+            fault_seed=seed,
+        )
         found[label] = root / f"INC-{label}"
-        assert main(["incident", "--golden", str(root / "golden"), "--suspect", str(root / label),
-                     "--out", str(found[label])]) == 0
+        assert (
+            main(
+                [
+                    "incident",
+                    "--golden",
+                    str(root / "golden"),
+                    "--suspect",
+                    str(root / label),
+                    "--out",
+                    str(found[label]),
+                ]
+            )
+            == 0
+        )
     return found
 
 
@@ -67,18 +86,39 @@ def test_signature_groups_count_nodes_and_incidents(bundles: dict[str, Path], tm
     a, b, c = (bundles[label] for label in NODES)
     # node-a's bundle is reproduced twice here: plain torch (transient) and under its rule (persistent here)
     assert reproduce_main(["--repeats", "2", "--machine", "node-a"], a) == VERDICTS["transient"]
-    assert main(["incident", "reproduce", str(a), "--fault-profile", str(bundles["root"] / "bit27.toml"),
-                 "--repeats", "2", "--machine", "node-a"]) == VERDICTS["persistent here"]
+    assert (
+        main(
+            [
+                "incident",
+                "reproduce",
+                str(a),
+                "--fault-profile",
+                str(bundles["root"] / "bit27.toml"),
+                "--repeats",
+                "2",
+                "--machine",
+                "node-a",
+            ]
+        )
+        == VERDICTS["persistent here"]
+    )
     capsys.readouterr()
     assert main(["incident", "load", str(a), str(b), "--db", str(db)]) == 0
     assert main(["incident", "load", str(c), str(a), "--db", str(db)]) == 0  # a again: its rows replaced, not doubled
     assert "2 verdict(s)" in capsys.readouterr().out
     rows = queries.run(db, "signature_groups").records()
     assert [(r["top_bit"], r["period"], r["nodes"], r["incidents"], r["node_labels"]) for r in rows] == [
-        (27, 32, 2, 2, ["node-a", "node-b"]), (25, 32, 1, 1, ["node-c"])]
+        (27, 32, 2, 2, ["node-a", "node-b"]),
+        (25, 32, 1, 1, ["node-c"]),
+    ]
     first = rows[0]
-    assert (first["op"], first["dtype"], first["shape_class"], first["first_step"], first["sites"]) == \
-        ("aten.mm.default", "float32", "2x32x128", 3, [SITE])
+    assert (first["op"], first["dtype"], first["shape_class"], first["first_step"], first["sites"]) == (
+        "aten.mm.default",
+        "float32",
+        "2x32x128",
+        3,
+        [SITE],
+    )
     assert first["reproductions"] == 2 and first["persistent_machines"] == []  # persistent only under emulation
     verdicts = queries.run(db, "SELECT machine, verdict, emulated FROM incident_verdicts ORDER BY unix").rows
     assert verdicts == [("node-a", "transient", None), ("node-a", "persistent here", "bit27")]

@@ -26,13 +26,29 @@ def test_an_hf_llama_bundle_names_the_flipped_bit_and_reproduces(tmp_path: Path,
     golden = hf_tiny.record(tmp_path / "golden", "golden")
     sick = hf_tiny.record(tmp_path / "sick", "sick", **node_options(load_profile(profile), sites=hf_tiny.SITES))
     bundle = tmp_path / "INC"
-    assert main(["incident", "--golden", str(golden), "--suspect", str(sick), "--out", str(bundle),
-                 "--workload", hf_tiny.WORKLOAD]) == 0
+    assert (
+        main(
+            [
+                "incident",
+                "--golden",
+                str(golden),
+                "--suspect",
+                str(sick),
+                "--out",
+                str(bundle),
+                "--workload",
+                hf_tiny.WORKLOAD,
+            ]
+        )
+        == 0
+    )
     assert "bit 27 x1" in capsys.readouterr().out
     manifest = json.loads((bundle / "manifest.json").read_text())
     site = manifest["site"]
     assert (site["step"], site["microbatch"], site["name"], site["phase"]) == (2, 0, hf_tiny.FAULT_SITE, "forward")
-    assert manifest["module"] == "LlamaMLP" and manifest["fingerprints"]["golden"] == [manifest["fingerprints"]["logged"]]
+    assert manifest["module"] == "LlamaMLP" and manifest["fingerprints"]["golden"] == [
+        manifest["fingerprints"]["logged"]
+    ]
     assert {op["module"] for op in manifest["ops"]} >= {"gate_proj", "up_proj", "down_proj"}
     (fault,) = manifest["faults"]
     (sig,) = manifest["signatures"]

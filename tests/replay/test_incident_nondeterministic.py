@@ -15,9 +15,9 @@ import pytest
 from faults import load_profile
 from jobs.record import record_run
 from replay.bundle_reproduce import VERDICTS
+from sdc.cli import main
 from tests.replay import unordered_sum
 from tests.replay.incident_support import assert_persistent_under_emulation_only, reproduce_py, sdc, stuck_bit
-from sdc.cli import main
 from tracer.options import CapturePolicy, TraceOptions
 
 RUN = {"steps": 2, "checkpoint_every": 1}
@@ -25,9 +25,15 @@ RUN = {"steps": 2, "checkpoint_every": 1}
 
 def record(out: Path, seeded: bool | list[bool], **options) -> Path:
     """Every tensor of every step kept in the blob store: what the audit measures ulps on."""
-    record_run({"model": {"seeded": seeded}, "run": RUN}, out, node_label=out.name, workload=unordered_sum.WORKLOAD,
-               trace=TraceOptions(sites=unordered_sum.SITES, capture=CapturePolicy(every=1)), progress=False,
-               **options)
+    record_run(
+        {"model": {"seeded": seeded}, "run": RUN},
+        out,
+        node_label=out.name,
+        workload=unordered_sum.WORKLOAD,
+        trace=TraceOptions(sites=unordered_sum.SITES, capture=CapturePolicy(every=1)),
+        progress=False,
+        **options,
+    )
     return out
 
 
@@ -35,8 +41,17 @@ def record(out: Path, seeded: bool | list[bool], **options) -> Path:
 def test_a_site_that_sums_in_a_random_order_classifies_nondeterministic(tmp_path: Path, capsys) -> None:
     golden, twin = record(tmp_path / "golden", False), record(tmp_path / "twin", False)
     bundle = tmp_path / "INC"
-    done = sdc("incident", "--golden", str(golden), "--suspect", str(twin), "--out", str(bundle),
-               "--workload", unordered_sum.WORKLOAD)
+    done = sdc(
+        "incident",
+        "--golden",
+        str(golden),
+        "--suspect",
+        str(twin),
+        "--out",
+        str(bundle),
+        "--workload",
+        unordered_sum.WORKLOAD,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "forward layers.0.mix" in done.stdout and "seeds anew on each run" in done.stdout
     assert "other bits at this site than golden's log" in done.stdout
@@ -64,8 +79,17 @@ def test_a_generator_seeded_alike_on_every_run_is_restored_not_drawn_anew(tmp_pa
     golden = record(tmp_path / "golden", True)
     sick = record(tmp_path / "sick", True, fault_profile=load_profile(profile))
     bundle = tmp_path / "INC"
-    done = sdc("incident", "--golden", str(golden), "--suspect", str(sick), "--out", str(bundle),
-               "--workload", unordered_sum.WORKLOAD)
+    done = sdc(
+        "incident",
+        "--golden",
+        str(golden),
+        "--suspect",
+        str(sick),
+        "--out",
+        str(bundle),
+        "--workload",
+        unordered_sum.WORKLOAD,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "seeds anew" not in done.stdout and "other bits at this site" not in done.stdout
     manifest = json.loads((bundle / "manifest.json").read_text())
@@ -85,8 +109,19 @@ def test_a_site_after_the_incident_that_differs_on_re_execution_is_named_not_ref
     profile.write_text(stuck_bit("layers.0.mix.proj", step=1, bit=27), encoding="utf-8")
     golden = record(tmp_path / "golden", [True, False])
     bundle = tmp_path / "INC"
-    done = sdc("incident", "--golden", str(golden), "--fault-profile", str(profile), "--at", "1:0:layers.0.mix:forward",
-               "--out", str(bundle), "--workload", unordered_sum.WORKLOAD)
+    done = sdc(
+        "incident",
+        "--golden",
+        str(golden),
+        "--fault-profile",
+        str(profile),
+        "--at",
+        "1:0:layers.0.mix:forward",
+        "--out",
+        str(bundle),
+        "--workload",
+        unordered_sum.WORKLOAD,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "differed from its log after this site, first at step 1, microbatch 0, forward layers.1.mix" in done.stdout
     assert "other bits at this site" not in done.stdout
@@ -94,4 +129,3 @@ def test_a_site_after_the_incident_that_differs_on_re_execution_is_named_not_ref
     assert manifest["golden_reexecution_matched_log"] is True
     assert manifest["golden_reexecution_differed_after"].startswith("step 1, microbatch 0, forward layers.1.mix")
     assert_persistent_under_emulation_only(bundle, profile, repeats=2)
-

@@ -31,8 +31,9 @@ def test_certify_on_an_hf_llama_names_the_checkpoint_before_the_fault(tmp_path: 
     profile.write_text(down_proj_flip(7), encoding="utf-8")
     config = {"variant": {"steps": 10, "save_steps": 5}}
     golden = hf_tiny.record(tmp_path / "golden", "golden", config=config)
-    sick = hf_tiny.record(tmp_path / "sick", "sick", config=config,
-                          **node_options(load_profile(profile), sites=hf_tiny.SITES))
+    sick = hf_tiny.record(
+        tmp_path / "sick", "sick", config=config, **node_options(load_profile(profile), sites=hf_tiny.SITES)
+    )
     twin = hf_tiny.record(tmp_path / "twin", "twin", config=config)
     capsys.readouterr()  # the Trainer's own lines
     assert main(["certify", str(sick), "--golden", str(golden)]) == 0
@@ -53,11 +54,31 @@ def test_an_nn_transformer_bundle_reproduces_persistent_here_under_its_emulation
     config = {"model": {"kind": "torch"}, "run": {"steps": 2, "checkpoint_every": 1}}
     workload = torch_transformer.WORKLOAD
     record_run(config, tmp_path / "golden", node_label="golden", workload=workload, progress=False)
-    record_run(config, tmp_path / "sick", node_label="sick", workload=workload, progress=False,
-               fault_profile=load_profile(profile))
+    record_run(
+        config,
+        tmp_path / "sick",
+        node_label="sick",
+        workload=workload,
+        progress=False,
+        fault_profile=load_profile(profile),
+    )
     bundle = tmp_path / "INC"
-    assert main(["incident", "--golden", str(tmp_path / "golden"), "--suspect", str(tmp_path / "sick"),
-                 "--out", str(bundle), "--workload", workload]) == 0
+    assert (
+        main(
+            [
+                "incident",
+                "--golden",
+                str(tmp_path / "golden"),
+                "--suspect",
+                str(tmp_path / "sick"),
+                "--out",
+                str(bundle),
+                "--workload",
+                workload,
+            ]
+        )
+        == 0
+    )
     assert "bit 27 x1" in capsys.readouterr().out
     manifest = json.loads((bundle / "manifest.json").read_text())
     site = manifest["site"]

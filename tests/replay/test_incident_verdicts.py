@@ -16,8 +16,14 @@ from sdc.cli import main
 
 def result(verdict: str, emulated: str | None = None) -> dict:
     """The fields of `bundle_reproduce.reproduce`'s result that a verdict line keeps."""
-    found = {"verdict": verdict, "repeats": 3, "runs_matching_golden": 3 if verdict == "transient" else 0,
-             "runs_matching_suspect": 3 if verdict == "persistent here" else 0, "device": "cpu", "torch": "2.x"}
+    found = {
+        "verdict": verdict,
+        "repeats": 3,
+        "runs_matching_golden": 3 if verdict == "transient" else 0,
+        "runs_matching_suspect": 3 if verdict == "persistent here" else 0,
+        "device": "cpu",
+        "torch": "2.x",
+    }
     return found | ({"emulated": {"profile": emulated}} if emulated else {})
 
 

@@ -83,7 +83,11 @@ def test_a_step_without_faults_executes_once(run_factory, one_site_profile: Path
     # Steps 2 and 3 from the checkpoint at 2, two microbatches each. A step runs once when the suspect is this
     # machine or its emulator has no rule armed in it; step 3 of the faulty node, armed, runs twice in lockstep:
     # the golden re-execution and the suspect (tests/replay/test_replay_executions.py counts every kind of step).
-    assert runs == {"this machine": 2 * 2, "emulated, no fault fires": 2 * 2, "emulated, a fault at step 3": (1 + 2) * 2}
+    assert runs == {
+        "this machine": 2 * 2,
+        "emulated, no fault fires": 2 * 2,
+        "emulated, a fault at step 3": (1 + 2) * 2,
+    }
 
 
 @pytest.mark.slow
@@ -91,8 +95,12 @@ def test_lockstep_isolates_the_faulty_site(run_factory, one_site_profile: Path, 
     golden = run_factory("golden", "run.steps=5", "run.checkpoint_every=2")
     out = replay(golden, suspect_from_profile(str(one_site_profile)), "2:5", "lockstep", tmp_path / "lock")
     faults = events(out, "fault")
-    assert faults and {(f.step, f.fields["site"], f.fields["phase"]) for f in faults} == {(3, "layers.1.feed_forward", "forward")}
-    hit = {(e.step, e.fields["site"], e.fields["phase"]) for e in events(out, "site_mismatch") if e.fields["mismatched"]}
+    assert faults and {(f.step, f.fields["site"], f.fields["phase"]) for f in faults} == {
+        (3, "layers.1.feed_forward", "forward")
+    }
+    hit = {
+        (e.step, e.fields["site"], e.fields["phase"]) for e in events(out, "site_mismatch") if e.fields["mismatched"]
+    }
     # The faulty site only: downstream sites computed on golden inputs. Its own backward
     # may differ too (it reuses its corrupted activations), nothing else may.
     assert (3, "layers.1.feed_forward", "forward") in hit
@@ -143,7 +151,9 @@ def test_noise_to_signal_equals_an_independent_computation(run_factory, one_site
     assert total.fields["ratio"] == pytest.approx(diff / norm, rel=1e-12)
     per_param = {e.fields["name"]: e.fields["ratio"] for e in events(out, "grad_noise")}
     name = "layers.1.feed_forward.w2.weight"
-    assert per_param[name] == pytest.approx(np.linalg.norm(g_s[name] - g_h[name]) / np.linalg.norm(g_h[name]), rel=1e-12)
+    assert per_param[name] == pytest.approx(
+        np.linalg.norm(g_s[name] - g_h[name]) / np.linalg.norm(g_h[name]), rel=1e-12
+    )
 
 
 @pytest.mark.slow
@@ -156,8 +166,18 @@ def test_reconstruction_catches_an_altered_fingerprint(run_factory, tmp_path: Pa
         for rec in reader.records():
             if isinstance(rec, TensorRecord):
                 if (rec.step, rec.microbatch, rec.name, rec.phase) == (4, 1, "layers.0.feed_forward", Phase.BACKWARD):
-                    rec = TensorRecord(rec.step, rec.microbatch, rec.name, rec.phase, rec.fingerprint ^ 1, rec.l2,
-                                       rec.absmax, rec.nan, rec.inf, rec.meta)
+                    rec = TensorRecord(
+                        rec.step,
+                        rec.microbatch,
+                        rec.name,
+                        rec.phase,
+                        rec.fingerprint ^ 1,
+                        rec.l2,
+                        rec.absmax,
+                        rec.nan,
+                        rec.inf,
+                        rec.meta,
+                    )
                 w.write_tensor(rec)
             else:
                 w.write_event(rec)
@@ -204,15 +224,42 @@ def test_replay_cli_at_first_divergence(run_factory, one_site_profile: Path, tmp
     from sdc.cli import main
 
     golden = run_factory("golden", "run.steps=5", "run.checkpoint_every=2")
-    suspect = run_factory("suspect", "run.steps=5", "run.checkpoint_every=2", fault_profile=load_profile(one_site_profile))
+    suspect = run_factory(
+        "suspect", "run.steps=5", "run.checkpoint_every=2", fault_profile=load_profile(one_site_profile)
+    )
     # The suspect ran a profile that is not shipped: replay re-creates it from the suspect's run header.
-    code = main(["replay", "--golden", str(golden), "--suspect", str(suspect), "--at-first-divergence",
-                 "--out", str(tmp_path / "around"), "--quiet"])
+    code = main(
+        [
+            "replay",
+            "--golden",
+            str(golden),
+            "--suspect",
+            str(suspect),
+            "--at-first-divergence",
+            "--out",
+            str(tmp_path / "around"),
+            "--quiet",
+        ]
+    )
     text = capsys.readouterr().out
     assert code == 0 and "replaying steps 2:5" in text
     assert {e.step for e in events(tmp_path / "around", "fault")} == {3}
-    code = main(["replay", "--golden", str(golden), "--fault-profile", str(one_site_profile), "--steps", "3:4",
-                 "--mode", "lockstep", "--out", str(tmp_path / "r"), "--quiet"])
+    code = main(
+        [
+            "replay",
+            "--golden",
+            str(golden),
+            "--fault-profile",
+            str(one_site_profile),
+            "--steps",
+            "3:4",
+            "--mode",
+            "lockstep",
+            "--out",
+            str(tmp_path / "r"),
+            "--quiet",
+        ]
+    )
     text = capsys.readouterr().out
     assert code == 0 and "step     3: worst site mismatch frequency" in text and "1 injected fault" not in text
 
@@ -238,7 +285,14 @@ def test_a_golden_log_of_schema_1_still_replays_with_every_fingerprint_checked(r
                 w.write_event(r)
     assert grads > 0  # the small config accumulates two microbatches: schema 2 labels its gradients 1
     healthy = suspect_from_profile("healthy-node")
-    checked = [Replayer(ReplayRequest(run, tmp_path / f"replay-{run.name}", parse_steps("2:3"), healthy,
-                                      mode="param-sync", progress=False)).run().checked
-               for run in (golden, old)]
+    checked = [
+        Replayer(
+            ReplayRequest(
+                run, tmp_path / f"replay-{run.name}", parse_steps("2:3"), healthy, mode="param-sync", progress=False
+            )
+        )
+        .run()
+        .checked
+        for run in (golden, old)
+    ]
     assert checked[0] == checked[1] > 0

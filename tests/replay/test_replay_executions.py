@@ -35,10 +35,12 @@ bits = "mantissa"
 # Armed at steps 3 and 4 (a burst: 3 its first step, 4 a later one), firing on every matmul of one site there; a
 # second rule is armed at step 5 but never fires (a feed-forward block runs no softmax); step 2 is armed by neither.
 BURST = 'description = "a burst at steps 3 and 4, and a rule armed at step 5 that never fires"\nseed = 7\n' + (
-    rule("matmul", 1, "steps = [3, 4]") + rule("softmax", 0, "steps = [5]"))
+    rule("matmul", 1, "steps = [3, 4]") + rule("softmax", 0, "steps = [5]")
+)
 # Armed in every step from 2 on by a rule that never fires, and firing at step 5 alone: a node whose faults are rare.
 RARE = 'description = "armed on every step from 2, a fault at step 5 alone"\nseed = 7\n' + (
-    rule("softmax", 0, "start = 2") + rule("matmul", 1, "steps = [5]"))
+    rule("softmax", 0, "start = 2") + rule("matmul", 1, "steps = [5]")
+)
 
 MICROBATCHES = 2  # small_config's
 # step: what it is, executions in param-sync, in lockstep
@@ -63,8 +65,11 @@ def profiles(tmp_path: Path) -> dict[str, str]:
     """The profiles by name: shipped ones as they are, BURST and RARE as files."""
     for name, text in (("burst", BURST), ("rare", RARE)):
         (tmp_path / f"{name}.toml").write_text(text, encoding="utf-8")
-    return {"bursty-mismatch": "bursty-mismatch", "burst": str(tmp_path / "burst.toml"),
-            "rare": str(tmp_path / "rare.toml")}
+    return {
+        "bursty-mismatch": "bursty-mismatch",
+        "burst": str(tmp_path / "burst.toml"),
+        "rare": str(tmp_path / "rare.toml"),
+    }
 
 
 def log_events(run: Path) -> list[tuple[str, int, dict]]:
@@ -87,8 +92,9 @@ def test_each_kind_of_step_runs_as_often_as_it_must(golden: Path, profiles: dict
             for step, expected in EXPECTED.items():
                 forwards = 0
                 out = tmp_path / f"{mode}-{step}"
-                summary = Replayer(ReplayRequest(golden, out, parse_steps(str(step)), suspect, mode=mode,
-                                                 progress=False)).run()
+                summary = Replayer(
+                    ReplayRequest(golden, out, parse_steps(str(step)), suspect, mode=mode, progress=False)
+                ).run()
                 what, want = expected[0], expected[column]
                 assert forwards == want * MICROBATCHES, (mode, what)
                 assert [r.executions for r in summary.steps] == [want], (mode, what)
@@ -96,8 +102,9 @@ def test_each_kind_of_step_runs_as_often_as_it_must(golden: Path, profiles: dict
                 assert fired == what.startswith("faulty"), (mode, what)
             # All four in one replay: no step's count depends on the step before.
             forwards = 0
-            summary = Replayer(ReplayRequest(golden, tmp_path / f"{mode}-all", parse_steps("2:6"), suspect, mode=mode,
-                                             progress=False)).run()
+            summary = Replayer(
+                ReplayRequest(golden, tmp_path / f"{mode}-all", parse_steps("2:6"), suspect, mode=mode, progress=False)
+            ).run()
             want = [e[column] for e in EXPECTED.values()]
             assert [r.executions for r in summary.steps] == want, mode
             assert forwards == sum(want) * MICROBATCHES, mode
@@ -114,8 +121,9 @@ def test_lockstep_tries_armed_steps_first_once_they_are_mostly_clean(
     tries first: 1 per clean step, 2 for the faulty one."""
     suspect = suspect_from_profile(profiles["rare"])
     for mode, want in (("lockstep", [2, 1, 1, 3]), ("param-sync", [1, 1, 1, 2])):
-        summary = Replayer(ReplayRequest(golden, tmp_path / mode, parse_steps("2:6"), suspect, mode=mode,
-                                         progress=False)).run()
+        summary = Replayer(
+            ReplayRequest(golden, tmp_path / mode, parse_steps("2:6"), suspect, mode=mode, progress=False)
+        ).run()
         assert [r.executions for r in summary.steps] == want, mode
         assert [r.faults > 0 for r in summary.steps] == [False, False, False, True], mode
 
@@ -134,13 +142,15 @@ def test_the_shortcuts_write_the_log_of_golden_plus_suspect(
     logs, executions = [], []
     for shortcuts in (True, False):
         out = tmp_path / f"{mode}-{shortcuts}"
-        summary = Replayer(ReplayRequest(golden, out, parse_steps(steps), suspect, mode=mode, progress=False),
-                           shortcuts=shortcuts).run()
+        summary = Replayer(
+            ReplayRequest(golden, out, parse_steps(steps), suspect, mode=mode, progress=False), shortcuts=shortcuts
+        ).run()
         logs.append(log_events(out))
         executions.append(sum(r.executions for r in summary.steps))
     fast, full = logs
-    assert any(kind == "fault" for kind, _, _ in full) and any(kind == "replay_step" and f["faults"] == 0
-                                                               for kind, _, f in full)
+    assert any(kind == "fault" for kind, _, _ in full) and any(
+        kind == "replay_step" and f["faults"] == 0 for kind, _, f in full
+    )
     assert [(k, s) for k, s, _ in fast] == [(k, s) for k, s, _ in full]
     assert repr(fast) == repr(full)  # every field, floats bit for bit (-0.0, nan)
     assert executions[0] < executions[1] == 2 * 4
@@ -155,14 +165,23 @@ def test_a_faulty_param_sync_step_runs_once_with_captured_golden_gradients(
     checked against the golden log. The replay log is the one golden + suspect on every step writes."""
     golden = tmp_path / "captured"
     capture = TraceOptions(capture=CapturePolicy(steps=frozenset(range(2, 6))))
-    record_run(small_config("run.steps=6", "run.checkpoint_every=2"), golden, node_label="golden", progress=False,
-               trace=capture)
+    record_run(
+        small_config("run.steps=6", "run.checkpoint_every=2"),
+        golden,
+        node_label="golden",
+        progress=False,
+        trace=capture,
+    )
     suspect = suspect_from_profile(profiles["burst"])
     logs = []
     for shortcuts in (True, False):
         out = tmp_path / f"sync-{shortcuts}"
-        summary = Replayer(ReplayRequest(golden, out, parse_steps("2:6"), suspect, mode="param-sync",
-                                         golden_from="blobs", progress=False), shortcuts=shortcuts).run()
+        summary = Replayer(
+            ReplayRequest(
+                golden, out, parse_steps("2:6"), suspect, mode="param-sync", golden_from="blobs", progress=False
+            ),
+            shortcuts=shortcuts,
+        ).run()
         logs.append(log_events(out))
         if shortcuts:
             assert [r.executions for r in summary.steps] == [1, 1, 1, 1]

@@ -32,8 +32,13 @@ def test_an_emulated_exponent_flip_names_its_bit(tmp_path: Path) -> None:
     x = torch.randn(4, 16)
     golden = model(x).detach()
     faults: list[dict] = []
-    with FaultEmulator(load_profile(tmp_path / "flip.toml"), model, clock=lambda: (0, 0),
-                       sink=lambda kind, fields: faults.append(fields), sites="0"):
+    with FaultEmulator(
+        load_profile(tmp_path / "flip.toml"),
+        model,
+        clock=lambda: (0, 0),
+        sink=lambda kind, fields: faults.append(fields),
+        sites="0",
+    ):
         suspect = model(x).detach()
     sig = defect_signature(golden, suspect, step=0, site="0")
     assert len(faults) == 1 and faults[0]["detail"]["bits"] == [27]
@@ -41,7 +46,7 @@ def test_an_emulated_exponent_flip_names_its_bit(tmp_path: Path) -> None:
     assert sig.fields == {"sign": 0, "exponent": 1, "mantissa": 0}
     assert sig.positions == tuple(faults[0]["index"])
     assert sig.coordinates == ((faults[0]["index"][0] // 24, faults[0]["index"][0] % 24),)
-    assert sig.ulps_max == 2 ** 27  # bit 27's weight in the ordered integers
+    assert sig.ulps_max == 2**27  # bit 27's weight in the ordered integers
     assert "bit 27 x1" in sig.describe() and "1 exponent" in sig.describe()
 
 
@@ -64,8 +69,11 @@ def test_a_rule_hitting_every_32nd_element_shows_period_32() -> None:
 def test_fields_and_ulps_in_every_layout(dtype: torch.dtype) -> None:
     golden = torch.tensor([1.0, 2.0, -3.0, 4.0], dtype=dtype)
     suspect = golden.clone()
-    suspect[1] = torch.nextafter(golden[1:2].float(), torch.tensor([9.0])).to(dtype) if dtype == torch.float32 \
+    suspect[1] = (
+        torch.nextafter(golden[1:2].float(), torch.tensor([9.0])).to(dtype)
+        if dtype == torch.float32
         else flip_bits(golden[1:2], [0])
+    )
     suspect[2] = -golden[2]
     sig = defect_signature(golden, suspect)
     width = torch.finfo(dtype).bits

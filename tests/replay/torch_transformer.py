@@ -22,8 +22,19 @@ from tracer.determinism import configure_determinism
 from workload.protocol import Workload
 
 WORKLOAD = "tests.replay.torch_transformer:build"
-DEFAULTS = {"kind": "torch", "dim": 16, "heads": 2, "layers": 2, "ffn": 32, "vocab": 32, "seq": 8, "batch": 2,
-            "microbatches": 1, "seed": 0, "lr": 1e-2}
+DEFAULTS = {
+    "kind": "torch",
+    "dim": 16,
+    "heads": 2,
+    "layers": 2,
+    "ffn": 32,
+    "vocab": 32,
+    "seq": 8,
+    "batch": 2,
+    "microbatches": 1,
+    "seed": 0,
+    "lr": 1e-2,
+}
 SELF_ATTENTION = r"transformer\.(encoder|decoder)\.layers\.\d+\.self_attn"  # self_attn(x, x, x)
 ALL_ATTENTION = r"transformer\.(encoder|decoder)\.layers\.\d+\.(self_attn|multihead_attn)"  # and cross-attention
 
@@ -71,11 +82,17 @@ def build(config: Mapping[str, Any], device: torch.device) -> TransformerWorkloa
     elif c["kind"] == "lightning":
         from pytorch_lightning.demos import Transformer
 
-        model = Transformer(vocab_size=c["vocab"], ninp=c["dim"], nhead=c["heads"], nhid=c["ffn"],
-                            nlayers=c["layers"], dropout=0.0)
+        model = Transformer(
+            vocab_size=c["vocab"], ninp=c["dim"], nhead=c["heads"], nhid=c["ffn"], nlayers=c["layers"], dropout=0.0
+        )
     else:
         raise ValueError(f"model.kind = {c['kind']!r}: expected 'torch' or 'lightning'")
     model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=c["lr"], foreach=False)
-    return TransformerWorkload(model=model, optimizer=optimizer, config=dict(config), seed=c["seed"],
-                               data_order_fingerprint=f"random-tokens/seed={c['seed']}")
+    return TransformerWorkload(
+        model=model,
+        optimizer=optimizer,
+        config=dict(config),
+        seed=c["seed"],
+        data_order_fingerprint=f"random-tokens/seed={c['seed']}",
+    )

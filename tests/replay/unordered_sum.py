@@ -93,5 +93,10 @@ def build(config: Mapping[str, Any], device: torch.device) -> UnorderedWorkload:
     torch.manual_seed(c["seed"])
     model = Model(c["dim"], c["layers"], c["seeded"]).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=c["lr"], foreach=False)
-    return UnorderedWorkload(model=model, optimizer=optimizer, config=dict(config), seed=c["seed"],
-                             data_order_fingerprint=f"random-inputs/seed={c['seed']}")
+    return UnorderedWorkload(
+        model=model,
+        optimizer=optimizer,
+        config=dict(config),
+        seed=c["seed"],
+        data_order_fingerprint=f"random-inputs/seed={c['seed']}",
+    )

@@ -6,7 +6,6 @@ resumed from the certified checkpoint on a healthy node matches golden bit for b
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -32,8 +31,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     profile.write_text(ONE_FLIP.replace("steps = [3]", f"steps = [{FAULT_STEP}]"), encoding="utf-8")
     r = SimpleNamespace(root=root, golden=root / "golden", suspect=root / "suspect", twin=root / "twin")
     record_run(small_config(*STEPS), r.golden, node_label="golden", progress=False)
-    record_run(small_config(*STEPS), r.suspect, node_label="suspect", progress=False,
-               fault_profile=load_profile(profile))
+    record_run(
+        small_config(*STEPS), r.suspect, node_label="suspect", progress=False, fault_profile=load_profile(profile)
+    )
     record_run(small_config(*STEPS), r.twin, node_label="twin", progress=False)
     return r
 
@@ -48,8 +48,10 @@ def certify(capsys: pytest.CaptureFixture, *args: object) -> tuple[int, str, lis
 def test_a_fault_at_step_7_certifies_the_checkpoint_of_step_5(runs: SimpleNamespace, capsys) -> None:
     code, out, err = certify(capsys, runs.suspect, "--golden", runs.golden)
     assert code == 0 and out == f"{checkpoint_dir(runs.suspect, 5)}\n"
-    assert err == [f"certified: step 5 of {runs.suspect} (rank 0 diverged from {runs.golden} at step {FAULT_STEP} "
-                   "(layers.1.feed_forward forward))"]
+    assert err == [
+        f"certified: step 5 of {runs.suspect} (rank 0 diverged from {runs.golden} at step {FAULT_STEP} "
+        "(layers.1.feed_forward forward))"
+    ]
 
 
 def test_the_healthy_twin_certifies_its_last_checkpoint(runs: SimpleNamespace, capsys) -> None:
@@ -61,7 +63,9 @@ def test_the_healthy_twin_certifies_its_last_checkpoint(runs: SimpleNamespace, c
 def test_a_database_that_holds_the_pair_is_used_without_a_diff(runs: SimpleNamespace, capsys) -> None:
     db = runs.root / "study.duckdb"
     assert certify(capsys, runs.suspect, "--golden", runs.golden, "--db", db)[:2] == (
-        0, f"{checkpoint_dir(runs.suspect, 5)}\n")
+        0,
+        f"{checkpoint_dir(runs.suspect, 5)}\n",
+    )
     code = main(["certify", str(runs.suspect), "--golden", str(runs.golden), "--db", str(db)])
     captured = capsys.readouterr()
     assert code == 0 and captured.out == f"{checkpoint_dir(runs.suspect, 5)}\n"
@@ -76,44 +80,80 @@ def test_a_run_that_diverged_before_its_first_checkpoint_has_none_clean(runs: Si
         shutil.rmtree(checkpoint_dir(kept, step))
     code, out, err = certify(capsys, kept, "--golden", runs.golden)
     assert code == 1 and out == "" and len(err) == 1
-    assert err[0].startswith(f"sdc certify: no clean checkpoint in {kept}: rank 0 diverged from {runs.golden} at "
-                             f"step {FAULT_STEP}") and "steps 10)" in err[0]
+    assert (
+        err[0].startswith(
+            f"sdc certify: no clean checkpoint in {kept}: rank 0 diverged from {runs.golden} at step {FAULT_STEP}"
+        )
+        and "steps 10)" in err[0]
+    )
 
 
-def test_without_golden_a_run_without_replicas_has_nothing_to_certify_against(runs: SimpleNamespace,
-                                                                                capsys) -> None:
+def test_without_golden_a_run_without_replicas_has_nothing_to_certify_against(runs: SimpleNamespace, capsys) -> None:
     code, out, err = certify(capsys, runs.twin)
     assert code == 2 and out == "" and len(err) == 1 and "nothing to certify" in err[0] and "--golden" in err[0]
 
 
-def test_resuming_from_the_certified_checkpoint_on_a_healthy_node_matches_golden(runs: SimpleNamespace,
-                                                                               capsys) -> None:
+def test_resuming_from_the_certified_checkpoint_on_a_healthy_node_matches_golden(runs: SimpleNamespace, capsys) -> None:
     code, certified, _ = certify(capsys, runs.suspect, "--golden", runs.golden)
     resumed = runs.root / "resumed"
     sets = [a for s in [*SMALL, *STEPS] for a in ("--set", s)]
-    assert code == 0 and main(["record", "--out", str(resumed), "--resume-from", certified.strip(), *sets,
-                               "--node-label", "healthy", "--quiet"]) == 0
+    assert (
+        code == 0
+        and main(
+            [
+                "record",
+                "--out",
+                str(resumed),
+                "--resume-from",
+                certified.strip(),
+                *sets,
+                "--node-label",
+                "healthy",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert "resumed at step 5" in capsys.readouterr().out
     reader = LogReader(rank_dir(resumed, 0))
     assert reader.header.node_label == "healthy" and "fault_profile" not in reader.header.extra
-    assert reader.header.extra["forked_from"] == {"run": str(runs.suspect), "run_id": LogReader(
-        rank_dir(runs.suspect, 0)).header.run_id, "node_label": "suspect", "step": 5}
+    assert reader.header.extra["forked_from"] == {
+        "run": str(runs.suspect),
+        "run_id": LogReader(rank_dir(runs.suspect, 0)).header.run_id,
+        "node_label": "suspect",
+        "step": 5,
+    }
     steps = [r.step for r in reader.records() if isinstance(r, EventRecord) and r.kind == "step"]
     assert steps == list(range(10)) and reader.status.complete
     assert diff_first_divergence(runs.golden, resumed, runs.root / "resumed.duckdb") == []  # bit for bit golden's
-    assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == [
-        "step-000000", "step-000005", "step-000010"]
+    assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == ["step-000000", "step-000005", "step-000010"]
     # The suspect itself, resumed from its own checkpoint again with its fault: the fault at step 7 comes back.
     again = runs.root / "again"
     fault = ["--fault-profile", str(runs.root / "flip.toml")]
-    assert main(["record", "--out", str(again), "--resume-from", certified.strip(), *sets, *fault,
-                 "--node-label", "suspect", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "record",
+                "--out",
+                str(again),
+                "--resume-from",
+                certified.strip(),
+                *sets,
+                *fault,
+                "--node-label",
+                "suspect",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert [row[0] for row in diff_first_divergence(runs.golden, again, runs.root / "again.duckdb")] == [FAULT_STEP]
 
 
-def test_resume_from_refuses_what_is_not_a_checkpoint_or_a_checkpoint_of_out_itself(runs: SimpleNamespace,
-                                                                                    capsys) -> None:
+def test_resume_from_refuses_what_is_not_a_checkpoint_or_a_checkpoint_of_out_itself(
+    runs: SimpleNamespace, capsys
+) -> None:
     sets = [a for s in [*SMALL, *STEPS] for a in ("--set", s)]
     for target, out, said in (
         (runs.suspect, runs.root / "x", "expected a checkpoint directory"),

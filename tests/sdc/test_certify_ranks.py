@@ -27,19 +27,40 @@ def test_two_ranks_certify_the_checkpoint_before_the_fault_and_resume_from_it(tm
     profile.write_text(ONE_FLIP + "ranks = [1]\n", encoding="utf-8")  # step 3, rank 1 only
     golden, suspect, resumed = tmp_path / "golden", tmp_path / "suspect", tmp_path / "resumed"
     record(small_config(*SETTINGS), RecordRequest(out=golden, node_label="golden", progress=False), nproc=2)
-    record(small_config(*SETTINGS), RecordRequest(out=suspect, node_label="suspect", progress=False,
-                                                  fault_profile=load_profile(profile)), nproc=2)
+    record(
+        small_config(*SETTINGS),
+        RecordRequest(out=suspect, node_label="suspect", progress=False, fault_profile=load_profile(profile)),
+        nproc=2,
+    )
     db = tmp_path / "study.duckdb"
     assert main(["certify", str(suspect), "--golden", str(golden), "--db", str(db)]) == 0
     certified = capsys.readouterr().out.strip()
     assert certified == str(checkpoint_dir(suspect, 2))
-    rows = [(r["rank"], r["verified_until"], r["certified_step"], r["run_certified_step"])
-            for r in queries.run(db, "last_clean_checkpoint").records()]
+    rows = [
+        (r["rank"], r["verified_until"], r["certified_step"], r["run_certified_step"])
+        for r in queries.run(db, "last_clean_checkpoint").records()
+    ]
     assert rows == [(0, 3, 2, 2), (1, 3, 2, 2)]
 
     sets = [a for s in [*SMALL, *SETTINGS] for a in ("--set", s)]
-    assert main(["record", "--out", str(resumed), "--resume-from", certified, *sets, "--nproc", "2",
-                 "--node-label", "healthy", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "record",
+                "--out",
+                str(resumed),
+                "--resume-from",
+                certified,
+                *sets,
+                "--nproc",
+                "2",
+                "--node-label",
+                "healthy",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert "(resumed at step 2) on 2 ranks" in capsys.readouterr().out
     assert list_ranks(resumed) == [0, 1]
     assert main(["certify", str(resumed), "--golden", str(golden)]) == 0

@@ -43,21 +43,47 @@ def one_line_error(capsys: pytest.CaptureFixture, code: int) -> tuple[str, str]:
 
 
 def test_diff_names_the_changed_checkpoint_instead_of_reporting_drift(runs: SimpleNamespace, capsys) -> None:
-    assert main(["diff", "--golden", str(runs.golden), "--suspect", str(runs.twin), "--db",
-                 str(runs.root / "healthy.duckdb")]) == 0  # the healthy pair's checkpoints all match their logs
+    assert (
+        main(
+            [
+                "diff",
+                "--golden",
+                str(runs.golden),
+                "--suspect",
+                str(runs.twin),
+                "--db",
+                str(runs.root / "healthy.duckdb"),
+            ]
+        )
+        == 0
+    )  # the healthy pair's checkpoints all match their logs
     capsys.readouterr()
-    code = main(["diff", "--golden", str(runs.twin), "--suspect", str(runs.changed), "--db",
-                 str(runs.root / "changed.duckdb")])
+    code = main(
+        ["diff", "--golden", str(runs.twin), "--suspect", str(runs.changed), "--db", str(runs.root / "changed.duckdb")]
+    )
     line, out = one_line_error(capsys, code)
     assert "differ" not in out.split("[2/3]")[-1]  # the job ran, no difference was reported
     assert f"{runs.changed}/checkpoints/step-000002/rank-00000.msgpack" in line and repr(runs.tensor) in line
     assert re.search(CHANGED, line)[1] == "1"
 
 
-def test_replay_names_the_changed_checkpoint_and_gives_no_verdict_on_the_machine(runs: SimpleNamespace,
-                                                                                 capsys) -> None:
-    code = main(["replay", "--golden", str(runs.changed), "--suspect", str(runs.twin), "--steps", "2:3",
-                 "--mode", "lockstep", "--out", str(runs.root / "replay"), "--quiet"])
+def test_replay_names_the_changed_checkpoint_and_gives_no_verdict_on_the_machine(runs: SimpleNamespace, capsys) -> None:
+    code = main(
+        [
+            "replay",
+            "--golden",
+            str(runs.changed),
+            "--suspect",
+            str(runs.twin),
+            "--steps",
+            "2:3",
+            "--mode",
+            "lockstep",
+            "--out",
+            str(runs.root / "replay"),
+            "--quiet",
+        ]
+    )
     line, out = one_line_error(capsys, code)
     assert "checkpoints/step-000002/rank-00000" in line and repr(runs.tensor) in line and "step 1 " in line
     assert "changed after it was written" in line and "mismatch" not in out

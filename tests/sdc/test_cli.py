@@ -18,29 +18,104 @@ SMALL_ARGS = [a for kv in SMALL if not kv.startswith("run.") for a in ("--set", 
 # Changing the CLI is a deliberate act: update this snapshot with it.
 SURFACE = {
     "record": [
-        "--abft", "--capture-every", "--capture-names", "--capture-steps", "--checkpoint-every", "--config",
-        "--device", "--fault-profile", "--fault-seed", "--node-label", "--out", "--overwrite", "--quiet",
-        "--resume", "--segment-mb", "--set", "--sites", "--steps", "--nproc", "--tp", "--sp", "--dp", "--rank-timeout",
-        "--workload", "--guard", "--resume-from",
+        "--abft",
+        "--capture-every",
+        "--capture-names",
+        "--capture-steps",
+        "--checkpoint-every",
+        "--config",
+        "--device",
+        "--fault-profile",
+        "--fault-seed",
+        "--node-label",
+        "--out",
+        "--overwrite",
+        "--quiet",
+        "--resume",
+        "--segment-mb",
+        "--set",
+        "--sites",
+        "--steps",
+        "--nproc",
+        "--tp",
+        "--sp",
+        "--dp",
+        "--rank-timeout",
+        "--workload",
+        "--guard",
+        "--resume-from",
     ],
     "inspect": ["--json", "--skip-corrupt"],
     "verify-determinism": [
-        "--config", "--device", "--keep", "--quiet", "--set", "--steps", "--nproc", "--tp", "--sp", "--dp",
-        "--rank-timeout", "--workload", "--report", "--capture-steps", "--margin",
+        "--config",
+        "--device",
+        "--keep",
+        "--quiet",
+        "--set",
+        "--steps",
+        "--nproc",
+        "--tp",
+        "--sp",
+        "--dp",
+        "--rank-timeout",
+        "--workload",
+        "--report",
+        "--capture-steps",
+        "--margin",
     ],
     "replay": [
-        "--at-first-divergence", "--fault-profile", "--fault-seed", "--golden", "--golden-from", "--mode", "--out",
-        "--overwrite", "--quiet", "--steps", "--suspect", "--window", "--nproc", "--rank-timeout", "--workload",
+        "--at-first-divergence",
+        "--fault-profile",
+        "--fault-seed",
+        "--golden",
+        "--golden-from",
+        "--mode",
+        "--out",
+        "--overwrite",
+        "--quiet",
+        "--steps",
+        "--suspect",
+        "--window",
+        "--nproc",
+        "--rank-timeout",
+        "--workload",
     ],
-    "incident": ["--at", "--fault-profile", "--fault-seed", "--golden", "--out", "--overwrite", "--suspect", "--workload"],
+    "incident": [
+        "--at",
+        "--fault-profile",
+        "--fault-seed",
+        "--golden",
+        "--out",
+        "--overwrite",
+        "--suspect",
+        "--workload",
+    ],
     "faults": [],
-    "diff": ["--baseline", "--db", "--golden", "--replay", "--skip-corrupt", "--staging", "--steps-per-bucket",
-             "--suspect", "--twin", "--tolerance"],
+    "diff": [
+        "--baseline",
+        "--db",
+        "--golden",
+        "--replay",
+        "--skip-corrupt",
+        "--staging",
+        "--steps-per-bucket",
+        "--suspect",
+        "--twin",
+        "--tolerance",
+    ],
     "certify": ["--db", "--golden", "--skip-corrupt"],
     "watch": ["--golden", "--idle-timeout", "--keep-going", "--max-pending", "--progress-every", "--suspect"],
     "finetune": [
-        "--fault-profile", "--fault-seed", "--from", "--node-label", "--out", "--overwrite", "--quiet", "--shuffle-seed",
-        "--steps", "--tasks",
+        "--fault-profile",
+        "--fault-seed",
+        "--from",
+        "--node-label",
+        "--out",
+        "--overwrite",
+        "--quiet",
+        "--shuffle-seed",
+        "--steps",
+        "--tasks",
     ],
     "query": ["--db", "--format", "--list", "--sql"],
     "report": ["--db", "--out", "--overwrite", "--quiet"],
@@ -61,19 +136,43 @@ def test_public_surface_is_deliberate() -> None:
     assert surface(build_parser()) == {name: sorted(options) for name, options in SURFACE.items()}
 
 
-
 def test_sdc_diff_builds_one_typed_request() -> None:
     from pipelines.arguments import DiffRequest
     from sdc.commands.diff import request
 
-    args = build_parser().parse_args([
-        "diff", "--golden", "runs/A", "--suspect", "gs://bucket/B", "--db", "study.duckdb", "--replay", "runs/R1",
-        "--replay", "runs/R2", "--twin", "runs/T", "--skip-corrupt", "--steps-per-bucket", "8",
-        "--", "--runner=DirectRunner", "--direct_num_workers=2"])
+    args = build_parser().parse_args(
+        [
+            "diff",
+            "--golden",
+            "runs/A",
+            "--suspect",
+            "gs://bucket/B",
+            "--db",
+            "study.duckdb",
+            "--replay",
+            "runs/R1",
+            "--replay",
+            "runs/R2",
+            "--twin",
+            "runs/T",
+            "--skip-corrupt",
+            "--steps-per-bucket",
+            "8",
+            "--",
+            "--runner=DirectRunner",
+            "--direct_num_workers=2",
+        ]
+    )
     assert request(args) == DiffRequest(
-        golden="runs/A", suspect="gs://bucket/B", db=Path("study.duckdb"), replays=("runs/R1", "runs/R2"),
-        twin="runs/T", skip_corrupt=True, steps_per_bucket=8,
-        beam_args=("--runner=DirectRunner", "--direct_num_workers=2"))
+        golden="runs/A",
+        suspect="gs://bucket/B",
+        db=Path("study.duckdb"),
+        replays=("runs/R1", "runs/R2"),
+        twin="runs/T",
+        skip_corrupt=True,
+        steps_per_bucket=8,
+        beam_args=("--runner=DirectRunner", "--direct_num_workers=2"),
+    )
     defaults = request(build_parser().parse_args(["diff", "--golden", "A", "--suspect", "B", "--db", "s.duckdb"]))
     assert defaults == DiffRequest(golden="A", suspect="B", db=Path("s.duckdb"))
 
@@ -112,8 +211,9 @@ def test_verify_determinism_reports_bit_identical(capsys: pytest.CaptureFixture[
         (["record", "--out", "{tmp}/file.txt/run"], "file.txt is a file, not a directory"),
     ],
 )
-def test_user_errors_are_one_line_without_traceback(tmp_path: Path, args: list[str], message: str,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_user_errors_are_one_line_without_traceback(
+    tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     # In process: main() returns 1 only for an SdcError it caught; anything else raises here. The tests that run
     # `sdc` as a process (test_existing_run_needs_overwrite_and_bad_logs_are_named) check the exit and the stream.
     (tmp_path / "file.txt").write_text("not a run")
@@ -156,10 +256,26 @@ def test_overwrite_replaces_a_run(run_factory, capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.slow
-def test_finetune_prints_accuracy_per_task(pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_finetune_prints_accuracy_per_task(
+    pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "ft"
-    args = ["finetune", "--from", str(pretrained), "--out", str(out), "--node-label", "n", "--steps", "2",
-            "--tasks", "copy,max", "--shuffle-seed", "3", "--quiet"]
+    args = [
+        "finetune",
+        "--from",
+        str(pretrained),
+        "--out",
+        str(out),
+        "--node-label",
+        "n",
+        "--steps",
+        "2",
+        "--tasks",
+        "copy,max",
+        "--shuffle-seed",
+        "3",
+        "--quiet",
+    ]
     assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"fine-tuned 2 steps to {out}")

@@ -54,9 +54,16 @@ def locked_db(tmp_path: Path):
     """A study database another process holds open for writing, until the test ends."""
     db = tmp_path / "study.duckdb"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); c.execute('CREATE TABLE t (x INT)');"
-         " print('ready', flush=True); sys.stdin.read()", str(db)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys; c = duckdb.connect(sys.argv[1]); c.execute('CREATE TABLE t (x INT)');"
+            " print('ready', flush=True); sys.stdin.read()",
+            str(db),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "ready"
@@ -77,13 +84,16 @@ def test_diff_into_a_database_another_process_writes(golden: Path, locked_db: Pa
 
 
 def test_record_steps_beyond_the_bound(tmp_path: Path, capsys) -> None:
-    err = one_line_error(capsys, ["record", "--out", str(tmp_path / "r"), "--steps", str(10**23), "--quiet", *SMALL_ARGS])
+    err = one_line_error(
+        capsys, ["record", "--out", str(tmp_path / "r"), "--steps", str(10**23), "--quiet", *SMALL_ARGS]
+    )
     assert "run.steps = 100000000000000000000000 must be in 1..1099511627776" in err
 
 
 def test_model_size_beyond_the_bound_is_refused_before_allocating(tmp_path: Path, capsys) -> None:
-    err = one_line_error(capsys, ["record", "--out", str(tmp_path / "r"), "--steps", "1", "--quiet",
-                                  "--set", "model.dim=1048576"])
+    err = one_line_error(
+        capsys, ["record", "--out", str(tmp_path / "r"), "--steps", "1", "--quiet", "--set", "model.dim=1048576"]
+    )
     assert "parameters" in err and "over the 10,000,000,000 this reference workload builds" in err
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from analysis.queries import LIBRARY
+from analysis.reproduction import FINDINGS
 from faults import load_profile
 from faults.fleet_hardware import hardware_fleet
-from analysis.reproduction import FINDINGS
 from sdc.cli import main
 from sdc.study.fleet_study import FleetPaths, load_fleet_study, run_fleet_study
 from sdc.study.runner import StudyPaths
@@ -44,8 +44,7 @@ def _profile(run: Path) -> str | None:
 
 def _unhealthy(part: StudyPaths) -> list[str]:
     """Labels of the part's nodes emulated with a profile other than healthy-node, from the run headers."""
-    return sorted(p.name for p in (part.out / "runs").iterdir()
-                  if _profile(p) not in (None, "healthy-node"))
+    return sorted(p.name for p in (part.out / "runs").iterdir() if _profile(p) not in (None, "healthy-node"))
 
 
 def test_fleet_mini_writes_the_reproduction_table_with_every_finding(fleet: FleetPaths) -> None:
@@ -109,7 +108,7 @@ def test_fleet_mini_runs_both_fault_models_on_shared_golden_runs(fleet: FleetPat
     text = fleet.reproduction.read_text(encoding="utf-8")
     assert "| # | level | the study | study | hardware |" in text
     assert "## The study fault model" in text and "## The hardware fault model" in text
-    hw = text[text.index("## The hardware fault model"):text.index("## Rules")]
+    hw = text[text.index("## The hardware fault model") : text.index("## Rules")]
     assert hw.count("not run for this model (rq2") == 1 and hw.count("not run for this model (rq3") == 8
     assert 'id="reproduction-hardware"' in (fleet.report / "index.html").read_text(encoding="utf-8")
 
@@ -118,8 +117,9 @@ def test_fleet_mini_judges_fine_tunes_against_a_distribution_of_twins(fleet: Fle
     accuracy = _records(fleet, "rq3", "rq3_finetune_accuracy")
     twins = sorted({r["node_label"] for r in accuracy if r["node_label"].startswith("golden-twin")})
     assert twins == ["golden-twin", "golden-twin-2", "golden-twin-3"]
-    seeds = [LogReader(rank_dir(fleet.part("rq3").finetune(t), 0)).header.config["finetune"]["shuffle_seed"]
-             for t in twins]
+    seeds = [
+        LogReader(rank_dir(fleet.part("rq3").finetune(t), 0)).header.config["finetune"]["shuffle_seed"] for t in twins
+    ]
     assert seeds == [1, 2, 3]
     disagreement = _records(fleet, "rq3", "rq3_finetune_disagreement")  # the pairs take the twins in turn
     assert {r["twin_node"] for r in disagreement} == set(twins)
@@ -149,13 +149,17 @@ def test_rq1_fleet_nodes_equals_the_numbers_in_the_logs(fleet: FleetPaths) -> No
         for e in events(part.run(label), "abft"):
             f = e.fields
             checks[e.step, f["microbatch"], f["site"], f["phase"], f["op"]] |= f["verdict"] == "flag"
-        faults = [(e.step, e.fields["microbatch"], e.fields["site"], e.fields["phase"], e.fields["op"])
-                  for e in events(part.run(label), "fault")]
+        faults = [
+            (e.step, e.fields["microbatch"], e.fields["site"], e.fields["phase"], e.fields["op"])
+            for e in events(part.run(label), "fault")
+        ]
         row = rows[label]
         assert row["steps_replayed"] == len(per_step)
         assert row["steps_mismatching"] == sum(1 for n in counts if n)
         assert row["mismatching_calls"] == sum(counts)
-        assert row["frequency"] == pytest.approx(sum(c["mismatched"] for c in calls) / sum(c["elements"] for c in calls))
+        assert row["frequency"] == pytest.approx(
+            sum(c["mismatched"] for c in calls) / sum(c["elements"] for c in calls)
+        )
         assert row["fano"] == (pytest.approx(statistics.pvariance(counts) / mean) if mean else None)
         injected = Counter({step: 0 for step in per_step})
         injected.update(e.step for e in events(part.run(label), "fault") if e.step in per_step)
@@ -163,8 +167,9 @@ def test_rq1_fleet_nodes_equals_the_numbers_in_the_logs(fleet: FleetPaths) -> No
         fault_mean = statistics.fmean(per_fault_step)
         assert row["faults_in_window"] == sum(per_fault_step)
         assert row["fault_steps"] == sum(1 for n in per_fault_step if n)
-        assert row["fault_fano"] == (pytest.approx(statistics.pvariance(per_fault_step) / fault_mean)
-                                     if fault_mean else None)
+        assert row["fault_fano"] == (
+            pytest.approx(statistics.pvariance(per_fault_step) / fault_mean) if fault_mean else None
+        )
         assert row["median_severity"] == (pytest.approx(statistics.median(severities)) if severities else None)
         assert row["faults"] == len(faults)
         assert row["faults_outside_matmul"] == sum(1 for u in faults if u not in checks)
@@ -177,8 +182,11 @@ def test_rq2_fleet_nodes_equals_the_numbers_in_the_logs(fleet: FleetPaths) -> No
     rows = {r["node_label"]: r for r in _records(fleet, "rq2", "rq2_fleet_nodes")}
     assert set(rows) == set(_unhealthy(part))
     for label, row in rows.items():
-        ratios = {e.step: e.fields["ratio"] for e in events(part.replay(label, "param-sync"), "grad_noise")
-                  if e.fields["name"] == "*"}
+        ratios = {
+            e.step: e.fields["ratio"]
+            for e in events(part.replay(label, "param-sync"), "grad_noise")
+            if e.fields["name"] == "*"
+        }
         worst = max(ratios.values())
         assert row["steps"] == len(ratios) and row["worst_ratio"] == pytest.approx(worst)
         assert row["worst_step"] == min(s for s, r in ratios.items() if r == worst)
@@ -188,8 +196,17 @@ def test_rq2_fleet_nodes_equals_the_numbers_in_the_logs(fleet: FleetPaths) -> No
 
 # Done again in the copy: two whole experiments (RQ2, the hardware model's RQ1: records, replays, diffs), the golden
 # twin's pretraining, its fine-tune and a diff of fine-tunes in RQ3, every report and the table.
-_DONE_AGAIN = ("rq2/", "hardware/rq1/", "rq3/record:golden-twin", "rq3/diff:golden-twin", "rq3/finetune:golden-twin",
-               "rq3/diff-finetune:node-01", "rq1/report", "rq3/report", "reproduction")
+_DONE_AGAIN = (
+    "rq2/",
+    "hardware/rq1/",
+    "rq3/record:golden-twin",
+    "rq3/diff:golden-twin",
+    "rq3/finetune:golden-twin",
+    "rq3/diff-finetune:node-01",
+    "rq1/report",
+    "rq3/report",
+    "reproduction",
+)
 
 
 def test_jobs_done_again_in_another_folder_give_the_same_bytes(fleet: FleetPaths, tmp_path: Path) -> None:
@@ -201,8 +218,15 @@ def test_jobs_done_again_in_another_folder_give_the_same_bytes(fleet: FleetPaths
     state_file = again / "study-state.json"
     state = json.loads(state_file.read_text())
     redo = [j for j in state["finished"] if j == _DONE_AGAIN[-1] or j.startswith(_DONE_AGAIN[:-1])]
-    assert {j.split(":")[0] for j in redo} >= {"rq2/record", "rq2/replay", "rq2/diff", "hardware/rq1/record",
-                                                "hardware/rq1/replay", "hardware/rq1/diff", "rq3/finetune"}
+    assert {j.split(":")[0] for j in redo} >= {
+        "rq2/record",
+        "rq2/replay",
+        "rq2/diff",
+        "hardware/rq1/record",
+        "hardware/rq1/replay",
+        "hardware/rq1/diff",
+        "rq3/finetune",
+    }
     state["finished"] = [j for j in state["finished"] if j not in redo]
     state_file.write_text(json.dumps(state))
     first = fleet
@@ -213,11 +237,14 @@ def test_jobs_done_again_in_another_folder_give_the_same_bytes(fleet: FleetPaths
         reports = [(p.part(part).report / "index.html").read_bytes() for p in (first, again_paths)]
         assert reports[0] == reports[1], part
     for part in ("rq2", "hardware/rq1"):
-        pairs = [LIBRARY.run(p.part(part).db, "SELECT pair_id FROM pairs ORDER BY 1").rows for p in (first, again_paths)]
+        pairs = [
+            LIBRARY.run(p.part(part).db, "SELECT pair_id FROM pairs ORDER BY 1").rows for p in (first, again_paths)
+        ]
         assert pairs[0] == pairs[1] and pairs[0], part
     twin = [LogReader(rank_dir(p.part("rq3").run("golden-twin"), 0)).header.run_id for p in (first, again_paths)]
-    finetuned = [LogReader(rank_dir(p.part("rq3").finetune("golden-twin"), 0)).header.run_id
-                 for p in (first, again_paths)]
+    finetuned = [
+        LogReader(rank_dir(p.part("rq3").finetune("golden-twin"), 0)).header.run_id for p in (first, again_paths)
+    ]
     assert twin[0] == twin[1] and finetuned[0] == finetuned[1] != twin[0]
 
 
@@ -227,16 +254,23 @@ def test_fleet_study_resumes_and_refuses_another_file(fleet: FleetPaths, tmp_pat
     assert main(["study", str(other), "--out", str(fleet.out), "--resume", "--quiet"]) != 0
 
 
-@pytest.mark.parametrize(("text", "error"), [
-    ("[fleet]\nnodes = 0\n", r"bad\.toml.*fleet\.nodes"),
-    ("[fleet]\n[rq3]\nshuffle_seed = 0\n", r"bad\.toml.*rq3\.shuffle_seed"),
-    ('[fleet]\nmodels = ["lab"]\n', r'bad\.toml.*fleet\.models.*"hardware"'),
-    ('[fleet]\nmodels = ["study", "hardware"]\n[rq3]\nmodels = ["hardware"]\n',
-     r"bad\.toml.*rq3\.models.*the first of \[fleet\]\.models"),
-    ('[fleet]\nmodels = ["study"]\n[rq3]\nmodels = ["hardware"]\n',
-     r"bad\.toml.*rq3\.models.*not in \[fleet\]\.models"),
-    ("[fleet]\nnodes = 2\n[finetune]\ntwins = 6\n", r"bad\.toml.*finetune\.twins.*at least as many nodes"),
-])
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("[fleet]\nnodes = 0\n", r"bad\.toml.*fleet\.nodes"),
+        ("[fleet]\n[rq3]\nshuffle_seed = 0\n", r"bad\.toml.*rq3\.shuffle_seed"),
+        ('[fleet]\nmodels = ["lab"]\n', r'bad\.toml.*fleet\.models.*"hardware"'),
+        (
+            '[fleet]\nmodels = ["study", "hardware"]\n[rq3]\nmodels = ["hardware"]\n',
+            r"bad\.toml.*rq3\.models.*the first of \[fleet\]\.models",
+        ),
+        (
+            '[fleet]\nmodels = ["study"]\n[rq3]\nmodels = ["hardware"]\n',
+            r"bad\.toml.*rq3\.models.*not in \[fleet\]\.models",
+        ),
+        ("[fleet]\nnodes = 2\n[finetune]\ntwins = 6\n", r"bad\.toml.*finetune\.twins.*at least as many nodes"),
+    ],
+)
 def test_a_fleet_file_names_its_mistakes(tmp_path: Path, text: str, error: str) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(text)
@@ -249,8 +283,11 @@ def test_a_fleet_file_chooses_its_fleet_models(tmp_path: Path) -> None:
     assert fleet.models == ("study", "hardware") and not fleet.runs("hardware", "rq3")
     assert load_fleet_study("fleet-mini").models == ("study", "hardware")
     hardware = tmp_path / "hardware.toml"
-    text = load_fleet_study("fleet-mini").source.read_text().replace('models = ["study", "hardware"]',
-                                                                     'models = ["hardware"]')
+    text = (
+        load_fleet_study("fleet-mini")
+        .source.read_text()
+        .replace('models = ["study", "hardware"]', 'models = ["hardware"]')
+    )
     hardware.write_text(re.sub(r'(?m)^models = \["study"\].*\n', "", text))
     study = load_fleet_study(hardware)
     assert study.models == ("hardware",) and study.fleets[0].model == "hardware"
@@ -264,4 +301,5 @@ def test_a_fleet_file_chooses_its_fleet_models(tmp_path: Path) -> None:
     load_fleet_study(state).write_profiles(profiles)
     trigger = load_profile(profiles / "trigger-ulp.toml")
     assert not trigger.faults and [(s.parameter, s.step, s.bits) for s in trigger.states] == [
-        ("layers.0.attention.wo.weight", load_fleet_study(state).rq3.trigger_step, 0)]
+        ("layers.0.attention.wo.weight", load_fleet_study(state).rq3.trigger_step, 0)
+    ]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from jobs.record import record_run
 from sdc.cli import main
 from tests.sdc.test_cli import SMALL_ARGS
-from jobs.record import record_run
 from tests.support import hold_run_dir, rewrite_header, small_config
 from tracer.checkpoint import list_checkpoints
 from tracer.log import LogReader, list_ranks, rank_dir
@@ -45,33 +45,69 @@ def runs(recorded: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("side", ["golden", "suspect"])
-def test_replay_never_writes_over_its_own_input(runs: dict[str, Path], side: str,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["replay", "--golden", str(runs["golden"]), "--suspect", str(runs["suspect"]), "--steps", "1",
-            "--out", str(runs[side]), "--overwrite", "--quiet"]
+def test_replay_never_writes_over_its_own_input(
+    runs: dict[str, Path], side: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "replay",
+        "--golden",
+        str(runs["golden"]),
+        "--suspect",
+        str(runs["suspect"]),
+        "--steps",
+        "1",
+        "--out",
+        str(runs[side]),
+        "--overwrite",
+        "--quiet",
+    ]
     assert main(args) == 1
     assert f"is the input run {runs[side]}" in _error(capsys) and _recording(runs[side])
 
 
-def test_finetune_never_writes_over_the_run_it_starts_from(runs: dict[str, Path],
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_finetune_never_writes_over_the_run_it_starts_from(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     golden = runs["golden"]
-    args = ["finetune", "--from", str(golden), "--out", str(golden), "--overwrite", "--steps", "1", "--tasks", "copy",
-            "--quiet"]
+    args = [
+        "finetune",
+        "--from",
+        str(golden),
+        "--out",
+        str(golden),
+        "--overwrite",
+        "--steps",
+        "1",
+        "--tasks",
+        "copy",
+        "--quiet",
+    ]
     assert main(args) == 1
     assert "is the input run" in _error(capsys) and _recording(golden)
 
 
 def test_replay_does_not_replace_a_recording(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     golden, other = runs["golden"], runs["suspect"]
-    args = ["replay", "--golden", str(golden), "--fault-profile", "healthy-node", "--steps", "1", "--out", str(other),
-            "--overwrite", "--quiet"]
+    args = [
+        "replay",
+        "--golden",
+        str(golden),
+        "--fault-profile",
+        "healthy-node",
+        "--steps",
+        "1",
+        "--out",
+        str(other),
+        "--overwrite",
+        "--quiet",
+    ]
     assert main(args) == 1
     assert "holds a recording, and this command writes a replay log" in _error(capsys) and _recording(other)
 
 
-def test_overwrite_refuses_a_folder_with_files_sdctrace_did_not_write(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_overwrite_refuses_a_folder_with_files_sdctrace_did_not_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "thesis"
     (out / "checkpoints").mkdir(parents=True)
     (out / "thesis.tex").write_text("years of work")
@@ -91,15 +127,26 @@ def test_a_second_writer_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
         holder.communicate("")
 
 
-def test_replay_refuses_a_header_that_claims_ranks_the_run_does_not_hold(runs: dict[str, Path], tmp_path: Path,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_refuses_a_header_that_claims_ranks_the_run_does_not_hold(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     golden = runs["golden"]
     # The most ranks a header may claim at all (tracer.log.records); one rank folder is on disk.
     header = LogReader(rank_dir(golden, 0)).header
     parallel = {**header.extra["parallel"], "dp": MAX_WORLD_SIZE}
     rewrite_header(golden, world_size=MAX_WORLD_SIZE, extra={**header.extra, "parallel": parallel})
-    args = ["replay", "--golden", str(golden), "--fault-profile", "healthy-node", "--steps", "1",
-            "--out", str(tmp_path / "replay"), "--quiet"]
+    args = [
+        "replay",
+        "--golden",
+        str(golden),
+        "--fault-profile",
+        "healthy-node",
+        "--steps",
+        "1",
+        "--out",
+        str(tmp_path / "replay"),
+        "--quiet",
+    ]
     assert main(args) == 1  # before any rank is launched: the launcher would start them one by one
     assert f"holds the logs of ranks [0], but its header's world_size is {MAX_WORLD_SIZE}" in _error(capsys)
     assert not (tmp_path / "replay").exists()

@@ -30,8 +30,14 @@ LIGHT_HELP = ("inspect", "diff", "watch", "report", "demo")
 def fresh_python(code: str, env: dict[str, str] | None = None) -> dict:
     """Run `code` in a fresh interpreter (with ``env`` added to the environment); it prints one JSON object as its
     last line."""
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -102,7 +108,8 @@ HELP_PATHS = [[c.name] for c in COMMANDS] + [["faults", a] for a in ("list", "sh
 def printed_help() -> dict[str, str]:
     """`sdc CMD --help` of every command, each through `main` (the parser it builds for that command), in one fresh
     process: a process per command cost 2.5 s of start-up each."""
-    return fresh_python(f"""
+    return fresh_python(
+        f"""
 import contextlib, io, json
 import sdc.cli
 printed = {{}}
@@ -111,13 +118,16 @@ for path in {HELP_PATHS!r}:
         sdc.cli.main([*path, "--help"])
     printed[" ".join(path)] = out.getvalue()
 print(json.dumps(printed))
-""", env={"COLUMNS": "100"})
+""",
+        env={"COLUMNS": "100"},
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", HELP_PATHS, ids=" ".join)
-def test_each_command_prints_the_help_of_the_whole_parser(path: list[str], printed_help: dict[str, str],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_command_prints_the_help_of_the_whole_parser(
+    path: list[str], printed_help: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`sdc CMD --help` (the parser `main` builds) against the whole parser's help."""
     monkeypatch.setenv("COLUMNS", "100")
     assert printed_help[" ".join(path)] == help_of(build_parser(), path)

@@ -10,8 +10,8 @@ import pytest
 
 from analysis.queries import LIBRARY
 from sdc.cli import main
-from sdc.study.study_file import load_study, shipped_studies
 from sdc.study.runner import StudyPaths, plan_jobs
+from sdc.study.study_file import load_study, shipped_studies
 from tests.support import ONE_FLIP, SMALL
 from tracer.errors import ConfigError
 
@@ -65,15 +65,20 @@ def test_paths_in_a_study_are_relative_to_its_file(tmp_path: Path) -> None:
     [
         ("[extra]\nx = 1", "unknown key extra"),
         ("[replay.more]\n", "unknown key replay.more"),
-        ("[golden]\nlabel = \"twin\"", "used twice"),
-        ("[golden]\nlabl = \"g\"", r"did you mean golden\.label\?"),
-        ("[[node]]\nlabel = \"x\"\nprofile = \"no-such-profile\"", r"node\[2\]\.profile: fault profile .no-such-profile. not found"),
-        ("[[node]]\nlabel = \"x\"", r"node\[2\]\.profile is missing"),
-        ("[[node]]\nlabel = \"x-twin\"\nprofile = \"healthy-node\"", "must be letters"),
-        ("[[node]]\nlabel = \"x\"\nprofile = \"healthy-node\"\nabft = \"yes\"", "abft must be true or false"),
-        ("[[node]]\nlabel = \"x-guarded\"\nprofile = \"healthy-node\"", "must be letters"),
-        ("[[node]]\nlabel = \"x\"\nprofile = \"healthy-node\"\nguard = \"retry\"",
-         r"node\[2\]\.guard = 'retry' must be one of continue, skip, stop"),
+        ('[golden]\nlabel = "twin"', "used twice"),
+        ('[golden]\nlabl = "g"', r"did you mean golden\.label\?"),
+        (
+            '[[node]]\nlabel = "x"\nprofile = "no-such-profile"',
+            r"node\[2\]\.profile: fault profile .no-such-profile. not found",
+        ),
+        ('[[node]]\nlabel = "x"', r"node\[2\]\.profile is missing"),
+        ('[[node]]\nlabel = "x-twin"\nprofile = "healthy-node"', "must be letters"),
+        ('[[node]]\nlabel = "x"\nprofile = "healthy-node"\nabft = "yes"', "abft must be true or false"),
+        ('[[node]]\nlabel = "x-guarded"\nprofile = "healthy-node"', "must be letters"),
+        (
+            '[[node]]\nlabel = "x"\nprofile = "healthy-node"\nguard = "retry"',
+            r"node\[2\]\.guard = 'retry' must be one of continue, skip, stop",
+        ),
     ],
 )
 def test_bad_study_files_name_the_key(tmp_path: Path, body: str, message: str) -> None:
@@ -87,10 +92,18 @@ def test_a_guarded_node_is_recorded_diffed_and_fine_tuned_a_second_time(tmp_path
     path = study_file(tmp_path, finetune="steps = 2")
     path.write_text(path.read_text().replace("abft = true", 'abft = true\nguard = "skip"'))
     study = load_study(path)
-    assert [(n.label, n.guard, n.guarded) for n in study.nodes] == [("twin", None, None), ("flip", "skip", "flip-guarded")]
+    assert [(n.label, n.guard, n.guarded) for n in study.nodes] == [
+        ("twin", None, None),
+        ("flip", "skip", "flip-guarded"),
+    ]
     jobs = [j.name for j in plan_jobs(study, StudyPaths(tmp_path / "out"), progress=False, beam_args=())]
     guarded = [j for j in jobs if j.endswith("flip-guarded")]
-    assert guarded == ["record:flip-guarded", "diff:flip-guarded", "finetune:flip-guarded", "diff-finetune:flip-guarded"]
+    assert guarded == [
+        "record:flip-guarded",
+        "diff:flip-guarded",
+        "finetune:flip-guarded",
+        "diff-finetune:flip-guarded",
+    ]
     assert jobs.index("record:flip-guarded") < jobs.index("diff:flip-guarded") < jobs.index("finetune:flip-guarded")
 
 
@@ -118,9 +131,19 @@ def test_small_study_end_to_end_then_resume(tmp_path: Path, capsys: pytest.Captu
     path.write_text(path.read_text().replace("abft = true", 'abft = true\nguard = "skip"'))
     assert main(["study", str(path), "--out", str(out), "--quiet"]) == 0
     text = capsys.readouterr().out
-    for job in ("record golden", "record twin", "record flip", "replay flip lockstep 2:5", "diff golden vs flip",
-                "fine-tune golden-twin (shuffle seed 1, 2 steps)", "diff fine-tuned golden vs flip",
-                "record flip-guarded (", "diff golden vs flip-guarded", "guard_detector_scores", "guard_outcome"):
+    for job in (
+        "record golden",
+        "record twin",
+        "record flip",
+        "replay flip lockstep 2:5",
+        "diff golden vs flip",
+        "fine-tune golden-twin (shuffle seed 1, 2 steps)",
+        "diff fine-tuned golden vs flip",
+        "record flip-guarded (",
+        "diff golden vs flip-guarded",
+        "guard_detector_scores",
+        "guard_outcome",
+    ):
         assert job in text
     assert (out / "runs" / "flip" / "rank-00000").is_dir() and (out / "replays" / "twin-param-sync").is_dir()
     assert "Beam job" in (out / "study.log").read_text()  # the jobs' own output, kept out of the terminal
@@ -129,25 +152,40 @@ def test_small_study_end_to_end_then_resume(tmp_path: Path, capsys: pytest.Captu
     assert 'src="rq1_frequency.png"' in page and 'src="rq3_finetune.png"' in page  # every section had data
     con = duckdb.connect(str(out / "study.duckdb"), read_only=True)
     try:
-        rows = dict(con.execute(
-            "SELECT r.node_label, count(*) FILTER (NOT d.equal) FROM event_diffs d JOIN pairs p USING (pair_id) "
-            "JOIN runs r ON r.run_id = p.suspect_run_id GROUP BY 1").fetchall())
-        noise = dict(con.execute(
-            "SELECT r.node_label, max(g.ratio) FROM grad_noise g JOIN pairs p USING (pair_id) "
-            "JOIN runs r ON r.run_id = p.suspect_run_id WHERE g.name = '*' GROUP BY 1").fetchall())
-        finetuned = dict(con.execute(
-            "SELECT r.node_label, count(*) FROM finetune_eval e JOIN runs r USING (run_id) GROUP BY 1").fetchall())
+        rows = dict(
+            con.execute(
+                "SELECT r.node_label, count(*) FILTER (NOT d.equal) FROM event_diffs d JOIN pairs p USING (pair_id) "
+                "JOIN runs r ON r.run_id = p.suspect_run_id GROUP BY 1"
+            ).fetchall()
+        )
+        noise = dict(
+            con.execute(
+                "SELECT r.node_label, max(g.ratio) FROM grad_noise g JOIN pairs p USING (pair_id) "
+                "JOIN runs r ON r.run_id = p.suspect_run_id WHERE g.name = '*' GROUP BY 1"
+            ).fetchall()
+        )
+        finetuned = dict(
+            con.execute(
+                "SELECT r.node_label, count(*) FROM finetune_eval e JOIN runs r USING (run_id) GROUP BY 1"
+            ).fetchall()
+        )
         decisions = con.execute("SELECT node_label, step, detectors FROM guard_decisions").fetchall()
-        baseline = set(con.execute(
-            "SELECT suspect_node, baseline_disagreement IS NOT NULL FROM (" + LIBRARY.sql("rq3_finetune_disagreement")
-            + ")").fetchall())
+        baseline = set(
+            con.execute(
+                "SELECT suspect_node, baseline_disagreement IS NOT NULL FROM ("
+                + LIBRARY.sql("rq3_finetune_disagreement")
+                + ")"
+            ).fetchall()
+        )
     finally:
         con.close()
     assert rows["twin"] == 0 and rows["flip"] > 0  # the fault fires at step 3
     assert noise["twin"] == 0 and noise["flip"] > 0
     assert set(finetuned) == {"golden", "golden-twin", "twin", "flip", "flip-guarded"}
     assert baseline == {("twin", True), ("flip", True), ("flip-guarded", True)}
-    assert decisions == [("flip-guarded", 3, ["abft_flags"])]  # ABFT flags the flip; the other detectors lack history  # both fine-tune pairs carry the shuffle-seed baseline
+    assert decisions == [
+        ("flip-guarded", 3, ["abft_flags"])
+    ]  # ABFT flags the flip; the other detectors lack history  # both fine-tune pairs carry the shuffle-seed baseline
 
     state = json.loads((out / "study-state.json").read_text())
     # records, replays, diffs, fine-tunes, their diffs, report

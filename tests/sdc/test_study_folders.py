@@ -22,17 +22,30 @@ def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 def old_study(out: Path) -> list[Path]:
     """A study folder as a finished study leaves it (no real data needed: nothing may be read or deleted)."""
-    files = [out / "study-state.json", out / "study.log", out / "runs" / "golden" / "rank-00000" / "000000.sdclog",
-             out / "replays" / "flip-lockstep" / "rank-00000" / "000000.sdclog", out / "report" / "index.html",
-             out / "report" / "rq1_frequency.png"]
+    files = [
+        out / "study-state.json",
+        out / "study.log",
+        out / "runs" / "golden" / "rank-00000" / "000000.sdclog",
+        out / "replays" / "flip-lockstep" / "rank-00000" / "000000.sdclog",
+        out / "report" / "index.html",
+        out / "report" / "rq1_frequency.png",
+    ]
     for f in files:
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text('{"study": "0", "finished": []}' if f.name == "study-state.json" else "x")
     return files
 
 
-@pytest.mark.parametrize("foreign", ["runs/thesis.tex", "report/my-notes.txt", "my-notes.txt",
-                                     "replays/flip-lockstep/notes.md", "finetune/flip/rank-00000/draft.txt"])
+@pytest.mark.parametrize(
+    "foreign",
+    [
+        "runs/thesis.tex",
+        "report/my-notes.txt",
+        "my-notes.txt",
+        "replays/flip-lockstep/notes.md",
+        "finetune/flip/rank-00000/draft.txt",
+    ],
+)
 def test_overwrite_keeps_the_users_files_in_a_study_folder(tmp_path: Path, capsys, foreign: str) -> None:
     path, out = study_file(tmp_path), tmp_path / "out"
     files = [*old_study(out), out / foreign]
@@ -83,13 +96,16 @@ def test_report_folder_refuses_foreign_files_and_needs_overwrite(tmp_path: Path,
     assert "no such study database" in err and (out / "index.html").read_text() == "old report"
 
 
-@pytest.mark.parametrize(("content", "says"), [
-    (b"not json {", "not UTF-8 JSON"),
-    (b"[1, 2]", "a JSON list, not an object"),
-    (b"\xff\xfe\x00garbage", "not UTF-8 JSON"),
-    (b'{"finished": []}', "field 'study' is missing"),
-    (b'{"study": "x", "finished": {"a": 1}}', "field 'finished' is not a list"),
-])
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"not json {", "not UTF-8 JSON"),
+        (b"[1, 2]", "a JSON list, not an object"),
+        (b"\xff\xfe\x00garbage", "not UTF-8 JSON"),
+        (b'{"finished": []}', "field 'study' is missing"),
+        (b'{"study": "x", "finished": {"a": 1}}', "field 'finished' is not a list"),
+    ],
+)
 def test_resume_with_a_broken_state_file_is_one_line(tmp_path: Path, capsys, content: bytes, says: str) -> None:
     path, out = study_file(tmp_path), tmp_path / "out"
     old_study(out)
@@ -102,12 +118,15 @@ def test_a_label_too_long_for_a_file_name_is_refused_at_load(tmp_path: Path, cap
     path = study_file(tmp_path)
     path.write_text(path.read_text().replace('label = "twin"', f'label = "{"n" * 5000}"'))
     err = one_line_error(capsys, ["study", str(path), "--out", str(tmp_path / "out"), "--quiet"])
-    assert "node[0].label" in err and "(5000 characters)' must be letters, digits, '.', '_' or '-' (64 at most)" in err, err
+    assert (
+        "node[0].label" in err and "(5000 characters)' must be letters, digits, '.', '_' or '-' (64 at most)" in err
+    ), err
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command", [["study", "{study}"], ["report", "--db", "{tmp}/study.duckdb"],
-                                     ["record", "--steps", "1"]])
+@pytest.mark.parametrize(
+    "command", [["study", "{study}"], ["report", "--db", "{tmp}/study.duckdb"], ["record", "--steps", "1"]]
+)
 def test_an_out_too_long_for_a_file_name_is_one_line(tmp_path: Path, capsys, command: list[str]) -> None:
     path = study_file(tmp_path)
     argv = [a.replace("{study}", str(path)).replace("{tmp}", str(tmp_path)) for a in command]

@@ -1,6 +1,6 @@
 """A checkpoint changed the way a corrupted copy leaves it: a tensor and its manifest fingerprint together.
 
-    name = tamper_both(run, step)      # the checkpoint still passes its own manifest's check
+name = tamper_both(run, step)      # the checkpoint still passes its own manifest's check
 """
 
 from __future__ import annotations

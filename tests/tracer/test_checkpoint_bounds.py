@@ -49,12 +49,18 @@ def with_nested(manifest: Path, where: tuple[str, ...], depth: int) -> None:
 def test_maps_nested_inside_the_optimizer_state_are_refused_naming_the_field(tmp_path: Path) -> None:
     manifest = saved(tmp_path / "run")
     with_nested(manifest, ("optimizer", "state", "0", "deep"), 800)  # the campaign's case: any depth past the bound
-    with pytest.raises(LogError, match=r"rank-00000: unreadable checkpoint manifest \(maps and arrays nested deeper "
-                                       r"than 68\); the checkpoint is damaged"):
+    with pytest.raises(
+        LogError,
+        match=r"rank-00000: unreadable checkpoint manifest \(maps and arrays nested deeper "
+        r"than 68\); the checkpoint is damaged",
+    ):
         load_checkpoint(tmp_path / "run", 1)
     with_nested(manifest, ("optimizer", "state", "0", "deep"), 64)  # within the manifest's bound, past the state's
-    with pytest.raises(LogError, match=r"rank-00000: checkpoint manifest field 'optimizer\.state\.0' must be a map "
-                                       r"nested at most 64 deep: the checkpoint is damaged"):
+    with pytest.raises(
+        LogError,
+        match=r"rank-00000: checkpoint manifest field 'optimizer\.state\.0' must be a map "
+        r"nested at most 64 deep: the checkpoint is damaged",
+    ):
         load_checkpoint(tmp_path / "run", 1)
 
 
@@ -95,10 +101,13 @@ print(int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text(
 def test_a_2_gb_sparse_manifest_is_refused_from_its_size_in_little_memory(tmp_path: Path) -> None:
     manifest = saved(tmp_path / "run")
     subprocess.run(["truncate", "-s", "2G", str(manifest)], check=True)
-    done = subprocess.run([sys.executable, "-c", PEAK, str(tmp_path / "run")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK, str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     message, peak_mib = done.stdout.strip().splitlines()
     assert done.returncode == 0, done.stderr
-    assert f"{manifest}: checkpoint manifest of {2 << 30} bytes, over the {manifest_limit(9)} a checkpoint of 9 " \
-           "tensors may have" in message
+    assert (
+        f"{manifest}: checkpoint manifest of {2 << 30} bytes, over the {manifest_limit(9)} a checkpoint of 9 "
+        "tensors may have" in message
+    )
     assert int(peak_mib) < 1024  # torch alone is a few hundred MiB; reading the file would be 2 GiB more

@@ -24,8 +24,11 @@ CHANGED = r"rank-00000.*'model/[^']+' of the checkpoint of step 2 .*the log reco
 
 
 def param_records(run: Path, step: int, rank: int = 0) -> dict[str, int]:
-    return {r.name: r.fingerprint for r in LogReader(rank_dir(run, rank)).records()
-            if isinstance(r, TensorRecord) and r.phase == Phase.PARAM and r.step == step}
+    return {
+        r.name: r.fingerprint
+        for r in LogReader(rank_dir(run, rank)).records()
+        if isinstance(r, TensorRecord) and r.phase == Phase.PARAM and r.step == step
+    }
 
 
 def test_every_checkpoint_of_a_healthy_run_matches_what_the_log_recorded_before_its_step(run_factory) -> None:

@@ -50,8 +50,9 @@ def test_a_resumed_fsdp2_run_is_bit_identical_to_an_uninterrupted_one(tmp_path: 
     assert list_sharded_checkpoints(tmp_path / "run") == [2]
 
 
-def test_only_safetensors_and_manifests_are_written_and_every_shard_is_fingerprinted(tmp_path: Path,
-                                                                                      group: None) -> None:
+def test_only_safetensors_and_manifests_are_written_and_every_shard_is_fingerprinted(
+    tmp_path: Path, group: None
+) -> None:
     folder = saved(tmp_path / "run")
     names = sorted(p.name for p in folder.iterdir())
     assert names == ["__0_0.distcp", "rank-00000.msgpack"]  # no DCP .metadata: that one is a pickle
@@ -66,29 +67,34 @@ def test_only_safetensors_and_manifests_are_written_and_every_shard_is_fingerpri
     assert set(local_fingerprints(model)) == {k.removeprefix("model/") for k in keys if k.startswith("model/")}
 
 
-def test_a_damaged_shard_is_refused_naming_the_file_the_tensor_and_both_fingerprints(tmp_path: Path,
-                                                                                     group: None) -> None:
+def test_a_damaged_shard_is_refused_naming_the_file_the_tensor_and_both_fingerprints(
+    tmp_path: Path, group: None
+) -> None:
     folder = saved(tmp_path / "run")
     flip_byte_of(folder / "__0_0.distcp", "optim/1.0.bias/exp_avg_sq")
     model, optimizer, scheduler = build_fsdp2(seed=1)
-    before = local_fingerprints(model)
     with pytest.raises(LogError) as caught:
         load_sharded_checkpoint(tmp_path / "run", 2, model, optimizer, {"scheduler": scheduler})
     message = str(caught.value)
     assert "\n" not in message
-    assert re.search(r"__0_0\.distcp: tensor 'optim/1\.0\.bias/exp_avg_sq' has fingerprint [0-9a-f]{16}, "
-                     r"\S+rank-00000\.msgpack recorded [0-9a-f]{16} \(corrupted on disk", message), message
+    assert re.search(
+        r"__0_0\.distcp: tensor 'optim/1\.0\.bias/exp_avg_sq' has fingerprint [0-9a-f]{16}, "
+        r"\S+rank-00000\.msgpack recorded [0-9a-f]{16} \(corrupted on disk",
+        message,
+    ), message
     found, recorded = re.findall(r"[0-9a-f]{16}", message)[:2]
     assert found != recorded
 
 
-def test_a_checkpoint_of_another_layout_is_refused_in_one_line_naming_the_field(tmp_path: Path,
-                                                                               group: None) -> None:
+def test_a_checkpoint_of_another_layout_is_refused_in_one_line_naming_the_field(tmp_path: Path, group: None) -> None:
     saved(tmp_path / "run")
     plain, optimizer, _ = build_fsdp2(seed=1, shard=False)  # the same model, not sharded: plain tensors
-    with pytest.raises(LogError, match=r"tensor 'model/0\.0\.weight' of the checkpoint of step 2: mesh saved \(1,\), "
-                                       r"now None; placements saved \('S\(0\)',\), now None: resume on the mesh "
-                                       r"and placements it was saved with; sdctrace does not reshard") as caught:
+    with pytest.raises(
+        LogError,
+        match=r"tensor 'model/0\.0\.weight' of the checkpoint of step 2: mesh saved \(1,\), "
+        r"now None; placements saved \('S\(0\)',\), now None: resume on the mesh "
+        r"and placements it was saved with; sdctrace does not reshard",
+    ) as caught:
         load_sharded_checkpoint(tmp_path / "run", 2, plain, optimizer)
     assert "\n" not in str(caught.value)
 
@@ -96,8 +102,11 @@ def test_a_checkpoint_of_another_layout_is_refused_in_one_line_naming_the_field(
 def test_a_missing_step_says_which_steps_have_checkpoints(tmp_path: Path, group: None) -> None:
     saved(tmp_path / "run")
     model, optimizer, _ = build_fsdp2(seed=1)
-    with pytest.raises(LogError, match=r"no complete sharded checkpoint for step 3, rank 0 \(sharded checkpoints "
-                                       r"at steps \[2\]; record with a smaller checkpoint interval\)"):
+    with pytest.raises(
+        LogError,
+        match=r"no complete sharded checkpoint for step 3, rank 0 \(sharded checkpoints "
+        r"at steps \[2\]; record with a smaller checkpoint interval\)",
+    ):
         load_sharded_checkpoint(tmp_path / "run", 3, model, optimizer)
 
 
@@ -105,8 +114,11 @@ def test_a_damaged_manifest_is_refused_naming_it(tmp_path: Path, group: None) ->
     folder = saved(tmp_path / "run")
     (folder / "rank-00000.msgpack").write_bytes(b"\x81\xa6format\xa4nope")
     model, optimizer, _ = build_fsdp2(seed=1)
-    with pytest.raises(LogError, match=r"rank-00000\.msgpack: checkpoint manifest field 'format' must be "
-                                       r"'sdctrace-dcp-1', found 'nope': the checkpoint is damaged"):
+    with pytest.raises(
+        LogError,
+        match=r"rank-00000\.msgpack: checkpoint manifest field 'format' must be "
+        r"'sdctrace-dcp-1', found 'nope': the checkpoint is damaged",
+    ):
         load_sharded_checkpoint(tmp_path / "run", 2, model, optimizer)
 
 
@@ -129,7 +141,8 @@ def test_sharded_checkpoint_modules_never_unpickle() -> None:
 
 
 def test_a_checkpoint_before_the_first_step_changes_no_bit_of_training_and_resumes_from_there(
-        tmp_path: Path, group: None) -> None:
+    tmp_path: Path, group: None
+) -> None:
     # DCP creates a stateless optimizer's state by stepping it at lr 0 (AdamW: step 1, zero moments): a
     # checkpoint taken before the first step must leave the optimizer as it found it, and restore it so.
     model, optimizer, scheduler = build_fsdp2(seed=0)

@@ -41,7 +41,15 @@ def test_deferred_digests_log_what_immediate_ones_do(tmp_path: Path, monkeypatch
     for a, b in zip(immediate, deferred):
         if isinstance(a, TensorRecord):
             assert (a.step, a.microbatch, a.name, a.phase, a.fingerprint, a.meta, a.nan, a.inf) == (
-                b.step, b.microbatch, b.name, b.phase, b.fingerprint, b.meta, b.nan, b.inf)
+                b.step,
+                b.microbatch,
+                b.name,
+                b.phase,
+                b.fingerprint,
+                b.meta,
+                b.nan,
+                b.inf,
+            )
             assert b.l2 == pytest.approx(a.l2, rel=1e-6)
         else:
             assert a == b

@@ -30,8 +30,17 @@ def _cases() -> list[torch.Tensor]:
     out = []
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         b = base.to(dtype)
-        out += [b, b.t(), b[::2, 1::3], b[5:9], b[3:4, 7:], b.unsqueeze(0).expand(2, 33, 65), b.reshape(-1)[1:],
-                b.reshape(-1)[:7], b[:0]]
+        out += [
+            b,
+            b.t(),
+            b[::2, 1::3],
+            b[5:9],
+            b[3:4, 7:],
+            b.unsqueeze(0).expand(2, 33, 65),
+            b.reshape(-1)[1:],
+            b.reshape(-1)[:7],
+            b[:0],
+        ]
     for dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         ints = torch.randint(-100, 100, (17, 3), generator=g).to(dtype)
         out += [ints, ints.t(), ints[1::2]]
@@ -166,6 +175,7 @@ class _Wrapped(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206 - torch's protocol
         def unwrap(x):  # noqa: ANN001, ANN202
             return x.inner if isinstance(x, _Wrapped) else x
+
         return func(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in (kwargs or {}).items()})
 
 

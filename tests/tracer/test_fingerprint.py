@@ -30,6 +30,7 @@ def reference_lane_sum(t: torch.Tensor) -> int:
 
 def test_weight_tables_are_splitmix64_as_written() -> None:
     """The tables are computed with wrapping torch ops; here with Python integers, one by one."""
+
     def splitmix(seed: int, n: int, offset: int = 0) -> list[int]:
         return [fp.mix64(seed + (offset + i + 1) * 0x9E3779B97F4A7C15) | 1 for i in range(n)]
 

@@ -70,7 +70,9 @@ def test_a_failing_step_keeps_what_it_recorded_before_the_failure(tmp_path: Path
     assert reader.status.end.status == "failed"
     assert {(r.name, r.phase) for r in recs} == {
         (f"blocks.{i}.{site}", phase)
-        for i in range(2) for site in ("token_mix", "channel_mix") for phase in (Phase.FORWARD, Phase.BACKWARD)
+        for i in range(2)
+        for site in ("token_mix", "channel_mix")
+        for phase in (Phase.FORWARD, Phase.BACKWARD)
     }
 
 
@@ -92,8 +94,11 @@ def test_a_step_failing_after_its_update_keeps_its_loss_gradients_and_parameters
         assert {r.name for r in recs if isinstance(r, TensorRecord) and r.phase == phase} == params
 
 
-@pytest.mark.parametrize("fields", [{"n": 2**70}, {"text": "\ud800"}, {"bad": object()}],
-                         ids=["int past 64 bits", "lone surrogate", "object"])
+@pytest.mark.parametrize(
+    "fields",
+    [{"n": 2**70}, {"text": "\ud800"}, {"bad": object()}],
+    ids=["int past 64 bits", "lone surrogate", "object"],
+)
 def test_an_event_the_log_cannot_store_is_refused_where_it_is_logged_inside_a_step(
     tmp_path: Path, fields: dict[str, object]
 ) -> None:
@@ -134,7 +139,10 @@ def test_a_numpy_or_torch_integer_index_is_stored_as_an_int(tmp_path: Path) -> N
                 tr.microbatch(torch.tensor(1))
                 model(torch.randn(2, 16))
     recs = [r for r in LogReader(rank_dir(tmp_path / "run", 0)).records() if isinstance(r, TensorRecord)]
-    assert {(type(r.step), r.step, type(r.microbatch), r.microbatch) for r in recs} == {(int, 2, int, 1), (int, 3, int, 1)}
+    assert {(type(r.step), r.step, type(r.microbatch), r.microbatch) for r in recs} == {
+        (int, 2, int, 1),
+        (int, 3, int, 1),
+    }
 
 
 @pytest.mark.parametrize(
@@ -143,7 +151,10 @@ def test_a_numpy_or_torch_integer_index_is_stored_as_an_int(tmp_path: Path) -> N
         (lambda tr: tr.step(-1).__enter__(), r"step index must be an int in 0\.\.\d+, found -1 \(int\)"),
         (lambda tr: tr.step(2.0).__enter__(), r"step index must be an int in 0\.\.\d+, found 2\.0 \(float\)"),
         (lambda tr: tr.microbatch(True), r"microbatch index must be an int in 0\.\.\d+, found True \(bool\)"),
-        (lambda tr: tr.microbatch(torch.tensor(1.0)), r"microbatch index must be an int .*found tensor\(1\.\) \(Tensor\)"),
+        (
+            lambda tr: tr.microbatch(torch.tensor(1.0)),
+            r"microbatch index must be an int .*found tensor\(1\.\) \(Tensor\)",
+        ),
     ],
 )
 def test_a_bad_step_or_microbatch_index_is_refused_where_it_is_given(tmp_path: Path, call, message: str) -> None:

@@ -56,8 +56,14 @@ def test_the_last_entered_sees_an_op_first_and_calls_it_through_the_others() -> 
         assert active() == (inner, outer)
         torch.ones(2) * 3
         torch.ones(2) + 1
-    assert log == [("enter", outer), ("enter", inner), ("leave", inner), ("leave", outer),
-                   ("enter", inner), ("leave", inner)]
+    assert log == [
+        ("enter", outer),
+        ("enter", inner),
+        ("leave", inner),
+        ("leave", outer),
+        ("enter", inner),
+        ("leave", inner),
+    ]
 
 
 def test_own_ops_and_other_threads_without_one_are_not_seen() -> None:

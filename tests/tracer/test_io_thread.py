@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tracer.io_thread import AsyncFile, IOThread
 from tracer.errors import CaptureError
+from tracer.io_thread import AsyncFile, IOThread
 
 
 def eventually(condition: Callable[[], bool], deadline_s: float = 30.0) -> bool:

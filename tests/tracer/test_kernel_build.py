@@ -26,8 +26,9 @@ def built_copy(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 
 def _build(env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tracer.kernel"], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tracer.kernel"], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 @pytest.mark.slow  # a fresh Python process (or a compile) of a few seconds

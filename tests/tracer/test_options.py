@@ -19,7 +19,9 @@ from tracer.tracing import Tracer
 
 def test_trace_options_round_trip_through_json_data() -> None:
     options = TraceOptions(
-        sites=r"layers\.\d+\.attention", segment_bytes=1 << 20, gradients=False,
+        sites=r"layers\.\d+\.attention",
+        segment_bytes=1 << 20,
+        gradients=False,
         capture=CapturePolicy(steps=frozenset({0, 5}), every=10, names="layers.*", phases=frozenset({Phase.FORWARD})),
     )
     assert TraceOptions.from_dict(json.loads(json.dumps(options.to_dict()))) == options

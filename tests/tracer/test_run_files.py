@@ -41,14 +41,21 @@ except SdcError as e:
 
 def child(call: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", _CHILD.format(call=call)], capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", _CHILD.format(call=call)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def sdc(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "sdc.cli", *args], capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "sdc.cli", *args], capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=ROOT
+    )
 
 
 @pytest.fixture

@@ -11,8 +11,14 @@ from tracer.sharding import ParameterShard, local_shard, local_shards, placement
 
 def shard(mesh: list[int], placements: list[str], shape: tuple[int, int] = (64, 32)) -> dict:
     """A header's record of a (64, 32) parameter split along its rows over ``mesh``."""
-    return {"mesh_shape": mesh, "mesh_dims": [], "placements": placements, "global_shape": list(shape),
-            "offsets": [0, 0], "local_shape": [shape[0] // mesh[0], shape[1]]}
+    return {
+        "mesh_shape": mesh,
+        "mesh_dims": [],
+        "placements": placements,
+        "global_shape": list(shape),
+        "offsets": [0, 0],
+        "local_shape": [shape[0] // mesh[0], shape[1]],
+    }
 
 
 def test_a_header_shard_reads_back_and_says_its_slice() -> None:

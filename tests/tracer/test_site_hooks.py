@@ -234,8 +234,12 @@ def test_a_site_with_only_an_integer_input_is_reported_once() -> None:
     torch.manual_seed(0)
     emb = nn.Embedding(10, 4)
     reported = []
-    with SiteHooks([("emb", emb)], on_output=lambda s, o: None, on_input_grad=lambda s, g: None,
-                   on_unrecordable=lambda s, why: reported.append((s, why))) as hooks:
+    with SiteHooks(
+        [("emb", emb)],
+        on_output=lambda s, o: None,
+        on_input_grad=lambda s, g: None,
+        on_unrecordable=lambda s, why: reported.append((s, why)),
+    ) as hooks:
         for _ in range(3):
             emb(torch.tensor([1, 2])).sum().backward()
     assert reported == [("emb", "it has no floating-point tensor input (positional or keyword)")]
@@ -248,8 +252,9 @@ def test_a_site_whose_output_does_not_depend_on_its_input_is_reported() -> None:
             return x.detach() * 2
 
     reported = []
-    with SiteHooks([("d", Detached())], on_input_grad=lambda s, g: None,
-                   on_unrecordable=lambda s, why: reported.append(s)) as hooks:
+    with SiteHooks(
+        [("d", Detached())], on_input_grad=lambda s, g: None, on_unrecordable=lambda s, why: reported.append(s)
+    ) as hooks:
         hooks.sites[0][1](torch.ones(2))
     assert reported == ["d"] and "differentiably" in hooks.unrecordable["d"]
 
@@ -259,8 +264,11 @@ def test_a_site_that_modifies_its_input_in_place_is_reported_and_the_sites_aroun
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 1))
     grads, reported = [], []
-    with SiteHooks([("relu", net[1]), ("out", net[2])], on_input_grad=lambda s, g: grads.append(s),
-                   on_unrecordable=lambda s, why: reported.append((s, why))):
+    with SiteHooks(
+        [("relu", net[1]), ("out", net[2])],
+        on_input_grad=lambda s, g: grads.append(s),
+        on_unrecordable=lambda s, why: reported.append((s, why)),
+    ):
         for _ in range(2):
             net(torch.randn(4, 3)).sum().backward()
     assert reported == [("relu", "it modifies its input in place")] and grads == ["out", "out"]

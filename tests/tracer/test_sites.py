@@ -35,9 +35,18 @@ def tiny_bert() -> nn.Module:
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(0)
-    return BertForMaskedLM(BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=32, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
-                                      attention_probs_dropout_prob=0.0))
+    return BertForMaskedLM(
+        BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=SEQ,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+    )
 
 
 def sites(model: nn.Module) -> list[str]:
@@ -45,42 +54,55 @@ def sites(model: nn.Module) -> list[str]:
 
 
 def test_bert_blocks_give_their_attention_and_both_feed_forward_parts() -> None:
-    assert sites(tiny_bert()) == [f"bert.encoder.layer.{i}.{part}" for i in range(2)
-                                  for part in ("attention", "intermediate", "output")]
+    assert sites(tiny_bert()) == [
+        f"bert.encoder.layer.{i}.{part}" for i in range(2) for part in ("attention", "intermediate", "output")
+    ]
 
 
 def test_torch_transformer_layers_give_self_and_cross_attention_and_linear1_2() -> None:
-    model = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=1, dim_feedforward=32,
-                           batch_first=True)
+    model = nn.Transformer(
+        d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=1, dim_feedforward=32, batch_first=True
+    )
     assert sites(model) == [
         *(f"encoder.layers.{i}.{part}" for i in range(2) for part in ("self_attn", "linear1", "linear2")),
         *(f"decoder.layers.0.{part}" for part in ("self_attn", "multihead_attn", "linear1", "linear2")),
     ]
-    assert describe_sites(sites(model)) == ["encoder.layers.{0..1}.{self_attn,linear1,linear2}",
-                                            "decoder.layers.0.{self_attn,multihead_attn,linear1,linear2}"]
+    assert describe_sites(sites(model)) == [
+        "encoder.layers.{0..1}.{self_attn,linear1,linear2}",
+        "decoder.layers.0.{self_attn,multihead_attn,linear1,linear2}",
+    ]
 
 
 def test_models_named_the_usual_way_keep_their_sites() -> None:
     from transformers import MixtralConfig, MixtralForCausalLM
 
-    from workload.reference_config import Config
     from workload.reference import build
+    from workload.reference_config import Config
 
     blocks = [("h.", "attn", "mlp"), ("model.layers.", "self_attn", "mlp")]
     for model, (prefix, attention, mlp) in zip((tiny_gpt(), tiny_llama()), blocks):
         assert sites(model) == [f"{prefix}{i}.{part}" for i in range(2) for part in (attention, mlp)]
     assert sites(tiny_hf_gpt2()) == [f"transformer.h.{i}.{part}" for i in range(2) for part in ("attn", "mlp")]
-    mixtral = MixtralForCausalLM(MixtralConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2,
-                                               num_attention_heads=2, num_key_value_heads=1, intermediate_size=32,
-                                               num_local_experts=2))
+    mixtral = MixtralForCausalLM(
+        MixtralConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=32,
+            num_local_experts=2,
+        )
+    )
     assert sites(mixtral) == [f"model.layers.{i}.{part}" for i in range(2) for part in ("self_attn", "mlp")]
     reference = build(Config.from_dict({"model": {"n_layers": 2}})).model
     assert sites(reference) == [f"layers.{i}.{part}" for i in range(2) for part in ("attention", "feed_forward")]
 
 
 def test_the_sites_are_said_once_at_start_in_a_few_lines(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    model = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), 32,
-                                  enable_nested_tensor=False)
+    model = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), 32, enable_nested_tensor=False
+    )
     with Tracer(model, None, out=tmp_path / "run", run=RunInfo("x")):
         pass
     err = capsys.readouterr().err
@@ -96,8 +118,10 @@ def test_the_sites_are_said_once_at_start_in_a_few_lines(tmp_path: Path, capsys:
 
 def bert_profile(tmp_path: Path, module: str, step: int = 1):  # noqa: ANN201
     path = tmp_path / "ffn.toml"
-    path.write_text(f'seed = 7\n[[fault]]\nops = ["matmul"]\nsites = "{module.replace(".", "[.]")}"\n'
-                    f'phases = ["forward"]\nsteps = [{step}]\nelements = 4\nkind = "scale"\nfactor = 8.0\n')
+    path.write_text(
+        f'seed = 7\n[[fault]]\nops = ["matmul"]\nsites = "{module.replace(".", "[.]")}"\n'
+        f'phases = ["forward"]\nsteps = [{step}]\nelements = 4\nkind = "scale"\nfactor = 8.0\n'
+    )
     return load_profile(path)
 
 
@@ -136,10 +160,14 @@ def test_a_fault_in_a_module_no_site_holds_is_warned_of_once_by_name(tmp_path: P
     model = tiny_bert()
     profile = bert_profile(tmp_path, "bert.encoder.layer.0.intermediate", step=0)
     ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
-    emulator = FaultEmulator(profile, model, clock=lambda: (0, 0), sink=lambda k, f: None,
-                             sites=r"bert\.encoder\.layer\.\d+\.attention")
-    with pytest.warns(TraceWarning, match=r"in module bert\.encoder\.layer\.0\.intermediate, which no traced site "
-                                          r"holds.*TraceOptions\(sites=\.\.\.\) or sdc record --sites") as caught:
+    emulator = FaultEmulator(
+        profile, model, clock=lambda: (0, 0), sink=lambda k, f: None, sites=r"bert\.encoder\.layer\.\d+\.attention"
+    )
+    with pytest.warns(
+        TraceWarning,
+        match=r"in module bert\.encoder\.layer\.0\.intermediate, which no traced site "
+        r"holds.*TraceOptions\(sites=\.\.\.\) or sdc record --sites",
+    ) as caught:
         with emulator:
             model(input_ids=ids)
             model(input_ids=ids)
@@ -177,8 +205,9 @@ def test_a_ddp_run_pairs_with_the_unwrapped_one_and_says_what_it_left_out(tmp_pa
     assert b.extra["wrappers"] == ["module"] and "wrappers" not in a.extra
     assert b.extra["sites"] == a.extra["sites"] == [f"h.{i}.{p}" for i in range(2) for p in ("attn", "mlp")]
     assert pairing_differences(a, b) == []
-    names = [{r.name for r in LogReader(rank_dir(run, 0)).records() if isinstance(r, TensorRecord)}
-             for run in (plain, ddp)]
+    names = [
+        {r.name for r in LogReader(rank_dir(run, 0)).records() if isinstance(r, TensorRecord)} for run in (plain, ddp)
+    ]
     assert names[0] == names[1] and not any(n.startswith("module.") for n in names[1])
     assert compare_runs(plain, ddp).first is None  # one rank's all-reduce changes no bit
 
@@ -207,9 +236,15 @@ def test_fsdp_units_around_each_layer_keep_the_names_and_sites_of_the_model(tmp_
     from transformers.models.bert.modeling_bert import BertLayer
 
     with one_rank_group(tmp_path):
-        wrapped = FullyShardedDataParallel(tiny_bert(), device_id=torch.device("cpu"), use_orig_params=True,
-                                           auto_wrap_policy=ModuleWrapPolicy({BertLayer}))
+        wrapped = FullyShardedDataParallel(
+            tiny_bert(),
+            device_id=torch.device("cpu"),
+            use_orig_params=True,
+            auto_wrap_policy=ModuleWrapPolicy({BertLayer}),
+        )
         assert sites(wrapped) == sites(tiny_bert())
         assert [n for n, _ in named_parameters(wrapped)] == [n for n, _ in tiny_bert().named_parameters()]
         assert [n for n, _ in find_sites(wrapped, r"bert\.encoder\.layer\.\d+")] == [
-            "bert.encoder.layer.0", "bert.encoder.layer.1"]  # the FSDP unit, once, not also the layer it wraps
+            "bert.encoder.layer.0",
+            "bert.encoder.layer.1",
+        ]  # the FSDP unit, once, not also the layer it wraps

@@ -18,11 +18,16 @@ def test_every_private_torch_api_is_present() -> None:
 def test_the_list_names_each_api_with_its_feature() -> None:
     names = [api.name for api in ti.private_apis()]
     assert len(names) == len(set(names))
-    for expected in ("torch._C._current_graph_task_id", "torch._C._autograd._get_sequence_nr",
-                     "torch._C._dispatch_tls_set_dispatch_key_excluded", "torch.utils._pytree.tree_leaves",
-                     "torch._C._AutoDispatchBelowADInplaceOrView", "torch._dynamo.callback.on_compile_start",
-                     "torch.distributed.tensor._utils.compute_local_shape_and_global_offset",
-                     "torch.distributed._functional_collectives.AsyncCollectiveTensor.wait"):
+    for expected in (
+        "torch._C._current_graph_task_id",
+        "torch._C._autograd._get_sequence_nr",
+        "torch._C._dispatch_tls_set_dispatch_key_excluded",
+        "torch.utils._pytree.tree_leaves",
+        "torch._C._AutoDispatchBelowADInplaceOrView",
+        "torch._dynamo.callback.on_compile_start",
+        "torch.distributed.tensor._utils.compute_local_shape_and_global_offset",
+        "torch.distributed._functional_collectives.AsyncCollectiveTensor.wait",
+    ):
         assert expected in names
     assert all(api.feature for api in ti.private_apis())
 

@@ -120,7 +120,12 @@ class Mixer(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(
-            nn.ModuleDict({"token_mix": nn.Linear(16, 16), "channel_mix": nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))})
+            nn.ModuleDict(
+                {
+                    "token_mix": nn.Linear(16, 16),
+                    "channel_mix": nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)),
+                }
+            )
             for _ in range(2)
         )
         self.head = nn.Linear(16, 4)
@@ -257,7 +262,9 @@ def test_a_step_with_a_closure_records_the_gradients_the_closure_leaves(tmp_path
         seen.update({n: p.grad.clone() for n, p in model.named_parameters()})
         return loss
 
-    with Tracer(model, opt, out=tmp_path / "run", run=RunInfo("x"), options=TraceOptions(sites=r"blocks\.\d+\.token_mix")) as tr:
+    with Tracer(
+        model, opt, out=tmp_path / "run", run=RunInfo("x"), options=TraceOptions(sites=r"blocks\.\d+\.token_mix")
+    ) as tr:
         with tr.step(0):
             opt.step(closure)
         with tr.step(1):
@@ -297,7 +304,11 @@ def test_capture_policy_stores_full_tensors_by_fingerprint(tmp_path: Path) -> No
     records = list(LogReader(rank_dir(tmp_path / "run", 0)).records())
     blobs = [r for r in records if isinstance(r, EventRecord) and r.kind == "blob"]
     assert blobs and all(b.step == 1 and b.fields["name"].startswith("blocks.0.") for b in blobs)
-    fwd = next(r for r in records if isinstance(r, TensorRecord) and r.step == 1 and r.name == "blocks.0.token_mix" and r.phase == Phase.FORWARD)
+    fwd = next(
+        r
+        for r in records
+        if isinstance(r, TensorRecord) and r.step == 1 and r.name == "blocks.0.token_mix" and r.phase == Phase.FORWARD
+    )
     assert any(b.fields["fingerprint"] == fwd.fingerprint for b in blobs)
     assert torch.equal(tr.blobs.get(fwd.fingerprint), seen["out"])
 
@@ -314,7 +325,12 @@ def test_runs_traced_at_other_sites_do_not_pair(run_factory) -> None:
     a = LogReader(rank_dir(run_factory("a", "run.steps=1"), 0)).header
     attention_only = TraceOptions(sites=r"layers\.\d+\.attention")
     b = LogReader(rank_dir(run_factory("b", "run.steps=1", trace=attention_only), 0)).header
-    assert a.extra["sites"] == ["layers.0.attention", "layers.0.feed_forward", "layers.1.attention", "layers.1.feed_forward"]
+    assert a.extra["sites"] == [
+        "layers.0.attention",
+        "layers.0.feed_forward",
+        "layers.1.attention",
+        "layers.1.feed_forward",
+    ]
     assert pairing_differences(a, a) == []
     fix = "(trace both at the same sites: TraceOptions(sites=...) in Python, --sites with sdc record)"
     assert pairing_differences(a, b) == [

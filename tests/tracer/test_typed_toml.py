@@ -69,33 +69,49 @@ def error(tmp_path: Path, text: str, overrides: tuple[str, ...] = ()) -> str:
 
 
 def test_every_kind_of_field_is_read_by_its_type(tmp_path: Path) -> None:
-    got = load(tmp_path, 'title = "t"\n[shape]\nkind = "ball"\nsides = [3, 4]\nsolid = true\n'
-                         '[[rule]]\nname = "a"\ncolours = ["blue", "red"]\nsize = [2, 3]\nstop = 4\n'
-                         '[[rule]]\nname = "b"\nsize = 5\n')
-    assert got == Everything("t", Shape("ball", (3, 4), True), (
-        Rule("a", (Colour.BLUE, Colour.RED), (2.0, 3.0), Window(0, 4)), Rule("b", (Colour.RED,), 5.0, Window())))
+    got = load(
+        tmp_path,
+        'title = "t"\n[shape]\nkind = "ball"\nsides = [3, 4]\nsolid = true\n'
+        '[[rule]]\nname = "a"\ncolours = ["blue", "red"]\nsize = [2, 3]\nstop = 4\n'
+        '[[rule]]\nname = "b"\nsize = 5\n',
+    )
+    assert got == Everything(
+        "t",
+        Shape("ball", (3, 4), True),
+        (Rule("a", (Colour.BLUE, Colour.RED), (2.0, 3.0), Window(0, 4)), Rule("b", (Colour.RED,), 5.0, Window())),
+    )
     assert isinstance(got.rule[1].size, float)
     assert typed_toml.from_dict(Everything, {}, "<dict>") == Everything()
 
 
-@pytest.mark.parametrize(("text", "needles"), [
-    ("titel = 1\n", ["my.toml: unknown key titel (did you mean title?); allowed keys: title, shape, rule"]),
-    ("[shape]\nkinds = 1\n", ["unknown key shape.kinds (did you mean shape.kind?); allowed keys in [shape]: kind"]),
-    ('[[rule]]\nname = "a"\nstrat = 1\n', ["unknown key rule[0].strat (did you mean rule[0].start?)",
-                                           "allowed keys in [[rule]]: name, colours, size, start, stop"]),
-    ("shape = 1\n", ["[shape] must be a table, found integer; write a [shape] header"]),
-    ('rule = "x"\n', ["rule must be an array of tables, written as [[rule]] sections, found string 'x'"]),
-    ("[shape]\nsides = [1]\n", ["shape.sides must be an array of 2 integers, found array [1]",
-                                "write e.g. shape.sides = [1, 2]"]),
-    ("[shape]\nsolid = 1\n", ["shape.solid must be true or false, found integer 1"]),
-    ('[shape]\nkind = "cube"\n', ["shape.kind = 'cube' is not one of 'box', 'ball'; pick one of them"]),
-    ('[[rule]]\nname = "a"\ncolours = ["green"]\n', ["rule[0].colours must be an array of values, found array"]),
-    ('[[rule]]\nname = "a"\ncolours = []\n', ["rule[0].colours = [] must be a non-empty array"]),
-    ('[[rule]]\nname = "a"\nsize = "big"\n', ["rule[0].size must be a number or an array of 2 numbers"]),
-    ("[[rule]]\nsize = 2\n", ["rule[0].name is missing; set it to a rule name"]),
-    ('[[rule]]\nname = "a"\nstart = 3\nstop = 2\n', ["rule[0].stop = 2 must exceed rule[0].start = 3"]),
-    ("title = = 1\n", ["TOML syntax error", "line 1"]),
-])
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("titel = 1\n", ["my.toml: unknown key titel (did you mean title?); allowed keys: title, shape, rule"]),
+        ("[shape]\nkinds = 1\n", ["unknown key shape.kinds (did you mean shape.kind?); allowed keys in [shape]: kind"]),
+        (
+            '[[rule]]\nname = "a"\nstrat = 1\n',
+            [
+                "unknown key rule[0].strat (did you mean rule[0].start?)",
+                "allowed keys in [[rule]]: name, colours, size, start, stop",
+            ],
+        ),
+        ("shape = 1\n", ["[shape] must be a table, found integer; write a [shape] header"]),
+        ('rule = "x"\n', ["rule must be an array of tables, written as [[rule]] sections, found string 'x'"]),
+        (
+            "[shape]\nsides = [1]\n",
+            ["shape.sides must be an array of 2 integers, found array [1]", "write e.g. shape.sides = [1, 2]"],
+        ),
+        ("[shape]\nsolid = 1\n", ["shape.solid must be true or false, found integer 1"]),
+        ('[shape]\nkind = "cube"\n', ["shape.kind = 'cube' is not one of 'box', 'ball'; pick one of them"]),
+        ('[[rule]]\nname = "a"\ncolours = ["green"]\n', ["rule[0].colours must be an array of values, found array"]),
+        ('[[rule]]\nname = "a"\ncolours = []\n', ["rule[0].colours = [] must be a non-empty array"]),
+        ('[[rule]]\nname = "a"\nsize = "big"\n', ["rule[0].size must be a number or an array of 2 numbers"]),
+        ("[[rule]]\nsize = 2\n", ["rule[0].name is missing; set it to a rule name"]),
+        ('[[rule]]\nname = "a"\nstart = 3\nstop = 2\n', ["rule[0].stop = 2 must exceed rule[0].start = 3"]),
+        ("title = = 1\n", ["TOML syntax error", "line 1"]),
+    ],
+)
 def test_each_mistake_is_one_line_naming_file_and_key(tmp_path: Path, text: str, needles: list[str]) -> None:
     message = error(tmp_path, text)
     assert message.startswith(f"{tmp_path / 'my.toml'}: ")
@@ -109,8 +125,10 @@ def test_overrides_are_typed_and_errors_name_them(tmp_path: Path) -> None:
     assert error(tmp_path, "", ("shape.sides=7",)).startswith("override 'shape.sides=7': shape.sides must be")
     assert error(tmp_path, "", ("shap.kind=box",)).startswith("override 'shap.kind=box': unknown key shap")
     assert "must look like section.key=value" in error(tmp_path, "", ("title=x",))
-    assert error(tmp_path, 'title = "t"\n', ("title.x=1",)) == \
-        "override 'title.x=1': title is string 't', not a table; override a key of a table"
+    assert (
+        error(tmp_path, 'title = "t"\n', ("title.x=1",))
+        == "override 'title.x=1': title is string 't', not a table; override a key of a table"
+    )
 
 
 def test_a_shipped_name_or_a_path(tmp_path: Path) -> None:

@@ -16,8 +16,14 @@ def tiny_llama_config():  # noqa: ANN201 - transformers is imported lazily
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=SEQ, id2label={0: "no", 1: "yes"},
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=SEQ,
+        id2label={0: "no", 1: "yes"},
     )
 
 

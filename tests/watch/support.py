@@ -9,10 +9,22 @@ from tracer.log import SCHEMA_VERSION, EventRecord, LogWriter, Phase, RunHeader,
 from tracer.log.sessions import Resumption
 
 HEADER = RunHeader(
-    schema_version=SCHEMA_VERSION, run_id="run-watch", node_label="node-a", role="train", world_size=1, rank=0,
-    config={"model": {"layers": 2}}, config_fingerprint="cfg-1", seed=1, data_order_fingerprint="data-1",
-    fingerprint_algorithm="lanes64-v1", versions={"python": "3.11"}, device="cpu",
-    determinism={"intra_op_threads": 1}, created_unix=1764400000.0, extra={},
+    schema_version=SCHEMA_VERSION,
+    run_id="run-watch",
+    node_label="node-a",
+    role="train",
+    world_size=1,
+    rank=0,
+    config={"model": {"layers": 2}},
+    config_fingerprint="cfg-1",
+    seed=1,
+    data_order_fingerprint="data-1",
+    fingerprint_algorithm="lanes64-v1",
+    versions={"python": "3.11"},
+    device="cpu",
+    determinism={"intra_op_threads": 1},
+    created_unix=1764400000.0,
+    extra={},
 )
 NAMES = tuple(f"layers.{i}.{site}" for i in range(3) for site in ("attention", "feed_forward"))
 

@@ -73,14 +73,18 @@ def test_a_resume_from_a_tampered_checkpoint_fails_and_a_resume_after_restoring_
     RunLock.acquire(twice).release()  # the failed resume left the folder unlocked
     tensors.write_bytes(good)
     resumes_to_the_uninterrupted_run(once, twice)
-    assert [r.step for r in LogReader(rank_dir(twice, 0)).records()
-            if isinstance(r, EventRecord) and r.kind == RESUME_FAILED] == [step]  # kept in the timeline
+    assert [
+        r.step
+        for r in LogReader(rank_dir(twice, 0)).records()
+        if isinstance(r, EventRecord) and r.kind == RESUME_FAILED
+    ] == [step]  # kept in the timeline
 
 
 def test_a_resume_on_a_full_disk_fails_and_a_resume_with_room_succeeds(tmp_path: Path) -> None:
     once, twice = crashed(tmp_path)
-    full = subprocess.run([sys.executable, "-c", FULL_DISK, str(twice), "20000", *STEPS], cwd=ROOT,
-                          capture_output=True, text=True)
+    full = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(twice), "20000", *STEPS], cwd=ROOT, capture_output=True, text=True
+    )
     assert full.returncode != 0 and "File too large" in full.stderr, full.stderr[-2000:]
     failures(twice)  # the event itself may not have fitted; what matters is no END
     RunLock.acquire(twice).release()

@@ -14,9 +14,9 @@ from tests.watch.support import HEADER, step_records, steps_records, uninterrupt
 from tracer.errors import LogCorruptionError
 from tracer.log import EventRecord, LogReader, LogWriter, LostRange, RecordType, TornTailWarning, rank_dir
 from tracer.log.follow import LogFollower, Resumed
-from tracer.log.segment import Entry
 from tracer.log.resume import log_end
 from tracer.log.runlock import RunLock
+from tracer.log.segment import Entry
 from tracer.log.sessions import Resumption
 
 
@@ -152,8 +152,9 @@ def test_a_resumption_is_announced_and_its_records_follow(run: Path) -> None:
 
     lock = RunLock.acquire(run)
     end = log_end(rank_dir(run, 0))
-    w = LogWriter(rank_dir(run, 0), HEADER, segment_bytes=2000,
-                  resume=Resumption(end.segments, 5, end.records, end.last_step))
+    w = LogWriter(
+        rank_dir(run, 0), HEADER, segment_bytes=2000, resume=Resumption(end.segments, 5, end.records, end.last_step)
+    )
     assert follower.state == "writing"
     write_steps(w, range(5, 10))
     w.close()
@@ -207,7 +208,7 @@ def test_a_log_appended_in_random_pieces_reads_as_the_reader_reads_it(tmp_path: 
         data[name][len(data[name]) // 2] ^= 0x40
     if seed % 3 == 0:  # the writer dies mid-write: the last segment ends torn
         name = sorted(data)[-1]
-        del data[name][rng.randint(len(data[name]) // 2, len(data[name]) - 1):]
+        del data[name][rng.randint(len(data[name]) // 2, len(data[name]) - 1) :]
     run = tmp_path / "run"
     run.mkdir()
     lock = RunLock.acquire(run)
@@ -219,7 +220,7 @@ def test_a_log_appended_in_random_pieces_reads_as_the_reader_reads_it(tmp_path: 
             at = 0
             while at < len(content):
                 step = rng.randint(1, 120)
-                f.write(content[at:at + step])
+                f.write(content[at : at + step])
                 f.flush()
                 at += step
                 items += follower.poll()

@@ -9,6 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from jobs.record import record_run
 from pipelines.arguments import DiffRequest
 from pipelines.run import diff
 from sdc.cli import main
@@ -17,7 +18,6 @@ from tracer.compare import compare_runs
 from tracer.errors import UsageError
 from tracer.log import EventRecord, LogReader, TensorRecord, rank_dir
 from tracer.log.sessions import RESUME
-from jobs.record import record_run
 
 pytestmark = pytest.mark.slow  # records three small runs, one in a subprocess that dies
 
@@ -70,10 +70,13 @@ def test_a_killed_recording_resumes_to_the_records_of_an_uninterrupted_one(tmp_p
 
     # The diff reads the same one timeline: the steps written before the crash and again after it count once.
     db = tmp_path / "study.duckdb"
-    diff(DiffRequest(golden=str(once), suspect=str(twice), db=db, beam_args=("--direct_running_mode=in_memory",)),
-         echo=lambda line: None)
+    diff(
+        DiffRequest(golden=str(once), suspect=str(twice), db=db, beam_args=("--direct_running_mode=in_memory",)),
+        echo=lambda line: None,
+    )
     with duckdb.connect(str(db), read_only=True) as con:
-        differing, compared = con.execute("SELECT count(*) FILTER (WHERE status <> 'equal'), count(*) FROM event_diffs").fetchone()
+        differing, compared = con.execute(
+            "SELECT count(*) FILTER (WHERE status <> 'equal'), count(*) FROM event_diffs"
+        ).fetchone()
         assert con.execute("SELECT count(*) FROM first_divergence").fetchone() == (0,)
     assert differing == 0 and compared == sum(isinstance(r, TensorRecord) for r in timeline(once))
-

@@ -29,8 +29,9 @@ def crash(directory: Path, steps: range, *, torn: bytes = b"", **kwargs) -> None
 def resume(directory: Path, steps: range, **kwargs) -> None:
     """Continue from the checkpoint of `steps.start`, as `sdc record --resume` does, and finish."""
     end = log_end(directory)
-    with LogWriter(directory, HEADER, resume=Resumption(end.segments, steps.start, end.records, end.last_step),
-                   **kwargs) as w:
+    with LogWriter(
+        directory, HEADER, resume=Resumption(end.segments, steps.start, end.records, end.last_step), **kwargs
+    ) as w:
         write_steps(w, steps)
 
 
@@ -100,8 +101,13 @@ def test_segments_decoded_apart_give_the_same_timeline(tmp_path: Path) -> None:
     sessions = find_sessions(log)
     segments = list_segments(log)
     decoded = [
-        read_segment_columns(path.read_bytes(), str(path), last=i == len(segments) - 1,
-                             session_end=sessions.ends_session(index), cutoff=sessions.cutoff(index))
+        read_segment_columns(
+            path.read_bytes(),
+            str(path),
+            last=i == len(segments) - 1,
+            session_end=sessions.ends_session(index),
+            cutoff=sessions.cutoff(index),
+        )
         for i, (index, path) in enumerate(segments)
     ]
     fingerprints = [int(fp) for seg in decoded for fp in seg.tensors.fingerprint]

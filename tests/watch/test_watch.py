@@ -59,14 +59,21 @@ def test_the_first_divergence_names_the_record_and_both_stats(tmp_path: Path) ->
 def test_keep_going_reports_each_diverging_step_once(tmp_path: Path) -> None:
     golden = write(tmp_path / "g", steps_records(range(9)))
     bad = flipped(range(9), (4, "layers.1.feed_forward"))
-    bad = [dataclasses.replace(r, fingerprint=r.fingerprint + 1) if isinstance(r, TensorRecord) and r.step == 6 else r
-           for r in bad]
-    suspect = write(tmp_path / "s", [r for r in bad if not (isinstance(r, TensorRecord) and r.step == 7
-                                                            and r.name == "layers.2.attention")])
+    bad = [
+        dataclasses.replace(r, fingerprint=r.fingerprint + 1) if isinstance(r, TensorRecord) and r.step == 6 else r
+        for r in bad
+    ]
+    suspect = write(
+        tmp_path / "s",
+        [r for r in bad if not (isinstance(r, TensorRecord) and r.step == 7 and r.name == "layers.2.attention")],
+    )
     status, out = watch(golden, suspect, dataclasses.replace(FAST, keep_going=True))
     assert status == EXIT_DIVERGED
     assert [line.split(",")[0] for line in out.splitlines() if line.startswith("DIVERGENCE")] == [
-        "DIVERGENCE at step 4", "DIVERGENCE at step 6", "DIVERGENCE at step 7"]
+        "DIVERGENCE at step 4",
+        "DIVERGENCE at step 6",
+        "DIVERGENCE at step 7",
+    ]
     assert "(no such record: only the other run holds it)" in out
 
 

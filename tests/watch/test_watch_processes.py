@@ -38,8 +38,14 @@ bits = "exponent"
 
 def sdc(*args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
-    return subprocess.Popen([sys.executable, "-m", "sdc.cli", *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "sdc.cli", *args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def record(out: Path, steps: int, *extra: str) -> subprocess.Popen[str]:
@@ -52,8 +58,12 @@ def wait_for_step(run: Path, step: int, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for item in follower.poll():
-            if isinstance(item, Entry) and isinstance(item.record, EventRecord) and item.record.kind == "step" \
-                    and item.record.step >= step:
+            if (
+                isinstance(item, Entry)
+                and isinstance(item.record, EventRecord)
+                and item.record.kind == "step"
+                and item.record.step >= step
+            ):
                 return
         time.sleep(0.02)
     raise AssertionError(f"{run} never reached step {step}")

@@ -9,8 +9,8 @@ from importlib import resources
 import pytest
 import torch
 
-from workload.reference_config import DataConfig
 from workload.data import TokenData, load_corpus
+from workload.reference_config import DataConfig
 
 
 def test_corpus_is_embedded_licensed_and_large_enough():
@@ -41,7 +41,7 @@ def test_targets_are_inputs_shifted_by_one():
     assert inputs.shape == targets.shape == (3, 16)
     assert inputs.dtype == targets.dtype == torch.int64
     assert torch.equal(inputs[:, 1:], targets[:, :-1])
-    windows = {corpus[k * 16:k * 16 + 17] for k in range(data.num_windows)}
+    windows = {corpus[k * 16 : k * 16 + 17] for k in range(data.num_windows)}
     for x, y in zip(inputs, targets):
         assert bytes(x.tolist()) + bytes([int(y[-1])]) in windows
 
@@ -56,9 +56,12 @@ def test_epochs_wrap_and_each_visits_every_window_once():
     steps_per_epoch = num_windows // (cfg.batch_size * cfg.microbatches)
 
     def windows(epoch: int) -> list[int]:
-        return [int(row[0]) // seq_len
-                for step in range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch)
-                for mb in range(cfg.microbatches) for row in data.batch(step, mb)[0]]
+        return [
+            int(row[0]) // seq_len
+            for step in range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch)
+            for mb in range(cfg.microbatches)
+            for row in data.batch(step, mb)[0]
+        ]
 
     orders = [windows(epoch) for epoch in range(3)]
     for order in orders:

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from tracer.determinism import configure_determinism
-from workload.reference_config import Config, load_config
 from workload.data import TokenData
 from workload.model import Transformer
+from workload.reference_config import Config, load_config
 
 
 @pytest.fixture(autouse=True)
@@ -38,8 +38,7 @@ def train(cfg: Config, steps: int) -> dict[str, torch.Tensor]:
     model = init(cfg)
     data = TokenData(cfg.data)
     o = cfg.optim
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
-                                  weight_decay=o.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = o.lr_at(step)
@@ -82,4 +81,3 @@ def test_training_is_bit_identical_and_seeded():
     assert not torch.equal(first["output.weight"], init(cfg).output.weight.detach())  # it trained
     reseeded = train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=1)), steps=3)
     assert not torch.equal(first["output.weight"], reseeded["output.weight"])
-

@@ -18,6 +18,8 @@ def test_every_private_transformers_api_is_present() -> None:
 def test_each_api_names_itself_and_the_feature_that_needs_it() -> None:
     apis = hf_internals.private_apis()
     assert [api.name.split("(")[0] for api in apis] == [
-        "transformers.Trainer._clip_grad_norm", "transformers.Trainer._get_grad_norm"]
+        "transformers.Trainer._clip_grad_norm",
+        "transformers.Trainer._get_grad_norm",
+    ]
     for api in apis:
         assert api.name in api.message() and "workload.hf" in api.message() and "transformers" in api.message()

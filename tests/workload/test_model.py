@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from workload.reference_config import ModelConfig, load_config, shipped_configs
 from workload.model import Transformer, apply_rotary, rotary_tables
+from workload.reference_config import ModelConfig, load_config, shipped_configs
 
 
 def built(cfg: ModelConfig, seed: int = 0) -> Transformer:
@@ -48,8 +48,8 @@ def test_rotary_scores_depend_only_on_relative_position():
     q, k = torch.randn(1, 1, 1, D, generator=gen), torch.randn(1, 1, 1, D, generator=gen)
 
     def score(m: int, n: int) -> torch.Tensor:
-        qm = apply_rotary(q, cos[m:m + 1], sin[m:m + 1])
-        kn = apply_rotary(k, cos[n:n + 1], sin[n:n + 1])
+        qm = apply_rotary(q, cos[m : m + 1], sin[m : m + 1])
+        kn = apply_rotary(k, cos[n : n + 1], sin[n : n + 1])
         return (qm * kn).sum()
 
     for m, n, shift in [(5, 2, 7), (0, 0, 30), (10, 3, 40)]:

@@ -39,8 +39,11 @@ def test_config_file_overrides_and_run_settings(tmp_path: Path) -> None:
     path = tmp_path / "w.toml"
     path.write_text("[model]\nlayers = 3\n[run]\nsteps = 7\n", encoding="utf-8")
     config = load_workload_config(path, ["model.dim=16", "run.checkpoint_every=0", "data.name=counting"])
-    assert config == {"model": {"layers": 3, "dim": 16}, "run": {"steps": 7, "checkpoint_every": 0},
-                      "data": {"name": "counting"}}
+    assert config == {
+        "model": {"layers": 3, "dim": 16},
+        "run": {"steps": 7, "checkpoint_every": 0},
+        "data": {"name": "counting"},
+    }
     assert RunSettings.of(config) == RunSettings(steps=7, checkpoint_every=0)
     assert RunSettings.of({}) == RunSettings()
     with pytest.raises(ConfigError, match="unknown key run.stepz"):

@@ -11,11 +11,11 @@ from torch import nn
 from torch.func import functional_call
 
 from faults import load_profile
+from jobs.record import record_run
 from tests.support import ONE_FLIP, events, small_config
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import EventRecord, TensorRecord
 from workload.protocol import Workload
-from jobs.record import record_run
 from workload.sharpness import EXACT, FINITE_DIFFERENCE, sharpness
 
 
@@ -83,14 +83,20 @@ def test_the_same_seed_gives_the_same_estimate() -> None:
 
 
 def tensors(run: Path) -> list[tuple]:
-    return [(r.step, r.microbatch, r.name, r.phase, r.fingerprint)
-            for r in LogReader(rank_dir(run, 0)).records() if isinstance(r, TensorRecord)]
+    return [
+        (r.step, r.microbatch, r.name, r.phase, r.fingerprint)
+        for r in LogReader(rank_dir(run, 0)).records()
+        if isinstance(r, TensorRecord)
+    ]
 
 
 def other_events(run: Path) -> list[tuple]:
     """Every event but the clock-dependent and the sharpness ones, by kind, step and fields."""
-    return [(r.kind, r.step, sorted(r.fields.items())) for r in LogReader(rank_dir(run, 0)).records()
-            if isinstance(r, EventRecord) and r.kind not in ("step", "sharpness")]
+    return [
+        (r.kind, r.step, sorted(r.fields.items()))
+        for r in LogReader(rank_dir(run, 0)).records()
+        if isinstance(r, EventRecord) and r.kind not in ("step", "sharpness")
+    ]
 
 
 @pytest.mark.slow

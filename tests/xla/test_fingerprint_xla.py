@@ -11,7 +11,16 @@ torch_xla = pytest.importorskip("torch_xla", reason=SKIP_REASON)
 
 from tracer.fingerprint import CHUNK, digest, fingerprint, lazy_digest  # noqa: E402
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool]
+DTYPES = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.uint8,
+    torch.bool,
+]
 SHAPES = [(), (0,), (3,), (7, 5), (3, 1000, 7), (2 * CHUNK + 5,)]
 
 
@@ -41,7 +50,11 @@ def test_views_and_non_finite_values_match_the_cpu() -> None:
         for view in (lambda x: x, lambda x: x.t(), lambda x: x[1:5, 2:8:3], lambda x: x[:, 1:]):
             on_cpu, on_xla = digest(view(t)), digest(view(t.to(torch_xla.device())))
             assert (on_xla.fingerprint, on_xla.meta, on_xla.nan, on_xla.inf) == (
-                on_cpu.fingerprint, on_cpu.meta, on_cpu.nan, on_cpu.inf)
+                on_cpu.fingerprint,
+                on_cpu.meta,
+                on_cpu.nan,
+                on_cpu.inf,
+            )
             assert str(on_xla.absmax) == str(on_cpu.absmax)  # NaN where there is a NaN, as on the CPU
     assert (digest(base).nan, digest(base).inf) == (1, 2)
 

@@ -11,13 +11,13 @@ from tests.xla.conftest import SKIP_REASON, samples, xla_metrics
 
 pytest.importorskip("torch_xla", reason=SKIP_REASON)
 
+from jobs.record import record_run  # noqa: E402
 from sdc.cli import main  # noqa: E402
 from tests.sdc.test_cli import SMALL_ARGS  # noqa: E402
 from tests.support import events, small_config  # noqa: E402
 from tracer.blobs import BlobStore  # noqa: E402
 from tracer.fingerprint import fingerprint  # noqa: E402
 from tracer.log import LogReader, Phase, TensorRecord, rank_dir  # noqa: E402
-from jobs.record import record_run  # noqa: E402
 
 STEPS = 4  # checkpoints before steps 0 and 2 (SMALL); steps 1 and 3 are plain steps
 CAPTURED = r"layers\.1\.attention"
@@ -78,7 +78,8 @@ def test_every_site_gradient_and_parameter_is_recorded_in_eager_order(xla_runs, 
     inputs = [(r.step, r.microbatch, r.fingerprint) for r in on_xla if r.phase == Phase.INPUT]
     assert inputs == [(r.step, r.microbatch, r.fingerprint) for r in on_cpu if r.phase == Phase.INPUT]
     assert [e.fields["loss"] for e in events(xla_runs[0], "loss")] == pytest.approx(
-        [e.fields["loss"] for e in events(cpu, "loss")], rel=1e-3)
+        [e.fields["loss"] for e in events(cpu, "loss")], rel=1e-3
+    )
     # The norm before clipping, read in the step's one transfer (the reference config clips at 1.0).
     norms = [e.fields["grad_norm"] for e in events(xla_runs[0], "step")]
     assert len(norms) == STEPS
@@ -91,7 +92,7 @@ def test_two_xla_runs_diff_to_zero_differences(xla_runs, tmp_path: Path) -> None
     assert main(["diff", "--golden", str(a), "--suspect", str(b), "--db", str(db)]) == 0
     con = duckdb.connect(str(db), read_only=True)
     try:
-        (n, differing), = con.execute("SELECT count(*), count(*) FILTER (NOT equal) FROM event_diffs").fetchall()
+        ((n, differing),) = con.execute("SELECT count(*), count(*) FILTER (NOT equal) FROM event_diffs").fetchall()
         first = con.execute("SELECT count(*) FROM first_divergence").fetchall()
     finally:
         con.close()
@@ -121,6 +122,16 @@ def test_fault_emulation_on_xla_is_refused_in_one_line(tmp_path: Path, capsys: p
 
 def test_replaying_an_xla_run_is_refused_in_one_line(xla_runs, tmp_path: Path, capsys) -> None:
     golden, suspect, _ = xla_runs
-    args = ["replay", "--golden", str(golden), "--suspect", str(suspect), "--steps", "1:2", "--out", str(tmp_path / "r")]
+    args = [
+        "replay",
+        "--golden",
+        str(golden),
+        "--suspect",
+        str(suspect),
+        "--steps",
+        "1:2",
+        "--out",
+        str(tmp_path / "r"),
+    ]
     assert main([*args, "--quiet"]) != 0
     assert "recorded on xla:0; replay re-executes on the CPU" in capsys.readouterr().err

@@ -21,7 +21,24 @@ from tracer.guard.replicas import Disagreement, ReplicaAgreement
 from tracer.guard.twin import RecordedTwin
 
 __all__ = [
-    "AbftFlags", "Alarm", "Detector", "Disagreement", "Evidence", "GradNormSpike", "Guard", "History", "LossSpike", "NonFinite",
-    "Outcome", "Policy", "RecordedTwin", "ReplicaAgreement", "TwinMismatch", "UpdateRmsSpike", "Verdict", "classify", "default_guard",
+    "AbftFlags",
+    "Alarm",
+    "Detector",
+    "Disagreement",
+    "Evidence",
+    "GradNormSpike",
+    "Guard",
+    "History",
+    "LossSpike",
+    "NonFinite",
+    "Outcome",
+    "Policy",
+    "RecordedTwin",
+    "ReplicaAgreement",
+    "TwinMismatch",
+    "UpdateRmsSpike",
+    "Verdict",
+    "classify",
+    "default_guard",
     "step_fingerprint",
 ]

@@ -36,8 +36,12 @@ class Alarm:
     detail: str = ""
 
     def to_event(self) -> dict[str, Any]:
-        return {"detector": self.detector, "measured": float(self.measured), "threshold": float(self.threshold),
-                "detail": self.detail}
+        return {
+            "detector": self.detector,
+            "measured": float(self.measured),
+            "threshold": float(self.threshold),
+            "detail": self.detail,
+        }
 
 
 @runtime_checkable
@@ -81,16 +85,19 @@ class LossSpike:
         _positive(self, "z", self.z)
         _positive(self, "floor", self.floor, zero=True)
 
-
     def check(self, e: Evidence) -> Alarm | None:
-        past = e.past.loss[-self.window:]
+        past = e.past.loss[-self.window :]
         if e.loss is None or len(past) < self.min_history or not math.isfinite(e.loss):
             return None
         z = robust_z(e.loss, past, self.floor)
         if z <= self.z:
             return None
-        return Alarm(self.name, z, self.z, f"loss {e.loss:.6g} vs median {statistics.median(past):.6g} "
-                                           f"of {len(past)} accepted steps")
+        return Alarm(
+            self.name,
+            z,
+            self.z,
+            f"loss {e.loss:.6g} vs median {statistics.median(past):.6g} of {len(past)} accepted steps",
+        )
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,7 @@ class _RatioSpike:
 
     def check(self, e: Evidence) -> Alarm | None:
         value: float | None = getattr(e, self._of)
-        past: tuple[float, ...] = getattr(e.past, self._of)[-self.window:]
+        past: tuple[float, ...] = getattr(e.past, self._of)[-self.window :]
         if value is None or len(past) < self.min_history:
             return None
         median = statistics.median(past)
@@ -119,8 +126,12 @@ class _RatioSpike:
         ratio = value / median if math.isfinite(value) else math.inf
         if ratio <= self.factor:
             return None
-        return Alarm(self.name, ratio, self.factor,
-                     f"{self._what} {value:.6g} vs median {median:.6g} of {len(past)} accepted steps")
+        return Alarm(
+            self.name,
+            ratio,
+            self.factor,
+            f"{self._what} {value:.6g} vs median {median:.6g} of {len(past)} accepted steps",
+        )
 
 
 @dataclass(frozen=True)
@@ -160,7 +171,6 @@ class AbftFlags:
         if self.min_flags < 1:
             raise ConfigError(f"AbftFlags(min_flags={self.min_flags}): must be >= 1")
 
-
     def check(self, e: Evidence) -> Alarm | None:
         if e.abft_flags < self.min_flags:
             return None
@@ -183,7 +193,6 @@ class TwinMismatch:
     name: ClassVar[str] = "twin_mismatch"
     twin: Twin = field(compare=False)
 
-
     def check(self, e: Evidence) -> Alarm | None:
         theirs = self.twin.fingerprint(e.step)
         if theirs is None or theirs == e.fingerprint:
@@ -201,8 +210,9 @@ def robust_z(value: float, past: Sequence[float], floor: float) -> float:
 
 def _window(d: Any, window: int, min_history: int) -> None:
     if not 1 <= min_history <= window:
-        raise ConfigError(f"{type(d).__name__}(window={window}, min_history={min_history}): "
-                          "need 1 <= min_history <= window")
+        raise ConfigError(
+            f"{type(d).__name__}(window={window}, min_history={min_history}): need 1 <= min_history <= window"
+        )
 
 
 def _positive(d: Any, key: str, value: float, *, zero: bool = False, above: float = 0.0) -> None:

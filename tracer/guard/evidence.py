@@ -34,7 +34,7 @@ class History:
         def push(past: tuple[float, ...], value: float | None) -> tuple[float, ...]:
             if value is None or not math.isfinite(value):
                 return past
-            return (*past[len(past) + 1 - keep:], value) if len(past) >= keep else (*past, value)
+            return (*past[len(past) + 1 - keep :], value) if len(past) >= keep else (*past, value)
 
         return History(push(self.loss, e.loss), push(self.grad_norm, e.grad_norm), push(self.update_rms, e.update_rms))
 

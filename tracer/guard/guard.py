@@ -59,11 +59,13 @@ class Guard:
                 raise ConfigError(f"Guard(detectors=...): {d!r} is no detector (it needs a name and check(evidence))")
         names = [d.name for d in self.detectors]
         if len(set(names)) != len(names):
-            raise ConfigError(f"Guard(detectors=...): two detectors are named alike ({', '.join(names)}); "
-                              "give each kind once")
+            raise ConfigError(
+                f"Guard(detectors=...): two detectors are named alike ({', '.join(names)}); give each kind once"
+            )
         if self.on_deterministic not in get_args(Policy):
-            raise ConfigError(f"Guard(on_deterministic={self.on_deterministic!r}): expected one of "
-                              f"{', '.join(get_args(Policy))}")
+            raise ConfigError(
+                f"Guard(on_deterministic={self.on_deterministic!r}): expected one of {', '.join(get_args(Policy))}"
+            )
         if self.replicas is not None and not isinstance(self.replicas, ReplicaAgreement):
             raise ConfigError(f"Guard(replicas={self.replicas!r}): give a tracer.guard.ReplicaAgreement()")
         if self.max_runs < 2:
@@ -84,9 +86,12 @@ class Guard:
 
     def describe(self) -> dict[str, Any]:
         """What the run header's ``extra["guard"]`` records: every detector with its parameters, and the policy."""
-        return {"detectors": [{"name": d.name, **_parameters(d)} for d in self.detectors],
-                "on_deterministic": self.on_deterministic, "max_runs": self.max_runs,
-                **({"replicas": self.replicas.describe()} if self.replicas is not None else {})}
+        return {
+            "detectors": [{"name": d.name, **_parameters(d)} for d in self.detectors],
+            "on_deterministic": self.on_deterministic,
+            "max_runs": self.max_runs,
+            **({"replicas": self.replicas.describe()} if self.replicas is not None else {}),
+        }
 
 
 def default_guard(on_deterministic: Policy = "skip", *, abft: bool = False) -> Guard:

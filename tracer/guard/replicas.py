@@ -51,8 +51,11 @@ class ReplicaAgreement:
     group: Any = field(default=None, compare=False)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "gradients": self.gradients, "group": "given" if self.group is not None
-                else "layout"}
+        return {
+            "name": self.name,
+            "gradients": self.gradients,
+            "group": "given" if self.group is not None else "layout",
+        }
 
 
 @dataclass(frozen=True)
@@ -68,21 +71,32 @@ class Disagreement:
 
     def alarm(self) -> Alarm:
         names = [*self.parameters, *(f"{n} (gradient)" for n in self.gradients)]
-        said = ", ".join(names[:NAMES_SHOWN]) + (f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN
-                                                  else "")
-        who = (f"rank {', '.join(map(str, self.blamed))} disagrees with the majority of replicas "
-               f"{list(self.replicas)}" if self.blamed else "")
+        said = ", ".join(names[:NAMES_SHOWN]) + (
+            f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else ""
+        )
+        who = (
+            f"rank {', '.join(map(str, self.blamed))} disagrees with the majority of replicas {list(self.replicas)}"
+            if self.blamed
+            else ""
+        )
         tie = f"no majority among replicas {list(self.replicas)} (a tie: nobody blamed)" if self.tie else ""
         return Alarm(ReplicaAgreement.name, float(len(names)), 0.0, f"{'; '.join(filter(None, (who, tie)))}: {said}")
 
     def fields(self) -> dict[str, Any]:
         """The ``replicas`` event's fields."""
-        return {**self.alarm().to_event(), "replicas": list(self.replicas), "ranks": list(self.blamed),
-                "tie": self.tie, "parameters": list(self.parameters), "gradients": list(self.gradients)}
+        return {
+            **self.alarm().to_event(),
+            "replicas": list(self.replicas),
+            "ranks": list(self.blamed),
+            "tie": self.tie,
+            "parameters": list(self.parameters),
+            "gradients": list(self.gradients),
+        }
 
 
-def disagreement(step: int, table: np.ndarray, replicas: Sequence[int], names: Sequence[str],
-                 gradients: int) -> Disagreement | None:
+def disagreement(
+    step: int, table: np.ndarray, replicas: Sequence[int], names: Sequence[str], gradients: int
+) -> Disagreement | None:
     """From ``table`` (one row per replica, one column per tensor: its fingerprint; the first ``gradients``
     columns are gradients, named like the parameters after them), who disagrees, or None when all agree."""
     blamed: set[int] = set()
@@ -131,8 +145,9 @@ class ReplicaCheck:
         """The digests of the gradients the optimizer is about to read (the accepted run's)."""
         self._grads = grads if self.check.gradients else []
 
-    def compare(self, step: int, params: list[tuple[str, torch.Tensor]], digests: list[TensorDigest],
-                event: Callable[..., None]) -> None:
+    def compare(
+        self, step: int, params: list[tuple[str, torch.Tensor]], digests: list[TensorDigest], event: Callable[..., None]
+    ) -> None:
         """Gather every replica's fingerprints of this step and log a ``replicas`` event on a disagreement."""
         grads, self._grads = self._grads, []
         if len(self.replicas) < 2:
@@ -146,9 +161,11 @@ class ReplicaCheck:
         row = np.array([int.from_bytes(key.digest(), "little"), *(fp for _, fp in named)], np.uint64)
         table = self._gather(row)
         if (table[:, 0] != row[0]).any():
-            raise CaptureError(f"step {step}: the replicas {list(self.replicas)} name different parameters or "
-                               "gradients after the optimizer step; replicas must train the same model (give "
-                               "ReplicaAgreement(group=...) the data-parallel group)")
+            raise CaptureError(
+                f"step {step}: the replicas {list(self.replicas)} name different parameters or "
+                "gradients after the optimizer step; replicas must train the same model (give "
+                "ReplicaAgreement(group=...) the data-parallel group)"
+            )
         found = disagreement(step, table[:, 1:], self.replicas, names, gradients)
         if found is not None:
             event("replicas", **found.fields())

@@ -24,12 +24,12 @@ from typing import Any, Protocol
 
 import torch
 
+from tracer.errors import TraceWarning
 from tracer.guard.detectors import AbftFlags, Alarm
 from tracer.guard.evidence import Evidence, History, gradient_evidence
 from tracer.guard.guard import Guard, Verdict
 from tracer.guard.ranks import GuardRanks
 from tracer.guard.replicas import ReplicaCheck
-from tracer.errors import TraceWarning
 from tracer.guard.update import require_closed_form, update_rms
 from tracer.intercept import own_ops
 from tracer.log.records import EventRecord, TensorRecord
@@ -103,8 +103,14 @@ class Run:
         e = self.evidence
         assert e is not None
         events = Counter(r.kind for r in self.held.events() if r.kind != "loss")
-        return {"attempt": e.attempt, "fingerprint": e.fingerprint, "loss": e.loss, "grad_norm": e.grad_norm,
-                "nonfinite": e.nonfinite, "events": dict(sorted(events.items()))}
+        return {
+            "attempt": e.attempt,
+            "fingerprint": e.fingerprint,
+            "loss": e.loss,
+            "grad_norm": e.grad_norm,
+            "nonfinite": e.nonfinite,
+            "events": dict(sorted(events.items())),
+        }
 
 
 def _say_warm_up(guard: Guard) -> None:
@@ -113,16 +119,22 @@ def _say_warm_up(guard: Guard) -> None:
     if not quiet:
         return
     names = ", ".join(f"{name} (the first {n} steps)" for name, n in quiet.items())
-    warnings.warn(f"the guard's spike detectors compare a step with the accepted steps before it, so they do not "
-                  f"look at the first steps of a run or of a resume: {names}; a spike there goes unnoticed. Lower a "
-                  "detector's min_history (e.g. LossSpike(min_history=2)) to watch sooner", TraceWarning, stacklevel=3)
+    warnings.warn(
+        f"the guard's spike detectors compare a step with the accepted steps before it, so they do not "
+        f"look at the first steps of a run or of a resume: {names}; a spike there goes unnoticed. Lower a "
+        "detector's min_history (e.g. LossSpike(min_history=2)) to watch sooner",
+        TraceWarning,
+        stacklevel=3,
+    )
 
 
 class StepGuard:
     """One Tracer's guard state: the accepted `History`, the current step's runs, the ranks that decide each step
     together and the replica agreement check after it (None without ``Guard(replicas=...)``)."""
 
-    def __init__(self, guard: Guard, optimizer: torch.optim.Optimizer, layout: Layout = Layout(), rank: int = 0) -> None:
+    def __init__(
+        self, guard: Guard, optimizer: torch.optim.Optimizer, layout: Layout = Layout(), rank: int = 0
+    ) -> None:
         if guard.wants_update_rms:
             require_closed_form(optimizer)
         self.guard = guard
@@ -154,8 +166,16 @@ class StepGuard:
         self._prefix.records += self.current.records
         self.current.records = []
 
-    def evidence(self, step: int, attempt: int, loss: float | None, grads: list, optimizer: torch.optim.Optimizer,
-                 result: Any = None, unclipped: torch.Tensor | float | None = None) -> Evidence:
+    def evidence(
+        self,
+        step: int,
+        attempt: int,
+        loss: float | None,
+        grads: list,
+        optimizer: torch.optim.Optimizer,
+        result: Any = None,
+        unclipped: torch.Tensor | float | None = None,
+    ) -> Evidence:
         """The current run's evidence from its gradient digests, ``(name, TensorDigest)`` in log order, and the
         gradient norm before clipping, if the loop reported one (`Tracer.gradient_norm`)."""
         norm, nonfinite, fp = gradient_evidence(grads)
@@ -208,13 +228,19 @@ class StepGuard:
         if verdict.action == "continue":
             self.history = self.history.after(newest, self.guard.keep)
         log = self.release()
-        log.write_event(EventRecord("guard", step, {
-            "alarms": [a.to_event() for a in alarms],
-            "outcome": verdict.outcome,
-            "action": verdict.action,
-            "accepted": verdict.accepted,
-            "runs": runs,
-        }))
+        log.write_event(
+            EventRecord(
+                "guard",
+                step,
+                {
+                    "alarms": [a.to_event() for a in alarms],
+                    "outcome": verdict.outcome,
+                    "action": verdict.action,
+                    "accepted": verdict.accepted,
+                    "runs": runs,
+                },
+            )
+        )
         return log
 
     def release(self) -> Sink:

@@ -48,8 +48,12 @@ class Attempt:
 
 
 def step_guard(
-    guard: Guard | None, optimizer: torch.optim.Optimizer | None, options: TraceOptions, device: torch.device,
-    layout: Layout, rank: int,
+    guard: Guard | None,
+    optimizer: torch.optim.Optimizer | None,
+    options: TraceOptions,
+    device: torch.device,
+    layout: Layout,
+    rank: int,
 ) -> StepGuard | None:
     """The guard's state for a Tracer, after checking that this Tracer can guard at all."""
     if guard is None:
@@ -57,11 +61,15 @@ def step_guard(
     if not isinstance(guard, Guard):
         raise ConfigError(f"Tracer(guard=...) takes a tracer.guard.Guard, found {type(guard).__name__}")
     if optimizer is None or not options.gradients:
-        raise ConfigError("the guard checks each step in the optimizer's pre-hook, from the recorded gradients: "
-                          "give the Tracer the optimizer and keep TraceOptions(gradients=True)")
+        raise ConfigError(
+            "the guard checks each step in the optimizer's pre-hook, from the recorded gradients: "
+            "give the Tracer the optimizer and keep TraceOptions(gradients=True)"
+        )
     if is_lazy(device):
-        raise ConfigError(f"the guard reads each step's evidence before the optimizer step, which a lazy device "
-                          f"({device}) only computes at the step's end: guard on an eager device (cpu, cuda)")
+        raise ConfigError(
+            f"the guard reads each step's evidence before the optimizer step, which a lazy device "
+            f"({device}) only computes at the step's end: guard on an eager device (cpu, cuda)"
+        )
     return StepGuard(guard, optimizer, layout, rank)
 
 
@@ -75,8 +83,14 @@ def step_loss(losses: list[float], result: Any) -> float | None:
 
 
 def check_step(
-    g: StepGuard, step: int, optimizer: torch.optim.Optimizer, first: Attempt, rerun: Callable[[], Any] | None, *,
-    use_sink: Callable[[Sink], None], run_again: Callable[[Callable[[], Any]], Attempt],
+    g: StepGuard,
+    step: int,
+    optimizer: torch.optim.Optimizer,
+    first: Attempt,
+    rerun: Callable[[], Any] | None,
+    *,
+    use_sink: Callable[[Sink], None],
+    run_again: Callable[[Callable[[], Any]], Attempt],
     checkpoint: Callable[[], str | None],
 ) -> Any:
     """Decide step ``step`` from its ``first`` run; returns what the accepted run's closure returned.
@@ -127,5 +141,6 @@ def _warn_no_rerun(g: StepGuard, step: int) -> None:
             f"step {step}: a guard detector fired but the step cannot be run again (no "
             "tracer.step(..., rerun=fn) and no re-runnable optimizer closure): its alarm is logged as "
             f"unclassified and the policy on_deterministic={g.guard.on_deterministic!r} applies",
-            TraceWarning, stacklevel=4,
+            TraceWarning,
+            stacklevel=4,
         )

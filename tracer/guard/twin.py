@@ -16,8 +16,8 @@ from pathlib import Path
 
 from tracer.guard.evidence import step_fingerprint
 from tracer.log import LogReader, rank_dir
-from tracer.log.segment import TornTailWarning
 from tracer.log.records import Phase, TensorRecord
+from tracer.log.segment import TornTailWarning
 
 
 class RecordedTwin:

@@ -25,9 +25,11 @@ def require_closed_form(optimizer: torch.optim.Optimizer) -> None:
     """Refuse an optimizer whose update this module cannot compute ahead of the step."""
     if type(optimizer) not in CLOSED_FORM:
         names = ", ".join(c.__name__ for c in CLOSED_FORM)
-        raise ConfigError(f"UpdateRmsSpike computes the update in closed form for {names} only; this run's "
-                          f"optimizer is {type(optimizer).__module__}.{type(optimizer).__qualname__}: drop "
-                          "UpdateRmsSpike from the guard's detectors")
+        raise ConfigError(
+            f"UpdateRmsSpike computes the update in closed form for {names} only; this run's "
+            f"optimizer is {type(optimizer).__module__}.{type(optimizer).__qualname__}: drop "
+            "UpdateRmsSpike from the guard's detectors"
+        )
 
 
 @torch.no_grad()

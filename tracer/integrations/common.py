@@ -91,8 +91,13 @@ class TracedRun:
         stack = ExitStack()
         claim_for_ranks(stack, o.out, o.overwrite)  # released last, at close
         try:
-            run = RunInfo(o.node_label, config={**config, **o.config}, seed=seed,
-                          data_order_fingerprint=o.data_order_fingerprint, extra={**extra, **o.extra})
+            run = RunInfo(
+                o.node_label,
+                config={**config, **o.config},
+                seed=seed,
+                data_order_fingerprint=o.data_order_fingerprint,
+                extra={**extra, **o.extra},
+            )
             tracer = Tracer(model, optimizer, out=o.out, run=run, options=o.trace, guard=o.guard)
             stack.enter_context(tracer)
             if o.around is not None:
@@ -116,8 +121,10 @@ class TracedRun:
         """Open Tracer step ``step``; ``closure_reruns``: whether the optimizer's closure is the whole step, so
         that the guard may re-run the step through it."""
         if self._step is not None:
-            raise CaptureError(f"step {self._active.step_index} is still open when step {step} begins; "
-                               "the framework's step events are out of order")
+            raise CaptureError(
+                f"step {self._active.step_index} is still open when step {step} begins; "
+                "the framework's step events are out of order"
+            )
         self._step = self._active.step(step, closure_reruns=closure_reruns)
         self._step.__enter__()
         self.microbatch_index, self._announced = 0, False
@@ -179,8 +186,14 @@ class TracingCallback:
         guard: Guard | None = None,
     ) -> None:
         self.settings = CallbackSettings(
-            out=Path(out), node_label=node_label, trace=options or TraceOptions(), config=dict(config or {}),
-            data_order_fingerprint=data_order_fingerprint, extra=dict(extra or {}), around=around, overwrite=overwrite,
+            out=Path(out),
+            node_label=node_label,
+            trace=options or TraceOptions(),
+            config=dict(config or {}),
+            data_order_fingerprint=data_order_fingerprint,
+            extra=dict(extra or {}),
+            around=around,
+            overwrite=overwrite,
             guard=guard,
         )
         self.run = TracedRun(self.settings)
@@ -190,7 +203,9 @@ class TracingCallback:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.run.close(exc)
 
 
@@ -225,8 +240,11 @@ def _rank_0_says(text: str | None) -> str | None:
     n = int(size.item())
     if n < 0:
         return None
-    buffer = (torch.tensor(list(data), dtype=torch.uint8, device=device) if torch.distributed.get_rank() == 0
-              else torch.empty(n, dtype=torch.uint8, device=device))
+    buffer = (
+        torch.tensor(list(data), dtype=torch.uint8, device=device)
+        if torch.distributed.get_rank() == 0
+        else torch.empty(n, dtype=torch.uint8, device=device)
+    )
     torch.distributed.broadcast(buffer, src=0)
     return bytes(buffer.cpu().tolist()).decode(errors="replace")
 
@@ -236,5 +254,6 @@ def warn_no_rerun(why: str) -> None:
     warnings.warn(
         f"the guard cannot re-run steps here: {why}. Its detectors still check every step; an alarm is logged "
         "as unclassified and the guard's on_deterministic policy (continue, skip, stop) applies to it",
-        TraceWarning, stacklevel=3,
+        TraceWarning,
+        stacklevel=3,
     )

@@ -44,13 +44,45 @@ from tracer.integrations.common import TracingCallback
 # The TrainingArguments that can change the bits of a step: data order and batching, optimizer and schedule,
 # clipping, precision, loss scaling, compilation. (Logging, saving and hub fields cannot.)
 TRAINING_FIELDS = (
-    "seed", "data_seed", "full_determinism", "use_cpu", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "num_train_epochs", "max_steps", "dataloader_drop_last", "train_sampling_strategy", "length_column_name",
-    "remove_unused_columns", "label_names", "accelerator_config", "optim", "optim_args", "optim_target_modules",
-    "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler_type",
-    "lr_scheduler_kwargs", "warmup_steps", "max_grad_norm", "label_smoothing_factor", "average_tokens_across_devices",
-    "bf16", "fp16", "tf32", "activation_checkpointing", "activation_checkpointing_kwargs", "gradient_checkpointing",
-    "torch_compile", "torch_compile_backend", "torch_compile_mode", "use_liger_kernel", "neftune_noise_alpha",
+    "seed",
+    "data_seed",
+    "full_determinism",
+    "use_cpu",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "max_steps",
+    "dataloader_drop_last",
+    "train_sampling_strategy",
+    "length_column_name",
+    "remove_unused_columns",
+    "label_names",
+    "accelerator_config",
+    "optim",
+    "optim_args",
+    "optim_target_modules",
+    "learning_rate",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "max_grad_norm",
+    "label_smoothing_factor",
+    "average_tokens_across_devices",
+    "bf16",
+    "fp16",
+    "tf32",
+    "activation_checkpointing",
+    "activation_checkpointing_kwargs",
+    "gradient_checkpointing",
+    "torch_compile",
+    "torch_compile_backend",
+    "torch_compile_mode",
+    "use_liger_kernel",
+    "neftune_noise_alpha",
 )
 
 
@@ -93,35 +125,54 @@ class SdcTraceCallback(TracingCallback, TrainerCallback):
     overwrite, guard)``, as `tracer.integrations.common.TracingCallback` takes them. With a guard, its detectors
     check each step before the optimizer and its policy applies, but no step is re-run (`cannot_rerun`)."""
 
-    cannot_rerun = ("a Hugging Face Trainer runs each step's forward and backward itself and gives callbacks no "
-                    "way to run them again")
+    cannot_rerun = (
+        "a Hugging Face Trainer runs each step's forward and backward itself and gives callbacks no "
+        "way to run them again"
+    )
 
     _accumulation = 1  # gradient_accumulation_steps
     _batches_per_epoch: int | None = None
     _microbatches = 1  # in the current optimizer step
 
     # -- Trainer events -------------------------------------------------------------------
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                       model: nn.Module | None = None, optimizer: Any = None, lr_scheduler: Any = None,
-                       train_dataloader: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: nn.Module | None = None,
+        optimizer: Any = None,
+        lr_scheduler: Any = None,
+        train_dataloader: Any = None,
+        **kwargs: Any,
+    ) -> None:
         assert model is not None, "the Trainer passes its model to callbacks"
         self.run.open(
-            model, torch_optimizer(optimizer), config=trainer_config(model, args, state.max_steps), seed=args.seed,
+            model,
+            torch_optimizer(optimizer),
+            config=trainer_config(model, args, state.max_steps),
+            seed=args.seed,
             states={"scheduler": lr_scheduler} if lr_scheduler is not None else {},
             extra={"integration": {"library": "transformers", "version": transformers.__version__}},
         )
-        handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
-                   model.register_forward_hook(self._after_forward, with_kwargs=True)]
+        handles = [
+            model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+            model.register_forward_hook(self._after_forward, with_kwargs=True),
+        ]
         self.run.on_close(lambda: [h.remove() for h in handles])
         self._accumulation = args.gradient_accumulation_steps
         self._batches_per_epoch = len(train_dataloader) if hasattr(train_dataloader, "__len__") else None
         self.run.checkpoint(state.global_step)
 
-    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self.run.begin_step(state.global_step)
         self._microbatches = self._microbatches_in(state.global_step)
 
-    def on_substep_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_substep_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self.run.next_microbatch()
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -130,7 +181,9 @@ class SdcTraceCallback(TracingCallback, TrainerCallback):
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self.run.checkpoint(state.global_step)
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self.run.close()
 
     # -- model hooks ----------------------------------------------------------------------

@@ -46,8 +46,9 @@ from tracer.errors import ConfigError
 from tracer.integrations.common import TracingCallback, warn_no_rerun
 
 
-def module_config(module: pl.LightningModule, trainer: pl.Trainer, batches_per_epoch: float,
-                  checkpoint_every: int) -> dict[str, Any]:
+def module_config(
+    module: pl.LightningModule, trainer: pl.Trainer, batches_per_epoch: float, checkpoint_every: int
+) -> dict[str, Any]:
     """The header config of a Lightning run: ``module`` (class and hyperparameters), the ``trainer`` settings
     that decide the bits, and ``run``."""
     steps = trainer.max_steps
@@ -97,22 +98,30 @@ class SdcTraceCallback(TracingCallback, pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not pl_module.automatic_optimization or len(trainer.optimizers) != 1:
-            raise ConfigError("SdcTraceCallback traces automatic optimization with one optimizer; "
-                              f"this module has automatic_optimization={pl_module.automatic_optimization} and "
-                              f"{len(trainer.optimizers)} optimizers")
+            raise ConfigError(
+                "SdcTraceCallback traces automatic optimization with one optimizer; "
+                f"this module has automatic_optimization={pl_module.automatic_optimization} and "
+                f"{len(trainer.optimizers)} optimizers"
+            )
         seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", "0"))
         self._closure_reruns = trainer.accumulate_grad_batches == 1
         if self.settings.guard is not None and not self._closure_reruns:
-            warn_no_rerun(f"with accumulate_grad_batches={trainer.accumulate_grad_batches} Lightning's optimizer "
-                          "closure runs only a step's last microbatch")
+            warn_no_rerun(
+                f"with accumulate_grad_batches={trainer.accumulate_grad_batches} Lightning's optimizer "
+                "closure runs only a step's last microbatch"
+            )
         self.run.open(
-            pl_module, trainer.optimizers[0], seed=seed, states=scheduler_states(trainer.lr_scheduler_configs),
+            pl_module,
+            trainer.optimizers[0],
+            seed=seed,
+            states=scheduler_states(trainer.lr_scheduler_configs),
             config=module_config(pl_module, trainer, trainer.num_training_batches, self.checkpoint_every),
             extra={"integration": {"library": "pytorch_lightning", "version": pl.__version__}},
         )
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self.run.in_step:
             self.run.next_microbatch()
         else:
@@ -122,8 +131,9 @@ class SdcTraceCallback(TracingCallback, pl.Callback):
             self.run.begin_step(step, closure_reruns=self._closure_reruns)
         self.run.microbatch(batch)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor):
             self.run.loss(loss)

@@ -61,9 +61,15 @@ def build_dir(kernel: Kernel) -> Path:
     """Where this kernel's source, with its flags, for this torch and Python, is built. The source's path is part
     of the key: the build files name it, so two checkouts sharing one cache would otherwise rebuild in turn."""
     key = hashlib.sha256()
-    for part in (kernel.source.read_bytes(), str(kernel.source.resolve()).encode(), torch.__version__.encode(),
-                 sys.version.encode(), platform.machine().encode(), " ".join(CFLAGS).encode(),
-                 " ".join(LDFLAGS).encode()):
+    for part in (
+        kernel.source.read_bytes(),
+        str(kernel.source.resolve()).encode(),
+        torch.__version__.encode(),
+        sys.version.encode(),
+        platform.machine().encode(),
+        " ".join(CFLAGS).encode(),
+        " ".join(LDFLAGS).encode(),
+    ):
         key.update(part)
     root = Path(os.environ.get(DIR_ENV) or Path.home() / ".cache" / "sdctrace" / "kernel")
     return root / key.hexdigest()[:16]
@@ -114,8 +120,14 @@ def build(kernel: Kernel, verbose: bool = False) -> Path:
         # torch's lock file outlives a build that was killed, and torch then waits on it forever without a word.
         # Under `_building`'s lock, which the system drops when its holder dies, any such file is stale.
         (folder / "lock").unlink(missing_ok=True)
-        cpp_extension.load(kernel.name, [str(kernel.source)], extra_cflags=list(CFLAGS),
-                           extra_ldflags=list(LDFLAGS), build_directory=str(folder), verbose=verbose)
+        cpp_extension.load(
+            kernel.name,
+            [str(kernel.source)],
+            extra_cflags=list(CFLAGS),
+            extra_ldflags=list(LDFLAGS),
+            build_directory=str(folder),
+            verbose=verbose,
+        )
     return _library(kernel, folder)
 
 
@@ -126,8 +138,11 @@ def _building(kernel: Kernel, folder: Path) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"sdctrace: another process is building the {kernel.title} in {folder}; waiting for it",
-                  file=sys.stderr, flush=True)
+            print(
+                f"sdctrace: another process is building the {kernel.title} in {folder}; waiting for it",
+                file=sys.stderr,
+                flush=True,
+            )
             fcntl.flock(f, fcntl.LOCK_EX)
         yield  # closing the file drops the lock
 
@@ -137,8 +152,11 @@ def build_main(kernel: Kernel, argv: list[str]) -> int:
     try:
         path = build(kernel, verbose="--verbose" in argv)
     except Exception as e:  # the compiler's own output is above; one line says what to do
-        print(f"sdctrace: building the {kernel.title} failed ({type(e).__name__}: {e}); {kernel.fallback}. "
-              "Needs a C++17 compiler and ninja.", file=sys.stderr)
+        print(
+            f"sdctrace: building the {kernel.title} failed ({type(e).__name__}: {e}); {kernel.fallback}. "
+            "Needs a C++17 compiler and ninja.",
+            file=sys.stderr,
+        )
         return 1
     print(f"sdctrace {kernel.title}: {path}")
     return 0

@@ -79,12 +79,19 @@ def claim_out_dir(out: Path, *, role: str, overwrite: bool, inputs: Sequence[Pat
 
     With ``overwrite`` an old run of the same role in ``out`` is deleted; without, it is refused.
     """
-    return claim_folder(out, RUN_FOLDER, overwrite=overwrite, inputs=inputs,
-                        check=lambda: _refuse_other_kind(Path(out), role))
+    return claim_folder(
+        out, RUN_FOLDER, overwrite=overwrite, inputs=inputs, check=lambda: _refuse_other_kind(Path(out), role)
+    )
 
 
-def claim_folder(out: Path, kind: FolderKind, *, overwrite: bool, inputs: Sequence[Path | None] = (),
-                 check: Callable[[], None] | None = None) -> RunLock:
+def claim_folder(
+    out: Path,
+    kind: FolderKind,
+    *,
+    overwrite: bool,
+    inputs: Sequence[Path | None] = (),
+    check: Callable[[], None] | None = None,
+) -> RunLock:
     """Make ``out`` ready for a new folder of ``kind`` and lock it; the caller holds the lock while it writes.
 
     With ``overwrite`` what sdctrace wrote in ``out`` is deleted (after ``check``, which may refuse); without,
@@ -100,8 +107,9 @@ def claim_folder(out: Path, kind: FolderKind, *, overwrite: bool, inputs: Sequen
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"{out}: cannot create the {kind.noun} directory ({_why(out, exc)}); "
-                         "choose another --out") from exc
+        raise UsageError(
+            f"{out}: cannot create the {kind.noun} directory ({_why(out, exc)}); choose another --out"
+        ) from exc
     lock = RunLock.acquire(out)
     try:
         found = _scan(out, kind)  # again, now that no other sdctrace process can change it
@@ -155,8 +163,11 @@ def refuse_long_names(path: Path, option: str) -> None:
     parts = [p.encode("utf-8", "surrogateescape") for p in Path(path).parts]
     too_long = next((p for p in parts if len(p) > NAME_MAX), None)
     if too_long is not None or len(os.fsencode(path)) >= PATH_MAX:
-        what = (f"a name of {len(too_long)} bytes in it (at most {NAME_MAX})" if too_long is not None
-                else f"{len(os.fsencode(path))} bytes long (at most {PATH_MAX - 1})")
+        what = (
+            f"a name of {len(too_long)} bytes in it (at most {NAME_MAX})"
+            if too_long is not None
+            else f"{len(os.fsencode(path))} bytes long (at most {PATH_MAX - 1})"
+        )
         shown = str(path) if len(str(path)) <= 80 else f"{str(path)[:40]}..."
         raise UsageError(f"{option} {shown}: {what}; choose a shorter {option}")
 
@@ -173,8 +184,10 @@ def _refuse_inputs(out: Path, inputs: list[Path]) -> None:
             how = "holds"
         else:
             continue
-        raise UsageError(f"--out {out} {how} the input run {given}, which this command reads; "
-                         "nothing was deleted: choose another --out")
+        raise UsageError(
+            f"--out {out} {how} the input run {given}, which this command reads; "
+            "nothing was deleted: choose another --out"
+        )
 
 
 def _scan(out: Path, kind: FolderKind = RUN_FOLDER) -> RunContents:
@@ -187,8 +200,10 @@ def _scan(out: Path, kind: FolderKind = RUN_FOLDER) -> RunContents:
 def _refuse_foreign(out: Path, found: RunContents) -> None:
     if found.foreign:
         more = f" and {len(found.foreign) - 1} more" if len(found.foreign) > 1 else ""
-        raise UsageError(f"{out}: holds {found.foreign[0]}{more}, which sdctrace did not write; nothing was deleted: "
-                         "move it away or choose another --out")
+        raise UsageError(
+            f"{out}: holds {found.foreign[0]}{more}, which sdctrace did not write; nothing was deleted: "
+            "move it away or choose another --out"
+        )
 
 
 def _refuse_other_kind(out: Path, role: str) -> None:
@@ -198,14 +213,20 @@ def _refuse_other_kind(out: Path, role: str) -> None:
         try:
             found = LogReader(rank_dir(out, rank)).header.role
         except LogError as exc:
-            raise UsageError(f"{out}: holds a run whose header cannot be read ({exc}); nothing was deleted: "
-                             "delete it yourself or choose another --out") from exc
+            raise UsageError(
+                f"{out}: holds a run whose header cannot be read ({exc}); nothing was deleted: "
+                "delete it yourself or choose another --out"
+            ) from exc
         if found != role:
-            raise UsageError(f"{out}: holds {_kind(found)}, and this command writes {_kind(role)}; "
-                             "nothing was deleted: choose another --out")
+            raise UsageError(
+                f"{out}: holds {_kind(found)}, and this command writes {_kind(role)}; "
+                "nothing was deleted: choose another --out"
+            )
         return
-    raise UsageError(f"{out}: holds checkpoints or blobs but no log that says which kind of run they belong to; "
-                     "nothing was deleted: delete them yourself or choose another --out")
+    raise UsageError(
+        f"{out}: holds checkpoints or blobs but no log that says which kind of run they belong to; "
+        "nothing was deleted: delete them yourself or choose another --out"
+    )
 
 
 def _kind(role: str) -> str:

@@ -95,8 +95,9 @@ def encode_string(string_id: int, text: str) -> bytes:
 
 def decode_string(payload: Any) -> tuple[int, str]:
     m = _unpack(payload)
-    if not (isinstance(m, list) and len(m) == 2 and _is_int(m[0]) and 0 <= m[0] <= MAX_STRING_ID
-            and isinstance(m[1], str)):
+    if not (
+        isinstance(m, list) and len(m) == 2 and _is_int(m[0]) and 0 <= m[0] <= MAX_STRING_ID and isinstance(m[1], str)
+    ):
         raise PayloadError(f"STRING payload must be [id in 0..{MAX_STRING_ID}, text], found {m!r:.80}")
     return m[0], m[1]
 
@@ -130,10 +131,22 @@ def decode_tensor(payload: Any, strings: Mapping[int, str]) -> TensorRecord:
             "TENSOR payload must be a 10-element array [step, microbatch, name_id, phase, "
             "fingerprint, l2, absmax, nan, inf, meta_id]"
         ) from None
-    if not (type(step) is int and 0 <= step <= MAX_STEP and type(microbatch) is int and 0 <= microbatch <= MAX_MICROBATCH
-            and type(fingerprint) is int and 0 <= fingerprint <= U64_MAX and type(l2) is float
-            and type(absmax) is float and type(nan) is int and 0 <= nan <= MAX_ELEMENTS
-            and type(inf) is int and 0 <= inf <= MAX_ELEMENTS and type(name_id) is int and type(meta_id) is int):
+    if not (
+        type(step) is int
+        and 0 <= step <= MAX_STEP
+        and type(microbatch) is int
+        and 0 <= microbatch <= MAX_MICROBATCH
+        and type(fingerprint) is int
+        and 0 <= fingerprint <= U64_MAX
+        and type(l2) is float
+        and type(absmax) is float
+        and type(nan) is int
+        and 0 <= nan <= MAX_ELEMENTS
+        and type(inf) is int
+        and 0 <= inf <= MAX_ELEMENTS
+        and type(name_id) is int
+        and type(meta_id) is int
+    ):
         _tensor_problem(step, microbatch, name_id, fingerprint, l2, absmax, nan, inf, meta_id)
     try:
         name, meta = strings[name_id], strings[meta_id]
@@ -190,8 +203,11 @@ BLOCK_COLUMNS: tuple[tuple[str, bool, int | None], ...] = (
 )
 BLOCK_WIDTHS = (0, 1, 2, 4, 8)
 _UINT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
-_BLOCK_SHAPE = "TENSOR_BLOCK payload must be an 11-element array [step, rows, " + \
-    ", ".join(name for name, _, _ in BLOCK_COLUMNS) + "] whose last 9 are bin columns"
+_BLOCK_SHAPE = (
+    "TENSOR_BLOCK payload must be an 11-element array [step, rows, "
+    + ", ".join(name for name, _, _ in BLOCK_COLUMNS)
+    + "] whose last 9 are bin columns"
+)
 
 
 def encode_tensor_block(step: int, rows: Sequence[Row]) -> bytes:
@@ -261,13 +277,13 @@ def _block_head(payload: Any) -> tuple[int, int, tuple[bytes, ...]]:
         value = _unpack_array(payload)
     except (ValueError, TypeError, msgpack.UnpackException):
         value = None
-    if type(value) is not tuple or len(value) != 2 + len(BLOCK_COLUMNS) \
-            or not all(type(c) is bytes for c in value[2:]):
+    if type(value) is not tuple or len(value) != 2 + len(BLOCK_COLUMNS) or not all(type(c) is bytes for c in value[2:]):
         raise PayloadError(_BLOCK_SHAPE)
     step, rows = value[:2]
     _check(_is_int(step) and 0 <= step <= MAX_STEP, "TENSOR_BLOCK", "step", f"an int in 0..{MAX_STEP}", step)
-    _check(_is_int(rows) and 1 <= rows <= MAX_BLOCK_ROWS, "TENSOR_BLOCK", "rows", f"an int in 1..{MAX_BLOCK_ROWS}",
-           rows)
+    _check(
+        _is_int(rows) and 1 <= rows <= MAX_BLOCK_ROWS, "TENSOR_BLOCK", "rows", f"an int in 1..{MAX_BLOCK_ROWS}", rows
+    )
     return step, rows, value[2:]
 
 
@@ -294,8 +310,9 @@ def _is_number(v: Any) -> bool:  # a float64 column takes any int msgpack holds
 
 def _maps_of(spec: Mapping[str, Callable[[Any], bool]]) -> Callable[[Any], bool]:
     """A list of maps whose listed keys, where present, pass their check."""
-    return lambda v: type(v) is list and all(
-        type(m) is dict and all(k not in m or ok(m[k]) for k, ok in spec.items()) for m in v)
+    return lambda v: (
+        type(v) is list and all(type(m) is dict and all(k not in m or ok(m[k]) for k, ok in spec.items()) for m in v)
+    )
 
 
 I64_MAX = (1 << 63) - 1  # an int64 column's largest value
@@ -306,14 +323,26 @@ _FINGERPRINT = ("an unsigned 64-bit int", _int_in(0, U64_MAX))
 _RANK = (f"an int in 0..{MAX_WORLD_SIZE - 1}", _int_in(0, MAX_WORLD_SIZE - 1))
 _RANKS = (f"a list of ints in 0..{MAX_WORLD_SIZE - 1}", _or_nil(_ints_in(0, MAX_WORLD_SIZE - 1)))
 _NUMBER = ("a number or nil", _or_nil(_is_number))
-_ALARMS = ("a list of maps {detector, measured, threshold, detail} whose numbers are numbers or nil",
-           _or_nil(_maps_of({"measured": _NUMBER[1], "threshold": _NUMBER[1]})))
-_RUNS = (f"a list of maps {{attempt: int in 0..{I64_MAX}, fingerprint: uint64, loss, grad_norm: number or nil, "
-         f"nonfinite: int in 0..{MAX_ELEMENTS}, events: map of str to int in 0..{I64_MAX}}}",
-         _or_nil(_maps_of({"attempt": _int_in(0, I64_MAX), "fingerprint": _FINGERPRINT[1], "loss": _NUMBER[1],
-                           "grad_norm": _NUMBER[1], "nonfinite": _int_in(0, MAX_ELEMENTS),
-                           "events": lambda v: type(v) is dict and all(type(n) is int and 0 <= n <= I64_MAX
-                                                                       for n in v.values())})))
+_ALARMS = (
+    "a list of maps {detector, measured, threshold, detail} whose numbers are numbers or nil",
+    _or_nil(_maps_of({"measured": _NUMBER[1], "threshold": _NUMBER[1]})),
+)
+_RUNS = (
+    f"a list of maps {{attempt: int in 0..{I64_MAX}, fingerprint: uint64, loss, grad_norm: number or nil, "
+    f"nonfinite: int in 0..{MAX_ELEMENTS}, events: map of str to int in 0..{I64_MAX}}}",
+    _or_nil(
+        _maps_of(
+            {
+                "attempt": _int_in(0, I64_MAX),
+                "fingerprint": _FINGERPRINT[1],
+                "loss": _NUMBER[1],
+                "grad_norm": _NUMBER[1],
+                "nonfinite": _int_in(0, MAX_ELEMENTS),
+                "events": lambda v: type(v) is dict and all(type(n) is int and 0 <= n <= I64_MAX for n in v.values()),
+            }
+        )
+    ),
+)
 _EVENT_FIELDS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
     "blob": {
         "microbatch": (f"an int in 0..{MAX_MICROBATCH}", _int_in(0, MAX_MICROBATCH)),
@@ -323,23 +352,37 @@ _EVENT_FIELDS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
     },
     "checkpoint": {"rank": _RANK},
     "resume": {"rank": _RANK, "last_step": (f"an int in 0..{MAX_STEP} or nil", _or_nil(_int_in(0, MAX_STEP)))},
-    "step": {"loss": _NUMBER, "wall_s": _NUMBER, "grad_norm": _NUMBER,
-             "microbatches": (f"an int in 0..{MAX_MICROBATCH + 1}", _int_in(0, MAX_MICROBATCH + 1))},
+    "step": {
+        "loss": _NUMBER,
+        "wall_s": _NUMBER,
+        "grad_norm": _NUMBER,
+        "microbatches": (f"an int in 0..{MAX_MICROBATCH + 1}", _int_in(0, MAX_MICROBATCH + 1)),
+    },
     "loss": {"microbatch": _MICROBATCH, "loss": _NUMBER},
     "rng": {"fingerprint": _FINGERPRINT, "devices": ("an int in 0..65535", _int_in(0, (1 << 16) - 1))},
-    "fault": {"microbatch": _MICROBATCH, "elements": _COUNT,
-              "index": (f"a list of ints in 0..{MAX_ELEMENTS}", _or_nil(_ints_in(0, MAX_ELEMENTS)))},
-    "abft": {"microbatch": _MICROBATCH, "shape": (f"a list of ints in 0..{MAX_ELEMENTS}",
-                                                  _or_nil(_ints_in(0, MAX_ELEMENTS)))},
+    "fault": {
+        "microbatch": _MICROBATCH,
+        "elements": _COUNT,
+        "index": (f"a list of ints in 0..{MAX_ELEMENTS}", _or_nil(_ints_in(0, MAX_ELEMENTS))),
+    },
+    "abft": {
+        "microbatch": _MICROBATCH,
+        "shape": (f"a list of ints in 0..{MAX_ELEMENTS}", _or_nil(_ints_in(0, MAX_ELEMENTS))),
+    },
     "site_mismatch": {"microbatch": _MICROBATCH, "elements": _COUNT, "mismatched": _COUNT, "zero_golden": _COUNT},
     "replay_divergence": {"microbatch": _MICROBATCH, "expected": _FINGERPRINT, "found": _FINGERPRINT},
     "sharpness": {"microbatch": _MICROBATCH, "iterations": _COUNT},
     "finetune_eval": {"examples": _COUNT, "correct": _COUNT},
-    "finetune_prediction": {"example": _COUNT, "predicted": (f"an int in 0..{I32_MAX} or nil",
-                                                             _or_nil(_int_in(0, I32_MAX))),
-                            "answer": (f"an int in 0..{I32_MAX} or nil", _or_nil(_int_in(0, I32_MAX)))},
-    "guard": {"accepted": (f"an int in 0..{I64_MAX} or nil", _or_nil(_int_in(0, I64_MAX))), "alarms": _ALARMS,
-              "runs": _RUNS},
+    "finetune_prediction": {
+        "example": _COUNT,
+        "predicted": (f"an int in 0..{I32_MAX} or nil", _or_nil(_int_in(0, I32_MAX))),
+        "answer": (f"an int in 0..{I32_MAX} or nil", _or_nil(_int_in(0, I32_MAX))),
+    },
+    "guard": {
+        "accepted": (f"an int in 0..{I64_MAX} or nil", _or_nil(_int_in(0, I64_MAX))),
+        "alarms": _ALARMS,
+        "runs": _RUNS,
+    },
     "replicas": {"measured": _NUMBER, "threshold": _NUMBER, "replicas": _RANKS, "ranks": _RANKS},
 }
 _REQUIRED = {"blob": ("microbatch", "name", "phase", "fingerprint")}
@@ -372,8 +415,13 @@ def decode_event(payload: Any) -> EventRecord:
         m = msgpack.unpackb(payload, raw=False)
     except (ValueError, TypeError, msgpack.UnpackException):
         m = None
-    if type(m) is dict and len(m) == 3 and type(m.get("kind")) is str and type(m.get("step")) is int \
-            and type(m.get("fields")) is dict:
+    if (
+        type(m) is dict
+        and len(m) == 3
+        and type(m.get("kind")) is str
+        and type(m.get("step")) is int
+        and type(m.get("fields")) is dict
+    ):
         kind, step, fields = m["kind"], m["step"], m["fields"]
         if kind in _CHECKED_KINDS or step < 0 or step > MAX_STEP or _nested(fields):
             check_event(kind, step, fields)
@@ -397,12 +445,20 @@ def reads_back(rec: EventRecord) -> bool:
     every event has), and the kind's checked fields in bounds. The writer decodes the others to refuse what would
     not read back."""
     kind, step, fields = rec.kind, rec.step, rec.fields
-    if type(kind) is not str or kind in _REQUIRED or type(step) is not int or not 0 <= step <= MAX_STEP \
-            or type(fields) is not dict:
+    if (
+        type(kind) is not str
+        or kind in _REQUIRED
+        or type(step) is not int
+        or not 0 <= step <= MAX_STEP
+        or type(fields) is not dict
+    ):
         return False
     for k, v in fields.items():
-        if type(k) is not str or type(v) not in _SCALARS and (type(v) is not list
-                                                               or any(type(x) not in _SCALARS for x in v)):
+        if (
+            type(k) is not str
+            or type(v) not in _SCALARS
+            and (type(v) is not list or any(type(x) not in _SCALARS for x in v))
+        ):
             return False
     return all(ok(fields[name]) for name, (_, ok) in _EVENT_FIELDS.get(kind, {}).items() if name in fields)
 

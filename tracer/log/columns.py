@@ -18,18 +18,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tracer.log.codec import (
-    BLOCK_COLUMNS,
-    BLOCK_WIDTHS,
-    PayloadError,
-    decode_end,
-    decode_event,
-    decode_string,
-)
+from tracer.log.codec import BLOCK_COLUMNS, BLOCK_WIDTHS, PayloadError, decode_end, decode_event, decode_string
 from tracer.log.frame_scan import crcs, frame_chain, u32le
 from tracer.log.framing import FRAME_SIZE, HEADER_SIZE, RecordType
-from tracer.log.segment import Entry, LogStatus, LostRange, OnCorruption, Segment, report_corruption, skip_mode
-from tracer.log.sessions import is_failed_session
+from tracer.log.msgpack_columns import ByteViews, bins, block_column, floats32, ints
 from tracer.log.records import (
     MAX_BLOCK_ROWS,
     MAX_ELEMENTS,
@@ -40,6 +32,8 @@ from tracer.log.records import (
     RunHeader,
     TensorRecord,
 )
+from tracer.log.segment import Entry, LogStatus, LostRange, OnCorruption, Segment, report_corruption, skip_mode
+from tracer.log.sessions import is_failed_session
 
 _HEADER, _STRING, _TENSOR, _EVENT, _END, _BLOCK = (int(t) for t in RecordType)
 _I64 = np.iinfo(np.int64)
@@ -86,13 +80,23 @@ class SegmentColumns:
         positions += [(int(self.tensors.offset[-1]), int(self.tensors.step[-1]), False)] if len(self.tensors) else []
         if self.events:
             first, last = self.events[0], self.events[-1]
-            positions += [(first.offset, first.record.step, first.record.kind == "step"),
-                          (last.offset, last.record.step, last.record.kind == "step")]
+            positions += [
+                (first.offset, first.record.step, first.record.kind == "step"),
+                (last.offset, last.record.step, last.record.kind == "step"),
+            ]
         head, tail = (min(positions), max(positions)) if positions else (None, None)
         return SegmentSummary(
-            index, path, self.index, self.status.first_record, self.data_records, self.lost,
-            tuple(self.status.lost), head[1] if head else None, tail[1] if tail else None,
-            bool(tail and tail[2]), self.region_records,
+            index,
+            path,
+            self.index,
+            self.status.first_record,
+            self.data_records,
+            self.lost,
+            tuple(self.status.lost),
+            head[1] if head else None,
+            tail[1] if tail else None,
+            bool(tail and tail[2]),
+            self.region_records,
         )
 
 
@@ -113,7 +117,12 @@ class SegmentSummary(NamedTuple):
 
 
 def read_segment_columns(
-    data: Any, name: str, *, last: bool, on_corruption: OnCorruption = "raise", session_end: bool = False,
+    data: Any,
+    name: str,
+    *,
+    last: bool,
+    on_corruption: OnCorruption = "raise",
+    session_end: bool = False,
     cutoff: int | None = None,
 ) -> SegmentColumns:
     """Decode one segment's bytes (`name` is for messages), as `read_segment` does, into columns.
@@ -139,11 +148,14 @@ def read_segment_columns(
             status.complete, status.end = True, end
     if cutoff is not None:
         tensors, events = _before(tensors, events, cutoff, status)
-    return SegmentColumns(seg.header, seg.index, tensors, events, status, seg.data_records, seg.lost, seg.region_records)
+    return SegmentColumns(
+        seg.header, seg.index, tensors, events, status, seg.data_records, seg.lost, seg.region_records
+    )
 
 
-def _before(tensors: TensorColumns, events: list[Entry], cutoff: int, status: LogStatus) -> tuple[TensorColumns,
-                                                                                                   list[Entry]]:
+def _before(
+    tensors: TensorColumns, events: list[Entry], cutoff: int, status: LogStatus
+) -> tuple[TensorColumns, list[Entry]]:
     """The records of steps before `cutoff`: a resumption wrote the later ones again."""
     keep = tensors.step < cutoff
     kept = [e for e in events if e.record.step < cutoff or is_failed_session(e.record)]
@@ -169,11 +181,14 @@ def check_chain(segments: Iterable[SegmentSummary], missing_path: Callable[[int]
         if s.header_index is not None and s.header_index != s.index:
             problems.append((s.path, 12, f"file header says segment {s.header_index} but the file name says {s.index}"))
         if expected_first is not None and s.first_record is not None and s.first_record != expected_first:
-            problems.append((
-                s.path, HEADER_SIZE,
-                f"segment starts at record {s.first_record} but the segments before it hold {expected_first}: "
-                "records are missing from the end of the previous segment",
-            ))
+            problems.append(
+                (
+                    s.path,
+                    HEADER_SIZE,
+                    f"segment starts at record {s.first_record} but the segments before it hold {expected_first}: "
+                    "records are missing from the end of the previous segment",
+                )
+            )
         expected_index = s.index + 1
         expected_first = None if s.lost or s.first_record is None else s.first_record + s.data_records
     return problems
@@ -232,8 +247,13 @@ def _from_entries(seg: Segment, name: str, skip: bool, status: LogStatus) -> tup
         elif _fits(rec):
             records.append((entry.offset, rec))
         else:
-            report_corruption(status, skip, name, entry.offset, "TENSOR value out of range: step, microbatch, nan and inf must "
-                    "fit int64 and the fingerprint uint64")
+            report_corruption(
+                status,
+                skip,
+                name,
+                entry.offset,
+                "TENSOR value out of range: step, microbatch, nan and inf must fit int64 and the fingerprint uint64",
+            )
             status.records -= 1
             status.skipped_records += 1
     strings: dict[str, int] = {}
@@ -256,8 +276,8 @@ def _from_entries(seg: Segment, name: str, skip: bool, status: LogStatus) -> tup
 
 
 def _fits(r: TensorRecord) -> bool:
-    ints = (r.step, r.microbatch, r.nan, r.inf)
-    return all(_I64.min <= v <= _I64.max for v in ints) and 0 <= r.fingerprint <= _U64_MAX
+    counts = (r.step, r.microbatch, r.nan, r.inf)
+    return all(_I64.min <= v <= _I64.max for v in counts) and 0 <= r.fingerprint <= _U64_MAX
 
 
 # -- the fast path -----------------------------------------------------------------------------
@@ -296,7 +316,7 @@ def decode_clean(data: Any, seg: Segment, last: bool) -> tuple[TensorColumns, li
         return None
     if strings is None:
         return None
-    r = _Reader(raw)
+    r = ByteViews(raw)
     is_tensor, is_block = types == _TENSOR, types == _BLOCK
     if is_block.any() and seg.version < 2:
         return None
@@ -308,12 +328,18 @@ def decode_clean(data: Any, seg: Segment, last: bool) -> tuple[TensorColumns, li
         if blocks is None:
             return None
         tensors = _in_log_order(tensors, blocks) if len(tensors) else blocks
-    if end is not None and seg.first_record is not None and end.records != seg.first_record + len(tensors) + len(events):
+    if (
+        end is not None
+        and seg.first_record is not None
+        and end.records != seg.first_record + len(tensors) + len(events)
+    ):
         return None
     return tensors, events, end
 
 
-def _strings(view: memoryview, offsets: np.ndarray, stops: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray] | None:
+def _strings(
+    view: memoryview, offsets: np.ndarray, stops: np.ndarray
+) -> tuple[list[str], np.ndarray, np.ndarray] | None:
     """(texts, id -> position in texts or -1, id -> offset of its STRING record); None if an id repeats."""
     texts: list[str] = []
     by_id: dict[int, tuple[int, int]] = {}
@@ -332,17 +358,22 @@ def _strings(view: memoryview, offsets: np.ndarray, stops: np.ndarray) -> tuple[
 
 
 def _tensors(
-    r: _Reader, offsets: np.ndarray, stops: np.ndarray, texts: list[str], position: np.ndarray,
+    r: ByteViews,
+    offsets: np.ndarray,
+    stops: np.ndarray,
+    texts: list[str],
+    position: np.ndarray,
     defined_at: np.ndarray,
 ) -> TensorColumns | None:
-    """Vectorised msgpack decoding of `[step, microbatch, name_id, phase, fingerprint, l2, absmax, nan, inf, meta_id]`."""
+    """Vectorised msgpack decoding of TENSOR records,
+    `[step, microbatch, name_id, phase, fingerprint, l2, absmax, nan, inf, meta_id]`."""
     at = offsets + FRAME_SIZE
     if not (r.buf[at] == 0x9A).all():  # fixarray of 10
         return None
     at = at + 1
     fields: list[np.ndarray] = []
     for kind in ("int", "int", "int", "int", "uint", "float", "float", "int", "int", "int"):
-        got = _float32(r, at) if kind == "float" else _int(r, at, unsigned=kind == "uint")
+        got = floats32(r, at) if kind == "float" else ints(r, at, unsigned=kind == "uint")
         if got is None:
             return None
         value, at = got
@@ -367,24 +398,38 @@ def _tensors(
     if (defined_at[name_id] > offsets).any() or (defined_at[meta_id] > offsets).any():
         return None
     return TensorColumns(
-        offset=offsets, step=step, microbatch=microbatch, name=name.astype(np.int32), phase=phase.astype(np.int8),
-        fingerprint=fingerprint, l2=l2, absmax=absmax, nan=nan, inf=inf, meta=meta.astype(np.int32), strings=texts,
+        offset=offsets,
+        step=step,
+        microbatch=microbatch,
+        name=name.astype(np.int32),
+        phase=phase.astype(np.int8),
+        fingerprint=fingerprint,
+        l2=l2,
+        absmax=absmax,
+        nan=nan,
+        inf=inf,
+        meta=meta.astype(np.int32),
+        strings=texts,
     )
 
 
 def _blocks(
-    r: _Reader, offsets: np.ndarray, stops: np.ndarray, texts: list[str], position: np.ndarray,
+    r: ByteViews,
+    offsets: np.ndarray,
+    stops: np.ndarray,
+    texts: list[str],
+    position: np.ndarray,
     defined_at: np.ndarray,
 ) -> TensorColumns | None:
     """Vectorised decoding of TENSOR_BLOCK payloads `[step, rows, 9 bin columns]`, all blocks at once."""
     at = offsets + FRAME_SIZE
     if not (r.buf[at] == 0x90 + 2 + len(BLOCK_COLUMNS)).all():  # fixarray of 11
         return None
-    got = _int(r, at + 1, unsigned=False)
+    got = ints(r, at + 1, unsigned=False)
     if got is None:
         return None
     step, at = got
-    got = _int(r, at, unsigned=False)
+    got = ints(r, at, unsigned=False)
     if got is None:
         return None
     rows, at = got
@@ -392,7 +437,7 @@ def _blocks(
         return None
     starts, widths = [], []
     for _, is_float, _ in BLOCK_COLUMNS:
-        got = _bin(r, at)
+        got = bins(r, at)
         if got is None:
             return None
         start, length = got
@@ -408,7 +453,7 @@ def _blocks(
     index = np.arange(int(rows.sum()))  # of each row, likewise
     columns = []
     for (_, is_float, top), start, width in zip(BLOCK_COLUMNS, starts, widths):
-        values = _column(r, start, width, rows, first_row, index, is_float)
+        values = block_column(r, start, width, rows, first_row, index, is_float)
         if top is not None and len(values) and int(values.max()) > top:  # codec.decode_tensor_block's ranges
             return None
         columns.append(values)
@@ -417,115 +462,35 @@ def _blocks(
         return None
     name, meta = position[name_id], position[meta_id]
     block_at = np.repeat(offsets, rows)
-    if (name < 0).any() or (meta < 0).any() or (defined_at[name_id] > block_at).any() \
-            or (defined_at[meta_id] > block_at).any():
+    if (
+        (name < 0).any()
+        or (meta < 0).any()
+        or (defined_at[name_id] > block_at).any()
+        or (defined_at[meta_id] > block_at).any()
+    ):
         return None
     return TensorColumns(
-        offset=np.repeat(offsets - first_row, rows) + index, step=np.repeat(step, rows),
-        microbatch=microbatch.astype(np.int64), name=name.astype(np.int32), phase=phase.astype(np.int8),
-        fingerprint=fingerprint.astype(np.uint64), l2=l2.astype(np.float32), absmax=absmax.astype(np.float32),
-        nan=nan.astype(np.int64), inf=inf.astype(np.int64), meta=meta.astype(np.int32), strings=texts,
+        offset=np.repeat(offsets - first_row, rows) + index,
+        step=np.repeat(step, rows),
+        microbatch=microbatch.astype(np.int64),
+        name=name.astype(np.int32),
+        phase=phase.astype(np.int8),
+        fingerprint=fingerprint.astype(np.uint64),
+        l2=l2.astype(np.float32),
+        absmax=absmax.astype(np.float32),
+        nan=nan.astype(np.int64),
+        inf=inf.astype(np.int64),
+        meta=meta.astype(np.int32),
+        strings=texts,
     )
-
-
-def _bin(r: _Reader, at: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """One msgpack bin per record at `at`: (offsets of their bytes, lengths)."""
-    tag = r.buf[at]
-    length = np.empty(len(at), np.int64)
-    head = np.empty(len(at), np.int64)
-    for t, (size, kind) in _BIN_TAGS.items():
-        m = tag == t
-        if m.any():
-            length[m], head[m] = r.read(kind, at[m] + 1), 1 + size
-    if not np.isin(tag, list(_BIN_TAGS)).all():
-        return None
-    return at + head, length
-
-
-def _column(
-    r: _Reader, start: np.ndarray, width: np.ndarray, rows: np.ndarray, first_row: np.ndarray, index: np.ndarray,
-    is_float: bool,
-) -> np.ndarray:
-    """One column of every block, row by row: a block's row i is at start + width * i. Float32 or unsigned ints
-    of the blocks' width (uint64 when widths differ between blocks)."""
-    present = np.unique(width).tolist()
-    if present == [0]:
-        return np.zeros(len(index), np.uint8)
-    if len(present) == 1:
-        w = present[0]
-        return r.read("<f4" if is_float else f"<u{w}", np.repeat(start - w * first_row, rows) + w * index)
-    row_width = np.repeat(width, rows)
-    at = np.repeat(start - width * first_row, rows) + row_width * index
-    out = np.zeros(len(index), np.uint64)
-    for w in present:
-        if w:
-            m = row_width == w
-            out[m] = r.read(f"<u{w}", at[m])
-    return out
 
 
 def _in_log_order(a: TensorColumns, b: TensorColumns) -> TensorColumns:
     """TENSOR records and block rows of one segment, merged by offset (the strings are the same list)."""
     order = np.argsort(np.concatenate([a.offset, b.offset]), kind="stable")
-    merged = {f.name: np.concatenate([getattr(a, f.name), getattr(b, f.name)])[order]
-              for f in fields(TensorColumns) if f.name != "strings"}
+    merged = {
+        f.name: np.concatenate([getattr(a, f.name), getattr(b, f.name)])[order]
+        for f in fields(TensorColumns)
+        if f.name != "strings"
+    }
     return TensorColumns(**merged, strings=a.strings)
-
-
-class _Reader:
-    """Views of a segment's bytes at every byte offset, big-endian (msgpack) or little-endian ("<": block
-    columns): one gather reads a field."""
-
-    def __init__(self, raw: np.ndarray) -> None:
-        self.buf = np.concatenate([raw, np.zeros(16, np.uint8)])  # lets reads run past a bad payload's end
-        self._views = {
-            k: np.ndarray((len(self.buf) - 7,), dtype, buffer=self.buf, strides=(1,))
-            for k, dtype in (("u2", ">u2"), ("u4", ">u4"), ("u8", ">u8"), ("i2", ">i2"), ("i4", ">i4"),
-                             ("i8", ">i8"), ("f4", ">f4"), ("<u2", "<u2"), ("<u4", "<u4"), ("<u8", "<u8"),
-                             ("<f4", "<f4"))
-        }
-        self._views["u1"], self._views["<u1"], self._views["i1"] = self.buf, self.buf, self.buf.view(np.int8)
-
-    def read(self, kind: str, at: np.ndarray | slice) -> np.ndarray:
-        return self._views[kind][at]
-
-
-# msgpack int encodings, by tag: (class, bytes after the tag, view to read them with)
-_POSFIX, _NEGFIX, _INVALID = 0, 1, 255
-_INT_TAGS = {0xCC: (1, "u1"), 0xCD: (2, "u2"), 0xCE: (4, "u4"), 0xCF: (8, "u8"),
-             0xD0: (1, "i1"), 0xD1: (2, "i2"), 0xD2: (4, "i4"), 0xD3: (8, "i8")}
-_BIN_TAGS = {0xC4: (1, "u1"), 0xC5: (2, "u2"), 0xC6: (4, "u4")}  # bin 8, 16, 32: bytes of the length after the tag
-_TAG_CLASS = np.full(256, _INVALID, np.uint8)
-_TAG_CLASS[:0x80], _TAG_CLASS[0xE0:] = _POSFIX, _NEGFIX
-for _tag in _INT_TAGS:
-    _TAG_CLASS[_tag] = _tag
-
-
-def _int(r: _Reader, at: np.ndarray, *, unsigned: bool) -> tuple[np.ndarray, np.ndarray] | None:
-    """One msgpack int per record at `at`: (values as int64, or uint64 if `unsigned`; next offsets)."""
-    tag = r.buf[at]
-    cls = _TAG_CLASS[tag]
-    present = np.flatnonzero(np.bincount(cls, minlength=256)).tolist()
-    value = np.empty(len(at), np.uint64 if unsigned else np.int64)
-    width = np.empty(len(at), np.int64)
-    for c in present:
-        m: np.ndarray | slice = slice(None) if len(present) == 1 else cls == c
-        if c == _POSFIX:
-            value[m], width[m] = tag[m], 1
-        elif c == _NEGFIX and not unsigned:
-            value[m], width[m] = tag[m].astype(np.int64) - 256, 1
-        elif c in _INT_TAGS and not (unsigned and _INT_TAGS[c][1].startswith("i")):
-            nbytes, kind = _INT_TAGS[c]
-            v = r.read(kind, at[m] + 1)
-            if kind == "u8" and not unsigned and (v > _I64.max).any():
-                return None
-            value[m], width[m] = v, 1 + nbytes
-        else:
-            return None
-    return value, at + width
-
-
-def _float32(r: _Reader, at: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    if not (r.buf[at] == 0xCA).all():  # float32: what the writer packs
-        return None
-    return r.read("f4", at + 1).astype(np.float32), at + 5

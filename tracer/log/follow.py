@@ -48,13 +48,13 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from tracer.errors import LogFormatError
-from tracer.regular_files import open_regular
 from tracer.log.framing import FRAME, FRAME_SIZE, HEADER_SIZE
 from tracer.log.layout import LOCK_FILE, segment_path
 from tracer.log.reader import find_sessions
-from tracer.log.segment import Entry, LogStatus, LostRange, OnCorruption, Segment, report_corruption, skip_mode
 from tracer.log.records import RunHeader
+from tracer.log.segment import Entry, LogStatus, LostRange, OnCorruption, Segment, report_corruption, skip_mode
 from tracer.log.sessions import Sessions, resumption
+from tracer.regular_files import open_regular
 
 POLL_S = 0.05  # `follow`'s wait between polls when nothing is new: 20 small stat/read calls a second per log
 POLL_BYTES = 1 << 20  # log bytes one `poll` decodes at most (~50 000 records): bounds what a poll returns
@@ -82,8 +82,13 @@ class LogFollower:
     """
 
     def __init__(
-        self, directory: Path, *, lock: Path | None = None, on_corruption: OnCorruption = "raise",
-        poll_bytes: int = POLL_BYTES, from_step: int = 0,
+        self,
+        directory: Path,
+        *,
+        lock: Path | None = None,
+        on_corruption: OnCorruption = "raise",
+        poll_bytes: int = POLL_BYTES,
+        from_step: int = 0,
     ) -> None:
         self.directory = Path(directory)
         self._from_step = from_step  # records of earlier steps are read, not handed out
@@ -160,8 +165,7 @@ class LogFollower:
                 return False
             self._file, _ = open_regular(path, "log segment")
         size = os.fstat(self._file.fileno()).st_size
-        seg = Segment(_mapped(self._file, size), str(path), last=False, skip=self._skip, status=self.status,
-                       live=True)
+        seg = Segment(_mapped(self._file, size), str(path), last=False, skip=self._skip, status=self.status, live=True)
         if seg.head_pending:
             if alive is False:  # the writer died before the head was out: the segment holds no record
                 if _has_bytes(segment_path(self.directory, self._index + 1)):
@@ -178,18 +182,29 @@ class LogFollower:
                     f"{self.header.run_id} rank {self.header.rank}: two logs are mixed in one directory"
                 )
         if seg.index is not None and seg.index != self._index:
-            report_corruption(self.status, self._skip, str(path), 12,
-                    f"file header says segment {seg.index} but the file name says {self._index}")
+            report_corruption(
+                self.status,
+                self._skip,
+                str(path),
+                12,
+                f"file header says segment {seg.index} but the file name says {self._index}",
+            )
         prev = self._prev
         if prev is not None and prev.lost and prev.first_record is not None and seg.first_record is not None:
             # The HEADER counts the records before it: what the previous segment's bad regions hid.
-            self.status._attribute(prev.name, seg.first_record - prev.first_record - prev.data_records,
-                                   prev.region_records)
+            self.status._attribute(
+                prev.name, seg.first_record - prev.first_record - prev.data_records, prev.region_records
+            )
         expected = self._expected_first
         if expected is not None and seg.first_record is not None and seg.first_record != expected:
-            report_corruption(self.status, self._skip, str(path), HEADER_SIZE,
-                    f"segment starts at record {seg.first_record} but the segments before it hold {expected}: "
-                    "records are missing from the end of the previous segment")
+            report_corruption(
+                self.status,
+                self._skip,
+                str(path),
+                HEADER_SIZE,
+                f"segment starts at record {seg.first_record} but the segments before it hold {expected}: "
+                "records are missing from the end of the previous segment",
+            )
         self._seg, self._first_data, self._settled, self._crashed = seg, True, False, False
         self.status.torn_tail = False  # a torn tail before a resumption ended a session, not the log
         return True
@@ -265,7 +280,7 @@ class LogFollower:
         lost = self.status.lost
         closed = len(lost) if final else len(lost) - self.status._open
         if closed > self._emitted:
-            items.extend(lost[self._emitted:closed])
+            items.extend(lost[self._emitted : closed])
             self._emitted = closed
 
     def writer_alive(self) -> bool | None:

@@ -76,10 +76,17 @@ def segment_name(index: int) -> str:
 # Each tree sdctrace writes, as the pattern of every level below the run: the last level's are files.
 _WRITTEN = (
     (_RANK_DIR, _SEGMENT),
-    (re.compile(CHECKPOINT_DIR), re.compile(r"step-\d{6,}"),
-     re.compile(r"rank-\d{5,}\.(msgpack|safetensors)(\.tmp)?|\.tmp[0-9A-Za-z]{6}")),
-    (re.compile(CHECKPOINT_DIR), re.compile(r"step-\d{6,}"), re.compile(DCP_DIR),
-     re.compile(r"rank-\d{5,}\.msgpack(\.tmp)?|__\d+_\d+\.distcp")),
+    (
+        re.compile(CHECKPOINT_DIR),
+        re.compile(r"step-\d{6,}"),
+        re.compile(r"rank-\d{5,}\.(msgpack|safetensors)(\.tmp)?|\.tmp[0-9A-Za-z]{6}"),
+    ),
+    (
+        re.compile(CHECKPOINT_DIR),
+        re.compile(r"step-\d{6,}"),
+        re.compile(DCP_DIR),
+        re.compile(r"rank-\d{5,}\.msgpack(\.tmp)?|__\d+_\d+\.distcp"),
+    ),
     (re.compile(BLOB_DIR), re.compile(r"[0-9a-f]{2}"), re.compile(r"[0-9a-f]{16}\.(safetensors|tmp\d+)")),
     (re.compile(re.escape(LOCK_FILE)),),
 )

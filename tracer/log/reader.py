@@ -18,15 +18,7 @@ from tracer.errors import LogError, LogFormatError
 from tracer.log.framing import HEADER_SIZE
 from tracer.log.layout import list_segments, segment_path
 from tracer.log.records import EventRecord, RunHeader, TensorRecord
-from tracer.log.segment import (
-    Entry,
-    LogStatus,
-    OnCorruption,
-    Segment,
-    load_segment,
-    report_corruption,
-    skip_mode,
-)
+from tracer.log.segment import Entry, LogStatus, OnCorruption, Segment, load_segment, report_corruption, skip_mode
 from tracer.log.sessions import Resumption, Sessions, is_failed_session, resumption
 
 
@@ -89,13 +81,22 @@ class LogReader:
             if index != expected_index:
                 gap = str(segment_path(self.directory, expected_index))
                 report_corruption(
-                    status, self._skip, gap, 0,
+                    status,
+                    self._skip,
+                    gap,
+                    0,
                     f"segment file missing: expected segment {expected_index}, the next file is segment {index}",
                 )
                 status._lose(gap, 0, 0, 0)
                 expected_first = None
-            seg = Segment(load_segment(path), name, last=i == last, skip=self._skip, status=status,
-                           session_end=sessions.ends_session(index))
+            seg = Segment(
+                load_segment(path),
+                name,
+                last=i == last,
+                skip=self._skip,
+                status=status,
+                session_end=sessions.ends_session(index),
+            )
             if prev is not None and prev_first is not None and seg.first_record is not None:
                 # The HEADER counts the records before it: what the gap or the bad regions (a lost HEADER too) hid.
                 missing = seg.first_record - prev_first - prev.data_records
@@ -110,7 +111,10 @@ class LogReader:
                 report_corruption(status, self._skip, name, 12, reason)
             if expected_first is not None and seg.first_record is not None and seg.first_record != expected_first:
                 report_corruption(
-                    status, self._skip, name, HEADER_SIZE,
+                    status,
+                    self._skip,
+                    name,
+                    HEADER_SIZE,
                     f"segment starts at record {seg.first_record} but the segments before it hold {expected_first}: "
                     "records are missing from the end of the previous segment",
                 )
@@ -127,7 +131,9 @@ class LogReader:
         # Every segment repeats the header: in skip mode a lost one is found in the next.
         scratch = LogStatus()
         for i, (_, path) in enumerate(self._indexed):
-            seg = Segment(load_segment(path), str(path), last=i == len(self._indexed) - 1, skip=self._skip, status=scratch)
+            seg = Segment(
+                load_segment(path), str(path), last=i == len(self._indexed) - 1, skip=self._skip, status=scratch
+            )
             seg.entries.close()  # only the head was wanted: release the mapping now
             if seg.header is not None:
                 return seg.header

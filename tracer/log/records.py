@@ -120,9 +120,7 @@ class RunHeader:
 
 
 # dict[str, Any] -> dict: from_dict checks the container type, not its contents.
-_HEADER_TYPES: dict[str, type] = {
-    name: get_origin(hint) or hint for name, hint in get_type_hints(RunHeader).items()
-}
+_HEADER_TYPES: dict[str, type] = {name: get_origin(hint) or hint for name, hint in get_type_hints(RunHeader).items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +225,11 @@ def _extra_problem(extra: dict[str, Any], world: int) -> str | None:
     par = extra.get("parallel")
     if par is None:
         return None
-    if not isinstance(par, dict) or not all(_is_int(par.get(k)) and par[k] >= 1 for k in ("dp", "tp")) \
-            or not isinstance(par.get("sp", False), bool):
+    if (
+        not isinstance(par, dict)
+        or not all(_is_int(par.get(k)) and par[k] >= 1 for k in ("dp", "tp"))
+        or not isinstance(par.get("sp", False), bool)
+    ):
         return f"'extra.parallel' must be {{dp: int >= 1, tp: int >= 1, sp: bool, coords}}, found {par!r:.80}"
     if par["dp"] * par["tp"] != world:
         return f"'extra.parallel' says dp {par['dp']} x tp {par['tp']} ranks, but 'world_size' is {world}"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from tracer.log.layout import list_segments
 from tracer.log.reader import LogReader
-from tracer.log.segment import LogStatus, Segment, TornTailWarning, load_segment
 from tracer.log.records import EventRecord
+from tracer.log.segment import LogStatus, Segment, TornTailWarning, load_segment
 
 
 @dataclass(frozen=True)

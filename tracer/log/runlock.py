@@ -50,13 +50,15 @@ class RunLock:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise UsageError(f"{run}: cannot create its lock file {LOCK_FILE} ({exc.strerror}); "
-                             "choose an --out you can write to") from exc
+            raise UsageError(
+                f"{run}: cannot create its lock file {LOCK_FILE} ({exc.strerror}); choose an --out you can write to"
+            ) from exc
         if not _flock(fd):
             holder = _holder(fd)
             os.close(fd)
-            raise UsageError(f"{run}: another process{holder} is writing this run; wait for it to finish, "
-                             "or choose another --out") from None
+            raise UsageError(
+                f"{run}: another process{holder} is writing this run; wait for it to finish, or choose another --out"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         _HELD[path.resolve()] = fd
@@ -85,8 +87,9 @@ class RunLock:
     def __enter__(self) -> RunLock:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.release()
 
 

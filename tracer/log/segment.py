@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from tracer.errors import LogCorruptionError, LogFormatError, UsageError
-from tracer.regular_files import open_regular
 from tracer.log.codec import (
     PayloadError,
     block_rows,
@@ -51,6 +50,7 @@ from tracer.log.framing import (
     next_frame,
 )
 from tracer.log.records import EndRecord, EventRecord, RunHeader, TensorRecord
+from tracer.regular_files import open_regular
 
 OnCorruption = Literal["raise", "skip"]
 
@@ -134,8 +134,10 @@ class LogStatus:
             return None
         firsts = [r.first_step for r in self.lost]
         lasts = [r.last_step for r in self.lost]
-        return (None if None in firsts else min(firsts),  # type: ignore[type-var]
-                None if None in lasts else max(lasts))  # type: ignore[type-var]
+        return (
+            None if None in firsts else min(firsts),  # type: ignore[type-var]
+            None if None in lasts else max(lasts),
+        )  # type: ignore[type-var]
 
     def _lose(self, file: str, start: int, stop: int, records: int) -> LostRange:
         """Add a gap; one that starts where the previous open one stopped extends it."""
@@ -174,7 +176,14 @@ class Segment:
     """
 
     def __init__(
-        self, data: Any, name: str, *, last: bool, skip: bool, status: LogStatus, session_end: bool = False,
+        self,
+        data: Any,
+        name: str,
+        *,
+        last: bool,
+        skip: bool,
+        status: LogStatus,
+        session_end: bool = False,
         live: bool = False,
     ) -> None:
         self._view = memoryview(data)
@@ -341,8 +350,9 @@ class Segment:
                 self.pos, self.waiting = pos, True
                 return
             if self._ended:  # close() fsyncs after END: nothing can follow it but corruption
-                self.report_corruption(pos, f"trailing garbage after a clean close: {end - pos} bytes after the END record "
-                             f"({reason})")
+                self.report_corruption(
+                    pos, f"trailing garbage after a clean close: {end - pos} bytes after the END record ({reason})"
+                )
                 self._status.skipped_bytes += end - pos
                 self.pos = end
                 return
@@ -383,6 +393,7 @@ class Segment:
             f"{self.name}: the log ends inside a record at byte {pos} ({reason}): treating it as the torn "
             "tail of a crashed write; every record before it was read",
             TornTailWarning,
+            stacklevel=2,
         )
         self._status.torn_tail = True
 

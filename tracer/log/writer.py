@@ -103,12 +103,29 @@ class LogWriter:
         if self._closed:
             raise self._closed_error()
         step, mb, fp, l2, absmax, nan, inf = (
-            rec.step, rec.microbatch, rec.fingerprint, rec.l2, rec.absmax, rec.nan, rec.inf
+            rec.step,
+            rec.microbatch,
+            rec.fingerprint,
+            rec.l2,
+            rec.absmax,
+            rec.nan,
+            rec.inf,
         )
-        if not (type(step) is int and 0 <= step <= MAX_STEP and type(mb) is int and 0 <= mb <= MAX_MICROBATCH
-                and type(fp) is int and 0 <= fp <= U64_MAX and type(l2) is float and type(absmax) is float
-                and type(nan) is int and 0 <= nan <= MAX_ELEMENTS and type(inf) is int and 0 <= inf <= MAX_ELEMENTS
-                and rec.phase in _PHASES):
+        if not (
+            type(step) is int
+            and 0 <= step <= MAX_STEP
+            and type(mb) is int
+            and 0 <= mb <= MAX_MICROBATCH
+            and type(fp) is int
+            and 0 <= fp <= U64_MAX
+            and type(l2) is float
+            and type(absmax) is float
+            and type(nan) is int
+            and 0 <= nan <= MAX_ELEMENTS
+            and type(inf) is int
+            and 0 <= inf <= MAX_ELEMENTS
+            and rec.phase in _PHASES
+        ):
             raise UsageError(
                 f"cannot store {rec!r:.300}: step must be an int in 0..{MAX_STEP}, microbatch in 0..{MAX_MICROBATCH}, "
                 "phase a Phase, fingerprint an int of unsigned 64 bits, l2 and absmax floats, nan and inf counts "
@@ -261,8 +278,10 @@ def _claim(directory: Path, header: RunHeader, segment_bytes: int, resume: Resum
     if resume is not None:
         if not existing or existing[-1][0] + 1 != resume.segment:
             found = f"segments up to {existing[-1][0]}" if existing else "no log"
-            raise UsageError(f"{directory}: a resumption starting at segment {resume.segment} cannot continue this "
-                             f"log: it holds {found}; resume from what `tracer.log.resume.log_end` says")
+            raise UsageError(
+                f"{directory}: a resumption starting at segment {resume.segment} cannot continue this "
+                f"log: it holds {found}; resume from what `tracer.log.resume.log_end` says"
+            )
         return directory
     if existing:
         raise UsageError(
@@ -321,8 +340,13 @@ class HeaderAtFirstFlush:
     def _open(self) -> LogWriter:
         if self.writer is not None:
             return self.writer
-        w = LogWriter(self.directory, self._header(), segment_bytes=self._segment_bytes, open_file=self._open_file,
-                      resume=self._resume)
+        w = LogWriter(
+            self.directory,
+            self._header(),
+            segment_bytes=self._segment_bytes,
+            open_file=self._open_file,
+            resume=self._resume,
+        )
         self.writer = w
         held, self._held = self._held, []
         for rec in held:
