@@ -378,7 +378,9 @@ def batched_parts(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     number of torch ops per group of tensors rather than per tensor, and not read."""
     if is_lazy(tensors[0].device):
         return torch.stack([lazy_digest(t).parts for t in tensors])
-    rows, group, words = [], [], 0
+    rows: list[torch.Tensor] = []
+    group: list[torch.Tensor] = []
+    words = 0
     for t in tensors:
         size = (t.numel() * t.element_size() + 3) // 4
         if group and words + size > _GROUP_WORDS:
@@ -445,7 +447,7 @@ def _torch_digest(t: torch.Tensor) -> TensorDigest:
         # Rare: only pay for the counting passes when something is not finite.
         nan = int(torch.isnan(x).sum().item())
         inf = int(torch.isinf(x).sum().item())
-    return TensorDigest(_finalise(lane_v, meta_hash), l2_v, absmax_v, nan, inf, meta)
+    return TensorDigest(_finalise(int(lane_v), meta_hash), l2_v, absmax_v, nan, inf, meta)
 
 
 @dataclass(frozen=True, slots=True)

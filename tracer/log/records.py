@@ -95,7 +95,7 @@ class RunHeader:
                 f"{source}: run header has unknown field(s) {', '.join(unknown)} "
                 f"(schema v{d.get('schema_version')}): written by a newer sdctrace? upgrade sdctrace"
             )
-        values = {}
+        values: dict[str, Any] = {}  # each value checked against its field's type below
         for name, expected in _HEADER_TYPES.items():
             value = d[name]
             if expected is float and type(value) is int:
@@ -144,7 +144,7 @@ def checked_index(what: str, value: object, limit: int) -> int:
     counter included), refused where the loop gives it rather than at a later write."""
     if not isinstance(value, bool):
         with contextlib.suppress(TypeError):  # no __index__, or a float or many-element tensor's
-            index = operator.index(value)  # type: ignore[arg-type]
+            index = operator.index(value)  # type: ignore[arg-type]  # any object: TypeError if it has no __index__
             if 0 <= index <= limit:
                 return index
     raise UsageError(f"the {what} index must be an int in 0..{limit}, found {value!r} ({type(value).__name__})")
