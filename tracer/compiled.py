@@ -109,5 +109,5 @@ class _WhenDynamoLoads(importlib.abc.MetaPathFinder):
             load(module)
             _register(active)
 
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # this one spec's loader, wrapped
         return spec

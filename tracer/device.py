@@ -71,7 +71,7 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         flat = torch.cat([tensors[i].reshape(-1) for i in idx]).cpu()
         for i, part in zip(idx, flat.split([tensors[i].numel() for i in idx])):
             out[i] = part.reshape(tensors[i].shape)
-    return out  # type: ignore[return-value]
+    return out  # type: ignore[return-value]  # every slot filled: each index is in one dtype's group
 
 
 def device_versions(device: torch.device) -> dict[str, str]:

@@ -138,7 +138,7 @@ class RecordBuffer:
             if type(item) is EventRecord:
                 log.write_event(item)
                 continue
-            step, mb, name, phase, (fp, nan, inf, l2, absmax, meta) = item  # type: ignore[misc]
+            step, mb, name, phase, (fp, nan, inf, l2, absmax, meta) = item
             write(TensorRecord(step, mb, name, phase, fp, l2, absmax, nan, inf, meta))
 
     # -- writing and deferring ---------------------------------------------------------

@@ -14,7 +14,7 @@ import math
 import operator
 from dataclasses import asdict, dataclass
 from enum import IntEnum
-from typing import Any, Literal, get_origin, get_type_hints
+from typing import Any, Literal, final, get_origin, get_type_hints
 
 from tracer.errors import LogFormatError, UsageError
 
@@ -155,6 +155,7 @@ def describe_microbatch(microbatch: int) -> str:
     return "after every microbatch" if microbatch == NO_MICROBATCH else f"microbatch {microbatch}"
 
 
+@final  # `type(r) is EventRecord` then tells the checker what else r is
 @dataclass(frozen=True, slots=True)
 class EventRecord:
     """Everything that is not a tensor fingerprint: loss, step summary, checkpoint, blob, ..."""

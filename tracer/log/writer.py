@@ -364,8 +364,8 @@ class HeaderAtFirstFlush:
             else:
                 w.write_event(rec)
         # From now on every call goes straight to the writer: no indirection on the hot path.
-        self.write_tensor, self.write_event = w.write_tensor, w.write_event  # type: ignore[method-assign]
-        self.flush, self.close, self.abandon = w.flush, w.close, w.abandon  # type: ignore[method-assign]
+        self.write_tensor, self.write_event = w.write_tensor, w.write_event  # type: ignore[method-assign]  # a shortcut
+        self.flush, self.close, self.abandon = w.flush, w.close, w.abandon  # type: ignore[method-assign]  # a shortcut
         return w
 
 
