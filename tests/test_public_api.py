@@ -184,3 +184,11 @@ def test_a_documented_import_is_a_public_one(document: str, module: str, names: 
     assert [n for n in names if not hasattr(imported, n)] == [], f"{document}: from {module} import {names}"
     exported = getattr(imported, "__all__", ())
     assert [n for n in names if n not in exported] == [], f"{document}: import these from a module's __all__"
+
+
+@pytest.mark.parametrize("package", LAZY)
+def test_docs_api_documents_every_public_name(package: str) -> None:
+    """docs/api.md is the facade's documentation: a name added to an ``__all__`` gets its line and example there."""
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    exported = importlib.import_module(package).__all__
+    assert [n for n in exported if f"`{n}`" not in text] == [], "docs/api.md: document these"
