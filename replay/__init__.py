@@ -1,5 +1,5 @@
 """replay: rebuild a recorded step and run it again with golden state injected (param-sync or lockstep), writing
-a replay log (docs/replay.md; see README architecture). `sdc replay` runs it as a job; from Python, on one rank:
+a replay log (docs/replay.md; docs/architecture.md). `sdc replay` runs it as a job; from Python, on one rank:
 
     from replay import Replayer, ReplayRequest, parse_steps, suspect_from_profile
 

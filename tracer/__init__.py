@@ -1,4 +1,4 @@
-"""tracer: everything that runs on the training node (see README architecture); its public names are below.
+"""tracer: everything that runs on the training node (docs/architecture.md); its public names are below.
 
     from tracer import RunInfo, Tracer, configure_determinism
 
