@@ -7,22 +7,28 @@ DEMO   ?= demo
 
 .PHONY: demo test test-fast test-xla bench bench-xla venv lint clean
 
+# The C++ kernels, the fused digest (tracer/kernel), the ABFT checksums (faults/abft_sums.cpp) and faults' native
+# kernel (faults/native.cpp: the emulator's gate, the scope's node labels): compiled once per machine, checkout and
+# source (the build key: tracer/kernel/__init__.py), about half a minute each; side by side, as each compiles one
+# file (48 s for the three here against 80 s one after another). They need torch alone, so a new environment
+# compiles them while pip installs the rest; a changed source compiles them again ($(KERNEL)).
+BUILD_KERNELS = $(PY) -m tracer.kernel & digest=$$!; $(PY) -m faults.abft_kernel & abft=$$!; \
+	$(PY) -m faults.native_kernel; native=$$?; wait $$digest && wait $$abft && test $$native -eq 0
+KERNEL := $(VENV)/.sdctrace-kernel
+KERNEL_SOURCES := tracer/kernel/digest.cpp faults/abft_sums.cpp faults/native.cpp tracer/kernel/__init__.py \
+	faults/abft_kernel.py faults/native_kernel.py
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned exactly: pip then takes the local CPU build instead of a multi-GB CUDA one.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,hf,lightning]'
-	touch $(STAMP)
+	( $(BUILD_KERNELS) ) & kernels=$$!; \
+		$(PY) -m pip install --quiet -e '.[test,hf,lightning]'; installed=$$?; \
+		wait $$kernels && test $$installed -eq 0
+	touch $(STAMP) $(KERNEL)
 
-# The C++ kernels, the fused digest (tracer/kernel), the ABFT checksums (faults/abft_sums.cpp) and faults' native
-# kernel (faults/native.cpp: the emulator's gate, the scope's node labels): compiled once per machine, checkout and
-# source (the build key: tracer/kernel/__init__.py), about half a minute each; side by side, as each compiles one
-# file (48 s for the three here against 80 s one after another).
-KERNEL := $(VENV)/.sdctrace-kernel
-$(KERNEL): $(STAMP) tracer/kernel/digest.cpp faults/abft_sums.cpp faults/native.cpp tracer/kernel/__init__.py \
-		faults/abft_kernel.py faults/native_kernel.py
-	$(PY) -m tracer.kernel & digest=$$!; $(PY) -m faults.abft_kernel & abft=$$!; \
-		$(PY) -m faults.native_kernel; native=$$?; wait $$digest && wait $$abft && test $$native -eq 0
+$(KERNEL): $(STAMP) $(KERNEL_SOURCES)
+	$(BUILD_KERNELS)
 	touch $(KERNEL)
 
 venv: $(KERNEL)
@@ -40,10 +46,13 @@ demo: $(KERNEL)
 # idle OpenMP threads sleep (tests/conftest.py sets OMP_WAIT_POLICY).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n > 4 ? 4 : n )))
 TEST_ARGS ?=
+# No test may take longer than this (tests/budget.py prints the 15 slowest and fails the run on one over it): the
+# slowest, the fleet-mini study fixture, takes about two minutes on a quiet 2-core machine.
+TEST_BUDGET_S ?= 180
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: $(KERNEL)
-	$(PY) -m pytest -q $(XDIST) $(TEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) --budget-s $(TEST_BUDGET_S) $(TEST_ARGS)
 
 # The tests not marked slow (pyproject.toml): no recorded study, Beam job on recorded runs or multi-rank
 # launch; under a minute on 2 cores. `make test` runs these and the slow ones.

@@ -1,1 +1,1 @@
-"""analysis: see README architecture."""
+"""analysis: see docs/architecture.md."""

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_startup.py [--runs 10]
 
-Both commands run as the README tells users to run them: the venv's `sdc` entry point (`python -m sdc.cli` where
+Both commands run as the docs tell users to run them: the venv's `sdc` entry point (`python -m sdc.cli` where
 no entry point is installed beside the interpreter), one fresh process per run, timed from its start to its exit,
 the two commands alternating; this checkout's code first on PYTHONPATH. `sdc query` runs one SELECT on a small
 study database written as `sdc diff` writes one (`analysis.load.load_parquet`). Each prints the mean of the runs

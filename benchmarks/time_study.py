@@ -9,7 +9,7 @@ studies in sdc/study/studies/), each in a fresh temporary folder that is removed
 process's start to its exit: imports, every job, the report, everything the user waits for. Before each run
 the machine-load line (`timing.machine_load`): a wall time measured while another job runs is not the
 study's. With ``--repeat N`` (N >= 2) the mean wall time is printed with its bootstrap 95 % interval
-(`intervals.mean_interval`). No target: the README quotes these times so that a user knows how long to wait.
+(`intervals.mean_interval`). No target: docs/study.md quotes these times so that a user knows how long to wait.
 
 Not part of `make bench` (benchmarks/run.py): each study runs for minutes, the fleet study far longer.
 """

@@ -32,9 +32,8 @@ from typing import Any
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from faults import load_profile
-from faults.node import node_options
-from tracer.determinism import configure_determinism
+from faults import load_profile, node_options
+from tracer import configure_determinism
 from tracer.integrations.hf import SdcTraceCallback
 from workload.hf import TrainerWorkload
 

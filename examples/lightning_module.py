@@ -36,9 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from faults import load_profile
-from faults.node import node_options
-from tracer.determinism import configure_determinism
+from faults import load_profile, node_options
+from tracer import configure_determinism
 from tracer.integrations.lightning import SdcTraceCallback
 from workload.lightning import LightningWorkload
 

@@ -28,10 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tracer.determinism import configure_determinism
-from tracer.options import RunInfo
-from tracer.tracing import Tracer
-from workload.protocol import Workload
+from tracer import RunInfo, Tracer, configure_determinism
+from workload import Workload
 
 CONFIG: dict[str, Any] = {
     "model": {"vocab": 32, "dim": 32, "layers": 2, "heads": 4, "seq": 16},

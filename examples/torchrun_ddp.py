@@ -28,11 +28,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from faults.node import emulated_node, node_header
-from faults.profile import load_profile
-from tracer.determinism import configure_determinism
-from tracer.options import RunInfo, TraceOptions
-from tracer.tracing import Tracer
+from faults import emulated_node, load_profile, node_header
+from tracer import RunInfo, TraceOptions, Tracer, configure_determinism
 
 
 class Block(nn.Module):

@@ -41,13 +41,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
-from faults.node import emulated_node, node_header
-from faults.profile import load_profile
-from tracer.determinism import configure_determinism
-from tracer.options import RunInfo, TraceOptions
-from tracer.parallel import Layout
-from tracer.tracing import Tracer
-from workload.protocol import Workload, run_step
+from faults import emulated_node, load_profile, node_header
+from tracer import Layout, RunInfo, TraceOptions, Tracer, configure_determinism
+from workload import Workload, run_step
 
 SETTINGS = {"seed": 0, "threads": 1}  # the bits depend on the thread count
 CONFIG: dict[str, dict[str, Any]] = {

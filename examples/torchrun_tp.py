@@ -43,7 +43,7 @@ from examples.torchrun_fsdp2 import (
     record,
     with_defaults,
 )
-from tracer.parallel import Layout
+from tracer import Layout
 
 SITES = r"blocks\.\d+\.mlp\.[012]"  # the parallelized linears and the GELU between them
 TP_CONFIG = {**CONFIG, "train": {**CONFIG["train"], "clip": 0.0}, "parallel": {}}

@@ -2,11 +2,13 @@
 
     results = launch("jobs.record:record_rank", {"config": cfg.to_dict(), "request": request.to_json()}, nproc=4)
 
-Each rank is a fresh Python process (``python -m jobs.launch SPEC``) with torchrun's
-environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the code it
-runs is the code a user's own ``torchrun`` job runs. It joins a gloo process group and
-calls the target (``module:function``) with the spec's JSON arguments; what the
-target returns (JSON) comes back as one result per rank.
+Each rank is a process with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT), so the code it runs is the code a user's own ``torchrun`` job runs. It joins a gloo process group
+and calls the target (``module:function``) with the spec's JSON arguments; what the target returns (JSON) comes
+back as one result per rank. The ranks are forked from one process per job (``python -m jobs.launch SPEC``)
+that has imported torch, Dynamo (which torch's optimizers import as they are built) and the target's module
+beforehand: those imports take about 3 s of CPU, paid once per job instead of once per rank. Nothing runs a
+thread of its own or a tensor op before the fork (the user's workload is built in each rank).
 
 A rank that fails writes its error to a file and exits; the launcher stops the
 other ranks (they would wait for it in their next collective) and raises one
@@ -22,10 +24,12 @@ so a rank count read from a file can never start an unbounded number of them. Wi
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -47,6 +51,8 @@ from tracer.log.runlock import RunLock
 _LAUNCHER_POLL_S = 0.5
 # The launcher's folder for a job's spec and its ranks' reports: the one folder a rank may remove.
 _FOLDER_PREFIX = "sdc-launch-"
+# Where the job's process writes the ranks that failed first.
+_FAILED = "failed.json"
 
 
 def free_port() -> int:
@@ -70,44 +76,36 @@ def launch(
     with tempfile.TemporaryDirectory(prefix=_FOLDER_PREFIX) as tmp:
         folder = Path(tmp)
         spec = folder / "spec.json"
-        spec.write_text(json.dumps({"target": target, "kwargs": dict(kwargs), "timeout_s": timeout_s}))
-        port = free_port()
-        procs = []
+        job = {"target": target, "kwargs": dict(kwargs), "timeout_s": timeout_s, "nproc": nproc}
+        spec.write_text(json.dumps(job))
+        env = {
+            **os.environ,
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "SDC_LAUNCHER_PID": str(os.getpid()),
+            **lock_env,
+        }
+        # Its own process group, which holds the ranks too: one signal stops them all.
+        parent = subprocess.Popen(
+            [sys.executable, "-m", "jobs.launch", str(spec)], env=env, pass_fds=lock_fds, process_group=0
+        )
         try:
-            for rank in range(nproc):
-                env = {
-                    **os.environ,
-                    "RANK": str(rank),
-                    "LOCAL_RANK": str(rank),
-                    "WORLD_SIZE": str(nproc),
-                    "LOCAL_WORLD_SIZE": str(nproc),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port),
-                    "SDC_LAUNCHER_PID": str(os.getpid()),
-                    **lock_env,
-                }
-                procs.append(
-                    subprocess.Popen([sys.executable, "-m", "jobs.launch", str(spec)], env=env, pass_fds=lock_fds)
-                )
-            failed = _wait(procs)
+            code = parent.wait()
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if failed:
-            raise _error(folder, failed)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait()
+        if code != 0:
+            raise _error(folder, _failed_ranks(folder))
         return [json.loads((folder / f"result-{r}.json").read_text()) for r in range(nproc)]
 
 
-def _wait(procs: list[subprocess.Popen]) -> list[int]:
-    """Wait for every rank; on the first failure return the failed ranks (first failures first)."""
-    while True:
-        codes = [p.poll() for p in procs]
-        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-        if failed or all(c == 0 for c in codes):
-            return failed
-        time.sleep(0.05)
+def _failed_ranks(folder: Path) -> list[int]:
+    """The ranks the job's process saw fail first, or rank 0 where it failed itself."""
+    path = folder / _FAILED
+    return json.loads(path.read_text()) if path.is_file() else [0]
 
 
 def _error(folder: Path, failed: list[int]) -> SdcError:
@@ -128,11 +126,67 @@ def _error(folder: Path, failed: list[int]) -> SdcError:
 
 
 def _main(spec_path: str) -> int:
+    """The job's process: import what every rank needs, fork the ranks, wait for them."""
+    spec = json.loads(Path(spec_path).read_text())
+    folder, launcher = Path(spec_path).parent, int(os.environ["SDC_LAUNCHER_PID"])
+    _preload(spec["target"])
+    ranks: dict[int, int] = {}
+    for rank in range(spec["nproc"]):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _rank(spec, folder, rank)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        ranks[pid] = rank
+    return _wait(ranks, launcher, folder)
+
+
+def _preload(target: str) -> None:
+    """Import torch.distributed, Dynamo and the target's module; a failure is left for each rank to meet and
+    report as its own."""
+    try:
+        import torch._dynamo  # noqa: F401 - imported once here instead of in every rank
+        import torch.distributed  # noqa: F401
+
+        importlib.import_module(target.partition(":")[0])
+    except BaseException:  # noqa: BLE001 - the ranks report it
+        pass
+
+
+def _wait(ranks: dict[int, int], launcher: int, folder: Path) -> int:
+    """Wait for every rank (pid -> rank); on the first failures, record those ranks, stop the others and return 1.
+    Exits at once when the launcher goes away: the ranks then see this process go."""
+    left = dict(ranks)
+    while left:
+        if os.getppid() != launcher:
+            os._exit(1)
+        failed = []
+        for pid, rank in list(left.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                del left[pid]
+                if os.waitstatus_to_exitcode(status) != 0:
+                    failed.append(rank)
+        if failed:
+            (folder / _FAILED).write_text(json.dumps(sorted(failed)))
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            return 1
+        time.sleep(0.05)
+    return 0
+
+
+def _rank(spec: dict[str, Any], folder: Path, rank: int) -> int:
+    """One rank, in a process forked from the job's."""
     import torch.distributed as dist
 
-    spec = json.loads(Path(spec_path).read_text())
-    folder, rank = Path(spec_path).parent, int(os.environ["RANK"])
-    _exit_without(int(os.environ["SDC_LAUNCHER_PID"]), rank, folder)
+    os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
+    _exit_without(os.getppid(), rank, folder)
     try:
         dist.init_process_group("gloo", timeout=timedelta(seconds=spec["timeout_s"]))
         module, _, name = spec["target"].partition(":")
@@ -156,14 +210,16 @@ def _main(spec_path: str) -> int:
             dist.destroy_process_group()
 
 
-def _exit_without(launcher: int, rank: int, folder: Path) -> None:
-    """Exit this rank as soon as ``launcher`` is no longer its parent: a launcher killed without the chance to stop
-    its ranks (SIGKILL, the out-of-memory killer) leaves them to this. The rank ends as a crashed one (its log
-    without END, resumable); a watching thread, since the training loop may be in a long op or a collective.
-    Rank 0 removes the launcher's ``folder`` (the spec and the ranks' reports), which nobody will read now."""
+def _exit_without(parent: int, rank: int, folder: Path) -> None:
+    """Exit this rank as soon as ``parent`` (the job's process) is no longer its parent: a launcher killed without
+    the chance to stop its ranks (SIGKILL, the out-of-memory killer) leaves them to this, as the job's process
+    exits when it sees the launcher go. The rank ends as a crashed one (its log without END, resumable); a watching
+    thread, since the training loop may be in a long op or a collective. Rank 0 removes the launcher's ``folder``
+    (the spec and the ranks' reports), which nobody will read now."""
+    launcher = os.environ["SDC_LAUNCHER_PID"]
 
     def watch() -> None:
-        while os.getppid() == launcher:
+        while os.getppid() == parent:
             time.sleep(_LAUNCHER_POLL_S)
         print(f"rank {rank}: its launcher (pid {launcher}) is gone; stopping", file=sys.stderr, flush=True)
         if rank == 0 and folder.name.startswith(_FOLDER_PREFIX):  # never a folder the launcher did not make

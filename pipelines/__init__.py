@@ -1,1 +1,1 @@
-"""pipelines: see README architecture."""
+"""pipelines: see docs/architecture.md."""

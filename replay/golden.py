@@ -135,7 +135,7 @@ def workload_entry(golden: GoldenRun, named: str | None) -> str:
         )
     raise ConfigError(
         f"{golden.path}: was recorded by a training loop of your own; pass --workload "
-        "package.module:factory naming a factory that rebuilds it (README: Your own training)"
+        "package.module:factory naming a factory that rebuilds it (docs/own-training.md)"
     )
 
 

@@ -14,6 +14,8 @@ import pytest
 # record's ranks 26 against 12 CPU s. Only idle threads change: the bits a run records do not.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+pytest_plugins = ["tests.budget"]
+
 from tests.support import SCALE_AT_1, TINY_FINETUNE, small_config  # noqa: E402 - imports torch
 from workload.reference_config import Config  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Rules of the code base that keep it navigable (README, Architecture): small modules, and no module reaching
+"""Rules of the code base that keep it navigable (docs/architecture.md): small modules, and no module reaching
 into another's private names. Checked over every module of every package, so a change that breaks one fails
 here with the file and line."""
 

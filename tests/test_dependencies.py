@@ -1,4 +1,4 @@
-"""Dependencies between the top-level packages run one way (README, Architecture).
+"""Dependencies between the top-level packages run one way (docs/architecture.md).
 
 Every ``import`` and ``from ... import`` in every module is checked, including those
 inside functions, so a lazy import cannot slip a forbidden edge past the rules.

@@ -45,6 +45,8 @@ from workload.epochs import EpochBatches
 from workload.hf_internals import clip_grad_norm, take_grad_norm
 from workload.protocol import Workload
 
+__all__ = ["TrainerWorkload"]
+
 
 @dataclass(frozen=True)
 class HFMicrobatch:

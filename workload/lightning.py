@@ -46,6 +46,8 @@ from workload.epochs import EpochBatches
 from workload.lightning_internals import configure_optimizers, set_sampler_epoch, transfer_batch
 from workload.protocol import Workload
 
+__all__ = ["LightningWorkload"]
+
 
 @dataclass(frozen=True)
 class LightningMicrobatch:

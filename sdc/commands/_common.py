@@ -44,7 +44,7 @@ def add_workload_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
         metavar="MODULE:FACTORY",
-        help="your own training as package.module:factory (workload.protocol; README: Your own training); "
+        help="your own training as package.module:factory (workload.protocol; docs/own-training.md); "
         "--config is then a TOML file handed to the factory as a dict. Default: the reference workload",
     )
 

@@ -60,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
     p.add_argument(
         "--workload",
         metavar="MODULE:FACTORY",
-        help="the factory that rebuilds the golden run (package.module:function; README: Your own training); "
+        help="the factory that rebuilds the golden run (package.module:function; docs/own-training.md); "
         "needed for runs not recorded with the reference workload. Code is imported only from what you name here",
     )
     p.add_argument("--overwrite", action="store_true", help="replace a replay already in --out")

@@ -93,6 +93,9 @@ def test_ranks_exit_when_their_launcher_is_killed(tmp_path: Path) -> None:
         # Each rank runs `python -m jobs.launch FOLDER/spec.json`: the launcher's folder, left to rank 0 to remove.
         spec = Path(Path(f"/proc/{ranks[0]}/cmdline").read_bytes().split(b"\0")[3].decode())
         assert spec.name == "spec.json" and spec.is_file()
+        # Forked from one process of the job's, which imported torch for both, and which the launcher started.
+        parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in ranks}
+        assert len(parents) == 1 and parents != {launcher.pid}, parents
         launcher.kill()
         launcher.wait()
         assert _wait_for(lambda: not any(_running(pid) for pid in ranks), 30), "ranks outlived their launcher"

@@ -41,6 +41,8 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from tracer.integrations.common import TracingCallback
 
+__all__ = ["SdcTraceCallback"]
+
 # The TrainingArguments that can change the bits of a step: data order and batching, optimizer and schedule,
 # clipping, precision, loss scaling, compilation. (Logging, saving and hub fields cannot.)
 TRAINING_FIELDS = (

@@ -45,6 +45,8 @@ from tracer.checkpoint import Stateful
 from tracer.errors import ConfigError
 from tracer.integrations.common import TracingCallback, warn_no_rerun
 
+__all__ = ["SdcTraceCallback"]
+
 
 def module_config(
     module: pl.LightningModule, trainer: pl.Trainer, batches_per_epoch: float, checkpoint_every: int
