@@ -60,7 +60,8 @@ test-fast: $(KERNEL)
 	$(PY) -m pytest -q -m "not slow" $(XDIST) $(TEST_ARGS)
 
 # The linters, at the versions the lint extra pins (another ruff formats differently): ruff's checks (pyflakes,
-# pycodestyle, isort, pyupgrade, bugbear: pyproject.toml) and its formatter over the whole tree.
+# pycodestyle, isort, pyupgrade, bugbear: pyproject.toml) and its formatter over the whole tree, then mypy over the
+# packages it checks ([tool.mypy] in pyproject.toml; the stubs it needs are in the lint extra).
 LINT_STAMP := $(VENV)/.sdctrace-lint
 $(LINT_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[lint]'
@@ -69,6 +70,7 @@ $(LINT_STAMP): $(STAMP)
 lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy tracer jobs replay faults
 
 # XLA: torch-xla's wheel works with one torch release only, which its metadata does not
 # say; it gets its own environment with that torch (PyPI's build, about 7 GB), and the
