@@ -71,7 +71,7 @@ from tracer.log.records import EventRecord, Phase, RunHeader
 from tracer.options import RunInfo, TraceOptions
 from tracer.rng import TorchRng, recorded_rng
 from tracer.sharding import local_shard, shards_of
-from tracer.sites import find_sites
+from tracer.sites import find_sites, named_parameters
 from tracer.step_checkpoint import restore_step_checkpoint
 from tracer.tracing import Tracer
 from workload.protocol import Workload, build_workload, run_step
@@ -120,8 +120,9 @@ class _Trial:
 
 
 def clipped_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The gradients a step with ``update=False`` left in ``.grad`` (accumulated and clipped), this rank's shards."""
-    return {n: local_shard(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+    """The gradients a step with ``update=False`` left in ``.grad`` (accumulated and clipped), this rank's shards,
+    under the names the Tracer gives them (DDP's ``module.`` left out, `tracer.sites.named_parameters`)."""
+    return {n: local_shard(p.grad) for n, p in named_parameters(model) if p.grad is not None}
 
 
 class Replayer:
@@ -530,7 +531,7 @@ class Replayer:
         tracer.keep(None, set())
         grads = {key[2]: tensor for key, tensor in golden.items()}
         with tracer, tracer.step(step):
-            for name, p in w.model.named_parameters():
+            for name, p in named_parameters(w.model):
                 p.grad = grads[name].clone() if name in grads else None
             w.update(step)
         summary.checked += sink.checked
