@@ -76,6 +76,9 @@ from tracer.step_checkpoint import restore_step_checkpoint
 from tracer.tracing import Tracer
 from workload.protocol import Workload, build_workload, run_step
 
+# What of golden's header extra the replay log repeats, rank by rank: what pairing compares (tracer/pairing.py).
+PAIRED_EXTRA = ("parallel", "shards", "sites", "wrappers")
+
 
 class _Both:
     """Reports a step to the golden Tracer and to the suspect emulator's clock."""
@@ -282,7 +285,7 @@ class Replayer:
             determinism=determinism_settings(),
             created_unix=time.time(),
             extra={
-                **({"parallel": g.extra["parallel"]} if "parallel" in g.extra else {}),
+                **{k: g.extra[k] for k in PAIRED_EXTRA if k in g.extra},  # it pairs with golden's, whatever the split
                 "replay": {
                     "mode": self.mode,
                     "steps": [self.steps.start, self.steps.stop],

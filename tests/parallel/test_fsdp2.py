@@ -83,6 +83,18 @@ def lockstep_hits(golden: Path, suspect: Path, workload: str, out: Path) -> dict
     }
 
 
+def diffed_mismatches(golden: Path, suspect: Path, replay: Path, db: Path) -> set[tuple[int, int, str, str]]:
+    """``sdc diff --replay`` of a replay log with its pair: the (rank, step, site, phase) rows of ``site_mismatch``
+    that mismatched. The replay log's header pairs with golden's as a recording's would (its shards, its sites)."""
+    assert (
+        main(["diff", "--golden", str(golden), "--suspect", str(suspect), "--replay", str(replay), "--db", str(db)])
+        == 0
+    )
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT rank, step, site, phase FROM site_mismatch WHERE mismatched > 0").fetchall()
+    return set(rows)
+
+
 def torchrun(out: Path, *args: str, example: str = EXAMPLE, nproc: int = 2) -> Path:
     """Run the example module as its docstring says: ``torchrun -m`` from the repository root."""
     result = subprocess.run(
@@ -200,6 +212,8 @@ def test_the_torchrun_recording_replays_in_lockstep_and_mismatches_at_the_faulty
     hits = lockstep_hits(fsdp2_golden, suspect, f"{EXAMPLE}:build", tmp_path / "lockstep")
     # The site only: its backward reads the activations its own faulty forward saved, so it mismatches too.
     assert hits == {1: {(3, "blocks.1.mlp", "forward"), (3, "blocks.1.mlp", "backward")}, 0: set()}, hits
+    rows = diffed_mismatches(fsdp2_golden, suspect, tmp_path / "lockstep", tmp_path / "replay.duckdb")
+    assert rows == {(1, 3, "blocks.1.mlp", "forward"), (1, 3, "blocks.1.mlp", "backward")}, rows
 
 
 def test_another_sharding_of_the_same_model_does_not_pair_and_one_line_says_which_field(

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from sdc.cli import main
-from tests.parallel.test_fsdp2 import lockstep_hits, rank1_fault, torchrun
+from tests.parallel.test_fsdp2 import diffed_mismatches, lockstep_hits, rank1_fault, torchrun
 from tests.parallel.test_ranks import summary
 from tests.parallel.test_user_ranks import param_sync_noise
 from tracer.compare import compare_runs
@@ -98,6 +98,8 @@ def test_lockstep_replay_of_the_torchrun_recording_mismatches_at_the_faulty_site
     hits = lockstep_hits(runs.golden, runs.suspect, f"{EXAMPLE}:build", runs.root / "lockstep")
     # Forward only: the GELU's backward reads its input, which the fault left alone, and golden gradients.
     assert hits == {1: {(3, "blocks.1.mlp.1", "forward")}, 0: set()}, hits
+    rows = diffed_mismatches(runs.golden, runs.suspect, runs.root / "lockstep", runs.root / "replay.duckdb")
+    assert rows == {(1, 3, "blocks.1.mlp.1", "forward")}, rows
 
 
 def test_param_sync_noise_is_that_of_the_full_gradients_gathered_from_the_shards(runs: SimpleNamespace) -> None:
