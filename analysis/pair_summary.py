@@ -39,11 +39,13 @@ def summarize_pair(db: str | Path, pid: str) -> list[str]:
         lines.append(f"  runs: golden {totals['golden_status']}, suspect {totals['suspect_status']}")
     firsts = _pair_rows(db, "rq1_first_divergence_by_rank", pid)  # in execution order across ranks
     for r in firsts:
-        order = "" if len(firsts) == 1 else " (went first)" if r["went_first"] else f" (#{r['divergence_order']})"
-        mb = "the whole step" if r["microbatch"] is None else f"microbatch {r['microbatch']}"
-        shard = "" if r["slice"] is None else f" (shard {r['slice']} of {'x'.join(map(str, r['global_shape']))})"
+        lines.append(_first_line(r, alone=len(firsts) == 1))
+    tied = [r["rank"] for r in firsts if r["divergence_order"] == 1 and r["tied"]]
+    if tied:
         lines.append(
-            f"  first divergence: rank {r['rank']}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}{shard}"
+            f"  ranks {', '.join(map(str, tied))} tie: they first differ at the same point, which a collective "
+            "reached on all of them (an output after an all-reduce), so no record tells which rank the corruption "
+            "entered on; trace a site before the collective (--sites, TraceOptions(sites=...)) to tell"
         )
     drift, spikes = totals["max_drift"], totals["loss_spikes"]
     lines.append(
@@ -54,6 +56,20 @@ def summarize_pair(db: str | Path, pid: str) -> list[str]:
     lines += _finetune_lines(db, pid, totals["suspect_run_id"])
     lines.append(f"  tables: {db} (pair_id = '{pid}')")
     return lines
+
+
+def _first_line(r: dict[str, Any], *, alone: bool) -> str:
+    """One rank's first divergence, marked as the rank that went first, tied with others at the first point, or
+    its place in the order."""
+    if alone:
+        order = ""
+    elif r["divergence_order"] == 1:
+        order = " (tied)" if r["tied"] else " (went first)"
+    else:
+        order = f" (#{r['divergence_order']})"
+    mb = "the whole step" if r["microbatch"] is None else f"microbatch {r['microbatch']}"
+    shard = "" if r["slice"] is None else f" (shard {r['slice']} of {'x'.join(map(str, r['global_shape']))})"
+    return f"  first divergence: rank {r['rank']}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}{shard}"
 
 
 def _finetune_lines(db: str | Path, pid: str, suspect_run_id: str) -> list[str]:
