@@ -20,6 +20,8 @@ from analysis import queries
 def summarize_pair(db: str | Path, pid: str) -> list[str]:
     """A few lines on what the pair's tables say, from the named queries (the database opened read-only)."""
     (totals,) = _pair_rows(db, "summary_totals", pid)
+    if totals["compared_through"] is None:
+        return [_nothing_compared(db, pid, totals), f"  tables: {db} (pair_id = '{pid}')"]
     result = (
         f"result: {totals['events_compared']:,} events compared through step {totals['compared_through']}; "
         f"{totals['events_differing']:,} differ"
@@ -56,6 +58,17 @@ def summarize_pair(db: str | Path, pid: str) -> list[str]:
     lines += _finetune_lines(db, pid, totals["suspect_run_id"])
     lines.append(f"  tables: {db} (pair_id = '{pid}')")
     return lines
+
+
+def _nothing_compared(db: str | Path, pid: str, totals: dict[str, Any]) -> str:
+    """The result of a pair with no step both runs completed on any rank: which run completed none."""
+    ranks = _pair_rows(db, "SELECT * FROM pair_ranks", pid)
+    sides = [s for s in ("golden", "suspect") if all(r[f"{s}_last_step"] is None for r in ranks)]
+    who = " and ".join(f"the {s}" for s in sides) or "the runs"
+    return (
+        f"result: no steps to compare: {who} completed no step (golden {totals['golden_status']}, "
+        f"suspect {totals['suspect_status']}), so no divergence is reported"
+    )
 
 
 def _first_line(r: dict[str, Any], *, alone: bool) -> str:
