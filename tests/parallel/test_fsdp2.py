@@ -156,6 +156,13 @@ def test_each_rank_records_its_shard_and_which_slice_it_is(fsdp2_golden: Path) -
     assert all(params[0][n] != params[1][n] for n in params[0])
 
 
+def test_inspect_lists_the_sharded_checkpoints_of_every_rank(fsdp2_golden: Path, capsys: pytest.CaptureFixture) -> None:
+    capsys.readouterr()
+    assert main(["inspect", str(fsdp2_golden)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("  checkpoints  [0, 2, 4, 5]") == 2, out  # DCP, every --checkpoint-every 2 and at the end
+
+
 def test_an_fsdp2_run_recorded_twice_is_bit_identical_on_every_rank(
     fsdp2_golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
