@@ -91,7 +91,9 @@ class Transformer(nn.Module):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
-        return self.head(x)
+        # A linear on (B, T, C) returns a view of its 2-D product, and FSDP2 warns when a sharded module (the root
+        # here) returns a view: an in-place op on it would skip the all-gather. The logits as a tensor of their own.
+        return self.head(x).clone()  # (B, T, V)
 
 
 def with_defaults(config: Mapping[str, Any], defaults: Mapping[str, Mapping[str, Any]] = CONFIG) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from torch import nn
 from faults.abft_kernel import ABFT
 from faults.scope import ModuleScope, ScopedInterceptor
 from tracer import kernel
+from tracer.compiled import refuse_compiled
 from tracer.errors import TraceWarning
 from tracer.intercept import Call, Clock, Sink, own_ops
 from tracer.log.records import Phase
@@ -258,6 +259,7 @@ class AbftChecker(ScopedInterceptor):
         safety: float = SAFETY,
     ) -> None:
         super().__init__()
+        refuse_compiled(model, self.title)
         self.safety = safety
         self._clock = clock
         self._sink = sink

@@ -56,6 +56,7 @@ from faults.schedule import BurstChain
 from faults.scope import ModuleScope, ScopedInterceptor, native
 from faults.state_faults import StateFaults
 from tracer.collectives import Stage, observing
+from tracer.compiled import refuse_compiled
 from tracer.errors import ConfigError, TraceWarning
 from tracer.intercept import Call, Clock, NativeKernel, Sink, below_autograd, in_own_ops, own_ops
 from tracer.log.records import Phase
@@ -90,6 +91,7 @@ class FaultEmulator(ScopedInterceptor):
         role: str = "train",
     ) -> None:
         super().__init__()
+        refuse_compiled(model, self.title)
         self.profile = profile
         self.seed = seed
         self.role = role

@@ -71,10 +71,13 @@ from tracer.log.records import EventRecord, Phase, RunHeader
 from tracer.options import RunInfo, TraceOptions
 from tracer.rng import TorchRng, recorded_rng
 from tracer.sharding import local_shard, shards_of
-from tracer.sites import find_sites
+from tracer.sites import find_sites, named_parameters
 from tracer.step_checkpoint import restore_step_checkpoint
 from tracer.tracing import Tracer
 from workload.protocol import Workload, build_workload, run_step
+
+# What of golden's header extra the replay log repeats, rank by rank: what pairing compares (tracer/pairing.py).
+PAIRED_EXTRA = ("parallel", "shards", "sites", "wrappers")
 
 
 class _Both:
@@ -120,8 +123,9 @@ class _Trial:
 
 
 def clipped_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The gradients a step with ``update=False`` left in ``.grad`` (accumulated and clipped), this rank's shards."""
-    return {n: local_shard(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+    """The gradients a step with ``update=False`` left in ``.grad`` (accumulated and clipped), this rank's shards,
+    under the names the Tracer gives them (DDP's ``module.`` left out, `tracer.sites.named_parameters`)."""
+    return {n: local_shard(p.grad) for n, p in named_parameters(model) if p.grad is not None}
 
 
 class Replayer:
@@ -281,7 +285,7 @@ class Replayer:
             determinism=determinism_settings(),
             created_unix=time.time(),
             extra={
-                **({"parallel": g.extra["parallel"]} if "parallel" in g.extra else {}),
+                **{k: g.extra[k] for k in PAIRED_EXTRA if k in g.extra},  # it pairs with golden's, whatever the split
                 "replay": {
                     "mode": self.mode,
                     "steps": [self.steps.start, self.steps.stop],
@@ -530,7 +534,7 @@ class Replayer:
         tracer.keep(None, set())
         grads = {key[2]: tensor for key, tensor in golden.items()}
         with tracer, tracer.step(step):
-            for name, p in w.model.named_parameters():
+            for name, p in named_parameters(w.model):
                 p.grad = grads[name].clone() if name in grads else None
             w.update(step)
         summary.checked += sink.checked

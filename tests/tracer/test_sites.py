@@ -49,6 +49,25 @@ def tiny_bert() -> nn.Module:
     )
 
 
+def tiny_t5() -> nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    return T5ForConditionalGeneration(
+        T5Config(
+            vocab_size=VOCAB,
+            d_model=16,
+            d_kv=4,
+            d_ff=32,
+            num_layers=2,
+            num_heads=2,
+            dropout_rate=0.0,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+        )
+    )
+
+
 def sites(model: nn.Module) -> list[str]:
     return [n for n, _ in find_sites(model)]
 
@@ -56,6 +75,13 @@ def sites(model: nn.Module) -> list[str]:
 def test_bert_blocks_give_their_attention_and_both_feed_forward_parts() -> None:
     assert sites(tiny_bert()) == [
         f"bert.encoder.layer.{i}.{part}" for i in range(2) for part in ("attention", "intermediate", "output")
+    ]
+
+
+def test_t5_blocks_give_their_attention_and_feed_forward_layers_by_structure() -> None:
+    assert sites(tiny_t5()) == [
+        *(f"encoder.block.{i}.layer.{part}" for i in range(2) for part in (0, 1)),  # self-attention, T5LayerFF
+        *(f"decoder.block.{i}.layer.{part}" for i in range(2) for part in (0, 1, 2)),  # self, cross, T5LayerFF
     ]
 
 
@@ -125,8 +151,8 @@ def bert_profile(tmp_path: Path, module: str, step: int = 1):  # noqa: ANN201
     return load_profile(path)
 
 
-def record_bert(out: Path, profile=None, steps: int = 2) -> Path:  # noqa: ANN001
-    model = tiny_bert()
+def record_bert(out: Path, profile=None, steps: int = 2, make=tiny_bert) -> Path:  # noqa: ANN001
+    model = make()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(1)
     run = RunInfo(out.name, config={"model": "tiny-bert"}, extra=node_header(profile, 0, False))
@@ -152,6 +178,17 @@ def test_a_fault_in_berts_first_feed_forward_is_the_first_divergence_there(tmp_p
     with warnings.catch_warnings():
         warnings.simplefilter("error", TraceWarning)  # the faulted module is traced: nothing to warn of
         sick = record_bert(tmp_path / "sick", bert_profile(tmp_path, site))
+    assert {(f.step, f.fields["site"]) for f in events(sick, "fault")} == {(1, site)}
+    assert diff_first_divergence(golden, sick, tmp_path / "study.duckdb") == [(1, 0, "forward", site, "differ")]
+
+
+@pytest.mark.slow
+def test_a_fault_in_t5s_first_encoder_feed_forward_is_the_first_divergence_there(tmp_path: Path) -> None:
+    site = "encoder.block.0.layer.1"  # a T5LayerFF: found by structure, no name or class says feed-forward
+    golden = record_bert(tmp_path / "golden", make=tiny_t5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)  # the faulted module is traced: nothing to warn of
+        sick = record_bert(tmp_path / "sick", bert_profile(tmp_path, site), make=tiny_t5)
     assert {(f.step, f.fields["site"]) for f in events(sick, "fault")} == {(1, site)}
     assert diff_first_divergence(golden, sick, tmp_path / "study.duckdb") == [(1, 0, "forward", site, "differ")]
 
