@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
 # -- against a golden run ------------------------------------------------------------------------------------------
 def against_golden(args: argparse.Namespace) -> Certificate:
     """Diff RUN against --golden (unless --db holds the pair), then the pair's `last_clean_checkpoint` rows."""
-    from pipelines.arguments import DiffRequest, diff_job
+    from pipelines.arguments import DiffRequest
+    from pipelines.diff_job import diff_job
 
     with tempfile.TemporaryDirectory(prefix="sdc-certify-") as scratch:
         db = args.db if args.db is not None else Path(scratch) / "certify.duckdb"
@@ -202,7 +203,7 @@ def against_replicas(run: Path) -> Certificate | None:
     readers = {rank: LogReader(rank_dir(run, rank)) for rank in ranks}
     root = logging.getLogger()
     level = root.level
-    root.setLevel(logging.ERROR)  # importing Beam warns about Google Cloud clients (as pipelines.arguments.diff_job)
+    root.setLevel(logging.ERROR)  # importing Beam warns about Google Cloud clients (as pipelines.diff_job)
     try:
         from pipelines.alarms import checks_replicas
     finally:
