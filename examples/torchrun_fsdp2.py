@@ -202,7 +202,7 @@ def record(w: Workload, args: argparse.Namespace, *, entry: str, sites: str | No
     )
     tracer = Tracer(w.model, w.optimizer, out=args.out, run=run, options=TraceOptions(sites=sites), parallel=w.layout)
     every, steps = w.run.checkpoint_every, w.run.steps
-    with tracer, emulated_node(tracer, w.model, fault_profile=profile, fault_seed=args.fault_seed, sites=sites):
+    with tracer, emulated_node(tracer, w.model, fault_profile=profile, fault_seed=args.fault_seed):
         for step in range(steps):
             if every and step % every == 0:
                 tracer.checkpoint(step, data={"step": step}, states=w.states())  # sharded: each rank its own

@@ -235,7 +235,6 @@ def _record_rank(
         fault_profile=request.fault_profile,
         fault_seed=request.fault_seed,
         abft=request.abft,
-        sites=request.trace.sites,
     )
     losses: list[float] = []
     start = time.perf_counter()

@@ -40,7 +40,6 @@ rank it happened on.
 from __future__ import annotations
 
 import functools
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -68,10 +67,10 @@ from tracer.header import software_versions
 from tracer.intercept import own_ops
 from tracer.log import LogWriter, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
-from tracer.options import RunInfo, TraceOptions
+from tracer.options import RunInfo
 from tracer.rng import TorchRng, recorded_rng
 from tracer.sharding import local_shard, shards_of
-from tracer.sites import find_sites
+from tracer.sites import sites_named
 from tracer.step_checkpoint import restore_step_checkpoint
 from tracer.tracing import Tracer
 from workload.protocol import Workload, build_workload, run_step
@@ -149,8 +148,6 @@ class Replayer:
         self.golden_from = request.golden_from
         self.progress = request.progress
         self.run_id = request.run_id or uuid.uuid4().hex
-        names = sorted({re.sub(r"\[.*\]$", "", s) for s in g.sites})
-        self.site_pattern = "|".join(re.escape(n) for n in names) if names else None
         self.shortcuts = shortcuts
         self._log: LogWriter | None = None
         self._schedule: FaultEmulator | None = None  # the suspect's emulator, asked which steps it may fire in
@@ -370,7 +367,7 @@ class Replayer:
             w.optimizer,
             sink=sink,
             run=RunInfo("golden-reexecution", config=self.golden.header.config),
-            options=TraceOptions(sites=self.site_pattern),
+            options=self.golden.site_options(w.model),
             parallel=w.layout,
         )
 
@@ -452,7 +449,7 @@ class Replayer:
             if self.suspect.profile is not None:
                 stack.enter_context(self._emulator(w, clock, sink))
             # The same site hooks as the golden re-execution's Tracer, so both sum gradients in the same order.
-            sites = find_sites(w.model, self.site_pattern) if self.site_pattern else []
+            sites = sites_named(w.model, self.golden.site_names)
             if self.mode == "lockstep":
                 report = functools.partial(self._site, step, result=result)
                 stack.enter_context(lockstep_hooks(sites, golden, clock, report))
@@ -472,7 +469,7 @@ class Replayer:
             clock=lambda: (clock.step_index, clock.microbatch_index),
             sink=sink,
             seed=self.suspect.fault_seed,
-            sites=self.site_pattern,
+            sites=self.golden.site_names,
         )
 
     def _trial_step(self, w: Workload, step: int, summary: ReplaySummary) -> StepResult | None:

@@ -117,7 +117,8 @@ class Tracer:
         self._sink = sink
         self.run_info = run
         self.options = options = options or TraceOptions()
-        self.sites = find_sites(model, options.sites) if options.activations else []
+        self.sites = find_sites(model, options.sites) if options.activations else []  # matched once, here
+        self.site_names = tuple(n for n, _ in self.sites)  # what the fault emulator and ABFT checker are given
         if options.activations and options.sites is None and not self.sites:
             raise ConfigError(no_default_sites(model))
         self.capture = options.capture
@@ -204,7 +205,7 @@ class Tracer:
             if self.sites and self.rank == 0 and self._sink is None and self._echo is not None:
                 self._echo(
                     sites_said(
-                        [n for n, _ in self.sites],
+                        self.site_names,
                         defaults=self.options.sites is None,
                         wrappers=self.header.extra.get("wrappers", ()),
                     )
