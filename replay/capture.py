@@ -34,6 +34,7 @@ from replay.golden import GoldenMismatch, GoldenRun, KeepingTracer, Key, Verifyi
 from replay.injection import StepClock, lockstep_hooks, sync_parameters
 from replay.request import Suspect
 from tracer.blobs import BlobStore
+from tracer.checkpoint import restore_step_checkpoint
 from tracer.collectives import unobserved
 from tracer.compare import compare_runs
 from tracer.errors import UsageError, ValidationError
@@ -43,7 +44,6 @@ from tracer.log.records import Phase
 from tracer.options import RunInfo
 from tracer.rng import recorded_rng
 from tracer.sites import named_modules, sites_named
-from tracer.step_checkpoint import restore_step_checkpoint
 from workload.protocol import Workload, build_workload, run_step
 
 

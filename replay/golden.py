@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tracer.checkpoint import list_step_checkpoints
 from tracer.errors import ConfigError, LogError, ValidationError
 from tracer.fingerprint import TensorDigest
 from tracer.intercept import own_ops
@@ -25,7 +26,6 @@ from tracer.log import LogReader, list_ranks, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord, describe_microbatch
 from tracer.options import TraceOptions
 from tracer.sites import sites_named
-from tracer.step_checkpoint import list_step_checkpoints
 from tracer.tracing import Tracer
 from workload.protocol import REFERENCE
 from workload.reference_config import Config

@@ -59,6 +59,7 @@ from replay.request import ReplayRequest
 from replay.results import ReplaySummary, StepResult
 from replay.sharded_noise import whole_parameter_noise
 from tracer.blobs import BlobStore
+from tracer.checkpoint import restore_step_checkpoint
 from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ValidationError
@@ -71,7 +72,6 @@ from tracer.options import RunInfo
 from tracer.rng import TorchRng, recorded_rng
 from tracer.sharding import local_shard, shards_of
 from tracer.sites import sites_named
-from tracer.step_checkpoint import restore_step_checkpoint
 from tracer.tracing import Tracer
 from workload.protocol import Workload, build_workload, run_step
 

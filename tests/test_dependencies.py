@@ -111,7 +111,7 @@ def test_importing_tracer_imports_no_training_framework() -> None:
 @pytest.mark.slow  # a fresh Python process (or a compile) of a few seconds
 def test_a_traced_process_does_not_import_what_only_sharded_checkpoints_need() -> None:
     """torch.distributed.checkpoint takes most of a second to import: a Tracer on a plain model, and the record and
-    replay jobs, load it only when a sharded checkpoint is saved or restored (tracer.step_checkpoint)."""
+    replay jobs, load it only when a sharded checkpoint is saved or restored (tracer.checkpoint.step)."""
     code = "import sys, tracer.tracing, jobs.record, jobs.replay; print('torch.distributed.checkpoint' in sys.modules)"
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert found.stdout.strip() == "False"

@@ -52,7 +52,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tracer.blobs import BlobStore
-from tracer.checkpoint import Stateful
+from tracer.checkpoint import Stateful, save_step_checkpoint
 from tracer.collectives import Stage, observing, record_name
 from tracer.errors import CaptureError, ConfigError, TraceWarning
 from tracer.fingerprint import TensorDigest, prepare_digests
@@ -72,7 +72,6 @@ from tracer.record_buffer import RecordBuffer, RecordSink
 from tracer.rng import StepRng
 from tracer.site_hooks import SiteHooks
 from tracer.sites import find_sites, named_parameters, no_default_sites, sites_said
-from tracer.step_checkpoint import save_step_checkpoint
 from tracer.torch_internals import in_backward
 
 

@@ -168,10 +168,10 @@ def certificate_of(rows: list[Mapping[str, Any]], golden: str) -> Certificate:
 def against_replicas(run: Path) -> Certificate | None:
     """The last checkpoint every rank holds before which every step completed on every rank and no ``replicas``
     event (a disagreement, docs/guard.md) was logged; None when the run compared no replicas."""
+    from tracer.checkpoint import list_step_checkpoints
     from tracer.errors import UsageError
     from tracer.log import LogReader, list_ranks, rank_dir
     from tracer.log.records import EventRecord
-    from tracer.step_checkpoint import list_step_checkpoints
 
     ranks = list_ranks(run)
     if not ranks:

@@ -15,10 +15,10 @@ import torch.distributed as dist
 from faults import FaultEmulator
 from faults.profile import load_profile
 from replay.injection import StepClock, passthrough_hooks, sync_parameters
+from tracer.checkpoint import restore_step_checkpoint
 from tracer.log import LogReader, rank_dir
 from tracer.sharding import dtensor_type
 from tracer.sites import sites_named
-from tracer.step_checkpoint import restore_step_checkpoint
 from workload.protocol import build_workload, run_step
 
 
