@@ -42,7 +42,7 @@ from apache_beam.metrics import Metrics
 from pipelines.segment_evidence import SegmentEvidence, segment_evidence
 from pipelines.tables import TABLES, named
 from pipelines.tagged_outputs import split
-from tracer.checkpoint import CHECKPOINT_GLOB, parse_checkpoint_path
+from tracer.checkpoint.interface import CHECKPOINT_GLOB, parse_checkpoint_path
 from tracer.errors import LogError, LogFormatError, UsageError
 from tracer.log import (
     SEGMENT_GLOB,

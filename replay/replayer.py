@@ -40,7 +40,6 @@ rank it happened on.
 from __future__ import annotations
 
 import functools
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -60,6 +59,7 @@ from replay.request import ReplayRequest
 from replay.results import ReplaySummary, StepResult
 from replay.sharded_noise import whole_parameter_noise
 from tracer.blobs import BlobStore
+from tracer.checkpoint import restore_step_checkpoint
 from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ValidationError
@@ -68,11 +68,10 @@ from tracer.header import software_versions
 from tracer.intercept import own_ops
 from tracer.log import LogWriter, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
-from tracer.options import RunInfo, TraceOptions
+from tracer.options import RunInfo
 from tracer.rng import TorchRng, recorded_rng
 from tracer.sharding import local_shard, shards_of
-from tracer.sites import find_sites, named_parameters
-from tracer.step_checkpoint import restore_step_checkpoint
+from tracer.sites import named_parameters, sites_named
 from tracer.tracing import Tracer
 from workload.protocol import Workload, build_workload, run_step
 
@@ -153,8 +152,6 @@ class Replayer:
         self.golden_from = request.golden_from
         self.progress = request.progress
         self.run_id = request.run_id or uuid.uuid4().hex
-        names = sorted({re.sub(r"\[.*\]$", "", s) for s in g.sites})
-        self.site_pattern = "|".join(re.escape(n) for n in names) if names else None
         self.shortcuts = shortcuts
         self._log: LogWriter | None = None
         self._schedule: FaultEmulator | None = None  # the suspect's emulator, asked which steps it may fire in
@@ -374,7 +371,7 @@ class Replayer:
             w.optimizer,
             sink=sink,
             run=RunInfo("golden-reexecution", config=self.golden.header.config),
-            options=TraceOptions(sites=self.site_pattern),
+            options=self.golden.site_options(w.model),
             parallel=w.layout,
         )
 
@@ -456,7 +453,7 @@ class Replayer:
             if self.suspect.profile is not None:
                 stack.enter_context(self._emulator(w, clock, sink))
             # The same site hooks as the golden re-execution's Tracer, so both sum gradients in the same order.
-            sites = find_sites(w.model, self.site_pattern) if self.site_pattern else []
+            sites = sites_named(w.model, self.golden.site_names)
             if self.mode == "lockstep":
                 report = functools.partial(self._site, step, result=result)
                 stack.enter_context(lockstep_hooks(sites, golden, clock, report))
@@ -476,7 +473,7 @@ class Replayer:
             clock=lambda: (clock.step_index, clock.microbatch_index),
             sink=sink,
             seed=self.suspect.fault_seed,
-            sites=self.site_pattern,
+            sites=self.golden.site_names,
         )
 
     def _trial_step(self, w: Workload, step: int, summary: ReplaySummary) -> StepResult | None:

@@ -104,7 +104,10 @@ def stripped_wrappers(model: nn.Module) -> list[str]:
 
 
 def find_sites(model: nn.Module, spec: SiteSpec = None) -> list[tuple[str, nn.Module]]:
-    """Resolve ``spec`` to ``(path, module)`` pairs in the model's registration order."""
+    """Resolve ``spec`` to ``(path, module)`` pairs in the model's registration order.
+
+    The one place a site pattern is compiled and matched: the Tracer matches once per model, and what else
+    needs the sites (the fault emulator, the ABFT checker, replay) takes the matched names (`sites_named`)."""
     named = named_modules(model)
     if spec is None:
         return default_sites(named)
@@ -130,6 +133,21 @@ def find_sites(model: nn.Module, spec: SiteSpec = None) -> list[tuple[str, nn.Mo
             raise ConfigError(f"site {type(m).__name__} is not a submodule of the traced model")
         out.append((ids[id(m)], m))
     return out
+
+
+def sites_named(model: nn.Module, names: Iterable[str]) -> list[tuple[str, nn.Module]]:
+    """The modules at ``names``, sites matched before (a Tracer's, a log's ``extra.sites``), as ``(path, module)``
+    pairs in the model's registration order; no pattern is matched. A name the model lacks is a `ConfigError`."""
+    wanted = set(names)
+    found = [(n, m) for n, m in named_modules(model) if n in wanted]
+    missing = sorted(wanted - {n for n, _ in found})
+    if missing:
+        raise ConfigError(
+            f"{type(model).__name__} has no module {', '.join(map(repr, missing[:4]))}"
+            f"{f' (and {len(missing) - 4} more)' if len(missing) > 4 else ''}: the sites were matched on another "
+            "model; build the model the sites were recorded on"
+        )
+    return found
 
 
 def default_sites(named: Sequence[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:

@@ -12,7 +12,7 @@ from tracer.log import list_ranks, rank_dir
 from tracer.log.reader import LogReader
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.segment import LogStatus
-from tracer.step_checkpoint import list_step_checkpoints
+from tracer.checkpoint.step import list_step_checkpoints
 
 
 @dataclass

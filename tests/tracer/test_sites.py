@@ -5,6 +5,7 @@ of names so that a wrapped and an unwrapped run pair."""
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from pathlib import Path
 
@@ -19,11 +20,12 @@ from faults.node import emulated_node, node_header
 from tests.support import diff_first_divergence, events
 from tests.tracer.test_user_models import lm_loss, train
 from tests.tracer.user_models import tiny_gpt, tiny_hf_gpt2, tiny_llama
+from tracer import sites as tracer_sites
 from tracer.compare import compare_runs
 from tracer.errors import TraceWarning
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import TensorRecord
-from tracer.options import RunInfo
+from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import pairing_differences
 from tracer.sites import describe_sites, find_sites, named_modules, named_parameters
 from tracer.tracing import Tracer
@@ -198,7 +200,11 @@ def test_a_fault_in_a_module_no_site_holds_is_warned_of_once_by_name(tmp_path: P
     profile = bert_profile(tmp_path, "bert.encoder.layer.0.intermediate", step=0)
     ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
     emulator = FaultEmulator(
-        profile, model, clock=lambda: (0, 0), sink=lambda k, f: None, sites=r"bert\.encoder\.layer\.\d+\.attention"
+        profile,
+        model,
+        clock=lambda: (0, 0),
+        sink=lambda k, f: None,
+        sites=tuple(f"bert.encoder.layer.{i}.attention" for i in range(2)),
     )
     with pytest.warns(
         TraceWarning,
@@ -285,3 +291,43 @@ def test_fsdp_units_around_each_layer_keep_the_names_and_sites_of_the_model(tmp_
             "bert.encoder.layer.0",
             "bert.encoder.layer.1",
         ]  # the FSDP unit, once, not also the layer it wraps
+
+
+@pytest.mark.parametrize("spec", [None, r"bert\.encoder\.layer\.\d+\.(attention|output)|cls"])
+def test_a_tracer_with_an_emulated_node_and_abft_matches_its_sites_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str | None
+) -> None:
+    """The Tracer matches the sites (the defaults, or its regex) and the emulator and checker take the names: one
+    match per model. A fault in a site the regex adds to the defaults (``cls``) is in a traced site."""
+    matches: list[str | None] = []
+
+    def counting(function):  # noqa: ANN001, ANN202
+        def call(pattern, *args, **kwargs):  # noqa: ANN001, ANN202
+            if pattern == spec:
+                matches.append(pattern)
+            return function(pattern, *args, **kwargs)
+
+        return call
+
+    for name in ("compile", "fullmatch", "match", "search"):
+        monkeypatch.setattr(re, name, counting(getattr(re, name)))
+    defaults = tracer_sites.default_sites
+    monkeypatch.setattr(tracer_sites, "default_sites", lambda named: matches.append(None) or defaults(named))
+    model = tiny_bert()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    site = "cls" if spec else "bert.encoder.layer.1.intermediate"
+    profile = bert_profile(tmp_path, site, step=0)
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    with (
+        warnings.catch_warnings(),
+        Tracer(model, opt, out=tmp_path / "run", run=RunInfo("x"), options=TraceOptions(sites=spec), echo=None) as tr,
+        emulated_node(tr, model, fault_profile=profile, abft=True),
+    ):
+        warnings.simplefilter("error", TraceWarning)  # the faulted module is traced: nothing to warn of
+        with tr.step(0):
+            tr.microbatch(0, inputs=ids)
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+    assert matches == [spec]
+    assert {f.fields["site"] for f in events(tmp_path / "run", "fault")} == {site}
+    assert {f.fields["site"] for f in events(tmp_path / "run", "abft")} >= {site}
