@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tracer.checkpoint.step import list_step_checkpoints
 from tracer.errors import LogFormatError
 from tracer.log import list_ranks, rank_dir
 from tracer.log.reader import LogReader
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.segment import LogStatus
-from tracer.checkpoint.step import list_step_checkpoints
 
 
 @dataclass
