@@ -20,6 +20,8 @@ from analysis import queries
 def summarize_pair(db: str | Path, pid: str) -> list[str]:
     """A few lines on what the pair's tables say, from the named queries (the database opened read-only)."""
     (totals,) = _pair_rows(db, "summary_totals", pid)
+    if totals["compared_through"] is None:
+        return [_nothing_compared(db, pid, totals), f"  tables: {db} (pair_id = '{pid}')"]
     result = (
         f"result: {totals['events_compared']:,} events compared through step {totals['compared_through']}; "
         f"{totals['events_differing']:,} differ"
@@ -39,11 +41,13 @@ def summarize_pair(db: str | Path, pid: str) -> list[str]:
         lines.append(f"  runs: golden {totals['golden_status']}, suspect {totals['suspect_status']}")
     firsts = _pair_rows(db, "rq1_first_divergence_by_rank", pid)  # in execution order across ranks
     for r in firsts:
-        order = "" if len(firsts) == 1 else " (went first)" if r["went_first"] else f" (#{r['divergence_order']})"
-        mb = "the whole step" if r["microbatch"] is None else f"microbatch {r['microbatch']}"
-        shard = "" if r["slice"] is None else f" (shard {r['slice']} of {'x'.join(map(str, r['global_shape']))})"
+        lines.append(_first_line(r, alone=len(firsts) == 1))
+    tied = [r["rank"] for r in firsts if r["divergence_order"] == 1 and r["tied"]]
+    if tied:
         lines.append(
-            f"  first divergence: rank {r['rank']}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}{shard}"
+            f"  ranks {', '.join(map(str, tied))} tie: they first differ at the same point, which a collective "
+            "reached on all of them (an output after an all-reduce), so no record tells which rank the corruption "
+            "entered on; trace a site before the collective (--sites, TraceOptions(sites=...)) to tell"
         )
     drift, spikes = totals["max_drift"], totals["loss_spikes"]
     lines.append(
@@ -54,6 +58,31 @@ def summarize_pair(db: str | Path, pid: str) -> list[str]:
     lines += _finetune_lines(db, pid, totals["suspect_run_id"])
     lines.append(f"  tables: {db} (pair_id = '{pid}')")
     return lines
+
+
+def _nothing_compared(db: str | Path, pid: str, totals: dict[str, Any]) -> str:
+    """The result of a pair with no step both runs completed on any rank: which run completed none."""
+    ranks = _pair_rows(db, "SELECT * FROM pair_ranks", pid)
+    sides = [s for s in ("golden", "suspect") if all(r[f"{s}_last_step"] is None for r in ranks)]
+    who = " and ".join(f"the {s}" for s in sides) or "the runs"
+    return (
+        f"result: no steps to compare: {who} completed no step (golden {totals['golden_status']}, "
+        f"suspect {totals['suspect_status']}), so no divergence is reported"
+    )
+
+
+def _first_line(r: dict[str, Any], *, alone: bool) -> str:
+    """One rank's first divergence, marked as the rank that went first, tied with others at the first point, or
+    its place in the order."""
+    if alone:
+        order = ""
+    elif r["divergence_order"] == 1:
+        order = " (tied)" if r["tied"] else " (went first)"
+    else:
+        order = f" (#{r['divergence_order']})"
+    mb = "the whole step" if r["microbatch"] is None else f"microbatch {r['microbatch']}"
+    shard = "" if r["slice"] is None else f" (shard {r['slice']} of {'x'.join(map(str, r['global_shape']))})"
+    return f"  first divergence: rank {r['rank']}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}{shard}"
 
 
 def _finetune_lines(db: str | Path, pid: str, suspect_run_id: str) -> list[str]:

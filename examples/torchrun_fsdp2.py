@@ -22,7 +22,7 @@ own batches (FSDP2 is data parallel). Parameters and gradients are DTensors: the
 rank's local shard (no all-gather) and records in the header which slice of which parameter each rank holds
 (``extra["shards"]``, docs/log-format.md). Site names are the model's own (``blocks.1.mlp``). Two runs are
 bit-identical on every rank. The script trains through the workload protocol (`workload.protocol.run_step`)
-and saves sharded checkpoints (DCP, `tracer.step_checkpoint`) every ``--checkpoint-every`` steps, so replay
+and saves sharded checkpoints (DCP, `tracer.checkpoint.step`) every ``--checkpoint-every`` steps, so replay
 rebuilds exactly what it recorded from the header's config (``[parallel]`` holds the sharding options, which
 the config fingerprint leaves to pairing's field-by-field layout check).
 """
@@ -91,7 +91,9 @@ class Transformer(nn.Module):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
-        return self.head(x)
+        # A linear on (B, T, C) returns a view of its 2-D product, and FSDP2 warns when a sharded module (the root
+        # here) returns a view: an in-place op on it would skip the all-gather. The logits as a tensor of their own.
+        return self.head(x).clone()  # (B, T, V)
 
 
 def with_defaults(config: Mapping[str, Any], defaults: Mapping[str, Mapping[str, Any]] = CONFIG) -> dict[str, Any]:
@@ -198,7 +200,7 @@ def record(w: Workload, args: argparse.Namespace, *, entry: str, sites: str | No
     )
     tracer = Tracer(w.model, w.optimizer, out=args.out, run=run, options=TraceOptions(sites=sites), parallel=w.layout)
     every, steps = w.run.checkpoint_every, w.run.steps
-    with tracer, emulated_node(tracer, w.model, fault_profile=profile, fault_seed=args.fault_seed, sites=sites):
+    with tracer, emulated_node(tracer, w.model, fault_profile=profile, fault_seed=args.fault_seed):
         for step in range(steps):
             if every and step % every == 0:
                 tracer.checkpoint(step, data={"step": step}, states=w.states())  # sharded: each rank its own

@@ -29,6 +29,7 @@ import functools
 import math
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, final
@@ -39,10 +40,11 @@ from torch import nn
 from faults.abft_kernel import ABFT
 from faults.scope import ModuleScope, ScopedInterceptor
 from tracer import kernel
+from tracer.compiled import refuse_compiled
 from tracer.errors import TraceWarning
 from tracer.intercept import Call, Clock, Sink, own_ops
 from tracer.log.records import Phase
-from tracer.sites import SiteSpec, find_sites
+from tracer.sites import find_sites, sites_named
 from tracer.torch_internals import GROUPED_MM
 
 aten = torch.ops.aten
@@ -256,14 +258,16 @@ class AbftChecker(ScopedInterceptor):
         *,
         clock: Clock,
         sink: Sink,
-        sites: SiteSpec = None,
+        sites: Sequence[str] | None = None,
         safety: float = SAFETY,
     ) -> None:
         super().__init__()
+        refuse_compiled(model, self.title)
         self.safety = safety
         self._clock = clock
         self._sink = sink
-        self.scope = ModuleScope(find_sites(model, sites))
+        # The traced sites' names, as the Tracer matched them (`Tracer.site_names`); None: the model's default sites.
+        self.scope = ModuleScope(find_sites(model) if sites is None else sites_named(model, sites))
         self.ops = CHECKED
         self._op_names: dict[Any, str] = {}  # str(op) runs Python code on every call
         self._said: set[str] = set()  # the sites whose unchecked products were reported

@@ -44,6 +44,7 @@ import math
 import random
 import re
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -56,11 +57,12 @@ from faults.schedule import BurstChain
 from faults.scope import ModuleScope, ScopedInterceptor, native
 from faults.state_faults import StateFaults
 from tracer.collectives import Stage, observing
+from tracer.compiled import refuse_compiled
 from tracer.errors import ConfigError, TraceWarning
 from tracer.intercept import Call, Clock, NativeKernel, Sink, below_autograd, in_own_ops, own_ops
 from tracer.log.records import Phase
 from tracer.sharding import local_shard
-from tracer.sites import SiteSpec, find_sites, named_modules
+from tracer.sites import find_sites, named_modules, sites_named
 from tracer.torch_internals import op_is_mutable
 
 SHOWN = 8  # values and indices a fault event lists
@@ -86,10 +88,11 @@ class FaultEmulator(ScopedInterceptor):
         clock: Clock,
         sink: Sink,
         seed: int = 0,
-        sites: SiteSpec = None,
+        sites: Sequence[str] | None = None,
         role: str = "train",
     ) -> None:
         super().__init__()
+        refuse_compiled(model, self.title)
         self.profile = profile
         self.seed = seed
         self.role = role
@@ -106,9 +109,10 @@ class FaultEmulator(ScopedInterceptor):
         self._chains = [
             BurstChain(r.schedule, f"sdctrace-bursts:{profile.seed}:{seed}:{i}") for i, r in enumerate(rules)
         ]
-        traced = find_sites(model, sites)
+        # The traced sites' names, as the Tracer matched them (`Tracer.site_names`); None: the model's default sites.
+        traced = find_sites(model) if sites is None else sites_named(model, sites)
         self._site_names = {path for path, _ in traced}
-        hooked = {path for path, _ in traced}
+        hooked = set(self._site_names)
         named = named_modules(model)  # the paths of the model as written: no wrapper's `module.` or `_orig_mod.`
         # Per rule with a pattern and ops here, the module paths it matches (the scope's stacks hold no others).
         self._matched: list[frozenset[str] | None] = [None] * len(rules)

@@ -16,7 +16,6 @@ from torch import nn
 from faults.abft import AbftChecker
 from faults.emulator import FaultEmulator
 from faults.profile import FaultProfile
-from tracer.sites import SiteSpec
 from tracer.tracing import Tracer
 
 
@@ -37,10 +36,10 @@ def emulated_node(
     fault_profile: FaultProfile | None = None,
     fault_seed: int = 0,
     abft: bool = False,
-    sites: SiteSpec = None,
 ) -> AbstractContextManager[None]:
     """A context in which this node plays an unhealthy one and/or checks every matmul, logging
-    ``fault`` and ``abft`` events through ``tracer`` (enter the tracer first).
+    ``fault`` and ``abft`` events through ``tracer`` (enter the tracer first). Both know the sites ``tracer``
+    traces (`Tracer.site_names`, matched once, however they were chosen), so a hit names the site it is in.
 
     Built now, entered later: a profile that does not fit the model fails before anything is recorded.
     Rules that name ``roles`` fire only if the tracer's run role (``"train"``, ``"finetune"``) is one of them.
@@ -57,11 +56,17 @@ def emulated_node(
     if fault_profile is not None:
         modes.append(
             FaultEmulator(
-                fault_profile, model, clock=clock, sink=sink, seed=fault_seed, sites=sites, role=tracer.run_info.role
+                fault_profile,
+                model,
+                clock=clock,
+                sink=sink,
+                seed=fault_seed,
+                sites=tracer.site_names,
+                role=tracer.run_info.role,
             )
         )
     if abft:
-        modes.append(AbftChecker(model, clock=clock, sink=sink, sites=sites))
+        modes.append(AbftChecker(model, clock=clock, sink=sink, sites=tracer.site_names))
     return _entered(modes)
 
 
@@ -70,13 +75,13 @@ def node_options(
     fault_seed: int = 0,
     *,
     abft: bool = False,
-    sites: SiteSpec = None,
 ) -> dict[str, Any]:
     """The ``around`` and ``extra`` keyword arguments of a framework callback (`tracer.integrations`) that make
-    its run play this node: ``SdcTraceCallback(out, label, **node_options(profile, 3, sites=...))``."""
+    its run play this node: ``SdcTraceCallback(out, label, options=TraceOptions(sites=...), **node_options(profile,
+    3))``. The node knows the sites the callback's Tracer traces (`emulated_node`)."""
 
     def around(tracer: Tracer, model: nn.Module) -> AbstractContextManager[None]:
-        return emulated_node(tracer, model, fault_profile=fault_profile, fault_seed=fault_seed, abft=abft, sites=sites)
+        return emulated_node(tracer, model, fault_profile=fault_profile, fault_seed=fault_seed, abft=abft)
 
     return {"around": around, "extra": node_header(fault_profile, fault_seed, abft)}
 

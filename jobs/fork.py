@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from tracer.blobs import BlobStore
-from tracer.checkpoint import checkpoint_dir
+from tracer.checkpoint import checkpoint_dir, list_step_checkpoints
 from tracer.errors import UsageError
 from tracer.log import LogReader, LogWriter, list_ranks, rank_dir
 from tracer.log.layout import CHECKPOINT_DIR
 from tracer.log.records import EventRecord
 from tracer.log.sessions import RESUME, RESUME_FAILED
-from tracer.step_checkpoint import list_step_checkpoints
 
 _STEP_DIR = re.compile(r"step-(\d{6,})")
 # The header's extra about the recording session, not the training: the node going on sets its own (its guard's is

@@ -44,7 +44,7 @@ from typing import Any
 
 from jobs.machine import RANKS_PER_CPU, max_local_ranks
 from tracer import errors
-from tracer.errors import CaptureError, SdcError, UsageError
+from tracer.errors import CaptureError, SdcError, UsageError, sdc_error_of
 from tracer.log.runlock import RunLock
 
 # How often a rank checks that its launcher is still there.
@@ -198,10 +198,12 @@ def _rank(spec: dict[str, Any], folder: Path, rank: int) -> int:
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the launcher
         if os.environ.get("SDC_DEBUG") == "1":
             traceback.print_exc()
+        error = sdc_error_of(exc)  # one of ours, also where Dynamo re-raised it as its own
         report = {
-            "type": type(exc).__name__,
-            "sdc": isinstance(exc, SdcError),
-            "message": str(exc).splitlines()[0] if str(exc) else "",
+            "type": type(error or exc).__name__,
+            "sdc": error is not None,
+            # Ours whole (its lines are meant: a module tree); another's first line only.
+            "message": str(error) if error is not None else str(exc).splitlines()[0] if str(exc) else "",
         }
         (folder / f"error-{rank}.json").write_text(json.dumps(report))
         return 1

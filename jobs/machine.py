@@ -6,10 +6,10 @@
 A run header's config is read from a file, so everything it sizes is bounded by this machine before any process,
 thread or tensor is made: the ranks (`max_local_ranks`, ``RANKS_PER_CPU`` per core), each rank's intra-op threads
 (``THREADS_PER_CPU`` per core: a replay must use the recording's count, since it decides reduction order), and the
-memory a step of the reference workload needs at the least (the model's weights, gradients and AdamW moments, and
-one microbatch's activations and logits) against the memory available now. A bound exceeded is one `UsageError`
-naming the source, the field and what this machine has. Configs of other workloads (``--workload``) are bounded by
-ranks and threads only where they hold the reference's keys.
+memory a step of the reference workload needs at the least (`workload.reference_memory.StepMemory`: the model's
+weights, gradients and AdamW moments, and one microbatch's activations and logits) against the memory available
+now. A bound exceeded is one `UsageError` naming the source, the field and what this machine has. Configs of other
+workloads (``--workload``) are bounded by ranks and threads only where they hold the reference's keys.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from tracer.errors import UsageError
+from workload.reference_memory import StepMemory
 
 RANKS_PER_CPU = 8  # more ranks than this per core is no job for one machine
 THREADS_PER_CPU = 16  # intra-op threads of one rank per core: beyond, a replay would only thrash
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-_STATE_BYTES = 12  # per parameter beyond its own: a float32 gradient-sized buffer and AdamW's two float32 moments
 
 
 def cpus() -> int:
@@ -60,31 +59,6 @@ def _int(config: Mapping[str, Any], section: str, key: str) -> int | None:
     return value if type(value) is int else None
 
 
-def step_memory(config: Mapping[str, Any]) -> tuple[int, str] | None:
-    """A lower bound on the bytes one rank of the reference workload holds during a step, and what it counts;
-    None when ``config`` lacks the reference workload's model and data keys."""
-    dims = {
-        k: _int(config, "model", k) for k in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden")
-    }
-    batch, seq = _int(config, "data", "batch_size"), _int(config, "data", "seq_len")
-    dp = _int(config, "parallel", "dp") or 1
-    model = config.get("model")
-    dtype = _DTYPE_BYTES.get(model.get("dtype", "float32") if isinstance(model, Mapping) else "float32", 4)
-    if None in dims.values() or batch is None or seq is None or dims["n_heads"] < 1:  # type: ignore[operator]
-        return None
-    vocab, dim, layers, heads, kv_heads, ffn = dims.values()  # type: ignore[misc]
-    kv = dim // heads * kv_heads  # type: ignore[operator]
-    parameters = 2 * vocab * dim + layers * (dim * (2 * dim + 2 * kv) + 3 * dim * ffn + 2 * dim) + dim  # type: ignore
-    tokens = max(batch // dp, 1) * seq
-    weights = parameters * (dtype + _STATE_BYTES)
-    activations = tokens * layers * (4 * dim + 3 * ffn) * dtype + tokens * vocab * 4 * 2  # type: ignore[operator]
-    what = (
-        f"{parameters:,} parameters (model.*) and a microbatch of data.batch_size = {batch} sequences of "
-        f"data.seq_len = {seq} tokens"
-    )
-    return weights + activations, what
-
-
 def check_resources(config: Mapping[str, Any], ranks: int, source: str) -> None:
     """Refuse, in one line naming ``source``, a job whose ``config`` on ``ranks`` ranks asks for more ranks, threads
     or memory than this machine has."""
@@ -102,10 +76,10 @@ def check_resources(config: Mapping[str, Any], ranks: int, source: str) -> None:
             "and the count decides reduction order, so it cannot be lowered: run it on a machine with "
             "more cores"
         )
-    need, free = step_memory(config), available_memory()
-    if need is not None and free is not None and need[0] * ranks > free:
+    need, free = StepMemory.of(config), available_memory()
+    if need is not None and free is not None and need.bytes * ranks > free:
         raise UsageError(
-            f"{source}: the recording asks for at least {_gib(need[0] * ranks)} of memory ({need[1]}, "
+            f"{source}: the recording asks for at least {_gib(need.bytes * ranks)} of memory ({need.describe()}, "
             f"on {ranks} rank(s)); this machine has {_gib(free)} available: run it on a machine with "
             "more memory"
         )

@@ -41,6 +41,7 @@ from faults.node import emulated_node, node_header
 from jobs.fork import ForkPoint, fork_point, fork_run
 from jobs.launch import launch
 from jobs.machine import check_resources
+from tracer.checkpoint import list_step_checkpoints, restore_step_checkpoint
 from tracer.device import is_lazy, resolve_device
 from tracer.errors import LogError, UsageError
 from tracer.guard import Policy, default_guard
@@ -51,7 +52,6 @@ from tracer.log.resume import log_end
 from tracer.log.sessions import Resumption
 from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import pairing_differences
-from tracer.step_checkpoint import list_step_checkpoints, restore_step_checkpoint
 from tracer.tracing import Tracer
 from workload.protocol import REFERENCE, RunSettings, Workload, build_workload, run_step
 from workload.reference_config import Config
@@ -235,7 +235,6 @@ def _record_rank(
         fault_profile=request.fault_profile,
         fault_seed=request.fault_seed,
         abft=request.abft,
-        sites=request.trace.sites,
     )
     losses: list[float] = []
     start = time.perf_counter()

@@ -4,23 +4,18 @@ the typed `DiffRequest` that `pipelines.run.diff` takes from them (and ``sdc stu
     report = diff_job()(DiffRequest(golden="runs/A", suspect="runs/B", db=Path("study.duckdb")))
 
 Kept apart from `pipelines.run` so that building the ``sdc`` parser does not import Beam:
-`diff_job` imports the job when one runs.
+`pipelines.diff_job.diff_job` imports the job when one runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipelines.tolerance import ToleranceMap, load_tolerance_map
 from tracer.errors import UsageError
-
-if TYPE_CHECKING:
-    from pipelines.run import DiffReport
 
 # Each joined batch costs the job about a millisecond whatever its size (packing, unpacking, the join's numpy
 # calls, a Parquet part): 256 steps of the benchmark pair (90 records a step) ran 0.2 s faster than 64 in 2 s
@@ -121,15 +116,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "differ within its band are counted apart as within tolerance, never as SDC; beyond the "
         "band they still differ (docs/incident.md)",
     )
-
-
-def diff_job() -> Callable[[DiffRequest], DiffReport]:
-    """`pipelines.run.diff`, imported without the warnings importing Beam prints about Google Cloud clients."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        from pipelines.run import diff
-    finally:
-        root.setLevel(level)
-    return diff

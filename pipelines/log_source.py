@@ -42,7 +42,7 @@ from apache_beam.metrics import Metrics
 from pipelines.segment_evidence import SegmentEvidence, segment_evidence
 from pipelines.tables import TABLES, named
 from pipelines.tagged_outputs import split
-from tracer.checkpoint import CHECKPOINT_GLOB, parse_checkpoint_path
+from tracer.checkpoint.interface import CHECKPOINT_GLOB, parse_checkpoint_path
 from tracer.errors import LogError, LogFormatError, UsageError
 from tracer.log import (
     SEGMENT_GLOB,
@@ -519,12 +519,21 @@ class _SummariseRank(beam.DoFn):
             sum(i.records for i in infos),
             last.complete,
             last.torn_tail,
-            max(step_events) if step_events else max(tensor_steps) if tensor_steps else None,
+            max(step_events) if step_events else _last_tensor_step(tensor_steps, finished=status == "complete"),
             lost,
             status,
         )
         yield RANKS, info
         yield TABLES, named("runs", [_run_row(run.path, header, info)])
+
+
+def _last_tensor_step(steps: list[int], *, finished: bool) -> int | None:
+    """The last completed step of a log without ``step`` events, from its tensors' steps: the last one's, or, where
+    the training raised or crashed, the one before it, which it left unfinished (None: it failed in its first)."""
+    if not steps:
+        return None
+    last = max(steps) if finished else max(steps) - 1
+    return last if last >= 0 else None
 
 
 def _run_row(path: str, h: RunHeader, info: RankInfo) -> dict[str, Any]:

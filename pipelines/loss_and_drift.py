@@ -29,11 +29,12 @@ from pipelines.events import NUMBER, Fields
 from pipelines.log_source import NAMESPACE, EventBatch, corruption_row, read_file
 from pipelines.scoring import sorted_median
 from pipelines.tables import SCHEMAS, named, table
-from tracer.checkpoint import Checkpoint, decode_checkpoint
+from tracer.checkpoint.interface import Checkpoint
+from tracer.checkpoint.logged_parameters import LoggedParameters, parameters_in_segments
+from tracer.checkpoint.manifest_bounds import check_manifest_size, header_tensor_count, manifest_limit
+from tracer.checkpoint.plain import decode_checkpoint
 from tracer.errors import CheckpointChangedError, LogError
 from tracer.log.layout import SEGMENT_SUFFIX, parse_segment_path, rank_dir_name
-from tracer.logged_parameters import LoggedParameters, parameters_in_segments
-from tracer.manifest_bounds import check_manifest_size, header_tensor_count, manifest_limit
 
 SPIKE_FACTOR = 1.5
 SPIKE_WINDOW = 10
@@ -195,7 +196,7 @@ class DriftTask(NamedTuple):
 class ParamDrift(beam.PTransform):
     """Checkpoints both runs hold at the same (step, rank) -> TABLES: param_drift; a damaged checkpoint is
     a corruptions row; a pair of checkpoints of different models, or a checkpoint whose model tensors differ from
-    the fingerprints its run's log recorded before that step (`tracer.logged_parameters`), an errors row. One
+    the fingerprints its run's log recorded before that step (`tracer.checkpoint.logged_parameters`), an errors row. One
     element per rank: each rank's two logs are read once for all its checkpoints."""
 
     def __init__(self, tasks: Sequence[DriftTask], spread: bool = True) -> None:

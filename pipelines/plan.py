@@ -25,7 +25,7 @@ from pipelines.log_source import RunLayout
 from pipelines.loss_and_drift import DriftTask
 from pipelines.pairing import pair_id, validate_pair
 from pipelines.tolerance import ToleranceMap
-from tracer.checkpoint import checkpoint_files
+from tracer.checkpoint.interface import checkpoint_files
 
 
 @dataclass(frozen=True)

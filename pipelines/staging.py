@@ -70,11 +70,11 @@ def report_runs(staging: Path, plan: DiffPlan, echo: Echo) -> None:
     for r in sorted(_read(staging, "runs"), key=lambda r: (sides.get(r["run_id"], ""), r["rank"])):
         side, status = sides.get(r["run_id"], "run"), r["status"]
         where = f"{side} run {r['path']} rank {r['rank']}"
-        step = "no step" if r["last_step"] is None else f"step {r['last_step']}"
+        step = "before completing its first step" if r["last_step"] is None else f"at step {r['last_step']}"
         if status == "crashed":
-            echo(f"  warning: {where} crashed at {step}: no END record (its records stop there)")
+            echo(f"  warning: {where} crashed {step}: no END record (its records stop there)")
         elif status == "failed":
-            echo(f"  warning: {where} failed at {step}: training raised, the log was closed")
+            echo(f"  warning: {where} failed {step}: training raised, the log was closed")
         elif status == "corrupt":
             ranges = lost.get((r["run_id"], r["rank"]), [])
             steps = ", ".join(

@@ -16,7 +16,6 @@ captured site repeats exactly; one that also hit ops before the site drew some o
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -81,7 +80,7 @@ def reproduce_emulated(
             clock=lambda: (site["step"], site["microbatch"], i + 1),
             sink=lambda kind, fields: drawn.append(fields) if kind == "fault" else None,
             seed=fault_seed,
-            sites=re.escape(site["name"]),
+            sites=(site["name"],),
         )
         return emulator, inside
 

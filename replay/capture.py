@@ -34,16 +34,16 @@ from replay.golden import GoldenMismatch, GoldenRun, KeepingTracer, Key, Verifyi
 from replay.injection import StepClock, lockstep_hooks, sync_parameters
 from replay.request import Suspect
 from tracer.blobs import BlobStore
+from tracer.checkpoint import restore_step_checkpoint
 from tracer.collectives import unobserved
 from tracer.compare import compare_runs
 from tracer.errors import UsageError, ValidationError
 from tracer.guard.runtime import RngState
 from tracer.intercept import own_ops
 from tracer.log.records import Phase
-from tracer.options import RunInfo, TraceOptions
+from tracer.options import RunInfo
 from tracer.rng import recorded_rng
-from tracer.sites import find_sites
-from tracer.step_checkpoint import restore_step_checkpoint
+from tracer.sites import named_modules, sites_named
 from workload.protocol import Workload, build_workload, run_step
 
 
@@ -140,8 +140,6 @@ def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | 
     restore_step_checkpoint(
         golden.path, golden.start_checkpoint, 0, golden_w.model, golden_w.optimizer, golden_w.states()
     )
-    names = sorted({re.sub(r"\[.*\]$", "", s) for s in golden.sites})
-    pattern = "|".join(re.escape(n) for n in names) if names else None
     path = re.sub(r"\[.*\]$", "", site.name)
     module = _module(golden_w.model, path)
     device = str(next(golden_w.model.parameters()).device)
@@ -153,18 +151,17 @@ def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | 
         logged=golden.expected.get(index_key(site.step, site.microbatch, site.name, Phase.FORWARD)),
     )
     for step in range(golden.start_checkpoint, site.step):
-        _require_matched(_golden_step(golden, golden_w, step, pattern).mismatches)
+        _require_matched(_golden_step(golden, golden_w, step).mismatches)
 
     def suspect_step(kept: dict[Key, torch.Tensor]) -> None:
         sync_parameters(golden_w.model, suspect_w.model)
-        _suspect_step(suspect, suspect_w, site, pattern, kept, out)
+        _suspect_step(suspect, suspect_w, site, golden.site_names, kept, out)
 
     key = index_key(site.step, site.microbatch, site.name, site.phase)
     sink = _golden_step(
         golden,
         golden_w,
         site.step,
-        pattern,
         between=suspect_step,
         record=lambda tracer: _recording(module, site, out, tracer),
         watch=key,
@@ -187,17 +184,16 @@ def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | 
 
 
 def _module(model: nn.Module, path: str) -> nn.Module:
-    found = find_sites(model, re.escape(path))
-    if not found:
+    found = dict(named_modules(model)).get(path)
+    if found is None:
         raise ValidationError(f"the workload's model has no module {path!r}; pass --at naming a traced site")
-    return found[0][1]
+    return found
 
 
 def _golden_step(
     golden: GoldenRun,
     w: Workload,
     step: int,
-    pattern: str | None,
     between: Callable[[dict[Key, torch.Tensor]], None] | None = None,
     record: Callable[[KeepingTracer], AbstractContextManager[None]] | None = None,
     watch: Key | None = None,
@@ -216,7 +212,7 @@ def _golden_step(
         w.optimizer,
         sink=sink,
         run=RunInfo("golden-reexecution", config=golden.header.config),
-        options=TraceOptions(sites=pattern),
+        options=golden.site_options(w.model),
         parallel=w.layout,
     )
     tracer.keep(kept if between is not None else None, {Phase.GRAD, Phase.FORWARD, Phase.BACKWARD})
@@ -295,7 +291,12 @@ def _recording(module: nn.Module, site: SiteKey, out: Captured, tracer: KeepingT
 
 
 def _suspect_step(
-    suspect: Suspect, w: Workload, site: SiteKey, pattern: str | None, golden: dict[Key, torch.Tensor], out: Captured
+    suspect: Suspect,
+    w: Workload,
+    site: SiteKey,
+    sites: tuple[str, ...],
+    golden: dict[Key, torch.Tensor],
+    out: Captured,
 ) -> None:
     """The suspect's step in lockstep; keeps its output of the site (before lockstep puts the golden one back)."""
     clock = StepClock(site.step)
@@ -339,11 +340,10 @@ def _suspect_step(
                     clock=lambda: (clock.step_index, clock.microbatch_index),
                     sink=sink,
                     seed=suspect.fault_seed,
-                    sites=pattern,
+                    sites=sites,
                 )
             )
-        sites = find_sites(w.model, pattern) if pattern else []
-        stack.enter_context(lockstep_hooks(sites, golden, clock, lambda *report: None))
+        stack.enter_context(lockstep_hooks(sites_named(w.model, sites), golden, clock, lambda *report: None))
         stack.callback(module.register_forward_pre_hook(before, with_kwargs=True).remove)
         stack.callback(module.register_forward_hook(after, prepend=True).remove)
         stack.callback(stop_watching)  # first, should the forward raise

@@ -9,19 +9,23 @@ suspect is compared with; `workload_entry` names the factory that rebuilds the r
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
+from tracer.checkpoint import list_step_checkpoints
 from tracer.errors import ConfigError, LogError, ValidationError
 from tracer.fingerprint import TensorDigest
 from tracer.intercept import own_ops
 from tracer.log import LogReader, list_ranks, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord, describe_microbatch
-from tracer.step_checkpoint import list_step_checkpoints
+from tracer.options import TraceOptions
+from tracer.sites import sites_named
 from tracer.tracing import Tracer
 from workload.protocol import REFERENCE
 from workload.reference_config import Config
@@ -104,6 +108,16 @@ class GoldenRun:
         # The header names the traced modules; records also hold collectives, which are no lockstep sites.
         run.sites = list(header.extra.get("sites", seen_sites))
         return run
+
+    @property
+    def site_names(self) -> tuple[str, ...]:
+        """The traced modules, as the recording's Tracer matched them: the sites without an expert's ``[N]``."""
+        return tuple(dict.fromkeys(re.sub(r"\[.*\]$", "", s) for s in self.sites))
+
+    def site_options(self, model: nn.Module) -> TraceOptions:
+        """Trace options for a re-execution on ``model`` at the recording's sites, looked up by name (no pattern);
+        the defaults where the log names none."""
+        return TraceOptions(sites=tuple(m for _, m in sites_named(model, self.site_names)) if self.sites else None)
 
     def checkpoint_before(self, step: int) -> int:
         """The latest checkpoint at or before ``step``; an error says which exist."""

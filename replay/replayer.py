@@ -40,7 +40,6 @@ rank it happened on.
 from __future__ import annotations
 
 import functools
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -60,6 +59,7 @@ from replay.request import ReplayRequest
 from replay.results import ReplaySummary, StepResult
 from replay.sharded_noise import whole_parameter_noise
 from tracer.blobs import BlobStore
+from tracer.checkpoint import restore_step_checkpoint
 from tracer.collectives import unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ValidationError
@@ -68,13 +68,15 @@ from tracer.header import software_versions
 from tracer.intercept import own_ops
 from tracer.log import LogWriter, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
-from tracer.options import RunInfo, TraceOptions
+from tracer.options import RunInfo
 from tracer.rng import TorchRng, recorded_rng
 from tracer.sharding import local_shard, shards_of
-from tracer.sites import find_sites
-from tracer.step_checkpoint import restore_step_checkpoint
+from tracer.sites import named_parameters, sites_named
 from tracer.tracing import Tracer
 from workload.protocol import Workload, build_workload, run_step
+
+# What of golden's header extra the replay log repeats, rank by rank: what pairing compares (tracer/pairing.py).
+PAIRED_EXTRA = ("parallel", "shards", "sites", "wrappers")
 
 
 class _Both:
@@ -120,8 +122,9 @@ class _Trial:
 
 
 def clipped_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The gradients a step with ``update=False`` left in ``.grad`` (accumulated and clipped), this rank's shards."""
-    return {n: local_shard(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+    """The gradients a step with ``update=False`` left in ``.grad`` (accumulated and clipped), this rank's shards,
+    under the names the Tracer gives them (DDP's ``module.`` left out, `tracer.sites.named_parameters`)."""
+    return {n: local_shard(p.grad) for n, p in named_parameters(model) if p.grad is not None}
 
 
 class Replayer:
@@ -149,8 +152,6 @@ class Replayer:
         self.golden_from = request.golden_from
         self.progress = request.progress
         self.run_id = request.run_id or uuid.uuid4().hex
-        names = sorted({re.sub(r"\[.*\]$", "", s) for s in g.sites})
-        self.site_pattern = "|".join(re.escape(n) for n in names) if names else None
         self.shortcuts = shortcuts
         self._log: LogWriter | None = None
         self._schedule: FaultEmulator | None = None  # the suspect's emulator, asked which steps it may fire in
@@ -277,7 +278,7 @@ class Replayer:
             determinism=determinism_settings(),
             created_unix=time.time(),
             extra={
-                **({"parallel": g.extra["parallel"]} if "parallel" in g.extra else {}),
+                **{k: g.extra[k] for k in PAIRED_EXTRA if k in g.extra},  # it pairs with golden's, whatever the split
                 "replay": {
                     "mode": self.mode,
                     "steps": [self.steps.start, self.steps.stop],
@@ -378,7 +379,7 @@ class Replayer:
             w.optimizer,
             sink=sink,
             run=RunInfo("golden-reexecution", config=self.golden.header.config),
-            options=TraceOptions(sites=self.site_pattern),
+            options=self.golden.site_options(w.model),
             parallel=w.layout,
         )
 
@@ -460,7 +461,7 @@ class Replayer:
             if self.suspect.profile is not None:
                 stack.enter_context(self._emulator(w, clock, sink))
             # The same site hooks as the golden re-execution's Tracer, so both sum gradients in the same order.
-            sites = find_sites(w.model, self.site_pattern) if self.site_pattern else []
+            sites = sites_named(w.model, self.golden.site_names)
             if self.mode == "lockstep":
                 report = functools.partial(self._site, step, result=result)
                 stack.enter_context(lockstep_hooks(sites, golden, clock, report))
@@ -480,7 +481,7 @@ class Replayer:
             clock=lambda: (clock.step_index, clock.microbatch_index),
             sink=sink,
             seed=self.suspect.fault_seed,
-            sites=self.site_pattern,
+            sites=self.golden.site_names,
         )
 
     def _trial_step(self, w: Workload, step: int, summary: ReplaySummary) -> StepResult | None:
@@ -538,7 +539,7 @@ class Replayer:
         tracer.keep(None, set())
         grads = {key[2]: tensor for key, tensor in golden.items()}
         with tracer, tracer.step(step):
-            for name, p in w.model.named_parameters():
+            for name, p in named_parameters(w.model):
                 p.grad = grads[name].clone() if name in grads else None
             w.update(step)
         summary.checked += sink.checked

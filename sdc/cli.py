@@ -17,8 +17,8 @@ import warnings
 from collections.abc import Collection, Sequence
 
 from sdc.commands import COMMANDS
-from tracer.errors import SdcError
-from tracer.printable import printable
+from tracer.errors import sdc_error_of
+from tracer.printable import printable_lines
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -51,17 +51,7 @@ def command_named(argv: Sequence[str]) -> tuple[str, ...]:
 
 
 def _one_line_warnings(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
-    print(f"sdc: warning: {printable(str(message))}", file=sys.stderr)
-
-
-def _sdc_error(exc: BaseException) -> SdcError | None:
-    """The SdcError behind ``exc``: itself, or one that torch.compile's Dynamo re-raised as its own error (an
-    sdctrace check that runs while Dynamo compiles, `tracer.compiled`)."""
-    if isinstance(exc, SdcError):
-        return exc
-    if type(exc).__module__.startswith("torch._dynamo") and isinstance(exc.__context__, SdcError):
-        return exc.__context__
-    return None
+    print(f"sdc: warning: {printable_lines(str(message))}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,10 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except Exception as exc:
-        error = _sdc_error(exc)
+        error = sdc_error_of(exc)
         if debug or error is None:
             raise
-        print(f"sdc: error: {printable(str(error))}", file=sys.stderr)
+        print(f"sdc: error: {printable_lines(str(error))}", file=sys.stderr)
         return getattr(error, "exit_code", EXIT_ERROR)
     except KeyboardInterrupt:
         print("sdc: interrupted", file=sys.stderr)

@@ -111,7 +111,103 @@ def test_importing_tracer_imports_no_training_framework() -> None:
 @pytest.mark.slow  # a fresh Python process (or a compile) of a few seconds
 def test_a_traced_process_does_not_import_what_only_sharded_checkpoints_need() -> None:
     """torch.distributed.checkpoint takes most of a second to import: a Tracer on a plain model, and the record and
-    replay jobs, load it only when a sharded checkpoint is saved or restored (tracer.step_checkpoint)."""
+    replay jobs, load it only when a sharded checkpoint is saved or restored (tracer.checkpoint.step)."""
     code = "import sys, tracer.tracing, jobs.record, jobs.replay; print('torch.distributed.checkpoint' in sys.modules)"
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert found.stdout.strip() == "False"
+
+
+def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Project module -> the project modules it imports, at any depth (inside functions and ``TYPE_CHECKING`` too).
+
+    ``from a.b import c`` is an edge to ``a.b.c`` where that is a module, else to ``a.b``; a name that is no module
+    of the project is followed up to the nearest one that is."""
+    modules: dict[str, tuple[Path, bool]] = {}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+
+    def nearest(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, (path, is_package) in modules.items():
+        names = []
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    here = module.split(".") if is_package else module.split(".")[:-1]
+                    base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+                names += [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        graph[module] = {found for name in names if (found := nearest(name)) not in (None, module)}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle (``[a, b, ..., a]``) through each strongly connected group of modules (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = set(stack[stack.index(module) :])
+            del stack[stack.index(module) :]
+            if len(group) > 1:
+                circles.append(_circle_in(group, graph))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def _circle_in(group: set[str], graph: dict[str, set[str]]) -> list[str]:
+    """A shortest path from the group's first module back to itself, inside the group."""
+    start = min(group)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for other in sorted(graph[module] & group):
+                if other == start:
+                    return paths[module] + [start]
+                if other not in paths:
+                    paths[other] = paths[module] + [other]
+                    following.append(other)
+        frontier = following
+    raise AssertionError(f"no circle through {start} in {sorted(group)}")
+
+
+def test_no_import_circle_in_any_package() -> None:
+    circles = import_circles(module_graph())
+    assert circles == [], "import circles: " + "; ".join(" -> ".join(circle) for circle in circles)
+
+
+def test_an_import_circle_through_a_lazy_import_is_found(tmp_path: Path) -> None:
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "__init__.py").write_text("")
+    (tmp_path / "pipelines" / "a.py").write_text("from pipelines.b import run\n")
+    (tmp_path / "pipelines" / "b.py").write_text("def run():\n    from . import c\n")
+    (tmp_path / "pipelines" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pipelines.a\n"
+    )
+    (tmp_path / "pipelines" / "d.py").write_text("import pipelines.a\n")
+    assert import_circles(module_graph(tmp_path)) == [["pipelines.a", "pipelines.b", "pipelines.c", "pipelines.a"]]

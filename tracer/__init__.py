@@ -49,8 +49,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from tracer.checkpoint.interface import RestoredCheckpoint
+    from tracer.checkpoint.sharded import load_sharded_checkpoint, save_sharded_checkpoint
+    from tracer.checkpoint.step import list_step_checkpoints, restore_step_checkpoint, save_step_checkpoint
     from tracer.compare import compare_runs
-    from tracer.dcp_checkpoint import RestoredCheckpoint, load_sharded_checkpoint, save_sharded_checkpoint
     from tracer.determinism import configure_determinism
     from tracer.errors import GuardStop, SdcError, TraceWarning
     from tracer.guard import (
@@ -70,7 +72,6 @@ if TYPE_CHECKING:
     )
     from tracer.options import CapturePolicy, RunInfo, TraceOptions
     from tracer.parallel import Layout
-    from tracer.step_checkpoint import list_step_checkpoints, restore_step_checkpoint, save_step_checkpoint
     from tracer.summary import summarize_run
     from tracer.tracing import Tracer
 else:
@@ -97,8 +98,9 @@ else:
                 "default_guard",
             ),
             # Checkpoints: the modules that define these names (keep them together: they may move).
-            "tracer.dcp_checkpoint": ("RestoredCheckpoint", "load_sharded_checkpoint", "save_sharded_checkpoint"),
-            "tracer.step_checkpoint": ("list_step_checkpoints", "restore_step_checkpoint", "save_step_checkpoint"),
+            "tracer.checkpoint.interface": ("RestoredCheckpoint",),
+            "tracer.checkpoint.sharded": ("load_sharded_checkpoint", "save_sharded_checkpoint"),
+            "tracer.checkpoint.step": ("list_step_checkpoints", "restore_step_checkpoint", "save_step_checkpoint"),
             "tracer.compare": ("compare_runs",),
             "tracer.summary": ("summarize_run",),
             "tracer.errors": ("GuardStop", "SdcError", "TraceWarning"),

@@ -13,7 +13,7 @@ from pathlib import Path
 from tracer.errors import ValidationError
 from tracer.log import list_ranks, rank_dir
 from tracer.log.reader import LogReader
-from tracer.log.records import Phase, TensorRecord, describe_microbatch
+from tracer.log.records import EventRecord, Phase, TensorRecord, describe_microbatch
 from tracer.printable import printable
 
 
@@ -90,3 +90,25 @@ def compare_runs(golden: str | Path, suspect: str | Path) -> Comparison:
             firsts.append(((diff.step, position, rank), diff))
             break
     return Comparison(events, len(steps), min(firsts, key=lambda f: f[0])[1] if firsts else None)
+
+
+def ranks_without_steps(run: str | Path) -> list[int]:
+    """The ranks of ``run`` that completed no step, so nothing of theirs can be compared: no ``step`` event (the
+    Tracer writes one as each step ends) and, in a log without such events, tensors of no step it finished (a
+    log that failed or crashed leaves its last step unfinished). Reads a rank only up to its first ``step``
+    event. `sdc diff` counts completed steps the same way (`pipelines.log_source`)."""
+    out = []
+    for rank in list_ranks(Path(run)):
+        reader = LogReader(rank_dir(Path(run), rank))
+        steps: set[int] = set()
+        for r in reader.records():
+            if isinstance(r, EventRecord) and r.kind == "step":
+                break
+            if isinstance(r, TensorRecord):
+                steps.add(r.step)
+        else:
+            end = reader.status.end
+            finished = end is not None and end.status != "failed"  # closed, and not because training raised
+            if not steps or (not finished and max(steps) == 0):
+                out.append(rank)
+    return out

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tracer.errors import ConfigError
-from tracer.torch_internals import DYNAMO, on_compile_start
+from tracer.torch_internals import DYNAMO, compiled_in_place, compiled_module_type, on_compile_start
 
 _lock = threading.Lock()
 _watched = False  # the callback is registered, or the finder waits for Dynamo to load
@@ -70,11 +70,23 @@ def disabled_twin(fn: Callable[..., Any], reason: str) -> Callable[..., Any] | N
     return torch.compiler.disable(fn, reason=reason)
 
 
-def refusal(titles: Sequence[str]) -> ConfigError:
-    """The error for a compilation under the interceptors with these titles."""
+def refuse_compiled(model: Any, title: str) -> None:
+    """Raise the `refusal` for an interceptor titled ``title`` at once when ``model`` is visibly compiled: it or a
+    submodule is ``torch.compile``'s wrapper or was compiled in place (``model.compile()``). Otherwise the
+    refusal would come only from inside the first compilation, wrapped in Dynamo's own long error."""
+    wrapper = compiled_module_type()
+    for path, m in model.named_modules():
+        if (wrapper is not None and isinstance(m, wrapper)) or compiled_in_place(m):
+            what = f"the model's submodule {path}" if path else "the model given to it"
+            raise refusal([title], f"{what} is compiled")
+
+
+def refusal(titles: Sequence[str], found: str = "") -> ConfigError:
+    """The error for a compilation under the interceptors with these titles; ``found``: what was compiled."""
     names = " and the ".join(dict.fromkeys(titles)) or "operator interceptor"
     return ConfigError(
-        f"sdctrace's {names} cannot act inside torch.compile'd code: compiled kernels do not call the aten ops it "
+        f"sdctrace's {names} cannot act inside torch.compile'd code{f' ({found})' if found else ''}: "
+        "compiled kernels do not call the aten ops it "
         "acts on, so it would silently do nothing; record this node and its golden twin without torch.compile "
         "(no torch.compile(model) or model.compile(); TrainingArguments(torch_compile=False); Lightning: no "
         "compile in configure_model), or without the fault profile and ABFT"

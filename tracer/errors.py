@@ -1,7 +1,8 @@
 """One exception hierarchy for everything a user can cause.
 
-The CLI catches :class:`SdcError` and prints its message on one line, so every
-message must say what was expected, what was found, and what to do.
+The CLI catches :class:`SdcError` and prints its message, one line unless it has line breaks of its own (a
+module tree: kept, the later lines indented), so every message must say what was expected, what was found,
+and what to do.
 """
 
 from __future__ import annotations
@@ -79,3 +80,13 @@ class GuardStop(SdcError):
             f"step {step}: the guard stopped training ({outcome}: {alarms}); {saved}; look at the step's "
             "guard event (sdc inspect), then resume from the checkpoint or take the node out of service"
         )
+
+
+def sdc_error_of(exc: BaseException) -> SdcError | None:
+    """The SdcError behind ``exc``: itself, or one that torch.compile's Dynamo re-raised as its own error (an
+    sdctrace check that runs while Dynamo compiles, `tracer.compiled`); None for any other exception."""
+    if isinstance(exc, SdcError):
+        return exc
+    if type(exc).__module__.startswith("torch._dynamo") and isinstance(exc.__context__, SdcError):
+        return exc.__context__
+    return None

@@ -50,7 +50,7 @@ def pairing_differences(golden: RunHeader, suspect: RunHeader, fields: Sequence[
     if threads[1] != threads[2]:
         out.append(f"determinism.intra_op_threads: {threads[1]!r} vs {threads[2]!r}")
     out += [d.describe() for d in setting_differences(golden, suspect) if d.refuses]
-    # Traced sites change the autograd graph (see Tracer); replay logs carry none.
+    # Traced sites change the autograd graph (see Tracer); a replay log carries its golden's.
     sites_g, sites_s = golden.extra.get("sites"), suspect.extra.get("sites")
     if sites_g is not None and sites_s is not None and sites_g != sites_s:
         out.append(_sites_difference(sites_g, sites_s))

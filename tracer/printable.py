@@ -23,6 +23,13 @@ def printable(text: str) -> str:
     return _UNSAFE.sub(_escape, text)
 
 
+def printable_lines(text: str, indent: str = "  ") -> str:
+    """``text``'s own line breaks kept, every other character `printable` escapes escaped, and each line after the
+    first indented by ``indent``: a message in several lines (a module tree) prints as such, and no line of it
+    can pass for a line of its own (``sdc: error: ...``)."""
+    return f"\n{indent}".join(printable(line) for line in text.split("\n"))
+
+
 def _escape(match: re.Match[str]) -> str:
     ch = match.group()
     if ch in _NAMED:

@@ -9,8 +9,10 @@ hold the attention (``attention``, ``attn``, ``self_attn``, ``crossattention``,
 ``ffn``, ``feed_forward``, a mixture of experts; in a block without one, the
 children with parameters that are neither attention nor a norm, dropout or
 embedding: BERT's ``intermediate`` and ``output``, ``nn.TransformerEncoderLayer``'s
-``linear1`` and ``linear2``). Any ``N.attention``/``N.mlp``-style path is a site
-too, and a model with none of these falls back to class names. Users override
+``linear1`` and ``linear2``). A block whose parts sit in one list of their own,
+T5's ``layer``, gives that list's children: ``layer.0`` (attention) and ``layer.1``
+(``T5LayerFF``). Any ``N.attention``/``N.mlp``-style path is a site too, and a
+model with none of these falls back to class names. Users override
 with a regex over module paths or an explicit list of modules.
 
 Paths are those of the model as written: the wrappers that training stacks put
@@ -102,7 +104,10 @@ def stripped_wrappers(model: nn.Module) -> list[str]:
 
 
 def find_sites(model: nn.Module, spec: SiteSpec = None) -> list[tuple[str, nn.Module]]:
-    """Resolve ``spec`` to ``(path, module)`` pairs in the model's registration order."""
+    """Resolve ``spec`` to ``(path, module)`` pairs in the model's registration order.
+
+    The one place a site pattern is compiled and matched: the Tracer matches once per model, and what else
+    needs the sites (the fault emulator, the ABFT checker, replay) takes the matched names (`sites_named`)."""
     named = named_modules(model)
     if spec is None:
         return default_sites(named)
@@ -128,6 +133,21 @@ def find_sites(model: nn.Module, spec: SiteSpec = None) -> list[tuple[str, nn.Mo
             raise ConfigError(f"site {type(m).__name__} is not a submodule of the traced model")
         out.append((ids[id(m)], m))
     return out
+
+
+def sites_named(model: nn.Module, names: Iterable[str]) -> list[tuple[str, nn.Module]]:
+    """The modules at ``names``, sites matched before (a Tracer's, a log's ``extra.sites``), as ``(path, module)``
+    pairs in the model's registration order; no pattern is matched. A name the model lacks is a `ConfigError`."""
+    wanted = set(names)
+    found = [(n, m) for n, m in named_modules(model) if n in wanted]
+    missing = sorted(wanted - {n for n, _ in found})
+    if missing:
+        raise ConfigError(
+            f"{type(model).__name__} has no module {', '.join(map(repr, missing[:4]))}"
+            f"{f' (and {len(missing) - 4} more)' if len(missing) > 4 else ''}: the sites were matched on another "
+            "model; build the model the sites were recorded on"
+        )
+    return found
 
 
 def default_sites(named: Sequence[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
@@ -165,7 +185,7 @@ def block_parts(named: Sequence[tuple[str, nn.Module]]) -> list[tuple[str, nn.Mo
         while (attr := _wrapper_attribute(block)) is not None:  # an FSDP unit or a compiled block: what it wraps
             block = getattr(block, attr)
         attention, feed_forward, rest = [], [], []
-        for name, child in block.named_children():
+        for name, child in _parts(block):
             kind = type(child).__name__
             if next(child.parameters(), None) is None or _NOT_A_SITE.search(kind) or "norm" in name.lower():
                 continue
@@ -178,8 +198,21 @@ def block_parts(named: Sequence[tuple[str, nn.Module]]) -> list[tuple[str, nn.Mo
                 rest.append(part)
         if attention:
             chosen = {n for n, _ in attention + (feed_forward or rest)}
-            out += [(f"{path}.{name}", c) for name, c in block.named_children() if f"{path}.{name}" in chosen]
+            out += [(f"{path}.{name}", c) for name, c in _parts(block) if f"{path}.{name}" in chosen]
     return out
+
+
+def _parts(block: nn.Module) -> list[tuple[str, nn.Module]]:
+    """A block's children; where none is an attention and they are one ``nn.ModuleList``/``nn.Sequential`` of
+    parts (T5's ``layer``: ``T5LayerSelfAttention``, ``T5LayerFF``), that list's children (``layer.0``)."""
+    kids = list(block.named_children())
+    if any(_ATTENTION.search(n) or _ATTENTION.search(type(c).__name__) for n, c in kids):
+        return kids
+    lists = [(n, c) for n, c in kids if isinstance(c, (nn.ModuleList, nn.Sequential))]
+    if len(lists) != 1:
+        return kids
+    (name, parts), *_ = lists
+    return [(n, c) for n, c in kids if c is not parts] + [(f"{name}.{k}", c) for k, c in parts.named_children()]
 
 
 def _overlaps(path: str, others: Iterable[str]) -> bool:

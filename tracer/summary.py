@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from tracer.checkpoint import list_checkpoints
+from tracer.checkpoint.step import list_step_checkpoints
 from tracer.errors import LogFormatError
 from tracer.log import list_ranks, rank_dir
 from tracer.log.reader import LogReader
@@ -27,7 +27,7 @@ class RankSummary:
     steps: set[int] = field(default_factory=set)
     sites: list[str] = field(default_factory=list)  # forward sites in first-seen order
     parameters: int = 0
-    checkpoints: list[int] = field(default_factory=list)
+    checkpoints: list[int] = field(default_factory=list)  # steps with this rank's checkpoint, plain or sharded
 
     @property
     def records(self) -> int:
@@ -57,7 +57,7 @@ def summarize_run(run: str | Path, on_corruption: Literal["raise", "skip"] = "ra
             status=reader.status,
             segments=len(reader.segments),
             bytes=sum(p.stat().st_size for p in reader.segments),
-            checkpoints=list_checkpoints(run, rank),
+            checkpoints=list_step_checkpoints(run, rank),  # plain or sharded (DCP)
         )
         seen_sites: dict[str, None] = {}
         params: set[str] = set()

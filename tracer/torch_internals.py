@@ -199,6 +199,20 @@ _APIS.append(
         lambda: callable(_lookup_dynamo("callback", "on_compile_start")),
     )
 )
+
+
+def compiled_in_place(module: torch.nn.Module) -> bool:
+    """Whether ``module.compile()`` compiled this module in place (it set nn.Module's ``_compiled_call_impl``)."""
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
+_APIS.append(
+    PrivateApi(
+        "torch.nn.Module._compiled_call_impl",
+        "refusal of a compiled model under the fault emulator and ABFT",
+        lambda: hasattr(torch.nn.Module, "_compiled_call_impl"),
+    )
+)
 _APIS.append(
     PrivateApi(
         "torch._dynamo.eval_frame.OptimizedModule",

@@ -52,7 +52,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tracer.blobs import BlobStore
-from tracer.checkpoint import Stateful
+from tracer.checkpoint import Stateful, save_step_checkpoint
 from tracer.collectives import Stage, observing, record_name
 from tracer.errors import CaptureError, ConfigError, TraceWarning
 from tracer.fingerprint import TensorDigest, prepare_digests
@@ -72,7 +72,6 @@ from tracer.record_buffer import RecordBuffer, RecordSink
 from tracer.rng import StepRng
 from tracer.site_hooks import SiteHooks
 from tracer.sites import find_sites, named_parameters, no_default_sites, sites_said
-from tracer.step_checkpoint import save_step_checkpoint
 from tracer.torch_internals import in_backward
 
 
@@ -117,7 +116,8 @@ class Tracer:
         self._sink = sink
         self.run_info = run
         self.options = options = options or TraceOptions()
-        self.sites = find_sites(model, options.sites) if options.activations else []
+        self.sites = find_sites(model, options.sites) if options.activations else []  # matched once, here
+        self.site_names = tuple(n for n, _ in self.sites)  # what the fault emulator and ABFT checker are given
         if options.activations and options.sites is None and not self.sites:
             raise ConfigError(no_default_sites(model))
         self.capture = options.capture
@@ -204,7 +204,7 @@ class Tracer:
             if self.sites and self.rank == 0 and self._sink is None and self._echo is not None:
                 self._echo(
                     sites_said(
-                        [n for n, _ in self.sites],
+                        self.site_names,
                         defaults=self.options.sites is None,
                         wrappers=self.header.extra.get("wrappers", ()),
                     )

@@ -24,7 +24,7 @@ already made: it builds the same model on every rank, shards it as the training 
 DTensor), and sets ``layout`` to the ranks' layout (``Layout(dp=N)`` for FSDP2 or DDP). ``microbatches(step)``
 returns this rank's share of the data (draw it by ``torch.distributed.get_rank()``); gradient reduction is the
 framework's (FSDP2, DDP) or the workload's own ``finish_backward``. A model with DTensor parameters is
-checkpointed sharded (`tracer.step_checkpoint`); examples/torchrun_fsdp2.py's ``build`` is such a workload.
+checkpointed sharded (`tracer.checkpoint.step`); examples/torchrun_fsdp2.py's ``build`` is such a workload.
 
 `Workload` gives defaults for everything but ``microbatches`` and ``loss``;
 `workload.reference` is the reference LLaMA-style implementation and needs no

@@ -36,6 +36,15 @@ MAX_PARAMETERS = 10_000_000_000
 MAX_SEED = INT64_MAX  # torch.manual_seed takes < 2^64, numpy's default_rng any int >= 0: TOML's 64-bit ints fit both
 
 
+def decoder_parameters(vocab_size: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int, ffn_hidden: int) -> int:
+    """Parameters of the reference LLaMA-style decoder: the embedding and output head, per layer the query and output
+    projections, the grouped key and value projections, the SwiGLU feed-forward's three matrices and two norms, and
+    the final norm (no biases)."""
+    kv = dim // n_heads * n_kv_heads
+    layer = dim * (2 * dim + 2 * kv) + 3 * dim * ffn_hidden + 2 * dim
+    return 2 * vocab_size * dim + n_layers * layer + dim
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape of the LLaMA-style decoder."""
@@ -101,10 +110,10 @@ class ModelConfig:
 
     @property
     def parameters(self) -> int:
-        """Parameters of the decoder, computed before anything is allocated (norms, biases-free projections)."""
-        kv = self.dim // self.n_heads * self.n_kv_heads
-        layer = self.dim * (2 * self.dim + 2 * kv) + 3 * self.dim * self.ffn_hidden + 2 * self.dim
-        return 2 * self.vocab_size * self.dim + self.n_layers * layer + self.dim
+        """Parameters of the decoder, computed before anything is allocated (`decoder_parameters`)."""
+        return decoder_parameters(
+            self.vocab_size, self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.ffn_hidden
+        )
 
     @property
     def head_dim(self) -> int:

@@ -7,7 +7,10 @@
 --   step, microbatch, name, phase, status   the rank's earliest differing record (first_divergence)
 --   position           that record's index among the rank's records of its step, in log order
 --   (the order, and the tie rule, are the view first_divergence_ranked's: analysis/SCHEMA.md)
---   went_first         divergence_order = 1
+--   tied               another rank shares this rank's divergence_order: they first differ at the same point,
+--                      which a collective reached on all of them (a site after an all-reduce), so no record
+--                      tells which went first
+--   went_first         divergence_order = 1 and not tied: a tie is never credited to one rank
 --   slice, global_shape   for a gradient or parameter of a sharded (DTensor) parameter, the slice of it this
 --                      rank's fingerprint covers (view param_shards, from the suspect's header); else null
 WITH
@@ -17,7 +20,7 @@ nodes AS (
 ),
 
 ordered AS (
-    SELECT * FROM first_divergence_ranked
+    SELECT *, count(*) OVER (PARTITION BY pair_id, divergence_order) > 1 AS tied FROM first_divergence_ranked
 )
 
 SELECT
@@ -32,7 +35,8 @@ SELECT
     o.phase,
     o.status,
     o.position,
-    o.divergence_order = 1 AS went_first,
+    o.tied,
+    o.divergence_order = 1 AND NOT o.tied AS went_first,
     ps.slice,
     ps.global_shape
 FROM ordered AS o

@@ -6,9 +6,11 @@
 --   compared_through        last step both runs hold (max over ranks)
 --   role                    train (a pretraining pair) or finetune (a pair of fine-tunes, `sdc diff --twin`)
 --   first_rank, first_step, first_microbatch, first_site   the earliest first divergence over ranks, in
---                           execution order (SCHEMA.md; the lower rank on a tie): the rank where corruption
---                           entered, and the record's step, microbatch (null: the whole step's) and site and phase;
---                           never inside a step corruption made unknown (lost_ranges): corruption on disk is not SDC
+--                           execution order (SCHEMA.md): the rank where corruption entered, and the record's
+--                           step, microbatch (null: the whole step's) and site and phase; never inside a step
+--                           corruption made unknown (lost_ranges): corruption on disk is not SDC
+--   first_tied_ranks        where several ranks first differ at that same point (a site after a collective):
+--                           those ranks, and first_rank is null; a tie is never credited to one rank
 --   golden_status, suspect_status   complete, failed, crashed (no END record) or corrupt
 --   lost_steps              compared steps corruption made unknown, over ranks: no divergence is reported there
 --   mismatch_frequency, mismatch_severity, mismatching_steps, lockstep_steps   RQ1
@@ -28,16 +30,27 @@ compared AS (
     GROUP BY pair_id
 ),
 
-first_divergence_per_pair AS (
-    SELECT pair_id, rank AS first_rank, step AS first_step, microbatch AS first_microbatch,
-           name || ' ' || phase AS first_site
+known_firsts AS (
+    SELECT f.*, min(divergence_order) OVER (PARTITION BY pair_id) AS earliest
     FROM first_divergence_ranked AS f
     WHERE NOT EXISTS (
         SELECT 1 FROM lost_ranges AS l
         WHERE l.pair_id = f.pair_id AND l.rank = f.rank
           AND (l.first_step IS NULL OR f.step >= l.first_step) AND (l.last_step IS NULL OR f.step <= l.last_step)
     )
-    QUALIFY row_number() OVER (PARTITION BY pair_id ORDER BY divergence_order, rank) = 1
+),
+
+first_divergence_per_pair AS (
+    SELECT
+        pair_id,
+        CASE WHEN count(*) = 1 THEN min(rank) END AS first_rank,
+        CASE WHEN count(*) > 1 THEN list(rank ORDER BY rank) END AS first_tied_ranks,
+        min(step) AS first_step,
+        min(microbatch) AS first_microbatch,
+        min(name || ' ' || phase) AS first_site
+    FROM known_firsts
+    WHERE divergence_order = earliest
+    GROUP BY pair_id
 ),
 
 statuses AS (
@@ -100,6 +113,7 @@ SELECT
     n.pair_id,
     c.compared_through,
     f.first_rank,
+    f.first_tied_ranks,
     f.first_step,
     f.first_microbatch,
     f.first_site,

@@ -103,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
 # -- against a golden run ------------------------------------------------------------------------------------------
 def against_golden(args: argparse.Namespace) -> Certificate:
     """Diff RUN against --golden (unless --db holds the pair), then the pair's `last_clean_checkpoint` rows."""
-    from pipelines.arguments import DiffRequest, diff_job
+    from analysis.clean_checkpoints import clean_checkpoint_rows
+    from pipelines.arguments import DiffRequest
+    from pipelines.diff_job import diff_job
 
     with tempfile.TemporaryDirectory(prefix="sdc-certify-") as scratch:
         db = args.db if args.db is not None else Path(scratch) / "certify.duckdb"
@@ -117,7 +119,7 @@ def against_golden(args: argparse.Namespace) -> Certificate:
 
 def loaded_pair(db: Path, golden: str, suspect: str) -> str | None:
     """The pair_id of the newest pair in ``db`` of these two runs (by their lowest rank's run ids); None: none."""
-    from analysis.study_db import open_read_only
+    from analysis.clean_checkpoints import newest_pair
     from tracer.log import LogReader, list_ranks, rank_dir
 
     ids = []
@@ -126,32 +128,7 @@ def loaded_pair(db: Path, golden: str, suspect: str) -> str | None:
         if not ranks:
             return None  # not a local run directory: the diff says what it is
         ids.append(LogReader(rank_dir(Path(run), ranks[0]), on_corruption="skip").header.run_id)
-    con = open_read_only(db)
-    try:
-        row = con.execute(
-            "SELECT pair_id FROM pairs WHERE golden_run_id = ? AND suspect_run_id = ? "
-            "ORDER BY created_unix DESC LIMIT 1",
-            ids,
-        ).fetchone()
-    finally:
-        con.close()
-    return None if row is None else str(row[0])
-
-
-def clean_checkpoint_rows(db: Path, pair_id: str) -> list[dict[str, Any]]:
-    """The named query ``last_clean_checkpoint``'s rows of one pair, one per rank."""
-    from analysis import queries
-    from analysis.study_db import open_read_only
-
-    con = open_read_only(db)
-    try:
-        cursor = con.execute(
-            f"SELECT * FROM ({queries.sql('last_clean_checkpoint')}) WHERE pair_id = ? ORDER BY rank", [pair_id]
-        )
-        columns = [d[0] for d in cursor.description]
-        return [dict(zip(columns, row)) for row in cursor.fetchall()]
-    finally:
-        con.close()
+    return newest_pair(db, *ids)
 
 
 def certificate_of(rows: list[Mapping[str, Any]], golden: str) -> Certificate:
@@ -191,10 +168,10 @@ def certificate_of(rows: list[Mapping[str, Any]], golden: str) -> Certificate:
 def against_replicas(run: Path) -> Certificate | None:
     """The last checkpoint every rank holds before which every step completed on every rank and no ``replicas``
     event (a disagreement, docs/guard.md) was logged; None when the run compared no replicas."""
+    from tracer.checkpoint import list_step_checkpoints
     from tracer.errors import UsageError
     from tracer.log import LogReader, list_ranks, rank_dir
     from tracer.log.records import EventRecord
-    from tracer.step_checkpoint import list_step_checkpoints
 
     ranks = list_ranks(run)
     if not ranks:
@@ -202,7 +179,7 @@ def against_replicas(run: Path) -> Certificate | None:
     readers = {rank: LogReader(rank_dir(run, rank)) for rank in ranks}
     root = logging.getLogger()
     level = root.level
-    root.setLevel(logging.ERROR)  # importing Beam warns about Google Cloud clients (as pipelines.arguments.diff_job)
+    root.setLevel(logging.ERROR)  # importing Beam warns about Google Cloud clients (as pipelines.diff_job)
     try:
         from pipelines.alarms import checks_replicas
     finally:

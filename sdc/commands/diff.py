@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipelines.arguments import DiffRequest, add_arguments, diff_job
+from pipelines.arguments import DiffRequest, add_arguments
+from pipelines.diff_job import diff_job
 from sdc.commands import Command
 
 

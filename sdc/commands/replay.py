@@ -12,7 +12,7 @@ from jobs.replay import golden_header, replay
 from replay.request import MODES, ReplayRequest, parse_steps, suspect_from_profile, suspect_from_run
 from sdc.commands import Command
 from sdc.commands._common import seed
-from tracer.compare import compare_runs
+from tracer.compare import compare_runs, ranks_without_steps
 from tracer.errors import UsageError
 
 
@@ -91,6 +91,13 @@ def run(args: argparse.Namespace) -> int:
     if args.at_first_divergence:
         if args.suspect is None or args.steps is not None:
             raise UsageError("--at-first-divergence needs --suspect RUN and no --steps")
+        for side, run in (("golden", args.golden), ("suspect", args.suspect)):
+            if unstarted := ranks_without_steps(run):
+                print(
+                    f"no steps to compare: the {side} {run} completed no step on rank(s) "
+                    f"{', '.join(map(str, unstarted))} (it failed or crashed in its first): nothing to replay"
+                )
+                return 0
         first = compare_runs(args.golden, args.suspect).first
         if first is None:
             print(f"{args.golden} and {args.suspect} never diverge: nothing to replay")

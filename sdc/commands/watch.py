@@ -111,14 +111,14 @@ class WatchOptions:
     poll_s: float = POLL_S
 
 
-def _render(d: Divergence) -> str:
-    """What watch prints of a divergence: where, then each run's record with its stats."""
+def _render(d: Divergence) -> list[str]:
+    """What watch prints of a divergence, line by line: where, then each run's record with its stats."""
     head = (
         f"DIVERGENCE at step {d.step}, rank {d.rank}, {describe_microbatch(d.microbatch)}: {d.name} "
         f"{d.phase.name.lower()}"
     )
     sides = zip(SIDES, (d.golden, d.suspect))
-    return "\n".join([head, *(f"  {side:<8}{_stats(rec)}" for side, rec in sides)])
+    return [head, *(f"  {side:<8}{_stats(rec)}" for side, rec in sides)]
 
 
 def _stats(rec: TensorRecord | None) -> str:
@@ -388,7 +388,8 @@ class Watch:
             return False
         self._reported.add((d.rank, d.step))
         self.divergences += 1
-        self._say(_render(d))
+        for line in _render(d):  # a line each: printable escapes a line break inside one
+            self._say(line)
         return True
 
     def _first_step(self) -> int:

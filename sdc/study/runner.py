@@ -38,7 +38,8 @@ from tqdm import tqdm
 from faults import load_profile
 from jobs.record import record_run
 from jobs.replay import golden_header, replay
-from pipelines.arguments import DiffRequest, diff_job
+from pipelines.arguments import DiffRequest
+from pipelines.diff_job import diff_job
 from replay.request import ReplayRequest, suspect_from_run
 from sdc.study.folders import DB, LOG, REPORT, STATE, STUDY_FOLDER, refuse_foreign_databases
 from sdc.study.study_file import Finetune, Study

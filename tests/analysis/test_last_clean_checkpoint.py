@@ -10,6 +10,7 @@ import duckdb
 import pytest
 
 from analysis import queries
+from analysis.clean_checkpoints import clean_checkpoint_rows, newest_pair
 from analysis.study_db import SCHEMA_VERSION, schema_sql
 
 CHECKPOINTS = (0, 5, 10)
@@ -134,3 +135,18 @@ def test_on_the_study_of_real_runs(study) -> None:
         for r in queries.run(study.db, "last_clean_checkpoint").records()
     }
     assert got == {"node-7": (1, "divergence", [0, 2, 4, 6], 0), "node-3": (3, "end", [0, 2], 2)}
+
+
+def test_certify_reads_one_pairs_rows_and_the_newest_pair_of_two_runs(db: Path) -> None:
+    assert [(r["pair_id"], r["rank"]) for r in clean_checkpoint_rows(db, "fault")] == [("fault", 0), ("fault", 1)]
+    assert clean_checkpoint_rows(db, "none") == []
+    con = duckdb.connect(str(db))
+    for pair, created in (("fault-old", 1.0), ("fault-new", 3.0), ("fault-mid", 2.0)):
+        con.execute(
+            "INSERT INTO pairs (pair_id, golden_path, suspect_path, golden_run_id, suspect_run_id, created_unix) "
+            "VALUES (?, '/runs/fault-golden', '/runs/fault-suspect', 'fault-golden', 'fault-suspect', ?)",
+            [pair, created],
+        )
+    con.close()
+    assert newest_pair(db, "fault-golden", "fault-suspect") == "fault-new"
+    assert newest_pair(db, "fault-suspect", "fault-golden") is None

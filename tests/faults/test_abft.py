@@ -163,7 +163,7 @@ def test_a_user_model_with_biased_linears_is_checked_through_the_emulator(write_
     )
     log: list[tuple[str, dict]] = []
     hooks = {"clock": lambda: (0, 0), "sink": lambda kind, fields: log.append((kind, fields))}
-    with FaultEmulator(profile, model, **hooks), AbftChecker(model, **hooks, sites=[model[0], model[2]]):
+    with FaultEmulator(profile, model, **hooks), AbftChecker(model, **hooks, sites=("0", "2")):
         model(x).sum().backward()
     checks = [(f["op"], f["phase"], f["site"], f["verdict"]) for kind, f in log if kind == "abft"]
     assert checks[:2] == [("aten.addmm.default", "forward", "0", "ok"), ("aten.addmm.default", "forward", "2", "flag")]

@@ -13,11 +13,14 @@ import pytest
 import torch
 
 from examples import own_workload
-from faults.node import node_options
+from faults.node import emulated_node, node_options
 from faults.profile import load_profile
 from sdc.cli import main
 from tests.tracer.test_intercept import Seen
+from tests.tracer.user_models import tiny_hf_gpt2
 from tracer.errors import ConfigError
+from tracer.options import RunInfo
+from tracer.tracing import Tracer
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = "tests.faults.test_compiled:build_compiled"
@@ -51,6 +54,33 @@ def test_sdc_record_refuses_a_compiled_model_on_an_emulated_node_in_one_line(
     assert rc == 1 and len(err.splitlines()) == 1, err
     assert err.startswith(f"sdc: error: sdctrace's {names} cannot act inside torch.compile'd code"), err
     assert "without torch.compile" in err
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "in place", "a block"])
+@pytest.mark.parametrize("abft", [False, True])
+def test_a_users_own_script_on_a_visibly_compiled_gpt2_gets_a_plain_config_error_when_the_node_is_built(
+    tmp_path: Path, how: str, abft: bool
+) -> None:
+    """No Dynamo error around it: the emulator and the ABFT checker refuse a compiled model as they are built,
+    before anything compiles (transformers' GPT-2 from a config)."""
+    model = tiny_hf_gpt2()
+    if how == "torch.compile":
+        model = torch.compile(model, backend="eager")
+    elif how == "in place":
+        model.compile(backend="eager")
+    else:
+        model.transformer.h[1].compile(backend="eager")
+    found = "the model's submodule transformer.h.1" if how == "a block" else "the model given to it"
+    options = {"abft": True} if abft else {"fault_profile": load_profile("rare-huge")}
+    with Tracer(model, None, out=tmp_path / "run", run=RunInfo("sick"), echo=None) as tracer:
+        with pytest.raises(ConfigError) as caught:
+            emulated_node(tracer, model, **options)
+    message = str(caught.value)
+    assert type(caught.value) is ConfigError and "\n" not in message, message
+    names = "ABFT checker" if abft else "fault emulator"
+    assert message.startswith(
+        f"sdctrace's {names} cannot act inside torch.compile'd code ({found} is compiled): compiled kernels"
+    ), message
 
 
 @pytest.mark.slow  # a fresh Python process (or a compile) of a few seconds

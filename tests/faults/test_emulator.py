@@ -155,7 +155,7 @@ def test_a_rule_on_a_block_names_the_traced_site_inside_it_that_the_op_ran_in(wr
     log: list[tuple[str, dict]] = []
     with (
         FaultEmulator(
-            profile, model, clock=lambda: (0, 0), sink=lambda k, f: log.append((k, f)), sites=r"ffn\.up|ffn\.act"
+            profile, model, clock=lambda: (0, 0), sink=lambda k, f: log.append((k, f)), sites=("ffn.up", "ffn.act")
         ),
         warnings.catch_warnings(),
     ):
@@ -291,7 +291,9 @@ def test_a_fault_in_an_op_on_dtensors_hits_this_ranks_shard_and_names_its_site(t
         x = torch.randn(3, 4)
         healthy = model(x).detach().clone()
         log: list[tuple[str, dict]] = []
-        with FaultEmulator(profile, model, clock=lambda: (0, 0), sink=lambda k, f: log.append((k, f)), sites="mlp.0"):
+        with FaultEmulator(
+            profile, model, clock=lambda: (0, 0), sink=lambda k, f: log.append((k, f)), sites=("mlp.0",)
+        ):
             out = model(x).detach()
     ((_, fault),) = log
     assert (fault["site"], fault["op"], fault["corrupted"]) == ("mlp.0", "aten.addmm.default", [7.0])

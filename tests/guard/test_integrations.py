@@ -21,7 +21,7 @@ FAULT_STEP = 3
 GUARD = Guard(detectors=(NonFinite(), LossSpike(window=4, min_history=2)), on_deterministic="skip")
 
 
-def stuck_head(tmp_path: Path, site: str, sites: str | None) -> dict:
+def stuck_head(tmp_path: Path, site: str) -> dict:
     """Callback options for a node with a persistent fault: one logit of the model's head ``site`` stuck at 1e4 at
     FAULT_STEP (the loss jumps)."""
     path = tmp_path / "stuck-head.toml"
@@ -30,7 +30,7 @@ def stuck_head(tmp_path: Path, site: str, sites: str | None) -> dict:
         'elements = 1\nkind = "stuck"\nvalue = 10000.0\npersistent = true\n',
         encoding="utf-8",
     )
-    return node_options(load_profile(path), sites=sites)
+    return node_options(load_profile(path))
 
 
 def fit_lightning(out: Path, guard: Guard | None, node: dict) -> None:
@@ -67,7 +67,7 @@ def fit_lightning(out: Path, guard: Guard | None, node: dict) -> None:
 
 
 def test_lightning_reruns_a_flagged_step_through_its_closure(tmp_path: Path) -> None:
-    node = stuck_head(tmp_path, "head", lightning_tiny.SITES)
+    node = stuck_head(tmp_path, "head")
     fit_lightning(tmp_path / "unguarded", None, node)
     fit_lightning(tmp_path / "guarded", GUARD, node)
     (event,) = kinds(tmp_path / "guarded", "guard")
@@ -95,7 +95,7 @@ def test_hf_says_once_that_it_cannot_rerun(tmp_path: Path) -> None:
 
 
 def test_hf_alarms_are_unclassified_and_follow_the_policy(tmp_path: Path) -> None:
-    node = stuck_head(tmp_path, "lm_head", hf_tiny.SITES)
+    node = stuck_head(tmp_path, "lm_head")
     with pytest.warns(TraceWarning):
         hf_tiny.record(tmp_path / "run", "node", guard=GUARD, **node)
     (event,) = kinds(tmp_path / "run", "guard")

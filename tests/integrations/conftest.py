@@ -50,7 +50,7 @@ def recorded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         framework=fw,
         golden=fw.record(root / "golden", "golden", capture=grads),
         twin=fw.record(root / "twin", "twin"),
-        sick=fw.record(root / "sick", "sick", capture=grads, **node_options(load_profile(path), sites=fw.SITES)),
+        sick=fw.record(root / "sick", "sick", capture=grads, **node_options(load_profile(path))),
         profile=path,
     )
 

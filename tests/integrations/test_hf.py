@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from pathlib import Path
 
 import pytest
 from transformers import TrainerCallback, TrainerState
 
+from faults import load_profile
+from faults.node import node_options
 from replay.replayer import Replayer
 from replay.request import ReplayRequest, parse_steps, suspect_from_profile
 from tests.integrations import hf_tiny
 from tests.support import events
 from tracer.checkpoint import list_checkpoints, load_checkpoint
+from tracer.errors import TraceWarning
 from tracer.fingerprint import fingerprint
 from tracer.integrations.hf import SdcTraceCallback
 from tracer.log import LogReader, Phase, TensorRecord, rank_dir
@@ -91,3 +96,55 @@ def test_an_exception_in_training_closes_the_log_as_failed(tmp_path: Path) -> No
     assert [e.step for e in events(tmp_path / "run", "step")] == [0, 1]
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in trainer.model.modules())
     assert cb.run.tracer is None
+
+
+def test_the_emulated_node_knows_the_sites_the_callbacks_tracer_traces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``TraceOptions(sites=R)`` and ``**node_options(profile)``, a fault in a site R adds to the defaults is
+    in a traced site: nothing is warned of, R is matched once, and lockstep replay of the golden run under the
+    profile (which takes the log's site names, no pattern) charges that site alone."""
+    sites = r"model\.layers\.\d+\.(self_attn|mlp)|lm_head"
+    profile = tmp_path / "head.toml"
+    profile.write_text(
+        f'[[fault]]\nops = ["matmul"]\nsites = "lm_head"\nphases = ["forward"]\nsteps = [{hf_tiny.FAULT_STEP}]\n'
+        'elements = 4\nkind = "scale"\nfactor = 8.0\n',
+        encoding="utf-8",
+    )
+    compiled: list[str] = []
+    compile_ = re.compile
+
+    def counting(pattern, *args, **kwargs):  # noqa: ANN001, ANN202
+        compiled.extend([pattern] if pattern == sites else [])
+        return compile_(pattern, *args, **kwargs)
+
+    golden = SdcTraceCallback(tmp_path / "golden", "golden", options=TraceOptions(sites=sites))
+    with golden:
+        hf_tiny.make_trainer(tmp_path / "golden-hf", [golden]).train()
+    monkeypatch.setattr(re, "compile", counting)
+    cb = SdcTraceCallback(
+        tmp_path / "run", "sick", options=TraceOptions(sites=sites), **node_options(load_profile(profile))
+    )
+    trainer = hf_tiny.make_trainer(tmp_path / "hf", [cb])
+    with warnings.catch_warnings(), cb:
+        warnings.simplefilter("error", TraceWarning)  # "a fault hit ... which no traced site holds" was spurious
+        trainer.train()
+    assert compiled == [sites]
+    assert {(e.step, e.fields["site"]) for e in events(tmp_path / "run", "fault")} == {(hf_tiny.FAULT_STEP, "lm_head")}
+    step = hf_tiny.FAULT_STEP
+    request = ReplayRequest(
+        tmp_path / "golden",
+        tmp_path / "replay",
+        parse_steps(f"{step}:{step + 1}"),
+        suspect_from_profile(str(profile)),
+        mode="lockstep",
+        workload=hf_tiny.WORKLOAD,
+        progress=False,
+    )
+    Replayer(request).run()
+    charged = {
+        (e.fields["site"], e.fields["phase"])
+        for e in events(tmp_path / "replay", "site_mismatch")
+        if e.fields["mismatched"]
+    }
+    assert charged == {("lm_head", "forward")}

@@ -16,7 +16,8 @@ import pytest
 
 from sdc.cli import main
 from tests.support import reframe
-from tracer.checkpoint import checkpoint_files, load_checkpoint
+from tracer.checkpoint import load_checkpoint
+from tracer.checkpoint.interface import checkpoint_files
 from tracer.errors import LogCorruptionError, LogError, LogFormatError
 from tracer.log import LogReader, RecordType, rank_dir
 from tracer.log.codec import BLOCK_COLUMNS

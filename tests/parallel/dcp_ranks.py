@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from tracer.dcp_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+from tracer.checkpoint.sharded import load_sharded_checkpoint, save_sharded_checkpoint
 from tracer.fingerprint import fingerprint
 
 WIDTH = 10  # not a multiple of 4: FSDP2 shards some parameters unevenly on 4 ranks

@@ -9,8 +9,9 @@ import pytest
 
 from jobs.launch import launch
 from tests.parallel.dcp_ranks import build_fsdp2, flip_byte_of
-from tracer.dcp_checkpoint import load_sharded_checkpoint
-from tracer.dcp_manifest import parse_manifest, sharded_checkpoint_dir
+from tracer.checkpoint.dcp_manifest import parse_manifest
+from tracer.checkpoint.interface import sharded_checkpoint_dir
+from tracer.checkpoint.sharded import load_sharded_checkpoint
 from tracer.errors import LogError
 
 pytestmark = pytest.mark.slow  # ranks are processes

@@ -83,6 +83,18 @@ def lockstep_hits(golden: Path, suspect: Path, workload: str, out: Path) -> dict
     }
 
 
+def diffed_mismatches(golden: Path, suspect: Path, replay: Path, db: Path) -> set[tuple[int, int, str, str]]:
+    """``sdc diff --replay`` of a replay log with its pair: the (rank, step, site, phase) rows of ``site_mismatch``
+    that mismatched. The replay log's header pairs with golden's as a recording's would (its shards, its sites)."""
+    assert (
+        main(["diff", "--golden", str(golden), "--suspect", str(suspect), "--replay", str(replay), "--db", str(db)])
+        == 0
+    )
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT rank, step, site, phase FROM site_mismatch WHERE mismatched > 0").fetchall()
+    return set(rows)
+
+
 def torchrun(out: Path, *args: str, example: str = EXAMPLE, nproc: int = 2) -> Path:
     """Run the example module as its docstring says: ``torchrun -m`` from the repository root."""
     result = subprocess.run(
@@ -107,6 +119,7 @@ def torchrun(out: Path, *args: str, example: str = EXAMPLE, nproc: int = 2) -> P
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "returned a view tensor" not in result.stderr, result.stderr[-3000:]  # FSDP2's warning on the root
     return out
 
 
@@ -142,6 +155,13 @@ def test_each_rank_records_its_shard_and_which_slice_it_is(fsdp2_golden: Path) -
         assert set(params[rank]) == set(shards)
     # Every rank fingerprints its own half: no parameter's fingerprint is the same on both ranks.
     assert all(params[0][n] != params[1][n] for n in params[0])
+
+
+def test_inspect_lists_the_sharded_checkpoints_of_every_rank(fsdp2_golden: Path, capsys: pytest.CaptureFixture) -> None:
+    capsys.readouterr()
+    assert main(["inspect", str(fsdp2_golden)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("  checkpoints  [0, 2, 4, 5]") == 2, out  # DCP, every --checkpoint-every 2 and at the end
 
 
 def test_an_fsdp2_run_recorded_twice_is_bit_identical_on_every_rank(
@@ -200,6 +220,8 @@ def test_the_torchrun_recording_replays_in_lockstep_and_mismatches_at_the_faulty
     hits = lockstep_hits(fsdp2_golden, suspect, f"{EXAMPLE}:build", tmp_path / "lockstep")
     # The site only: its backward reads the activations its own faulty forward saved, so it mismatches too.
     assert hits == {1: {(3, "blocks.1.mlp", "forward"), (3, "blocks.1.mlp", "backward")}, 0: set()}, hits
+    rows = diffed_mismatches(fsdp2_golden, suspect, tmp_path / "lockstep", tmp_path / "replay.duckdb")
+    assert rows == {(1, 3, "blocks.1.mlp", "forward"), (1, 3, "blocks.1.mlp", "backward")}, rows
 
 
 def test_another_sharding_of_the_same_model_does_not_pair_and_one_line_says_which_field(

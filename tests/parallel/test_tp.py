@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from sdc.cli import main
-from tests.parallel.test_fsdp2 import lockstep_hits, rank1_fault, torchrun
-from tests.parallel.test_ranks import summary
+from tests.parallel.test_fsdp2 import diffed_mismatches, lockstep_hits, rank1_fault, torchrun
+from tests.parallel.test_ranks import query_rows, summary
 from tests.parallel.test_user_ranks import param_sync_noise
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
@@ -98,6 +98,8 @@ def test_lockstep_replay_of_the_torchrun_recording_mismatches_at_the_faulty_site
     hits = lockstep_hits(runs.golden, runs.suspect, f"{EXAMPLE}:build", runs.root / "lockstep")
     # Forward only: the GELU's backward reads its input, which the fault left alone, and golden gradients.
     assert hits == {1: {(3, "blocks.1.mlp.1", "forward")}, 0: set()}, hits
+    rows = diffed_mismatches(runs.golden, runs.suspect, runs.root / "lockstep", runs.root / "replay.duckdb")
+    assert rows == {(1, 3, "blocks.1.mlp.1", "forward")}, rows
 
 
 def test_param_sync_noise_is_that_of_the_full_gradients_gathered_from_the_shards(runs: SimpleNamespace) -> None:
@@ -107,3 +109,33 @@ def test_param_sync_noise_is_that_of_the_full_gradients_gathered_from_the_shards
     )
     assert expected > 0
     assert totals == [pytest.approx([expected], rel=1e-6)] * 2
+
+
+def test_with_default_sites_a_fault_before_the_all_reduce_is_tied_never_credited_to_rank_0(
+    runs: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The default sites are the blocks' attention and MLP: ``blocks.1.mlp``'s output is after its all-reduce, so
+    rank 1's GELU fault first shows on both ranks at the same point. Neither went first, and the diff says so."""
+    record = ["record", "--workload", f"{EXAMPLE}:build", "--nproc", "2", "--steps", "4", "--quiet"]
+    golden, suspect = tmp_path / "golden", tmp_path / "suspect"
+    assert main([*record, "--out", str(golden), "--node-label", "golden"]) == 0
+    assert main([*record, "--out", str(suspect), "--node-label", "sick", "--fault-profile", str(runs.profile)]) == 0
+    assert LogReader(rank_dir(golden, 0)).header.extra["sites"] == [
+        f"blocks.{b}.{p}" for b in (0, 1) for p in ("attention", "mlp")
+    ]
+    db = tmp_path / "tied.duckdb"
+    capsys.readouterr()
+    assert main(["diff", "--golden", str(golden), "--suspect", str(suspect), "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    firsts = {r["rank"]: r for r in query_rows(db, "rq1_first_divergence_by_rank")}
+    assert {(r["step"], r["name"], r["phase"]) for r in firsts.values()} == {(3, "blocks.1.mlp", "forward")}, firsts
+    assert not any(r["went_first"] for r in firsts.values()) and all(r["tied"] for r in firsts.values()), firsts
+    row = summary(db)
+    assert (row["first_rank"], row["first_tied_ranks"], row["first_step"], row["first_site"]) == (
+        None,
+        [0, 1],
+        3,
+        "blocks.1.mlp forward",
+    ), row
+    assert "went first" not in out and "first divergence: rank 0 (tied), step 3" in out, out
+    assert "ranks 0, 1 tie" in out, out

@@ -16,10 +16,11 @@ from jobs.launch import launch
 from sdc.cli import main
 from tests.parallel.test_fsdp2 import RANK1_FAULT, lockstep_hits
 from tests.parallel.test_ranks import rank_events
-from tracer.dcp_manifest import manifest_name, parse_manifest, sharded_checkpoint_dir
+from tracer.checkpoint import list_step_checkpoints
+from tracer.checkpoint.dcp_manifest import parse_manifest
+from tracer.checkpoint.interface import manifest_name, sharded_checkpoint_dir
+from tracer.checkpoint.logged_parameters import logged_parameters
 from tracer.log import LogReader, rank_dir
-from tracer.logged_parameters import logged_parameters
-from tracer.step_checkpoint import list_step_checkpoints
 
 pytestmark = pytest.mark.slow  # ranks are processes
 

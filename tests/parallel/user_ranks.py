@@ -15,10 +15,10 @@ import torch.distributed as dist
 from faults import FaultEmulator
 from faults.profile import load_profile
 from replay.injection import StepClock, passthrough_hooks, sync_parameters
+from tracer.checkpoint import restore_step_checkpoint
 from tracer.log import LogReader, rank_dir
 from tracer.sharding import dtensor_type
-from tracer.sites import find_sites
-from tracer.step_checkpoint import restore_step_checkpoint
+from tracer.sites import sites_named
 from workload.protocol import build_workload, run_step
 
 
@@ -28,7 +28,7 @@ def full_gradients(run: str, profile: str, step: int, checkpoint: int, workload:
     ``profile``'s faults, traced at the run's sites."""
     rank = dist.get_rank()
     header = LogReader(rank_dir(run, rank)).header
-    sites = "|".join(re.escape(re.sub(r"\[.*\]$", "", s)) for s in header.extra["sites"])
+    sites = tuple({re.sub(r"\[.*\]$", "", s): None for s in header.extra["sites"]})
     golden, suspect = (build_workload(workload, header.config, torch.device("cpu")) for _ in range(2))
     restore_step_checkpoint(run, checkpoint, rank, golden.model, golden.optimizer, golden.states())
     for s in range(checkpoint, step):
@@ -43,7 +43,7 @@ def full_gradients(run: str, profile: str, step: int, checkpoint: int, workload:
         sites=sites,
         clock=lambda: (clock.step_index, clock.microbatch_index),
     )
-    with emulator, passthrough_hooks(find_sites(suspect.model, sites)):
+    with emulator, passthrough_hooks(sites_named(suspect.model, sites)):
         run_step(suspect, step, clock, update=False)
     return {
         name: [whole(p.grad).double().flatten().tolist() for p in (g, s)]

@@ -24,7 +24,7 @@ def test_an_hf_llama_bundle_names_the_flipped_bit_and_reproduces(tmp_path: Path,
     profile = tmp_path / "down-proj.toml"
     profile.write_text(down_proj_flip(2), encoding="utf-8")
     golden = hf_tiny.record(tmp_path / "golden", "golden")
-    sick = hf_tiny.record(tmp_path / "sick", "sick", **node_options(load_profile(profile), sites=hf_tiny.SITES))
+    sick = hf_tiny.record(tmp_path / "sick", "sick", **node_options(load_profile(profile)))
     bundle = tmp_path / "INC"
     assert (
         main(

@@ -31,9 +31,7 @@ def test_certify_on_an_hf_llama_names_the_checkpoint_before_the_fault(tmp_path: 
     profile.write_text(down_proj_flip(7), encoding="utf-8")
     config = {"variant": {"steps": 10, "save_steps": 5}}
     golden = hf_tiny.record(tmp_path / "golden", "golden", config=config)
-    sick = hf_tiny.record(
-        tmp_path / "sick", "sick", config=config, **node_options(load_profile(profile), sites=hf_tiny.SITES)
-    )
+    sick = hf_tiny.record(tmp_path / "sick", "sick", config=config, **node_options(load_profile(profile)))
     twin = hf_tiny.record(tmp_path / "twin", "twin", config=config)
     capsys.readouterr()  # the Trainer's own lines
     assert main(["certify", str(sick), "--golden", str(golden)]) == 0

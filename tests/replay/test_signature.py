@@ -37,7 +37,7 @@ def test_an_emulated_exponent_flip_names_its_bit(tmp_path: Path) -> None:
         model,
         clock=lambda: (0, 0),
         sink=lambda kind, fields: faults.append(fields),
-        sites="0",
+        sites=("0",),
     ):
         suspect = model(x).detach()
     sig = defect_signature(golden, suspect, step=0, site="0")

@@ -223,6 +223,33 @@ def test_user_errors_are_one_line_without_traceback(
     assert len(lines) == 1 and lines[0].startswith("sdc: error: ") and message in lines[0], err
 
 
+def build_without_sites(config: dict, device: object) -> object:
+    """examples/own_workload.py's workload on a model with no attention or MLP block: no default sites."""
+    import dataclasses
+
+    import torch
+    from torch import nn
+
+    from examples import own_workload
+
+    w = own_workload.build(config, device)
+    m = w.config["model"]
+    model = nn.Sequential(nn.Embedding(m["vocab"], m["dim"]), nn.Linear(m["dim"], m["vocab"]))
+    return dataclasses.replace(w, model=model, optimizer=torch.optim.SGD(model.parameters()), scheduler=None)
+
+
+def test_an_error_in_several_lines_prints_its_line_breaks_and_indents_the_later_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workload = "tests.sdc.test_cli:build_without_sites"
+    assert main(["record", "--workload", workload, "--steps", "1", "--quiet", "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert "\\n" not in err, err
+    first, *rest = err.rstrip("\n").split("\n")
+    assert first.startswith("sdc: error: the Tracer found no default sites in Sequential"), err
+    assert first.endswith("The model's modules:") and rest == ["  Sequential", "    0 Embedding", "    1 Linear"], err
+
+
 @pytest.mark.slow
 def test_existing_run_needs_overwrite_and_bad_logs_are_named(run_factory, tmp_path: Path) -> None:
     run = run_factory("golden")

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tracer.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
-from tracer.dcp_manifest import parse_manifest
+from tracer.checkpoint.dcp_manifest import parse_manifest
+from tracer.checkpoint.manifest_bounds import MANIFEST_BASE_BYTES, manifest_limit
 from tracer.errors import LogError
-from tracer.manifest_bounds import MANIFEST_BASE_BYTES, manifest_limit
 
 ROOT = Path(__file__).resolve().parents[2]
 

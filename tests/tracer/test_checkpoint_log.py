@@ -14,11 +14,11 @@ import torch
 
 from tests.tracer.checkpoint_tamper import tamper_both
 from tracer.checkpoint import list_checkpoints, load_checkpoint
+from tracer.checkpoint.logged_parameters import logged_parameters
 from tracer.errors import CheckpointChangedError
 from tracer.fingerprint import fingerprint
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase, TensorRecord
-from tracer.logged_parameters import logged_parameters
 
 CHANGED = r"rank-00000.*'model/[^']+' of the checkpoint of step 2 .*the log recorded at step 1 .*changed after it was"
 

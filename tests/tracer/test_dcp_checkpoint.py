@@ -13,8 +13,8 @@ import torch.distributed as dist
 from safetensors import safe_open
 
 from tests.parallel.dcp_ranks import build_fsdp2, flip_byte_of, local_fingerprints, save_then_resume, train
-from tracer.dcp_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
-from tracer.dcp_manifest import list_sharded_checkpoints
+from tracer.checkpoint.dcp_manifest import list_sharded_checkpoints
+from tracer.checkpoint.sharded import load_sharded_checkpoint, save_sharded_checkpoint
 from tracer.errors import LogError
 from tracer.log.layout import written_by_sdctrace
 
@@ -134,10 +134,12 @@ def test_a_checkpoint_without_a_process_group_restores_a_plain_model(tmp_path: P
     assert local_fingerprints(other) == local_fingerprints(model)
 
 
-def test_sharded_checkpoint_modules_never_unpickle() -> None:
+def test_checkpoint_modules_never_unpickle() -> None:
     unpickling = re.compile(r"import pickle|from pickle|pickle\.|torch\.load\(|\.read_metadata\(|FileSystemReader")
-    for name in ("dcp_checkpoint.py", "dcp_storage.py", "dcp_manifest.py"):
-        assert not unpickling.search((TRACER / name).read_text()), name
+    modules = sorted((TRACER / "checkpoint").glob("*.py"))
+    assert {"sharded.py", "dcp_storage.py", "dcp_manifest.py", "plain.py"} <= {m.name for m in modules}
+    for module in modules:
+        assert not unpickling.search(module.read_text()), module.name
 
 
 def test_a_checkpoint_before_the_first_step_changes_no_bit_of_training_and_resumes_from_there(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tracer.blobs import BlobStore
-from tracer.checkpoint import checkpoint_files
+from tracer.checkpoint.interface import checkpoint_files
 
 pytestmark = pytest.mark.slow  # each case runs in a child process: seconds each
 

@@ -5,6 +5,7 @@ of names so that a wrapped and an unwrapped run pair."""
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from pathlib import Path
 
@@ -19,11 +20,12 @@ from faults.node import emulated_node, node_header
 from tests.support import diff_first_divergence, events
 from tests.tracer.test_user_models import lm_loss, train
 from tests.tracer.user_models import tiny_gpt, tiny_hf_gpt2, tiny_llama
+from tracer import sites as tracer_sites
 from tracer.compare import compare_runs
 from tracer.errors import TraceWarning
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import TensorRecord
-from tracer.options import RunInfo
+from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import pairing_differences
 from tracer.sites import describe_sites, find_sites, named_modules, named_parameters
 from tracer.tracing import Tracer
@@ -49,6 +51,25 @@ def tiny_bert() -> nn.Module:
     )
 
 
+def tiny_t5() -> nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    return T5ForConditionalGeneration(
+        T5Config(
+            vocab_size=VOCAB,
+            d_model=16,
+            d_kv=4,
+            d_ff=32,
+            num_layers=2,
+            num_heads=2,
+            dropout_rate=0.0,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+        )
+    )
+
+
 def sites(model: nn.Module) -> list[str]:
     return [n for n, _ in find_sites(model)]
 
@@ -56,6 +77,13 @@ def sites(model: nn.Module) -> list[str]:
 def test_bert_blocks_give_their_attention_and_both_feed_forward_parts() -> None:
     assert sites(tiny_bert()) == [
         f"bert.encoder.layer.{i}.{part}" for i in range(2) for part in ("attention", "intermediate", "output")
+    ]
+
+
+def test_t5_blocks_give_their_attention_and_feed_forward_layers_by_structure() -> None:
+    assert sites(tiny_t5()) == [
+        *(f"encoder.block.{i}.layer.{part}" for i in range(2) for part in (0, 1)),  # self-attention, T5LayerFF
+        *(f"decoder.block.{i}.layer.{part}" for i in range(2) for part in (0, 1, 2)),  # self, cross, T5LayerFF
     ]
 
 
@@ -125,8 +153,8 @@ def bert_profile(tmp_path: Path, module: str, step: int = 1):  # noqa: ANN201
     return load_profile(path)
 
 
-def record_bert(out: Path, profile=None, steps: int = 2) -> Path:  # noqa: ANN001
-    model = tiny_bert()
+def record_bert(out: Path, profile=None, steps: int = 2, make=tiny_bert) -> Path:  # noqa: ANN001
+    model = make()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(1)
     run = RunInfo(out.name, config={"model": "tiny-bert"}, extra=node_header(profile, 0, False))
@@ -156,12 +184,27 @@ def test_a_fault_in_berts_first_feed_forward_is_the_first_divergence_there(tmp_p
     assert diff_first_divergence(golden, sick, tmp_path / "study.duckdb") == [(1, 0, "forward", site, "differ")]
 
 
+@pytest.mark.slow
+def test_a_fault_in_t5s_first_encoder_feed_forward_is_the_first_divergence_there(tmp_path: Path) -> None:
+    site = "encoder.block.0.layer.1"  # a T5LayerFF: found by structure, no name or class says feed-forward
+    golden = record_bert(tmp_path / "golden", make=tiny_t5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)  # the faulted module is traced: nothing to warn of
+        sick = record_bert(tmp_path / "sick", bert_profile(tmp_path, site), make=tiny_t5)
+    assert {(f.step, f.fields["site"]) for f in events(sick, "fault")} == {(1, site)}
+    assert diff_first_divergence(golden, sick, tmp_path / "study.duckdb") == [(1, 0, "forward", site, "differ")]
+
+
 def test_a_fault_in_a_module_no_site_holds_is_warned_of_once_by_name(tmp_path: Path) -> None:
     model = tiny_bert()
     profile = bert_profile(tmp_path, "bert.encoder.layer.0.intermediate", step=0)
     ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
     emulator = FaultEmulator(
-        profile, model, clock=lambda: (0, 0), sink=lambda k, f: None, sites=r"bert\.encoder\.layer\.\d+\.attention"
+        profile,
+        model,
+        clock=lambda: (0, 0),
+        sink=lambda k, f: None,
+        sites=tuple(f"bert.encoder.layer.{i}.attention" for i in range(2)),
     )
     with pytest.warns(
         TraceWarning,
@@ -248,3 +291,43 @@ def test_fsdp_units_around_each_layer_keep_the_names_and_sites_of_the_model(tmp_
             "bert.encoder.layer.0",
             "bert.encoder.layer.1",
         ]  # the FSDP unit, once, not also the layer it wraps
+
+
+@pytest.mark.parametrize("spec", [None, r"bert\.encoder\.layer\.\d+\.(attention|output)|cls"])
+def test_a_tracer_with_an_emulated_node_and_abft_matches_its_sites_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str | None
+) -> None:
+    """The Tracer matches the sites (the defaults, or its regex) and the emulator and checker take the names: one
+    match per model. A fault in a site the regex adds to the defaults (``cls``) is in a traced site."""
+    matches: list[str | None] = []
+
+    def counting(function):  # noqa: ANN001, ANN202
+        def call(pattern, *args, **kwargs):  # noqa: ANN001, ANN202
+            if pattern == spec:
+                matches.append(pattern)
+            return function(pattern, *args, **kwargs)
+
+        return call
+
+    for name in ("compile", "fullmatch", "match", "search"):
+        monkeypatch.setattr(re, name, counting(getattr(re, name)))
+    defaults = tracer_sites.default_sites
+    monkeypatch.setattr(tracer_sites, "default_sites", lambda named: matches.append(None) or defaults(named))
+    model = tiny_bert()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    site = "cls" if spec else "bert.encoder.layer.1.intermediate"
+    profile = bert_profile(tmp_path, site, step=0)
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    with (
+        warnings.catch_warnings(),
+        Tracer(model, opt, out=tmp_path / "run", run=RunInfo("x"), options=TraceOptions(sites=spec), echo=None) as tr,
+        emulated_node(tr, model, fault_profile=profile, abft=True),
+    ):
+        warnings.simplefilter("error", TraceWarning)  # the faulted module is traced: nothing to warn of
+        with tr.step(0):
+            tr.microbatch(0, inputs=ids)
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+    assert matches == [spec]
+    assert {f.fields["site"] for f in events(tmp_path / "run", "fault")} == {site}
+    assert {f.fields["site"] for f in events(tmp_path / "run", "abft")} >= {site}

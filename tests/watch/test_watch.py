@@ -54,6 +54,10 @@ def test_the_first_divergence_names_the_record_and_both_stats(tmp_path: Path) ->
     assert status == EXIT_DIVERGED
     assert "DIVERGENCE at step 4, rank 0, microbatch 0: layers.1.feed_forward backward" in out
     assert "l2 inf" in out and out.count("DIVERGENCE") == 1 and "diverged at step 4" in out
+    lines = out.splitlines()  # real line breaks: the head, then each run's record on a line of its own
+    head = next(i for i, line in enumerate(lines) if line.startswith("DIVERGENCE"))
+    assert "\\n" not in out and lines[head].endswith("backward"), out
+    assert [line.split()[0] for line in lines[head + 1 : head + 3]] == ["golden", "suspect"], out
 
 
 def test_keep_going_reports_each_diverging_step_once(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ Everything sdctrace writes in a run directory, and nothing else (`written_by_sdc
     <run>/checkpoints/step-000010/rank-00000.safetensors ... and its tensors (each first written as *.tmp; safetensors
                                                          itself writes through a .tmpXXXXXX file, which a crash leaves)
     <run>/checkpoints/step-000010/dcp/__0_0.distcp      a sharded (DCP) checkpoint: rank 0's shards, safetensors ...
-    <run>/checkpoints/step-000010/dcp/rank-00000.msgpack ... and rank 0's manifest (`tracer.dcp_checkpoint`)
+    <run>/checkpoints/step-000010/dcp/rank-00000.msgpack ... and rank 0's manifest (`tracer.checkpoint.sharded`)
     <run>/blobs/3f/3fa4...e1.safetensors                 captured full tensors (first written as *.tmp<pid>)
     <run>/.sdctrace-lock                                 the writer lock (`tracer.log.runlock`)
 """

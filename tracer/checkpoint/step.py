@@ -5,13 +5,13 @@
     list_step_checkpoints(run_dir, rank)                                                 # steps either kind has
 
 A model with DTensor parameters (FSDP2's ``fully_shard``, DTensor tensor parallelism) is saved as a sharded
-checkpoint through ``torch.distributed.checkpoint`` (`tracer.dcp_checkpoint`: each rank its own shards, a
-collective every rank calls), any other as the plain per-rank one (`tracer.checkpoint`). A restore loads what
+checkpoint through ``torch.distributed.checkpoint`` (`tracer.checkpoint.sharded`: each rank its own shards, a
+collective every rank calls), any other as the plain per-rank one (`tracer.checkpoint.plain`). A restore loads what
 the step has on disk: the sharded one where its folder exists (every rank sees the same folder, so every rank
 takes the same branch of the collective), else the plain one. The `Tracer`, a resumed recording
 (`jobs.record`) and the `Replayer` all go through here.
 
-`tracer.dcp_checkpoint` is imported when a sharded checkpoint is saved or restored, not with this module:
+`tracer.checkpoint.sharded` is imported when a sharded checkpoint is saved or restored, not with this module:
 ``torch.distributed.checkpoint`` takes 0.8 s to import, which every traced process would pay.
 """
 
@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
-from tracer.checkpoint import Stateful, list_checkpoints, load_checkpoint, save_checkpoint
-from tracer.dcp_manifest import list_sharded_checkpoints, sharded_checkpoint_dir
+from tracer.checkpoint.dcp_manifest import list_sharded_checkpoints
+from tracer.checkpoint.interface import Stateful, sharded_checkpoint_dir
+from tracer.checkpoint.plain import list_checkpoints, load_checkpoint, save_checkpoint
 from tracer.sharding import dtensor_type
 
 
@@ -45,7 +46,7 @@ def save_step_checkpoint(
 ) -> Path:
     """Write the state before ``step``: sharded (a collective) when the model is, else this rank's plain one."""
     if is_sharded(model):
-        from tracer.dcp_checkpoint import save_sharded_checkpoint  # see the module's docstring: imported when used
+        from tracer.checkpoint.sharded import save_sharded_checkpoint  # see the module's docstring: imported when used
 
         return save_sharded_checkpoint(run_dir, step, model, optimizer, data, states)
     return save_checkpoint(run_dir, step, rank, model, optimizer, dict(data), states)
@@ -61,7 +62,7 @@ def restore_step_checkpoint(
 ) -> None:
     """Restore model, optimizer, the named states and RNG from the checkpoint of ``step``, of the kind it is."""
     if sharded_checkpoint_dir(run_dir, step).is_dir():
-        from tracer.dcp_checkpoint import load_sharded_checkpoint  # see the module's docstring: imported when used
+        from tracer.checkpoint.sharded import load_sharded_checkpoint  # see the module's docstring: imported when used
 
         load_sharded_checkpoint(run_dir, step, model, optimizer, states)
     else:

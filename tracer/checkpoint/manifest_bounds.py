@@ -1,6 +1,6 @@
 """Bounds on reading a checkpoint manifest: its size before it is read, its nesting when it is decoded.
 
-A manifest (plain `tracer.checkpoint` or sharded `tracer.dcp_manifest`) holds a few entries per tensor
+A manifest (plain `tracer.checkpoint.plain` or sharded `tracer.checkpoint.dcp_manifest`) holds a few entries per tensor
 (fingerprint, layout, shard) and the plain state: optimizer scalars and param_groups, RNG, data cursor, other
 states. Its size is capped before a byte is read, at ``MANIFEST_BASE_BYTES + MANIFEST_BYTES_PER_TENSOR`` times
 the number of tensors its checkpoint holds (read from the safetensors headers, which are bounded themselves):
@@ -74,7 +74,7 @@ def check_manifest_size(source: str, size: int, tensors: int) -> None:
     if size > limit:
         raise LogError(
             f"{source}: checkpoint manifest of {size} bytes, over the {limit} a checkpoint of {tensors} "
-            "tensors may have (tracer.manifest_bounds); the checkpoint is damaged: restore it or "
+            "tensors may have (tracer.checkpoint.manifest_bounds); the checkpoint is damaged: restore it or "
             "record it again"
         )
 

@@ -4,10 +4,10 @@
 go. `ShardWriter` writes each rank's shards as one safetensors file (``__<rank>_0.distcp``, DCP's
 ``SerializationFormat.SAFETENSORS``), records each shard's file, offsets and fingerprint, and writes no
 ``.metadata`` (DCP's index is a pickle). `VerifyingReader` builds DCP's ``Metadata`` from every rank's
-manifest (`tracer.dcp_manifest`), reads the safetensors files (never ``torch.load``), and fingerprints each
+manifest (`tracer.checkpoint.dcp_manifest`), reads the safetensors files (never ``torch.load``), and fingerprints each
 shard before any of it is copied into the model: a mismatch is a `LogError` naming the file, the tensor and
 both fingerprints. A model shard is also checked against the PARAM fingerprint its writer's log recorded
-before the checkpoint's step (`tracer.logged_parameters`; ``logged(rank)``, read once per writer)::
+before the checkpoint's step (`tracer.checkpoint.logged_parameters`; ``logged(rank)``, read once per writer)::
 
     writer = ShardWriter(folder)
     dcp.save(flat, storage_writer=writer)          # writer.shards: name -> ShardRecord
@@ -35,10 +35,10 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import WriteItemType
 from torch.futures import Future
 
-from tracer.dcp_manifest import DcpManifest, ShardRecord
+from tracer.checkpoint.dcp_manifest import DcpManifest, ShardRecord
+from tracer.checkpoint.logged_parameters import LoggedParameters, check_logged
 from tracer.errors import LogError
 from tracer.fingerprint import fingerprint
-from tracer.logged_parameters import LoggedParameters, check_logged
 from tracer.regular_files import read_regular
 
 

@@ -1,6 +1,6 @@
 """The manifest each rank writes beside its shards of a sharded (DCP) checkpoint, and its one parser.
 
-A sharded checkpoint (`tracer.dcp_checkpoint`) goes through ``torch.distributed.checkpoint``, but DCP's own
+A sharded checkpoint (`tracer.checkpoint.sharded`) goes through ``torch.distributed.checkpoint``, but DCP's own
 index (``.metadata``) is a pickle, so sdctrace writes none and reads none: each rank's manifest says what the
 rank holds and what it wrote, and a loader builds DCP's metadata from the manifests of all ranks::
 
@@ -25,11 +25,12 @@ from typing import Any
 import msgpack
 import torch
 
-from tracer.checkpoint import STEP_DIR, checkpoint_dir, rng_problem
+from tracer.checkpoint.interface import STEP_DIR, manifest_name
+from tracer.checkpoint.manifest_bounds import decode_manifest
+from tracer.checkpoint.state import rng_problem
 from tracer.errors import LogError
 from tracer.log.layout import CHECKPOINT_DIR, DCP_DIR
 from tracer.log.records import MAX_DEPTH, MAX_STEP, MAX_WORLD_SIZE, nesting_depth_over
-from tracer.manifest_bounds import decode_manifest
 
 MANIFEST_FORMAT = "sdctrace-dcp-1"  # a manifest names its format; a later one changes the name
 _HEX16 = re.compile(r"[0-9a-f]{16}")
@@ -111,14 +112,6 @@ class DcpManifest:
             },
             use_bin_type=True,
         )
-
-
-def sharded_checkpoint_dir(run_dir: str | Path, step: int) -> Path:
-    return checkpoint_dir(run_dir, step) / DCP_DIR
-
-
-def manifest_name(rank: int) -> str:
-    return f"rank-{rank:05d}.msgpack"
 
 
 def list_sharded_checkpoints(run_dir: str | Path, rank: int = 0) -> list[int]:

@@ -1,4 +1,5 @@
-"""Checkpoints that let a later process resume a step bit for bit.
+"""The plain checkpoint, each rank's own two files: what a later process resumes a step from, bit for bit (the
+implementation for a model without DTensor parameters; `tracer.checkpoint.interface` has its types and paths).
 
 A checkpoint for step ``k`` is the state *before* step ``k`` runs: model and optimizer tensors (safetensors), optimizer
 scalars, every RNG state, the data cursor, and the ``state_dict`` of any other stateful object the training names (an LR
@@ -13,74 +14,26 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import re
-import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import msgpack
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
+from tracer.checkpoint.interface import STEP_DIR, Checkpoint, Stateful, checkpoint_dir
+from tracer.checkpoint.logged_parameters import LoggedParameters, check_logged, logged_parameters
+from tracer.checkpoint.manifest_bounds import decode_manifest, read_manifest, tensor_count
+from tracer.checkpoint.state import join_tensors, rng_problem, rng_state, split_tensors
 from tracer.errors import CaptureError, LogError
 from tracer.fingerprint import fingerprint
 from tracer.log.layout import CHECKPOINT_DIR
 from tracer.log.records import MAX_DEPTH, MAX_STEP, MAX_WORLD_SIZE, nesting_depth_over
-from tracer.logged_parameters import LoggedParameters, check_logged, logged_parameters
-from tracer.manifest_bounds import decode_manifest, read_manifest, tensor_count
 from tracer.regular_files import read_regular
 from tracer.sites import module_path, wrappers
-
-CHECKPOINT_GLOB = f"{CHECKPOINT_DIR}/step-*/rank-*.msgpack"  # every complete checkpoint's manifest (renamed in last)
-STEP_DIR = re.compile(r"^step-(\d{6,})$")  # a step's checkpoint folder (`checkpoint_dir`)
-_MANIFEST = re.compile(r"step-(\d{6,})/rank-(\d{5,})\.msgpack$")
-
-
-@dataclass
-class Checkpoint:
-    """Everything needed to resume training at ``step``."""
-
-    step: int
-    model: dict[str, torch.Tensor]
-    optimizer: dict[str, Any] | None
-    rng: dict[str, Any]
-    data: dict[str, Any]
-    states: dict[str, Any] = field(default_factory=dict)  # name -> state_dict of another stateful object
-
-    def restore(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
-        states: Mapping[str, Stateful] | None = None,
-    ) -> None:
-        """Load model, optimizer, the named objects' and RNG state (the data cursor is the caller's)."""
-        # Saved under the names of the model as written (no DDP `module.`, no `_orig_mod.`): put back its own.
-        top = wrappers(model)
-        own = {module_path(k, top): k for k in model.state_dict()}
-        model.load_state_dict({own.get(k, k): v for k, v in self.model.items()}, strict=True)
-        if optimizer is not None and self.optimizer is not None:
-            optimizer.load_state_dict(self.optimizer)
-        for name, obj in (states or {}).items():
-            if name not in self.states:
-                raise LogError(
-                    f"checkpoint of step {self.step} holds no state for {name!r} "
-                    f"(it has {sorted(self.states) or 'none'}); was the run recorded with it?"
-                )
-            obj.load_state_dict(self.states[name])
-        set_rng_state(self.rng)
-
-
-class Stateful(Protocol):
-    def state_dict(self) -> Any: ...
-    def load_state_dict(self, state: Any) -> Any: ...
-
-
-def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / CHECKPOINT_DIR / f"step-{step:06d}"
 
 
 def list_checkpoints(run_dir: str | Path, rank: int = 0) -> list[int]:
@@ -161,7 +114,7 @@ def save_checkpoint(
 
 def load_checkpoint(run_dir: str | Path, step: int, rank: int = 0) -> Checkpoint:
     """Read and verify the checkpoint of ``step``, against its manifest and the parameter fingerprints the run's log
-    recorded before that step (`tracer.logged_parameters`); errors name the file and what to do."""
+    recorded before that step (`tracer.checkpoint.logged_parameters`); errors name the file and what to do."""
     base = checkpoint_dir(run_dir, step) / f"rank-{rank:05d}"
     mp, st = base.with_suffix(".msgpack"), base.with_suffix(".safetensors")
     if not os.path.lexists(mp) or not os.path.lexists(st):
@@ -179,18 +132,6 @@ def load_checkpoint(run_dir: str | Path, step: int, rank: int = 0) -> Checkpoint
             "a checkpoint was copied into the wrong folder; record it again"
         )
     return ckpt
-
-
-def checkpoint_files(step: int, rank: int) -> tuple[str, str]:
-    """(manifest, tensors) of a checkpoint, relative to its run directory, '/'-separated for any file system."""
-    base = f"{CHECKPOINT_DIR}/step-{step:06d}/rank-{rank:05d}"
-    return f"{base}.msgpack", f"{base}.safetensors"
-
-
-def parse_checkpoint_path(path: str) -> tuple[int, int] | None:
-    """(step, rank) of a checkpoint manifest path or URL; None for any other file."""
-    m = _MANIFEST.search(path.replace("\\", "/"))
-    return (int(m[1]), int(m[2])) if m else None
 
 
 def decode_checkpoint(
@@ -265,37 +206,6 @@ def _manifest_problem(m: Any) -> str | None:
     return _optimizer_problem(m["optimizer"])
 
 
-def rng_problem(rng: Any) -> str | None:
-    """What is wrong with a manifest's ``rng`` map (as `rng_state` makes it); None if nothing."""
-    if not (
-        isinstance(rng, dict)
-        and isinstance(rng.get("python"), list)
-        and len(rng["python"]) == 3
-        and type(rng["python"][0]) is int
-        and isinstance(rng["python"][1], list)
-        and len(rng["python"][1]) == 625
-        and all(type(x) is int and 0 <= x < 1 << 32 for x in rng["python"][1])
-        and rng["python"][1][-1] <= 624
-        and (rng["python"][2] is None or isinstance(rng["python"][2], float))
-    ):
-        return "'rng.python' must be [version, 625 ints < 2**32 (the last <= 624), float or nil] (random.getstate())"
-    numpy_state = rng.get("numpy")
-    if numpy_state is not None and not (
-        isinstance(numpy_state, list)
-        and len(numpy_state) == 5
-        and isinstance(numpy_state[0], str)
-        and isinstance(numpy_state[1], list)
-        and len(numpy_state[1]) == 624
-        and all(type(x) is int and 0 <= x < 1 << 32 for x in numpy_state[1])
-        and type(numpy_state[2]) is int
-        and 0 <= numpy_state[2] <= 624
-        and type(numpy_state[3]) is int
-        and isinstance(numpy_state[4], float)
-    ):
-        return "'rng.numpy' must be [name, 624 ints < 2**32, pos 0..624, has_gauss, float] (numpy.random.get_state())"
-    return None
-
-
 def _optimizer_problem(opt: Any) -> str | None:
     if opt is None:
         return None
@@ -319,64 +229,3 @@ def _optimizer_problem(opt: Any) -> str | None:
 
 
 _HEX16 = re.compile(r"[0-9a-f]{16}")
-_TENSOR_REF = "__sdctrace_tensor__"
-
-
-def split_tensors(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
-    """``value`` with every tensor moved into ``tensors`` (under ``path``) and replaced by a reference."""
-    if isinstance(value, torch.Tensor):
-        tensors[path] = value.detach().to("cpu", copy=True).contiguous()
-        return {_TENSOR_REF: path}
-    if isinstance(value, Mapping):
-        return {k: split_tensors(v, f"{path}/{k}", tensors) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [split_tensors(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return value
-    raise LogError(
-        f"checkpoint state {path!r}: cannot store a {type(value).__name__} without pickle; "
-        "keep state_dict() to tensors, numbers, strings, lists and dicts"
-    )
-
-
-def join_tensors(value: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
-    """``value`` with each reference `split_tensors` left replaced by its tensor."""
-    if isinstance(value, dict):
-        if set(value) == {_TENSOR_REF}:
-            ref = value[_TENSOR_REF]
-            if ref not in tensors:
-                raise LogError(f"checkpoint state refers to a tensor {ref!r} that it does not hold")
-            return tensors[ref]
-        return {k: join_tensors(v, tensors) for k, v in value.items()}
-    if isinstance(value, list):
-        return [join_tensors(v, tensors) for v in value]
-    return value
-
-
-def rng_state() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Every RNG's state: the plain part (Python's, numpy's) for the manifest, the tensors by their names."""
-    version, mt_state, gauss = random.getstate()
-    plain: dict[str, Any] = {"python": [version, list(mt_state), gauss]}
-    if "numpy" in sys.modules:  # data pipelines draw from it (HF Trainer seeds it too)
-        name, keys, pos, has_gauss, cached = sys.modules["numpy"].random.get_state()
-        plain["numpy"] = [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
-    tensors = {"rng/torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"rng/cuda/{i:03d}"] = s
-    return plain, tensors
-
-
-def set_rng_state(rng: dict[str, Any]) -> None:
-    """Put back what `rng_state` took (its tensors under ``torch`` and ``cuda``)."""
-    version, mt_state, gauss = rng["python"]
-    random.setstate((version, tuple(mt_state), gauss))
-    if rng.get("numpy") is not None:
-        import numpy as np
-
-        name, keys, pos, has_gauss, cached = rng["numpy"]
-        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    if rng.get("torch") is not None:
-        torch.set_rng_state(rng["torch"])
-    if rng.get("cuda"):
-        torch.cuda.set_rng_state_all(rng["cuda"])

@@ -2,23 +2,23 @@
 
 Every rank calls both, with the model (and optimizer) it trains; the state is that before ``step`` runs::
 
-    from tracer.dcp_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+    from tracer.checkpoint.sharded import load_sharded_checkpoint, save_sharded_checkpoint
     save_sharded_checkpoint(run_dir, step, model, optimizer, data={"step": step}, states={"sched": sched})
     restored = load_sharded_checkpoint(run_dir, step, model, optimizer, states={"sched": sched})
     restored.data  # the data cursor saved with it
 
 The model and optimizer state come from ``torch.distributed.checkpoint.state_dict`` (FSDP2 parameters and
 optimizer states are DTensors: each rank writes its own shards; a replicated tensor is written once) and go
-through ``dcp.save`` / ``dcp.load`` with `tracer.dcp_storage`'s writer and reader: safetensors files, no
+through ``dcp.save`` / ``dcp.load`` with `tracer.checkpoint.dcp_storage`'s writer and reader: safetensors files, no
 pickle written or read (DCP's ``.metadata`` is never written). Each rank's RNG states and the other states'
 tensors go in under the rank's own names; everything that is not a tensor is in the rank's manifest
-(`tracer.dcp_manifest`), with the fingerprint of every shard the rank wrote and the layout (global shape,
+(`tracer.checkpoint.dcp_manifest`), with the fingerprint of every shard the rank wrote and the layout (global shape,
 mesh, placements) of every tensor it holds.
 
 On load, each shard is fingerprinted before it is used, and a model shard is checked against the parameter
-fingerprint its writer's log recorded before ``step`` (`tracer.logged_parameters`). A checkpoint written by another
-world size, or with another mesh or placements for any tensor, is refused in one line naming the fix: sdctrace does
-not reshard.
+fingerprint its writer's log recorded before ``step`` (`tracer.checkpoint.logged_parameters`). A checkpoint written
+by another world size, or with another mesh or placements for any tensor, is refused in one line naming the fix:
+sdctrace does not reshard.
 
     <run>/checkpoints/step-000010/dcp/__0_0.distcp        rank 0's shards (safetensors)
     <run>/checkpoints/step-000010/dcp/rank-00000.msgpack  rank 0's manifest (renamed into place last)
@@ -30,7 +30,6 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -45,28 +44,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from tracer.checkpoint import Stateful, join_tensors, rng_state, set_rng_state, split_tensors
-from tracer.dcp_manifest import (
-    DcpManifest,
-    TensorLayout,
-    list_sharded_checkpoints,
-    manifest_name,
-    parse_manifest,
-    sharded_checkpoint_dir,
-)
-from tracer.dcp_storage import ShardWriter, VerifyingReader
+from tracer.checkpoint.dcp_manifest import DcpManifest, TensorLayout, list_sharded_checkpoints, parse_manifest
+from tracer.checkpoint.dcp_storage import ShardWriter, VerifyingReader
+from tracer.checkpoint.interface import RestoredCheckpoint, Stateful, manifest_name, sharded_checkpoint_dir
+from tracer.checkpoint.logged_parameters import logged_parameters
+from tracer.checkpoint.manifest_bounds import read_manifest, tensor_count
+from tracer.checkpoint.state import join_tensors, rng_state, set_rng_state, split_tensors
 from tracer.errors import CaptureError, LogError, SdcError
-from tracer.logged_parameters import logged_parameters
-from tracer.manifest_bounds import read_manifest, tensor_count
-
-
-@dataclass(frozen=True)
-class RestoredCheckpoint:
-    """What `load_sharded_checkpoint` restored: its step, the world size that wrote it, the data cursor."""
-
-    step: int
-    world_size: int
-    data: dict[str, Any]
 
 
 def save_sharded_checkpoint(

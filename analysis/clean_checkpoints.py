@@ -1,0 +1,45 @@
+"""The queries `sdc certify` reads: which pair of a study database compares two runs, and the named query
+``last_clean_checkpoint``'s rows of that pair (analysis/QUERIES.md), on a read-only connection.
+
+    pair_id = newest_pair("study.duckdb", golden_run_id, suspect_run_id)   # None: not diffed into it yet
+    rows = clean_checkpoint_rows("study.duckdb", pair_id)                   # one per rank
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from analysis import queries
+from analysis.study_db import open_read_only
+
+_NEWEST_PAIR = """
+SELECT pair_id
+FROM pairs
+WHERE golden_run_id = ? AND suspect_run_id = ?
+ORDER BY created_unix DESC
+LIMIT 1
+"""
+
+
+def newest_pair(db: str | Path, golden_run_id: str, suspect_run_id: str) -> str | None:
+    """The pair_id of the newest pair in ``db`` of these two runs (their lowest rank's run ids); None: none."""
+    con = open_read_only(db)
+    try:
+        row = con.execute(_NEWEST_PAIR, [golden_run_id, suspect_run_id]).fetchone()
+    finally:
+        con.close()
+    return None if row is None else str(row[0])
+
+
+def clean_checkpoint_rows(db: str | Path, pair_id: str) -> list[dict[str, Any]]:
+    """The named query ``last_clean_checkpoint``'s rows of one pair, one per rank, in rank order."""
+    con = open_read_only(db)
+    try:
+        cursor = con.execute(
+            f"SELECT * FROM ({queries.sql('last_clean_checkpoint')}) WHERE pair_id = ? ORDER BY rank", [pair_id]
+        )
+        columns = [d[0] for d in cursor.description]
+        return [dict(zip(columns, row)) for row in cursor.fetchall()]
+    finally:
+        con.close()
