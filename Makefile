@@ -20,10 +20,11 @@ KERNEL_SOURCES := tracer/kernel/digest.cpp faults/abft_sums.cpp faults/native.cp
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# torch first, pinned exactly: pip then takes the local CPU build instead of a multi-GB CUDA one.
-	$(PY) -m pip install --quiet torch==2.13.0
+	# torch first, pinned exactly: pip then takes the local CPU build instead of a multi-GB CUDA one. --no-compile:
+	# pip would byte-compile all 15k modules (38 s of CPU here); Python compiles the ones imported, on first import.
+	$(PY) -m pip install --quiet --no-compile torch==2.13.0
 	( $(BUILD_KERNELS) ) & kernels=$$!; \
-		$(PY) -m pip install --quiet -e '.[test,hf,lightning]'; installed=$$?; \
+		$(PY) -m pip install --quiet --no-compile -e '.[test,hf,lightning]'; installed=$$?; \
 		wait $$kernels && test $$installed -eq 0
 	touch $(STAMP) $(KERNEL)
 
