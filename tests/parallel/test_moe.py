@@ -2,7 +2,8 @@
 rank records its own experts under their global index and the all-to-all dispatch and combine; an expert with no
 token records an empty output; twice is bit-identical; a fault in expert 3 (rank 1's) is found there first.
 
-Launches: three records (golden, again, suspect)."""
+Launches: five records (golden, again, suspect, one with few tokens, one with a fault in transit) and two
+replays (lockstep, param-sync)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from sdc.cli import main
+from tests.parallel.test_fsdp2 import lockstep_hits
 from tests.parallel.test_ranks import query_rows, rank_events, summary
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
@@ -32,6 +34,12 @@ elements = 1
 kind = "scale"
 factor = 100.0
 """
+
+COMBINE_FAULT = (
+    EXPERT3_FAULT.replace('"matmul"', '"all_to_all"')
+    .replace("blocks[.]1[.]moe[.]experts[.]3$", "blocks[.]0[.]moe[.]combine")
+    .replace("ranks = [1]", "ranks = [0]")
+)
 
 
 def record(out: Path, *args: str) -> Path:
@@ -120,3 +128,33 @@ def test_a_fault_in_expert_3_is_rank_1s_first_divergence_and_rank_0_sees_it_late
         "blocks.1.moe.combine.all_to_all.out",
         "forward",
     ), firsts[0]
+
+
+def test_lockstep_replay_mismatches_at_expert_3_on_rank_1_only(runs: SimpleNamespace) -> None:
+    """Each rank replays its own experts; the all-to-alls carry golden outputs, so rank 0 stays clean."""
+    hits = lockstep_hits(runs.golden, runs.suspect, "examples.torchrun_moe:build", runs.root / "lockstep")
+    # The site only: its backward reads the activations its own faulty forward saved, so it mismatches too.
+    site = "blocks.1.moe.experts.3"
+    assert hits == {1: {(3, site, "forward"), (3, site, "backward")}, 0: set()}, hits
+
+
+def test_param_sync_replay_gives_each_rank_the_noise_of_its_own_gradients(runs: SimpleNamespace) -> None:
+    """Rank 1's fault reaches rank 0 through the combine, so both ranks' gradients are noisy; each rank's ratio
+    covers the gradients it holds (its experts and the replicated rest), not the whole model's."""
+    out = runs.root / "param-sync"
+    args = ["--golden", str(runs.golden), "--suspect", str(runs.suspect), "--workload", "examples.torchrun_moe:build"]
+    assert main(["replay", *args, "--nproc", "2", "--steps", "3:4", "--mode", "param-sync", "--out", str(out)]) == 0
+    ratios = [
+        [e.fields["ratio"] for e in rank_events(out, rank, "grad_noise") if e.fields["name"] == "*"] for rank in (0, 1)
+    ]
+    assert all(len(r) == 1 and r[0] > 0 for r in ratios), ratios
+    assert ratios[0] != ratios[1], ratios  # other experts: other gradients
+
+
+def test_a_fault_in_what_rank_0_receives_from_the_combine_is_a_communication_fault(runs: SimpleNamespace) -> None:
+    """The all-to-all's input is the golden one on rank 0, its output is not: corrupted in transit."""
+    (runs.root / "combine.toml").write_text(COMBINE_FAULT)
+    suspect = record(runs.root / "combine", "--fault-profile", str(runs.root / "combine.toml"))
+    first = compare_runs(runs.golden, suspect).first
+    assert first is not None, "the fault did not fire"
+    assert (first.rank, first.step, first.name) == (0, 3, "blocks.0.moe.combine.all_to_all.out"), first
