@@ -2,8 +2,8 @@
 rank records its own experts under their global index and the all-to-all dispatch and combine; an expert with no
 token records an empty output; twice is bit-identical; a fault in expert 3 (rank 1's) is found there first.
 
-Launches: five records (golden, again, suspect, one with few tokens, one with a fault in transit) and two
-replays (lockstep, param-sync)."""
+Launches: seven records (golden, again, suspect, one with few tokens, one with a fault in transit, two with the
+default sites) and two replays (lockstep, param-sync)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from tracer.log.records import Phase, TensorRecord
 pytestmark = pytest.mark.slow  # ranks are processes
 
 SITES = r"blocks\.\d+\.moe\.experts\.\d+"
-RECORD = ["--workload", "examples.torchrun_moe:build", "--nproc", "2", "--sites", SITES, "--steps", "5", "--quiet"]
+WORKLOAD = ["--workload", "examples.torchrun_moe:build", "--nproc", "2", "--steps", "5", "--quiet"]
+RECORD = [*WORKLOAD, "--sites", SITES]
 EXPERT3_FAULT = """
 [[fault]]
 ops = ["matmul"]
@@ -158,3 +159,19 @@ def test_a_fault_in_what_rank_0_receives_from_the_combine_is_a_communication_fau
     first = compare_runs(runs.golden, suspect).first
     assert first is not None, "the fault did not fire"
     assert (first.rank, first.step, first.name) == (0, 3, "blocks.0.moe.combine.all_to_all.out"), first
+
+
+def test_with_the_default_sites_the_combine_still_names_the_rank_that_went_first(runs: SimpleNamespace) -> None:
+    """Default sites are each block's attention and whole ``moe`` (after the combine): no expert is a site, but
+    the all-to-all's input says which rank's experts sent corrupted rows."""
+    profile = str(runs.root / "expert3.toml")
+    golden, suspect = (
+        main(["record", "--out", str(runs.root / name), "--checkpoint-every", "0", *WORKLOAD, *more]) == 0
+        for name, more in (("default", []), ("default-sick", ["--fault-profile", profile]))
+    )
+    assert golden and suspect
+    assert LogReader(rank_dir(runs.root / "default", 1)).header.extra["sites"] == [
+        f"blocks.{b}.{part}" for b in (0, 1) for part in ("attention", "moe")
+    ]
+    first = compare_runs(runs.root / "default", runs.root / "default-sick").first
+    assert first is not None and (first.rank, first.step, first.name) == (1, 3, "blocks.1.moe.combine.all_to_all.in")
