@@ -42,8 +42,7 @@ from torch import nn
 from examples.torchrun_fsdp2 import CONFIG, Attention, RandomTokensLM, job_arguments, job_config, record, with_defaults
 from tracer import Layout, configure_determinism
 from tracer.collectives import observe
-from tracer.intercept import own_ops
-from tracer.log.records import Phase
+from tracer.log import Phase
 
 SITES = r"blocks\.\d+\.moe\.experts\.\d+"  # every expert this rank holds, by its global index
 MOE_CONFIG = {
@@ -65,9 +64,8 @@ def exchange(x: torch.Tensor, send: list[int], receive: list[int], point: str, p
     if not dist.is_initialized():
         return x
     x = observe(point, "all_to_all", phase, "in", x)
-    with own_ops():
-        y = x.new_empty((sum(receive), *x.shape[1:]))
-        dist.all_to_all_single(y, x.contiguous(), output_split_sizes=receive, input_split_sizes=send)
+    y = x.new_empty((sum(receive), *x.shape[1:]))
+    dist.all_to_all_single(y, x.contiguous(), output_split_sizes=receive, input_split_sizes=send)
     return observe(point, "all_to_all", phase, "out", y)
 
 
@@ -89,9 +87,8 @@ def tokens_for_me(counts: torch.Tensor, ranks: int) -> torch.Tensor:
     rank's experts: (ranks, E / ranks)."""
     if ranks == 1:
         return counts.view(1, -1)
-    with own_ops():
-        received = torch.empty_like(counts)
-        dist.all_to_all_single(received, counts)  # equal splits: rank r gets everyone's counts of its experts
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts)  # equal splits: rank r gets everyone's counts of its experts
     return received.view(ranks, -1)
 
 
@@ -167,17 +164,16 @@ class ExpertParallelLM(RandomTokensLM):
         _, ranks = world()
         if ranks == 1:
             return None
-        with own_ops(), torch.no_grad():
-            named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
-            for _, p in (np for np in named if ".experts." in np[0]):
+        named = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
+        shared = [p for n, p in named if ".experts." not in n]
+        with torch.no_grad():
+            for p in (p for n, p in named if ".experts." in n):
                 p.grad.div_(ranks)
-            shared = [p for n, p in named if ".experts." not in n]
-            flat = torch.cat([p.grad.reshape(-1) for p in shared])
-        flat = observe("data_parallel_grads", "all_reduce", Phase.GRAD, "in", flat)
-        with own_ops(), torch.no_grad():
+            flat = observe(
+                "data_parallel_grads", "all_reduce", Phase.GRAD, "in", torch.cat([p.grad.flatten() for p in shared])
+            )
             dist.all_reduce(flat)
-        flat = observe("data_parallel_grads", "all_reduce", Phase.GRAD, "out", flat)
-        with own_ops(), torch.no_grad():
+            flat = observe("data_parallel_grads", "all_reduce", Phase.GRAD, "out", flat)
             offset = 0
             for p in shared:
                 p.grad.copy_(flat[offset : offset + p.grad.numel()].view_as(p.grad) / ranks)

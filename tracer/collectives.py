@@ -21,6 +21,8 @@ import torch
 
 from tracer.log.records import Phase
 
+__all__ = ["OPS", "Observer", "Stage", "observe", "observing", "record_name", "unobserved"]
+
 Stage = Literal["in", "out"]
 # (point name, op, phase, stage, tensor) -> a replacement tensor, or None to leave it.
 Observer = Callable[[str, str, Phase, Stage, torch.Tensor], "torch.Tensor | None"]
