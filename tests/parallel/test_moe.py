@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from sdc.cli import main
-from tests.parallel.test_fsdp2 import lockstep_hits
+from tests.parallel.test_fsdp2 import diffed_mismatches, lockstep_hits
 from tests.parallel.test_ranks import query_rows, rank_events, summary
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
@@ -137,6 +137,8 @@ def test_lockstep_replay_mismatches_at_expert_3_on_rank_1_only(runs: SimpleNames
     # The site only: its backward reads the activations its own faulty forward saved, so it mismatches too.
     site = "blocks.1.moe.experts.3"
     assert hits == {1: {(3, site, "forward"), (3, site, "backward")}, 0: set()}, hits
+    rows = diffed_mismatches(runs.golden, runs.suspect, runs.root / "lockstep", runs.root / "replay.duckdb")
+    assert rows == {(1, 3, site, "forward"), (1, 3, site, "backward")}, rows  # the replay log pairs and loads
 
 
 def test_param_sync_replay_gives_each_rank_the_noise_of_its_own_gradients(runs: SimpleNamespace) -> None:
