@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from sdc.cli import main
-from tests.parallel.test_fsdp2 import diffed_mismatches, lockstep_hits
+from tests.parallel.test_fsdp2 import diffed_mismatches, lockstep_hits, rank1_fault
 from tests.parallel.test_ranks import query_rows, rank_events, summary
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
@@ -24,23 +24,9 @@ pytestmark = pytest.mark.slow  # ranks are processes
 SITES = r"blocks\.\d+\.moe\.experts\.\d+"
 WORKLOAD = ["--workload", "examples.torchrun_moe:build", "--nproc", "2", "--steps", "5", "--quiet"]
 RECORD = [*WORKLOAD, "--sites", SITES]
-EXPERT3_FAULT = """
-[[fault]]
-ops = ["matmul"]
-sites = "blocks[.]1[.]moe[.]experts[.]3$"
-phases = ["forward"]
-steps = [3]
-ranks = [1]
-elements = 1
-kind = "scale"
-factor = 100.0
-"""
-
-COMBINE_FAULT = (
-    EXPERT3_FAULT.replace('"matmul"', '"all_to_all"')
-    .replace("blocks[.]1[.]moe[.]experts[.]3$", "blocks[.]0[.]moe[.]combine")
-    .replace("ranks = [1]", "ranks = [0]")
-)
+EXPERT3_FAULT = rank1_fault("matmul", sites="blocks[.]1[.]moe[.]experts[.]3$")  # forward, step 3, rank 1
+# What rank 0 receives from block 0's combine, corrupted in transit.
+COMBINE_FAULT = rank1_fault("all_to_all", sites="blocks[.]0[.]moe[.]combine").replace("ranks = [1]", "ranks = [0]")
 
 
 def record(out: Path, *args: str) -> Path:
