@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from faults.corrupt import FIELDS
-from faults.ops import FAMILIES, resolve_ops
+from faults.ops import COLLECTIVE_OPS, FAMILIES, resolve_ops
 from faults.schedule import PROBABILITY, Schedule
 from tracer import typed_toml
 from tracer.errors import ConfigError, ValidationError
@@ -106,7 +106,7 @@ class FaultRule:
 
     ops: tuple[str, ...] = toml_field(  # op families or aten op names
         expected=f"a non-empty array of op families ({', '.join(FAMILIES)}, collective), collectives "
-        '(all_reduce, reduce_scatter, all_gather) or aten op names such as "mm"'
+        f'({", ".join(COLLECTIVE_OPS)}) or aten op names such as "mm"'
     )
     sites: str | None = toml_field(  # regex a module path must fully match; None: anywhere
         None, expected='a regular expression that module paths must fully match, e.g. ".*_norm"'

@@ -1,6 +1,6 @@
 """Observation points around collectives, so communication can be told apart from compute.
 
-A model's collective (all-reduce, reduce-scatter, all-gather) calls `observe` with
+A model's collective (all-reduce, reduce-scatter, all-gather, all-to-all) calls `observe` with
 its input before and its output after the communication; the `Tracer` records both
 fingerprints and the fault emulator may corrupt the output. A rank whose compute
 is healthy but whose received data differ has a communication fault; a rank whose
@@ -21,10 +21,12 @@ import torch
 
 from tracer.log.records import Phase
 
+__all__ = ["OPS", "Observer", "Stage", "observe", "observing", "record_name", "unobserved"]
+
 Stage = Literal["in", "out"]
 # (point name, op, phase, stage, tensor) -> a replacement tensor, or None to leave it.
 Observer = Callable[[str, str, Phase, Stage, torch.Tensor], "torch.Tensor | None"]
-OPS = ("all_reduce", "reduce_scatter", "all_gather")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 
 _observers: list[Observer] = []
 

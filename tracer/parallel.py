@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tracer.errors import CaptureError
+from tracer.errors import CaptureError, ConfigError
+from tracer.torch_internals import context_parallel_active
 
 LAYOUT_FIELDS = ("dp", "tp", "sp")
 
@@ -49,3 +50,15 @@ class Layout:
 def layout_of(extra: dict[str, Any], world_size: int) -> dict[str, Any]:
     """The layout a header records; logs without one were pure data-parallel (or single-rank)."""
     return extra.get("parallel") or {"dp": world_size, "tp": 1, "sp": False}
+
+
+def refuse_context_parallel() -> None:
+    """Raise `ConfigError` inside torch's ``context_parallel``: a site there sees this rank's part of the sequence,
+    and replay, diff and the fault emulator know whole sequences only (docs/parallel.md, "Context parallelism")."""
+    if context_parallel_active():
+        raise ConfigError(
+            "context parallelism: a traced site ran inside torch's context_parallel, which splits the sequence over "
+            "the ranks; sdctrace traces whole sequences only (and on CPU torch 2.13's context_parallel has no "
+            "sharding strategy for aten._scaled_dot_product_flash_attention_for_cpu: docs/parallel.md); "
+            "trace the run without context_parallel"
+        )

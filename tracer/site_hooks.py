@@ -66,6 +66,7 @@ from torch.utils.hooks import RemovableHandle
 from tracer.compiled import disabled_twin
 from tracer.errors import CaptureError, TraceWarning
 from tracer.intercept import own_ops
+from tracer.parallel import refuse_context_parallel
 from tracer.sharding import as_shard_of, local_shard
 from tracer.torch_internals import version_counter
 
@@ -142,6 +143,8 @@ class SiteHooks:
         report = self._input_grad_reporter(name)
 
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if not is_dynamo_compiling():
+                refuse_context_parallel()  # before the site runs on a part of the sequence (its attention may fail)
             if not torch.is_grad_enabled():
                 return None
             if name not in self._checked:  # the site's first forward under autograd
@@ -223,6 +226,7 @@ class SiteHooks:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
             if twin is not None and is_dynamo_compiling():
                 return twin(module, args, output)
+            refuse_context_parallel()
             taps = self._taps.get(name)
             if taps:
                 for tapped, version in taps.pop():

@@ -324,6 +324,45 @@ _DISPATCH_MODE_API = PrivateApi(
 _APIS.append(_DISPATCH_MODE_API)
 
 
+# -- context parallelism (tracer.tracing refuses a sequence sharded over ranks) ---------------------------------
+CONTEXT_PARALLEL = "torch.distributed.tensor.experimental._context_parallel._attention"
+DTENSOR = "torch.distributed.tensor"
+
+
+def context_parallel_active() -> bool:
+    """Whether torch's ``context_parallel`` is on now: it installs its attention handlers (``custom_ops``) in
+    DTensor's op dispatcher while its block runs, in both its modes. Looked up in sys.modules only: a process that
+    never imported it runs no context parallelism."""
+    custom = getattr(sys.modules.get(CONTEXT_PARALLEL), "custom_ops", None)
+    dtensor = getattr(sys.modules.get(DTENSOR), "DTensor", None)
+    if not custom or dtensor is None:
+        return False
+    handlers = getattr(getattr(dtensor, "_op_dispatcher", None), "_custom_op_handlers", None) or {}
+    return any(handlers.get(op) is handler for op, handler in custom.items())
+
+
+def _context_parallel_present() -> bool:
+    import importlib
+
+    try:
+        module = importlib.import_module(CONTEXT_PARALLEL)
+        dispatcher = importlib.import_module(DTENSOR).DTensor._op_dispatcher
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(getattr(module, "custom_ops", None), dict) and isinstance(
+        getattr(dispatcher, "_custom_op_handlers", None), dict
+    )
+
+
+_APIS.append(
+    PrivateApi(
+        CONTEXT_PARALLEL + ".custom_ops and DTensor._op_dispatcher._custom_op_handlers",
+        "the refusal of context parallelism",
+        _context_parallel_present,
+    )
+)
+
+
 def private_apis() -> tuple[PrivateApi, ...]:
     """Every private torch API this module relies on."""
     return tuple(_APIS)
