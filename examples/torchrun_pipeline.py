@@ -190,8 +190,10 @@ def build(config: Mapping[str, Any], device: torch.device) -> PipelineLM:
     )
     if stages > 1:
         b, s, c = t["batch"], t["seq"], m["width"]
-        inputs = torch.zeros(b, s, dtype=torch.long) if index == 0 else torch.zeros(b, s, c)
-        outputs = torch.zeros(b, s, m["vocab"] if index == stages - 1 else c)
+        # One microbatch's shapes, given so that the stage infers nothing (a traced forward on meta tensors); an
+        # activation that requires grad is one whose gradient goes back.
+        inputs = torch.zeros(b, s, dtype=torch.long) if index == 0 else torch.zeros(b, s, c, requires_grad=True)
+        outputs = torch.zeros(b, s, m["vocab"] if index == stages - 1 else c, requires_grad=True)
         w.stage = TracedStage(stage, index, stages, device, input_args=inputs, output_args=outputs)
         w.schedule = SCHEDULES[schedule](w.stage, t["microbatches"], loss_fn=next_token_loss)
     return w
