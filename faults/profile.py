@@ -107,7 +107,7 @@ class FaultRule:
 
     ops: tuple[str, ...] = toml_field(  # op families or aten op names
         expected=f"a non-empty array of op families ({', '.join(FAMILIES)}, collective), collectives "
-        '(all_reduce, reduce_scatter, all_gather) or aten op names such as "mm"'
+        '(all_reduce, reduce_scatter, all_gather, send, recv) or aten op names such as "mm"'
     )
     sites: str | None = toml_field(  # regex a module path must fully match; None: anywhere
         None, expected='a regular expression that module paths must fully match, e.g. ".*_norm"'
