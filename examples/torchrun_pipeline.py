@@ -17,10 +17,10 @@ the first stage, the head on the last). Each stage keeps the unsplit model's mod
 stage 1, not ``blocks.0.mlp``), so sites and parameters are named as in the whole model. Every rank draws the same
 batch; the schedule splits it into ``train.microbatches`` pipeline microbatches, and the log's microbatch is the
 pipeline's: the Tracer is told each chunk's index before the stage runs its forward or its backward (`TracedStage`),
-in the schedule's order (1F1B interleaves them). The header's ``extra["parallel"]`` records ``pp``, the schedule,
-its microbatches and the stage-to-rank map (`tracer.parallel.Layout`).
+in the schedule's order (1F1B interleaves them; `tracer.pipeline`). The header's ``extra["parallel"]`` records
+``pp``, the schedule, its microbatches and the stage-to-rank map (`tracer.parallel.Layout`).
 
-What crosses ranks is recorded as collective events (`tracer.collectives`), fingerprinted at the stage's edge:
+What crosses ranks is recorded as collective events (`tracer.pipeline`), fingerprinted at the stage's edge:
 ``pipeline.0-1.send.in`` (forward, on rank 0) is the activation stage 0 sends to stage 1, ``pipeline.0-1.recv.out``
 (forward, on rank 1) what stage 1 received; ``pipeline.1-0.send.in`` and ``pipeline.1-0.recv.out`` (backward) are
 the gradient going back. A stage that only received a corrupted tensor first differs at its ``recv``, after the
@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from examples.torchrun_fsdp2 import (
     SETTINGS,
@@ -50,10 +50,9 @@ from examples.torchrun_fsdp2 import (
     with_defaults,
 )
 from tracer import configure_determinism
-from tracer.collectives import observe
 from tracer.errors import ConfigError
-from tracer.log.records import Phase
 from tracer.parallel import Layout, Pipeline
+from tracer.pipeline import TracedStage, received, sent
 from workload import StepObserver
 
 SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
@@ -67,28 +66,6 @@ def defaults(stages: int) -> dict[str, dict[str, Any]]:
         "parallel": {"schedule": "1F1B"},
         "run": {"steps": 6, "checkpoint_every": 0},
     }
-
-
-def link(source: int, destination: int) -> str:
-    """The collective point of what stage ``source`` sends to stage ``destination``."""
-    return f"pipeline.{source}-{destination}"
-
-
-def received(x: torch.Tensor, stage: int) -> torch.Tensor:
-    """Stage ``stage``'s input, as received from the stage before; its gradient is what goes back."""
-    x = observe(link(stage - 1, stage), "recv", Phase.FORWARD, "out", x)
-    if x.requires_grad:  # the stage's receive buffer lives on from step to step: a hook on a view of this pass
-        x = x.view_as(x)
-        x.register_hook(lambda g: observe(link(stage, stage - 1), "send", Phase.BACKWARD, "in", g))
-    return x
-
-
-def sent(y: torch.Tensor, stage: int) -> torch.Tensor:
-    """Stage ``stage``'s output, as sent to the stage after; its gradient is what comes back."""
-    y = observe(link(stage, stage + 1), "send", Phase.FORWARD, "in", y)
-    if y.requires_grad:
-        y.register_hook(lambda g: observe(link(stage + 1, stage), "recv", Phase.BACKWARD, "out", g))
-    return y
 
 
 class Stage(nn.Module):
@@ -111,23 +88,6 @@ class Stage(nn.Module):
         for block in self.blocks.values():
             x = block(x)
         return self.head(x) if self.head is not None else sent(x, self.index)  # (B, T, V) or (B, T, C)
-
-
-class TracedStage(PipelineStage):
-    """A `PipelineStage` that tells ``observer`` (the Tracer) which pipeline microbatch it runs, before each
-    chunk's forward (with the tokens, on the first stage) and before each chunk's backward."""
-
-    observer: StepObserver | None = None
-
-    def forward_one_chunk(self, fwd_chunk_id: int, args: tuple[Any, ...], *rest: Any, **kwargs: Any) -> Any:
-        if self.observer is not None:
-            self.observer.microbatch(fwd_chunk_id, inputs=args[0] if self.is_first else None)
-        return super().forward_one_chunk(fwd_chunk_id, args, *rest, **kwargs)
-
-    def backward_one_chunk(self, bwd_chunk_id: int, *rest: Any, **kwargs: Any) -> Any:
-        if self.observer is not None:
-            self.observer.microbatch(bwd_chunk_id)
-        return super().backward_one_chunk(bwd_chunk_id, *rest, **kwargs)
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,9 @@ their global names, the header records the schedule, its microbatches and the st
 sends is what the next one receives, two runs are bit-identical, and a fault in stage 1's MLP at step 3,
 pipeline microbatch 2 is the first divergence, with stage 0, which only received its gradient, later.
 
-Launches: 3 two-rank record jobs (golden, again, suspect)."""
+A 4-stage GPipe run does the same, each stage that received the corruption ranked after the one it came from.
+
+Launches: 3 two-rank record jobs (golden, again, suspect) and 3 four-rank ones."""
 
 from __future__ import annotations
 
@@ -37,10 +39,17 @@ factor = 100.0
 """
 
 
-def record(out: Path, *args: str) -> Path:
-    command = ["record", "--workload", WORKLOAD, "--nproc", "2", "--steps", str(STEPS), "--quiet", "--out", str(out)]
-    assert main([*command, "--node-label", out.name, *args]) == 0
+def record(out: Path, *args: str, nproc: int = 2) -> Path:
+    command = ["record", "--workload", WORKLOAD, "--nproc", str(nproc), "--steps", str(STEPS), "--quiet"]
+    assert main([*command, "--out", str(out), "--node-label", out.name, *args]) == 0
     return out
+
+
+def first_divergences(golden: Path, suspect: Path, db: Path) -> list[tuple]:
+    """``sdc diff`` of the pair: each rank's first divergence, in the diff's order across ranks."""
+    assert main(["diff", "--golden", str(golden), "--suspect", str(suspect), "--db", str(db)]) == 0
+    rows = query_rows(db, "rq1_first_divergence_by_rank")
+    return [(r["divergence_order"], r["rank"], r["step"], r["microbatch"], r["name"], r["phase"]) for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +58,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     profile = root / "stage1.toml"
     profile.write_text(STAGE1_FAULT, encoding="utf-8")
     return SimpleNamespace(
-        root=root, golden=record(root / "golden"), suspect=record(root / "suspect", "--fault-profile", str(profile))
+        root=root,
+        profile=profile,
+        golden=record(root / "golden"),
+        suspect=record(root / "suspect", "--fault-profile", str(profile)),
     )
 
 
@@ -122,3 +134,28 @@ def test_replay_of_a_pipeline_run_is_refused_in_one_line(
     err = capsys.readouterr().err.strip()
     assert "pipeline-parallel replay is not supported yet" in err and "\n" not in err, err
     assert "1F1B, 2 stages" in err and not (tmp_path / "replay").exists(), err
+
+
+def test_a_4_stage_gpipe_run_is_bit_identical_and_its_stages_diverge_in_pipeline_order(
+    runs: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Stage 1's corrupted activation goes up to stages 2 and 3 in the same microbatch's forward (each first differs
+    at what it received, in that order), and its gradient comes down to stage 0 in the backward."""
+    gpipe = ("--set", "parallel.schedule=GPipe")
+    golden = record(tmp_path / "golden", *gpipe, nproc=4)
+    assert LogReader(rank_dir(golden, 3)).header.extra["parallel"]["pipeline"] == {
+        "schedule": "GPipe",
+        "microbatches": 4,
+        "stage_ranks": {str(s): [s] for s in range(4)},
+    }
+    comparison = compare_runs(golden, record(tmp_path / "again", *gpipe, nproc=4))
+    assert comparison.first is None and comparison.steps == STEPS, comparison
+    suspect = record(tmp_path / "suspect", *gpipe, "--fault-profile", str(runs.profile), nproc=4)
+    order = first_divergences(golden, suspect, tmp_path / "gpipe.duckdb")
+    capsys.readouterr()
+    assert order == [
+        (1, 1, 3, 2, "blocks.1.mlp", "forward"),
+        (2, 2, 3, 2, "pipeline.1-2.recv.out", "forward"),
+        (3, 3, 3, 2, "pipeline.2-3.recv.out", "forward"),
+        (4, 0, 3, 2, "pipeline.1-0.recv.out", "backward"),
+    ], order
