@@ -25,12 +25,13 @@ What crosses ranks is recorded as collective events (`tracer.pipeline`), fingerp
 (forward, on rank 1) what stage 1 received; ``pipeline.1-0.send.in`` and ``pipeline.1-0.recv.out`` (backward) are
 the gradient going back. A stage that only received a corrupted tensor first differs at its ``recv``, after the
 stage that computed it. No gradient clipping (a global norm would need the stages' norms all-reduced), no
-checkpoints by default: replay of a pipeline-parallel run is refused (docs/parallel.md).
+checkpoints by default (``--checkpoint-every`` saves each stage's own): replay of a pipeline-parallel run is
+refused (docs/parallel.md). Only the last stage computes the loss; each step's is broadcast to every stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,7 @@ class PipelineLM(RandomTokensLM):
 
     stage: TracedStage | None = None
     schedule: Any = None  # a torch.distributed.pipelining schedule over ``stage``
+    last_loss: float = 0.0  # the last step's loss, which only the last stage computes, on every stage
 
     def loss(self, step: int, batch: torch.Tensor) -> torch.Tensor:
         return next_token_loss(self.model(batch[:, :-1]), batch[:, 1:]) / self.config["train"]["microbatches"]
@@ -121,11 +123,19 @@ class PipelineLM(RandomTokensLM):
         finally:
             self.stage.observer = None
         scaled = [loss.detach() / len(losses) for loss in losses]  # as each contributes to the step
+        total = torch.stack(scaled).sum() if scaled else torch.zeros(())
+        last = self.stage.stage_index_to_group_rank[self.stage.num_stages - 1]
+        dist.broadcast(total, group=self.stage.group, group_src=last)  # untraced: no stage's own tensor
+        self.last_loss = float(total)
         if observer is not None:
             for index, loss in enumerate(scaled):
                 observer.microbatch(index)
                 observer.loss(loss)
         return scaled
+
+    def step_loss(self, losses: Sequence[float]) -> float:
+        """The step's loss on every stage (`sdc record` reports rank 0's)."""
+        return self.last_loss if self.stage is not None else super().step_loss(losses)
 
 
 def build(config: Mapping[str, Any], device: torch.device) -> PipelineLM:
