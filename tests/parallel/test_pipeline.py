@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from sdc.cli import main
+from tests.parallel.test_fsdp2 import rank1_fault
 from tests.parallel.test_ranks import query_rows, summary
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
@@ -25,18 +26,7 @@ pytestmark = pytest.mark.slow  # the record jobs launch ranks as processes
 
 WORKLOAD = "examples.torchrun_pipeline:build"
 STEPS, MICROBATCHES = 5, 4
-STAGE1_FAULT = """
-[[fault]]
-ops = ["matmul"]
-sites = "blocks[.]1[.]mlp"
-phases = ["forward"]
-steps = [3]
-microbatches = [2]
-ranks = [1]
-elements = 1
-kind = "scale"
-factor = 100.0
-"""
+STAGE1_FAULT = rank1_fault("matmul") + "microbatches = [2]\n"  # block 1's MLP, step 3, pipeline microbatch 2
 
 
 def record(out: Path, *args: str, nproc: int = 2) -> Path:
