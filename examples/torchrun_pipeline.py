@@ -50,9 +50,7 @@ from examples.torchrun_fsdp2 import (
     record,
     with_defaults,
 )
-from tracer import configure_determinism
-from tracer.errors import ConfigError
-from tracer.parallel import Layout, Pipeline
+from tracer import Layout, Pipeline, SdcError, configure_determinism
 from tracer.pipeline import TracedStage, received, sent
 from workload import StepObserver
 
@@ -146,7 +144,7 @@ def build(config: Mapping[str, Any], device: torch.device) -> PipelineLM:
     config = with_defaults(config, defaults(stages))
     m, t, schedule = config["model"], config["train"], config["parallel"]["schedule"]
     if schedule not in SCHEDULES:
-        raise ConfigError(f"parallel.schedule = {schedule!r}: expected one of {sorted(SCHEDULES)}")
+        raise SdcError(f"parallel.schedule = {schedule!r}: expected one of {sorted(SCHEDULES)}")
     configure_determinism(t["seed"], t["threads"])  # the same initial weights on every rank, before the split
     stage = Stage(Transformer(m["vocab"], m["width"], m["blocks"]).to(device), index, stages)
     layout = Layout(pp=stages, pipeline=Pipeline(schedule, t["microbatches"])) if stages > 1 else Layout()

@@ -27,6 +27,8 @@ from torch.distributed.pipelining import PipelineStage
 from tracer.collectives import observe
 from tracer.log.records import Phase
 
+__all__ = ["TracedStage", "link", "received", "sent"]
+
 
 class MicrobatchObserver(Protocol):
     """What a stage reports to: a `tracer.tracing.Tracer` (its ``microbatch``)."""
