@@ -74,7 +74,8 @@ class Stage(nn.Module):
     def __init__(self, model: Transformer, index: int, stages: int) -> None:
         super().__init__()
         n = len(model.blocks)
-        assert n >= stages, f"{n} blocks cannot fill {stages} pipeline stages"
+        if n < stages:
+            raise SdcError(f"model.blocks = {n}: cannot fill {stages} pipeline stages; give at least one per stage")
         self.index, self.stages = index, stages
         self.embed = model.embed if index == 0 else None
         self.blocks = nn.ModuleDict(
