@@ -20,10 +20,11 @@ KERNEL_SOURCES := tracer/kernel/digest.cpp faults/abft_sums.cpp faults/native.cp
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# torch first, pinned exactly: pip then takes the local CPU build instead of a multi-GB CUDA one.
-	$(PY) -m pip install --quiet torch==2.13.0
+	# torch first, pinned exactly: pip then takes the local CPU build instead of a multi-GB CUDA one. --no-compile:
+	# pip would byte-compile all 15k modules (38 s of CPU here); Python compiles the ones imported, on first import.
+	$(PY) -m pip install --quiet --no-compile torch==2.13.0
 	( $(BUILD_KERNELS) ) & kernels=$$!; \
-		$(PY) -m pip install --quiet -e '.[test,hf,lightning]'; installed=$$?; \
+		$(PY) -m pip install --quiet --no-compile -e '.[test,hf,lightning]'; installed=$$?; \
 		wait $$kernels && test $$installed -eq 0
 	touch $(STAMP) $(KERNEL)
 
@@ -60,7 +61,8 @@ test-fast: $(KERNEL)
 	$(PY) -m pytest -q -m "not slow" $(XDIST) $(TEST_ARGS)
 
 # The linters, at the versions the lint extra pins (another ruff formats differently): ruff's checks (pyflakes,
-# pycodestyle, isort, pyupgrade, bugbear: pyproject.toml) and its formatter over the whole tree.
+# pycodestyle, isort, pyupgrade, bugbear: pyproject.toml) and its formatter over the whole tree, then mypy over the
+# packages it checks ([tool.mypy] in pyproject.toml; the stubs it needs are in the lint extra).
 LINT_STAMP := $(VENV)/.sdctrace-lint
 $(LINT_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[lint]'
@@ -69,6 +71,7 @@ $(LINT_STAMP): $(STAMP)
 lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy tracer jobs replay faults
 
 # XLA: torch-xla's wheel works with one torch release only, which its metadata does not
 # say; it gets its own environment with that torch (PyPI's build, about 7 GB), and the

@@ -52,7 +52,7 @@ def calls_per_step(
     """Python calls a step and their tottime a step: in all, and in the functions whose file names hold one of
     ``own`` (`OWN`: the tracer's), called ``label``."""
     calls = tottime = own_calls = own_tottime = 0.0
-    for (filename, _, _), (_, ncalls, tt, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+    for (filename, _, _), (_, ncalls, tt, _, _) in stats.stats.items():  # type: ignore[attr-defined]  # not in pstats' stub
         calls, tottime = calls + ncalls, tottime + tt
         if any(part in filename for part in own):
             own_calls, own_tottime = own_calls + ncalls, own_tottime + tt

@@ -26,6 +26,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from intervals import Ratio, marginal_ratio, paired_ratio
 from timing import OneTime, lifetime
@@ -87,12 +88,12 @@ def kernel_load() -> float:
     return time.perf_counter() - s
 
 
-def _fresh(*args: str) -> dict[str, object]:
+def _fresh(*args: str) -> dict[str, Any]:  # the child's JSON line
     done = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def fresh_run(config: str, overrides: tuple[str, ...], steps: int, traced: bool) -> dict[str, object]:
+def fresh_run(config: str, overrides: tuple[str, ...], steps: int, traced: bool) -> dict[str, Any]:
     """One run in a fresh process."""
     sets = [a for o in overrides for a in ("--set", o)]
     return _fresh(config, "--steps", str(steps), *sets, *(["--traced"] if traced else []))
@@ -100,7 +101,7 @@ def fresh_run(config: str, overrides: tuple[str, ...], steps: int, traced: bool)
 
 def fresh_kernel_load() -> float:
     """Seconds of the digest kernel's first load, in a fresh process."""
-    return float(_fresh("--kernel-load")["kernel_load_s"])  # type: ignore[arg-type]
+    return float(_fresh("--kernel-load")["kernel_load_s"])
 
 
 def process_pairs(config: str, overrides: tuple[str, ...], steps: int, pairs: int) -> Pairs:
@@ -109,15 +110,15 @@ def process_pairs(config: str, overrides: tuple[str, ...], steps: int, pairs: in
     for i in range(pairs):
         for is_traced in (False, True) if i % 2 == 0 else (True, False):
             r = fresh_run(config, overrides, steps, is_traced)
-            (traced if is_traced else plain).append(float(r["wall_s"]))  # type: ignore[arg-type]
+            (traced if is_traced else plain).append(float(r["wall_s"]))
             runs[is_traced].append(r)
 
-    def first_step(r: dict[str, object]) -> float:
-        times: list[float] = r["steps"]  # type: ignore[assignment]
+    def first_step(r: dict[str, Any]) -> float:
+        times: list[float] = r["steps"]
         return times[0] - statistics.fmean(times[1:])
 
-    starts = [float(r["start_s"]) for r in runs[True]]  # type: ignore[arg-type]
-    closes = [float(r["close_s"]) for r in runs[True]]  # type: ignore[arg-type]
+    starts = [float(r["start_s"]) for r in runs[True]]
+    closes = [float(r["close_s"]) for r in runs[True]]
     first = statistics.fmean(map(first_step, runs[True])) - statistics.fmean(map(first_step, runs[False]))
     return Pairs(tuple(plain), tuple(traced), OneTime(statistics.fmean(starts), first, statistics.fmean(closes)))
 

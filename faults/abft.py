@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, final
 
 import torch
 from torch import nn
@@ -50,10 +50,11 @@ from tracer.torch_internals import GROUPED_MM
 aten = torch.ops.aten
 # _grouped_mm: a mixture-of-experts layer's experts in one call, each group checked as one mm (`_grouped_check`).
 _GROUPED = GROUPED_MM
-CHECKED = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.linear} | ({_GROUPED} - {None}))
+CHECKED = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.linear, *((_GROUPED,) if _GROUPED else ())})
 SAFETY = 2.0
 
 
+@final  # `type(got) is AbftResult` then tells the checker what else got is
 @dataclass(frozen=True)
 class AbftResult:
     shape: tuple[int, int, int]  # m, k, n of one product
@@ -142,7 +143,8 @@ def _grouped_check(args: tuple, kwargs: dict, out: torch.Tensor, safety: float) 
         groups = [(a[:, s:e], b[s:e], out[g]) for g, (s, e) in enumerate(spans)]
     else:
         return None
-    results = [check_matmul(aten.mm.default, (x, y), {}, z, safety) for x, y, z in groups]
+    # mm is always checked (None is for a grouped form only)
+    results = [r for x, y, z in groups if (r := check_matmul(aten.mm.default, (x, y), {}, z, safety)) is not None]
     return max(results, key=lambda r: (r.flagged, r.residual / r.bound if r.bound > 0 else 0.0))
 
 

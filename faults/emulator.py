@@ -194,9 +194,10 @@ class FaultEmulator(ScopedInterceptor):
         return hit
 
     def native_kernel(self, op: Any) -> NativeKernel | None:
-        if self._gate is None:
+        module = native()
+        if self._gate is None or module is None:  # the gate is built only where the native kernel is
             return None
-        gate, rules, register = self._gate, sum(1 << i for i in self._rules(op)), native().register
+        gate, rules, register = self._gate, sum(1 << i for i in self._rules(op)), module.register
         return lambda name, python: register(gate, name, rules, python)
 
     def needs_optimizer_step(self) -> bool:
@@ -260,16 +261,17 @@ class FaultEmulator(ScopedInterceptor):
 
     def _predraw(self) -> None:
         """Hand the gate the next draws of attempt 0's generator at the armed clock, drawn on a copy."""
-        step, microbatch = self._clock_at[0], self._clock_at[1]
-        rng = self._stream(0, step, microbatch, 0)
+        gate, clock = self._gate, self._clock_at
+        assert gate is not None and clock is not None, "only a gate armed at a clock pre-draws"
+        rng = self._stream(0, clock[0], clock[1], 0)
         copy = random.Random()
         copy.setstate(rng.getstate())
-        self._gate.fill([copy.random() for _ in range(PREDRAWN)])
+        gate.fill([copy.random() for _ in range(PREDRAWN)])
         self._predrawn = rng
 
     def _sync(self) -> None:
         """Advance the generator past the draws the gate consumed, and take the rest back."""
-        if self._predrawn is not None:
+        if self._predrawn is not None and self._gate is not None:  # only a gate pre-draws
             rng, self._predrawn = self._predrawn, None
             for _ in range(self._gate.fill([])):
                 rng.random()
@@ -282,7 +284,9 @@ class FaultEmulator(ScopedInterceptor):
         step, microbatch, *attempt = clock
         rng = self._draws_for(i, step, microbatch, *attempt)
         if rng.random() < self.profile.faults[i].p_call:
-            site = self._where(self._site(i, phase), phase)
+            matched = self._site(i, phase)
+            assert matched is not None, "a rule with a pattern that matched nothing returned above"
+            site = self._where(matched, phase)
             with own_ops():
                 out = self._corrupt(i, func, args, out, rng, site, phase, microbatch)
         return out
@@ -386,12 +390,17 @@ class FaultEmulator(ScopedInterceptor):
         """Corrupt elements of ``target`` in place as rule ``i`` says, and log the fault."""
         rule = self.profile.faults[i]
         n = target.numel()
-        k = rule.elements if rule.elements is not None else max(1, round(rule.fraction * n))
+        if rule.elements is not None:
+            k = rule.elements
+        else:
+            assert rule.fraction is not None, "FaultRule sets elements where neither is given"
+            k = max(1, round(rule.fraction * n))
         if rule.stride is None:
             index = sorted(rng.sample(range(n), min(k, n)))
         else:  # a periodic pattern (one lane of each warp): a drawn first element, then every stride-th
             index = list(range(rng.randrange(min(rule.stride, n)), n, rule.stride))[:k]
         flat = torch.tensor(index, device=target.device)
+        coords: tuple[torch.Tensor, ...]
         with below_autograd():
             if target.is_contiguous():
                 view, coords = target.view(-1), (flat,)
@@ -435,7 +444,8 @@ class FaultEmulator(ScopedInterceptor):
         dtype = values.dtype
         detail: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch.")}
         if c.kind == "bitflip":
-            width = LAYOUTS[dtype][0]
+            width, flips = LAYOUTS[dtype][0], c.flips
+            assert isinstance(flips, tuple), f"Corruption sets flips to (low, high), not {flips!r}"
             if isinstance(c.bits, int):
                 if c.bits >= width:
                     raise ConfigError(
@@ -443,9 +453,11 @@ class FaultEmulator(ScopedInterceptor):
                         f"{detail['dtype']}; use a bit index 0..{width - 1} or a field name"
                     )
                 bits = [c.bits] * values.numel()
-            elif c.flips != (1, 1):  # a multi-bit flip: distinct bits of the field per element
+            elif c.bits is None:
+                raise AssertionError("Corruption sets bits for a bitflip")
+            elif flips != (1, 1):  # a multi-bit flip: distinct bits of the field per element
                 choices = field_bits(dtype, c.bits)
-                sets = [rng.sample(choices, min(rng.randint(*c.flips), len(choices))) for _ in range(values.numel())]
+                sets = [rng.sample(choices, min(rng.randint(*flips), len(choices))) for _ in range(values.numel())]
                 detail["bits"] = sets[:SHOWN]
                 return flip_bit_sets(values, sets), detail
             else:
@@ -454,10 +466,12 @@ class FaultEmulator(ScopedInterceptor):
             detail["bits"] = bits[:SHOWN]
             return flip_bits(values, bits), detail
         if c.kind == "scale":
+            assert isinstance(c.factor, tuple), f"Corruption sets factor to (low, high), not {c.factor!r}"
             lo, hi = c.factor
             factor = lo if lo == hi else math.exp(rng.uniform(math.log(lo), math.log(hi)))
             detail["factor"] = factor
             return scale(values, factor), detail
+        assert c.value is not None, "Corruption requires value for kind stuck"
         detail["value"] = c.value
         return stuck(values, c.value), detail
 

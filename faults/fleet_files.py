@@ -22,12 +22,13 @@ def drawn(spec: FleetSpec) -> tuple[FleetNode, ...] | tuple[HardwareNode, ...]:
 
 def write_fleet(spec: FleetSpec, out: Path) -> list[Path]:
     """Write ``node-01.toml`` ... and ``fleet.md`` (one row per node) into ``out``; returns the profiles' paths."""
+    nodes: tuple[FleetNode, ...] | tuple[HardwareNode, ...]
     if spec.model == "study":
-        nodes: tuple[FleetNode, ...] | tuple[HardwareNode, ...] = fleet(spec)
-        table = summary(spec, nodes)
+        nodes = study = fleet(spec)
+        table = summary(spec, study)
     else:
-        nodes = hardware_fleet(spec)
-        table = hardware_summary(spec, nodes)
+        nodes = hardware = hardware_fleet(spec)
+        table = hardware_summary(spec, hardware)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for node in nodes:

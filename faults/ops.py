@@ -68,9 +68,11 @@ _UNARY = (
 )
 _BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "where", "addcmul", "addcdiv", "lerp")
 
+# GROUPED_MM: every expert of a mixture-of-experts layer in one call (its CPU kernel calls mm inside it).
+_GROUPED: frozenset[OpOverloadPacket] = frozenset() if GROUPED_MM is None else frozenset({GROUPED_MM})
+
 FAMILIES: dict[str, frozenset[OpOverloadPacket]] = {
-    # GROUPED_MM: every expert of a mixture-of-experts layer in one call (its CPU kernel calls mm inside it).
-    "matmul": _packets("mm", "addmm", "bmm", "baddbmm", "linear", "matmul", *_ATTENTION) | ({GROUPED_MM} - {None}),
+    "matmul": _packets("mm", "addmm", "bmm", "baddbmm", "linear", "matmul", *_ATTENTION) | _GROUPED,
     "attention": _packets(*_ATTENTION),
     "softmax": _packets(
         "_softmax", "_log_softmax", "_safe_softmax", "_softmax_backward_data", "_log_softmax_backward_data"

@@ -85,14 +85,13 @@ class Corruption:
             )
             object.__setattr__(self, "flips", (low, high))
         elif kind == "scale":
-            check(
-                self.factor is not None, "factor", lambda at: f'{at}factor is missing; kind = "scale" needs {_FACTOR}'
-            )
             f = self.factor
-            low, high = f if isinstance(f, tuple) else (f, f)
-            ok = all(math.isfinite(x) for x in (low, high)) and (0 < low <= high if isinstance(f, tuple) else f != 0)
+            if f is None:
+                raise InvalidValue("factor", lambda at: f'{at}factor is missing; kind = "scale" needs {_FACTOR}')
+            lo, hi = f if isinstance(f, tuple) else (f, f)
+            ok = all(math.isfinite(x) for x in (lo, hi)) and (0 < lo <= hi if isinstance(f, tuple) else f != 0)
             require(ok, "factor", f, _FACTOR)
-            object.__setattr__(self, "factor", (low, high))
+            object.__setattr__(self, "factor", (lo, hi))
         else:
             check(self.value is not None, "value", lambda at: f'{at}value is missing; kind = "stuck" needs {_VALUE}')
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch import nn
@@ -137,7 +137,7 @@ class ModuleScope:
         node = current_autograd_node()
         return node.metadata.get(_KEY, ()) if node is not None else ()
 
-    def _enter_forward(self, path: str):  # noqa: ANN202 - torch hook signature
+    def _enter_forward(self, path: str) -> Callable[[nn.Module, Any], None]:
         def hook(module: nn.Module, args: Any) -> None:
             resume()  # a step that raised left the interceptors paused
             self._forward.append(path)
@@ -145,7 +145,7 @@ class ModuleScope:
 
         return hook
 
-    def _exit_forward(self, path: str):  # noqa: ANN202
+    def _exit_forward(self, path: str) -> Callable[[nn.Module, Any, Any], None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             self._forward.pop()
             start = self._starts.pop()
@@ -163,7 +163,8 @@ def _label_natively(built: ModuleType, output: Any, path: str, start: int, end: 
 def _label(output: Any, path: str, start: int, end: int) -> None:
     """Prepend ``path`` to the scope of every node this module's forward created (sequence
     numbers in [start, end)); inner modules returned first, so paths end up outermost first."""
-    todo = [t.grad_fn for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    # Any: torch's stub of autograd's Node declares metadata a method, where a node's is a dict attribute
+    todo: list[Any] = [t.grad_fn for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
     seen: dict[int, Any] = {}  # holds the nodes, so their ids stay unique during the walk
     while todo:
         node = todo.pop()
@@ -187,7 +188,7 @@ class ScopedInterceptor(Interceptor):
         """Whether the optimizer step about to run must reach this interceptor (called before each step)."""
         return False
 
-    def __enter__(self) -> ScopedInterceptor:
+    def __enter__(self) -> Self:
         self.scope.__enter__()
         _OptimizerSteps.hold(self)
         try:

@@ -127,6 +127,7 @@ class StateFaults:
                 self._flip(rule, param, element, bit)
 
     def _flip(self, rule: StateRule, param: nn.Parameter, element: int, bit: int) -> None:
+        coords: tuple[torch.Tensor, ...]
         with own_ops(), below_autograd(), torch.no_grad():
             tensor = local_shard(param.data)
             if tensor.is_contiguous():

@@ -37,7 +37,7 @@ def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
     return {"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype).removeprefix("torch.")}
 
 
-class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
+class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]  # a base a call returns (torch's private mode class)
     """Records the ops run while active; ``inputs`` and ``named`` are the tensors it names by reference."""
 
     def __init__(
@@ -82,14 +82,11 @@ class OpRecorder(dispatch_mode_base()):  # type: ignore[misc]
             self.constants[ref] = value.get_state()
             self.seeds.append(value.initial_seed())
             return {"generator": {"device": value.device.type, "state": ref}}
-        for kind, cls in (
-            ("dtype", torch.dtype),
-            ("device", torch.device),
-            ("layout", torch.layout),
-            ("memory_format", torch.memory_format),
-        ):
+        if isinstance(value, torch.device):
+            return {"device": value.type}
+        for kind, cls in (("dtype", torch.dtype), ("layout", torch.layout), ("memory_format", torch.memory_format)):
             if isinstance(value, cls):
-                return {kind: str(value).removeprefix("torch.").split(":")[0] if kind != "device" else value.type}
+                return {kind: str(value).removeprefix("torch.").split(":")[0]}
         raise ValidationError(
             f"incident capture cannot write down the argument {value!r} of type "
             f"{type(value).__name__} (ops so far: {len(self.ops)})"
@@ -139,7 +136,7 @@ def _tensors(args: tuple, kwargs: dict, refs: dict[int, str]) -> list[tuple[str,
     return [(refs[id(t)], t) for t in found if id(t) in refs]
 
 
-class GeneratorSeeds(dispatch_mode_base()):  # type: ignore[misc]
+class GeneratorSeeds(dispatch_mode_base()):  # type: ignore[misc]  # a base a call returns (as OpRecorder's)
     """While active, the initial seed of every generator of the model's own that an op draws from, in order: the
     suspect's forward beside the golden one's `OpRecorder.seeds` tells a generator the model seeds at run time
     (the clock, an OS source) from one seeded alike on every run."""

@@ -44,11 +44,11 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-if __package__:  # sdctrace's replay.bundle_reproduce
+if TYPE_CHECKING or __package__:  # sdctrace's replay.bundle_reproduce (the checker reads this branch)
     from replay.bundle_check import (
         FIX,
         MANIFEST,
@@ -62,7 +62,7 @@ if __package__:  # sdctrace's replay.bundle_reproduce
     )
 else:  # a bundle's reproduce.py: the checker the bundle carries beside it (`python -I` puts no folder on the path)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bundle_check import (  # type: ignore[no-redef]
+    from bundle_check import (
         FIX,
         MANIFEST,
         TORCH_OBJECTS,

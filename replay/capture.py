@@ -303,7 +303,7 @@ def _suspect_step(
     path = re.sub(r"\[.*\]$", "", site.name)
     module = _module(w.model, path)
     seen: dict[str, Any] = {}
-    seeds, watching = GeneratorSeeds(), []  # the seeds of the suspect's site forward, while `watching`
+    seeds, watching = GeneratorSeeds(), list[bool]()  # the seeds of the suspect's site forward, while `watching`
 
     def stop_watching() -> None:
         if watching:

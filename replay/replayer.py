@@ -234,7 +234,7 @@ class Replayer:
         """
         one_rank = golden_w.layout.world_size == 1
         if self.shortcuts and (self._schedule is None or (one_rank and not self._schedule.may_fire(step))):
-            golden, golden_loss = self._golden_step(golden_w, step, keep=True, summary=summary)
+            golden, golden_loss = self._golden_kept(golden_w, step, summary)
             return self._identical_to_golden(step, golden, golden_loss)
         result = None
         if self.shortcuts and one_rank and (self.mode == "param-sync" or self._armed[False] > self._armed[True]):
@@ -250,12 +250,8 @@ class Replayer:
         """The golden step with the suspect's, from the synced parameters, run inside it (two executions)."""
         sync_parameters(golden_w.model, suspect_w.model)  # the parameter sync
         suspect: list[StepResult] = []
-        golden, golden_loss = self._golden_step(
-            golden_w,
-            step,
-            keep=True,
-            summary=summary,
-            between=lambda kept: suspect.append(self._suspect_step(suspect_w, step, kept)),
+        golden, golden_loss = self._golden_kept(
+            golden_w, step, summary, between=lambda kept: suspect.append(self._suspect_step(suspect_w, step, kept))
         )
         result = suspect[0]
         result.golden_loss = golden_loss
@@ -295,6 +291,18 @@ class Replayer:
         )
 
     # -- golden side --------------------------------------------------------------------
+    def _golden_kept(
+        self,
+        w: Workload,
+        step: int,
+        summary: ReplaySummary,
+        between: Callable[[dict[Key, torch.Tensor]], None] | None = None,
+    ) -> tuple[dict[Key, torch.Tensor], float]:
+        """`_golden_step` with ``keep``, outside a trial: its tensors and loss (only a trial's step is undone)."""
+        got = self._golden_step(w, step, keep=True, summary=summary, between=between)
+        assert got is not None, "a golden step outside a trial returns what it kept"
+        return got
+
     def _golden_step(
         self,
         w: Workload,
@@ -501,7 +509,7 @@ class Replayer:
             trial.after.restore()  # the golden step's forward and backward draw what the trial's drew
             self._golden_update(w, step, golden, summary)
         else:
-            golden, golden_loss = self._golden_step(w, step, keep=True, summary=summary)
+            golden, golden_loss = self._golden_kept(w, step, summary)
             if self.golden_from != "reexec":
                 self._substitute_blobs(step, golden)
         result = StepResult(step, golden_loss, trial.loss, faults=trial.faults)

@@ -39,7 +39,7 @@ def refuse_compilation(active: Callable[[], Sequence[Any]]) -> None:
         return
     with _lock:
         if _watched:
-            return
+            return  # type: ignore[unreachable]  # another thread set it while this one waited for the lock
         _watched = True
         if DYNAMO in sys.modules:
             _register(active)
@@ -121,5 +121,5 @@ class _WhenDynamoLoads(importlib.abc.MetaPathFinder):
             load(module)
             _register(active)
 
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # this one spec's loader, wrapped
         return spec

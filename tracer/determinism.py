@@ -29,7 +29,8 @@ def configure_determinism(seed: int, threads: int) -> dict[str, Any]:
     # producing run-to-run noise that would look like SDC.
     torch.use_deterministic_algorithms(True, warn_only=False)
     # Deterministic ops may still read uninitialised memory (torch.empty); fill it.
-    torch.utils.deterministic.fill_uninitialized_memory = True
+    # (a property of the module's class, which torch's stub does not declare)
+    torch.utils.deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]  # not in the stub
     # cuDNN autotuning chooses kernels by timing, which differs between runs.
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
@@ -51,7 +52,9 @@ def determinism_settings() -> dict[str, Any]:
         "interop_threads": torch.get_num_interop_threads(),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
-        "fill_uninitialized_memory": bool(torch.utils.deterministic.fill_uninitialized_memory),
+        "fill_uninitialized_memory": bool(
+            torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]  # not in the stub
+        ),
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""),
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),

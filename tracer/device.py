@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 
 import torch
@@ -71,7 +71,7 @@ def to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         flat = torch.cat([tensors[i].reshape(-1) for i in idx]).cpu()
         for i, part in zip(idx, flat.split([tensors[i].numel() for i in idx])):
             out[i] = part.reshape(tensors[i].shape)
-    return out  # type: ignore[return-value]
+    return out  # type: ignore[return-value]  # every slot filled: each index is in one dtype's group
 
 
 def device_versions(device: torch.device) -> dict[str, str]:
@@ -104,7 +104,7 @@ def reinterpret(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 @functools.cache
-def _xla_bitcast():  # noqa: ANN202 - a torch_xla op
+def _xla_bitcast() -> Callable[..., torch.Tensor]:  # a torch_xla op
     import torch_xla.core.xla_op_registry as xor
 
     return xor.register("sdctrace_bitcast", lambda x, to_type: x.bitcast(to_type))

@@ -261,7 +261,7 @@ def digest_many(tensors: Sequence[torch.Tensor]) -> list[TensorDigest]:
             digests = resolve_rows(batched_parts(group).cpu(), [tensor_meta(t) for t in group])  # the one transfer
         for i, d in zip(idx, digests):
             out[i] = d
-    return out  # type: ignore[return-value]
+    return out  # type: ignore[return-value]  # every slot filled: by a CPU digest or its device's
 
 
 def own_bytes(t: torch.Tensor) -> bool:
@@ -378,7 +378,9 @@ def batched_parts(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     number of torch ops per group of tensors rather than per tensor, and not read."""
     if is_lazy(tensors[0].device):
         return torch.stack([lazy_digest(t).parts for t in tensors])
-    rows, group, words = [], [], 0
+    rows: list[torch.Tensor] = []
+    group: list[torch.Tensor] = []
+    words = 0
     for t in tensors:
         size = (t.numel() * t.element_size() + 3) // 4
         if group and words + size > _GROUP_WORDS:
@@ -445,7 +447,7 @@ def _torch_digest(t: torch.Tensor) -> TensorDigest:
         # Rare: only pay for the counting passes when something is not finite.
         nan = int(torch.isnan(x).sum().item())
         inf = int(torch.isinf(x).sum().item())
-    return TensorDigest(_finalise(lane_v, meta_hash), l2_v, absmax_v, nan, inf, meta)
+    return TensorDigest(_finalise(int(lane_v), meta_hash), l2_v, absmax_v, nan, inf, meta)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -87,7 +87,7 @@ class Interceptor:
         every call comes to `intercept`."""
         return None
 
-    def __enter__(self) -> Interceptor:
+    def __enter__(self) -> Self:
         _router().push(self)
         return self
 
@@ -295,8 +295,9 @@ def pause() -> None:
 
 def resume() -> None:
     """Undo a `pause`, if one is in effect on this thread."""
-    if paused():
-        set_dispatch_key_excluded(_the_router.key, False)
+    r = _the_router
+    if paused() and r is not None:  # paused only ever with a router
+        set_dispatch_key_excluded(r.key, False)
         _state.paused = False
 
 

@@ -35,7 +35,7 @@ class IOThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, op: Callable[[], None]) -> None:
+    def submit(self, op: Callable[[], object]) -> None:
         """Queue ``op``; blocks while the queue is full."""
         self.check()
         if self._stopped:

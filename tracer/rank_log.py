@@ -62,7 +62,7 @@ def close_rank_log(
             io.stop()
         return
     try:
-        if resume is not None:
+        if resume is not None and isinstance(log, HeaderAtFirstFlush):  # a resumed log is one open_rank_log opened
             abandon_failed(log, resume, rank, exc)
         else:
             log.close("failed", f"{type(exc).__name__}: {exc}")

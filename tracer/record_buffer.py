@@ -41,7 +41,7 @@ from tracer.fingerprint import (
 )
 from tracer.intercept import own_ops
 from tracer.io_thread import IOThread
-from tracer.log.records import EventRecord, Phase, TensorRecord
+from tracer.log.records import EndStatus, EventRecord, Phase, TensorRecord
 from tracer.options import CapturePolicy
 
 HOLD_ROWS = 4096  # held records at most: a step of many microbatches writes as it goes
@@ -53,7 +53,7 @@ class RecordSink(Protocol):
     def write_tensor(self, rec: TensorRecord) -> None: ...
     def write_event(self, rec: EventRecord) -> None: ...
     def flush(self) -> None: ...
-    def close(self, status: str = "complete", detail: str = "") -> None: ...
+    def close(self, status: EndStatus = "complete", detail: str = "") -> None: ...
     def abandon(self) -> None: ...
 
 
@@ -138,7 +138,7 @@ class RecordBuffer:
             if type(item) is EventRecord:
                 log.write_event(item)
                 continue
-            step, mb, name, phase, (fp, nan, inf, l2, absmax, meta) = item  # type: ignore[misc]
+            step, mb, name, phase, (fp, nan, inf, l2, absmax, meta) = item
             write(TensorRecord(step, mb, name, phase, fp, l2, absmax, nan, inf, meta))
 
     # -- writing and deferring ---------------------------------------------------------

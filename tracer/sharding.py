@@ -19,18 +19,21 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tracer.fingerprint import own_bytes
 from tracer.torch_internals import local_shape_and_global_offset, waited
 
+if TYPE_CHECKING:  # read by the checker only: importing it here would load DTensor's module
+    from torch.distributed.tensor import DTensor
+
 DTENSOR = "torch.distributed.tensor"
 SHARD_FIELDS = ("mesh_shape", "mesh_dims", "placements", "global_shape", "offsets", "local_shape")
 
 
-def dtensor_type() -> type | None:
+def dtensor_type() -> type[DTensor] | None:
     """torch's ``DTensor`` class, or None while its module is not loaded (no DTensor exists then)."""
     return getattr(sys.modules.get(DTENSOR), "DTensor", None)
 

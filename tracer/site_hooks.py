@@ -138,7 +138,7 @@ class SiteHooks:
         self._handles.clear()
 
     # -- hooks -------------------------------------------------------------------------
-    def _tap_input(self, name: str):  # noqa: ANN202 - torch hook signature
+    def _tap_input(self, name: str) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any]:
         report = self._input_grad_reporter(name)
 
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -164,6 +164,7 @@ class SiteHooks:
                 elif isinstance(key, int):
                     args = (*args[:key], tapped, *args[key + 1 :])
                 else:
+                    assert isinstance(key, str), f"an input found has a position or a name, not {key!r}"
                     kwargs = {**kwargs, key: tapped}
             if taps:
                 self._taps.setdefault(name, []).append(taps)
@@ -218,7 +219,7 @@ class SiteHooks:
         twin = disabled_twin(report, "sdctrace fingerprints (or replaces) a site's input gradient here")
         return report
 
-    def _take_output(self, name: str):  # noqa: ANN202
+    def _take_output(self, name: str) -> Callable[[nn.Module, tuple[Any, ...], Any], Any]:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
             if twin is not None and is_dynamo_compiling():
                 return twin(module, args, output)
@@ -330,11 +331,11 @@ def _rebuilt(output: Any, key: _Key, new: torch.Tensor) -> Any:
     """A copy of ``output`` with ``new`` at ``key``; the original structure is left alone."""
     if key == ():
         return new
-    if dataclasses.is_dataclass(output):
+    if dataclasses.is_dataclass(output) and not isinstance(output, type):
         assert isinstance(key, str)
         return dataclasses.replace(output, **{key: new})
     if isinstance(output, Mapping):
-        out = copy.copy(output)
+        out: Any = copy.copy(output)  # of the output's own type, a mapping the model can write into
         out[key] = new
         return out
     assert isinstance(key, int)

@@ -81,7 +81,7 @@ def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``model.named_modules()`` under the names of the model as written (`module_path`), the root left out; where
     a wrapper and what it wraps get one name (an FSDP unit around ``h.0``), the wrapper, which is called first."""
     top = wrappers(model)
-    named = {}
+    named: dict[str, nn.Module] = {}
     for n, m in model.named_modules():
         named.setdefault(module_path(n, top), m)
     named.pop("", None)
@@ -238,9 +238,9 @@ def describe_sites(paths: Sequence[str]) -> list[str]:
         by_indices: dict[tuple[int, ...], list[str]] = {}
         for tail, indices in tails.items():
             by_indices.setdefault(tuple(indices), []).append(tail)
-        for indices, names in by_indices.items():
+        for shared, names in by_indices.items():
             parts = names[0] if len(names) == 1 else "{" + ",".join(names) + "}"
-            lines.append(f"{head}{_indices(indices)}.{parts}")
+            lines.append(f"{head}{_indices(shared)}.{parts}")
     return lines
 
 

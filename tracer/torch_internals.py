@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -100,8 +100,11 @@ has_kernel_for_dispatch_key: Callable[[str, str], bool] = _private(
 AutoDispatchBelowAutograd = _private("torch._C._AutoDispatchBelowADInplaceOrView", _INTERCEPT)
 
 # -- op objects (tracer.intercept, faults.ops) ---------------------------------------------------------------
-OpOverload: type = _lookup("torch._ops.OpOverload")
-OpOverloadPacket: type = _lookup("torch._ops.OpOverloadPacket")
+if TYPE_CHECKING:  # the checker reads torch's own classes; at run time they may be missing (None, listed below)
+    from torch._ops import OpOverload, OpOverloadPacket
+else:
+    OpOverload = _lookup("torch._ops.OpOverload")
+    OpOverloadPacket = _lookup("torch._ops.OpOverloadPacket")
 _APIS.append(
     PrivateApi("torch._ops.OpOverload", _INTERCEPT, lambda: isinstance(_lookup("torch._ops.OpOverload"), type))
 )
@@ -127,7 +130,7 @@ _APIS.append(
     )
 )
 # A mixture-of-experts layer's experts in one call (faults.ops' matmul family, faults.abft's grouped check).
-GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
+GROUPED_MM: OpOverloadPacket | None = getattr(torch.ops.aten, "_grouped_mm", None)
 
 
 def op_entry(op: Any) -> Callable[..., Any]:

@@ -108,7 +108,7 @@ class Tracer:
         if (out is None) == (sink is None):
             raise CaptureError("give the Tracer exactly one of out (a run directory) or sink")
         if not isinstance(run, RunInfo):
-            found = type(run).__name__
+            found = type(run).__name__  # type: ignore[unreachable]  # a caller without a type checker may pass anything
             raise ConfigError(f'Tracer(run=...) takes a RunInfo, found {found}; e.g. run=RunInfo("node-7")')
         self.model = model
         self.optimizer = optimizer
@@ -506,10 +506,11 @@ class Tracer:
         # A step with a closure (Lightning, LBFGS) computes the gradients inside the step, and a framework may
         # clip them there too: record them when the closure returns, i.e. what the update itself reads.
         def traced() -> Any:
-            checks = self._guard is not None and self._guard.pending
-            if checks and self._rerun is None:
+            guard = self._guard
+            checks = guard is not None and guard.pending
+            if guard is not None and checks and self._rerun is None:
                 self._records.drain()
-                self._guard.mark_rerun_start()
+                guard.mark_rerun_start()
             loss = closure()
             grads = self._record_gradients(optimizer)
             if checks:

@@ -243,7 +243,7 @@ def _build(cls: type[T], raw: Mapping[str, Any], path: str, origin: Origin) -> T
 
 def _value(hint: Any, value: Any, key: str, f: dataclasses.Field, origin: Origin) -> Any:
     """``value`` as the field's type, or a one-line error: expected vs found, and what to write."""
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(value, Mapping):
             raise ConfigError(
                 f"{origin(key)}: [{key}] must be a table, found {_kind(value)}; "

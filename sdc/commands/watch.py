@@ -312,6 +312,9 @@ class Watch:
         """A writer restarted from a checkpoint: its records from there on come again, and are compared again
         with the other run's, which are read again from that step."""
         crashed = f" (it had completed step {r.last_step})" if r.last_step is not None else ""
+        if self.follows[side][rank].said != "crashed":  # it crashed and came back between two looks: say so still
+            after = f"after step {r.last_step}" if r.last_step is not None else "before completing a step"
+            self._say(f"{SIDES[side]} rank {rank}: the writer stopped without finishing (crashed) {after}")
         self._say(
             f"{SIDES[side]} rank {rank}: resumed from the checkpoint of step {r.step}{crashed}; steps from "
             f"{r.step} on are compared again"

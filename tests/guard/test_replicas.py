@@ -35,7 +35,7 @@ def test_the_guard_records_it_in_the_header_and_refuses_anything_else() -> None:
     assert described["replicas"] == {"name": "replica_agreement", "gradients": True, "group": "layout"}
     assert checks_replicas({"guard": described}) and not checks_replicas({"guard": Guard().describe()})
     with pytest.raises(ConfigError, match="ReplicaAgreement"):
-        Guard(replicas="yes")  # type: ignore[arg-type]
+        Guard(replicas="yes")  # type: ignore[arg-type]  # the wrong type the guard refuses
 
 
 def test_offline_scoring_fires_on_the_blamed_rank_and_on_both_sides_of_a_tie() -> None:

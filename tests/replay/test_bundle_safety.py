@@ -78,6 +78,7 @@ def test_a_bundle_as_written_reproduces(tmp_path: Path, capsys: pytest.CaptureFi
     assert plain.returncode == VERDICTS["transient"], plain.stderr
 
 
+@pytest.mark.slow  # compiles a shared library with gcc and runs the reproducer three times
 def test_no_op_name_loads_a_shared_library(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     library, marker = _shared_library(tmp_path)
     bundle = small_bundle(tmp_path / "INC")

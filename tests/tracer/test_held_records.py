@@ -24,7 +24,7 @@ def _train(**where: object) -> list[TensorRecord | EventRecord]:
     torch.manual_seed(0)
     model = Mixer()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Tracer(model, opt, run=RunInfo("x"), options=MIXER, **where) as tr:  # type: ignore[arg-type]
+    with Tracer(model, opt, run=RunInfo("x"), options=MIXER, **where) as tr:  # type: ignore[arg-type]  # out= or sink=
         tr.event("before", at_step=0)
         for step in range(3):
             with tr.step(step):
@@ -38,7 +38,7 @@ def _train(**where: object) -> list[TensorRecord | EventRecord]:
                 opt.step()
                 opt.zero_grad()
     if "sink" in where:
-        return where["sink"].records  # type: ignore[attr-defined, no-any-return]
+        return where["sink"].records  # type: ignore[attr-defined]  # a Held sink
     return [r for r in LogReader(rank_dir(where["out"], 0)).records() if isinstance(r, (TensorRecord, EventRecord))]
 
 

@@ -125,3 +125,34 @@ def test_a_run_that_never_comes_is_given_up_on(tmp_path: Path) -> None:
     golden = write(tmp_path / "g", steps_records(range(2)))
     status, out = watch(golden, tmp_path / "never", dataclasses.replace(FAST, idle_timeout_s=0.3))
     assert status == EXIT_INCOMPLETE and "suspect rank 0 waiting" in out
+
+
+def test_a_writer_that_crashed_and_came_back_between_two_looks_is_still_said_to_have_crashed(tmp_path: Path) -> None:
+    # Watch never sees the writer gone: it crashes and is resumed between two of watch's looks (as when a killed
+    # writer is resumed at once on a loaded machine; here the lock is simply never let go). The resumption's record
+    # says that the writer had crashed, and watch says so before it says the writer resumed.
+    golden = write(tmp_path / "g", steps_records(range(12)))
+    suspect = tmp_path / "s"
+    suspect.mkdir()
+    lock = RunLock.acquire(suspect)
+    w = LogWriter(rank_dir(suspect, 0), HEADER)
+    write_steps(w, range(8))
+    w.flush()
+    out = io.StringIO()
+    result: list[int] = []
+    watcher = threading.Thread(target=lambda: result.append(Watch(golden, suspect, FAST, out=out).run()))
+    watcher.start()
+    deadline = time.monotonic() + 120  # a bound, not a timing: a fresh venv compiles what the watcher imports first
+    while "compared through step 7" not in out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    w.abandon()
+    end = log_end(rank_dir(suspect, 0))
+    with LogWriter(rank_dir(suspect, 0), HEADER, resume=Resumption(end.segments, 5, end.records, 7)) as w:
+        write_steps(w, range(5, 12))
+    lock.release()
+    watcher.join(120)
+    text = out.getvalue()
+    crashed = "suspect rank 0: the writer stopped without finishing (crashed) after step 7"
+    resumed = "suspect rank 0: resumed from the checkpoint of step 5 (it had completed step 7)"
+    assert result == [EXIT_IDENTICAL] and crashed in text and resumed in text, text
+    assert text.index(crashed) < text.index(resumed) and text.count("(crashed)") == 1, text

@@ -59,7 +59,7 @@ class TensorLayout:
             dtype,
             tuple(mesh.shape),
             tuple(mesh.mesh_dim_names or ()) or None,
-            tuple(str(p) for p in t.placements),
+            tuple(str(p) for p in t.placements),  # type: ignore[attr-defined]  # a DTensor: it has a mesh
         )
 
     def differences(self, other: TensorLayout) -> list[str]:

@@ -64,11 +64,14 @@ class ShardWriter(FileSystemWriter):
                     f"{item.index.fqn!r}: a sharded checkpoint stores tensors only (DCP pickles other "
                     "objects); sdctrace keeps the rest in its manifest"
                 )
-            prints[item.index.fqn] = f"{fingerprint(planner.resolve_data(item)):016x}"
-            sizes[item.index.fqn] = tuple(item.tensor_data.chunk.sizes)
+            data, chunk = planner.resolve_data(item), item.tensor_data
+            assert isinstance(data, torch.Tensor) and chunk is not None, f"{item.index.fqn!r}: not a tensor item"
+            prints[item.index.fqn] = f"{fingerprint(data):016x}"
+            sizes[item.index.fqn] = tuple(chunk.chunk.sizes)
         future = super().write_data(plan, planner)
         for result in future.value():
             index, info = result.index, result.storage_data
+            assert index.offset is not None, f"{index.fqn!r}: a tensor's shard has an offset"
             self.shards[index.fqn] = ShardRecord(
                 info.relative_path, tuple(index.offset), sizes[index.fqn], prints[index.fqn]
             )

@@ -55,7 +55,7 @@ def header_tensor_count(data: bytes, size: int, source: str) -> int:
         header = json.loads(data[8 : 8 + length])
     except (ValueError, RecursionError) as exc:
         raise LogError(
-            f"{source}: unreadable safetensors header ({exc or type(exc).__name__}); the checkpoint is "
+            f"{source}: unreadable safetensors header ({str(exc) or type(exc).__name__}); the checkpoint is "
             "damaged: restore it or record it again"
         ) from None
     if not isinstance(header, dict):
@@ -98,7 +98,7 @@ def decode_manifest(raw: bytes, source: str) -> Any:
         value = None
         deep = True
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
-        raise LogError(f"{source}: unreadable checkpoint manifest ({exc or type(exc).__name__})") from None
+        raise LogError(f"{source}: unreadable checkpoint manifest ({str(exc) or type(exc).__name__})") from None
     else:
         deep = nesting_depth_over(value, MAX_MANIFEST_DEPTH)
     if deep:

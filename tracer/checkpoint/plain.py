@@ -143,7 +143,7 @@ def decode_checkpoint(
     try:
         tensors = load(tensor_bytes)
     except (ValueError, TypeError, SafetensorError) as exc:
-        raise LogError(f"{source}: unreadable checkpoint ({exc or type(exc).__name__})") from None
+        raise LogError(f"{source}: unreadable checkpoint ({str(exc) or type(exc).__name__})") from None
     problem = _manifest_problem(manifest)
     if problem:
         raise LogError(f"{source}: checkpoint manifest field {problem}: the checkpoint is damaged; record it again")

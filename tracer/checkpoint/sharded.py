@@ -69,7 +69,7 @@ def save_sharded_checkpoint(
     optim_plain = None
     if optimizer is not None:
         with _no_state_created(optimizer) as fresh:
-            osd = get_optimizer_state_dict(model, optimizer)
+            osd: dict[str, Any] = get_optimizer_state_dict(model, optimizer)  # torch types its values loosely
         plain: dict[str, dict[str, Any]] = {}
         for fqn, entries in ({} if fresh else osd["state"]).items():
             for key, val in entries.items():
@@ -142,7 +142,7 @@ def load_sharded_checkpoint(
     model_sd = _model_state(model)
     flat = {f"model/{k}": v for k, v in model_sd.items()}
     saved_fresh = not any(k.startswith("optim/") for k in mine.layout)  # saved before the optimizer's first step
-    osd = None
+    osd: dict[str, Any] | None = None  # as in save: {"state": {fqn: {key: value}}, "param_groups": ...}
     if optimizer is not None:
         with _no_state_created(optimizer):
             osd = get_optimizer_state_dict(model, optimizer)
@@ -172,7 +172,7 @@ def load_sharded_checkpoint(
             dcp.load(flat, storage_reader=reader, no_dist=not dist.is_initialized())
     except CheckpointException as exc:
         _raise_first(exc, f"{folder}: cannot read the checkpoint of step {step}")
-    set_model_state_dict(model, model_sd)
+    set_model_state_dict(model, dict(model_sd))  # a dict of torch's looser value type
     if optimizer is not None and osd is not None:
         if mine.optimizer is None:
             raise LogError(
@@ -180,7 +180,7 @@ def load_sharded_checkpoint(
                 "was it saved without the optimizer?"
             )
         plain = mine.optimizer["state"]
-        state = (
+        state: dict[str, Any] = (
             {}
             if saved_fresh
             else {
@@ -245,7 +245,7 @@ def _model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             raise LogError(
                 f"model state {k!r} is a {type(v).__name__}: a sharded checkpoint stores the model's tensors only"
             )
-    return sd
+    return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}  # every one, as checked
 
 
 def _read_manifest(run_dir: str | Path, step: int, rank: int) -> DcpManifest:
@@ -293,5 +293,7 @@ def _raise_first(exc: CheckpointException, context: str) -> NoReturn:
         if isinstance(err, SdcError):
             raise err.with_traceback(None) from None
     first = exc.failures[min(exc.failures)] if exc.failures else None
-    err = first[0] if isinstance(first, tuple) else first
-    raise CaptureError(f"{context}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
+    cause = first[0] if isinstance(first, tuple) else first
+    raise CaptureError(
+        f"{context}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+    ) from None

@@ -33,10 +33,10 @@ from typing import Any, Literal, get_args
 from tracer.errors import ConfigError
 from tracer.guard.detectors import AbftFlags, Alarm, Detector, GradNormSpike, LossSpike, NonFinite, UpdateRmsSpike
 from tracer.guard.evidence import Evidence
+from tracer.guard.ranks import Outcome
 from tracer.guard.replicas import ReplicaAgreement
 
 Policy = Literal["continue", "skip", "stop"]
-Outcome = Literal["transient", "deterministic", "unresolved", "unclassified"]
 
 
 @dataclass(frozen=True)
@@ -130,10 +130,11 @@ def verdict(outcome: Outcome, policy: Policy, newest: int) -> Verdict:
 
 
 def _parameters(d: Detector) -> dict[str, Any]:
-    if not is_dataclass(d):
+    instance: object = d  # mypy finds no dataclass that is a Detector (a protocol): ask of the object
+    if not is_dataclass(instance):
         return {}
     out: dict[str, Any] = {}
-    for f in fields(d):
+    for f in fields(instance):
         value = getattr(d, f.name)
         out[f.name] = value if isinstance(value, int | float | str | bool) or value is None else repr(value)
     return out

@@ -13,14 +13,16 @@ device under NCCL), marked as sdctrace's own op so the fault emulator never touc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 
 from tracer.intercept import own_ops
 
+Outcome = Literal["transient", "deterministic", "unresolved", "unclassified"]  # what the guard found a step to be
 # In the order a collective decision takes the most severe: a step is transient only if it is on every rank.
-OUTCOMES = ("transient", "deterministic", "unresolved", "unclassified")
+OUTCOMES: tuple[Outcome, ...] = ("transient", "deterministic", "unresolved", "unclassified")
 
 
 def group_device(group: dist.ProcessGroup | None = None) -> torch.device:
@@ -46,7 +48,7 @@ class GuardRanks:
             return tuple(bool(f) for f in flags)
         return tuple(bool(v) for v in self._max([int(bool(f)) for f in flags]))
 
-    def worst(self, outcome: str) -> str:
+    def worst(self, outcome: Outcome) -> Outcome:
         """The most severe of the ranks' outcomes (`OUTCOMES` order)."""
         if self.world_size == 1:
             return outcome

@@ -124,6 +124,7 @@ def replica_group(check: ReplicaAgreement, layout: Layout, rank: int) -> tuple[A
     if layout.tp == 1:
         return None, tuple(range(layout.world_size))
     mine: Any = None
+    members: tuple[int, ...] = ()
     for t in range(layout.tp):
         ranks = [t + k * layout.tp for k in range(layout.dp)]
         group = dist.new_group(ranks)
@@ -138,6 +139,8 @@ class ReplicaCheck:
 
     def __init__(self, check: ReplicaAgreement, layout: Layout, rank: int) -> None:
         self.check = check
+        self.group: Any
+        self.replicas: tuple[int, ...]
         self.group, self.replicas = replica_group(check, layout, rank) if layout.world_size > 1 else (None, (rank,))
         self._grads: list[tuple[str, TensorDigest]] = []
 

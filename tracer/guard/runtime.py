@@ -20,7 +20,7 @@ import sys
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -34,13 +34,7 @@ from tracer.guard.update import require_closed_form, update_rms
 from tracer.intercept import own_ops
 from tracer.log.records import EventRecord, TensorRecord
 from tracer.parallel import Layout
-
-
-class Sink(Protocol):
-    """Where held records go in the end: the Tracer's log (`tracer.record_buffer.RecordSink`)."""
-
-    def write_tensor(self, rec: TensorRecord) -> None: ...
-    def write_event(self, rec: EventRecord) -> None: ...
+from tracer.record_buffer import RecordSink
 
 
 class Held:
@@ -115,7 +109,7 @@ class Run:
 
 def _say_warm_up(guard: Guard) -> None:
     """Say once, at the start, which detectors are quiet until they have a history to compare with."""
-    quiet = {d.name: d.min_history for d in guard.detectors if getattr(d, "min_history", 0) > 0}
+    quiet = {d.name: n for d in guard.detectors if (n := getattr(d, "min_history", 0)) > 0}
     if not quiet:
         return
     names = ", ".join(f"{name} (the first {n} steps)" for name, n in quiet.items())
@@ -145,7 +139,7 @@ class StepGuard:
         self.pending = False  # the current step's first run awaits its check
         self.warned_no_rerun = False
         self._counts_flags = any(isinstance(d, AbftFlags) for d in guard.detectors)
-        self._log: Sink | None = None
+        self._log: RecordSink | None = None
         self._prefix = Held()
         self._runs: list[Run] = []
         self._rng: RngState | None = None
@@ -154,7 +148,7 @@ class StepGuard:
     def current(self) -> Held:
         return self._runs[-1].held
 
-    def begin(self, log: Sink) -> Held:
+    def begin(self, log: RecordSink) -> Held:
         """A step begins: hold its records (returned: the sink to write to) and save the RNG."""
         self._log, self._prefix, self._runs = log, Held(), [Run(Held())]
         self._rng = RngState()
@@ -212,14 +206,14 @@ class StepGuard:
     def result(self) -> Any:
         return self._runs[-1].result
 
-    def accept(self) -> Sink:
+    def accept(self) -> RecordSink:
         """No alarm: the first run is the step; returns the real log, everything held written to it."""
         e = self._runs[-1].evidence
         assert e is not None
         self.history = self.history.after(e, self.guard.keep)
         return self.release()
 
-    def settle(self, step: int, verdict: Verdict, alarms: list[Alarm]) -> Sink:
+    def settle(self, step: int, verdict: Verdict, alarms: list[Alarm]) -> RecordSink:
         """An alarm decided: the newest run's records (the gradients ``.grad`` holds), then the ``guard`` event;
         returns the real log."""
         runs = [r.summary() for r in self._runs]
@@ -243,7 +237,7 @@ class StepGuard:
         )
         return log
 
-    def release(self) -> Sink:
+    def release(self) -> RecordSink:
         """Write what is held (the prefix, then the newest run) to the real log and return that log; after
         that, nothing is held until the next step begins."""
         log = self._log

@@ -29,9 +29,10 @@ from tracer.errors import ConfigError, GuardStop, TraceWarning
 from tracer.fingerprint import TensorDigest
 from tracer.guard.evidence import Evidence
 from tracer.guard.guard import Guard, Outcome, classify, verdict
-from tracer.guard.runtime import Sink, StepGuard
+from tracer.guard.runtime import StepGuard
 from tracer.options import TraceOptions
 from tracer.parallel import Layout
+from tracer.record_buffer import RecordSink
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def check_step(
     first: Attempt,
     rerun: Callable[[], Any] | None,
     *,
-    use_sink: Callable[[Sink], None],
+    use_sink: Callable[[RecordSink], None],
     run_again: Callable[[Callable[[], Any]], Attempt],
     checkpoint: Callable[[], str | None],
 ) -> Any:
@@ -114,7 +115,8 @@ def check_step(
             use_sink(g.next_run())
             last = run_again(rerun)
             _evidence(g, step, optimizer, last)
-        outcome = g.ranks.worst(mine)  # type: ignore[assignment]
+        assert mine is not None, "the loop ends once every rank decided"
+        outcome = g.ranks.worst(mine)
     decided = verdict(outcome, g.guard.on_deterministic, last.index)
     if decided.action != "continue":
         for group in optimizer.param_groups:

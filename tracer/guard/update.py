@@ -40,10 +40,12 @@ def update_rms(optimizer: torch.optim.Optimizer) -> float:
     adam = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if p.grad is None:
+            grad = p.grad
+            if grad is None:
                 continue
             state = optimizer.state.get(p, {})
-            delta = _adam(group, state, p, isinstance(optimizer, torch.optim.AdamW)) if adam else _sgd(group, state, p)
+            adamw = isinstance(optimizer, torch.optim.AdamW)
+            delta = _adam(group, state, p, grad, adamw) if adam else _sgd(group, state, p, grad)
             squares.append(delta.float().square().sum())
             elements += p.numel()
     if not elements:
@@ -51,8 +53,8 @@ def update_rms(optimizer: torch.optim.Optimizer) -> float:
     return math.sqrt(float(torch.stack([s.cpu() for s in squares]).sum()) / elements)
 
 
-def _sgd(group: dict, state: dict, p: torch.Tensor) -> torch.Tensor:
-    d = -p.grad if group.get("maximize", False) else p.grad
+def _sgd(group: dict, state: dict, p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    d = -grad if group.get("maximize", False) else grad
     if group["weight_decay"]:
         d = d + group["weight_decay"] * p
     momentum = group["momentum"]
@@ -63,8 +65,8 @@ def _sgd(group: dict, state: dict, p: torch.Tensor) -> torch.Tensor:
     return float(group["lr"]) * d
 
 
-def _adam(group: dict, state: dict, p: torch.Tensor, adamw: bool) -> torch.Tensor:
-    g = -p.grad if group.get("maximize", False) else p.grad
+def _adam(group: dict, state: dict, p: torch.Tensor, grad: torch.Tensor, adamw: bool) -> torch.Tensor:
+    g = -grad if group.get("maximize", False) else grad
     beta1, beta2 = (float(b) for b in group["betas"])
     lr, wd, eps = float(group["lr"]), group["weight_decay"], group["eps"]
     decoupled = adamw or group.get("decoupled_weight_decay", False)

@@ -95,7 +95,8 @@ def trainer_config(model: nn.Module, args: TrainingArguments, max_steps: int) ->
         training["accelerator_config"] = training["accelerator_config"].to_dict()
     # Enums and other objects as the plain values JSON gives them, so the log and the fingerprint agree.
     training = json.loads(json.dumps(training, default=str))
-    model_config = model.config.to_dict() if hasattr(model, "config") else {"class": type(model).__qualname__}
+    config = getattr(model, "config", None)  # a transformers model's PretrainedConfig
+    model_config = config.to_dict() if config is not None else {"class": type(model).__qualname__}
     return {"model": model_config, "training": training, "run": run_section(args, max_steps)}
 
 
@@ -161,7 +162,8 @@ class SdcTraceCallback(TracingCallback, TrainerCallback):
             model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
             model.register_forward_hook(self._after_forward, with_kwargs=True),
         ]
-        self.run.on_close(lambda: [h.remove() for h in handles])
+        for h in handles:
+            self.run.on_close(h.remove)
         self._accumulation = args.gradient_accumulation_steps
         self._batches_per_epoch = len(train_dataloader) if hasattr(train_dataloader, "__len__") else None
         self.run.checkpoint(state.global_step)

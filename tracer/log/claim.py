@@ -57,7 +57,7 @@ class RunContents:
     @classmethod
     def scan(cls, out: Path, kind: FolderKind = RUN_FOLDER) -> RunContents:
         entries, foreign, files = [], [], 0
-        stack = [(out, ())]
+        stack: list[tuple[Path, tuple[str, ...]]] = [(out, ())]
         while stack:
             folder, parts = stack.pop()
             for p in sorted(folder.iterdir()):

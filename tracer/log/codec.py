@@ -57,7 +57,7 @@ def _unpack(payload: Any) -> Any:
     except msgpack.StackError:  # its message is empty
         raise PayloadError("payload is not valid msgpack: maps and arrays nested too deeply") from None
     except (ValueError, TypeError, msgpack.UnpackException) as e:
-        raise PayloadError(f"payload is not valid msgpack: {e or type(e).__name__}") from None
+        raise PayloadError(f"payload is not valid msgpack: {str(e) or type(e).__name__}") from None
 
 
 def _map(payload: Any, what: str, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -182,7 +182,7 @@ def _tensor_problem(*values: Any) -> None:
         if check is float:
             ok = type(value) is float
         else:
-            ok = type(value) is int and (check is None or check(value))
+            ok = type(value) is int and (check is None or bool(check(value)))
         _check(ok, "TENSOR", field, expected, value)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from tracer.log.records import (
     MAX_MICROBATCH,
     MAX_STEP,
     EndRecord,
+    EventRecord,
     Phase,
     RunHeader,
     TensorRecord,
@@ -81,8 +82,8 @@ class SegmentColumns:
         if self.events:
             first, last = self.events[0], self.events[-1]
             positions += [
-                (first.offset, first.record.step, first.record.kind == "step"),
-                (last.offset, last.record.step, last.record.kind == "step"),
+                (e.offset, e.record.step, isinstance(e.record, EventRecord) and e.record.kind == "step")
+                for e in (first, last)
             ]
         head, tail = (min(positions), max(positions)) if positions else (None, None)
         return SegmentSummary(
@@ -100,7 +101,8 @@ class SegmentColumns:
         )
 
 
-class SegmentSummary(NamedTuple):
+@dataclass(frozen=True)
+class SegmentSummary:
     """What `check_chain` and `chain_lost` need to know about one decoded segment."""
 
     index: int  # from the file name
@@ -172,7 +174,8 @@ def check_chain(segments: Iterable[SegmentSummary], missing_path: Callable[[int]
     `missing_path(index)` names a segment file that is absent, for the report.
     """
     problems: list[tuple[str, int, str]] = []
-    expected_index, expected_first = 0, 0  # expected_first: None once records went missing unseen
+    expected_index = 0
+    expected_first: int | None = 0  # None once records went missing unseen
     for s in sorted(segments, key=lambda s: s.index):
         if s.index != expected_index:
             reason = f"segment file missing: expected segment {expected_index}, the next file is segment {s.index}"
@@ -204,7 +207,8 @@ def chain_lost(segments: Iterable[SegmentSummary], missing_path: Callable[[int],
     out: list[LostRange] = []
     prev: SegmentSummary | None = None
     prev_first: int | None = None  # where `prev` starts: its HEADER's count, else where the chain says it must
-    expected_index, expected_first, last_step, marker = 0, 0, None, False
+    expected_index, last_step, marker = 0, None, False
+    expected_first: int | None = 0
     for s in sorted(segments, key=lambda s: s.index):
         before = None if last_step is None else last_step + 1 if marker else last_step
         gap = None
@@ -285,6 +289,9 @@ def _fits(r: TensorRecord) -> bool:
 
 def decode_clean(data: Any, seg: Segment, last: bool) -> tuple[TensorColumns, list[Entry], EndRecord | None] | None:
     """Decode the records after the HEADER with array operations; None if the segment is not clean."""
+    index = seg.index
+    if index is None:  # no file header read: not clean
+        return None
     raw = np.frombuffer(data, np.uint8)
     start = HEADER_SIZE + FRAME_SIZE + int(u32le(raw, np.array([HEADER_SIZE]))[0])
     chain = frame_chain(raw, start)
@@ -309,7 +316,7 @@ def decode_clean(data: Any, seg: Segment, last: bool) -> tuple[TensorColumns, li
     try:
         strings = _strings(view, offsets[types == _STRING], stops[types == _STRING])
         events = [
-            Entry(seg.index, o, decode_event(view[o + FRAME_SIZE : s]))
+            Entry(index, o, decode_event(view[o + FRAME_SIZE : s]))
             for o, s in zip(offsets[types == _EVENT].tolist(), stops[types == _EVENT].tolist())
         ]
     except PayloadError:

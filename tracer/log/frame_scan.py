@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import struct
 import zlib
+from enum import Enum
+from typing import Literal
 
 import numpy as np
 
@@ -78,7 +80,7 @@ def frame_chain(raw: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray] | 
     if n - start < FRAME_SIZE:
         return None
     walked = _walk(raw, start, (n - start) // _WALK_BYTES + 1)
-    if walked is not _LONG:
+    if walked is not _Walk.LONG:
         return walked
     # A frame candidate: known type byte, and a length whose top byte allows <= MAX_RECORD_BYTES.
     cand = np.flatnonzero((raw[start + FRAME_SIZE - 1 :] - np.uint8(_HEADER)) < len(RecordType)).astype(np.int64)
@@ -109,20 +111,23 @@ def frame_chain(raw: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray] | 
     return offsets, stops
 
 
-_LONG = object()  # `_walk`: more frames than it may follow
+class _Walk(Enum):
+    LONG = "more frames than it may follow"  # `_walk`'s answer past `most` frames
+
+
 _U32LE = struct.Struct("<I").unpack_from
 
 
-def _walk(raw: np.ndarray, start: int, most: int) -> tuple[np.ndarray, np.ndarray] | None | object:
+def _walk(raw: np.ndarray, start: int, most: int) -> tuple[np.ndarray, np.ndarray] | None | Literal[_Walk.LONG]:
     """`frame_chain` by following each frame's length from the first: the frames that tile raw[start:], None if
-    they do not, or `_LONG` past `most` frames. A segment of large records (TENSOR_BLOCKs) has a few frames per
+    they do not, or `_Walk.LONG` past `most` frames. A segment of large records (TENSOR_BLOCKs) has a few frames per
     kilobyte: following them costs less than the candidate scan over every byte, which small records need."""
     data, n, kinds = raw.data, len(raw), len(RecordType)
-    offsets = []
+    offsets: list[int] = []
     at = start
     while at < n:
         if len(offsets) == most:
-            return _LONG
+            return _Walk.LONG
         if n - at < FRAME_SIZE or not 0 <= data[at + FRAME_SIZE - 1] - _HEADER < kinds:
             return None
         length = _U32LE(data, at)[0]

@@ -71,7 +71,8 @@ class LogReader:
         """
         status = self.status = LogStatus()
         sessions = find_sessions(self.directory)
-        expected_index, expected_first = 0, 0  # expected_first: None once records went missing unseen
+        expected_index = 0
+        expected_first: int | None = 0  # None once records went missing unseen
         last = len(self._indexed) - 1
         prev: Segment | None = None
         prev_first: int | None = None  # where `prev` starts: its HEADER's count, else where the chain says it must

@@ -14,7 +14,7 @@ import math
 import operator
 from dataclasses import asdict, dataclass
 from enum import IntEnum
-from typing import Any, Literal, get_origin, get_type_hints
+from typing import Any, Literal, final, get_origin, get_type_hints
 
 from tracer.errors import LogFormatError, UsageError
 
@@ -95,7 +95,7 @@ class RunHeader:
                 f"{source}: run header has unknown field(s) {', '.join(unknown)} "
                 f"(schema v{d.get('schema_version')}): written by a newer sdctrace? upgrade sdctrace"
             )
-        values = {}
+        values: dict[str, Any] = {}  # each value checked against its field's type below
         for name, expected in _HEADER_TYPES.items():
             value = d[name]
             if expected is float and type(value) is int:
@@ -144,7 +144,7 @@ def checked_index(what: str, value: object, limit: int) -> int:
     counter included), refused where the loop gives it rather than at a later write."""
     if not isinstance(value, bool):
         with contextlib.suppress(TypeError):  # no __index__, or a float or many-element tensor's
-            index = operator.index(value)  # type: ignore[arg-type]
+            index = operator.index(value)  # type: ignore[arg-type]  # any object: TypeError if it has no __index__
             if 0 <= index <= limit:
                 return index
     raise UsageError(f"the {what} index must be an int in 0..{limit}, found {value!r} ({type(value).__name__})")
@@ -155,6 +155,7 @@ def describe_microbatch(microbatch: int) -> str:
     return "after every microbatch" if microbatch == NO_MICROBATCH else f"microbatch {microbatch}"
 
 
+@final  # `type(r) is EventRecord` then tells the checker what else r is
 @dataclass(frozen=True, slots=True)
 class EventRecord:
     """Everything that is not a tensor fingerprint: loss, step summary, checkpoint, blob, ..."""

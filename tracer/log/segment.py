@@ -20,7 +20,7 @@ from __future__ import annotations
 import mmap
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
@@ -132,12 +132,10 @@ class LogStatus:
         nothing was lost."""
         if not self.lost:
             return None
-        firsts = [r.first_step for r in self.lost]
-        lasts = [r.last_step for r in self.lost]
-        return (
-            None if None in firsts else min(firsts),  # type: ignore[type-var]
-            None if None in lasts else max(lasts),
-        )  # type: ignore[type-var]
+        firsts = [r.first_step for r in self.lost if r.first_step is not None]
+        lasts = [r.last_step for r in self.lost if r.last_step is not None]
+        n = len(self.lost)
+        return (min(firsts) if len(firsts) == n else None, max(lasts) if len(lasts) == n else None)
 
     def _lose(self, file: str, start: int, stop: int, records: int) -> LostRange:
         """Add a gap; one that starts where the previous open one stopped extends it."""
@@ -240,8 +238,9 @@ class Segment:
         """Live reading stopped before the HEADER: the file is too new to say which run it belongs to."""
         return self._live and self.header is None and self.pos <= HEADER_SIZE
 
-    def _records(self, frames: Iterator[tuple[int, int, memoryview]]) -> Iterator[Entry]:
-        status, index, strings = self._status, self.index, self._strings
+    def _records(self, frames: Iterator[tuple[int, int, memoryview]]) -> Generator[Entry]:
+        status, strings = self._status, self._strings
+        index = self.index if self.index is not None else -1  # every frame follows the file header, which sets it
         for pos, rtype, payload in frames:
             if self._ended:
                 self._bad_record(pos, payload, "record after the END record")
@@ -250,7 +249,7 @@ class Segment:
                 if rtype == _TENSOR:
                     rec: Any = decode_tensor(payload, strings)
                 elif rtype == _BLOCK:
-                    block = decode_tensor_block(payload, strings)
+                    rec = decode_tensor_block(payload, strings)  # the block's rows
                 elif rtype == _STRING:
                     string_id, text = decode_string(payload)
                     strings[string_id] = text
@@ -273,10 +272,10 @@ class Segment:
                     self._lose_records(pos, payload, block_rows(payload) if rtype == _BLOCK else 1)
                 continue
             if rtype == _BLOCK:
-                self.data_records += len(block)
-                status.records += len(block)
-                status._resume(block[0].step, False)
-                yield from (Entry(index, pos + i, rec) for i, rec in enumerate(block))
+                self.data_records += len(rec)
+                status.records += len(rec)
+                status._resume(rec[0].step, False)
+                yield from (Entry(index, pos + i, row) for i, row in enumerate(rec))
                 continue
             self.data_records += 1
             status.records += 1

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 from tracer.errors import LogFormatError, UsageError
 from tracer.log.codec import (
@@ -57,6 +57,15 @@ _BUFFER_BYTES = 1 << 20
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError)
 
 
+class SegmentFile(Protocol):
+    """What a `LogWriter` writes a segment file through: the file it opens itself, or an ``open_file``'s (a
+    `tracer.io_thread.AsyncFile`, whose ``fsync`` the writer calls where it has one)."""
+
+    def write(self, data: bytes, /) -> int: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
 class LogWriter:
     """Writes one rank's log into `directory`, which must not hold a log yet.
 
@@ -73,7 +82,7 @@ class LogWriter:
         header: RunHeader,
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-        open_file: Callable[[Path], BinaryIO] | None = None,
+        open_file: Callable[[Path], SegmentFile] | None = None,
         resume: Resumption | None = None,
     ) -> None:
         self.directory = _claim(directory, header, segment_bytes, resume)
@@ -308,7 +317,7 @@ class HeaderAtFirstFlush:
         header: Callable[[], RunHeader],
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-        open_file: Callable[[Path], BinaryIO] | None = None,
+        open_file: Callable[[Path], SegmentFile] | None = None,
         resume: Resumption | None = None,
     ) -> None:
         self._resume = resume
@@ -355,8 +364,8 @@ class HeaderAtFirstFlush:
             else:
                 w.write_event(rec)
         # From now on every call goes straight to the writer: no indirection on the hot path.
-        self.write_tensor, self.write_event = w.write_tensor, w.write_event  # type: ignore[method-assign]
-        self.flush, self.close, self.abandon = w.flush, w.close, w.abandon  # type: ignore[method-assign]
+        self.write_tensor, self.write_event = w.write_tensor, w.write_event  # type: ignore[method-assign]  # a shortcut
+        self.flush, self.close, self.abandon = w.flush, w.close, w.abandon  # type: ignore[method-assign]  # a shortcut
         return w
 
 
