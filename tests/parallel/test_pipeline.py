@@ -4,9 +4,10 @@ their global names, the header records the schedule, its microbatches and the st
 sends is what the next one receives, two runs are bit-identical, and a fault in stage 1's MLP at step 3,
 pipeline microbatch 2 is the first divergence, with stage 0, which only received its gradient, later.
 
-A 4-stage GPipe run does the same, each stage that received the corruption ranked after the one it came from.
+A 4-stage GPipe run does the same, each stage that received the corruption ranked after the one it came from, and
+a fault in what a stage received (the link) is told apart from one in a stage's compute.
 
-Launches: 3 two-rank record jobs (golden, again, suspect) and 3 four-rank ones."""
+Launches: 4 two-rank record jobs (golden, again, suspect, a corrupted link) and 3 four-rank ones."""
 
 from __future__ import annotations
 
@@ -150,4 +151,17 @@ def test_a_4_stage_gpipe_run_is_bit_identical_and_its_stages_diverge_in_pipeline
         (2, 2, 3, 2, "pipeline.1-2.recv.out", "forward"),
         (3, 3, 3, 2, "pipeline.2-3.recv.out", "forward"),
         (4, 0, 3, 2, "pipeline.1-0.recv.out", "backward"),
+    ], order
+
+
+def test_a_corrupted_receive_is_told_apart_from_a_corrupted_stage(runs: SimpleNamespace, tmp_path: Path) -> None:
+    """A fault in what stage 1 received (the link, not a stage's compute): rank 1 first differs at its ``recv``
+    while what rank 0 sent is healthy; rank 0 first differs at the gradient that came back."""
+    profile = tmp_path / "link.toml"
+    profile.write_text(rank1_fault("recv", sites="pipeline[.]0-1") + "microbatches = [2]\n", encoding="utf-8")
+    suspect = record(tmp_path / "suspect", "--fault-profile", str(profile))
+    order = first_divergences(runs.golden, suspect, tmp_path / "link.duckdb")
+    assert order == [
+        (1, 1, 3, 2, "pipeline.0-1.recv.out", "forward"),
+        (2, 0, 3, 2, "pipeline.1-0.recv.out", "backward"),
     ], order
