@@ -82,7 +82,10 @@ def _first_line(r: dict[str, Any], *, alone: bool) -> str:
         order = f" (#{r['divergence_order']})"
     mb = "the whole step" if r["microbatch"] is None else f"microbatch {r['microbatch']}"
     shard = "" if r["slice"] is None else f" (shard {r['slice']} of {'x'.join(map(str, r['global_shape']))})"
-    return f"  first divergence: rank {r['rank']}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}{shard}"
+    stage = "" if r.get("stage") is None else f" (stage {r['stage']})"
+    return (
+        f"  first divergence: rank {r['rank']}{stage}{order}, step {r['step']}, {mb}, {r['phase']} {r['name']}{shard}"
+    )
 
 
 def _finetune_lines(db: str | Path, pid: str, suspect_run_id: str) -> list[str]:

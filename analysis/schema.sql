@@ -410,16 +410,22 @@ firsts AS (
         p.position,
         -- the step-level records (gradients, parameters) after every microbatch
         CASE WHEN f.phase IN ('grad', 'param') THEN NULL ELSE f.microbatch END AS order_microbatch,
-        list_position(['input', 'forward', 'backward', 'grad', 'param'], f.phase) AS order_phase
+        list_position(['input', 'forward', 'backward', 'grad', 'param'], f.phase) AS order_phase,
+        -- what a pipeline stage received (tracer/pipeline.py: pipeline.S-D.recv.out) came from a stage that
+        -- differed before: after every other record of the microbatch's phase, further stages later (forward:
+        -- activations go up the stages; backward: gradients come down)
+        CASE WHEN regexp_matches(f.name, '^pipeline\.\d+-\d+\.recv\.out$') THEN
+            CAST(regexp_extract(f.name, '-(\d+)\.recv', 1) AS BIGINT) * CASE f.phase WHEN 'backward' THEN -1 ELSE 1 END
+        END AS order_hop
     FROM first_divergence AS f
     JOIN positioned AS p
       ON p.pair_id = f.pair_id AND p.rank = f.rank AND p.step = f.step AND p.name = f.name AND p.phase = f.phase
      AND p.occurrence = f.occurrence AND p.microbatch IS NOT DISTINCT FROM f.microbatch
 )
 SELECT
-    * EXCLUDE (order_microbatch, order_phase),
+    * EXCLUDE (order_microbatch, order_phase, order_hop),
     rank() OVER (
-        PARTITION BY pair_id ORDER BY step, order_microbatch NULLS LAST, order_phase, position
+        PARTITION BY pair_id ORDER BY step, order_microbatch NULLS LAST, order_phase, order_hop NULLS FIRST, position
     ) AS divergence_order
 FROM firsts;
 

@@ -128,7 +128,7 @@ def resolve_ops(names: Iterable[str]) -> frozenset[OpOverloadPacket]:
 
 
 def resolve_collectives(names: Iterable[str]) -> frozenset[str]:
-    """The collectives (``all_reduce``, ``reduce_scatter``, ``all_gather``) named directly or by ``collective``."""
+    """The collectives (`tracer.collectives.OPS`) named directly or by ``collective``."""
     out: set[str] = set()
     for name in names:
         out |= set(COLLECTIVE_OPS) if name == COLLECTIVE_FAMILY else {name} & set(COLLECTIVE_OPS)

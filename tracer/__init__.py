@@ -27,6 +27,7 @@ __all__ = [
     "Layout",
     "LossSpike",
     "NonFinite",
+    "Pipeline",
     "RecordedTwin",
     "ReplicaAgreement",
     "RestoredCheckpoint",
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
         default_guard,
     )
     from tracer.options import CapturePolicy, RunInfo, TraceOptions
-    from tracer.parallel import Layout
+    from tracer.parallel import Layout, Pipeline
     from tracer.summary import summarize_run
     from tracer.tracing import Tracer
 else:
@@ -80,7 +81,7 @@ else:
         {
             "tracer.tracing": ("Tracer",),
             "tracer.options": ("CapturePolicy", "RunInfo", "TraceOptions"),
-            "tracer.parallel": ("Layout",),
+            "tracer.parallel": ("Layout", "Pipeline"),
             "tracer.determinism": ("configure_determinism",),
             "tracer.guard": (
                 "AbftFlags",

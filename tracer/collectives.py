@@ -1,7 +1,7 @@
 """Observation points around collectives, so communication can be told apart from compute.
 
-A model's collective (all-reduce, reduce-scatter, all-gather, all-to-all) calls `observe` with
-its input before and its output after the communication; the `Tracer` records both
+A model's collective (all-reduce, reduce-scatter, all-gather, all-to-all, a pipeline stage's send
+and recv) calls `observe` with its input before and its output after the communication; the `Tracer` records both
 fingerprints and the fault emulator may corrupt the output. A rank whose compute
 is healthy but whose received data differ has a communication fault; a rank whose
 collective input already differs was corrupted before it communicated.
@@ -26,7 +26,7 @@ __all__ = ["OPS", "Observer", "Stage", "observe", "observing", "record_name", "u
 Stage = Literal["in", "out"]
 # (point name, op, phase, stage, tensor) -> a replacement tensor, or None to leave it.
 Observer = Callable[[str, str, Phase, Stage, torch.Tensor], "torch.Tensor | None"]
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send", "recv")
 
 _observers: list[Observer] = []
 

@@ -1,10 +1,12 @@
-"""The parallel layout of a multi-rank run: data-, tensor- and sequence-parallel sizes.
+"""The parallel layout of a multi-rank run: data-, tensor-, sequence- and pipeline-parallel sizes.
 
     layout = Layout(dp=2, tp=2, sp=True)       # 4 ranks
     layout.coords(3)                           # {"dp": 1, "tp": 1}
+    Layout(pp=2, pipeline=Pipeline("1F1B", microbatches=4)).coords(1)   # {"dp": 0, "tp": 0, "pp": 1}
 
 Ranks are numbered tensor-parallel first (Megatron's order): the ``tp`` ranks of one
-tensor-parallel group are consecutive, so they sit on one node. Every rank's run
+tensor-parallel group are consecutive, so they sit on one node; pipeline stages come last
+(stage ``s`` holds ranks ``s * dp * tp`` to ``(s + 1) * dp * tp - 1``). Every rank's run
 header records the layout and its own coordinates (``extra["parallel"]``); two runs
 pair only if their layouts agree field by field (`tracer.pairing`), because a
 different split of the same model sums in a different order and changes the bits.
@@ -18,7 +20,19 @@ from typing import Any
 from tracer.errors import CaptureError, ConfigError
 from tracer.torch_internals import context_parallel_active
 
-LAYOUT_FIELDS = ("dp", "tp", "sp")
+LAYOUT_FIELDS = ("dp", "tp", "sp", "pp", "pipeline")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """How a pipeline-parallel run feeds its stages (``torch.distributed.pipelining``)."""
+
+    schedule: str  # the schedule's name: "GPipe", "1F1B"
+    microbatches: int  # the pipeline's microbatches per optimizer step (the log's microbatch index)
+
+    def __post_init__(self) -> None:
+        if self.microbatches < 1:
+            raise CaptureError(f"pipeline microbatches = {self.microbatches}: a schedule needs at least 1")
 
 
 @dataclass(frozen=True)
@@ -26,24 +40,47 @@ class Layout:
     dp: int = 1  # data-parallel replicas
     tp: int = 1  # tensor-parallel ranks per replica
     sp: bool = False  # sequence parallelism inside each tensor-parallel group
+    pp: int = 1  # pipeline stages, each on dp x tp ranks of its own
+    pipeline: Pipeline | None = None  # the schedule, given when pp > 1
+
+    def __post_init__(self) -> None:
+        if (self.pp > 1) != (self.pipeline is not None):
+            raise CaptureError(
+                f"parallel layout pp={self.pp} with pipeline={self.pipeline}: a pipeline of pp > 1 stages needs "
+                "its schedule (Pipeline(schedule, microbatches)), and only it"
+            )
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp
+        return self.dp * self.tp * self.pp
 
     def coords(self, rank: int) -> dict[str, int]:
-        """This rank's position: which replica (dp) and which shard within it (tp)."""
-        return {"dp": rank // self.tp, "tp": rank % self.tp}
+        """This rank's position: which replica (dp), which shard within it (tp), which pipeline stage (pp)."""
+        coords = {"dp": (rank // self.tp) % self.dp, "tp": rank % self.tp}
+        return {**coords, "pp": rank // (self.dp * self.tp)} if self.pp > 1 else coords
+
+    def stage_ranks(self) -> dict[str, list[int]]:
+        """Each pipeline stage's ranks, by stage (JSON keys: strings)."""
+        size = self.dp * self.tp
+        return {str(s): list(range(s * size, (s + 1) * size)) for s in range(self.pp)}
 
     def header(self, rank: int) -> dict[str, Any]:
-        """What a run header's ``extra["parallel"]`` records."""
-        return {"dp": self.dp, "tp": self.tp, "sp": self.sp, "coords": self.coords(rank)}
+        """What a run header's ``extra["parallel"]`` records (``pp`` and ``pipeline`` only for a pipeline)."""
+        out: dict[str, Any] = {"dp": self.dp, "tp": self.tp, "sp": self.sp, "coords": self.coords(rank)}
+        if self.pipeline is not None:
+            out["pp"] = self.pp
+            out["pipeline"] = {
+                "schedule": self.pipeline.schedule,
+                "microbatches": self.pipeline.microbatches,
+                "stage_ranks": self.stage_ranks(),
+            }
+        return out
 
     def check(self, world_size: int) -> None:
         if self.world_size != world_size:
             raise CaptureError(
-                f"parallel layout dp={self.dp} x tp={self.tp} needs {self.world_size} ranks, but torch.distributed "
-                f"has world size {world_size}; launch {self.world_size} ranks or change the layout"
+                f"parallel layout dp={self.dp} x tp={self.tp} x pp={self.pp} needs {self.world_size} ranks, but "
+                f"torch.distributed has world size {world_size}; launch {self.world_size} ranks or change the layout"
             )
 
 
@@ -62,3 +99,8 @@ def refuse_context_parallel() -> None:
             "sharding strategy for aten._scaled_dot_product_flash_attention_for_cpu: docs/parallel.md); "
             "trace the run without context_parallel"
         )
+
+
+def pipeline_of(extra: dict[str, Any]) -> dict[str, Any] | None:
+    """A pipeline-parallel run's ``{"schedule", "microbatches", "stage_ranks"}`` from its header; None for others."""
+    return (extra.get("parallel") or {}).get("pipeline")

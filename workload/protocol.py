@@ -25,6 +25,8 @@ DTensor), and sets ``layout`` to the ranks' layout (``Layout(dp=N)`` for FSDP2 o
 returns this rank's share of the data (draw it by ``torch.distributed.get_rank()``); gradient reduction is the
 framework's (FSDP2, DDP) or the workload's own ``finish_backward``. A model with DTensor parameters is
 checkpointed sharded (`tracer.checkpoint.step`); examples/torchrun_fsdp2.py's ``build`` is such a workload.
+A pipeline-parallel workload (examples/torchrun_pipeline.py) builds one stage per rank and overrides
+`Workload.run_microbatches`: its schedule runs the microbatches, reporting each stage's to the observer.
 
 `Workload` gives defaults for everything but ``microbatches`` and ``loss``;
 `workload.reference` is the reference LLaMA-style implementation and needs no
@@ -139,6 +141,21 @@ class Workload:
     def start_step(self, step: int) -> None:
         """Before the step's first forward, after ``zero_grad``."""
 
+    def run_microbatches(self, step: int, observer: StepObserver | None = None) -> list[torch.Tensor]:
+        """Every microbatch's forward and backward, each begun with ``observer.microbatch`` and its loss reported
+        to ``observer.loss``; returns the losses (detached). A pipeline-parallel workload overrides it: its
+        schedule runs the microbatches through the stages (examples/torchrun_pipeline.py)."""
+        losses: list[torch.Tensor] = []
+        for index, batch in enumerate(self.microbatches(step)):
+            if observer is not None:
+                observer.microbatch(index, inputs=self.inputs(batch))
+            loss = self.loss(step, batch)
+            loss.backward()
+            if observer is not None:
+                observer.loss(loss)
+            losses.append(loss.detach())
+        return losses
+
     def finish_backward(self, step: int) -> torch.Tensor | float | None:
         """After the last backward, before the optimizer sees the gradients: reduce, clip. Returns the global
         gradient norm before clipping if it clipped (the guard's `GradNormSpike` watches it: the clipped
@@ -194,15 +211,7 @@ def forward_backward(w: Workload, step: int, observer: StepObserver | None = Non
     then `Workload.finish_backward`. Returns the microbatch losses (detached)."""
     w.optimizer.zero_grad(set_to_none=True)
     w.start_step(step)
-    losses: list[torch.Tensor] = []
-    for index, batch in enumerate(w.microbatches(step)):
-        if observer is not None:
-            observer.microbatch(index, inputs=w.inputs(batch))
-        loss = w.loss(step, batch)
-        loss.backward()
-        if observer is not None:
-            observer.loss(loss)
-        losses.append(loss.detach())
+    losses = w.run_microbatches(step, observer)
     norm = w.finish_backward(step)
     if norm is not None and isinstance(observer, Tracer):
         observer.gradient_norm(norm)

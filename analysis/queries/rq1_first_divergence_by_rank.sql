@@ -11,6 +11,7 @@
 --                      which a collective reached on all of them (a site after an all-reduce), so no record
 --                      tells which went first
 --   went_first         divergence_order = 1 and not tied: a tie is never credited to one rank
+--   stage              the rank's pipeline stage (its header's extra.parallel.coords.pp); null outside a pipeline
 --   slice, global_shape   for a gradient or parameter of a sharded (DTensor) parameter, the slice of it this
 --                      rank's fingerprint covers (view param_shards, from the suspect's header); else null
 WITH
@@ -37,11 +38,13 @@ SELECT
     o.position,
     o.tied,
     o.divergence_order = 1 AND NOT o.tied AS went_first,
+    CAST(json_extract(ru.extra, '$.parallel.coords.pp') AS BIGINT) AS stage,
     ps.slice,
     ps.global_shape
 FROM ordered AS o
 JOIN nodes AS n USING (pair_id)
 LEFT JOIN pair_ranks AS pr ON pr.pair_id = o.pair_id AND pr.rank = o.rank
+LEFT JOIN runs AS ru ON ru.run_id = pr.suspect_run_id AND ru.rank = o.rank
 LEFT JOIN param_shards AS ps
   ON ps.run_id = pr.suspect_run_id AND ps.rank = o.rank AND ps.name = o.name AND o.phase IN ('grad', 'param')
 ORDER BY node_label, o.pair_id, o.divergence_order, o.rank

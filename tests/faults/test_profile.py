@@ -39,7 +39,14 @@ def test_a_rule_can_target_ranks_and_collectives(write_profile) -> None:
     (rule,) = write_profile('[[fault]]\nops = ["reduce_scatter", "mm"]\nranks = [3, 1]\nkind = "bitflip"\n').faults
     assert rule.ranks == (1, 3)
     assert resolve_collectives(rule.ops) == {"reduce_scatter"} and len(resolve_ops(rule.ops)) == 1
-    assert resolve_collectives(["collective"]) == {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"}
+    assert resolve_collectives(["collective"]) == {
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "all_to_all",
+        "send",
+        "recv",
+    }
     assert write_profile(RULE).faults[0].ranks is None  # every rank
 
 

@@ -232,6 +232,10 @@ def _extra_problem(extra: dict[str, Any], world: int) -> str | None:
         or not isinstance(par.get("sp", False), bool)
     ):
         return f"'extra.parallel' must be {{dp: int >= 1, tp: int >= 1, sp: bool, coords}}, found {par!r:.80}"
-    if par["dp"] * par["tp"] != world:
-        return f"'extra.parallel' says dp {par['dp']} x tp {par['tp']} ranks, but 'world_size' is {world}"
+    pp = par.get("pp", 1)
+    if not _is_int(pp) or pp < 1:
+        return f"'extra.parallel.pp' must be an int >= 1 (pipeline stages), found {pp!r:.80}"
+    if par["dp"] * par["tp"] * pp != world:
+        stages = f" x pp {pp}" if pp != 1 else ""
+        return f"'extra.parallel' says dp {par['dp']} x tp {par['tp']}{stages} ranks, but 'world_size' is {world}"
     return None

@@ -1,0 +1,185 @@
+"""A pipeline-parallel job (``torch.distributed.pipelining``: GPipe or 1F1B) traced stage by stage: each rank
+holds one stage of the model and traces it with its own Tracer, and the same module is the workload factory
+``build`` that ``sdc record --nproc N`` runs.
+
+From the repository root (``--workload`` imports ``examples.torchrun_pipeline`` from there)::
+
+    sdc record --workload examples.torchrun_pipeline:build --nproc 2 --out runs/pp
+    sdc record --workload examples.torchrun_pipeline:build --nproc 2 --out runs/pp-sick \\
+        --fault-profile my-rank1-fault.toml             # an emulated unhealthy node: a rule's ``ranks`` picks it
+    sdc record --workload examples.torchrun_pipeline:build --nproc 4 --set parallel.schedule=GPipe --out runs/pp4
+    sdc diff --golden runs/pp --suspect runs/pp-sick --db pp.duckdb && sdc query summary --db pp.duckdb
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m examples.torchrun_pipeline --out runs/pp
+
+examples/torchrun_fsdp2.py's small transformer (embedding, blocks of attention and an ``mlp``, a head), one block
+per stage by default, split into as many stages as ranks: stage ``s`` runs on rank ``s`` (`Stage`: the embedding on
+the first stage, the head on the last). Each stage keeps the unsplit model's module names (``blocks.1.mlp`` on
+stage 1, not ``blocks.0.mlp``), so sites and parameters are named as in the whole model. Every rank draws the same
+batch; the schedule splits it into ``train.microbatches`` pipeline microbatches, and the log's microbatch is the
+pipeline's: the Tracer is told each chunk's index before the stage runs its forward or its backward (`TracedStage`),
+in the schedule's order (1F1B interleaves them; `tracer.pipeline`). The header's ``extra["parallel"]`` records
+``pp``, the schedule, its microbatches and the stage-to-rank map (`tracer.parallel.Layout`).
+
+What crosses ranks is recorded as collective events (`tracer.pipeline`), fingerprinted at the stage's edge:
+``pipeline.0-1.send.in`` (forward, on rank 0) is the activation stage 0 sends to stage 1, ``pipeline.0-1.recv.out``
+(forward, on rank 1) what stage 1 received; ``pipeline.1-0.send.in`` and ``pipeline.1-0.recv.out`` (backward) are
+the gradient going back. A stage that only received a corrupted tensor first differs at its ``recv``, after the
+stage that computed it. No gradient clipping (a global norm would need the stages' norms all-reduced), no
+checkpoints by default (``--checkpoint-every`` saves each stage's own): replay of a pipeline-parallel run is
+refused (docs/parallel.md). Only the last stage computes the loss; each step's is broadcast to every stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+from examples.torchrun_fsdp2 import (
+    SETTINGS,
+    RandomTokensLM,
+    Transformer,
+    job_arguments,
+    job_config,
+    record,
+    with_defaults,
+)
+from tracer import Layout, Pipeline, SdcError, configure_determinism
+from tracer.pipeline import TracedStage, received, sent
+from workload import StepObserver
+
+SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+
+
+def defaults(stages: int) -> dict[str, dict[str, Any]]:
+    """The example's config on ``stages`` ranks: one block per stage."""
+    return {
+        "model": {"vocab": 64, "width": 32, "blocks": stages},
+        "train": {**SETTINGS, "lr": 1e-2, "batch": 2, "seq": 8, "microbatches": 4, "clip": 0.0},
+        "parallel": {"schedule": "1F1B"},
+        "run": {"steps": 6, "checkpoint_every": 0},
+    }
+
+
+class Stage(nn.Module):
+    """Stage ``index`` of ``stages`` of ``model``: its share of the blocks under their global names (a ModuleDict
+    keyed by the block's index in the whole model), the embedding on the first stage, the head on the last."""
+
+    def __init__(self, model: Transformer, index: int, stages: int) -> None:
+        super().__init__()
+        n = len(model.blocks)
+        if n < stages:
+            raise SdcError(f"model.blocks = {n}: cannot fill {stages} pipeline stages; give at least one per stage")
+        self.index, self.stages = index, stages
+        self.embed = model.embed if index == 0 else None
+        self.blocks = nn.ModuleDict(
+            {str(b): model.blocks[b] for b in range(index * n // stages, (index + 1) * n // stages)}
+        )
+        self.head = model.head if index == stages - 1 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x) if self.embed is not None else received(x, self.index)  # (B, T, C)
+        for block in self.blocks.values():
+            x = block(x)
+        return self.head(x) if self.head is not None else sent(x, self.index)  # (B, T, V) or (B, T, C)
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+@dataclass
+class PipelineLM(RandomTokensLM):
+    """`RandomTokensLM` on one pipeline stage: the schedule runs the step's microbatches (unsplit on one rank).
+    Every stage draws the same batch: the layout has one data-parallel replica."""
+
+    stage: TracedStage | None = None
+    schedule: Any = None  # a torch.distributed.pipelining schedule over ``stage``
+    last_loss: float = 0.0  # the last step's loss, which only the last stage computes, on every stage
+
+    def loss(self, step: int, batch: torch.Tensor) -> torch.Tensor:
+        return next_token_loss(self.model(batch[:, :-1]), batch[:, 1:]) / self.config["train"]["microbatches"]
+
+    def run_microbatches(self, step: int, observer: StepObserver | None = None) -> list[torch.Tensor]:
+        if self.stage is None:
+            return super().run_microbatches(step, observer)
+        batch = torch.cat(list(self.microbatches(step)))  # (M * B, T + 1): the schedule splits it again
+        losses: list[torch.Tensor] = []
+        self.stage.observer = observer
+        try:
+            if self.stage.is_first:
+                self.schedule.step(batch[:, :-1])
+            elif self.stage.is_last:
+                self.schedule.step(target=batch[:, 1:], losses=losses)
+            else:
+                self.schedule.step()
+        finally:
+            self.stage.observer = None
+        scaled = [loss.detach() / len(losses) for loss in losses]  # as each contributes to the step
+        total = torch.stack(scaled).sum() if scaled else torch.zeros(())
+        last = self.stage.stage_index_to_group_rank[self.stage.num_stages - 1]
+        dist.broadcast(total, group=self.stage.group, group_src=last)  # untraced: no stage's own tensor
+        self.last_loss = float(total)
+        if observer is not None:
+            for index, loss in enumerate(scaled):
+                observer.microbatch(index)
+                observer.loss(loss)
+        return scaled
+
+    def step_loss(self, losses: Sequence[float]) -> float:
+        """The step's loss on every stage (`sdc record` reports rank 0's)."""
+        return self.last_loss if self.stage is not None else super().step_loss(losses)
+
+
+def build(config: Mapping[str, Any], device: torch.device) -> PipelineLM:
+    """The workload factory (`workload.protocol`): the model split into one stage per rank, this rank's stage
+    under the schedule ``parallel.schedule`` (GPipe or 1F1B); the whole model without a process group."""
+    stages = dist.get_world_size() if dist.is_initialized() else 1
+    index = dist.get_rank() if dist.is_initialized() else 0
+    config = with_defaults(config, defaults(stages))
+    m, t, schedule = config["model"], config["train"], config["parallel"]["schedule"]
+    if schedule not in SCHEDULES:
+        raise SdcError(f"parallel.schedule = {schedule!r}: expected one of {sorted(SCHEDULES)}")
+    configure_determinism(t["seed"], t["threads"])  # the same initial weights on every rank, before the split
+    stage = Stage(Transformer(m["vocab"], m["width"], m["blocks"]).to(device), index, stages)
+    layout = Layout(pp=stages, pipeline=Pipeline(schedule, t["microbatches"])) if stages > 1 else Layout()
+    w = PipelineLM(
+        model=stage,
+        optimizer=torch.optim.AdamW(stage.parameters(), lr=t["lr"], foreach=False),
+        config=config,
+        seed=t["seed"],
+        layout=layout,
+        data_order_fingerprint=f"random-tokens/seed={t['seed']}/replicas=1",
+    )
+    if stages > 1:
+        b, s, c = t["batch"], t["seq"], m["width"]
+        # One microbatch's shapes, given so that the stage infers nothing (a traced forward on meta tensors); an
+        # activation that requires grad is one whose gradient goes back.
+        inputs = torch.zeros(b, s, dtype=torch.long) if index == 0 else torch.zeros(b, s, c, requires_grad=True)
+        outputs = torch.zeros(b, s, m["vocab"] if index == stages - 1 else c, requires_grad=True)
+        w.stage = TracedStage(stage, index, stages, device, input_args=inputs, output_args=outputs)
+        w.schedule = SCHEDULES[schedule](w.stage, t["microbatches"], loss_fn=next_token_loss)
+    return w
+
+
+def main() -> None:
+    p = job_arguments(__doc__)
+    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1F1B")
+    p.set_defaults(checkpoint_every=0)  # no checkpoints: replay of a pipeline-parallel run is refused
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    try:
+        config = job_config(args, parallel={"schedule": args.schedule})
+        record(build(config, torch.device("cpu")), args, entry="examples.torchrun_pipeline:build")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
