@@ -79,3 +79,22 @@ def fsdp2_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.parallel.test_fsdp2 import torchrun
 
     return torchrun(tmp_path_factory.mktemp("fsdp2") / "golden")
+
+
+# The longest test files, measured on a quiet 2-core fresh clone (`make test`, tests/budget.py's list), go to the
+# workers first: `--dist loadfile` hands out files in collection order, and one started last would leave the other
+# worker idle for its whole length (the fleet-mini study: about 150 s).
+LONGEST_FIRST = (
+    "tests/sdc/test_fleet_study.py",
+    "tests/integrations/test_sharded_strategies.py",
+    "tests/parallel/test_fsdp2.py",
+    "tests/test_readme.py",
+    "tests/parallel/test_tp.py",
+    "tests/parallel/test_ranks.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    root = config.rootpath
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))  # stable
