@@ -79,7 +79,7 @@ def launch(
         job = {"target": target, "kwargs": dict(kwargs), "timeout_s": timeout_s, "nproc": nproc}
         spec.write_text(json.dumps(job))
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")},  # each rank sets its own
             "WORLD_SIZE": str(nproc),
             "LOCAL_WORLD_SIZE": str(nproc),
             "MASTER_ADDR": "127.0.0.1",
