@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from examples.torchrun_fsdp2 import RandomTokensLM, with_defaults
 from tracer import Layout, configure_determinism
@@ -44,10 +45,13 @@ CONFIG: dict[str, dict[str, Any]] = {
 
 
 class TitanLM(RandomTokensLM):
-    """`RandomTokensLM` on torchtitan's model: its forward takes no masks with SDPA, and FSDP2 sums gradients."""
+    """`RandomTokensLM` on torchtitan's model: its forward takes no masks with SDPA, FSDP2 sums gradients, and
+    under tensor parallel each rank of a group gathers the whole logits (torchtitan's loss parallel would not)."""
 
     def loss(self, step: int, batch: torch.Tensor) -> torch.Tensor:
         logits = self.model(batch[:, :-1])  # (B, T, V)
+        if isinstance(logits, DTensor):  # tensor parallel: the head's output is split over the vocabulary
+            logits = logits.full_tensor()
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
         return loss / (self.config["train"]["microbatches"] * self.layout.dp)
 
@@ -63,10 +67,10 @@ def build(config: Mapping[str, Any], device: torch.device) -> TitanLM:
         raise ValueError(f"parallel.tp = {tp} must divide the world size {world}")
     configure_determinism(t["seed"], t["threads"])  # the same initial weights on every rank
     titan_internals.use_cpu_meshes()
+    dims, parallelism = titan_internals.parallel_dims_of(world // tp, tp)
     with torch.device("meta"):
-        model = titan_internals.debug_llama3().build()
+        model = titan_internals.debug_llama3(parallelism).build()
     if dist.is_initialized():
-        dims, parallelism = titan_internals.parallel_dims_of(world // tp, tp)
         with tempfile.TemporaryDirectory() as scratch:
             model = titan_internals.parallelize(model, dims, parallelism, scratch)
         titan_internals.sum_gradients(model)

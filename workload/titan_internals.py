@@ -19,7 +19,8 @@ A torchtitan upgrade may rename or remove them; this module is where that shows
 (tests/workload/test_titan_internals.py fails naming the API)::
 
     use_cpu_meshes()
-    model_config = debug_llama3()                  # the debug flavour, causal SDPA in every layer
+    dims, parallelism = parallel_dims_of(dp_shard=2, tp=2)
+    model_config = debug_llama3(parallelism)       # the debug flavour, causal SDPA in every layer
     model = parallelize(model, dims, parallelism)  # torchtitan's parallelize_llama: TP, then FSDP2
     sum_gradients(model)
     missing_apis()                                 # [] on the pinned torchtitan
@@ -39,6 +40,7 @@ from torchtitan.models import llama3
 from torchtitan.models.common.attention import QKVLinear, ScaledDotProductAttention
 from torchtitan.models.common.linear import Linear
 from torchtitan.models.llama3 import model_registry
+from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
 from tracer.torch_internals import PrivateApi
 
@@ -51,13 +53,16 @@ def use_cpu_meshes() -> None:
     parallel_dims.device_type = "cpu"
 
 
-def debug_llama3() -> Any:
+def debug_llama3(parallelism: ParallelismConfig) -> Any:
     """The config of torchtitan's debug Llama3 (``Llama3Model.Config``), each layer attending causally with SDPA
-    and projecting Q, K and V with three linears (`separate_qkv`)."""
+    and projecting Q, K and V with three linears (`separate_qkv`), with the sharding plan ``parallelism`` asks for
+    (what its ``update_from_config``, which torchtitan's ``Trainer`` calls, does; without it tensor parallel shards
+    nothing. ``update_from_config`` itself imports the ``Trainer``, whose data loading needs torchdata)."""
     config = model_registry(FLAVOR).model
     for layer in config.layers:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
         layer.attention.qkv_linear = separate_qkv(layer.attention.qkv_linear)
+    set_llama3_sharding_config(config, enable_sp=parallelism.enable_sequence_parallel)
     return config
 
 

@@ -25,7 +25,7 @@ def test_the_debug_llama3_attends_with_sdpa_through_separate_projections() -> No
     import torch
     from torchtitan.models.common.attention import QKVLinear, ScaledDotProductAttention
 
-    config = titan_internals.debug_llama3()
+    config = titan_internals.debug_llama3(titan_internals.parallel_dims_of(1, 1)[1])
     config.layers = config.layers[:1]
     torch.manual_seed(0)
     model = config.build()
