@@ -12,9 +12,10 @@ Needs the ``[torchtitan]`` extra. From the repository root (``--workload`` impor
     sdc record --workload examples.torchtitan_llama3:build --nproc 4 --set parallel.tp=2 --out runs/titan-tp
 
 The model is ``Llama3Model`` of torchtitan's ``debugmodel`` flavour (6 layers, width 256, vocabulary 2048), built on
-the meta device, parallelized, then initialised by its own ``init_weights``, as torchtitan's ``Trainer`` does. Three
-CPU and gloo changes, each in workload/titan_internals.py with the error it avoids: meshes on CPU, causal SDPA for
-flex attention (no backward on CPU), a plain-sum gradient reduction for ``PREMUL_SUM`` (not in gloo). FSDP2 sums
+the meta device, parallelized, then initialised by its own ``init_weights``, as torchtitan's ``Trainer`` does. Four
+changes for CPU, gloo and DCP, each in workload/titan_internals.py with the error it avoids: meshes on CPU, causal
+SDPA for flex attention (no backward on CPU), separate Q, K, V projections for the fused one (its state dict is not
+DCP's), a plain-sum gradient reduction for ``PREMUL_SUM`` (not in gloo). FSDP2 sums
 the ranks' gradients, so each microbatch's loss is divided by microbatches x data-parallel replicas: the gradient
 of the global mean loss. Site names are torchtitan's own (``layers.1.feed_forward``). The data are random tokens, a
 pure function of the step and the replica (`examples.torchrun_fsdp2.RandomTokensLM`).
@@ -33,7 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from examples.torchrun_fsdp2 import RandomTokensLM, with_defaults
 from tracer import Layout, configure_determinism
-from workload import titan_internals
+from workload.titan_internals import debug_llama3, parallel_dims_of, parallelize, sum_gradients, use_cpu_meshes
 
 SETTINGS = {"seed": 0, "threads": 1}  # the bits depend on the thread count
 CONFIG: dict[str, dict[str, Any]] = {
@@ -66,14 +67,14 @@ def build(config: Mapping[str, Any], device: torch.device) -> TitanLM:
     if world % tp:
         raise ValueError(f"parallel.tp = {tp} must divide the world size {world}")
     configure_determinism(t["seed"], t["threads"])  # the same initial weights on every rank
-    titan_internals.use_cpu_meshes()
-    dims, parallelism = titan_internals.parallel_dims_of(world // tp, tp)
+    use_cpu_meshes()
+    dims, parallelism = parallel_dims_of(world // tp, tp)
     with torch.device("meta"):
-        model = titan_internals.debug_llama3(parallelism).build()
+        model = debug_llama3(parallelism).build()
     if dist.is_initialized():
         with tempfile.TemporaryDirectory() as scratch:
-            model = titan_internals.parallelize(model, dims, parallelism, scratch)
-        titan_internals.sum_gradients(model)
+            model = parallelize(model, dims, parallelism, scratch)
+        sum_gradients(model)
     model.to_empty(device=device)
     with torch.no_grad():
         model.init_weights(buffer_device=None)

@@ -44,6 +44,17 @@ from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
 from tracer.torch_internals import PrivateApi
 
+__all__ = [
+    "debug_llama3",
+    "missing_apis",
+    "parallel_dims_of",
+    "parallelize",
+    "private_apis",
+    "separate_qkv",
+    "sum_gradients",
+    "use_cpu_meshes",
+]
+
 _FEATURE = "torchtitan example (examples/torchtitan_llama3.py)"
 FLAVOR = "debugmodel"
 
