@@ -18,13 +18,17 @@ KERNEL := $(VENV)/.sdctrace-kernel
 KERNEL_SOURCES := tracer/kernel/digest.cpp faults/abft_sums.cpp faults/native.cpp tracer/kernel/__init__.py \
 	faults/abft_kernel.py faults/native_kernel.py
 
+# The [torchtitan] extra (pyproject.toml), without its own dependencies: they would downgrade the hf extra's.
+TORCHTITAN := torchtitan==0.3.0 triton==3.9.0 tyro docstring_parser spmd_types==0.2.3
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned exactly: pip then takes the local CPU build instead of a multi-GB CUDA one. --no-compile:
 	# pip would byte-compile all 15k modules (38 s of CPU here); Python compiles the ones imported, on first import.
 	$(PY) -m pip install --quiet --no-compile torch==2.13.0
 	( $(BUILD_KERNELS) ) & kernels=$$!; \
-		$(PY) -m pip install --quiet --no-compile -e '.[test,hf,lightning]'; installed=$$?; \
+		$(PY) -m pip install --quiet --no-compile -e '.[test,hf,lightning]' && \
+		$(PY) -m pip install --quiet --no-compile --no-deps $(TORCHTITAN); installed=$$?; \
 		wait $$kernels && test $$installed -eq 0
 	touch $(STAMP) $(KERNEL)
 
