@@ -7,15 +7,24 @@ change at a time) fails a test. Rows come from that file's builders, with the co
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+import pytest
 
 from analysis import reproduction_rules as rules
 from analysis import reproduction_stats as stats
 from tests.analysis.test_reproduction_rules import GOLDEN, TWINS, Row, acc, dis, pairs, rq1, rq2, rq3, spike, spread
 
+
+def one_near(v: rules.Verdict) -> bool:
+    """An unstable count verdict with exactly one node within its margin."""
+    return v.unstable.startswith("1 node(s) within the margin")
+
+
 # -- RQ1 -----------------------------------------------------------------------------------------
 
-BUSY = [rq1(f"node-1{i}", calls=5, steps=2, faults=5) for i in range(10)]  # mismatching, not frequent, not near
+BUSY = [rq1(f"node-{i}", calls=5, steps=2, faults=5) for i in range(10, 24)]  # mismatching, not frequent, not near
 
 
 def silent(count: int, *, total: int = 5, **kw: object) -> list[Row]:
@@ -34,11 +43,23 @@ def test_silent_nodes_accepts_one_to_the_binomial_upper_end() -> None:
     assert "accepted 1-4" in rules.silent_nodes(silent(1, total=10)).ours  # binomial_interval(10, 2/15) = (0, 4)
 
 
+def test_the_study_share_is_2_of_15() -> None:
+    # 14 nodes tell 2/15 (accepted 0-5) from 2/16 (0-4), 2/30, 2/7, 3/15, 1/15 and 4/15
+    assert "accepted 1-5" in rules.silent_nodes(silent(1, total=14)).ours
+    assert "accepted 1-5" in rules.frequent_nodes(silent(1, total=14)).ours
+
+
+def test_a_verdict_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rules.silent_nodes(silent(1)).outcome = "reproduced"  # type: ignore[misc]
+
+
 def test_silent_nodes_margin_is_faults_without_a_mismatch_or_exactly_one_mismatch() -> None:
     assert not rules.silent_nodes(silent(1)).unstable
-    assert rules.silent_nodes(silent(1, faults=1)).unstable  # it had a fault: it could leave, 0 silent
+    assert one_near(rules.silent_nodes(silent(1, faults=1)))  # it had a fault: it could leave, 0 silent
+    assert not rules.silent_nodes(silent(2)[:1] + silent(2, faults=1)[1:2] + BUSY[:3]).unstable  # 1-2: no change
     one = silent(2)[:-1] + [rq1("node-09", calls=1, steps=1, faults=1)]  # could join: 3 silent
-    assert rules.silent_nodes(one).unstable
+    assert one_near(rules.silent_nodes(one))
     two = silent(2)[:-1] + [rq1("node-09", calls=2, steps=1, faults=1)]
     assert not rules.silent_nodes(two).unstable
 
@@ -50,7 +71,7 @@ def frequent(steps: int) -> list[Row]:
 def test_frequent_nodes_need_half_the_steps_with_a_step_either_side_as_margin() -> None:
     assert rules.frequent_nodes(frequent(12)).outcome == "reproduced"  # 12 of 24: half
     assert rules.frequent_nodes(frequent(11)).outcome == "not reproduced"
-    assert rules.frequent_nodes(frequent(13)).unstable and rules.frequent_nodes(frequent(11)).unstable
+    assert one_near(rules.frequent_nodes(frequent(13))) and one_near(rules.frequent_nodes(frequent(11)))
     assert not rules.frequent_nodes(frequent(14)).unstable and not rules.frequent_nodes(frequent(10)).unstable
     three = [rq1(f"node-0{i}", calls=30, steps=20) for i in range(1, 4)] + BUSY[:2]
     assert rules.frequent_nodes(three).outcome == "not reproduced"  # 3 of 5: above the interval
@@ -81,7 +102,7 @@ def test_bursts_need_a_fano_factor_above_the_bound_on_more_than_half() -> None:
 
 
 def test_bursts_margin_is_ten_percent_of_the_bound() -> None:
-    assert rules.bursts([burst("node-01", 1.09)]).unstable and rules.bursts([burst("node-01", 0.91)]).unstable
+    assert one_near(rules.bursts([burst("node-01", 1.09)])) and one_near(rules.bursts([burst("node-01", 0.91)]))
     assert not rules.bursts([burst("node-01", 1.11)]).unstable
     assert not rules.bursts([burst("node-01", 0.89)]).unstable
 
@@ -101,7 +122,7 @@ def test_heavy_tail_is_100x_or_more_with_a_factor_one_and_a_quarter_margin() -> 
         return rules.heavy_tail([rq1("node-01", max_rel=max_rel), rq1("node-02", max_rel=1)])
 
     assert v(100).outcome == "reproduced" and v(99.9).outcome == "not reproduced"
-    assert v(80).unstable and v(125).unstable
+    assert one_near(v(80)) and one_near(v(125))
     assert not v(79.9).unstable and not v(125.1).unstable
     assert "1 of them by an Inf or NaN" in v(float("inf")).ours and "largest finite 1x" in v(float("inf")).ours
     assert v(100).outcome == "reproduced" and "Inf" not in v(100).ours
@@ -123,7 +144,7 @@ def test_abft_needs_recall_below_a_half_on_more_than_half_the_nodes_with_faults(
 
 
 def test_abft_margin_is_a_tenth_either_side_of_a_half() -> None:
-    assert rules.abft(recall(0.6)).unstable and rules.abft(recall(0.4)).unstable
+    assert one_near(rules.abft(recall(0.6))) and one_near(rules.abft(recall(0.4)))
     assert not rules.abft(recall(0.61)).unstable and not rules.abft(recall(0.39)).unstable
 
 
@@ -183,11 +204,14 @@ def test_drift_floor_is_the_healthy_twins_drift_only_above_the_unit_roundoff() -
 def test_overlap_margins_are_a_factor_one_and_a_quarter_on_loss_and_two_on_drift() -> None:
     assert overlap(1e-3, loss=0.06 / 1.25 * 1.001).unstable and not overlap(1e-3, loss=0.06 / 1.25 * 0.999).unstable
     assert not overlap(1e-3, loss=0.0).unstable
-    assert overlap(FLOOR * 2 * 0.999).unstable and not overlap(FLOOR * 2 * 1.001).unstable
-    assert overlap(1e-3, FLOOR / 2 * 1.001).unstable  # 1 of 2: the near one could join
+    assert one_near(overlap(FLOOR * 2 * 0.999)) and not overlap(FLOOR * 2 * 1.001).unstable
+    assert one_near(overlap(1e-3, FLOOR / 2 * 1.001))  # 1 of 2: the near one could join
     assert not overlap(1e-3, FLOOR / 2 * 0.999).unstable
     assert not overlap(1e-3, 1e-3, FLOOR / 2 * 1.001).unstable  # 2 of 3 already: joining changes nothing
-    assert not overlap(1e-3, FLOOR / 2 * 1.001, loss=0.1).unstable  # the loss decides (outside its margin)
+    assert not overlap(1e-3, FLOOR / 2 * 1.001, loss=0.1).unstable
+    assert (
+        overlap(FLOOR * 2).unstable and overlap(1e-3, FLOOR / 2).unstable
+    )  # the factor 2 is inclusive  # the loss decides (outside its margin)
 
 
 def test_drift_rates_span_at_most_3x_while_sdc_rates_span_10x() -> None:
@@ -265,7 +289,7 @@ def test_spikes_count_more_faults_than_scripted_ones_with_a_1_65x_margin() -> No
 
 
 def test_spike_window_is_the_querys() -> None:
-    sql = (Path(rules.__file__).parent / "queries" / "rq3_loss_spikes.sql").read_text()
+    sql = (Path(__file__).parents[2] / "analysis" / "queries" / "rq3_loss_spikes.sql").read_text()
     assert f"s.step - {rules.SPIKE_WINDOW} AND s.step" in sql
 
 
@@ -291,6 +315,14 @@ def test_accuracy_counts_results_strictly_below_the_lowest_twin_with_a_one_point
     assert rules.accuracy(GOLDEN + TWINS + near).unstable  # within a point of the lowest twin's 0.78: could fall
     far = under[:5] + [acc(f"node-{i:02d}", "suspect", "copy", 0.795) for i in range(6, 11)]
     assert not rules.accuracy(GOLDEN + TWINS + far).unstable
+    # the margin is inclusive: 0.02 - 0.01 is exactly 0.01 in floats
+    floor = [acc("golden", "golden", "c", 0.8, chance=0.0)] + [
+        acc(label, "suspect", "c", a, chance=0.0)
+        for label, a in (("golden-twin", 0.02), ("golden-twin-2", 0.5), ("golden-twin-3", 0.6))
+    ]
+    six = [acc(f"node-{i:02d}", "suspect", "c", a, chance=0.0) for i, a in enumerate([0.005] * 5 + [0.01] + [0.8] * 4)]
+    v = rules.accuracy(floor + six)
+    assert v.outcome == "not reproduced" and one_near(v)
     collapsed = [acc(f"node-{i}", "suspect", "copy", 0.25) for i in range(21, 23)]
     v = rules.accuracy(GOLDEN + TWINS + at + collapsed)
     assert "0 of 10" in v.ours and "left out: node-21, node-22" in v.ours
@@ -304,10 +336,15 @@ def test_disagreement_range_is_inclusive_with_a_one_point_margin_and_needs_accur
     assert v.outcome == "reproduced" and "6 of 10" in v.ours and "0 above it" in v.ours  # bound 6
     v = rules.disagreement(pairs([0.10] * 3 + [0.141] * 7))
     assert v.outcome == "not reproduced" and "7 above it" in v.ours
-    assert rules.disagreement(pairs([0.10] * 3 + [0.5] * 6 + [0.131])).unstable  # 6 outside; 0.131 near 0.14
+    assert one_near(rules.disagreement(pairs([0.10] * 3 + [0.5] * 6 + [0.131])))  # 6 outside; 0.131 near 0.14
     assert not rules.disagreement(pairs([0.10] * 3 + [0.5] * 6 + [0.129])).unstable
-    assert rules.disagreement(pairs([0.10] * 3 + [0.5] * 6 + [0.089])).unstable  # 0.089: a point from 0.08
+    assert one_near(rules.disagreement(pairs([0.10] * 3 + [0.5] * 6 + [0.089])))  # 0.089: a point from 0.08
     assert not rules.disagreement(pairs([0.10] * 3 + [0.5] * 6 + [0.091])).unstable
+    # the margin is inclusive: 0.02 - 0.01 is exactly 0.01 in floats
+    twins = [("golden-twin", 0.02), ("golden-twin-2", 0.1), ("golden-twin-3", 0.1), ("golden-twin-4", 0.2)] * 3
+    d = [0.1] * 2 + [0.5] * 7 + [0.01]  # 8 outside the 4 twins' 0.02-0.2, the bound binomial_upper(10, 2/5) 7
+    v = rules.disagreement([dis(f"node-{i}", x, twin=t, baseline=b) for i, (x, (t, b)) in enumerate(zip(d, twins))])
+    assert v.outcome == "not reproduced" and one_near(v)
     quarter = [{**r, "suspect_accuracy": 0.25} for r in pairs([0.10] * 10)]
     assert rules.disagreement(quarter).outcome == "not measured"
     assert rules.disagreement([{**r, "suspect_accuracy": 0.26} for r in quarter]).outcome == "reproduced"
