@@ -126,7 +126,9 @@ def test_heavy_tail_is_100x_or_more_with_a_factor_one_and_a_quarter_margin() -> 
     assert not v(79.9).unstable and not v(125.1).unstable
     assert "1 of them by an Inf or NaN" in v(float("inf")).ours and "largest finite 1x" in v(float("inf")).ours
     assert v(100).outcome == "reproduced" and "Inf" not in v(100).ours
-    assert rules.heavy_tail([{**rq1("node-01"), "max_rel": None}]).outcome == "not reproduced"
+    unknown = rules.heavy_tail([{**rq1("node-01"), "max_rel": None}])
+    assert unknown.outcome == "not reproduced" and "largest finite 0x" in unknown.ours
+    assert "largest finite 0x" in rules.heavy_tail([rq1("node-01", max_rel=float("inf"))]).ours
 
 
 def recall(*values: float, faults: int = 10) -> list[Row]:
@@ -204,6 +206,9 @@ def test_drift_floor_is_the_healthy_twins_drift_only_above_the_unit_roundoff() -
 def test_overlap_margins_are_a_factor_one_and_a_quarter_on_loss_and_two_on_drift() -> None:
     assert overlap(1e-3, loss=0.06 / 1.25 * 1.001).unstable and not overlap(1e-3, loss=0.06 / 1.25 * 0.999).unstable
     assert not overlap(1e-3, loss=0.0).unstable
+    same = rules.overlap([{**TWIN, "mean_abs_loss_diff": 0.0}, rq3("node-01", "fleet", faults=5, drift=1e-3)])
+    assert same.outcome == "reproduced" and not same.unstable  # no loss difference at all is not "near" one
+    assert "median final drift 0.001" in overlap(1e-3).ours
     assert one_near(overlap(FLOOR * 2 * 0.999)) and not overlap(FLOOR * 2 * 1.001).unstable
     assert one_near(overlap(1e-3, FLOOR / 2 * 1.001))  # 1 of 2: the near one could join
     assert not overlap(1e-3, FLOOR / 2 * 0.999).unstable
