@@ -48,6 +48,28 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     "half, an irrational number no rank correlation of checkpoints hits",
     ("if hi < FOLLOWS:", "op 0: < -> <="): "sharpness: hi equals 0.3 exactly only for a rho no rank correlation hits, "
     "as for lo > 0",
+    ('near = [abs(r["fault_fano"] / bound[r["node_label"]] - 1) <= 0.1 for r in nodes]', "op 0: <= -> <"): "bursts: "
+    "x - 1 is exact for x in [0.5, 2] (Sterbenz) and 1 +- float(0.1) is not a float, so |x - 1| never equals 0.1",
+    ('near = [abs(r["abft_recall"] - 0.5) <= 0.1 for r in nodes]', "op 0: <= -> <"): "abft: recall - 0.5 is exact "
+    "near 0.5 and 0.5 +- float(0.1) is not a float, so the distance never equals 0.1",
+    (
+        'nodes = [r for r in fleet_nodes(rows) if (r["fault_steps"] or 0) >= 2 and r["fault_fano"] is not None]',
+        "0 -> 1",
+    ): "bursts: a missing fault_steps read as 1 instead of 0 is still below 2",
+    ('heavy = sorted(r["node_label"] for r in nodes if (r["max_rel"] or 0) >= 100)', "0 -> 1"): "heavy_tail: a "
+    "missing max_rel read as 1 instead of 0 is still below 100",
+    ('nonfinite = sum(not math.isfinite(r["max_rel"] or 0) for r in nodes)', "0 -> 1"): "heavy_tail: 1 and 0 are "
+    "both finite",
+    ('worst = max((r["max_rel"] or 0 for r in nodes if math.isfinite(r["max_rel"] or 0)), default=0)', "0 -> 1"): (
+        "heavy_tail: three 0s on this line; the filter's (1 and 0 both finite) survives; the test on a missing "
+        "max_rel ('largest finite 0x') kills the other two, which share this key"
+    ),
+    ('near = [100 / 1.25 <= (r["max_rel"] or 0) <= 100 * 1.25 for r in nodes]', "0 -> 1"): "heavy_tail: a missing "
+    "max_rel read as 1 instead of 0 is still far below 80",
+    ('near = [floor / 2 <= (r["final_drift"] or 0) <= floor * 2 for r in nodes]', "0 -> 1"): "overlap: a missing "
+    "drift read as 1 instead of 0 is still outside floor/2..2 floor (the floor is at most a drift, far below 1)",
+    ("bound = binomial_upper(len(nodes), min(1.0, 2 / (n + 1)))", "1.0 -> 2.0"): "disagreement: 2 / (n + 1) is at "
+    "most 1 for n >= 1 twins, so the cap at 1 or 2 never binds",
 }
 
 

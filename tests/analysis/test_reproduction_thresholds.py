@@ -81,6 +81,8 @@ def test_frequent_nodes_need_half_the_steps_with_a_step_either_side_as_margin() 
 def test_frequent_nodes_spread_is_over_the_nodes_with_a_mismatch() -> None:
     rows = [{**rq1("node-01", calls=30, steps=20), "frequency": 1e-3}, {**BUSY[0], "frequency": 1e-5}, rq1("node-09")]
     assert "spans 100x across the nodes with any" in rules.frequent_nodes(rows).ours
+    one_call = [*rows[:1], {**rq1("node-02", calls=1, steps=1), "frequency": 1e-5}]
+    assert "spans 100x" in rules.frequent_nodes(one_call).ours
     rows[1]["frequency"] = 0.0
     assert "spans" not in rules.frequent_nodes(rows).ours
 
@@ -209,6 +211,9 @@ def test_overlap_margins_are_a_factor_one_and_a_quarter_on_loss_and_two_on_drift
     same = rules.overlap([{**TWIN, "mean_abs_loss_diff": 0.0}, rq3("node-01", "fleet", faults=5, drift=1e-3)])
     assert same.outcome == "reproduced" and not same.unstable  # no loss difference at all is not "near" one
     assert "median final drift 0.001" in overlap(1e-3).ours
+    unknown = rq3("node-02", "fleet", faults=1, loss=0.01, drift=None)  # type: ignore[arg-type]
+    v = rules.overlap([TWIN, rq3("node-01", "fleet", faults=1, loss=0.01, drift=0.0), unknown])
+    assert "0 of 2 nodes drift" in v.ours and "median final drift 0," in v.ours  # one fault is enough to count
     assert one_near(overlap(FLOOR * 2 * 0.999)) and not overlap(FLOOR * 2 * 1.001).unstable
     assert one_near(overlap(1e-3, FLOOR / 2 * 1.001))  # 1 of 2: the near one could join
     assert not overlap(1e-3, FLOOR / 2 * 0.999).unstable
@@ -287,6 +292,8 @@ def test_spikes_count_more_faults_than_scripted_ones_with_a_1_65x_margin() -> No
     assert "reported apart" not in rules.spikes([spike("node-03", "fleet", faults=1)]).ours
     assert rules.spikes([spike("node-03", "fleet", faults=2, ratio=1.64)]).unstable
     assert not rules.spikes([spike("node-03", "fleet", faults=2, ratio=1.66)]).unstable
+    assert not rules.spikes([spike("node-03", "fleet", faults=2, ratio=1.5 * rules.SPIKE_MARGIN)]).unstable
+    assert "golden-twin 0" in rules.spikes([spike("node-03", "fleet", faults=2)]).ours
     assert not rules.spikes([spike("node-03", "fleet", faults=2, ratio=None)]).unstable  # type: ignore[arg-type]
     both = [spike("node-03", "fleet", faults=2, ratio=1.6), spike("node-04", "fleet", faults=2, ratio=2.0)]
     assert not rules.spikes(both).unstable  # one clear spike is enough
@@ -305,6 +312,7 @@ def test_learnt_tasks_need_ten_points_above_chance_and_no_collapse() -> None:
     assert rules.LEARNT == 0.10
     assert rules.learnt_tasks([acc("golden", "golden", "copy", 0.36)]) == {"copy"}
     assert rules.learnt_tasks([acc("golden", "golden", "copy", 0.34)]) == set()
+    assert rules.learnt_tasks([acc("golden", "golden", "copy", 0.35)]) == {"copy"}  # 0.25 + 0.10 is 0.35
     assert rules.learnt_tasks([{**acc("golden", "golden", "copy", 0.9), "collapsed": True}]) == set()
     assert rules.learnt_tasks([acc("golden-twin", "twin", "copy", 0.9)]) == set()
 
@@ -320,6 +328,8 @@ def test_accuracy_counts_results_strictly_below_the_lowest_twin_with_a_one_point
     assert rules.accuracy(GOLDEN + TWINS + near).unstable  # within a point of the lowest twin's 0.78: could fall
     far = under[:5] + [acc(f"node-{i:02d}", "suspect", "copy", 0.795) for i in range(6, 11)]
     assert not rules.accuracy(GOLDEN + TWINS + far).unstable
+    assert one_near(rules.accuracy(GOLDEN + TWINS + under[:5] + far[5:6] + near[5:6] + far[7:]))
+    assert "copy 78 %-82 %" in rules.accuracy(GOLDEN + TWINS + far).ours  # the learnt task's twins only
     # the margin is inclusive: 0.02 - 0.01 is exactly 0.01 in floats
     floor = [acc("golden", "golden", "c", 0.8, chance=0.0)] + [
         acc(label, "suspect", "c", a, chance=0.0)
@@ -350,6 +360,11 @@ def test_disagreement_range_is_inclusive_with_a_one_point_margin_and_needs_accur
     d = [0.1] * 2 + [0.5] * 7 + [0.01]  # 8 outside the 4 twins' 0.02-0.2, the bound binomial_upper(10, 2/5) 7
     v = rules.disagreement([dis(f"node-{i}", x, twin=t, baseline=b) for i, (x, (t, b)) in enumerate(zip(d, twins))])
     assert v.outcome == "not reproduced" and one_near(v)
+    assert "0 above it" in rules.disagreement(pairs([0.14] * 10)).ours  # the top of the range is inside
+    two = [dis(f"node-{i:02d}", 0.5, twin=t, baseline=b) for i, (t, b) in enumerate([("golden-twin", 0.1)] * 9, 1)]
+    two.append(dis("node-10", 0.5, twin="golden-twin-2", baseline=0.12))
+    assert "at most 9 expected" in rules.disagreement(two).ours  # 2 twins: p = 2/3 (a probability below 1)
+    assert "median disagreement" not in rules.disagreement([dis("node-01", 0.2, baseline=0.0)]).ours
     quarter = [{**r, "suspect_accuracy": 0.25} for r in pairs([0.10] * 10)]
     assert rules.disagreement(quarter).outcome == "not measured"
     assert rules.disagreement([{**r, "suspect_accuracy": 0.26} for r in quarter]).outcome == "reproduced"
@@ -364,6 +379,11 @@ def test_destroyed_needs_accuracy_at_or_below_chance_with_a_two_point_margin() -
     assert v(acc("node-01", "suspect", "copy", 0.25)).outcome == "reproduced"
     assert v(acc("node-01", "suspect", "copy", 0.26)).outcome == "not reproduced"
     assert v({**acc("node-01", "suspect", "copy", 0.2), "collapsed": False}).outcome == "not reproduced"
+    assert not v({**acc("node-01", "suspect", "copy", 0.25), "collapsed": False}).unstable  # at chance: not above
+    twin_at = [acc("golden-twin-4", "suspect", "copy", 0.35)]  # learnt: 0.25 + 0.10
+    assert rules.destroyed(GOLDEN + TWINS + twin_at + [acc("node-01", "suspect", "copy", 0.0)]).outcome == (
+        "reproduced"
+    )
     assert (
         v(acc("node-01", "suspect", "copy", 0.27)).unstable and not v(acc("node-01", "suspect", "copy", 0.28)).unstable
     )
