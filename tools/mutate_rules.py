@@ -68,6 +68,8 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     "max_rel read as 1 instead of 0 is still far below 80",
     ('near = [floor / 2 <= (r["final_drift"] or 0) <= floor * 2 for r in nodes]', "0 -> 1"): "overlap: a missing "
     "drift read as 1 instead of 0 is still outside floor/2..2 floor (the floor is at most a drift, far below 1)",
+    ('above = sum(1 for r in outside if r["disagreement"] > max(twins[r["task"]]))', "op 0: > -> >="): "disagreement: "
+    "a result at the range's top is inside it, so no result counted here equals the top",
     ("bound = binomial_upper(len(nodes), min(1.0, 2 / (n + 1)))", "1.0 -> 2.0"): "disagreement: 2 / (n + 1) is at "
     "most 1 for n >= 1 twins, so the cap at 1 or 2 never binds",
 }

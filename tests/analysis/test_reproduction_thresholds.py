@@ -329,7 +329,11 @@ def test_accuracy_counts_results_strictly_below_the_lowest_twin_with_a_one_point
     far = under[:5] + [acc(f"node-{i:02d}", "suspect", "copy", 0.795) for i in range(6, 11)]
     assert not rules.accuracy(GOLDEN + TWINS + far).unstable
     assert one_near(rules.accuracy(GOLDEN + TWINS + under[:5] + far[5:6] + near[5:6] + far[7:]))
-    assert "copy 78 %-82 %" in rules.accuracy(GOLDEN + TWINS + far).ours  # the learnt task's twins only
+    sort = [acc("golden", "golden", "sort", 0.9)] + [
+        acc(label, "suspect", "sort", a)
+        for label, a in (("golden-twin", 0.4), ("golden-twin-2", 0.5), ("golden-twin-3", 0.45))
+    ]
+    assert "copy 78 %-82 %, sort 40 %-50 %" in rules.accuracy(GOLDEN + TWINS + sort + far).ours  # each task's own
     # the margin is inclusive: 0.02 - 0.01 is exactly 0.01 in floats
     floor = [acc("golden", "golden", "c", 0.8, chance=0.0)] + [
         acc(label, "suspect", "c", a, chance=0.0)
@@ -346,7 +350,8 @@ def test_accuracy_counts_results_strictly_below_the_lowest_twin_with_a_one_point
 
 
 def test_disagreement_range_is_inclusive_with_a_one_point_margin_and_needs_accuracy_above_a_quarter() -> None:
-    assert rules.disagreement(pairs([0.08] * 5 + [0.14] * 5)).outcome == "reproduced"  # the range's ends: inside
+    assert rules.disagreement(pairs([0.08] * 7 + [0.14] * 3)).outcome == "reproduced"  # the range's ends: inside
+    assert rules.disagreement(pairs([0.08] * 3 + [0.14] * 7)).outcome == "reproduced"
     v = rules.disagreement(pairs([0.10] * 4 + [0.079] * 6))
     assert v.outcome == "reproduced" and "6 of 10" in v.ours and "0 above it" in v.ours  # bound 6
     v = rules.disagreement(pairs([0.10] * 3 + [0.141] * 7))
