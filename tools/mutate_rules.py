@@ -146,12 +146,12 @@ def apply(source: str, index: int) -> str:
         if i != index:
             continue
         if kind == "compare":
-            at, op = new  # type: ignore[misc]
-            node.ops[at] = op()  # type: ignore[attr-defined]
+            at, op = new  # type: ignore[misc]  # new is a (place, op class) pair here
+            node.ops[at] = op()  # type: ignore[attr-defined]  # node is an ast.Compare
         elif kind in ("boolop", "binop"):
-            node.op = new()  # type: ignore[attr-defined,operator]
+            node.op = new()  # type: ignore[attr-defined,operator]  # a BoolOp or BinOp, new its op class
         else:
-            node.value = new  # type: ignore[attr-defined]
+            node.value = new  # type: ignore[attr-defined]  # node is an ast.Constant
         return ast.unparse(tree)
     raise IndexError(f"mutant {index} does not exist: the source has {len(mutants(source))}")
 
@@ -167,7 +167,7 @@ def _child(source: str, workdir: Path, tests: tuple[str, ...]) -> int:
     spec.loader.exec_module(module)
     import analysis
 
-    analysis.reproduction_rules = module  # type: ignore[attr-defined]
+    analysis.reproduction_rules = module  # type: ignore[attr-defined]  # the mutant replaces it
     import pytest
 
     devnull = os.open(os.devnull, os.O_WRONLY)

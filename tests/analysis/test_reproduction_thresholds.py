@@ -28,7 +28,7 @@ BUSY = [rq1(f"node-{i}", calls=5, steps=2, faults=5) for i in range(10, 24)]  # 
 
 
 def silent(count: int, *, total: int = 5, **kw: object) -> list[Row]:
-    return [rq1(f"node-0{i + 1}", **kw) for i in range(count)] + BUSY[: total - count]  # type: ignore[arg-type]
+    return [rq1(f"node-0{i + 1}", **kw) for i in range(count)] + BUSY[: total - count]  # type: ignore[arg-type]  # rq1 keywords
 
 
 def test_silent_nodes_accepts_one_to_the_binomial_upper_end() -> None:
@@ -51,7 +51,7 @@ def test_the_study_share_is_2_of_15() -> None:
 
 def test_a_verdict_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
-        rules.silent_nodes(silent(1)).outcome = "reproduced"  # type: ignore[misc]
+        rules.silent_nodes(silent(1)).outcome = "reproduced"  # type: ignore[misc]  # frozen: it must raise
 
 
 def test_silent_nodes_margin_is_faults_without_a_mismatch_or_exactly_one_mismatch() -> None:
@@ -211,7 +211,7 @@ def test_overlap_margins_are_a_factor_one_and_a_quarter_on_loss_and_two_on_drift
     same = rules.overlap([{**TWIN, "mean_abs_loss_diff": 0.0}, rq3("node-01", "fleet", faults=5, drift=1e-3)])
     assert same.outcome == "reproduced" and not same.unstable  # no loss difference at all is not "near" one
     assert "median final drift 0.001" in overlap(1e-3).ours
-    unknown = rq3("node-02", "fleet", faults=1, loss=0.01, drift=None)  # type: ignore[arg-type]
+    unknown = rq3("node-02", "fleet", faults=1, loss=0.01, drift=None)  # type: ignore[arg-type]  # a missing drift
     v = rules.overlap([TWIN, rq3("node-01", "fleet", faults=1, loss=0.01, drift=0.0), unknown])
     assert "0 of 2 nodes drift" in v.ours and "median final drift 0," in v.ours  # one fault is enough to count
     assert one_near(overlap(FLOOR * 2 * 0.999)) and not overlap(FLOOR * 2 * 1.001).unstable
@@ -294,7 +294,7 @@ def test_spikes_count_more_faults_than_scripted_ones_with_a_1_65x_margin() -> No
     assert not rules.spikes([spike("node-03", "fleet", faults=2, ratio=1.66)]).unstable
     assert not rules.spikes([spike("node-03", "fleet", faults=2, ratio=1.5 * rules.SPIKE_MARGIN)]).unstable
     assert "golden-twin 0" in rules.spikes([spike("node-03", "fleet", faults=2)]).ours
-    assert not rules.spikes([spike("node-03", "fleet", faults=2, ratio=None)]).unstable  # type: ignore[arg-type]
+    assert not rules.spikes([spike("node-03", "fleet", faults=2, ratio=None)]).unstable  # type: ignore[arg-type]  # no ratio
     both = [spike("node-03", "fleet", faults=2, ratio=1.6), spike("node-04", "fleet", faults=2, ratio=2.0)]
     assert not rules.spikes(both).unstable  # one clear spike is enough
     assert "spikes golden has too: 1" in rules.spikes([spike("node-03", "fleet", golden=True, faults=2)]).ours
