@@ -37,7 +37,7 @@ OUTCOMES: tuple[Outcome, ...] = ("reproduced", "not reproduced", "different", "n
 Rows = list[dict[str, Any]]
 TRIGGER, BASELINE, HEALTHY_TWIN = "trigger-ulp", "golden-twin", "node-00"
 
-STUDY_NODES, STUDY_SILENT, STUDY_FREQUENT = 15, 2, 2  # the study's fleet: 2 of 15 silent, 2 of 15 frequent
+STUDY_NODES, STUDY_SILENT = 15, 2  # the study's fleet: 2 of 15 silent (and 2 of 15 frequent: the same share)
 UNIT_ROUNDOFF = 2.0**-24  # float32: rounding every parameter once moves the relative norm by at most this
 SPIKE_WINDOW = 5  # steps: a spike counts when a fault fired at that step or up to this many before (the query's)
 SPIKE_MARGIN = 1.1  # a counted spike whose loss ratio lies below 1.1 x the spike rule's 1.5 is borderline
