@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/bench_log_write.py [--records 100000] [--repeat 7]
 
-The records are those the Tracer writes for the reference workload's step (as `bench_diff.py` writes them: 78
-TENSOR records a step, two microbatches of the input and 12 sites forward and backward, then 13 parameters' GRAD
-and PARAM records, then a `step` event), random 64-bit fingerprints. Each repeat writes a fresh log of `--records`
+The records are shaped as the Tracer writes a step of a small model (as `bench_diff.py` writes them): 76 TENSOR
+records a step (two microbatches of the input and 12 sites forward and backward, then 13 parameters' GRAD and PARAM
+records), then a `step` event; random 64-bit fingerprints. Each repeat writes a fresh log of `--records`
 TENSOR records into a temporary directory and closes it (END and fsync included); the script prints the best and the
 median time per record over the repeats, and the bytes per record. The cost is part of the traced step, which
 `bench_tracing.py` measures as a whole; this one isolates the encoding (blocks, their checksums, framing). The

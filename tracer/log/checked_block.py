@@ -25,22 +25,13 @@ from binascii import crc_hqx
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import repeat, starmap
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
-from tracer.log.codec import (
-    BLOCK_COLUMNS,
-    BLOCK_WIDTHS,
-    PayloadError,
-    Row,
-    block_records,
-    float32_column,
-    in_float32,
-    uint_column,
-)
+from tracer.log.codec import BLOCK_COLUMNS, BLOCK_WIDTHS, PayloadError, Row, block_records, float32_column, uint_column
 from tracer.log.framing import RecordType
 from tracer.log.records import MAX_BLOCK_ROWS, MAX_STEP, TensorRecord
 
@@ -49,7 +40,6 @@ _HEAD_CRC = struct.Struct("<I")
 HEAD_SIZE = _HEAD.size + _HEAD_CRC.size  # 29 bytes a copy
 _HEAD_SEED = zlib.crc32(bytes([RecordType.TENSOR_BLOCK]))  # the head's CRC starts with the type byte, as a frame's
 ROW_SEED = 0xFFFF  # CRC-16/CCITT's usual start: a row of zero bytes does not check as 0
-_UINT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
 _FLOATS = tuple(is_float for _, is_float, _ in BLOCK_COLUMNS)
 
 
@@ -81,23 +71,18 @@ def encode_block(step: int, rows: Sequence[Row]) -> bytes:
     n = len(rows)
     columns = [float32_column(c) if f else uint_column(c) for f, c in zip(_FLOATS, zip(*rows))]
     widths = tuple(len(c) // n for c in columns)
-    pack, kept = _row_packer(widths)
-    try:
-        checks = list(map(crc_hqx, starmap(pack, map(kept, rows)), repeat(ROW_SEED)))
-    except OverflowError:  # a float beyond float32's range: stored as the inf it rounds to, checked as stored
-        stored = [(*r[:4], in_float32(r[4]), in_float32(r[5]), *r[6:]) for r in rows]
-        checks = list(map(crc_hqx, starmap(pack, map(kept, stored)), repeat(ROW_SEED)))
-    head = _HEAD.pack(2 * HEAD_SIZE + n * (sum(widths) + 2), step, n, *widths)
+    size = sum(widths)
+    packed = np.concatenate([np.frombuffer(c, np.uint8).reshape(n, w) for c, w in zip(columns, widths) if w], axis=1)
+    row_bytes = map(itemgetter(0), _row_struct(size).iter_unpack(packed.tobytes()))  # row-major: each row's bytes
+    checks = struct.pack(f"<{n}H", *map(crc_hqx, row_bytes, repeat(ROW_SEED)))
+    head = _HEAD.pack(2 * HEAD_SIZE + n * (size + 2), step, n, *widths)
     head += _HEAD_CRC.pack(zlib.crc32(head, _HEAD_SEED))
-    return b"".join((head, head, *columns, struct.pack(f"<{n}H", *checks)))
+    return b"".join((head, head, *columns, checks))
 
 
-@lru_cache(maxsize=256)
-def _row_packer(widths: tuple[int, ...]) -> tuple[Any, Any]:
-    """(pack, pick): ``pack(*pick(row))`` is a row's bytes as the columns store them, column by column."""
-    kept = [i for i, w in enumerate(widths) if w]
-    codes = "".join("f" if _FLOATS[i] else _UINT_CODES[widths[i]] for i in kept)
-    return struct.Struct("<" + codes).pack, itemgetter(*kept)
+@lru_cache(maxsize=64)
+def _row_struct(size: int) -> struct.Struct:
+    return struct.Struct(f"{size}s")
 
 
 def find_head(data: Any, at: int, end: int) -> BlockHead | None:
