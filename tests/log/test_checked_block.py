@@ -153,3 +153,12 @@ def test_rows_whose_string_was_lost_are_lost_with_the_block(tmp_path: Path, head
     damaged = flipped(flipped(data, string + 9), block + 20)  # the STRING's payload; the block's head: salvaged
     entries, status = read(damaged, on_corruption="skip")
     assert entries == [] and status.lost_records >= 2
+
+
+def test_a_damaged_block_where_the_header_belongs_is_corruption_not_a_crash(block_log) -> None:
+    data, start, stop, _ = block_log
+    headless = data[:16] + flipped(data[start:stop], 5)  # no HEADER record, the block's CRC damaged
+    entries, status = read(headless, on_corruption="skip")
+    assert entries == [] and "segment starts with a damaged TENSOR_BLOCK record, expected HEADER" in str(
+        status.corruptions
+    )

@@ -201,9 +201,8 @@ class Segment:
         self._strings: dict[int, str] = {}
         self.index: int | None = None  # from the file header
         self.version = FORMAT_VERSION  # from the file header: which record types are defined, how blocks read
-        self._salvaged: tuple[BlockHead, str] | None = (
-            None  # head and problem of the block `_frames` yields as _SALVAGED
-        )
+        # The head and the frame's problem of the v3 block `_frames` yields as _SALVAGED, for `_salvage`.
+        self._salvaged: tuple[BlockHead, str] | None = None
         self.header: RunHeader | None = None
         self.first_record: int | None = None
         self.data_records = 0  # TENSOR and EVENT records in frames with a valid CRC, decodable or not
@@ -223,7 +222,7 @@ class Segment:
                 except PayloadError as e:
                     self._bad_record(first[0], first[2], str(e))
             else:
-                found = RecordType(first[1]).name
+                found = RecordType(first[1]).name if first[1] != _SALVAGED else "damaged TENSOR_BLOCK"
                 self._bad_record(first[0], first[2], f"segment starts with a {found} record, expected HEADER")
             first = None
         return frames if first is None else chain((first,), frames)
