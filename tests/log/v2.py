@@ -12,18 +12,9 @@ from pathlib import Path
 
 import msgpack
 
-from tracer.log import EndRecord, EventRecord, RecordType, RunHeader, TensorRecord
-from tracer.log.codec import (
-    BLOCK_COLUMNS,
-    Row,
-    encode_end,
-    encode_event,
-    encode_header,
-    encode_string,
-    encode_tensor,
-    float32_column,
-    uint_column,
-)
+from tests.log.v1 import HandFramed
+from tracer.log import EventRecord, RecordType, RunHeader, TensorRecord
+from tracer.log.codec import BLOCK_COLUMNS, Row, encode_event, encode_tensor, float32_column, uint_column
 from tracer.log.framing import FILE_HEADER, MAGIC, frame
 
 FIXTURE = Path(__file__).parent / "data" / "v2-log"
@@ -46,61 +37,37 @@ def write_v2_log(
     close: bool = True,
 ) -> Path:
     """A v2 log of `records` in `directory`, rolled and blocked as the v2 writer did; END unless `close` is False."""
-    directory.mkdir(parents=True)
-    written, index, block_step = 0, -1, -1
-    data = bytearray()
-    strings: dict[str, int] = {}
+    log = HandFramed(directory, header, 2)
     rows: list[Row] = []
-
-    def put(rtype: RecordType, payload: bytes) -> None:
-        data.extend(frame(rtype, payload))
+    block_step = -1
 
     def flush_block() -> None:
         if len(rows) > 1:
-            put(RecordType.TENSOR_BLOCK, encode_v2_block(block_step, rows))
+            log.put(RecordType.TENSOR_BLOCK, encode_v2_block(block_step, rows))
         elif rows:
-            put(RecordType.TENSOR, encode_tensor(block_step, rows[0]))
+            log.put(RecordType.TENSOR, encode_tensor(block_step, rows[0]))
         rows.clear()
 
-    def roll() -> None:
-        nonlocal index
-        flush_block()
-        if index >= 0:
-            (directory / f"{index:06d}.sdclog").write_bytes(data)
-        index += 1
-        data[:] = FILE_HEADER.pack(MAGIC, 2, 0, index)
-        strings.clear()
-        put(RecordType.HEADER, encode_header(header, written))
-
-    def intern(text: str) -> int:
-        if text not in strings:
-            strings[text] = len(strings)
-            put(RecordType.STRING, encode_string(strings[text], text))
-        return strings[text]
-
-    roll()
     for rec in records:
         if isinstance(rec, TensorRecord):
             if rec.step != block_step or len(rows) >= BLOCK_ROWS:
                 flush_block()
                 block_step = rec.step
-            if len(data) + len(rows) * ROW_BYTES >= segment_bytes:
-                roll()
-            name_id, meta_id = intern(rec.name), intern(rec.meta)
+            if len(log.data) + len(rows) * ROW_BYTES >= segment_bytes:
+                flush_block()
+                log.roll()
+            name_id, meta_id = log.intern(rec.name), log.intern(rec.meta)
             rows.append(
                 (rec.microbatch, name_id, rec.phase, rec.fingerprint, rec.l2, rec.absmax, rec.nan, rec.inf, meta_id)
             )
         else:
             flush_block()
-            if len(data) >= segment_bytes:
-                roll()
-            put(RecordType.EVENT, encode_event(rec))
-        written += 1
+            if len(log.data) >= segment_bytes:
+                log.roll()
+            log.put(RecordType.EVENT, encode_event(rec))
+        log.written += 1
     flush_block()
-    if close:
-        put(RecordType.END, encode_end(EndRecord("complete", written, "")))
-    (directory / f"{index:06d}.sdclog").write_bytes(data)
-    return directory
+    return log.close(close)
 
 
 def as_v2(path: Path) -> None:
