@@ -167,3 +167,42 @@ def test_a_damaged_block_where_the_header_belongs_is_corruption_not_a_crash(bloc
     assert entries == [] and "segment starts with a damaged TENSOR_BLOCK record, expected HEADER" in str(
         status.corruptions
     )
+
+
+def test_a_follower_waits_at_a_damaged_block_at_the_end_and_keeps_its_good_rows_once_more_follows(
+    tmp_path: Path,
+) -> None:
+    """Read live, a block whose frame fails is no corruption yet while it is the file's last bytes (they may still be
+    landing); once a valid frame follows, its good rows are read as LogReader reads them."""
+    import struct
+    import zlib
+
+    import msgpack
+
+    from tracer.log.checked_block import encode_block
+    from tracer.log.follow import LogFollower
+    from tracer.log.framing import frame
+    from tracer.log.runlock import RunLock
+
+    lock = RunLock.acquire(tmp_path)
+    w = LogWriter(tmp_path / "rank-00000", run_header())
+    w.write_tensor(TensorRecord(0, 0, "a", Phase.FORWARD, 1, 0.0, 0.0, 0, 0, "m"))  # strings 0 and 1
+    w.abandon()
+    follower = LogFollower(tmp_path / "rank-00000", on_corruption="skip")
+    assert len(follower.poll()) == 1
+    block = bytearray(
+        frame(RecordType.TENSOR_BLOCK, encode_block(1, [(0, 0, 0, fp, 0.5, 0.5, 0, 0, 1) for fp in range(8)]))
+    )
+    block[len(block) - 20] ^= 0xFF  # a row's fingerprint
+    payload = msgpack.packb({"kind": "step", "step": 1, "fields": {}})
+    event = struct.pack("<IIB", len(payload), zlib.crc32(bytes([RecordType.EVENT]) + payload), RecordType.EVENT)
+    with open(tmp_path / "rank-00000" / "000000.sdclog", "ab") as f:
+        f.write(bytes(block))
+        f.flush()
+        assert follower.poll() == [] and not follower.status.corruptions
+        f.write(event + payload)
+    items = follower.poll()
+    kept = [i.record.fingerprint for i in items if isinstance(getattr(i, "record", None), TensorRecord)]
+    assert len(kept) == 7 and set(kept) < set(range(8)) and follower.status.lost_records == 1
+    assert "own checks kept 7 of its 8 records" in follower.status.corruptions[0][2]
+    lock.release()

@@ -373,8 +373,10 @@ class Segment:
                     yield pos, rtype, view[pos + FRAME_SIZE : stop]
                     pos = stop
                     continue
-            # A v3 TENSOR_BLOCK carries its head twice and a check per row: it may be read past a bad frame.
-            if not self._ended and self.version >= 3 and (head := find_head(view, pos + FRAME_SIZE, end)) is not None:
+            # A v3 TENSOR_BLOCK carries its head twice and a check per row: it may be read past a bad frame (read live,
+            # not while it is the file's last bytes: they may still be landing, as for any record).
+            head = find_head(view, pos + FRAME_SIZE, end) if self.version >= 3 and not self._ended else None
+            if head is not None and not (self._live and pos + FRAME_SIZE + head.length == end):
                 stop = pos + FRAME_SIZE + head.length
                 self._salvaged, self.pos = (head, reason), stop
                 yield pos, _SALVAGED, view[pos + FRAME_SIZE : stop]
