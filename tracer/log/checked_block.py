@@ -14,7 +14,7 @@ so one flipped byte loses at most the one record whose bytes it touched:
     head = find_head(view, at, end)                     # a frame whose CRC did not: is a block there?
     records, lost = salvage_block(view[at:at + head.length], head, strings)
 
-docs/log-format.md ("TENSOR_BLOCK (6), format v3") is the specification.
+docs/log-format.md ("TENSOR_BLOCK in format v3") is the specification.
 """
 
 from __future__ import annotations
@@ -157,8 +157,7 @@ def salvage_block(
     columns = [m.reshape(n, w) for m, w in zip(head.columns(raw), widths)]  # (rows, width) each
     checks = raw[2 * HEAD_SIZE + n * (head.row_bytes - 2) :].view("<u2")
     rows = np.concatenate(columns, axis=1).tobytes()  # row-major: row i's bytes, column by column
-    size = head.row_bytes - 2
-    found = map(crc_hqx, (rows[i * size : (i + 1) * size] for i in range(n)), repeat(ROW_SEED))
+    found = map(crc_hqx, map(itemgetter(0), _row_struct(head.row_bytes - 2).iter_unpack(rows)), repeat(ROW_SEED))
     good = np.flatnonzero(np.fromiter(found, np.uint16, n) == checks)
     if not len(good):
         return [], n
