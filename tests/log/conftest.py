@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.log.v1 import write_v1_log
+from tests.log.v2 import write_v2_log
 from tracer.log import SCHEMA_VERSION, EventRecord, LogWriter, Phase, RecordType, RunHeader, TensorRecord
 
 Frame = tuple[int, int, int]  # (offset, record type, payload length)
@@ -19,6 +20,11 @@ DATA_TENSORS = (RecordType.TENSOR, RecordType.TENSOR_BLOCK)  # the frames that h
 
 @pytest.fixture
 def header() -> RunHeader:
+    return run_header()
+
+
+def run_header() -> RunHeader:
+    """The `header` fixture's value, for fixtures of a wider scope."""
     return RunHeader(
         schema_version=SCHEMA_VERSION,
         run_id="run-0001",
@@ -73,15 +79,17 @@ def records(n: int) -> list[TensorRecord | EventRecord]:
 
 @pytest.fixture
 def make_log(tmp_path: Path, header: RunHeader) -> Callable[..., Path]:
-    """Writes `records(n)`, closed cleanly unless `close=False`: with LogWriter (format v2: tensor blocks), or, with
-    `version=1`, framed as the v1 writer framed them (one TENSOR record each)."""
+    """Writes `records(n)`, closed cleanly unless `close=False`: with LogWriter (format v3: tensor blocks with a
+    check per row), or, with `version=1` or `2`, framed as the writers of those formats framed them (v1: one TENSOR
+    record each; v2: tensor blocks whose only check is their frame's)."""
 
     def make(
-        n: int = 60, *, segment_bytes: int = 64 << 20, close: bool = True, name: str = "rank-00000", version: int = 2
+        n: int = 60, *, segment_bytes: int = 64 << 20, close: bool = True, name: str = "rank-00000", version: int = 3
     ) -> Path:
         directory = tmp_path / name
-        if version == 1:
-            return write_v1_log(directory, header, records(n), segment_bytes=segment_bytes, close=close)
+        if version in (1, 2):
+            write = write_v1_log if version == 1 else write_v2_log
+            return write(directory, header, records(n), segment_bytes=segment_bytes, close=close)
         w = LogWriter(directory, header, segment_bytes=segment_bytes)
         for rec in records(n):
             if isinstance(rec, TensorRecord):

@@ -17,6 +17,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from tests.log.v3 import join_block, split_block
 from tests.support import reframe
 from tracer.errors import SdcError
 from tracer.log import LogReader, Phase, RecordType, TensorRecord, rank_dir, read_segment, read_segment_columns
@@ -72,10 +73,10 @@ def mutate(rank: Path, rng: random.Random) -> tuple[str, bool]:
         blocks = [f for f in frames(bytes(data)) if f[1] == RecordType.TENSOR_BLOCK]
         if blocks:
             pos, _, length = rng.choice(blocks)
-            block = msgpack.unpackb(bytes(data[pos + 9 : pos + 9 + length]))
-            reframe(path, pos, msgpack.packb(mutate_block(block, rng)))
+            block = split_block(bytes(data[pos + 9 : pos + 9 + length]))  # format v3's, which the run was written in
+            reframe(path, pos, join_block(mutate_block(block, rng)))
             return f"block {path.name}@{pos}", False
-    pos, rtype, length = rng.choice(frames(bytes(data)))
+    pos, rtype, length = rng.choice([f for f in frames(bytes(data)) if f[1] != RecordType.TENSOR_BLOCK])
     value = msgpack.unpackb(bytes(data[pos + 9 : pos + 9 + length]), raw=False)
     if isinstance(value, list) and value:
         value[rng.randrange(len(value))] = rng.choice(WRONG)

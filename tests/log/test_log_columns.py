@@ -12,6 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from tests.log.v3 import join_block, split_block
 from tests.support import reframe
 from tracer.errors import LogCorruptionError
 from tracer.log import (
@@ -148,7 +149,7 @@ def test_what_corruption_hid_agrees_across_segments(make_log, frames) -> None:
     assert gap.records > 0 and None not in (gap.first_step, gap.last_step) and gap.first_step <= gap.last_step
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_clean_multi_segment_log_matches_the_reference(make_log, version: int) -> None:
     log = make_log(3000, segment_bytes=20_000, version=version)
     tensors, events, problems, torn, complete = same(log)
@@ -262,9 +263,9 @@ def test_block_values_beyond_the_bounds_are_reported_by_both_readers(tmp_path: P
     path = tmp_path / "rank-00000" / "000000.sdclog"
     first = next(f[0] for f in frames(path) if f[1] == RecordType.TENSOR_BLOCK)
     data = path.read_bytes()
-    block = msgpack.unpackb(data[first + 9 : first + 9 + struct.unpack_from("<I", data, first)[0]])
+    block = split_block(data[first + 9 : first + 9 + struct.unpack_from("<I", data, first)[0]])
     block[8] = struct.pack("<3Q", 0, 2**63, 0)  # nan: beyond int64
-    reframe(path, first, msgpack.packb(block))
+    reframe(path, first, join_block(block))
     seg = read_segment_columns(path.read_bytes(), str(path), last=True, on_corruption="skip")
     assert seg.tensors.step.tolist() == [2, 2, 2] and seg.tensors.fingerprint.tolist() == [0, 1, 2]
     reasons = [reason for _, _, reason in seg.status.corruptions]
@@ -325,6 +326,6 @@ def test_a_first_segment_whose_header_is_cut_counts_its_records_from_the_next_he
     else:
         first.write_bytes(bytes(data[:cut]))
     read = sum(1 for e in LogReader(log, on_corruption="skip").entries() if e.segment == 0)
-    assert held > 100 and second.exists() and (read == 0) == (cut != "header-record")
+    assert held > 80 and second.exists() and (read == 0) == (cut != "header-record")
     for lost in (lost_in_order(log), lost_apart(log)):
         assert sum(r.records for r in lost if r.file == str(first)) == held - read, lost

@@ -17,9 +17,10 @@ from tests.log.conftest import DATA_TENSORS, in_frame
 from tracer.errors import LogCorruptionError
 from tracer.log import EventRecord, LogReader, LostRange, RecordType, TornTailWarning
 
-# Every failure mode that involves a record holding tensors, for both formats: v1 (a TENSOR record per tensor) and
-# v2 (TENSOR_BLOCKs of one step's tensors).
-VERSIONS = pytest.mark.parametrize("version", [1, 2])
+# Every failure mode that involves a record holding tensors, for every format: v1 (a TENSOR record per tensor), v2
+# (TENSOR_BLOCKs of one step's tensors) and v3 (TENSOR_BLOCKs with their head twice and a check per row, which keep
+# the records a damaged frame did not touch).
+VERSIONS = pytest.mark.parametrize("version", [1, 2, 3])
 
 
 def read_all(directory: Path, **kw):
@@ -43,7 +44,7 @@ def flip(path: Path, offset: int) -> None:
 
 
 def middle_tensor(frames, path: Path) -> tuple[int, int, int]:
-    """The middle frame holding tensors: a TENSOR record (v1) or a TENSOR_BLOCK (v2)."""
+    """The middle frame holding tensors: a TENSOR record (v1) or a TENSOR_BLOCK (v2, v3)."""
     tensors = [f for f in frames(path) if f[1] in DATA_TENSORS]
     return tensors[len(tensors) // 2]
 
@@ -114,6 +115,7 @@ def test_crc_mismatch_names_file_and_offset(make_log, frames, version: int) -> N
     (path,) = LogReader(directory).segments
     intact, _ = read_all(directory)
     bad = offset, _, length = middle_tensor(frames, path)
+    held = [e for e in intact if in_frame(e.offset, bad)]
     flip(path, offset + 9 + length // 2)
 
     with pytest.raises(LogCorruptionError, match="CRC mismatch") as err:
@@ -122,8 +124,14 @@ def test_crc_mismatch_names_file_and_offset(make_log, frames, version: int) -> N
     assert f"{path}: corrupt record at byte {offset}" in str(err.value)
 
     entries, status = read_all(directory, on_corruption="skip")
-    assert entries == [e for e in intact if not in_frame(e.offset, bad)]
-    assert (status.skipped_records, status.skipped_bytes) == (1, 9 + length)
+    if version < 3:
+        assert entries == [e for e in intact if not in_frame(e.offset, bad)]
+        assert (status.skipped_records, status.skipped_bytes) == (1, 9 + length)
+    else:  # the block's own checks keep every record but the one whose bytes the flip touched
+        (lost,) = [e for e in intact if e not in entries]
+        assert in_frame(lost.offset, bad) and len(entries) == len(intact) - 1
+        assert status.skipped_records == 1 and status.lost_records == 1
+        assert err.value.reason.endswith(f"own checks kept {len(held) - 1} of its {len(held)} records")
     assert status.corruptions == [(str(path), offset, err.value.reason)]
     assert status.complete
 
@@ -149,8 +157,11 @@ def test_corrupted_length_field(make_log, frames, length, reason: str, version: 
     assert err.value.offset == offset
 
     entries, status = read_all(directory, on_corruption="skip")
-    assert entries == [e for e in intact if not in_frame(e.offset, bad)]
-    assert not status.torn_tail and status.skipped_records == 1
+    assert not status.torn_tail and len(status.corruptions) == 1
+    if version < 3:
+        assert entries == [e for e in intact if not in_frame(e.offset, bad)] and status.skipped_records == 1
+    else:  # the block's head, written twice, says where it ends: nothing is lost
+        assert entries == intact and status.lost == [] and "kept 6 of its 6 records" in err.value.reason
 
 
 @pytest.mark.parametrize(("version", "rtype"), [(1, 9), (2, 9), (1, RecordType.TENSOR_BLOCK)])
@@ -305,7 +316,7 @@ def holding(frames, path: Path, intact: list, record: int) -> tuple[int, int, in
     return next(f for f in frames(path) if f[1] in DATA_TENSORS and in_frame(tensors[record].offset, f))
 
 
-@pytest.mark.parametrize(("version", "steps"), [(1, (2, 5)), (2, (2, 6))])
+@pytest.mark.parametrize(("version", "steps"), [(1, (2, 5)), (2, (2, 6)), (3, (2, 6))])
 def test_bytes_cut_out_of_the_middle_are_counted_as_lost_records_and_steps(make_log, frames, version, steps) -> None:
     # Bytes removed mid-log: the frame at the cut fails its CRC and reading resumes past whole steps; END's
     # count says how many records went, the records around the gap which steps they belonged to. (Reading resumes
@@ -329,15 +340,16 @@ def test_bytes_cut_out_of_the_middle_are_counted_as_lost_records_and_steps(make_
     assert status.lost_bytes == gap.stop - gap.start and kept
 
 
-@pytest.mark.parametrize(("version", "held", "steps"), [(1, 1, (2, 2)), (2, 6, (2, 3))])
+@pytest.mark.parametrize(("version", "held", "steps"), [(1, 1, (2, 2)), (2, 6, (2, 3)), (3, 1, (2, 2))])
 def test_flipped_frame_loses_its_records_between_its_neighbours_steps(make_log, frames, version, held, steps) -> None:
     # v1: tensor 30, between tensors 29 and 31 of step 2. v2: the block of tensors 30-35 (step 2), between tensor 29
-    # and the block of 36-39 (step 3); END's count says how many records the bad frame held.
+    # and the block of 36-39 (step 3); END's count says how many records the bad frame held. v3: the one record of
+    # that block whose bytes the flip touched, in step 2.
     directory = make_log(60, version=version)
     (path,) = LogReader(directory).segments
     intact, _ = read_all(directory)
     bad = offset, _, length = holding(frames, path, intact, 30)
-    assert sum(in_frame(e.offset, bad) for e in intact) == held
+    assert sum(in_frame(e.offset, bad) for e in intact) == (6 if version == 3 else held)
     flip(path, offset + 9 + length // 2)
 
     _, status = read_all(directory, on_corruption="skip")

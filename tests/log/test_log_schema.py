@@ -15,11 +15,14 @@ import msgpack
 import pytest
 
 from sdc.cli import main
+from tests.log.v2 import as_v2
+from tests.log.v3 import join_block, split_block
 from tests.support import reframe
 from tracer.checkpoint import load_checkpoint
 from tracer.checkpoint.interface import checkpoint_files
 from tracer.errors import LogCorruptionError, LogError, LogFormatError
 from tracer.log import LogReader, RecordType, rank_dir
+from tracer.log.checked_block import HEAD_SIZE
 from tracer.log.codec import BLOCK_COLUMNS
 from tracer.log.framing import frame
 from tracer.log.records import MAX_BLOCK_ROWS, MAX_ELEMENTS, MAX_MICROBATCH, MAX_STEP
@@ -50,9 +53,9 @@ def first(path: Path, rtype: RecordType) -> tuple[int, object]:
 
 
 def craft_tensor(run: Path, index: int, value: object) -> int:
-    """The run's first TENSOR_BLOCK replaced by a TENSOR record (format v2 keeps v1's) with one field changed."""
+    """The run's first TENSOR_BLOCK replaced by a TENSOR record (formats v2 and v3 keep v1's) with one field changed."""
     path = segment(run)
-    pos, _ = first(path, RecordType.TENSOR_BLOCK)
+    pos = next(f[0] for f in frames(path) if f[1] == RecordType.TENSOR_BLOCK)
     fields = [3, 0, 0, 0, 1, 0.5, 0.5, 0, 0, 0]  # string id 0 is defined before the first block
     fields[index] = value
     data = path.read_bytes()
@@ -64,11 +67,14 @@ def craft_tensor(run: Path, index: int, value: object) -> int:
 
 
 def craft_block(run: Path, change: Callable[[list], object]) -> int:
-    """The run's first TENSOR_BLOCK with `change` applied to its decoded payload, framed with a valid CRC."""
+    """The run's first TENSOR_BLOCK with `change` applied to its decoded `[step, rows, 9 columns]`, framed with a
+    valid CRC (and, in format v3, heads whose CRCs match), in the format the segment file is in (`as_v2`)."""
     path = segment(run)
-    pos, block = first(path, RecordType.TENSOR_BLOCK)
+    version = struct.unpack_from("<H", path.read_bytes(), 8)[0]
+    pos, _, payload = next(f for f in frames(path) if f[1] == RecordType.TENSOR_BLOCK)
+    block = msgpack.unpackb(payload, raw=False) if version == 2 else split_block(payload)
     change(block)
-    reframe(path, pos, msgpack.packb(block))
+    reframe(path, pos, msgpack.packb(block) if version == 2 else join_block(block))
     return pos
 
 
@@ -116,7 +122,7 @@ def rows_of(block: list) -> int:
 
 # (change to the decoded [step, rows, 9 columns], the start of the error). Each column of the first block holds
 # `rows` values; every field is checked as strictly as TENSOR's, and every count is bounded before anything is sized.
-BLOCK_CASES = [
+V2_BLOCK_CASES = [
     (lambda b: b.__setitem__(0, "7"), f"field 'step' must be an int in 0..{MAX_STEP}, found str"),
     (lambda b: b.__setitem__(0, -1), f"field 'step' must be an int in 0..{MAX_STEP}, found int -1"),
     (lambda b: b.__setitem__(0, 2**41), f"field 'step' must be an int in 0..{MAX_STEP}, found int {2**41}"),
@@ -142,10 +148,26 @@ BLOCK_CASES = [
     ),
     (lambda b: column(b, "meta_id", [250] * rows_of(b)), "refers to string id 250, which no earlier STRING"),
 ]
+# Format v3's head holds step, rows and widths as unsigned ints of fixed size, so a str or a negative step cannot be
+# written; what can be is refused as in v2.
+V3_BLOCK_CASES = [
+    (lambda b: b.__setitem__(0, 2**41), f"field 'step' must be an int in 0..{MAX_STEP}, found int {2**41}"),
+    (lambda b: b.__setitem__(1, 0), f"field 'rows' must be an int in 1..{MAX_BLOCK_ROWS}, found int 0"),
+    (lambda b: b.__setitem__(1, MAX_BLOCK_ROWS + 1), f"field 'rows' must be an int in 1..{MAX_BLOCK_ROWS}"),
+    (lambda b: b.__setitem__(5, b[5] + b"\x00"), "head says"),  # a byte more: the columns do not add up
+    (lambda b: b.__setitem__(4, b"\x00" * 3 * rows_of(b)), "field 'phase' must be of width 0, 1, 2, 4 or 8, found 3"),
+    (lambda b: b.__setitem__(6, b"\x00" * 8 * rows_of(b)), "field 'l2' must be 4 bytes wide, found 8"),
+    *V2_BLOCK_CASES[-4:],  # values out of range, an undefined string id
+]
+BLOCK_CASES = [(2, *case) for case in V2_BLOCK_CASES] + [(3, *case) for case in V3_BLOCK_CASES]
 
 
-@pytest.mark.parametrize(("change", "message"), BLOCK_CASES)
-def test_tensor_block_field_of_wrong_shape_type_or_range_names_file_offset_and_field(run, capsys, change, message):
+@pytest.mark.parametrize(("version", "change", "message"), BLOCK_CASES)
+def test_tensor_block_field_of_wrong_shape_type_or_range_names_file_offset_and_field(
+    run, capsys, version, change, message
+):
+    if version == 2:
+        as_v2(segment(run))
     pos = craft_block(run, change)
     with pytest.raises(LogCorruptionError) as err:
         list(LogReader(rank_dir(run, 0)).records())
@@ -154,11 +176,25 @@ def test_tensor_block_field_of_wrong_shape_type_or_range_names_file_offset_and_f
     assert f"{segment(run)}: corrupt record at byte {pos}: TENSOR_BLOCK" in inspect_error(run, capsys)
 
 
-def test_a_bad_block_loses_its_records_and_nothing_else(run) -> None:
+def test_v3_block_without_a_head_that_checks_is_corrupt(run) -> None:
+    path = segment(run)
+    pos, _, payload = next(f for f in frames(path) if f[1] == RecordType.TENSOR_BLOCK)
+    reframe(path, pos, bytes(b ^ 0xFF for b in payload[: 2 * HEAD_SIZE]) + payload[2 * HEAD_SIZE :])
+    with pytest.raises(
+        LogCorruptionError, match=f"at byte {pos}: TENSOR_BLOCK payload of {len(payload)} bytes has no head"
+    ):
+        list(LogReader(rank_dir(run, 0)).records())
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_a_bad_block_loses_its_records_and_nothing_else(run, version: int) -> None:
+    pos, _, payload = next(f for f in frames(segment(run)) if f[1] == RecordType.TENSOR_BLOCK)
+    rows = split_block(payload)[1]
+    if version == 2:
+        as_v2(segment(run))
     intact = list(LogReader(rank_dir(run, 0)).entries())
-    pos, block = first(segment(run), RecordType.TENSOR_BLOCK)
     craft_block(run, lambda b: column(b, "phase", [9] * rows_of(b)))
-    in_block = [e for e in intact if e.segment == 0 and pos <= e.offset < pos + rows_of(block)]
+    in_block = [e for e in intact if e.segment == 0 and pos <= e.offset < pos + rows]
     reader = LogReader(rank_dir(run, 0), on_corruption="skip")
     assert list(reader.entries()) == [e for e in intact if e not in in_block]
     (lost,) = reader.status.lost

@@ -69,5 +69,5 @@ def test_v1_log_framed_by_hand_is_what_the_v1_writer_wrote(tmp_path: Path, heade
 
 
 def test_the_writer_writes_the_current_format(make_log) -> None:
-    assert FORMAT_VERSION == 2
+    assert FORMAT_VERSION == 3
     assert {format_version(p) for p in make_log(300, segment_bytes=1024).glob("*.sdclog")} == {FORMAT_VERSION}

@@ -18,6 +18,46 @@ from tracer.log.framing import FILE_HEADER, MAGIC, frame
 FIXTURE = Path(__file__).parent / "data" / "v1-log"
 
 
+class HandFramed:
+    """Segment files of one log framed by hand as a writer of format `version` framed them: each starts with the file
+    header and a HEADER counting the records before it, and interns its own strings."""
+
+    def __init__(self, directory: Path, header: RunHeader, version: int) -> None:
+        directory.mkdir(parents=True)
+        self.directory, self.header, self.version = directory, header, version
+        self.data = bytearray()
+        self.index, self.written = -1, 0
+        self.strings: dict[str, int] = {}
+        self.roll()
+
+    def put(self, rtype: RecordType, payload: bytes) -> None:
+        self.data.extend(frame(rtype, payload))
+
+    def roll(self) -> None:
+        if self.index >= 0:
+            self.save()
+        self.index += 1
+        self.data[:] = FILE_HEADER.pack(MAGIC, self.version, 0, self.index)
+        self.strings.clear()
+        self.put(RecordType.HEADER, encode_header(self.header, self.written))
+
+    def intern(self, text: str) -> int:
+        if text not in self.strings:
+            self.strings[text] = len(self.strings)
+            self.put(RecordType.STRING, encode_string(self.strings[text], text))
+        return self.strings[text]
+
+    def close(self, end: bool) -> Path:
+        """Write the last segment, with END if `end`."""
+        if end:
+            self.put(RecordType.END, encode_end(EndRecord("complete", self.written, "")))
+        self.save()
+        return self.directory
+
+    def save(self) -> None:
+        (self.directory / f"{self.index:06d}.sdclog").write_bytes(self.data)
+
+
 def write_v1_log(
     directory: Path,
     header: RunHeader,
@@ -27,36 +67,13 @@ def write_v1_log(
     close: bool = True,
 ) -> Path:
     """A v1 log of `records` in `directory`: segments rolled at `segment_bytes`, END unless `close` is False."""
-    directory.mkdir(parents=True)
-    written, index = 0, -1
-    data = bytearray()
-    strings: dict[str, int] = {}
-
-    def put(rtype: RecordType, payload: bytes) -> None:
-        data.extend(frame(rtype, payload))
-
-    def roll() -> None:
-        nonlocal index
-        if index >= 0:
-            (directory / f"{index:06d}.sdclog").write_bytes(data)
-        index += 1
-        data[:] = FILE_HEADER.pack(MAGIC, 1, 0, index)
-        strings.clear()
-        put(RecordType.HEADER, encode_header(header, written))
-
-    def intern(text: str) -> int:
-        if text not in strings:
-            strings[text] = len(strings)
-            put(RecordType.STRING, encode_string(strings[text], text))
-        return strings[text]
-
-    roll()
+    log = HandFramed(directory, header, 1)
     for rec in records:
-        if len(data) >= segment_bytes:
-            roll()
+        if len(log.data) >= segment_bytes:
+            log.roll()
         if isinstance(rec, TensorRecord):
-            name_id, meta_id = intern(rec.name), intern(rec.meta)
-            put(
+            name_id, meta_id = log.intern(rec.name), log.intern(rec.meta)
+            log.put(
                 RecordType.TENSOR,
                 msgpack.packb(
                     [
@@ -75,12 +92,9 @@ def write_v1_log(
                 ),
             )
         else:
-            put(RecordType.EVENT, encode_event(rec))
-        written += 1
-    if close:
-        put(RecordType.END, encode_end(EndRecord("complete", written, "")))
-    (directory / f"{index:06d}.sdclog").write_bytes(data)
-    return directory
+            log.put(RecordType.EVENT, encode_event(rec))
+        log.written += 1
+    return log.close(close)
 
 
 def format_version(path: Path) -> int:

@@ -2,13 +2,15 @@
 
 HEADER, EVENT and END are maps packed with float64, so a config's learning rate
 reads back bit for bit; TENSOR is a positional array packed with float32 to stay
-small; TENSOR_BLOCK (format v2) holds TENSOR records of one step as columns of
-fixed-width little-endian values; STRING is ``[id, text]``. Decoders check shape and
-types and raise `PayloadError`; the reader reports it with file and offset, the
-writer uses the same decoders to refuse records it could not read back. msgpack
-decoding builds plain values only (no pickle, no object hooks); its size limits
-default to the payload's length, itself at most MAX_RECORD_BYTES; a block's row
-count is bounded (MAX_BLOCK_ROWS) and checked against its columns' lengths.
+small; TENSOR_BLOCK holds TENSOR records of one step as columns of fixed-width
+little-endian values, in a msgpack array in format v2 (here) and in a checked binary
+layout from v3 on (`tracer.log.checked_block`, which shares `block_records`); STRING
+is ``[id, text]``. Decoders check shape and types and raise `PayloadError`; the
+reader reports it with file and offset, the writer uses the same decoders to refuse
+records it could not read back. msgpack decoding builds plain values only (no
+pickle, no object hooks); its size limits default to the payload's length, itself at
+most MAX_RECORD_BYTES; a block's row count is bounded (MAX_BLOCK_ROWS) and checked
+against its columns' lengths.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def encode_tensor(step: int, row: Row) -> bytes:
     """One record as a TENSOR payload: what the writer stores for a block of one row, which is smaller."""
     mb, name_id, phase, fingerprint, l2, absmax, nan, inf, meta_id = row
     return msgpack.packb(
-        (step, mb, name_id, phase, fingerprint, _in_float32(l2), _in_float32(absmax), nan, inf, meta_id),
+        (step, mb, name_id, phase, fingerprint, in_float32(l2), in_float32(absmax), nan, inf, meta_id),
         use_single_float=True,
     )
 
@@ -117,7 +119,7 @@ def encode_tensor(step: int, row: Row) -> bytes:
 _FLOAT32_INF = 2.0**128 - 2.0**103  # the doubles from here on round to inf as float32
 
 
-def _in_float32(v: float) -> float:
+def in_float32(v: float) -> float:
     """Beyond float32's range: ±inf, which is what it rounds to (struct and msgpack refuse to round it)."""
     return math.copysign(math.inf, v) if abs(v) >= _FLOAT32_INF else v
 
@@ -210,13 +212,8 @@ _BLOCK_SHAPE = (
 )
 
 
-def encode_tensor_block(step: int, rows: Sequence[Row]) -> bytes:
-    """One step's rows (checked by the writer: ints in range, floats) as a TENSOR_BLOCK payload."""
-    columns = [_float32s(c) if is_float else _uints(c) for (_, is_float, _), c in zip(BLOCK_COLUMNS, zip(*rows))]
-    return msgpack.packb([step, len(rows), *columns])
-
-
-def _uints(values: Sequence[int]) -> bytes:
+def uint_column(values: Sequence[int]) -> bytes:
+    """A block's integer column: the smallest of `BLOCK_WIDTHS` that holds every value, little-endian."""
     top = max(values)
     if top == 0:
         return b""
@@ -224,16 +221,23 @@ def _uints(values: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(values)}{_UINT_CODES[width]}", *values)
 
 
-def _float32s(values: Sequence[float]) -> bytes:
+def float32_column(values: Sequence[float]) -> bytes:
+    """A block's float column: float32, little-endian, a value beyond float32's range as the inf it rounds to."""
     try:
         return struct.pack(f"<{len(values)}f", *values)
     except OverflowError:
-        return struct.pack(f"<{len(values)}f", *map(_in_float32, values))
+        return struct.pack(f"<{len(values)}f", *map(in_float32, values))
 
 
 def decode_tensor_block(payload: Any, strings: Mapping[int, str]) -> list[TensorRecord]:
     """The block's records, each checked as `decode_tensor` checks a TENSOR; `strings` as there."""
     step, rows, columns = _block_head(payload)
+    return block_records(step, rows, columns, strings)
+
+
+def block_records(step: int, rows: int, columns: Sequence[Any], strings: Mapping[int, str]) -> list[TensorRecord]:
+    """The records of a block of `rows` rows at `step` from its 9 column byte strings (`BLOCK_COLUMNS`' order),
+    each checked as `decode_tensor` checks a TENSOR: what TENSOR_BLOCKs of every format version share."""
     values: list[Sequence[Any]] = []
     for (field, is_float, top), column in zip(BLOCK_COLUMNS, columns):
         width, extra = divmod(len(column), rows)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tracer.log.checked_block import HEAD_SIZE
 from tracer.log.codec import BLOCK_COLUMNS, BLOCK_WIDTHS, PayloadError, decode_end, decode_event, decode_string
 from tracer.log.frame_scan import crcs, frame_chain, u32le
 from tracer.log.framing import FRAME_SIZE, HEADER_SIZE, RecordType
@@ -331,7 +332,12 @@ def decode_clean(data: Any, seg: Segment, last: bool) -> tuple[TensorColumns, li
     if tensors is None:
         return None
     if is_block.any():
-        blocks = _blocks(r, offsets[is_block], stops[is_block], *strings)
+        heads = (
+            _v2_heads(r, offsets[is_block], stops[is_block])
+            if seg.version < 3
+            else _v3_heads(r, view, offsets[is_block], stops[is_block])
+        )
+        blocks = None if heads is None else _blocks(r, offsets[is_block], heads, *strings)
         if blocks is None:
             return None
         tensors = _in_log_order(tensors, blocks) if len(tensors) else blocks
@@ -420,15 +426,11 @@ def _tensors(
     )
 
 
-def _blocks(
-    r: ByteViews,
-    offsets: np.ndarray,
-    stops: np.ndarray,
-    texts: list[str],
-    position: np.ndarray,
-    defined_at: np.ndarray,
-) -> TensorColumns | None:
-    """Vectorised decoding of TENSOR_BLOCK payloads `[step, rows, 9 bin columns]`, all blocks at once."""
+Heads = tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray]]  # blocks' steps, rows, column starts, widths
+
+
+def _v2_heads(r: ByteViews, offsets: np.ndarray, stops: np.ndarray) -> Heads | None:
+    """Where the columns of format v2's TENSOR_BLOCKs lie, `[step, rows, 9 bin columns]` in msgpack."""
     at = offsets + FRAME_SIZE
     if not (r.buf[at] == 0x90 + 2 + len(BLOCK_COLUMNS)).all():  # fixarray of 11
         return None
@@ -456,6 +458,42 @@ def _blocks(
         widths.append(width)
     if not np.array_equal(at, stops):
         return None
+    return step, rows, starts, widths
+
+
+def _v3_heads(r: ByteViews, view: memoryview, offsets: np.ndarray, stops: np.ndarray) -> Heads | None:
+    """Where the columns of format v3's TENSOR_BLOCKs lie (`tracer.log.checked_block`): each block's first head
+    copy, which must check and agree with the frame, as it does in every block a writer wrote."""
+    at = offsets + FRAME_SIZE
+    if (stops - at < 2 * HEAD_SIZE).any():
+        return None
+    check = at + HEAD_SIZE - 4
+    if not np.array_equal(crcs(r.buf, view, at - 1, check), r.read("<u4", check)):  # from the type byte, which is 6
+        return None
+    length, step, rows = r.read("<u4", at).astype(np.int64), r.read("<u8", at + 4), r.read("<u4", at + 12)
+    if not ((step <= MAX_STEP).all() and ((rows >= 1) & (rows <= MAX_BLOCK_ROWS)).all()):
+        return None
+    step, rows = step.astype(np.int64), rows.astype(np.int64)
+    widths = [r.buf[at + 16 + k].astype(np.int64) for k in range(len(BLOCK_COLUMNS))]
+    for (_, is_float, _), width in zip(BLOCK_COLUMNS, widths):
+        if not (width == 4 if is_float else np.isin(width, BLOCK_WIDTHS)).all():
+            return None
+    if not (np.array_equal(length, stops - at) and np.array_equal(length, 2 * HEAD_SIZE + rows * (sum(widths) + 2))):
+        return None
+    starts = list(at + 2 * HEAD_SIZE + np.cumsum([np.zeros_like(rows)] + [w * rows for w in widths[:-1]], axis=0))
+    return step, rows, starts, widths
+
+
+def _blocks(
+    r: ByteViews,
+    offsets: np.ndarray,
+    heads: Heads,
+    texts: list[str],
+    position: np.ndarray,
+    defined_at: np.ndarray,
+) -> TensorColumns | None:
+    """Vectorised decoding of the TENSOR_BLOCKs at `offsets`, all blocks at once, from where their columns lie."""
+    step, rows, starts, widths = heads
     first_row = np.cumsum(rows) - rows  # of each block, counting all blocks' rows
     index = np.arange(int(rows.sum()))  # of each row, likewise
     columns = []

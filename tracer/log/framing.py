@@ -13,7 +13,7 @@ from enum import IntEnum
 
 MAGIC = b"SDCTRACE"
 # Version of the byte layout (this module and codec.py). Readers refuse newer ones and read every older one.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 FILE_HEADER = struct.Struct("<8sHHI")  # magic, format version, flags (0), segment index
 FRAME = struct.Struct("<IIB")  # payload length, CRC32 of type byte + payload, record type
@@ -28,11 +28,15 @@ class RecordType(IntEnum):
     TENSOR = 3
     EVENT = 4
     END = 5
-    TENSOR_BLOCK = 6  # format v2: TENSOR records of one step, as columns
+    TENSOR_BLOCK = 6  # format v2: TENSOR records of one step, as columns; v3: with a check per row
 
 
 # The record types each format version defines; any other type is corruption.
-RECORD_TYPES = {1: frozenset(RecordType) - {RecordType.TENSOR_BLOCK}, 2: frozenset(RecordType)}
+RECORD_TYPES = {
+    1: frozenset(RecordType) - {RecordType.TENSOR_BLOCK},
+    2: frozenset(RecordType),
+    3: frozenset(RecordType),
+}
 # Starting value that makes zlib.crc32(payload, seed) the CRC of type byte + payload.
 _TYPE_CRC = {t: zlib.crc32(bytes([t])) for t in RecordType}
 

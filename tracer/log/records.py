@@ -125,7 +125,7 @@ _HEADER_TYPES: dict[str, type] = {name: get_origin(hint) or hint for name, hint 
 
 @dataclass(frozen=True, slots=True)
 class TensorRecord:
-    """One fingerprinted tensor; about 20 bytes on disk, as a row of a TENSOR_BLOCK (docs/log-format.md)."""
+    """One fingerprinted tensor; about 23 bytes on disk, as a row of a TENSOR_BLOCK (docs/log-format.md)."""
 
     step: int
     microbatch: int  # GRAD: the microbatch whose backward last changed it, or NO_MICROBATCH; PARAM: 0

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from tracer.errors import LogCorruptionError, LogFormatError, UsageError
+from tracer.log.checked_block import BlockHead, declared_rows, decode_block, find_head, salvage_block
 from tracer.log.codec import (
     PayloadError,
     block_rows,
@@ -56,6 +57,7 @@ OnCorruption = Literal["raise", "skip"]
 
 # Plain ints for the per-record dispatch, in RecordType's order.
 _HEADER, _STRING, _TENSOR, _EVENT, _END, _BLOCK = (int(t) for t in RecordType)
+_SALVAGED = 0  # no record type: a v3 TENSOR_BLOCK in a damaged frame, whose own checks say which rows are good
 
 
 class TornTailWarning(UserWarning):
@@ -198,7 +200,9 @@ class Segment:
         self._status = status
         self._strings: dict[int, str] = {}
         self.index: int | None = None  # from the file header
-        self.version = FORMAT_VERSION  # from the file header: which record types are defined
+        self.version = FORMAT_VERSION  # from the file header: which record types are defined, how blocks read
+        # The head and the frame's problem of the v3 block `_frames` yields as _SALVAGED, for `_salvage`.
+        self._salvaged: tuple[BlockHead, str] | None = None
         self.header: RunHeader | None = None
         self.first_record: int | None = None
         self.data_records = 0  # TENSOR and EVENT records in frames with a valid CRC, decodable or not
@@ -218,7 +222,7 @@ class Segment:
                 except PayloadError as e:
                     self._bad_record(first[0], first[2], str(e))
             else:
-                found = RecordType(first[1]).name
+                found = RecordType(first[1]).name if first[1] != _SALVAGED else "damaged TENSOR_BLOCK"
                 self._bad_record(first[0], first[2], f"segment starts with a {found} record, expected HEADER")
             first = None
         return frames if first is None else chain((first,), frames)
@@ -249,7 +253,10 @@ class Segment:
                 if rtype == _TENSOR:
                     rec: Any = decode_tensor(payload, strings)
                 elif rtype == _BLOCK:
-                    rec = decode_tensor_block(payload, strings)  # the block's rows
+                    rec = decode_block(payload, strings) if self.version >= 3 else decode_tensor_block(payload, strings)
+                elif rtype == _SALVAGED:
+                    yield from self._salvage(pos, payload)
+                    continue
                 elif rtype == _STRING:
                     string_id, text = decode_string(payload)
                     strings[string_id] = text
@@ -269,7 +276,7 @@ class Segment:
             except PayloadError as e:
                 self._bad_record(pos, payload, str(e))
                 if rtype in (_TENSOR, _EVENT, _BLOCK):  # data records, framed but unreadable: lost
-                    self._lose_records(pos, payload, block_rows(payload) if rtype == _BLOCK else 1)
+                    self._lose_records(pos, payload, self._block_rows(payload) if rtype == _BLOCK else 1)
                 continue
             if rtype == _BLOCK:
                 self.data_records += len(rec)
@@ -281,6 +288,28 @@ class Segment:
             status.records += 1
             status._resume(rec.step, rtype == _EVENT and rec.kind == "step")
             yield Entry(index, pos, rec)
+
+    def _block_rows(self, payload: memoryview) -> int | None:
+        return declared_rows(payload) if self.version >= 3 else block_rows(payload)
+
+    def _salvage(self, pos: int, payload: memoryview) -> Iterator[Entry]:
+        """A v3 block whose frame failed its checks: the rows whose own check matches, and the others lost."""
+        assert self._salvaged is not None, "_frames sets the head of each block it yields as _SALVAGED"
+        (head, reason), self._salvaged = self._salvaged, None
+        good, lost = salvage_block(payload, head, self._strings)
+        self.report_corruption(
+            pos, f"{reason}; the TENSOR_BLOCK's own checks kept {len(good)} of its {head.rows} records"
+        )
+        self.data_records += head.rows
+        if lost:
+            self._status.skipped_records += 1
+            self._status.skipped_bytes += lost * head.row_bytes
+            self._status._lose(self.name, pos, pos + FRAME_SIZE + head.length, lost)
+        if good:
+            self._status.records += len(good)
+            self._status._resume(head.step, False)
+        index = self.index if self.index is not None else -1
+        return (Entry(index, pos + i, rec) for i, rec in good)
 
     def _file_header_ok(self) -> bool:
         """Check magic and version; False when no records can follow (torn or too short)."""
@@ -344,6 +373,15 @@ class Segment:
                     yield pos, rtype, view[pos + FRAME_SIZE : stop]
                     pos = stop
                     continue
+            # A v3 TENSOR_BLOCK carries its head twice and a check per row: it may be read past a bad frame (read live,
+            # not while it is the file's last bytes: they may still be landing, as for any record).
+            head = find_head(view, pos + FRAME_SIZE, end) if self.version >= 3 and not self._ended else None
+            if head is not None and not (self._live and pos + FRAME_SIZE + head.length == end):
+                stop = pos + FRAME_SIZE + head.length
+                self._salvaged, self.pos = (head, reason), stop
+                yield pos, _SALVAGED, view[pos + FRAME_SIZE : stop]
+                pos = stop
+                continue
             resume = next_frame(view, pos + 1)
             if self._live and resume == end and not self._ended:
                 self.pos, self.waiting = pos, True

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from tracer.errors import LogFormatError, UsageError
+from tracer.log.checked_block import encode_block
 from tracer.log.codec import (
     Row,
     decode_event,
@@ -27,7 +28,6 @@ from tracer.log.codec import (
     encode_header,
     encode_string,
     encode_tensor,
-    encode_tensor_block,
     reads_back,
 )
 from tracer.log.framing import MAX_RECORD_BYTES, RecordType, file_header, frame
@@ -245,7 +245,7 @@ class LogWriter:
         rows = self._rows
         if len(rows) > 1:
             self._rows = []
-            self._write(RecordType.TENSOR_BLOCK, encode_tensor_block(self._block_step, rows))
+            self._write(RecordType.TENSOR_BLOCK, encode_block(self._block_step, rows))
         elif rows:
             self._rows = []
             self._write(RecordType.TENSOR, encode_tensor(self._block_step, rows[0]))
