@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from tracer.bounded_read import Bounds, read_json
 from tracer.errors import ConfigError
 from tracer.log.records import Phase
-from tracer.regular_files import read_regular, regular_size
 
 FORMAT, VERSION = "sdctrace-tolerance-map", 1
 PHASE_NAMES = tuple(p.name.lower() for p in sorted(Phase))  # as the diff's tables name phases
@@ -148,16 +148,13 @@ def write_tolerance_map(path: Path, tolerance: ToleranceMap) -> None:
 def load_tolerance_map(path: str | Path) -> ToleranceMap:
     """Read and check a map; every error is a ConfigError naming the file, the field and the fix."""
     where = str(path)
-    size = regular_size(path, "tolerance map")
-    if size > MAX_BYTES:
-        raise ConfigError(
-            f"{where}: {size:,} bytes, more than a tolerance map may hold ({MAX_BYTES:,}); "
-            "write it again with sdc verify-determinism --report"
-        )
-    try:
-        doc = json.loads(read_regular(path, "tolerance map"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{where}: not JSON ({e}); write it with sdc verify-determinism --report") from None
+    doc = read_json(
+        path,
+        "tolerance map",
+        Bounds(file_bytes=MAX_BYTES, depth=16, text=MAX_NAME),
+        "write it again with sdc verify-determinism --report",
+        ConfigError,
+    )
     return parse_tolerance_map(doc, where)
 
 
@@ -208,6 +205,30 @@ def parse_tolerance_map(doc: Any, where: str = "tolerance map") -> ToleranceMap:
             r.number(p.get("band"), f"{at}.band", 0.0, math.inf),
         )
     return ToleranceMap(runs, steps, ranks, margin, places, where)
+
+
+def measured_on(tolerance: ToleranceMap, run: str | Path) -> str | None:
+    """The run of ``tolerance.runs`` that is ``run`` itself (the same folder, or the same path as written), or
+    None. A map measured on the suspect run would take the suspect's own fault for nondeterminism."""
+    for measured in tolerance.runs:
+        if str(measured) == str(run):
+            return measured
+        try:
+            if Path(measured).exists() and Path(run).exists() and Path(measured).samefile(run):
+                return measured
+        except OSError:
+            continue
+    return None
+
+
+def refuse_self_measured(tolerance: ToleranceMap, suspect: str | Path) -> None:
+    """ConfigError when ``tolerance`` was measured on ``suspect`` itself: its bands would hide the fault."""
+    same = measured_on(tolerance, suspect)
+    if same is not None:
+        raise ConfigError(
+            f"{tolerance.source}: measured.runs names {same}, the suspect run itself: its bands would hide the "
+            "suspect's fault; measure the map on two healthy runs (sdc verify-determinism --report MAP)"
+        )
 
 
 class _Reader:

@@ -22,19 +22,26 @@ beside its ``reproduce.py`` (replay/bundle_reproduce.py), which runs what `load`
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
 import re
-import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING or __package__:  # sdctrace's replay.bundle_check
+    from tracer.bounded_read import Bounds, SdcError, read_bytes
+    from tracer.bounded_read import parse_json as parse_bounded
+else:  # a bundle's bundle_check.py: the reader the bundle carries beside it
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bounded_read import Bounds, SdcError, read_bytes
+    from bounded_read import parse_json as parse_bounded
+
 MANIFEST, TENSORS, VERDICTS_FILE = "manifest.json", "tensors.safetensors", "verdicts.jsonl"
 CHECKER = "bundle_check.py"  # this module, as a bundle carries it beside reproduce.py
+READER = "bounded_read.py"  # tracer/bounded_read.py, which this module reads every JSON text with
 FORMAT = "sdctrace-incident/1"
 # safetensors' dtype codes (little-endian data)
 DTYPES = {
@@ -58,6 +65,9 @@ MAX_DEPTH = 32  # JSON nesting: an op argument is a list of lists at most a few 
 MAX_INT_DIGITS = 20  # an integer in the manifest fits int64 (a seed, a size, a stride)
 MAX_TEXT = 4096  # characters of a name, a reference or a string argument
 MAX_DIMS = 64
+MIN_ELEMENTS = 1 << 24  # an op may always make this many elements
+MAX_GROWTH = 1024  # ... or this many times the largest tensor the bundle holds (attention scores outgrow inputs)
+JSON_BOUNDS = Bounds(file_bytes=MANIFEST_BYTES, depth=MAX_DEPTH, text=MAX_TEXT, int_digits=MAX_INT_DIGITS)
 
 # Ops resolve only in these namespaces of torch's operator registry: what a forward's TorchDispatchMode records.
 NAMESPACES = {"aten": torch.ops.aten, "prims": torch.ops.prims}
@@ -76,7 +86,7 @@ _SITE = re.compile(_MODULE.pattern + r"(\[[0-9]+\])?")  # a site: a module path,
 FIX = "capture it again with `sdc incident` (a bundle is never edited by hand)"
 
 
-class BundleError(Exception):
+class BundleError(SdcError):
     """The bundle cannot be used as it is."""
 
 
@@ -115,82 +125,15 @@ def _refuse(source: Path | str, field: str, problem: str, fix: str = FIX) -> Bun
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:
     """All bytes of the regular file ``path`` (symlinks followed), refused when over ``limit`` bytes, before a
-    byte is read. A FIFO, a device or a directory is refused, never opened for reading."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO never blocks open(); fstat refuses it
-    except OSError as exc:
-        raise BundleError(f"{path}: cannot read the bundle's {what} ({exc.strerror or exc}); {FIX}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise BundleError(f"{path}: the bundle's {what} is not a regular file; put the file `sdc incident` wrote there")
-    with os.fdopen(fd, "rb") as f:
-        if st.st_size > limit:
-            raise BundleError(
-                f"{path}: the bundle's {what} has {st.st_size} bytes, over the {limit} a bundle's "
-                f"{what} may have; {FIX}"
-            )
-        try:
-            return f.read(st.st_size)
-        except (OSError, MemoryError) as exc:
-            raise BundleError(f"{path}: cannot read the bundle's {what} ({exc}); {FIX}") from None
+    byte is read. A FIFO, a device or a directory is refused, never opened for reading (tracer/bounded_read.py)."""
+    return read_bytes(path, f"bundle's {what}", limit, FIX, BundleError)
 
 
 def parse_json(data: bytes, source: Path | str) -> Any:
-    """JSON from an untrusted file: valid UTF-8, no duplicate key, no NaN, integers of at most 20 digits, strings
-    without lone surrogates, nesting at most `MAX_DEPTH` deep."""
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                raise ValueError(f"the key {key[:80]!r} appears twice in one object")
-            out[key] = value
-        return out
-
-    def bounded_int(text: str) -> int:
-        if len(text.lstrip("-")) > MAX_INT_DIGITS:
-            raise ValueError(f"an integer of {len(text)} digits")
-        return int(text)
-
-    def no_constant(text: str) -> Any:
-        raise ValueError(f"{text} is not JSON")
-
-    try:
-        value = json.loads(
-            data.decode("utf-8"), object_pairs_hook=unique, parse_int=bounded_int, parse_constant=no_constant
-        )
-    except UnicodeDecodeError as exc:
-        raise BundleError(f"{source}: not UTF-8 text (byte {exc.start}); {FIX}") from None
-    except (ValueError, RecursionError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else "nested too deep"
-        raise BundleError(f"{source}: not readable JSON ({reason}); {FIX}") from None
-    _check_tree(value, source)
-    return value
-
-
-def _check_tree(value: Any, source: Path | str) -> None:
-    """Depth and strings of a decoded JSON value, walked without recursion."""
-    stack = [(value, 1)]
-    while stack:
-        v, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise BundleError(f"{source}: nested more than {MAX_DEPTH} deep; {FIX}")
-        if isinstance(v, str):
-            _check_text(v, source)
-        elif isinstance(v, list):
-            stack.extend((x, depth + 1) for x in v)
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                _check_text(k, source)
-                stack.append((x, depth + 1))
-
-
-def _check_text(text: str, source: Path | str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise BundleError(f"{source}: a string holds a lone surrogate ({text[:40]!r}); {FIX}") from None
+    """JSON from an untrusted file through tracer/bounded_read.py: valid UTF-8, no duplicate key, no NaN, integers
+    of at most 20 digits, strings without lone surrogates, nesting at most `MAX_DEPTH` deep (checked before it is
+    parsed)."""
+    return parse_bounded(data, source, JSON_BOUNDS, FIX, BundleError)
 
 
 def read_safetensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:
@@ -404,13 +347,34 @@ def load(bundle: Path) -> Bundle:
     outputs = _get(manifest, "outputs", list, source)
     if not outputs or len(set(map(str, outputs))) != len(outputs) or not all(o in made for o in outputs):
         raise _refuse(source, "outputs", "must name each output once, each a tensor the bundle holds or an op made")
-    digest = _get(manifest, "files", dict, source).get(TENSORS)
-    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
-        raise _refuse(source, f"files.{TENSORS}", "is missing or not a SHA-256")
+    digest = _check_files(bundle, _get(manifest, "files", dict, source), source)
     tensors = read_safetensors(bundle / TENSORS, digest)
     _check_tensors(tensors, stored, len(outputs), bundle / TENSORS)
     _check_outputs(manifest, tensors, outputs, ops, source)
+    _check_signatures(manifest, tensors, len(outputs), source)
+    _check_sizes(ops, stored, source)
     return Bundle(bundle, manifest, ops, tensors, stored, tuple(outputs))
+
+
+def _check_files(bundle: Path, files: dict[str, Any], source: Path) -> str:
+    """Every file the manifest records has the SHA-256 it records (the scripts too: a bundle whose files were
+    changed after the capture gets no verdict, whichever script runs it); the tensors file's digest, which
+    `read_safetensors` checks as it reads."""
+    known = (TENSORS, "reproduce.py", CHECKER, READER)
+    for name, digest in files.items():
+        if name not in known:
+            raise _refuse(source, f"files.{name[:80]}", f"is none of the files a bundle holds ({', '.join(known)})")
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise _refuse(source, f"files.{name}", "is not a SHA-256 (64 hex digits)")
+        if name != TENSORS and hashlib.sha256(read_bounded(bundle / name, MANIFEST_BYTES, name)).hexdigest() != digest:
+            raise _refuse(
+                bundle / name,
+                f"its SHA-256 (files.{name} in {MANIFEST})",
+                "is not the one recorded: the file was changed after the capture",
+            )
+    if TENSORS not in files:
+        raise _refuse(source, f"files.{TENSORS}", "is missing or not a SHA-256")
+    return files[TENSORS]
 
 
 def _check_tensors(
@@ -470,6 +434,64 @@ def _check_outputs(
                 )
         if not ref.startswith("op.") and not same_bits(tensors[ref], tensors[f"golden.output.{j}"]):
             raise _refuse(source, f"outputs[{j}]", f"names the stored tensor {ref}, which is not golden's output")
+
+
+def _check_signatures(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], outputs: int, source: Path) -> None:
+    """The defect signatures agree with the outputs they describe: a signature for each floating output whose
+    golden and suspect bits differ and for no other, each with as many differing elements as the tensors have
+    (outputs flipped, swapped for equal ones or made equal after the capture are refused here)."""
+    recorded: dict[int, int] = {}
+    for i, sig in enumerate(_get(manifest, "signatures", list, source)):
+        where = f"signatures[{i}]"
+        j, differing = (sig.get("output"), sig.get("differing")) if isinstance(sig, dict) else (None, None)
+        if type(j) is not int or not 0 <= j < outputs or j in recorded or type(differing) is not int:
+            raise _refuse(source, where, f"must name one output (0..{outputs - 1}, each once) and its differing count")
+        recorded[j] = differing
+    for j in range(outputs):
+        g, s = tensors[f"golden.output.{j}"], tensors[f"suspect.output.{j}"]
+        if not g.is_floating_point():
+            continue
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[g.dtype.itemsize]
+        found = int((g.contiguous().view(width) != s.contiguous().view(width)).sum())
+        if found != recorded.get(j, 0):
+            raise _refuse(
+                source,
+                f"signatures (output {j})",
+                f"records {recorded.get(j, 0)} differing elements where golden.output.{j} and suspect.output.{j} "
+                f"differ in {found}: the outputs or the signature were changed after the capture",
+            )
+
+
+def _check_sizes(ops: tuple[Op, ...], stored: dict[str, tuple[tuple[int, ...], tuple[int, ...]]], source: Path) -> None:
+    """No op may ask for a tensor larger than `MAX_GROWTH` times the largest the bundle holds (at least
+    `MIN_ELEMENTS`): the sizes in its arguments (an ``int[]`` or ``SymInt[]`` argument's product, a ``SymInt``,
+    every number of an op that makes a range) and its recorded results, checked before any op runs."""
+    largest = max([math.prod(shape) for shape, _ in stored.values()] + [1])
+    cap = min(max(MIN_ELEMENTS, MAX_GROWTH * largest), TENSOR_BYTES)
+    for k, op in enumerate(ops):
+        asks = [math.prod(shape) for shape, _ in op.results] + _size_args(op)
+        if max(asks, default=0) > cap:
+            raise _refuse(
+                source,
+                f"ops[{k}] ({op.name})",
+                f"asks for {max(asks):,} elements, more than the {cap:,} this bundle's tensors allow",
+            )
+
+
+def _size_args(op: Op) -> list[int]:
+    """The sizes ``op``'s arguments ask for (elements), by its schema's argument types."""
+    schema = op.func._schema.arguments
+    given = list(zip(schema, op.args)) + [(a, op.kwargs[a.name]) for a in schema if a.name in op.kwargs]
+    ranged = op.name.split(".")[1] in ("arange", "range", "linspace", "logspace", "randperm")
+    asks = []
+    for arg, value in given:
+        kind = str(arg.type)
+        if isinstance(value, list) and all(type(v) is int for v in value) and kind in ("int[]", "SymInt[]"):
+            sizes = [abs(v) for v in value]
+            asks.append(max(sizes, default=0) if "stride" in arg.name else math.prod(sizes))
+        elif type(value) in (int, float) and (kind == "SymInt" or ranged) and math.isfinite(value):
+            asks.append(int(abs(value)))
+    return asks
 
 
 def describe_results(results: tuple[tuple[tuple[int, ...], str], ...]) -> str:

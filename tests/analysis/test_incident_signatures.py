@@ -128,16 +128,16 @@ def test_files_beyond_their_bounds_and_bad_verdict_lines_are_refused(tmp_path: P
     ):
         read_bundle(bundle(tmp_path, "OLD", broken("format", "sdctrace-incident/9")))
     (tmp_path / "OLD" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(ValidationError, match="OLD/manifest.json: not JSON"):
+    with pytest.raises(ValidationError, match="OLD/manifest.json: arrays and objects nest more than 32 deep"):
         read_bundle(tmp_path / "OLD")
     folder = bundle(tmp_path, "INC", verdicts=json.dumps(VERDICT) + "\n{not json\n")
-    with pytest.raises(ValidationError, match=r"verdicts.jsonl: line 2 is not JSON; remove that line"):
+    with pytest.raises(ValidationError, match=r"verdicts.jsonl: line 2: not valid JSON .*; remove that line"):
         read_bundle(folder)
     (folder / "verdicts.jsonl").write_text(json.dumps({**VERDICT, "repeats": "5"}) + "\n")
     with pytest.raises(ValidationError, match=r"field \(line 1\).repeats is str, expected int; remove that line"):
         read_bundle(folder)
     (folder / "verdicts.jsonl").write_text((json.dumps(VERDICT) + "\n") * (VERDICTS_BYTES // 100))
-    with pytest.raises(ValidationError, match=r"bytes, more than the 4194304 a bundle's verdicts.jsonl may hold"):
+    with pytest.raises(ValidationError, match=r"bytes, more than a bundle's verdicts.jsonl may hold \(4,194,304\)"):
         read_bundle(folder)
 
 
