@@ -73,6 +73,7 @@ JSON_BOUNDS = Bounds(file_bytes=MANIFEST_BYTES, depth=MAX_DEPTH, text=MAX_TEXT, 
 NAMESPACES = {"aten": torch.ops.aten, "prims": torch.ops.prims}
 REFUSED_OPS = frozenset({"from_file"})  # reads a file the manifest names
 _OP_NAME = re.compile(r"([a-z]+)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)")
+_SYMINT = re.compile(r"SymInt(\[\d*\])?\?? (\w+)")  # a size argument in an op's schema text
 _OP_PACKET = type(torch.ops.aten.add)
 _OP_OVERLOAD = type(torch.ops.aten.add.Tensor)
 # torch's own dtypes, layouts and memory formats, by the names the manifest writes (``float32``, ``strided``)
@@ -479,17 +480,18 @@ def _check_sizes(ops: tuple[Op, ...], stored: dict[str, tuple[tuple[int, ...], t
 
 
 def _size_args(op: Op) -> list[int]:
-    """The sizes ``op``'s arguments ask for (elements), by its schema's argument types."""
-    schema = op.func._schema.arguments
-    given = list(zip(schema, op.args)) + [(a, op.kwargs[a.name]) for a in schema if a.name in op.kwargs]
+    """The sizes ``op``'s arguments ask for (elements): its schema's ``SymInt`` and ``SymInt[]`` arguments (what
+    torch types sizes as; the Python schema objects show them as ``int``), and every number of a range op."""
+    sizes = {name: bool(listed) for listed, name in _SYMINT.findall(str(op.func._schema))}
+    arguments = op.func._schema.arguments
+    given = list(zip(arguments, op.args)) + [(a, op.kwargs[a.name]) for a in arguments if a.name in op.kwargs]
     ranged = op.name.split(".")[1] in ("arange", "range", "linspace", "logspace", "randperm")
     asks = []
     for arg, value in given:
-        kind = str(arg.type)
-        if isinstance(value, list) and all(type(v) is int for v in value) and kind in ("int[]", "SymInt[]"):
-            sizes = [abs(v) for v in value]
-            asks.append(max(sizes, default=0) if "stride" in arg.name else math.prod(sizes))
-        elif type(value) in (int, float) and (kind == "SymInt" or ranged) and math.isfinite(value):
+        if isinstance(value, list) and sizes.get(arg.name) and all(type(v) is int for v in value):
+            magnitudes = [abs(v) for v in value]
+            asks.append(max(magnitudes, default=0) if "stride" in arg.name else math.prod(magnitudes))
+        elif type(value) in (int, float) and (arg.name in sizes or ranged) and math.isfinite(value):
             asks.append(int(abs(value)))
     return asks
 

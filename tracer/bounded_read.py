@@ -201,7 +201,7 @@ def _problem(v: Any, bounds: Bounds) -> str | None:
         except UnicodeEncodeError:
             return f"the string {v[:40]!r} holds a lone surrogate (not valid UTF-8)"
     elif isinstance(v, int) and not isinstance(v, bool):
-        if v and math.log10(abs(v)) >= bounds.int_digits:
+        if abs(v) >= 10**bounds.int_digits:
             return f"an integer of more than {bounds.int_digits} digits"
     elif isinstance(v, float) and not math.isfinite(v):
         return f"the number {v} is not finite"
