@@ -47,6 +47,7 @@ class Bounds:
     depth: int = 32  # arrays and objects in one another
     text: int = 4096  # characters of one string or key
     int_digits: int = 20  # an integer fits in int64 (a seed, a size, a count)
+    finite: bool = True  # False: nan and inf are values (TOML's own words, e.g. a fault profile's NaN)
 
 
 _KINDS = (
@@ -203,7 +204,7 @@ def _problem(v: Any, bounds: Bounds) -> str | None:
     elif isinstance(v, int) and not isinstance(v, bool):
         if abs(v) >= 10**bounds.int_digits:
             return f"an integer of more than {bounds.int_digits} digits"
-    elif isinstance(v, float) and not math.isfinite(v):
+    elif isinstance(v, float) and bounds.finite and not math.isfinite(v):
         return f"the number {v} is not finite"
     return None
 

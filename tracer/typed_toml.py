@@ -101,7 +101,7 @@ def resolve(spec: str | Path, names: Mapping[str, Path], what: str) -> Path:
 MAX_NESTING = 64  # tables and arrays in one another: a config nests a few levels; tomllib recurses on each
 MAX_BYTES = 16 << 20  # a profile, a study or a config: kilobytes
 MAX_TEXT = 1 << 16  # characters of one string (a fault rule's module path, a note)
-TOML_BOUNDS = Bounds(file_bytes=MAX_BYTES, depth=MAX_NESTING, text=MAX_TEXT, int_digits=20)
+TOML_BOUNDS = Bounds(file_bytes=MAX_BYTES, depth=MAX_NESTING, text=MAX_TEXT, int_digits=20, finite=False)
 
 
 def read(path: Path) -> dict[str, Any]:
