@@ -73,6 +73,8 @@ JSON_BOUNDS = Bounds(file_bytes=MANIFEST_BYTES, depth=MAX_DEPTH, text=MAX_TEXT, 
 NAMESPACES = {"aten": torch.ops.aten, "prims": torch.ops.prims}
 REFUSED_OPS = frozenset({"from_file"})  # reads a file the manifest names
 _OP_NAME = re.compile(r"([a-z]+)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)")
+SIZE_LISTS = frozenset({"size", "sizes", "shape", "repeats", "output_size"})  # a result's shape, or its factors
+SIZE_SCALARS = frozenset({"n", "m", "repeats", "output_size", "steps"})  # randperm(n), eye(n, m), linspace's steps
 _SYMINT = re.compile(r"SymInt(\[\d*\])?\?? (\w+)")  # a size argument in an op's schema text
 _OP_PACKET = type(torch.ops.aten.add)
 _OP_OVERLOAD = type(torch.ops.aten.add.Tensor)
@@ -480,19 +482,24 @@ def _check_sizes(ops: tuple[Op, ...], stored: dict[str, tuple[tuple[int, ...], t
 
 
 def _size_args(op: Op) -> list[int]:
-    """The sizes ``op``'s arguments ask for (elements): its schema's ``SymInt`` and ``SymInt[]`` arguments (what
-    torch types sizes as; the Python schema objects show them as ``int``), and every number of a range op."""
-    sizes = {name: bool(listed) for listed, name in _SYMINT.findall(str(op.func._schema))}
+    """The elements ``op``'s arguments ask for: its schema's ``SymInt`` and ``SymInt[]`` arguments that size a
+    result (`SIZE_LISTS`, `SIZE_SCALARS`; the Python schema objects show them as ``int``, so the schema's text is
+    read), never an index such as a slice's end, and every number of a range op."""
+    sizes = {name for _, name in _SYMINT.findall(str(op.func._schema))}
     arguments = op.func._schema.arguments
     given = list(zip(arguments, op.args)) + [(a, op.kwargs[a.name]) for a in arguments if a.name in op.kwargs]
-    ranged = op.name.split(".")[1] in ("arange", "range", "linspace", "logspace", "randperm")
+    ranged = op.name.split(".")[1] in ("arange", "range")  # its ends and step size its result
     asks = []
     for arg, value in given:
-        if isinstance(value, list) and sizes.get(arg.name) and all(type(v) is int for v in value):
+        if isinstance(value, list) and arg.name in sizes and all(type(v) is int for v in value):
             magnitudes = [abs(v) for v in value]
-            asks.append(max(magnitudes, default=0) if "stride" in arg.name else math.prod(magnitudes))
-        elif type(value) in (int, float) and (arg.name in sizes or ranged) and math.isfinite(value):
-            asks.append(int(abs(value)))
+            if arg.name in SIZE_LISTS:
+                asks.append(math.prod(magnitudes))
+            elif arg.name in ("stride", "pad", "padding"):
+                asks.append(max(magnitudes, default=0))
+        elif type(value) in (int, float) and (arg.name in SIZE_SCALARS and (arg.name in sizes or arg.name == "steps")
+                                              or ranged):  # fmt: skip
+            asks.append(int(abs(value)) if math.isfinite(value) else TENSOR_BYTES + 1)
     return asks
 
 

@@ -92,6 +92,7 @@ def _append_op(bundle: Path, op: str, args: list, results_shape: list[int]) -> N
         ("aten.empty.memory_format", [[1 << 16, 1 << 15]], [1]),
         ("aten.randperm.default", [1 << 31], [1]),
         ("aten.arange.default", [float(1 << 31)], [1]),
+        ("aten.linspace.default", [0.0, 1.0, 1 << 31], [1]),
         ("aten.new_empty.default", [{"t": "input.0"}, [1 << 31]], [1]),
         ("aten.empty.memory_format", [[1 << 12, 4097]], [1 << 12, 4097]),  # over 2^24, as the result says
     ],
@@ -106,8 +107,18 @@ def test_an_op_asking_for_a_huge_tensor_is_refused_before_any_op_runs(
     assert err.count("\n") == 0, err
 
 
-def test_an_op_within_the_bound_still_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "op, args, shape",
+    [
+        ("aten.zeros.default", [[64, 64]], [64, 64]),
+        ("aten.slice.Tensor", [{"t": "input.0"}, 1, 0, (1 << 63) - 1], [4, 8]),  # x[:, 0:]: an index, no size
+        ("aten.linspace.default", [0.0, 1e30, 16], [16]),  # its ends are values, its steps the size
+    ],
+)
+def test_an_op_within_the_bound_still_runs(
+    tmp_path: Path, op: str, args: list, shape: list[int], capsys: pytest.CaptureFixture[str]
+) -> None:
     bundle = small_bundle(tmp_path / "INC")
-    _append_op(bundle, "aten.zeros.default", [[64, 64]], [64, 64])
+    _append_op(bundle, op, args, shape)
     code, err = _reproduce(bundle, capsys)
     assert code == 0, err  # transient: the extra op's result is no output
