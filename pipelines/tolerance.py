@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,14 +222,24 @@ def measured_on(tolerance: ToleranceMap, run: str | Path) -> str | None:
     return None
 
 
-def refuse_self_measured(tolerance: ToleranceMap, suspect: str | Path) -> None:
-    """ConfigError when ``tolerance`` was measured on ``suspect`` itself: its bands would hide the fault."""
+def warn_self_measured(tolerance: ToleranceMap, suspect: str | Path) -> str | None:
+    """Warn (one line, naming the map and the run) when ``tolerance`` was measured on ``suspect`` itself: its bands
+    may hide the suspect's own fault. The warning's text, or None. (Diffing the audited pair itself is how a map is
+    checked, so it is a warning, never silent, not a refusal.)"""
     same = measured_on(tolerance, suspect)
-    if same is not None:
-        raise ConfigError(
-            f"{tolerance.source}: measured.runs names {same}, the suspect run itself: its bands would hide the "
-            "suspect's fault; measure the map on two healthy runs (sdc verify-determinism --report MAP)"
-        )
+    if same is None:
+        return None
+    text = (
+        f"{tolerance.source}: measured.runs names {same}, the suspect run itself: a difference within its bands is "
+        "counted within_tolerance, not SDC, so a fault of the suspect's may hide there; for a verdict on the "
+        "suspect, measure the map on two healthy runs (sdc verify-determinism --report MAP)"
+    )
+    warnings.warn(text, SelfMeasuredWarning, stacklevel=2)
+    return text
+
+
+class SelfMeasuredWarning(UserWarning):
+    """A tolerance map was measured on the run it is used to diff."""
 
 
 class _Reader:

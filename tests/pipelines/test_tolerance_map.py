@@ -137,12 +137,18 @@ def test_sdc_diff_refuses_an_unbounded_map_in_one_line(
     assert code == 1 and words in err and str(path) in err and err.count("\n") == 0, err
 
 
-def test_a_map_measured_on_the_suspect_itself_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_map_measured_on_the_suspect_itself_is_named_in_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = written(tmp_path)  # measured on runs "a" and "b"
     code, err = _diff(tmp_path, path, capsys, suspect="b")
-    assert code == 1 and "measured.runs names b, the suspect run itself" in err and err.count("\n") == 0, err
+    warning, error = err.splitlines()  # the warning, then the diff's own refusal of run folders that hold no log
+    assert warning.startswith(f"sdc: warning: {path}: measured.runs names b, the suspect run itself"), err
+    assert code == 1 and error.startswith("sdc: error: G: holds no log segments"), err
     (tmp_path / "b").mkdir()
     runs = (str(tmp_path / "a"), str(tmp_path / "b"))
     write_tolerance_map(path, ToleranceMap(runs, (0,), (0,), 2.0, {("mix", "forward"): PLACE}))
     code, err = _diff(tmp_path, path, capsys, suspect=str(tmp_path / "b" / ".." / "b"))  # the same folder
-    assert code == 1 and "the suspect run itself" in err and err.count("\n") == 0, err
+    assert f"names {tmp_path / 'b'}, the suspect run itself" in err.splitlines()[0], err
+    code, err = _diff(tmp_path, path, capsys, suspect=str(tmp_path / "c"))
+    assert "sdc: warning" not in err, err
