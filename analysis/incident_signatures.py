@@ -224,6 +224,17 @@ def _signature(sig: _Fields) -> OutputSignature:
     elements = sig.count("elements", high=MAX_SIZE)
     if math.prod(shape) != elements:
         raise sig.error(sig.name("elements"), f"= {elements} is not the product of the shape {shape}")
+    differing = sig.count("differing", high=elements)
+    flips = (fields.count("sign"), fields.count("exponent"), fields.count("mantissa"))
+    # each differing element has at least one flipped bit, in at least one field; no count exceeds the elements
+    if any(n > differing for n in (*counts.values(), *flips)) or (
+        differing and (sum(counts.values()) < differing or sum(flips) < differing)
+    ):
+        raise sig.error(
+            sig.name("bits"),
+            f"and fields ({counts}, {flips}) do not fit {differing} differing elements (each has a flipped bit, "
+            "none counts more than they)",
+        )
     return OutputSignature(
         output=sig.count("output", high=MAX_SIGNATURES),
         op=sig.text("op", optional=True),
@@ -231,8 +242,8 @@ def _signature(sig: _Fields) -> OutputSignature:
         shape=tuple(shape),
         shape_class=sig.text("shape_class"),
         elements=elements,
-        differing=sig.count("differing", high=elements),
-        fields=(fields.count("sign"), fields.count("exponent"), fields.count("mantissa")),
+        differing=differing,
+        fields=flips,
         bits=counts,
         ulps_max=sig.number("ulps_max"),
         ulps_median=sig.number("ulps_median"),
@@ -253,8 +264,8 @@ def read_verdicts(path: Path) -> list[Verdict]:
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        data = parse_json(line, f"{path}: line {n}", Bounds(file_bytes=VERDICTS_BYTES, depth=4, text=JSON_TEXT), _FIX_VERDICT,
-                          ValidationError)  # fmt: skip
+        bounds = Bounds(file_bytes=VERDICTS_BYTES, depth=4, text=JSON_TEXT)
+        data = parse_json(line, f"{path}: line {n}", bounds, _FIX_VERDICT, ValidationError)
         v = _Fields(path, data, f"(line {n})", _FIX_VERDICT)
         found.append(
             Verdict(

@@ -251,7 +251,7 @@ def _check_arg(value: Any, known: set[str], source: str, depth: int = 0) -> None
         )
     ((kind, v),) = value.items()
     if kind == "t":
-        if v not in known:
+        if not isinstance(v, str) or v not in known:
             raise BundleError(
                 f"{source}: reads the tensor {str(v)[:80]!r}, which neither the bundle holds nor an "
                 f"earlier op made; {FIX}"
@@ -311,8 +311,8 @@ def _dunder(path: str) -> bool:
 def _check_site(manifest: dict[str, Any], source: Path) -> None:
     site = _get(manifest, "site", dict, source)
     for key in ("step", "microbatch"):
-        if _get(site, key, int, source, "site.") < 0:
-            raise _refuse(source, f"site.{key}", "is negative")
+        if not 0 <= _get(site, key, int, source, "site.") < 1 << 62:
+            raise _refuse(source, f"site.{key}", "is negative or past 2^62")
     name, phase = _get(site, "name", str, source, "site."), _get(site, "phase", str, source, "site.")
     if not _SITE.fullmatch(name) or _dunder(name) or len(name) > MAX_TEXT:
         raise _refuse(source, "site.name", f"{name[:80]!r} is no module path")
@@ -348,7 +348,12 @@ def load(bundle: Path) -> Bundle:
     ops = _ops(manifest, set(stored), source)
     made = set(stored) | {ref for k, op in enumerate(ops) for ref in (f"op.{k}.{j}" for j in range(len(op.results)))}
     outputs = _get(manifest, "outputs", list, source)
-    if not outputs or len(set(map(str, outputs))) != len(outputs) or not all(o in made for o in outputs):
+    if (
+        not outputs
+        or not all(isinstance(o, str) for o in outputs)
+        or len(set(outputs)) != len(outputs)
+        or not all(o in made for o in outputs)
+    ):
         raise _refuse(source, "outputs", "must name each output once, each a tensor the bundle holds or an op made")
     digest = _check_files(bundle, _get(manifest, "files", dict, source), source)
     tensors = read_safetensors(bundle / TENSORS, digest)
@@ -375,6 +380,9 @@ def _check_files(bundle: Path, files: dict[str, Any], source: Path) -> str:
                 f"its SHA-256 (files.{name} in {MANIFEST})",
                 "is not the one recorded: the file was changed after the capture",
             )
+    unrecorded = [name for name in known[1:] if name not in files and (bundle / name).exists()]
+    if unrecorded:
+        raise _refuse(source, f"files.{unrecorded[0]}", "is missing while the bundle holds that file")
     if TENSORS not in files:
         raise _refuse(source, f"files.{TENSORS}", "is missing or not a SHA-256")
     return files[TENSORS]
@@ -441,28 +449,43 @@ def _check_outputs(
 
 def _check_signatures(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], outputs: int, source: Path) -> None:
     """The defect signatures agree with the outputs they describe: a signature for each floating output whose
-    golden and suspect bits differ and for no other, each with as many differing elements as the tensors have
-    (outputs flipped, swapped for equal ones or made equal after the capture are refused here)."""
-    recorded: dict[int, int] = {}
+    golden and suspect bits differ and for no other, each with as many differing elements, and as many flips of
+    each bit, as the tensors have (outputs flipped, swapped for equal ones or made equal after the capture, even
+    with the tensors' hash recorded anew, are refused here)."""
+    recorded: dict[int, tuple[int, dict[str, int]]] = {}
     for i, sig in enumerate(_get(manifest, "signatures", list, source)):
-        where = f"signatures[{i}]"
-        j, differing = (sig.get("output"), sig.get("differing")) if isinstance(sig, dict) else (None, None)
+        j, differing, bits = (
+            (sig.get(k) for k in ("output", "differing", "bits")) if isinstance(sig, dict) else [None] * 3
+        )
         if type(j) is not int or not 0 <= j < outputs or j in recorded or type(differing) is not int:
-            raise _refuse(source, where, f"must name one output (0..{outputs - 1}, each once) and its differing count")
-        recorded[j] = differing
+            raise _refuse(
+                source, f"signatures[{i}]", f"must name one output (0..{outputs - 1}, each once) and its counts"
+            )
+        if not isinstance(bits, dict) or not all(type(n) is int for n in bits.values()):
+            raise _refuse(source, f"signatures[{i}].bits", "is missing or not a map of bit -> elements")
+        recorded[j] = (differing, bits)
     for j in range(outputs):
         g, s = tensors[f"golden.output.{j}"], tensors[f"suspect.output.{j}"]
         if not g.is_floating_point():
             continue
         width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[g.dtype.itemsize]
-        found = int((g.contiguous().view(width) != s.contiguous().view(width)).sum())
-        if found != recorded.get(j, 0):
+        xor = (g.contiguous().view(width) ^ s.contiguous().view(width)).reshape(-1)
+        xor = xor[xor != 0]
+        found = {str(b): int(((xor >> b) & 1).sum()) for b in range(8 * g.dtype.itemsize)}
+        found = {b: n for b, n in found.items() if n}
+        differing, bits = recorded.get(j, (0, {}))
+        if (int(xor.numel()), found) != (differing, bits):
             raise _refuse(
                 source,
                 f"signatures (output {j})",
-                f"records {recorded.get(j, 0)} differing elements where golden.output.{j} and suspect.output.{j} "
-                f"differ in {found}: the outputs or the signature were changed after the capture",
+                f"records {differing} differing elements (bits {_shown(bits)}) where golden.output.{j} and "
+                f"suspect.output.{j} differ in {xor.numel()} (bits {_shown(found)}): the outputs or the signature "
+                "were changed after the capture",
             )
+
+
+def _shown(bits: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{b}: {n}" for b, n in list(bits.items())[:8]) + ("..." if len(bits) > 8 else "") + "}"
 
 
 def _check_sizes(ops: tuple[Op, ...], stored: dict[str, tuple[tuple[int, ...], tuple[int, ...]]], source: Path) -> None:

@@ -176,6 +176,9 @@ def _load(tmp_path: Path, folder: Path, capsys: pytest.CaptureFixture[str]) -> t
         ("signatures.0.shape", [1 << 63], "is not a list of dimensions"),
         ("signatures.0.shape", [1 << 70], "shape[0]: an integer of 22 digits"),
         ("signatures.0.elements", 8193, "is not the product of the shape"),
+        ("signatures.0.bits", {}, "do not fit 3 differing elements"),  # each differing element has a flipped bit
+        ("signatures.0.bits", {"27": 4}, "do not fit 3 differing elements"),  # no bit flips in more than differ
+        ("signatures.0.fields", {"sign": 0, "exponent": 0, "mantissa": 0}, "do not fit 3 differing elements"),
         ("signatures", [MANIFEST["signatures"][0]] * 2, "names an output a signature named before"),
     ],
 )

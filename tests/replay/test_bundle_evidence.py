@@ -36,6 +36,7 @@ def _xor_suspect_byte(bundle: Path, offset: int, mask: int) -> None:
     [
         (5 * 4 + 3, 1 << 3, 0),  # bit 27 of element 5 flipped back: the suspect now equals golden
         (31 * 4 + 1, 1, 2),  # another element flipped too
+        (5 * 4 + 3, 1 << 2, 1),  # another bit of the same element: as many elements differ, not the same bits
     ],
 )
 def test_outputs_changed_with_their_hash_recorded_anew_get_no_verdict(
@@ -45,7 +46,10 @@ def test_outputs_changed_with_their_hash_recorded_anew_get_no_verdict(
     _xor_suspect_byte(bundle, offset, mask)
     code, err = _reproduce(bundle, capsys)
     assert code == 1 and err.count("\n") == 0, err
-    assert f"records 1 differing elements where golden.output.0 and suspect.output.0 differ in {found}" in err, err
+    assert (
+        f"records 1 differing elements (bits {{27: 1}}) where golden.output.0 and suspect.output.0 differ in {found}"
+        in err
+    ), err
 
 
 def test_golden_and_suspect_swapped_in_the_signatures_get_no_verdict(
@@ -66,6 +70,25 @@ def test_a_script_changed_after_the_capture_gets_no_verdict(
         f.write("\nprint('changed')\n")
     code, err = _reproduce(bundle, capsys)
     assert code == 1 and f"files.{name}" in err and "changed after the capture" in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda m: m["files"].pop("reproduce.py"), "files.reproduce.py is missing while the bundle holds that file"),
+        (lambda m: m.update(outputs=[[]]), "must name each output once"),
+        (lambda m: m["ops"][1]["args"].__setitem__(0, {"t": []}), "neither the bundle holds"),
+        (lambda m: m["site"].update(microbatch=1 << 63), "site.microbatch is negative or past 2^62"),
+        (lambda m: m["signatures"][0]["bits"].update({"27": True}), "signatures[0].bits is missing or not a map"),
+    ],
+)
+def test_crafted_fields_found_by_tools_fuzz_inputs_are_refused(
+    tmp_path: Path, change, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = small_bundle(tmp_path / "INC")
+    edit_manifest(bundle, change)
+    code, err = _reproduce(bundle, capsys)
+    assert code == 1 and words in err and "\n" not in err, err
 
 
 def test_a_file_the_bundle_does_not_hold_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
