@@ -165,7 +165,7 @@ def parse_tolerance_map(doc: Any, where: str = "tolerance map") -> ToleranceMap:
     r.mapping(doc, "the document")
     if doc.get("format") != FORMAT:
         r.fail("format", f"{doc.get('format')!r}, expected {FORMAT!r}", "this is not a tolerance map")
-    if doc.get("version") != VERSION:
+    if type(doc.get("version")) is not int or doc.get("version") != VERSION:  # True == 1, yet no version
         r.fail(
             "version",
             f"{doc.get('version')!r}, this sdctrace reads version {VERSION}",

@@ -15,8 +15,9 @@ the field and the fix, never given a verdict. The bundle's own ``reproduce.py`` 
 from elsewhere may have changed: run such a bundle with the installed ``sdc incident reproduce BUNDLE``, which
 imports this module and never the bundle's script.
 
-This module imports only torch and the standard library: a bundle carries a copy of it as ``bundle_check.py``
-beside its ``reproduce.py`` (replay/bundle_reproduce.py), which runs what `load` returns.
+This module imports only torch, the standard library and tracer/bounded_read.py (the one reader of JSON from
+elsewhere, itself standard library only): a bundle carries copies of both, ``bundle_check.py`` and
+``bounded_read.py``, beside its ``reproduce.py`` (replay/bundle_reproduce.py), which runs what `load` returns.
 """
 
 from __future__ import annotations

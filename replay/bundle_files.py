@@ -7,7 +7,8 @@
 forward began (``rng.cpu``) and the golden and suspect outputs (``golden.output.N``, ``suspect.output.N``), each
 stored contiguous; the manifest gives the strides they had. Written by the few lines of `write_safetensors` (no
 pickle, no dependency); any safetensors reader loads the file. ``reproduce.py`` is replay/bundle_reproduce.py,
-copied, beside ``bundle_check.py`` (replay/bundle_check.py), which checks the bundle before it runs. The manifest
+copied, beside ``bundle_check.py`` (replay/bundle_check.py), which checks the bundle before it runs, and
+``bounded_read.py`` (tracer/bounded_read.py), the JSON reader it uses. The manifest
 (format ``sdctrace-incident/1``) holds the site, the versions, the op list, the files with their SHA-256, the
 fingerprints and the defect signature of each output (replay/signature.py).
 """

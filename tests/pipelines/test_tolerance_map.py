@@ -53,6 +53,7 @@ def test_a_map_reads_back_as_written(tmp_path: Path) -> None:
     [
         ({"format": "other"}, "format"),
         ({"version": 2}, "version"),
+        ({"version": True}, "version"),  # equal to 1 in Python, found by tools/fuzz_inputs.py
         ({"margin": 0.5}, "margin"),
         ({"margin": float("nan")}, "margin"),
         ({"places__0__phase": "sideways"}, "places[0].phase"),
