@@ -5,9 +5,9 @@
 Kinds: incident bundles (``sdc incident reproduce``: manifests changed field by field and as text, tensors
 flipped with and without their hash recorded anew, files swapped for FIFOs, devices and folders, hostile op names,
 ops asking for huge tensors, scripts changed), bundles for ``sdc incident load`` (manifests and verdict lines, into
-a database that already holds rows), tolerance maps (``sdc diff --tolerance``) and fault profiles
-(``sdc faults show``). Every case is built to be refused. Each runs in this process through ``sdc.cli.main``
-under a watchdog, and ends as one of:
+a database that already holds rows), tolerance maps (``sdc diff --tolerance``), fault profiles
+(``sdc faults show``) and study files (``sdc study``). Every case is built to be refused. Each runs in this process
+through ``sdc.cli.main`` under a watchdog, and ends as one of:
 
 - ``one-line error``: exit 1 or 2 with one ``sdc: error`` line naming the crafted file (what must happen);
 - ``multi-line error``: refused, in more than one line;
@@ -15,7 +15,7 @@ under a watchdog, and ends as one of:
 - ``traceback``: an exception escaped ``main``;  ``hang``: the watchdog fired;
 - ``data changed``: a refused load changed the database it was refused for;
 - ``code ran``: a shared library was loaded (``torch.ops.loaded_libraries`` grew) or a marker file appeared.
-- ``ok``: exit 0 where that is right (no case here expects it; the baseline input of each kind is checked so).
+- ``ok``: exit 0 where that is right (no case here expects it: each is built to be refused).
 
 Python's random (seeded) generates the cases; Hypothesis is not among the project's dependencies.
 """
@@ -421,28 +421,39 @@ PROFILE_TEXT: list[Callable[[str], str]] = [
 ]
 
 
-def profile_cases(root: Path, n: int, rng: random.Random) -> list[Case]:
-    base = (Path(__file__).resolve().parents[1] / "faults" / "profiles" / "bursty-mismatch.toml").read_text()
+def toml_cases(root: Path, n: int, rng: random.Random, kind: str) -> list[Case]:
+    """Fault profiles (``sdc faults show``) or study files (``sdc study``), damaged as text or swapped for a FIFO,
+    a folder or a device."""
+    shipped = {"profile": "faults/profiles/bursty-mismatch.toml", "study": "sdc/study/studies/demo.toml"}[kind]
+    base = (Path(__file__).resolve().parents[1] / shipped).read_text()
     cases = []
     for i in range(n):
-        path = root / f"profile-{i}.toml"
+        path = root / f"{kind}-{i}.toml"
         if rng.random() < 0.8:
             path.write_bytes(rng.choice(PROFILE_TEXT)(base).encode("utf-8", "surrogatepass"))
-            name = "profile text"
+            name = f"{kind} text"
         else:
             path.write_text(base)
             how = rng.choice(["fifo", "dir", "dev-zero"])
             _swap_file(path, how)
-            name = f"profile -> {how}"
-        cases.append(Case("profile", name, ("faults", "show", str(path)), str(path)))
+            name = f"{kind} -> {how}"
+        out = str(root / f"out-{i}")
+        argv = ("faults", "show", str(path)) if kind == "profile" else ("study", str(path), "--out", out)
+        cases.append(Case(kind, name, argv, str(path)))
     return cases
 
 
 def campaign(root: Path, cases: int, seed: int, verbose: bool = False) -> Counter[tuple[str, str]]:
     """Generate about ``cases`` cases in ``root`` and run them; counts by (kind, outcome)."""
     rng = random.Random(seed)
-    share = {"bundle": 0.4, "load": 0.25, "tolerance": 0.2, "profile": 0.15}
-    made = {"bundle": bundle_cases, "load": load_cases, "tolerance": map_cases, "profile": profile_cases}
+    share = {"bundle": 0.4, "load": 0.2, "tolerance": 0.2, "profile": 0.1, "study": 0.1}
+    made: dict[str, Callable[[Path, int, random.Random], list[Case]]] = {
+        "bundle": bundle_cases,
+        "load": load_cases,
+        "tolerance": map_cases,
+        "profile": lambda root, n, rng: toml_cases(root, n, rng, "profile"),
+        "study": lambda root, n, rng: toml_cases(root, n, rng, "study"),
+    }
     counts: Counter[tuple[str, str]] = Counter()
     for kind, build in made.items():
         for case in build(root, max(1, round(cases * share[kind])), rng):

@@ -1,7 +1,7 @@
-"""tools/fuzz_inputs.py on a small sample: every crafted bundle, incident load, tolerance map and fault profile is
-refused in one line naming the crafted file; none ends in a traceback, a hang, a silent acceptance, a changed
-database or code run. (The claims one by one: tests/tracer/test_bounded_read.py, tests/replay/test_bundle_*.py,
-tests/analysis/test_incident_signatures.py, tests/pipelines/test_tolerance_map.py.)"""
+"""tools/fuzz_inputs.py on a small sample: every crafted bundle, incident load, tolerance map, fault profile and
+study file is refused in one line naming the crafted file; none ends in a traceback, a hang, a silent acceptance,
+a changed database or code run. (The claims one by one: tests/tracer/test_bounded_read.py,
+tests/replay/test_bundle_*.py, tests/analysis/test_incident_signatures.py, tests/pipelines/test_tolerance_map.py.)"""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def test_a_small_campaign_has_nothing_bad(tmp_path: Path) -> None:
     counts = fuzz_inputs.campaign(tmp_path, 100, seed=0)
     bad = {key: n for key, n in counts.items() if key[1] in fuzz_inputs.BAD}
     assert not bad, bad
-    assert sum(counts.values()) == 100 and {kind for kind, _ in counts} == {"bundle", "load", "tolerance", "profile"}
+    kinds = {kind for kind, _ in counts}
+    assert sum(counts.values()) == 100 and kinds == {"bundle", "load", "tolerance", "profile", "study"}
 
 
 def test_each_outcome_is_classified(tmp_path: Path) -> None:
