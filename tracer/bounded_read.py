@@ -50,7 +50,7 @@ class Bounds:
     finite: bool = True  # False: nan and inf are values (TOML's own words, e.g. a fault profile's NaN)
 
 
-_KINDS = (
+FILE_KINDS = (  # what a path that is not a regular file is, as a refusal names it
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
     (stat.S_ISCHR, "a character device"),
@@ -77,7 +77,7 @@ def read_bytes(path: Path | str, what: str, limit: int, fix: str, error: type[Ex
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+            kind = next((name for test, name in FILE_KINDS if test(st.st_mode)), "not a regular file")
             raise _fail(error, path, f"the {what} is {kind}, not a regular file", f"put a regular file there; {fix}")
         if st.st_size > limit:
             raise _fail(error, path, f"{st.st_size:,} bytes, more than a {what} may hold ({limit:,})", fix)
