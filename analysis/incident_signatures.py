@@ -18,7 +18,6 @@ machine's verdicts beside the suspect's. All of it in one transaction (analysis/
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,8 +26,8 @@ from typing import Any
 
 from analysis.load import ensure_schema, rollback
 from analysis.study_db import open_writable
+from tracer.bounded_read import Bounds, digit_key, parse_json, read_bytes
 from tracer.errors import ValidationError
-from tracer.regular_files import read_regular, regular_size
 
 FORMAT = "sdctrace-incident/1"
 MANIFEST, VERDICTS = "manifest.json", "verdicts.jsonl"
@@ -37,8 +36,12 @@ VERDICTS_BYTES = 4 << 20
 MAX_SIGNATURES = 4096  # outputs of one site
 MAX_VERDICTS = 10_000
 MAX_TEXT = 1024  # characters of a name, label or id
+JSON_TEXT = 1 << 16  # any string of the JSON (the fields the tables hold are bounded by MAX_TEXT, naming the field)
 MAX_DIMS = 64
 MAX_BITS = 64  # bit indices 0..63: float64 is the widest layout
+MAX_SIZE = 1 << 40  # a dimension or an element count (DuckDB's BIGINT holds it; no tensor nears it)
+# replay/bundle_reproduce.py's VERDICTS: the words a reproduction says
+VERDICT_WORDS = ("transient", "persistent here", "nondeterministic", "unexplained")
 _FIX = "capture it again with `sdc incident` (a bundle is never edited by hand)"
 _FIX_VERDICT = "remove that line (reproduce.py appends one JSON object a line; run it again for a new one)"
 
@@ -143,6 +146,12 @@ class _Fields:
             raise self.error(self.name(key), f"= {value} lies outside [{low}, {high}]")
         return value
 
+    def word(self, key: str, words: tuple[str, ...]) -> str:
+        value = self.get(key, str)
+        if value not in words:
+            raise self.error(self.name(key), f"= {value[:40]!r} is none of {', '.join(words)}")
+        return value
+
     def number(self, key: str) -> float:
         try:
             value = float(self.get(key, (int, float)))
@@ -165,11 +174,8 @@ class _Fields:
 def read_bundle(bundle: Path) -> Incident:
     """The incident in ``bundle``: its manifest's site, runs and signatures, and its verdicts so far."""
     path = bundle / MANIFEST
-    raw = _read(path, MANIFEST_BYTES, "give a folder `sdc incident` wrote")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise ValidationError(f"{path}: not JSON ({str(exc)[:200]}); {_FIX}") from None
+    raw = read_bytes(path, "bundle's manifest", MANIFEST_BYTES, _FIX, ValidationError)
+    data = parse_json(raw, path, Bounds(file_bytes=MANIFEST_BYTES, text=JSON_TEXT), _FIX, ValidationError)
     manifest = _Fields(path, data)
     if data.get("format") != FORMAT:
         raise ValidationError(
@@ -181,6 +187,11 @@ def read_bundle(bundle: Path) -> Incident:
         _signature(_Fields(path, s, f"signatures[{i}]"))
         for i, s in enumerate(manifest.items("signatures", MAX_SIGNATURES))
     ]
+    seen: set[int] = set()
+    for i, sig in enumerate(signatures):
+        if sig.output in seen:
+            raise manifest.error(f"signatures[{i}].output", f"= {sig.output} names an output a signature named before")
+        seen.add(sig.output)
     return Incident(
         incident_id=hashlib.sha256(raw).hexdigest()[:16],
         bundle=str(bundle),
@@ -204,13 +215,26 @@ def _signature(sig: _Fields) -> OutputSignature:
         raise sig.error(sig.name("bits"), f"holds {len(bits.data)} bits, at most {MAX_BITS}")
     counts = {}
     for key in bits.data:
-        if not (isinstance(key, str) and key.isdigit() and int(key) < MAX_BITS):
+        if not (digit_key(key) and int(key) < MAX_BITS):
             raise sig.error(sig.name("bits"), f"has the key {key[:20]!r}, expected a bit index 0..63")
         counts[int(key)] = bits.count(key)
     shape = sig.items("shape", MAX_DIMS)
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise sig.error(sig.name("shape"), "is not a list of dimensions (integers >= 0)")
-    elements = sig.count("elements")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_SIZE for d in shape):
+        raise sig.error(sig.name("shape"), f"is not a list of dimensions (integers from 0 to {MAX_SIZE})")
+    elements = sig.count("elements", high=MAX_SIZE)
+    if math.prod(shape) != elements:
+        raise sig.error(sig.name("elements"), f"= {elements} is not the product of the shape {shape}")
+    differing = sig.count("differing", high=elements)
+    flips = (fields.count("sign"), fields.count("exponent"), fields.count("mantissa"))
+    # each differing element has at least one flipped bit, in at least one field; no count exceeds the elements
+    if any(n > differing for n in (*counts.values(), *flips)) or (
+        differing and (sum(counts.values()) < differing or sum(flips) < differing)
+    ):
+        raise sig.error(
+            sig.name("bits"),
+            f"and fields ({counts}, {flips}) do not fit {differing} differing elements (each has a flipped bit, "
+            "none counts more than they)",
+        )
     return OutputSignature(
         output=sig.count("output", high=MAX_SIGNATURES),
         op=sig.text("op", optional=True),
@@ -218,8 +242,8 @@ def _signature(sig: _Fields) -> OutputSignature:
         shape=tuple(shape),
         shape_class=sig.text("shape_class"),
         elements=elements,
-        differing=sig.count("differing", high=elements),
-        fields=(fields.count("sign"), fields.count("exponent"), fields.count("mantissa")),
+        differing=differing,
+        fields=flips,
         bits=counts,
         ulps_max=sig.number("ulps_max"),
         ulps_median=sig.number("ulps_median"),
@@ -232,26 +256,21 @@ def read_verdicts(path: Path) -> list[Verdict]:
     """The verdicts of ``path`` (a bundle's verdicts.jsonl), oldest first; none when the file does not exist."""
     if not (path.exists() or path.is_symlink()):
         return []
-    lines = (
-        _read(path, VERDICTS_BYTES, "delete the file (it holds only verdicts) and run the reproductions again")
-        .decode("utf-8", errors="replace")
-        .splitlines()
-    )
+    raw = read_bytes(path, "bundle's verdicts.jsonl", VERDICTS_BYTES, _FIX_VERDICT, ValidationError)
+    lines = raw.split(b"\n")
     if len(lines) > MAX_VERDICTS:
         raise ValidationError(f"{path}: holds {len(lines)} lines, at most {MAX_VERDICTS}; keep the lines you need")
     found = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            data = json.loads(line)
-        except (ValueError, RecursionError):
-            raise ValidationError(f"{path}: line {n} is not JSON; {_FIX_VERDICT}") from None
+        bounds = Bounds(file_bytes=VERDICTS_BYTES, depth=4, text=JSON_TEXT)
+        data = parse_json(line, f"{path}: line {n}", bounds, _FIX_VERDICT, ValidationError)
         v = _Fields(path, data, f"(line {n})", _FIX_VERDICT)
         found.append(
             Verdict(
                 machine=v.text("machine"),
-                verdict=v.text("verdict"),
+                verdict=v.word("verdict", VERDICT_WORDS),
                 emulated=v.text("emulated", optional=True),
                 repeats=v.count("repeats", high=1 << 30),
                 device=v.text("device"),
@@ -260,15 +279,6 @@ def read_verdicts(path: Path) -> list[Verdict]:
             )
         )
     return found
-
-
-def _read(path: Path, limit: int, fix: str) -> bytes:
-    if not (path.exists() or path.is_symlink()):
-        raise ValidationError(f"{path}: no such file; {fix}")
-    size = regular_size(path, path.name)
-    if size > limit:
-        raise ValidationError(f"{path}: {size} bytes, more than the {limit} a bundle's {path.name} may hold; {fix}")
-    return read_regular(path, path.name)[:limit]
 
 
 SIGNATURE_COLUMNS = 27

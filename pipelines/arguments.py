@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.tolerance import ToleranceMap, load_tolerance_map
+from pipelines.tolerance import ToleranceMap, load_tolerance_map, warn_self_measured
 from tracer.errors import UsageError
 
 # Each joined batch costs the job about a millisecond whatever its size (packing, unpacking, the join's numpy
@@ -51,7 +51,11 @@ class DiffRequest:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, beam_args: Sequence[str]) -> DiffRequest:
-        """From a parser that `add_arguments` set up, and the arguments it left for Beam."""
+        """From a parser that `add_arguments` set up, and the arguments it left for Beam. A tolerance map measured
+        on the suspect run itself is named in a warning (its bands may hide the fault)."""
+        tolerance = load_tolerance_map(args.tolerance) if args.tolerance is not None else None
+        if tolerance is not None:
+            warn_self_measured(tolerance, args.suspect)
         return cls(
             golden=args.golden,
             suspect=args.suspect,
@@ -62,7 +66,7 @@ class DiffRequest:
             staging=args.staging,
             skip_corrupt=args.skip_corrupt,
             steps_per_bucket=args.steps_per_bucket,
-            tolerance=load_tolerance_map(args.tolerance) if args.tolerance is not None else None,
+            tolerance=tolerance,
             beam_args=tuple(beam_args),
         )
 

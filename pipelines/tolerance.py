@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from tracer.bounded_read import Bounds, read_json
 from tracer.errors import ConfigError
 from tracer.log.records import Phase
-from tracer.regular_files import read_regular, regular_size
 
 FORMAT, VERSION = "sdctrace-tolerance-map", 1
 PHASE_NAMES = tuple(p.name.lower() for p in sorted(Phase))  # as the diff's tables name phases
@@ -148,16 +149,13 @@ def write_tolerance_map(path: Path, tolerance: ToleranceMap) -> None:
 def load_tolerance_map(path: str | Path) -> ToleranceMap:
     """Read and check a map; every error is a ConfigError naming the file, the field and the fix."""
     where = str(path)
-    size = regular_size(path, "tolerance map")
-    if size > MAX_BYTES:
-        raise ConfigError(
-            f"{where}: {size:,} bytes, more than a tolerance map may hold ({MAX_BYTES:,}); "
-            "write it again with sdc verify-determinism --report"
-        )
-    try:
-        doc = json.loads(read_regular(path, "tolerance map"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{where}: not JSON ({e}); write it with sdc verify-determinism --report") from None
+    doc = read_json(
+        path,
+        "tolerance map",
+        Bounds(file_bytes=MAX_BYTES, depth=16, text=MAX_NAME),
+        "write it again with sdc verify-determinism --report",
+        ConfigError,
+    )
     return parse_tolerance_map(doc, where)
 
 
@@ -167,7 +165,7 @@ def parse_tolerance_map(doc: Any, where: str = "tolerance map") -> ToleranceMap:
     r.mapping(doc, "the document")
     if doc.get("format") != FORMAT:
         r.fail("format", f"{doc.get('format')!r}, expected {FORMAT!r}", "this is not a tolerance map")
-    if doc.get("version") != VERSION:
+    if type(doc.get("version")) is not int or doc.get("version") != VERSION:  # True == 1, yet no version
         r.fail(
             "version",
             f"{doc.get('version')!r}, this sdctrace reads version {VERSION}",
@@ -208,6 +206,40 @@ def parse_tolerance_map(doc: Any, where: str = "tolerance map") -> ToleranceMap:
             r.number(p.get("band"), f"{at}.band", 0.0, math.inf),
         )
     return ToleranceMap(runs, steps, ranks, margin, places, where)
+
+
+def measured_on(tolerance: ToleranceMap, run: str | Path) -> str | None:
+    """The run of ``tolerance.runs`` that is ``run`` itself (the same folder, or the same path as written), or
+    None. A map measured on the suspect run would take the suspect's own fault for nondeterminism."""
+    for measured in tolerance.runs:
+        if str(measured) == str(run):
+            return measured
+        try:
+            if Path(measured).exists() and Path(run).exists() and Path(measured).samefile(run):
+                return measured
+        except OSError:
+            continue
+    return None
+
+
+def warn_self_measured(tolerance: ToleranceMap, suspect: str | Path) -> str | None:
+    """Warn (one line, naming the map and the run) when ``tolerance`` was measured on ``suspect`` itself: its bands
+    may hide the suspect's own fault. The warning's text, or None. (Diffing the audited pair itself is how a map is
+    checked, so it is a warning, never silent, not a refusal.)"""
+    same = measured_on(tolerance, suspect)
+    if same is None:
+        return None
+    text = (
+        f"{tolerance.source}: measured.runs names {same}, the suspect run itself: a difference within its bands is "
+        "counted within_tolerance, not SDC, so a fault of the suspect's may hide there; for a verdict on the "
+        "suspect, measure the map on two healthy runs (sdc verify-determinism --report MAP)"
+    )
+    warnings.warn(text, SelfMeasuredWarning, stacklevel=2)
+    return text
+
+
+class SelfMeasuredWarning(UserWarning):
+    """A tolerance map was measured on the run it is used to diff."""
 
 
 class _Reader:

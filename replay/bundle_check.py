@@ -15,26 +15,34 @@ the field and the fix, never given a verdict. The bundle's own ``reproduce.py`` 
 from elsewhere may have changed: run such a bundle with the installed ``sdc incident reproduce BUNDLE``, which
 imports this module and never the bundle's script.
 
-This module imports only torch and the standard library: a bundle carries a copy of it as ``bundle_check.py``
-beside its ``reproduce.py`` (replay/bundle_reproduce.py), which runs what `load` returns.
+This module imports only torch, the standard library and tracer/bounded_read.py (the one reader of JSON from
+elsewhere, itself standard library only): a bundle carries copies of both, ``bundle_check.py`` and
+``bounded_read.py``, beside its ``reproduce.py`` (replay/bundle_reproduce.py), which runs what `load` returns.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
 import re
-import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING or __package__:  # sdctrace's replay.bundle_check
+    from tracer.bounded_read import Bounds, SdcError, read_bytes
+    from tracer.bounded_read import parse_json as parse_bounded
+else:  # a bundle's bundle_check.py: the reader the bundle carries beside it
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bounded_read import Bounds, SdcError, read_bytes
+    from bounded_read import parse_json as parse_bounded
+
 MANIFEST, TENSORS, VERDICTS_FILE = "manifest.json", "tensors.safetensors", "verdicts.jsonl"
 CHECKER = "bundle_check.py"  # this module, as a bundle carries it beside reproduce.py
+READER = "bounded_read.py"  # tracer/bounded_read.py, which this module reads every JSON text with
 FORMAT = "sdctrace-incident/1"
 # safetensors' dtype codes (little-endian data)
 DTYPES = {
@@ -58,11 +66,17 @@ MAX_DEPTH = 32  # JSON nesting: an op argument is a list of lists at most a few 
 MAX_INT_DIGITS = 20  # an integer in the manifest fits int64 (a seed, a size, a stride)
 MAX_TEXT = 4096  # characters of a name, a reference or a string argument
 MAX_DIMS = 64
+MIN_ELEMENTS = 1 << 24  # an op may always make this many elements
+MAX_GROWTH = 1024  # ... or this many times the largest tensor the bundle holds (attention scores outgrow inputs)
+JSON_BOUNDS = Bounds(file_bytes=MANIFEST_BYTES, depth=MAX_DEPTH, text=MAX_TEXT, int_digits=MAX_INT_DIGITS)
 
 # Ops resolve only in these namespaces of torch's operator registry: what a forward's TorchDispatchMode records.
 NAMESPACES = {"aten": torch.ops.aten, "prims": torch.ops.prims}
 REFUSED_OPS = frozenset({"from_file"})  # reads a file the manifest names
 _OP_NAME = re.compile(r"([a-z]+)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)")
+SIZE_LISTS = frozenset({"size", "sizes", "shape", "repeats", "output_size"})  # a result's shape, or its factors
+SIZE_SCALARS = frozenset({"n", "m", "repeats", "output_size", "steps"})  # randperm(n), eye(n, m), linspace's steps
+_SYMINT = re.compile(r"SymInt(\[\d*\])?\?? (\w+)")  # a size argument in an op's schema text
 _OP_PACKET = type(torch.ops.aten.add)
 _OP_OVERLOAD = type(torch.ops.aten.add.Tensor)
 # torch's own dtypes, layouts and memory formats, by the names the manifest writes (``float32``, ``strided``)
@@ -76,7 +90,7 @@ _SITE = re.compile(_MODULE.pattern + r"(\[[0-9]+\])?")  # a site: a module path,
 FIX = "capture it again with `sdc incident` (a bundle is never edited by hand)"
 
 
-class BundleError(Exception):
+class BundleError(SdcError):
     """The bundle cannot be used as it is."""
 
 
@@ -115,82 +129,15 @@ def _refuse(source: Path | str, field: str, problem: str, fix: str = FIX) -> Bun
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:
     """All bytes of the regular file ``path`` (symlinks followed), refused when over ``limit`` bytes, before a
-    byte is read. A FIFO, a device or a directory is refused, never opened for reading."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO never blocks open(); fstat refuses it
-    except OSError as exc:
-        raise BundleError(f"{path}: cannot read the bundle's {what} ({exc.strerror or exc}); {FIX}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise BundleError(f"{path}: the bundle's {what} is not a regular file; put the file `sdc incident` wrote there")
-    with os.fdopen(fd, "rb") as f:
-        if st.st_size > limit:
-            raise BundleError(
-                f"{path}: the bundle's {what} has {st.st_size} bytes, over the {limit} a bundle's "
-                f"{what} may have; {FIX}"
-            )
-        try:
-            return f.read(st.st_size)
-        except (OSError, MemoryError) as exc:
-            raise BundleError(f"{path}: cannot read the bundle's {what} ({exc}); {FIX}") from None
+    byte is read. A FIFO, a device or a directory is refused, never opened for reading (tracer/bounded_read.py)."""
+    return read_bytes(path, f"bundle's {what}", limit, FIX, BundleError)
 
 
 def parse_json(data: bytes, source: Path | str) -> Any:
-    """JSON from an untrusted file: valid UTF-8, no duplicate key, no NaN, integers of at most 20 digits, strings
-    without lone surrogates, nesting at most `MAX_DEPTH` deep."""
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                raise ValueError(f"the key {key[:80]!r} appears twice in one object")
-            out[key] = value
-        return out
-
-    def bounded_int(text: str) -> int:
-        if len(text.lstrip("-")) > MAX_INT_DIGITS:
-            raise ValueError(f"an integer of {len(text)} digits")
-        return int(text)
-
-    def no_constant(text: str) -> Any:
-        raise ValueError(f"{text} is not JSON")
-
-    try:
-        value = json.loads(
-            data.decode("utf-8"), object_pairs_hook=unique, parse_int=bounded_int, parse_constant=no_constant
-        )
-    except UnicodeDecodeError as exc:
-        raise BundleError(f"{source}: not UTF-8 text (byte {exc.start}); {FIX}") from None
-    except (ValueError, RecursionError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else "nested too deep"
-        raise BundleError(f"{source}: not readable JSON ({reason}); {FIX}") from None
-    _check_tree(value, source)
-    return value
-
-
-def _check_tree(value: Any, source: Path | str) -> None:
-    """Depth and strings of a decoded JSON value, walked without recursion."""
-    stack = [(value, 1)]
-    while stack:
-        v, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise BundleError(f"{source}: nested more than {MAX_DEPTH} deep; {FIX}")
-        if isinstance(v, str):
-            _check_text(v, source)
-        elif isinstance(v, list):
-            stack.extend((x, depth + 1) for x in v)
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                _check_text(k, source)
-                stack.append((x, depth + 1))
-
-
-def _check_text(text: str, source: Path | str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise BundleError(f"{source}: a string holds a lone surrogate ({text[:40]!r}); {FIX}") from None
+    """JSON from an untrusted file through tracer/bounded_read.py: valid UTF-8, no duplicate key, no NaN, integers
+    of at most 20 digits, strings without lone surrogates, nesting at most `MAX_DEPTH` deep (checked before it is
+    parsed)."""
+    return parse_bounded(data, source, JSON_BOUNDS, FIX, BundleError)
 
 
 def read_safetensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:
@@ -305,7 +252,7 @@ def _check_arg(value: Any, known: set[str], source: str, depth: int = 0) -> None
         )
     ((kind, v),) = value.items()
     if kind == "t":
-        if v not in known:
+        if not isinstance(v, str) or v not in known:
             raise BundleError(
                 f"{source}: reads the tensor {str(v)[:80]!r}, which neither the bundle holds nor an "
                 f"earlier op made; {FIX}"
@@ -365,8 +312,8 @@ def _dunder(path: str) -> bool:
 def _check_site(manifest: dict[str, Any], source: Path) -> None:
     site = _get(manifest, "site", dict, source)
     for key in ("step", "microbatch"):
-        if _get(site, key, int, source, "site.") < 0:
-            raise _refuse(source, f"site.{key}", "is negative")
+        if not 0 <= _get(site, key, int, source, "site.") < 1 << 62:
+            raise _refuse(source, f"site.{key}", "is negative or past 2^62")
     name, phase = _get(site, "name", str, source, "site."), _get(site, "phase", str, source, "site.")
     if not _SITE.fullmatch(name) or _dunder(name) or len(name) > MAX_TEXT:
         raise _refuse(source, "site.name", f"{name[:80]!r} is no module path")
@@ -402,15 +349,44 @@ def load(bundle: Path) -> Bundle:
     ops = _ops(manifest, set(stored), source)
     made = set(stored) | {ref for k, op in enumerate(ops) for ref in (f"op.{k}.{j}" for j in range(len(op.results)))}
     outputs = _get(manifest, "outputs", list, source)
-    if not outputs or len(set(map(str, outputs))) != len(outputs) or not all(o in made for o in outputs):
+    if (
+        not outputs
+        or not all(isinstance(o, str) for o in outputs)
+        or len(set(outputs)) != len(outputs)
+        or not all(o in made for o in outputs)
+    ):
         raise _refuse(source, "outputs", "must name each output once, each a tensor the bundle holds or an op made")
-    digest = _get(manifest, "files", dict, source).get(TENSORS)
-    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
-        raise _refuse(source, f"files.{TENSORS}", "is missing or not a SHA-256")
+    digest = _check_files(bundle, _get(manifest, "files", dict, source), source)
     tensors = read_safetensors(bundle / TENSORS, digest)
     _check_tensors(tensors, stored, len(outputs), bundle / TENSORS)
     _check_outputs(manifest, tensors, outputs, ops, source)
+    _check_signatures(manifest, tensors, len(outputs), source)
+    _check_sizes(ops, stored, source)
     return Bundle(bundle, manifest, ops, tensors, stored, tuple(outputs))
+
+
+def _check_files(bundle: Path, files: dict[str, Any], source: Path) -> str:
+    """Every file the manifest records has the SHA-256 it records (the scripts too: a bundle whose files were
+    changed after the capture gets no verdict, whichever script runs it); the tensors file's digest, which
+    `read_safetensors` checks as it reads."""
+    known = (TENSORS, "reproduce.py", CHECKER, READER)
+    for name, digest in files.items():
+        if name not in known:
+            raise _refuse(source, f"files.{name[:80]}", f"is none of the files a bundle holds ({', '.join(known)})")
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise _refuse(source, f"files.{name}", "is not a SHA-256 (64 hex digits)")
+        if name != TENSORS and hashlib.sha256(read_bounded(bundle / name, MANIFEST_BYTES, name)).hexdigest() != digest:
+            raise _refuse(
+                bundle / name,
+                f"its SHA-256 (files.{name} in {MANIFEST})",
+                "is not the one recorded: the file was changed after the capture",
+            )
+    unrecorded = [name for name in known[1:] if name not in files and (bundle / name).exists()]
+    if unrecorded:
+        raise _refuse(source, f"files.{unrecorded[0]}", "is missing while the bundle holds that file")
+    if TENSORS not in files:
+        raise _refuse(source, f"files.{TENSORS}", "is missing or not a SHA-256")
+    return files[TENSORS]
 
 
 def _check_tensors(
@@ -470,6 +446,85 @@ def _check_outputs(
                 )
         if not ref.startswith("op.") and not same_bits(tensors[ref], tensors[f"golden.output.{j}"]):
             raise _refuse(source, f"outputs[{j}]", f"names the stored tensor {ref}, which is not golden's output")
+
+
+def _check_signatures(manifest: dict[str, Any], tensors: dict[str, torch.Tensor], outputs: int, source: Path) -> None:
+    """The defect signatures agree with the outputs they describe: a signature for each floating output whose
+    golden and suspect bits differ and for no other, each with as many differing elements, and as many flips of
+    each bit, as the tensors have (outputs flipped, swapped for equal ones or made equal after the capture, even
+    with the tensors' hash recorded anew, are refused here)."""
+    recorded: dict[int, tuple[int, dict[str, int]]] = {}
+    for i, sig in enumerate(_get(manifest, "signatures", list, source)):
+        j, differing, bits = (
+            (sig.get(k) for k in ("output", "differing", "bits")) if isinstance(sig, dict) else [None] * 3
+        )
+        if type(j) is not int or not 0 <= j < outputs or j in recorded or type(differing) is not int:
+            raise _refuse(
+                source, f"signatures[{i}]", f"must name one output (0..{outputs - 1}, each once) and its counts"
+            )
+        if not isinstance(bits, dict) or not all(type(n) is int for n in bits.values()):
+            raise _refuse(source, f"signatures[{i}].bits", "is missing or not a map of bit -> elements")
+        recorded[j] = (differing, bits)
+    for j in range(outputs):
+        g, s = tensors[f"golden.output.{j}"], tensors[f"suspect.output.{j}"]
+        if not g.is_floating_point():
+            continue
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[g.dtype.itemsize]
+        xor = (g.contiguous().view(width) ^ s.contiguous().view(width)).reshape(-1)
+        xor = xor[xor != 0]
+        found = {str(b): int(((xor >> b) & 1).sum()) for b in range(8 * g.dtype.itemsize)}
+        found = {b: n for b, n in found.items() if n}
+        differing, bits = recorded.get(j, (0, {}))
+        if (int(xor.numel()), found) != (differing, bits):
+            raise _refuse(
+                source,
+                f"signatures (output {j})",
+                f"records {differing} differing elements (bits {_shown(bits)}) where golden.output.{j} and "
+                f"suspect.output.{j} differ in {xor.numel()} (bits {_shown(found)}): the outputs or the signature "
+                "were changed after the capture",
+            )
+
+
+def _shown(bits: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{b}: {n}" for b, n in list(bits.items())[:8]) + ("..." if len(bits) > 8 else "") + "}"
+
+
+def _check_sizes(ops: tuple[Op, ...], stored: dict[str, tuple[tuple[int, ...], tuple[int, ...]]], source: Path) -> None:
+    """No op may ask for a tensor larger than `MAX_GROWTH` times the largest the bundle holds (at least
+    `MIN_ELEMENTS`): the sizes in its arguments (an ``int[]`` or ``SymInt[]`` argument's product, a ``SymInt``,
+    every number of an op that makes a range) and its recorded results, checked before any op runs."""
+    largest = max([math.prod(shape) for shape, _ in stored.values()] + [1])
+    cap = min(max(MIN_ELEMENTS, MAX_GROWTH * largest), TENSOR_BYTES)
+    for k, op in enumerate(ops):
+        asks = [math.prod(shape) for shape, _ in op.results] + _size_args(op)
+        if max(asks, default=0) > cap:
+            raise _refuse(
+                source,
+                f"ops[{k}] ({op.name})",
+                f"asks for {max(asks):,} elements, more than the {cap:,} this bundle's tensors allow",
+            )
+
+
+def _size_args(op: Op) -> list[int]:
+    """The elements ``op``'s arguments ask for: its schema's ``SymInt`` and ``SymInt[]`` arguments that size a
+    result (`SIZE_LISTS`, `SIZE_SCALARS`; the Python schema objects show them as ``int``, so the schema's text is
+    read), never an index such as a slice's end, and every number of a range op."""
+    sizes = {name for _, name in _SYMINT.findall(str(op.func._schema))}
+    arguments = op.func._schema.arguments
+    given = list(zip(arguments, op.args)) + [(a, op.kwargs[a.name]) for a in arguments if a.name in op.kwargs]
+    ranged = op.name.split(".")[1] in ("arange", "range")  # its ends and step size its result
+    asks = []
+    for arg, value in given:
+        if isinstance(value, list) and arg.name in sizes and all(type(v) is int for v in value):
+            magnitudes = [abs(v) for v in value]
+            if arg.name in SIZE_LISTS:
+                asks.append(math.prod(magnitudes))
+            elif arg.name in ("stride", "pad", "padding"):
+                asks.append(max(magnitudes, default=0))
+        elif type(value) in (int, float) and (arg.name in SIZE_SCALARS and (arg.name in sizes or arg.name == "steps")
+                                              or ranged):  # fmt: skip
+            asks.append(int(abs(value)) if math.isfinite(value) else TENSOR_BYTES + 1)
+    return asks
 
 
 def describe_results(results: tuple[tuple[tuple[int, ...], str], ...]) -> str:

@@ -7,7 +7,8 @@
 forward began (``rng.cpu``) and the golden and suspect outputs (``golden.output.N``, ``suspect.output.N``), each
 stored contiguous; the manifest gives the strides they had. Written by the few lines of `write_safetensors` (no
 pickle, no dependency); any safetensors reader loads the file. ``reproduce.py`` is replay/bundle_reproduce.py,
-copied, beside ``bundle_check.py`` (replay/bundle_check.py), which checks the bundle before it runs. The manifest
+copied, beside ``bundle_check.py`` (replay/bundle_check.py), which checks the bundle before it runs, and
+``bounded_read.py`` (tracer/bounded_read.py), the JSON reader it uses. The manifest
 (format ``sdctrace-incident/1``) holds the site, the versions, the op list, the files with their SHA-256, the
 fingerprints and the defect signature of each output (replay/signature.py).
 """
@@ -26,6 +27,7 @@ from replay import bundle_check, bundle_reproduce
 from replay.bundle_ops import describe_tensor
 from replay.capture import Captured
 from replay.signature import defect_signature
+from tracer import bounded_read
 from tracer.fingerprint import fingerprint
 from tracer.header import software_versions
 from tracer.log.claim import FolderKind
@@ -33,7 +35,7 @@ from tracer.log.layout import LOCK_FILE
 
 CODES = {dtype: code for code, dtype in bundle_check.DTYPES.items()}
 SCRIPT = "reproduce.py"
-FILES = (bundle_check.MANIFEST, bundle_check.TENSORS, SCRIPT, bundle_check.CHECKER)
+FILES = (bundle_check.MANIFEST, bundle_check.TENSORS, SCRIPT, bundle_check.CHECKER, bundle_check.READER)
 
 
 def bundle_written(parts: tuple[str, ...], is_dir: bool) -> bool:
@@ -75,6 +77,7 @@ def write_bundle(c: Captured, out: Path, *, golden: dict[str, Any], suspect: dic
     write_safetensors(out / bundle_check.TENSORS, tensors, {"format": bundle_check.FORMAT})
     (out / SCRIPT).write_bytes(Path(bundle_reproduce.__file__).read_bytes())
     (out / bundle_check.CHECKER).write_bytes(Path(bundle_check.__file__).read_bytes())
+    (out / bundle_check.READER).write_bytes(Path(bounded_read.__file__).read_bytes())
     manifest = {
         "format": bundle_check.FORMAT,
         "created_unix": time.time(),
@@ -105,7 +108,7 @@ def write_bundle(c: Captured, out: Path, *, golden: dict[str, Any], suspect: dic
         },
         "signatures": signatures(c),
     }
-    manifest["files"] = {name: _sha256(out / name) for name in (bundle_check.TENSORS, SCRIPT, bundle_check.CHECKER)}
+    manifest["files"] = {name: _sha256(out / name) for name in FILES[1:]}
     (out / bundle_check.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return manifest
 

@@ -15,19 +15,12 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from tracer.bounded_read import FILE_KINDS
 from tracer.errors import LogError
-
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
 
 
 def _not_regular(path: str | Path, mode: int, what: str) -> LogError:
-    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    kind = next((name for test, name in FILE_KINDS if test(mode)), "not a regular file")
     via = f" (a symlink to {os.path.realpath(path)})" if os.path.islink(path) else ""
     return LogError(
         f"{path}: {what} is {kind}{via}, not a regular file; sdctrace reads only regular files: "

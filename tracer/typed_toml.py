@@ -32,8 +32,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from tracer.bounded_read import Bounds, parse_toml, read_bytes
 from tracer.errors import ConfigError
-from tracer.log.records import nesting_depth_over
 
 T = TypeVar("T")
 Origin = Callable[[str], str]  # dotted key -> where its value came from: the file, or an override
@@ -99,34 +99,27 @@ def resolve(spec: str | Path, names: Mapping[str, Path], what: str) -> Path:
 
 
 MAX_NESTING = 64  # tables and arrays in one another: a config nests a few levels; tomllib recurses on each
+MAX_BYTES = 16 << 20  # a profile, a study or a config: kilobytes
+MAX_TEXT = 1 << 16  # characters of one string (a fault rule's module path, a note)
+TOML_BOUNDS = Bounds(file_bytes=MAX_BYTES, depth=MAX_NESTING, text=MAX_TEXT, int_digits=20, finite=False)
 
 
 def read(path: Path) -> dict[str, Any]:
-    """The parsed file; a syntax or encoding error, or nesting past MAX_NESTING, names the file (and its line)."""
+    """The parsed file, read through tracer/bounded_read.py (a regular file of at most MAX_BYTES, never a FIFO);
+    a syntax or encoding error, a duplicate key, or nesting past MAX_NESTING names the file (and its line)."""
+    data = read_bytes(path, "TOML file", MAX_BYTES, "give a TOML file (a profile, a study, a config)", ConfigError)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text ({e}); save it as UTF-8") from None
     return parse(text, str(path))
 
 
 def parse(text: str, source: str) -> dict[str, Any]:
-    """TOML text as a dict, or one `ConfigError` naming ``source``: tomllib's own syntax errors, and what it raises
-    without a line (an integer of thousands of digits, nesting deep enough to exhaust Python's recursion)."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{source}: TOML syntax error: {e}; fix that line") from None
-    except RecursionError:
-        raise ConfigError(
-            f"{source}: arrays or inline tables nest too deep for the TOML parser (far past the "
-            f"{MAX_NESTING} levels allowed); flatten them"
-        ) from None
-    except ValueError as e:  # int() refusing thousands of digits
-        raise ConfigError(f"{source}: unreadable TOML value ({e}); write a 64-bit integer") from None
-    if nesting_depth_over(data, MAX_NESTING):
-        raise ConfigError(f"{source}: tables and arrays nest deeper than {MAX_NESTING} levels; flatten them")
-    return data
+    """TOML text as a dict, or one `ConfigError` naming ``source``: tomllib's own syntax errors, and what
+    tracer/bounded_read.py refuses before tomllib converts a value (an integer of thousands of digits, nesting
+    past MAX_NESTING, a string over MAX_TEXT characters)."""
+    return parse_toml(text, source, TOML_BOUNDS, "fix that line", ConfigError)
 
 
 def load(cls: type[T], path: Path, overrides: Sequence[str] = ()) -> T:

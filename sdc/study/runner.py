@@ -43,6 +43,7 @@ from pipelines.diff_job import diff_job
 from replay.request import ReplayRequest, suspect_from_run
 from sdc.study.folders import DB, LOG, REPORT, STATE, STUDY_FOLDER, refuse_foreign_databases
 from sdc.study.study_file import Finetune, Study
+from tracer.bounded_read import Bounds, read_json
 from tracer.errors import UsageError
 from tracer.log.claim import FolderKind, claim_folder, reclaim_folder
 from tracer.log.runlock import RunLock
@@ -476,12 +477,7 @@ def read_state(path: Path) -> SavedState:
     fix = "run with --overwrite to start the study again"
     if not path.is_file():
         raise UsageError(f"{path.parent}: holds no {STATE}, so there is nothing to resume; run without --resume")
-    try:
-        state = json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot be read ({exc.strerror}); {fix}") from exc
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise UsageError(f"{path}: is not a study state file (not UTF-8 JSON: {exc}); {fix}") from exc
+    state = read_json(path, "study state file", Bounds(file_bytes=64 << 20, depth=8), fix, UsageError)
     if not isinstance(state, dict):
         raise UsageError(f"{path}: is not a study state file (a JSON {type(state).__name__}, not an object); {fix}")
     fingerprint, finished = state.get("study"), state.get("finished", [])

@@ -128,16 +128,16 @@ def test_files_beyond_their_bounds_and_bad_verdict_lines_are_refused(tmp_path: P
     ):
         read_bundle(bundle(tmp_path, "OLD", broken("format", "sdctrace-incident/9")))
     (tmp_path / "OLD" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(ValidationError, match="OLD/manifest.json: not JSON"):
+    with pytest.raises(ValidationError, match="OLD/manifest.json: arrays and objects nest more than 32 deep"):
         read_bundle(tmp_path / "OLD")
     folder = bundle(tmp_path, "INC", verdicts=json.dumps(VERDICT) + "\n{not json\n")
-    with pytest.raises(ValidationError, match=r"verdicts.jsonl: line 2 is not JSON; remove that line"):
+    with pytest.raises(ValidationError, match=r"verdicts.jsonl: line 2: not valid JSON .*; remove that line"):
         read_bundle(folder)
     (folder / "verdicts.jsonl").write_text(json.dumps({**VERDICT, "repeats": "5"}) + "\n")
     with pytest.raises(ValidationError, match=r"field \(line 1\).repeats is str, expected int; remove that line"):
         read_bundle(folder)
     (folder / "verdicts.jsonl").write_text((json.dumps(VERDICT) + "\n") * (VERDICTS_BYTES // 100))
-    with pytest.raises(ValidationError, match=r"bytes, more than the 4194304 a bundle's verdicts.jsonl may hold"):
+    with pytest.raises(ValidationError, match=r"bytes, more than a bundle's verdicts.jsonl may hold \(4,194,304\)"):
         read_bundle(folder)
 
 
@@ -156,3 +156,62 @@ def test_loading_replaces_a_bundles_rows_and_groups_them(tmp_path: Path) -> None
     with pytest.raises(ValidationError, match="C/manifest.json: no such file"):
         load_incidents(db, [one, tmp_path / "C"])  # nothing is written when one bundle is unreadable
     assert queries.run(db, "SELECT count(*) FROM incident_signatures").rows == [(2,)]
+
+
+def _load(tmp_path: Path, folder: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from sdc.cli import main
+
+    code = main(["incident", "load", str(folder), "--db", str(tmp_path / "study.duckdb")])
+    return code, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize(
+    ("change", "value", "words"),
+    [
+        ("site.name", "layers.\ud800", "site.name: the string"),
+        ("suspect.node_label", "node-\udfff", "lone surrogate"),
+        ("signatures.0.bits", {"\u00b2": 3}, "has the key '²', expected a bit index"),  # superscript two
+        ("signatures.0.bits", {"\u0662\u0667": 3}, "expected a bit index"),  # Arabic-Indic 27
+        ("signatures.0.bits", {"\uff12\uff17": 3}, "expected a bit index"),  # full-width 27
+        ("signatures.0.shape", [1 << 63], "is not a list of dimensions"),
+        ("signatures.0.shape", [1 << 70], "shape[0]: an integer of 22 digits"),
+        ("signatures.0.elements", 8193, "is not the product of the shape"),
+        ("signatures.0.bits", {}, "do not fit 3 differing elements"),  # each differing element has a flipped bit
+        ("signatures.0.bits", {"27": 4}, "do not fit 3 differing elements"),  # no bit flips in more than differ
+        ("signatures.0.fields", {"sign": 0, "exponent": 0, "mantissa": 0}, "do not fit 3 differing elements"),
+        ("signatures", [MANIFEST["signatures"][0]] * 2, "names an output a signature named before"),
+    ],
+)
+def test_sdc_incident_load_refuses_a_crafted_manifest_in_one_line(
+    tmp_path: Path, change: str, value: Any, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "INC"
+    folder.mkdir()
+    text = json.dumps(broken(change, value), ensure_ascii=True)  # lone surrogates as \ud800 escapes
+    (folder / "manifest.json").write_text(text, encoding="utf-8")
+    code, err = _load(tmp_path, folder, capsys)
+    assert code == 1 and words in err and "manifest.json" in err and err.count("\n") == 0, err
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        (json.dumps({**VERDICT, "verdict": "innocent"}), "(line 1).verdict = 'innocent' is none of transient"),
+        (json.dumps({**VERDICT, "machine": "host-\ud800"}), "machine: the string"),
+        ('{"machine": "a", "machine": "b"}', "the key 'machine' appears twice"),
+    ],
+)
+def test_sdc_incident_load_refuses_a_crafted_verdict_line(
+    tmp_path: Path, line: str, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = bundle(tmp_path, "INC", verdicts=line + "\n")
+    code, err = _load(tmp_path, folder, capsys)
+    assert code == 1 and words in err and "verdicts.jsonl" in err and err.count("\n") == 0, err
+
+
+def test_a_manifest_with_a_duplicate_key_is_refused(tmp_path: Path) -> None:
+    folder = bundle(tmp_path, "INC")
+    text = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(text.replace('"format"', '"site": {}, "format"', 1))
+    with pytest.raises(ValidationError, match="the key 'site' appears twice in one object"):
+        read_bundle(folder)

@@ -143,7 +143,8 @@ def test_a_diff_with_the_map_reports_no_difference_yet_still_the_exponent_bit_fa
         )
         == 0
     )
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "measured.runs names" in err and "the suspect run itself" in err  # a warning names the map's run
     pid = diff_rows(db, "SELECT pair_id FROM pairs")[0][0]
     assert diff_rows(
         db, f"SELECT count(*) FROM event_diffs WHERE pair_id = '{pid}' AND status NOT IN ('equal', 'within_tolerance')"

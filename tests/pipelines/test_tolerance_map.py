@@ -53,6 +53,7 @@ def test_a_map_reads_back_as_written(tmp_path: Path) -> None:
     [
         ({"format": "other"}, "format"),
         ({"version": 2}, "version"),
+        ({"version": True}, "version"),  # equal to 1 in Python, found by tools/fuzz_inputs.py
         ({"margin": 0.5}, "margin"),
         ({"margin": float("nan")}, "margin"),
         ({"places__0__phase": "sideways"}, "places[0].phase"),
@@ -109,3 +110,46 @@ def test_ulps_and_relative_error_of_real_tensors() -> None:
     assert ulp_distance(a, a.double()) is None and ulp_distance(a, torch.full((4,), float("nan"))) is None
     assert relative_error(a, b) == pytest.approx(2 * 2.0**-23 / 1.0 * 1.0 / 3.0)  # max|a-b| / max|a|
     assert stats_band(1e-7, None, 2.0) == 2e-7 and stats_band(0.0, 1e-6, 1.0) > 1e-6
+
+
+def _diff(tmp_path: Path, tolerance: Path, capsys: pytest.CaptureFixture[str], suspect: str = "S") -> tuple[int, str]:
+    from sdc.cli import main
+
+    args = ["diff", "--golden", "G", "--suspect", suspect, "--db", str(tmp_path / "x.duckdb")]
+    code = main([*args, "--tolerance", str(tolerance)])
+    return code, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("[" * 100_000 + "]" * 100_000, "nest more than 16 deep"),
+        ('{"format": "sdctrace-tolerance-map", "version": 1, "margin": 10e400}', "margin: the number 10e400"),
+        ('{"format": "sdctrace-tolerance-map", "version": 1, "margin": ' + "9" * 5000 + "}", "margin: an integer"),
+        ('{"format": "sdctrace-tolerance-map", "format": "x"}', "the key 'format' appears twice"),
+    ],
+)
+def test_sdc_diff_refuses_an_unbounded_map_in_one_line(
+    tmp_path: Path, text: str, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "map.json"
+    path.write_text(text)
+    code, err = _diff(tmp_path, path, capsys)
+    assert code == 1 and words in err and str(path) in err and err.count("\n") == 0, err
+
+
+def test_a_map_measured_on_the_suspect_itself_is_named_in_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = written(tmp_path)  # measured on runs "a" and "b"
+    code, err = _diff(tmp_path, path, capsys, suspect="b")
+    warning, error = err.splitlines()  # the warning, then the diff's own refusal of run folders that hold no log
+    assert warning.startswith(f"sdc: warning: {path}: measured.runs names b, the suspect run itself"), err
+    assert code == 1 and error.startswith("sdc: error: G: holds no log segments"), err
+    (tmp_path / "b").mkdir()
+    runs = (str(tmp_path / "a"), str(tmp_path / "b"))
+    write_tolerance_map(path, ToleranceMap(runs, (0,), (0,), 2.0, {("mix", "forward"): PLACE}))
+    code, err = _diff(tmp_path, path, capsys, suspect=str(tmp_path / "b" / ".." / "b"))  # the same folder
+    assert f"names {tmp_path / 'b'}, the suspect run itself" in err.splitlines()[0], err
+    code, err = _diff(tmp_path, path, capsys, suspect=str(tmp_path / "c"))
+    assert "sdc: warning" not in err, err

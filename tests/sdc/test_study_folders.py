@@ -99,9 +99,10 @@ def test_report_folder_refuses_foreign_files_and_needs_overwrite(tmp_path: Path,
 @pytest.mark.parametrize(
     ("content", "says"),
     [
-        (b"not json {", "not UTF-8 JSON"),
+        (b"not json {", "not valid JSON"),
         (b"[1, 2]", "a JSON list, not an object"),
-        (b"\xff\xfe\x00garbage", "not UTF-8 JSON"),
+        (b"\xff\xfe\x00garbage", "not UTF-8 text (byte 0)"),
+        (b'{"study": "x", "study": "y"}', "the key 'study' appears twice"),
         (b'{"finished": []}', "field 'study' is missing"),
         (b'{"study": "x", "finished": {"a": 1}}', "field 'finished' is not a list"),
     ],

@@ -13,7 +13,6 @@ a 2 GB sparse file is refused from its size, not after it was read. Decoded maps
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import msgpack
 
+from tracer.bounded_read import Bounds, parse_json
 from tracer.errors import LogError
 from tracer.log.records import MAX_DEPTH, nesting_depth_over
 from tracer.regular_files import open_regular
@@ -28,6 +28,9 @@ from tracer.regular_files import open_regular
 MANIFEST_BASE_BYTES = 64 << 20  # RNG states, param_groups, data cursor and other states of any one checkpoint
 MANIFEST_BYTES_PER_TENSOR = 64 << 10  # name, fingerprint, layout and shard entries, optimizer scalars of a tensor
 MAX_SAFETENSORS_HEADER = 100 << 20  # what safetensors itself accepts
+# names and metadata of a safetensors header: a flat map of tensor entries, metadata strings of any modest length
+HEADER_BOUNDS = Bounds(file_bytes=MAX_SAFETENSORS_HEADER, depth=4, text=1 << 20)
+_DAMAGED = "the checkpoint is damaged: restore it or record it again"
 MAX_MANIFEST_DEPTH = MAX_DEPTH + 4  # data, states and param_groups (MAX_DEPTH) sit at most 4 levels in
 
 
@@ -51,13 +54,7 @@ def header_tensor_count(data: bytes, size: int, source: str) -> int:
             f"{source}: not a safetensors file (header length {length} of a {size}-byte file); "
             "the checkpoint is damaged: restore it or record it again"
         )
-    try:
-        header = json.loads(data[8 : 8 + length])
-    except (ValueError, RecursionError) as exc:
-        raise LogError(
-            f"{source}: unreadable safetensors header ({str(exc) or type(exc).__name__}); the checkpoint is "
-            "damaged: restore it or record it again"
-        ) from None
+    header = parse_json(data[8 : 8 + length], f"{source} (safetensors header)", HEADER_BOUNDS, _DAMAGED, LogError)
     if not isinstance(header, dict):
         raise LogError(f"{source}: the safetensors header must be a map; the checkpoint is damaged")
     return len(header) - ("__metadata__" in header)
