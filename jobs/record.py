@@ -43,12 +43,14 @@ from jobs.launch import launch
 from jobs.machine import check_resources
 from tracer.checkpoint import list_step_checkpoints, restore_step_checkpoint
 from tracer.device import is_lazy, resolve_device
-from tracer.errors import LogError, UsageError
+from tracer.errors import LogError, SdcError, StorageError, UsageError
+from tracer.full_disk import full_disk_reason
 from tracer.guard import Policy, default_guard
 from tracer.intercept import own_ops
 from tracer.log import LogReader, RunHeader, claim_out_dir, list_ranks, rank_dir
 from tracer.log.claim import reclaim_out_dir
 from tracer.log.resume import log_end
+from tracer.log.runlock import RunLock
 from tracer.log.sessions import Resumption
 from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import pairing_differences
@@ -163,6 +165,25 @@ def record(
         if request.resume
         else claim_out_dir(request.out, role="train", overwrite=request.overwrite)
     )
+    try:
+        return _record_claimed(config, request, claim, fork, nproc, rank_timeout, on_step)
+    except Exception as exc:
+        resumable = _resumable_after(exc, request.out, nproc)
+        if resumable is None:
+            raise
+        raise resumable from exc
+
+
+def _record_claimed(
+    config: dict[str, Any],
+    request: RecordRequest,
+    claim: RunLock,
+    fork: ForkPoint | None,
+    nproc: int,
+    rank_timeout: float,
+    on_step: Callable[[int, float], None] | None,
+) -> RunSummary:
+    """Record into the claimed ``request.out`` (forked first from ``fork``), on ``nproc`` ranks."""
     with claim as lock:
         if fork is not None:  # the history before the checkpoint, then resumed as a crashed run is
             fork_run(
@@ -178,6 +199,25 @@ def record(
             return _record_rank(config, request, on_step)
         job = {"config": config, "request": request.to_json()}
         return RunSummary.from_json(launch("jobs.record:record_rank", job, nproc, timeout_s=rank_timeout, lock=lock)[0])
+
+
+def _resumable_after(exc: BaseException, out: Path, world_size: int) -> StorageError | None:
+    """A recording (first or resumed) that stopped for lack of space left its logs resumable
+    (`tracer.rank_log`): the one line that says where it failed and where a resume starts; None for any
+    other failure, or where nothing can be resumed."""
+    reason = full_disk_reason(exc)
+    if reason is None:
+        return None
+    try:
+        checkpoint = resume_step(out, world_size)
+        last = log_end(rank_dir(out, 0)).last_step
+    except (SdcError, OSError):
+        return None
+    failed = 0 if last is None else last + 1
+    return StorageError(
+        f"{out}: failed at step {failed} ({reason}); resumable from checkpoint {checkpoint}: free space on that "
+        "file system (or raise the file-size limit), then give the same sdc record command with --resume"
+    )
 
 
 def record_rank(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
