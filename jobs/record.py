@@ -15,7 +15,12 @@ With ``resume`` a crashed recording goes on: training restarts from the newest
 checkpoint that every rank has and that the log reaches (`resume_step`), and each
 rank's log is continued, not rewritten (`tracer.log.resume`, the Tracer's ``resume``):
 the steps recorded since that checkpoint are recorded again and supersede the first
-recording. With ``resume_from`` (a checkpoint of another run, typically the one `sdc certify`
+recording. A recording that failed for lack of space is left the same way, and its one
+line says so ("failed at step N; resumable from checkpoint M"). A folder that a kill
+during start-up left with sdctrace's claim and no log (`tracer.log.claim.startup_leftover`)
+is recorded again from step 0, with ``resume`` or without.
+
+With ``resume_from`` (a checkpoint of another run, typically the one `sdc certify`
 names) ``out`` becomes a new run: `jobs.fork` writes that run's history before the checkpoint
 into it, and it is resumed from there, on this node, with this request's faults (or none).
 
@@ -48,7 +53,7 @@ from tracer.full_disk import full_disk_reason
 from tracer.guard import Policy, default_guard
 from tracer.intercept import own_ops
 from tracer.log import LogReader, RunHeader, claim_out_dir, list_ranks, rank_dir
-from tracer.log.claim import reclaim_out_dir
+from tracer.log.claim import reclaim_out_dir, startup_leftover
 from tracer.log.resume import log_end
 from tracer.log.runlock import RunLock
 from tracer.log.sessions import Resumption
@@ -154,6 +159,8 @@ def record(
     if on_step is not None and nproc > 1:
         raise UsageError(f"on_step: reports the steps of a recording on one rank, not {nproc}")
     check_resources(config, nproc, f"{request.out} (the config to record)")
+    if request.resume and startup_leftover(request.out):  # killed before any log went out: record from step 0
+        request = replace(request, resume=False)
     if request.resume:
         _check_resumed_ranks(request.out, nproc)
     fork = fork_point(request.resume_from) if request.resume_from is not None else None

@@ -1,13 +1,17 @@
 """A first recording that runs out of space stays resumable (issue 48, item 5): under a file-size limit
 (RLIMIT_FSIZE, SIGXFSZ ignored: writes fail with EFBIG, as on a full disk) that the checkpoint of step 2 does not
 fit, it fails in one line that says where it failed and where a resume starts, leaves no END, and a resume with
-room gives, fingerprint for fingerprint, the records of an uninterrupted run."""
+room gives, fingerprint for fingerprint, the records of an uninterrupted run. A folder a kill during start-up left
+(sdctrace's claim and checkpoint 0, no log) is resumed by recording it again from step 0."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from jobs.record import record_run
 from tests.support import small_config
@@ -37,9 +41,16 @@ except SdcError as e:
 """
 
 
-def test_a_first_recording_that_failed_at_checkpoint_2_resumes_from_checkpoint_0(tmp_path: Path) -> None:
-    once, twice = tmp_path / "once", tmp_path / "twice"
-    record_run(small_config(), once, node_label="node", progress=False)
+@pytest.fixture(scope="module")
+def once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted recording."""
+    out = tmp_path_factory.mktemp("no-space") / "once"
+    record_run(small_config(), out, node_label="node", progress=False)
+    return out
+
+
+def test_a_first_recording_that_failed_at_checkpoint_2_resumes_from_checkpoint_0(once: Path, tmp_path: Path) -> None:
+    twice = tmp_path / "twice"
     full = subprocess.run(
         [sys.executable, "-c", NO_ROOM_AT_CHECKPOINT_2, str(twice)],
         cwd=Path(__file__).parents[2],
@@ -60,3 +71,13 @@ def test_a_first_recording_that_failed_at_checkpoint_2_resumes_from_checkpoint_0
     assert comparison.first is None and comparison.steps == 4
     reader = LogReader(rank_dir(twice, 0))
     assert len(list(reader.records())) > 0 and reader.status.complete
+
+
+def test_a_folder_a_start_up_kill_left_is_resumed_from_step_0(once: Path, tmp_path: Path) -> None:
+    left = tmp_path / "left"
+    shutil.copytree(once, left)
+    for segment in (left / "rank-00000").iterdir():  # killed before its header went out: the claim, checkpoints
+        segment.unlink()
+    summary = record_run(small_config(), left, node_label="node", progress=False, resume=True)
+    assert summary.resumed_from is None and len(summary.losses) == 4
+    assert timeline(left) == timeline(once) and compare_runs(once, left).first is None
