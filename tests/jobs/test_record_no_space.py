@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from jobs.record import record_run
+from sdc.cli import main
 from tests.support import small_config
 from tests.watch.test_record_resume import timeline
 from tracer.compare import compare_runs
@@ -26,6 +27,7 @@ import resource, signal, sys
 from pathlib import Path
 from tests.support import small_config
 from jobs.record import record_run
+from sdc.cli import main
 from tracer.errors import SdcError
 out = Path(sys.argv[1])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -49,7 +51,9 @@ def once(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_a_first_recording_that_failed_at_checkpoint_2_resumes_from_checkpoint_0(once: Path, tmp_path: Path) -> None:
+def test_a_first_recording_that_failed_at_checkpoint_2_resumes_from_checkpoint_0(
+    once: Path, tmp_path: Path, capsys
+) -> None:
     twice = tmp_path / "twice"
     full = subprocess.run(
         [sys.executable, "-c", NO_ROOM_AT_CHECKPOINT_2, str(twice)],
@@ -63,6 +67,8 @@ def test_a_first_recording_that_failed_at_checkpoint_2_resumes_from_checkpoint_0
     reader = LogReader(rank_dir(twice, 0), on_corruption="skip")
     assert [r.kind for r in reader.records() if getattr(r, "kind", None) == NO_SPACE] == [NO_SPACE]
     assert not reader.status.complete  # no END: what the first session recorded is kept for the resume
+    assert main(["inspect", str(twice)]) == 0
+    assert "state        FAILED at step 2 for lack of space; resumable from checkpoint 0" in capsys.readouterr().out
 
     summary = record_run(small_config(), twice, node_label="node", progress=False, resume=True)
     assert summary.resumed_from == 0
