@@ -93,12 +93,16 @@ def claim_out_dir(out: Path, *, role: str, overwrite: bool, inputs: Sequence[Pat
 def startup_leftover(out: Path) -> bool:
     """Whether ``out`` is what an sdctrace writer killed during start-up leaves: its claim (the lock file) and
     perhaps the checkpoint of step 0, but no log segment on any rank (the header goes out with the first step).
-    Nothing in it can be resumed or read, so recording there again loses nothing."""
-    return (
-        out.is_dir()
-        and (out / LOCK_FILE).is_file()
-        and not any(list_segments(rank_dir(out, rank)) for rank in list_ranks(out))
-    )
+    Nothing in it can be resumed or read, so recording there again loses nothing. A path that cannot be looked at
+    (too long a name, no permission): False, and the claim says why."""
+    try:
+        return (
+            out.is_dir()
+            and (out / LOCK_FILE).is_file()
+            and not any(list_segments(rank_dir(out, rank)) for rank in list_ranks(out))
+        )
+    except OSError:
+        return False
 
 
 def claim_folder(
