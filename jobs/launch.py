@@ -109,14 +109,21 @@ def launch(
                 os.killpg(parent.pid, signal.SIGKILL)
             parent.wait()
         if code != 0:
-            raise _error(folder, _failed_ranks(folder))
+            failed = _failed_ranks(folder)
+            if not failed and code < 0:  # the job's process was killed before it could name a rank
+                how = next((sig.name for sig in signal.Signals if sig.value == -code), f"signal {-code}")
+                raise CaptureError(
+                    f"the job's process (pid {parent.pid}) was killed ({how}) before any rank failed; its ranks "
+                    "were stopped with it"
+                )
+            raise _error(folder, failed or [0])
         return [json.loads((folder / f"result-{r}.json").read_text()) for r in range(nproc)]
 
 
 def _failed_ranks(folder: Path) -> list[int]:
-    """The ranks the job's process saw fail first, or rank 0 where it failed itself."""
+    """The ranks the job's process saw fail first; none where it failed itself."""
     path = folder / _FAILED
-    return json.loads(path.read_text()) if path.is_file() else [0]
+    return json.loads(path.read_text()) if path.is_file() else []
 
 
 def _error(folder: Path, failed: list[int]) -> SdcError:
