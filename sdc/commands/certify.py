@@ -55,7 +55,8 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
         epilog=(
             "Prints the checkpoint's directory, RUN/checkpoints/step-NNNNNN, alone on stdout, and its step and "
             "what limited it on stderr; exit 0. Exit 1 with a one-line reason when no checkpoint is clean; exit 2 "
-            "when there is nothing to certify against (no --golden and no replicas compared). Resume from it: "
+            "when there is nothing to certify against (no --golden and no replicas compared). Of the diff's lines only "
+            "its warnings are printed. Resume from it: "
             'sdc record --out NEW --resume-from "$(sdc certify RUN --golden G)" (docs/replay.md). The diff runs '
             "on Beam's default runner (use sdc diff with its Beam options, then --db, for another)."
         ),
@@ -151,9 +152,16 @@ def against_golden(args: argparse.Namespace, damaged: Mapping[int, str]) -> Cert
                 skip_corrupt=args.skip_corrupt,
                 left_out_checkpoints=frozenset(damaged),
             )
-            pair_id = diff_job()(request, echo=lambda line: print(line, file=sys.stderr)).pair_id
+            pair_id = diff_job()(request, echo=_warnings_only).pair_id
         rows = clean_checkpoint_rows(db, pair_id)
     return certificate_of(rows, args.golden, damaged)
+
+
+def _warnings_only(line: str) -> None:
+    """The diff's lines that certify passes on: its warnings (corruption skipped, a setting that differs), one line
+    each; its progress is left out, so a refusal is the one ``sdc: error:`` line."""
+    if line.lstrip().startswith("warning:"):
+        print(line.strip(), file=sys.stderr)
 
 
 def loaded_pair(db: Path, golden: str, suspect: str) -> str | None:

@@ -40,9 +40,10 @@ def test_a_checkpoint_damaged_after_the_database_was_loaded_is_skipped(runs: Sim
     data = bytearray(tensors.read_bytes())
     data[-3] ^= 0x40  # a bit of the last tensor: it no longer matches its manifest
     tensors.write_bytes(bytes(data))
+    loaded = db.stat().st_mtime_ns
     code = main(["certify", str(run), "--golden", str(runs.golden), "--db", str(db)])
     captured = capsys.readouterr()
-    assert "[1/3]" not in captured.err  # the database held the pair: no diff ran, the files were read all the same
+    assert db.stat().st_mtime_ns == loaded  # the database held the pair: no diff ran, the files were read all the same
     assert code == 0 and captured.out == f"{checkpoint_dir(run, 2)}\n"
     skipped, certified = captured.err.strip().splitlines()
     assert skipped.startswith("sdc certify: skipped the checkpoint of step 4: ") and str(tensors.parent) in skipped
@@ -58,3 +59,14 @@ def test_a_checkpoint_changed_with_its_manifest_is_skipped_in_one_line(runs: Sim
     skipped, certified = err
     assert skipped.startswith("sdc certify: skipped the checkpoint of step 4: ") and repr(name) in skipped
     assert "changed after it was written" in skipped and certified.startswith(f"certified: step 2 of {run}")
+
+
+def test_a_refusal_is_one_line_without_the_diffs_progress(runs: SimpleNamespace, capsys) -> None:
+    golden = runs.root / "changed-golden"
+    shutil.copytree(runs.golden, golden)
+    tamper_both(golden, 2)  # the diff refuses a golden checkpoint its log does not vouch for
+    code = main(["certify", str(runs.twin), "--golden", str(golden)])
+    captured = capsys.readouterr()
+    assert code == 1 and captured.out == ""
+    [line] = captured.err.splitlines()
+    assert line.startswith("sdc: error: ") and "changed after it was written" in line
