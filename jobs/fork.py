@@ -30,7 +30,7 @@ from tracer.errors import UsageError
 from tracer.log import LogReader, LogWriter, list_ranks, rank_dir
 from tracer.log.layout import CHECKPOINT_DIR
 from tracer.log.records import EventRecord
-from tracer.log.sessions import RESUME, RESUME_FAILED
+from tracer.log.sessions import RESUME, is_failed_session
 
 _STEP_DIR = re.compile(r"step-(\d{6,})")
 # The header's extra about the recording session, not the training: the node going on sets its own (its guard's is
@@ -103,7 +103,7 @@ def _fork_log(
             if rec.step >= point.step:
                 continue
             if isinstance(rec, EventRecord):
-                if rec.kind in (RESUME, RESUME_FAILED):  # the source's sessions, not training
+                if rec.kind == RESUME or is_failed_session(rec):  # the source's sessions, not training
                     continue
                 if rec.kind == "blob" and int(rec.fields["fingerprint"]) in blobs_in:
                     target = blobs_out.path(int(rec.fields["fingerprint"]))

@@ -15,7 +15,13 @@ other ranks (they would wait for it in their next collective) and raises one
 `SdcError` naming the rank. The first rank to fail is the one reported: the others
 usually fail only because it went away. ``timeout_s`` bounds every collective, so a
 hung rank ends the job instead of hanging it. A rank whose launcher goes away (killed, out of memory) exits within
-a second, as a crash, instead of holding the run's lock until its collectives time out.
+a second, as a crash, instead of holding the run's lock until its collectives time out: the job's process says so
+in one line, the ranks say nothing, and a report nobody will read is not written (no traceback for a folder that
+is gone).
+
+One line per thing said, whatever the rank count: a warning the ranks give is printed as ``sdc: warning: ...`` on
+one line, once for the job however many ranks give it (the first rank to give it claims it with a file in the
+launcher's folder), and an error names its rank once.
 
 A job starts at most `jobs.machine.max_local_ranks` processes (``RANKS_PER_CPU`` per CPU core),
 so a rank count read from a file can never start an unbounded number of them. With
@@ -25,6 +31,7 @@ so a rank count read from a file can never start an unbounded number of them. Wi
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import json
 import os
@@ -37,7 +44,8 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -46,6 +54,7 @@ from jobs.machine import RANKS_PER_CPU, max_local_ranks
 from tracer import errors
 from tracer.errors import CaptureError, SdcError, UsageError, sdc_error_of
 from tracer.log.runlock import RunLock
+from tracer.printable import printable_lines
 
 # How often a rank checks that its launcher is still there.
 _LAUNCHER_POLL_S = 0.5
@@ -53,6 +62,8 @@ _LAUNCHER_POLL_S = 0.5
 _FOLDER_PREFIX = "sdc-launch-"
 # Where the job's process writes the ranks that failed first.
 _FAILED = "failed.json"
+# A warning's claim in the launcher's folder: the first rank to give it prints it (`_warn_once`).
+_WARNED = "warned-{}"
 
 
 def free_port() -> int:
@@ -98,14 +109,21 @@ def launch(
                 os.killpg(parent.pid, signal.SIGKILL)
             parent.wait()
         if code != 0:
-            raise _error(folder, _failed_ranks(folder))
+            failed = _failed_ranks(folder)
+            if not failed and code < 0:  # the job's process was killed before it could name a rank
+                how = next((sig.name for sig in signal.Signals if sig.value == -code), f"signal {-code}")
+                raise CaptureError(
+                    f"the job's process (pid {parent.pid}) was killed ({how}) before any rank failed; its ranks "
+                    "were stopped with it"
+                )
+            raise _error(folder, failed or [0])
         return [json.loads((folder / f"result-{r}.json").read_text()) for r in range(nproc)]
 
 
 def _failed_ranks(folder: Path) -> list[int]:
-    """The ranks the job's process saw fail first, or rank 0 where it failed itself."""
+    """The ranks the job's process saw fail first; none where it failed itself."""
     path = folder / _FAILED
-    return json.loads(path.read_text()) if path.is_file() else [0]
+    return json.loads(path.read_text()) if path.is_file() else []
 
 
 def _error(folder: Path, failed: list[int]) -> SdcError:
@@ -118,10 +136,12 @@ def _error(folder: Path, failed: list[int]) -> SdcError:
     rank, report = next(((r, e) for r, e in reports if e.get("sdc")), reports[0])
     cls = getattr(errors, report["type"], None)
     if report.get("sdc") and isinstance(cls, type) and issubclass(cls, SdcError):
+        message = str(report["message"])
+        named = message if message.startswith(f"rank {rank}:") else f"rank {rank}: {message}"  # the rank, once
         try:
-            return cls(f"rank {rank}: {report['message']}")
+            return cls(named)
         except TypeError:  # an error class with its own constructor
-            return SdcError(f"rank {rank}: {report['message']}")
+            return SdcError(named)
     return CaptureError(f"rank {rank} failed: {report['type']}: {report['message']}".replace(": :", ":"))
 
 
@@ -129,6 +149,7 @@ def _main(spec_path: str) -> int:
     """The job's process: import what every rank needs, fork the ranks, wait for them."""
     spec = json.loads(Path(spec_path).read_text())
     folder, launcher = Path(spec_path).parent, int(os.environ["SDC_LAUNCHER_PID"])
+    warnings.showwarning = _warn_once(folder)  # the ranks it forks inherit it
     _preload(spec["target"])
     ranks: dict[int, int] = {}
     for rank in range(spec["nproc"]):
@@ -163,6 +184,12 @@ def _wait(ranks: dict[int, int], launcher: int, folder: Path) -> int:
     left = dict(ranks)
     while left:
         if os.getppid() != launcher:
+            print(
+                f"sdc: error: the launcher (pid {launcher}) is gone; its {len(ranks)} rank(s) stop, their logs left "
+                "as a crash's (sdc record --resume continues a recording)",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(1)
         failed = []
         for pid, rank in list(left.items()):
@@ -172,7 +199,8 @@ def _wait(ranks: dict[int, int], launcher: int, folder: Path) -> int:
                 if os.waitstatus_to_exitcode(status) != 0:
                     failed.append(rank)
         if failed:
-            (folder / _FAILED).write_text(json.dumps(sorted(failed)))
+            with contextlib.suppress(OSError):  # the launcher's folder is gone with it: nobody reads this
+                (folder / _FAILED).write_text(json.dumps(sorted(failed)))
             for pid in left:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
@@ -205,7 +233,8 @@ def _rank(spec: dict[str, Any], folder: Path, rank: int) -> int:
             # Ours whole (its lines are meant: a module tree); another's first line only.
             "message": str(error) if error is not None else str(exc).splitlines()[0] if str(exc) else "",
         }
-        (folder / f"error-{rank}.json").write_text(json.dumps(report))
+        with contextlib.suppress(OSError):  # the launcher's folder is gone with it: nobody reads the report
+            (folder / f"error-{rank}.json").write_text(json.dumps(report))
         return 1
     finally:
         if dist.is_initialized():
@@ -218,17 +247,33 @@ def _exit_without(parent: int, rank: int, folder: Path) -> None:
     exits when it sees the launcher go. The rank ends as a crashed one (its log without END, resumable); a watching
     thread, since the training loop may be in a long op or a collective. Rank 0 removes the launcher's ``folder``
     (the spec and the ranks' reports), which nobody will read now."""
-    launcher = os.environ["SDC_LAUNCHER_PID"]
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(_LAUNCHER_POLL_S)
-        print(f"rank {rank}: its launcher (pid {launcher}) is gone; stopping", file=sys.stderr, flush=True)
+        # The job's process said why, once for all ranks (`_wait`).
         if rank == 0 and folder.name.startswith(_FOLDER_PREFIX):  # never a folder the launcher did not make
             shutil.rmtree(folder, ignore_errors=True)
         os._exit(1)
 
     threading.Thread(target=watch, name="sdc-launcher-watch", daemon=True).start()
+
+
+def _warn_once(folder: Path) -> Callable[..., None]:
+    """A rank's ``warnings.showwarning``: ``sdc: warning: ...`` on one line, as the CLI prints its own, by the first
+    rank to give that warning (it creates the warning's claim file in the launcher's ``folder``; the others find it
+    there). Nothing where the folder is gone: the launcher is gone with it."""
+
+    def show(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+        text = str(message)
+        claim = folder / _WARNED.format(hashlib.sha256(f"{category.__name__}: {text}".encode()).hexdigest()[:32])
+        try:
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except OSError:
+            return  # another rank printed it, or nobody is listening
+        print(f"sdc: warning: {printable_lines(text)}", file=sys.stderr, flush=True)
+
+    return show
 
 
 if __name__ == "__main__":

@@ -15,7 +15,12 @@ With ``resume`` a crashed recording goes on: training restarts from the newest
 checkpoint that every rank has and that the log reaches (`resume_step`), and each
 rank's log is continued, not rewritten (`tracer.log.resume`, the Tracer's ``resume``):
 the steps recorded since that checkpoint are recorded again and supersede the first
-recording. With ``resume_from`` (a checkpoint of another run, typically the one `sdc certify`
+recording. A recording that failed for lack of space is left the same way, and its one
+line says so ("failed at step N; resumable from checkpoint M"). A folder that a kill
+during start-up left with sdctrace's claim and no log (`tracer.log.claim.startup_leftover`)
+is recorded again from step 0, with ``resume`` or without.
+
+With ``resume_from`` (a checkpoint of another run, typically the one `sdc certify`
 names) ``out`` becomes a new run: `jobs.fork` writes that run's history before the checkpoint
 into it, and it is resumed from there, on this node, with this request's faults (or none).
 
@@ -43,12 +48,14 @@ from jobs.launch import launch
 from jobs.machine import check_resources
 from tracer.checkpoint import list_step_checkpoints, restore_step_checkpoint
 from tracer.device import is_lazy, resolve_device
-from tracer.errors import LogError, UsageError
+from tracer.errors import LogError, SdcError, StorageError, UsageError
+from tracer.full_disk import full_disk_reason
 from tracer.guard import Policy, default_guard
 from tracer.intercept import own_ops
 from tracer.log import LogReader, RunHeader, claim_out_dir, list_ranks, rank_dir
-from tracer.log.claim import reclaim_out_dir
+from tracer.log.claim import reclaim_out_dir, startup_leftover
 from tracer.log.resume import log_end
+from tracer.log.runlock import RunLock
 from tracer.log.sessions import Resumption
 from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import pairing_differences
@@ -152,6 +159,8 @@ def record(
     if on_step is not None and nproc > 1:
         raise UsageError(f"on_step: reports the steps of a recording on one rank, not {nproc}")
     check_resources(config, nproc, f"{request.out} (the config to record)")
+    if request.resume and startup_leftover(request.out):  # killed before any log went out: record from step 0
+        request = replace(request, resume=False)
     if request.resume:
         _check_resumed_ranks(request.out, nproc)
     fork = fork_point(request.resume_from) if request.resume_from is not None else None
@@ -163,6 +172,25 @@ def record(
         if request.resume
         else claim_out_dir(request.out, role="train", overwrite=request.overwrite)
     )
+    try:
+        return _record_claimed(config, request, claim, fork, nproc, rank_timeout, on_step)
+    except Exception as exc:
+        resumable = _resumable_after(exc, request.out, nproc)
+        if resumable is None:
+            raise
+        raise resumable from exc
+
+
+def _record_claimed(
+    config: dict[str, Any],
+    request: RecordRequest,
+    claim: RunLock,
+    fork: ForkPoint | None,
+    nproc: int,
+    rank_timeout: float,
+    on_step: Callable[[int, float], None] | None,
+) -> RunSummary:
+    """Record into the claimed ``request.out`` (forked first from ``fork``), on ``nproc`` ranks."""
     with claim as lock:
         if fork is not None:  # the history before the checkpoint, then resumed as a crashed run is
             fork_run(
@@ -178,6 +206,25 @@ def record(
             return _record_rank(config, request, on_step)
         job = {"config": config, "request": request.to_json()}
         return RunSummary.from_json(launch("jobs.record:record_rank", job, nproc, timeout_s=rank_timeout, lock=lock)[0])
+
+
+def _resumable_after(exc: BaseException, out: Path, world_size: int) -> StorageError | None:
+    """A recording (first or resumed) that stopped for lack of space left its logs resumable
+    (`tracer.rank_log`): the one line that says where it failed and where a resume starts; None for any
+    other failure, or where nothing can be resumed."""
+    reason = full_disk_reason(exc)
+    if reason is None:
+        return None
+    try:
+        checkpoint = resume_step(out, world_size)
+        last = log_end(rank_dir(out, 0)).last_step
+    except (SdcError, OSError):
+        return None
+    failed = 0 if last is None else last + 1
+    return StorageError(
+        f"{out}: failed at step {failed} ({reason}); resumable from checkpoint {checkpoint}: free space on that "
+        "file system (or raise the file-size limit), then give the same sdc record command with --resume"
+    )
 
 
 def record_rank(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:

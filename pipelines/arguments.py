@@ -41,6 +41,8 @@ class DiffRequest:
     skip_corrupt: bool = False  # load what is readable and list corrupt records, instead of failing
     steps_per_bucket: int = DEFAULT_STEPS_PER_BUCKET  # steps per joined batch
     tolerance: ToleranceMap | None = None  # places compared within a measured band (sdc diff --tolerance)
+    # suspect checkpoint steps left out of the drift: `sdc certify` found they no longer verify (it names them)
+    left_out_checkpoints: frozenset[int] = frozenset()
     beam_args: tuple[str, ...] = ()  # Beam pipeline options, passed through untouched (--runner=...)
 
     def __post_init__(self) -> None:

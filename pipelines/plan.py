@@ -83,7 +83,7 @@ def plan_diff(request: DiffRequest) -> DiffPlan:
     g_ckpt, s_ckpt = log_source.list_checkpoints(golden), log_source.list_checkpoints(suspect)
     tasks = []
     for rank in sorted(g.ranks):
-        for step in sorted(g_ckpt.get(rank, set()) & s_ckpt.get(rank, set())):
+        for step in sorted(g_ckpt.get(rank, set()) & s_ckpt.get(rank, set()) - request.left_out_checkpoints):
             rel = checkpoint_files(step, rank)
             tasks.append(
                 DriftTask(

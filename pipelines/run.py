@@ -37,7 +37,6 @@ from analysis.pair_summary import summarize_pair
 from analysis.study_db import check_study_db, duckdb_message, publish_new_db
 from pipelines.arguments import DiffRequest, add_arguments
 from pipelines.beam_job import build_pipeline, job_counters, run_job
-from pipelines.full_disk import full_disk_reason
 from pipelines.plan import plan_diff
 from pipelines.runner_options import describe_runner, new_pipeline, pipeline_options
 from pipelines.scratch import beam_temp, scratch_dir
@@ -45,6 +44,7 @@ from pipelines.sink import write_table
 from pipelines.staging import Echo, check_problems, local_copy, report_runs
 from pipelines.tables import table
 from tracer.errors import SdcError, StorageError, UsageError
+from tracer.full_disk import full_disk_reason
 from tracer.printable import printable
 
 HEARTBEAT_S = 15.0

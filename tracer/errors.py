@@ -7,6 +7,8 @@ and what to do.
 
 from __future__ import annotations
 
+from tracer.full_disk import full_disk_reason
+
 
 class SdcError(Exception):
     """Root of every error sdctrace raises on purpose."""
@@ -83,10 +85,31 @@ class GuardStop(SdcError):
 
 
 def sdc_error_of(exc: BaseException) -> SdcError | None:
-    """The SdcError behind ``exc``: itself, or one that torch.compile's Dynamo re-raised as its own error (an
-    sdctrace check that runs while Dynamo compiles, `tracer.compiled`); None for any other exception."""
+    """The SdcError behind ``exc``: itself, one that torch.compile's Dynamo re-raised as its own error (an
+    sdctrace check that runs while Dynamo compiles, `tracer.compiled`), or a `StorageError` for a write that a full
+    file system or a file-size limit stopped (`tracer.full_disk`: the environment, not a bug); None for any other
+    exception."""
     if isinstance(exc, SdcError):
         return exc
     if type(exc).__module__.startswith("torch._dynamo") and isinstance(exc.__context__, SdcError):
         return exc.__context__
-    return None
+    reason = full_disk_reason(exc)
+    if reason is None:
+        return None
+    where = next((e.filename for e in _chain(exc) if isinstance(e, OSError) and e.filename), None)
+    return StorageError(
+        f"{'' if where is None else f'{where}: '}cannot write ({reason}); free space on that file system (or raise "
+        "the file-size limit) and run the command again"
+    )
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it was raised from or during, nearest first."""
+    found: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is not None and all(e is not f for f in found):
+            found.append(e)
+            todo += [e.__cause__, e.__context__]
+    return found

@@ -6,8 +6,9 @@
 Rank 0 holds the run's writer lock while it records (the one its process or launcher holds already, as under
 `sdc record`), so `sdc watch` tells a crashed writer from a slow one, also in a user's own script or torchrun job.
 The header is written at the first flush (the end of the first step), so that it can name the sites found at their
-first forward to give no input gradient. A log left by a failure is closed as failed, or, for a failed resumption,
-left resumable (`tracer.log.sessions`).
+first forward to give no input gradient. A log left by a failure is closed as failed, or, for a failed resumption or
+a failure for lack of space (a full file system, a file-size limit: `tracer.full_disk`), left resumable
+(`tracer.log.sessions`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from tracer.full_disk import full_disk_reason
 from tracer.io_thread import AsyncFile, IOThread
 from tracer.log import rank_dir
 from tracer.log.records import RunHeader
 from tracer.log.runlock import RunLock
-from tracer.log.sessions import Resumption, abandon_failed
+from tracer.log.sessions import NO_SPACE, Resumption, abandon_failed
 from tracer.log.writer import HeaderAtFirstFlush
 from tracer.options import TraceOptions
 from tracer.record_buffer import RecordSink
@@ -52,18 +54,26 @@ def open_rank_log(
 
 
 def close_rank_log(
-    log: RecordSink, io: IOThread | None, exc: BaseException | None, resume: Resumption | None, rank: int
+    log: RecordSink,
+    io: IOThread | None,
+    exc: BaseException | None,
+    resume: Resumption | None,
+    rank: int,
+    step: int = -1,
 ) -> None:
-    """Close ``log`` complete, or after ``exc`` failed (a failed resumption stays resumable), and stop ``io``. After
-    a failure the training error stays the one the user sees: a writer failure here is secondary and dropped."""
+    """Close ``log`` complete, or after ``exc`` failed in ``step`` (a failed resumption, or any session that ran out of
+    space, stays resumable), and stop ``io``. After a failure the training error stays the one the user sees: a
+    writer failure here is secondary and dropped."""
     if exc is None:
         log.close("complete")
         if io is not None:
             io.stop()
         return
     try:
-        if resume is not None and isinstance(log, HeaderAtFirstFlush):  # a resumed log is one open_rank_log opened
-            abandon_failed(log, resume, rank, exc)
+        if isinstance(log, HeaderAtFirstFlush) and resume is not None:  # a log open_rank_log opened, resumed
+            abandon_failed(log, resume.step, rank, exc)
+        elif isinstance(log, HeaderAtFirstFlush) and full_disk_reason(exc) is not None:
+            abandon_failed(log, max(step, 0), rank, exc, NO_SPACE)
         else:
             log.close("failed", f"{type(exc).__name__}: {exc}")
         if io is not None:

@@ -13,6 +13,7 @@ from tracer.log import list_ranks, rank_dir
 from tracer.log.reader import LogReader
 from tracer.log.records import EventRecord, Phase, RunHeader, TensorRecord
 from tracer.log.segment import LogStatus
+from tracer.log.sessions import NO_SPACE, RESUME
 
 
 @dataclass
@@ -28,6 +29,7 @@ class RankSummary:
     sites: list[str] = field(default_factory=list)  # forward sites in first-seen order
     parameters: int = 0
     checkpoints: list[int] = field(default_factory=list)  # steps with this rank's checkpoint, plain or sharded
+    out_of_space: int | None = None  # the step a session stopped in for lack of space (its ``no_space`` event)
 
     @property
     def records(self) -> int:
@@ -73,6 +75,8 @@ def summarize_run(run: str | Path, on_corruption: Literal["raise", "skip"] = "ra
                 s.events[rec.kind] += 1
                 if rec.kind == "step":
                     s.steps.add(rec.step)
+                elif rec.kind in (NO_SPACE, RESUME):  # a later session started: it says how it ended
+                    s.out_of_space = rec.step if rec.kind == NO_SPACE else None
         s.status = reader.status
         s.sites = list(seen_sites)
         s.parameters = len(params)

@@ -149,6 +149,7 @@ class Tracer:
         self._io: IOThread | None = None
         self._log: RecordSink | None = None
         self.step_index = -1
+        self._completed = -1  # the last step whose records all went to the log: a failure after it is in the next
         self.microbatch_index = 0
         # A gradient all-reduce ran since the last microbatch began: the step's gradients belong to no microbatch.
         self._grads_reduced = False
@@ -248,7 +249,7 @@ class Tracer:
         log, io = self._log, self._io
         self._log = self._io = self._records.io = None
         if log is not None:
-            close_rank_log(log, io, exc, self._resume, self.rank)
+            close_rank_log(log, io, exc, self._resume, self.rank, self._completed + 1)
 
     def _remove_hooks(self) -> None:
         for h in self._handles:
@@ -338,6 +339,7 @@ class Tracer:
         log.write_event(EventRecord("step", step, fields))
         # Hand the step's records to the I/O thread: a crash loses at most the current step.
         log.flush()
+        self._completed = step
 
     def rerun_with(self, rerun: Callable[[], Any]) -> None:
         """How the guard may run the current step's forward and backward again (`step`'s ``rerun``)."""

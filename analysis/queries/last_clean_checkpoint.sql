@@ -14,6 +14,8 @@
 --                      (param_drift); a checkpoint with a corruptions row is not one of them
 --   certified_step     the last of them with step <= verified_until whose model tensors equal golden's
 --                      (param_drift group * diff_norm = 0); null: none is clean
+--   clean_checkpoints  all of them that are clean so, ascending (certified_step is the last): where `sdc certify`
+--                      looks for an earlier one when the files no longer verify the last
 --   run_certified_step the last checkpoint step clean on every rank of the pair: the one to resume the run from
 --                      (null: none); the same on each of the pair's rows
 --   suspect_path       the suspect's run directory as given to `sdc diff`: the checkpoint is
@@ -96,6 +98,8 @@ per_rank AS (
     SELECT v.*,
         (SELECT list(c.step ORDER BY c.step) FROM checkpoints AS c
          WHERE c.pair_id = v.pair_id AND c.rank = v.rank) AS checkpoints,
+        (SELECT list(c.step ORDER BY c.step) FROM clean AS c
+         WHERE c.pair_id = v.pair_id AND c.rank = v.rank) AS clean_checkpoints,
         (SELECT max(c.step) FROM clean AS c WHERE c.pair_id = v.pair_id AND c.rank = v.rank) AS certified_step
     FROM verified AS v
 ),
@@ -121,6 +125,7 @@ SELECT
     CASE WHEN p.limited_by = 'divergence' THEN p.first_name END AS first_name,
     CASE WHEN p.limited_by = 'divergence' THEN p.first_phase END AS first_phase,
     p.checkpoints,
+    p.clean_checkpoints,
     p.certified_step,
     u.run_certified_step,
     s.suspect_path

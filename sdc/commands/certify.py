@@ -9,6 +9,12 @@ holds it) and the named query ``last_clean_checkpoint`` (analysis/QUERIES.md) gi
 which every record up to it matched golden on every rank. Without it, the run's own replica agreement
 (``Guard(replicas=...)``, docs/guard.md) must have held for every step before the checkpoint, on every rank.
 
+Files, not a database, have the last word: every checkpoint of RUN is first read as a resume or a replay reads it
+(`tracer.checkpoint.load_checkpoint`: its tensors against its manifest, its model against the parameter
+fingerprints the rank's log recorded, so a tensor changed together with its manifest entry is caught too). One that
+fails is skipped, with one line naming it, and left out of the diff; a stale ``--db`` that still holds it clean
+cannot certify it, and the last clean earlier one is named instead.
+
 Exit status: 0 with the checkpoint's directory on stdout (its step and why on stderr); 1 with a one-line reason
 when no checkpoint is clean; 2 when there is nothing to certify against (no --golden, no replicas compared).
 """
@@ -39,7 +45,9 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
             "checkpoint (of every rank) at which every record of the steps before it (site outputs and input "
             "gradients, gradients, parameters, inputs, losses) matched the golden run bit for bit, nothing of "
             "those steps was lost to a damaged or missing log segment, and the checkpoint's model equals golden's "
-            "(the named query last_clean_checkpoint, over the tables `sdc diff` loads). Without --golden: the "
+            "(the named query last_clean_checkpoint, over the tables `sdc diff` loads). Every checkpoint is first "
+            "checked against its manifest and the fingerprints the run's log recorded, whatever --db says: one that "
+            "fails is skipped with one line naming it. Without --golden: the "
             "last checkpoint before which the run's data-parallel replicas agreed at every step (a run recorded "
             "with Guard(replicas=ReplicaAgreement()), docs/guard.md). A checkpoint of step s holds the state "
             "before step s: a fault at step 7 with checkpoints every 5 steps certifies step 5."
@@ -47,7 +55,8 @@ def add_parser(sub: argparse._SubParsersAction, command: Command) -> None:
         epilog=(
             "Prints the checkpoint's directory, RUN/checkpoints/step-NNNNNN, alone on stdout, and its step and "
             "what limited it on stderr; exit 0. Exit 1 with a one-line reason when no checkpoint is clean; exit 2 "
-            "when there is nothing to certify against (no --golden and no replicas compared). Resume from it: "
+            "when there is nothing to certify against (no --golden and no replicas compared). Of the diff's lines only "
+            "its warnings are printed. Resume from it: "
             'sdc record --out NEW --resume-from "$(sdc certify RUN --golden G)" (docs/replay.md). The diff runs '
             "on Beam's default runner (use sdc diff with its Beam options, then --db, for another)."
         ),
@@ -82,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
     from tracer.checkpoint import checkpoint_dir
     from tracer.printable import printable
 
-    cert = against_golden(args) if args.golden is not None else against_replicas(Path(args.run))
+    damaged = changed_checkpoints(Path(args.run))
+    for step, why in sorted(damaged.items()):
+        print(printable(f"sdc certify: skipped the checkpoint of step {step}: {why}"), file=sys.stderr)
+    cert = against_golden(args, damaged) if args.golden is not None else against_replicas(Path(args.run), damaged)
     if cert is None:
         print(
             printable(
@@ -101,8 +113,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 # -- against a golden run ------------------------------------------------------------------------------------------
-def against_golden(args: argparse.Namespace) -> Certificate:
-    """Diff RUN against --golden (unless --db holds the pair), then the pair's `last_clean_checkpoint` rows."""
+def changed_checkpoints(run: Path) -> dict[int, str]:
+    """Step -> why, for each plain checkpoint of ``run`` that some rank's files no longer verify: read as a resume or
+    a replay reads it (`load_checkpoint`: its tensors against its manifest, its model against the fingerprints the
+    rank's log recorded), whatever a database says of it. A run that is no local directory: nothing (the diff
+    reads its checkpoints)."""
+    from tracer.checkpoint import list_checkpoints, load_checkpoint
+    from tracer.errors import LogError
+    from tracer.log import list_ranks
+
+    found: dict[int, str] = {}
+    for rank in list_ranks(run) if run.is_dir() else ():
+        for step in list_checkpoints(run, rank):
+            if step in found:
+                continue
+            try:
+                load_checkpoint(run, step, rank)
+            except (LogError, OSError) as exc:
+                found[step] = str(exc)
+    return found
+
+
+def against_golden(args: argparse.Namespace, damaged: Mapping[int, str]) -> Certificate:
+    """Diff RUN against --golden (unless --db holds the pair), leaving out the ``damaged`` checkpoints, then the
+    pair's `last_clean_checkpoint` rows."""
     from analysis.clean_checkpoints import clean_checkpoint_rows
     from pipelines.arguments import DiffRequest
     from pipelines.diff_job import diff_job
@@ -111,10 +145,23 @@ def against_golden(args: argparse.Namespace) -> Certificate:
         db = args.db if args.db is not None else Path(scratch) / "certify.duckdb"
         pair_id = loaded_pair(db, args.golden, args.run) if db.exists() else None
         if pair_id is None:
-            request = DiffRequest(golden=args.golden, suspect=args.run, db=db, skip_corrupt=args.skip_corrupt)
-            pair_id = diff_job()(request, echo=lambda line: print(line, file=sys.stderr)).pair_id
+            request = DiffRequest(
+                golden=args.golden,
+                suspect=args.run,
+                db=db,
+                skip_corrupt=args.skip_corrupt,
+                left_out_checkpoints=frozenset(damaged),
+            )
+            pair_id = diff_job()(request, echo=_warnings_only).pair_id
         rows = clean_checkpoint_rows(db, pair_id)
-    return certificate_of(rows, args.golden)
+    return certificate_of(rows, args.golden, damaged)
+
+
+def _warnings_only(line: str) -> None:
+    """The diff's lines that certify passes on: its warnings (corruption skipped, a setting that differs), one line
+    each; its progress is left out, so a refusal is the one ``sdc: error:`` line."""
+    if line.lstrip().startswith("warning:"):
+        print(line.strip(), file=sys.stderr)
 
 
 def loaded_pair(db: Path, golden: str, suspect: str) -> str | None:
@@ -131,8 +178,9 @@ def loaded_pair(db: Path, golden: str, suspect: str) -> str | None:
     return newest_pair(db, *ids)
 
 
-def certificate_of(rows: list[Mapping[str, Any]], golden: str) -> Certificate:
-    """The run's certificate from its ranks' `last_clean_checkpoint` rows."""
+def certificate_of(rows: list[Mapping[str, Any]], golden: str, damaged: Mapping[int, str]) -> Certificate:
+    """The run's certificate from its ranks' `last_clean_checkpoint` rows: the last checkpoint clean on every rank
+    whose files still verify (not one of ``damaged``, whatever the rows say of it)."""
     if not rows:
         return Certificate(None, f"no rank was compared with {golden}")
     first = min(rows, key=lambda r: (r["verified_until"], r["rank"]))
@@ -151,10 +199,10 @@ def certificate_of(rows: list[Mapping[str, Any]], golden: str) -> Certificate:
         )
     else:
         why = f"every record matched {golden} through step {until - 1}, the last step both runs hold"
-    step = rows[0]["run_certified_step"]
-    if step is not None:
-        return Certificate(step, why)
-    held = sorted(set.intersection(*(set(r["checkpoints"] or ()) for r in rows)))
+    clean = set.intersection(*(set(r["clean_checkpoints"] or ()) for r in rows)) - set(damaged)
+    if clean:
+        return Certificate(max(clean), why)
+    held = sorted(set.intersection(*(set(r["checkpoints"] or ()) for r in rows)) - set(damaged))
     if not held:
         return Certificate(None, f"{why}; the two runs hold no common checkpoint that could be read")
     return Certificate(
@@ -165,9 +213,9 @@ def certificate_of(rows: list[Mapping[str, Any]], golden: str) -> Certificate:
 
 
 # -- against the run's own replicas ----------------------------------------------------------------------------------
-def against_replicas(run: Path) -> Certificate | None:
-    """The last checkpoint every rank holds before which every step completed on every rank and no ``replicas``
-    event (a disagreement, docs/guard.md) was logged; None when the run compared no replicas."""
+def against_replicas(run: Path, damaged: Mapping[int, str]) -> Certificate | None:
+    """The last checkpoint every rank holds, not one of ``damaged``, before which every step completed on every rank
+    and no ``replicas`` event (a disagreement, docs/guard.md) was logged; None when the run compared no replicas."""
     from tracer.checkpoint import list_step_checkpoints
     from tracer.errors import UsageError
     from tracer.log import LogReader, list_ranks, rank_dir
@@ -207,7 +255,7 @@ def against_replicas(run: Path) -> Certificate | None:
             completed,
             (f"the replicas agreed at every step through step {completed - 1}, the last every rank completed"),
         )
-    held = set.intersection(*(set(list_step_checkpoints(run, rank)) for rank in ranks))
+    held = set.intersection(*(set(list_step_checkpoints(run, rank)) for rank in ranks)) - set(damaged)
     usable = [step for step in held if step <= until]
     if not usable:
         return Certificate(

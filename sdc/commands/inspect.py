@@ -52,6 +52,10 @@ def _state(s: RankSummary) -> str:
             state = f"closed after a failure ({st.end.detail})"
         else:
             state = "END record found, but the log is DAMAGED" if damaged else "clean close"
+    elif s.out_of_space is not None:
+        usable = [c for c in s.checkpoints if c <= s.out_of_space]
+        then = f"resumable from checkpoint {max(usable)} (sdc record --resume)" if usable else "no checkpoint to resume"
+        state = f"FAILED at step {s.out_of_space} for lack of space; {then}"
     else:
         state = "CRASHED: no end marker" + (" (torn final record)" if st.torn_tail else "")
     if st.lost:

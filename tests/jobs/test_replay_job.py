@@ -82,3 +82,26 @@ def test_a_wrong_nproc_is_refused_in_one_line_naming_the_golden_runs_ranks(
         f"--nproc 2: {golden} was recorded on 1 rank(s), and a replay runs each of them with its own shard, "
         "checkpoints and log: give --nproc 1, or leave --nproc out"
     ) in err
+
+
+def test_a_2_rank_replay_refusal_is_one_line(tmp_path: Path, capfd, monkeypatch) -> None:
+    # Rank 1's checkpoint changed together with its manifest: rank 1 refuses it. The ranks' processes write to the
+    # same stderr as this one (capfd): one error that names rank 1 once, a warning every rank gives (no digest kernel
+    # built where they look) once on one line, no traceback.
+    from jobs.record import RecordRequest, record
+    from tests.support import small_config
+    from tests.tracer.checkpoint_tamper import tamper_both
+    from tracer.kernel import DIR_ENV
+
+    golden = tmp_path / "golden"
+    record(small_config("parallel.dp=2"), RecordRequest(out=golden, node_label="golden", progress=False), nproc=2)
+    tamper_both(golden, 2, rank=1)
+    monkeypatch.setenv(DIR_ENV, str(tmp_path / "no-kernels"))
+    capfd.readouterr()
+    argv = ["replay", "--golden", str(golden), "--suspect", str(golden), "--steps", "2", "--nproc", "2", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "replay")]) == 1
+    lines = capfd.readouterr().err.splitlines()
+    errors = [line for line in lines if not line.startswith("sdc: warning: ")]
+    assert len(errors) == 1 and errors[0].startswith("sdc: error: rank 1: "), lines
+    assert errors[0].count("rank 1") == 1 and "changed after it was written" in errors[0]
+    assert len(set(lines)) == len(lines) and len(lines) > 1  # the kernel's warning, given by every rank, once

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -42,6 +43,20 @@ def test_another_kind_of_run_is_not_replaced(run_factory) -> None:
     with pytest.raises(UsageError, match="holds a recording, and this command writes a replay log"):
         claim_out_dir(run, role="replay", overwrite=True)
     assert _intact(run)
+
+
+def test_what_a_start_up_kill_left_is_recorded_over_without_overwrite(run_factory) -> None:
+    run = run_factory("golden")
+    for segment in (run / "rank-00000").iterdir():  # killed before its header went out: checkpoints, no log
+        segment.unlink()
+    unclaimed = run.parent / "unclaimed"
+    shutil.copytree(run, unclaimed)
+    (unclaimed / LOCK_FILE).unlink()  # the same data without sdctrace's claim: nothing says what wrote it
+    with pytest.raises(UsageError, match="no log that says which kind of run they belong to; nothing was deleted"):
+        claim_out_dir(unclaimed, role="train", overwrite=False)
+    assert list_checkpoints(unclaimed) != []
+    with claim_out_dir(run, role="train", overwrite=False):
+        assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE]
 
 
 def test_overwrite_replaces_only_what_sdctrace_wrote_and_keeps_the_lock_file(run_factory) -> None:

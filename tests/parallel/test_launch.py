@@ -99,12 +99,42 @@ def test_ranks_exit_when_their_launcher_is_killed(tmp_path: Path) -> None:
         launcher.kill()
         launcher.wait()
         assert _wait_for(lambda: not any(_running(pid) for pid in ranks), 30), "ranks outlived their launcher"
-        stderr = launcher.stderr.read()
-        assert "its launcher (pid" in stderr and "is gone; stopping" in stderr
+        lines = launcher.stderr.read().splitlines()  # the job's process and its ranks write there too
+        assert [line for line in lines if not line.startswith("sdc: warning: ")] == [
+            f"sdc: error: the launcher (pid {launcher.pid}) is gone; its 2 rank(s) stop, their logs left as a "
+            "crash's (sdc record --resume continues a recording)"
+        ]  # one line for the job, none per rank, no traceback
         assert not spec.parent.exists(), "the killed launcher's folder was left behind"
     finally:
         for pid in ranks:
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+@pytest.mark.slow  # launches ranks
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads process states from /proc")
+def test_a_killed_job_process_is_named_as_such_in_one_line(tmp_path: Path) -> None:
+    # Not "rank 0 failed: exited without a report": no rank failed, the process that forked them was killed.
+    code = (
+        "import sys\nfrom jobs.launch import launch\nfrom tracer.errors import SdcError\ntry:\n"
+        f"    launch('tests.parallel.ranks:sleep_with_pid_file', {{'folder': {str(tmp_path)!r}}}, 2)\n"
+        "except SdcError as e:\n    print(e)\n"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, text=True
+    )
+    pid_files = [tmp_path / f"rank-{r}.pid" for r in range(2)]
+    try:
+        assert _wait_for(lambda: all(f.is_file() and f.read_text() for f in pid_files), 120), "the ranks never started"
+        rank = int(pid_files[0].read_text())
+        job = int(Path(f"/proc/{rank}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(job, signal.SIGKILL)
+        out, _ = launcher.communicate(timeout=60)
+        assert out.splitlines() == [
+            f"the job's process (pid {job}) was killed (SIGKILL) before any rank failed; its ranks were stopped with it"
+        ]
+    finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -1,6 +1,7 @@
 """What the environment gets wrong ends in one `sdc: error:` line and a non-zero exit: a --db that is a directory,
 a text file or a database another process is writing, a step count or model size beyond the documented bounds,
-a Beam runner that does not exist. One failure mode, one test; main() re-raises anything but an SdcError."""
+a Beam runner that does not exist, a file-size limit under `sdc replay` and `sdc incident` (a full disk: one line,
+not `OSError: File too large`). One failure mode, one test; main() re-raises anything but an SdcError or a full disk."""
 
 from __future__ import annotations
 
@@ -100,3 +101,35 @@ def test_model_size_beyond_the_bound_is_refused_before_allocating(tmp_path: Path
 def test_unknown_beam_runner(golden: Path, tmp_path: Path, capsys) -> None:
     err = one_line_error(capsys, [*diff_args(golden, tmp_path / "s.duckdb"), "--", "--runner", "NoSuchRunner"])
     assert "Beam option --runner NoSuchRunner: Unexpected pipeline runner" in err
+
+
+@pytest.fixture
+def file_size_limit():
+    """Files may grow to 1 KiB (RLIMIT_FSIZE, SIGXFSZ ignored: a write past it fails with EFBIG, as on a full disk)
+    until the test ends."""
+    import resource
+    import signal
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["replay", "--steps", "0:2", "--out", "{tmp}/replay", "--quiet"],
+        ["incident", "--at", "1:0:layers.0.attention:forward", "--out", "{tmp}/bundle"],
+    ],
+)
+def test_replay_and_incident_at_the_file_size_limit(
+    golden: Path, tmp_path: Path, capsys, command: list[str], file_size_limit: None
+) -> None:
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    argv[1:1] = ["--golden", str(golden), "--suspect", str(golden)]
+    assert "cannot write (File too large); free space" in one_line_error(capsys, argv)

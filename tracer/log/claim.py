@@ -77,11 +77,32 @@ class RunContents:
 def claim_out_dir(out: Path, *, role: str, overwrite: bool, inputs: Sequence[Path | None] = ()) -> RunLock:
     """Make ``out`` ready for a new run of ``role`` and lock it; the caller holds the lock while it writes.
 
-    With ``overwrite`` an old run of the same role in ``out`` is deleted; without, it is refused.
+    With ``overwrite`` an old run of the same role in ``out`` is deleted; without, it is refused, unless it is
+    what a writer killed during start-up leaves (`startup_leftover`): replaced, as nothing in it can be read.
     """
+    claimed = startup_leftover(Path(out))  # looked at before this claim's lock file is made
     return claim_folder(
-        out, RUN_FOLDER, overwrite=overwrite, inputs=inputs, check=lambda: _refuse_other_kind(Path(out), role)
+        out,
+        RUN_FOLDER,
+        overwrite=overwrite,
+        inputs=inputs,
+        check=lambda: _refuse_other_kind(Path(out), role, claimed),
     )
+
+
+def startup_leftover(out: Path) -> bool:
+    """Whether ``out`` is what an sdctrace writer killed during start-up leaves: its claim (the lock file) and
+    perhaps the checkpoint of step 0, but no log segment on any rank (the header goes out with the first step).
+    Nothing in it can be resumed or read, so recording there again loses nothing. A path that cannot be looked at
+    (too long a name, no permission): False, and the claim says why."""
+    try:
+        return (
+            out.is_dir()
+            and (out / LOCK_FILE).is_file()
+            and not any(list_segments(rank_dir(out, rank)) for rank in list_ranks(out))
+        )
+    except OSError:
+        return False
 
 
 def claim_folder(
@@ -90,12 +111,13 @@ def claim_folder(
     *,
     overwrite: bool,
     inputs: Sequence[Path | None] = (),
-    check: Callable[[], None] | None = None,
+    check: Callable[[], bool | None] | None = None,
 ) -> RunLock:
     """Make ``out`` ready for a new folder of ``kind`` and lock it; the caller holds the lock while it writes.
 
     With ``overwrite`` what sdctrace wrote in ``out`` is deleted (after ``check``, which may refuse); without,
-    it is refused. A file sdctrace did not write is never deleted: it is named, and nothing is deleted.
+    it is refused, unless ``check`` says it may go (returns True). A file sdctrace did not write is never deleted:
+    it is named, and nothing is deleted.
     """
     out = Path(out)
     refuse_long_names(out, "--out")
@@ -115,9 +137,8 @@ def claim_folder(
         found = _scan(out, kind)  # again, now that no other sdctrace process can change it
         _refuse_foreign(out, found)
         if found.files:
-            if check is not None:
-                check()
-            if not overwrite:
+            replaceable = check() if check is not None else False
+            if not overwrite and not replaceable:
                 raise UsageError(f"{out}: already holds a {kind.noun}; {kind.again}")
         for name in found.entries:
             p = out / name
@@ -206,7 +227,9 @@ def _refuse_foreign(out: Path, found: RunContents) -> None:
         )
 
 
-def _refuse_other_kind(out: Path, role: str) -> None:
+def _refuse_other_kind(out: Path, role: str, leftover: bool = False) -> bool:
+    """Refuse ``out`` when it holds a run of another role, or data no log says anything of; True where it is a
+    start-up leftover (``leftover``, `startup_leftover`), which may be replaced without --overwrite."""
     for rank in list_ranks(out):
         if not list_segments(rank_dir(out, rank)):
             continue
@@ -222,7 +245,9 @@ def _refuse_other_kind(out: Path, role: str) -> None:
                 f"{out}: holds {_kind(found)}, and this command writes {_kind(role)}; "
                 "nothing was deleted: choose another --out"
             )
-        return
+        return False
+    if leftover:
+        return True
     raise UsageError(
         f"{out}: holds checkpoints or blobs but no log that says which kind of run they belong to; "
         "nothing was deleted: delete them yourself or choose another --out"

@@ -13,8 +13,11 @@ stopped, and which segments end a session, so may end torn (docs/log-format.md,
 A resumed session that fails (a checkpoint that does not verify, a full disk) must not
 make the log worse than the crash it continued: `abandon_failed` records why in a
 ``resume_failed`` EVENT and stops without END, so the log still reads as a crashed run
-and the next ``--resume``, once the cause is fixed, continues it. Readers keep that
-event in the timeline even where a later resumption supersedes its step.
+and the next ``--resume``, once the cause is fixed, continues it. A first session that
+stops for lack of space (a full file system, a file-size limit) is left the same way,
+with a ``no_space`` EVENT: what it recorded before is kept for a resume once there is
+room. Readers keep both events in the timeline even where a later resumption
+supersedes their step.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tracer.log.records import EventRecord
 
 RESUME = "resume"  # the event kind of the marker
 RESUME_FAILED = "resume_failed"  # the event kind that records a resumed session's failure
+NO_SPACE = "no_space"  # the event kind that records a first session stopped for lack of space (left resumable)
 _DETAIL_CHARS = 2000
 
 
@@ -75,17 +79,18 @@ def resumption(first: EventRecord | object, first_record: int | None, index: int
     return Resumption(index, first.step, first_record, last if type(last) is int else None)
 
 
-def abandon_failed(log: _Log, resumption: Resumption, rank: int, exc: BaseException) -> None:
-    """End a resumed session that failed with ``exc``: a ``resume_failed`` event (as far as the disk takes it),
-    then no END, so the log stays resumable. Never raises: the training error stays the one the user sees."""
+def abandon_failed(log: _Log, step: int, rank: int, exc: BaseException, kind: str = RESUME_FAILED) -> None:
+    """End a session that failed with ``exc`` and must stay resumable: a ``kind`` event at ``step`` (a resumption's
+    own step for ``resume_failed``; the step it stopped in for ``no_space``), as far as the disk takes it, then no
+    END. Never raises: the training error stays the one the user sees."""
     detail = f"{type(exc).__name__}: {exc}"[:_DETAIL_CHARS]
     with contextlib.suppress(Exception):
-        log.write_event(EventRecord(RESUME_FAILED, resumption.step, {"rank": rank, "detail": detail}))
+        log.write_event(EventRecord(kind, step, {"rank": rank, "detail": detail}))
         log.flush(fsync=True)
     with contextlib.suppress(Exception):
         log.abandon()
 
 
 def is_failed_session(record: object) -> bool:
-    """Whether ``record`` is a ``resume_failed`` event, which no later resumption supersedes."""
-    return isinstance(record, EventRecord) and record.kind == RESUME_FAILED
+    """Whether ``record`` is a ``resume_failed`` or ``no_space`` event, which no later resumption supersedes."""
+    return isinstance(record, EventRecord) and record.kind in (RESUME_FAILED, NO_SPACE)

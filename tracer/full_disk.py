@@ -1,4 +1,4 @@
-"""A full file system (or a file size limit) recognised in whatever a diff's stage raised, as one line.
+"""A full file system (or a file size limit) recognised in whatever a write raised, as one line.
 
     try:
         ...write Parquet, load DuckDB...
@@ -6,6 +6,9 @@
         if (reason := full_disk_reason(exc)) is None:
             raise
         raise StorageError(f"... {reason} ...") from None
+
+The diff's stages ask it, a Tracer closing after a failure asks it (a recording that ran out of space stays
+resumable, `tracer.rank_log`), and `tracer.errors.sdc_error_of` makes any command's full disk one line.
 
 Python's writes raise OSError with errno ENOSPC, EFBIG (past RLIMIT_FSIZE, with SIGXFSZ ignored) or
 EDQUOT; Beam's runners re-raise a worker's error as their own exception, and DuckDB reports it as text
