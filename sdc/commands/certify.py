@@ -135,7 +135,8 @@ def certificate_of(rows: list[Mapping[str, Any]], golden: str) -> Certificate:
     """The run's certificate from its ranks' `last_clean_checkpoint` rows."""
     if not rows:
         return Certificate(None, f"no rank was compared with {golden}")
-    first = min(rows, key=lambda r: (r["verified_until"], r["rank"]))
+    # Ranks limited at the same step: the one the diff says went first (a pipeline stage before those it sent to).
+    first = min(rows, key=lambda r: (r["verified_until"], r.get("divergence_order") or 1 << 62, r["rank"]))
     until, what = first["verified_until"], first["limited_by"]
     if what == "divergence":
         why = (

@@ -8,7 +8,8 @@ A 4-stage GPipe run does the same, each stage that received the corruption ranke
 a fault in what a stage received (the link) is told apart from one in a stage's compute. ``sdc replay --nproc``
 restores each stage from its own checkpoint: lockstep mismatches at the faulty site only (what a stage receives is
 made golden too, so a corrupted receive is charged to the link), a healthy twin replays clean, and parameter sync
-gives every stage the whole model's noise-to-signal.
+gives every stage the whole model's noise-to-signal. ``sdc certify`` names the checkpoint before the fault and
+the stage the corruption entered on.
 
 Launches: 4 two-rank record jobs (golden, again, suspect, a corrupted link), 4 two-rank replays, 3 four-rank
 record jobs and a four-rank replay."""
@@ -24,6 +25,7 @@ import pytest
 from sdc.cli import main
 from tests.parallel.test_fsdp2 import diffed_mismatches, rank1_fault
 from tests.parallel.test_ranks import query_rows, rank_events, summary
+from tracer.checkpoint import checkpoint_dir
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
 from tracer.log.records import Phase, TensorRecord
@@ -189,6 +191,19 @@ def test_param_sync_replay_gives_every_stage_the_whole_models_noise(runs: Simple
         total = noises[rank]["*"]
         assert total["ratio"] == pytest.approx(diff / gold, rel=1e-9) and total["ratio"] > 0, (rank, total)
     assert any(n["diff_l2"] > 0 for n in noises[0].values()), noises[0]  # the fault reaches stage 0's gradients
+
+
+def test_certify_names_the_checkpoint_before_the_fault_and_the_stage_it_entered_on(
+    runs: SimpleNamespace, capsys: pytest.CaptureFixture
+) -> None:
+    """Both stages first differ at step 3, so the run's certified checkpoint is step 2's on both; the reason names
+    stage 1, where the diff says the corruption entered, not stage 0 by the lower rank."""
+    capsys.readouterr()
+    args = [str(runs.suspect), "--golden", str(runs.golden), "--db", str(runs.root / "certify.duckdb")]
+    assert main(["certify", *args]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(checkpoint_dir(runs.suspect, 2)), captured
+    assert f"rank 1 diverged from {runs.golden} at step 3 (blocks.1.mlp forward)" in captured.err, captured.err
 
 
 def test_a_4_stage_gpipe_run_is_bit_identical_its_stages_diverge_in_pipeline_order_and_it_replays(
