@@ -25,7 +25,7 @@ from torch import nn
 
 from replay.golden import Key
 from replay.metrics import Mismatch, mismatch
-from tracer.collectives import Observer, Stage, record_name
+from tracer.collectives import OPS, Observer, Stage, record_name
 from tracer.intercept import own_ops
 from tracer.log.records import Phase
 from tracer.site_hooks import SiteHooks, substitute
@@ -103,3 +103,11 @@ def lockstep_receives(
             return substitute(tensor, g) if tensor.requires_grad else g.clone()
 
     return observer
+
+
+def compared_in_lockstep(name: str) -> bool:
+    """Whether lockstep compares the record ``name``: a site's, or what a pipeline stage received
+    (`lockstep_receives`); not another side of a collective, which flows unchanged."""
+    point, _, stage = name.rpartition(".")
+    op = point.rpartition(".")[2]
+    return op not in OPS or stage not in ("in", "out") or (op, stage) == ("recv", "out")

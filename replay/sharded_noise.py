@@ -1,8 +1,7 @@
 """Noise-to-signal of a sharded run's gradients, over the whole parameters: every rank's shards summed.
 
     noises = gradient_noise(local_suspect, local_golden)           # this rank's shards (replay.metrics)
-    noises = whole_parameter_noise(noises, shards_of(header.extra), world_size)   # a collective: every rank calls it
-    noises = whole_pipeline_noise(noises)          # pipeline stages: each holds its own parameters, whole
+    noises = whole_model_noise(noises, header.extra, header.world_size)  # a collective: every rank calls it
 
 A rank of an FSDP2 or DTensor run holds only a shard of each gradient, so its own norms are those of its slice.
 The squared norms of every rank's slices add up to the whole parameter's (``||g||^2 = sum of the shards'``):
@@ -18,12 +17,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from replay.metrics import TOTAL, Noise
-from tracer.sharding import ParameterShard
+from tracer.parallel import pipeline_of
+from tracer.sharding import ParameterShard, shards_of
+
+
+def whole_model_noise(noises: list[Noise], extra: dict[str, Any], world_size: int) -> list[Noise]:
+    """This rank's ``noises`` as the whole model's, by the run header's ``extra``: over whole parameters for a
+    sharded run (`whole_parameter_noise`), the total over every stage for a pipeline (`whole_pipeline_noise`),
+    unchanged otherwise. A collective on a sharded or pipeline run: every rank calls it."""
+    if shards := shards_of(extra):
+        return whole_parameter_noise(noises, shards, world_size)
+    if pipeline_of(extra) is not None:
+        return whole_pipeline_noise(noises)
+    return noises
 
 
 def holders(shard: ParameterShard | None, world_size: int) -> int:
