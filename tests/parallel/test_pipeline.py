@@ -9,13 +9,14 @@ a fault in what a stage received (the link) is told apart from one in a stage's 
 restores each stage from its own checkpoint: lockstep mismatches at the faulty site only (what a stage receives is
 made golden too, so a corrupted receive is charged to the link), a healthy twin replays clean, and parameter sync
 gives every stage the whole model's noise-to-signal. ``sdc certify`` names the checkpoint before the fault and
-the stage the corruption entered on.
+the stage the corruption entered on, and ``sdc incident`` captures the site on the stage that holds it.
 
-Launches: 4 two-rank record jobs (golden, again, suspect, a corrupted link), 4 two-rank replays, 3 four-rank
-record jobs and a four-rank replay."""
+Launches: 4 two-rank record jobs (golden, again, suspect, a corrupted link), 4 two-rank replays, a two-rank
+incident capture, 3 four-rank record jobs and a four-rank replay."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +26,7 @@ import pytest
 from sdc.cli import main
 from tests.parallel.test_fsdp2 import diffed_mismatches, rank1_fault
 from tests.parallel.test_ranks import query_rows, rank_events, summary
+from tests.replay.incident_support import assert_persistent_under_emulation_only
 from tracer.checkpoint import checkpoint_dir
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
@@ -206,6 +208,27 @@ def test_certify_names_the_checkpoint_before_the_fault_and_the_stage_it_entered_
     captured = capsys.readouterr()
     assert captured.out.strip() == str(checkpoint_dir(runs.suspect, 2)), captured
     assert f"rank 1 diverged from {runs.golden} at step 3 (blocks.1.mlp forward)" in captured.err, captured.err
+
+
+def test_an_incident_bundle_of_the_first_divergence_is_captured_on_its_stage_and_reproduces_there(
+    runs: SimpleNamespace, capsys: pytest.CaptureFixture
+) -> None:
+    """Both stages rebuild step 3 and run it, golden and suspect; stage 1, which holds the site, writes the bundle.
+    Under the fault's emulation (a stuck unit: the same rule, persistent) the bundle reproduces the suspect's bits,
+    because it records the rank the site ran on, which the rule's ``ranks = [1]`` names."""
+    bundle = runs.root / "incident"
+    capsys.readouterr()
+    args = ["--golden", str(runs.golden), "--suspect", str(runs.suspect), "--workload", WORKLOAD]
+    assert main(["incident", *args, "--out", str(bundle)]) == 0
+    assert "incident at step 3, microbatch 2, forward blocks.1.mlp" in capsys.readouterr().out
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["golden"]["rank"] == 1 and manifest["checkpoint"] == 2, manifest["golden"]
+    assert manifest["suspect"]["inputs_were_golden"] and len(manifest["faults"]) == 2, manifest["suspect"]
+    prints = manifest["fingerprints"]
+    assert prints["golden"] == [prints["logged"]] and prints["suspect"] != prints["golden"], prints
+    stuck = runs.root / "stage1-stuck.toml"
+    stuck.write_text(STAGE1_FAULT + "persistent = true\n", encoding="utf-8")
+    assert_persistent_under_emulation_only(bundle, stuck)
 
 
 def test_a_4_stage_gpipe_run_is_bit_identical_its_stages_diverge_in_pipeline_order_and_it_replays(
