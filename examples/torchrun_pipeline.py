@@ -9,6 +9,8 @@ From the repository root (``--workload`` imports ``examples.torchrun_pipeline`` 
         --fault-profile my-rank1-fault.toml             # an emulated unhealthy node: a rule's ``ranks`` picks it
     sdc record --workload examples.torchrun_pipeline:build --nproc 4 --set parallel.schedule=GPipe --out runs/pp4
     sdc diff --golden runs/pp --suspect runs/pp-sick --db pp.duckdb && sdc query summary --db pp.duckdb
+    sdc replay --golden runs/pp --suspect runs/pp-sick --workload examples.torchrun_pipeline:build --nproc 2 \\
+        --steps 3:4 --mode lockstep --out runs/pp-lockstep
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m examples.torchrun_pipeline --out runs/pp
 
 examples/torchrun_fsdp2.py's small transformer (embedding, blocks of attention and an ``mlp``, a head), one block
@@ -24,9 +26,10 @@ What crosses ranks is recorded as collective events (`tracer.pipeline`), fingerp
 ``pipeline.0-1.send.in`` (forward, on rank 0) is the activation stage 0 sends to stage 1, ``pipeline.0-1.recv.out``
 (forward, on rank 1) what stage 1 received; ``pipeline.1-0.send.in`` and ``pipeline.1-0.recv.out`` (backward) are
 the gradient going back. A stage that only received a corrupted tensor first differs at its ``recv``, after the
-stage that computed it. No gradient clipping (a global norm would need the stages' norms all-reduced), no
-checkpoints by default (``--checkpoint-every`` saves each stage's own): replay of a pipeline-parallel run is
-refused (docs/parallel.md). Only the last stage computes the loss; each step's is broadcast to every stage.
+stage that computed it. No gradient clipping (a global norm would need the stages' norms all-reduced). Every
+``run.checkpoint_every`` steps (2) each stage saves its own checkpoint, which ``sdc replay --workload
+examples.torchrun_pipeline:build --nproc N`` restores stage by stage (docs/parallel.md). Only the last stage
+computes the loss; each step's is broadcast to every stage.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def defaults(stages: int) -> dict[str, dict[str, Any]]:
         "model": {"vocab": 64, "width": 32, "blocks": stages},
         "train": {**SETTINGS, "lr": 1e-2, "batch": 2, "seq": 8, "microbatches": 4, "clip": 0.0},
         "parallel": {"schedule": "1F1B"},
-        "run": {"steps": 6, "checkpoint_every": 0},
+        "run": {"steps": 6, "checkpoint_every": 2},
     }
 
 
@@ -171,7 +174,6 @@ def build(config: Mapping[str, Any], device: torch.device) -> PipelineLM:
 def main() -> None:
     p = job_arguments(__doc__)
     p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1F1B")
-    p.set_defaults(checkpoint_every=0)  # no checkpoints: replay of a pipeline-parallel run is refused
     args = p.parse_args()
     dist.init_process_group("gloo")
     try:

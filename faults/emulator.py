@@ -90,6 +90,7 @@ class FaultEmulator(ScopedInterceptor):
         seed: int = 0,
         sites: Sequence[str] | None = None,
         role: str = "train",
+        rank: int | None = None,
     ) -> None:
         super().__init__()
         refuse_compiled(model, self.title)
@@ -100,7 +101,8 @@ class FaultEmulator(ScopedInterceptor):
         self._sink = sink
         rules = profile.faults
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        rank = torch.distributed.get_rank() if distributed else 0
+        if rank is None:  # given: the rank a reproduction plays (an incident bundle captured on a pipeline stage)
+            rank = torch.distributed.get_rank() if distributed else 0
         # A rule for other ranks (one bad accelerator in a node) or for runs of another role hits nothing here.
         mine = [(r.ranks is None or rank in r.ranks) and (r.roles is None or role in r.roles) for r in rules]
         self._ops = [resolve_ops(r.ops) if m else frozenset() for r, m in zip(rules, mine)]

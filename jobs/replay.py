@@ -24,7 +24,6 @@ from replay.results import ReplaySummary
 from tracer.errors import UsageError
 from tracer.log import LogReader, claim_out_dir, rank_dir
 from tracer.log.records import RunHeader
-from tracer.parallel import pipeline_of
 
 
 def golden_header(path: Path, nproc: int | None = None) -> RunHeader:
@@ -34,12 +33,6 @@ def golden_header(path: Path, nproc: int | None = None) -> RunHeader:
     header = LogReader(rank_dir(path, 0)).header if path.is_dir() else None
     if header is None:
         raise UsageError(f"{path}: not a run directory; pass the golden run made by `sdc record`")
-    pipeline = pipeline_of(header.extra)
-    if pipeline is not None:
-        raise UsageError(
-            f"{path}: was recorded pipeline-parallel ({pipeline['schedule']}, {len(pipeline['stage_ranks'])} stages): "
-            "pipeline-parallel replay is not supported yet; `sdc diff` compares such runs"
-        )
     n = header.world_size  # read from a file: checked against the disk and this machine before any launch
     if nproc is not None and nproc != n:
         raise UsageError(

@@ -23,7 +23,7 @@ from typing import Any
 from torch import nn
 
 from faults import FaultEmulator, FaultProfile
-from replay.bundle_check import BundleError, load
+from replay.bundle_check import FIX, MANIFEST, BundleError, load
 from replay.bundle_reproduce import Within, reproduce
 
 
@@ -68,6 +68,7 @@ def reproduce_emulated(
     incident's step; the result adds the fault events each run drew."""
     loaded = load(bundle)  # every name checked: module paths without dunders, a site that is a module path
     site = loaded.site
+    rank = captured_rank(loaded.manifest, bundle / MANIFEST)  # a rule's `ranks` picks the rank the site ran on
     root, inside = site_tree(site["name"], {op.module for op in loaded.ops})
     faults: list[list[dict[str, Any]]] = []
 
@@ -81,6 +82,7 @@ def reproduce_emulated(
             sink=lambda kind, fields: drawn.append(fields) if kind == "fault" else None,
             seed=fault_seed,
             sites=(site["name"],),
+            rank=rank,
         )
         return emulator, inside
 
@@ -89,3 +91,12 @@ def reproduce_emulated(
         **result,
         "emulated": {"profile": profile.name, "fault_seed": fault_seed, "faults_per_run": [len(f) for f in faults]},
     }
+
+
+def captured_rank(manifest: dict[str, Any], source: Path) -> int:
+    """The rank the site was captured on (``golden.rank``: a pipeline's stage); 0 in a bundle without it."""
+    golden = manifest.get("golden")
+    rank = golden.get("rank", 0) if isinstance(golden, dict) else 0
+    if type(rank) is not int or not 0 <= rank < 1 << 16:
+        raise BundleError(f"{source}: golden.rank {str(rank)[:40]} is no rank (0 to 65535); {FIX}")
+    return rank

@@ -16,6 +16,7 @@ the autograd engine, outside any module call, and a ``--at ...:backward`` is ref
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -31,17 +32,18 @@ from replay.bundle_check import same_bits
 from replay.bundle_ops import GeneratorSeeds, OpRecorder, draw_afresh
 from replay.bundle_reproduce import flatten
 from replay.golden import GoldenMismatch, GoldenRun, KeepingTracer, Key, VerifyingSink, index_key, workload_entry
-from replay.injection import StepClock, lockstep_hooks, sync_parameters
+from replay.injection import StepClock, lockstep_hooks, lockstep_receives, sync_parameters
 from replay.request import Suspect
 from tracer.blobs import BlobStore
 from tracer.checkpoint import restore_step_checkpoint
-from tracer.collectives import unobserved
+from tracer.collectives import observing, unobserved
 from tracer.compare import compare_runs
 from tracer.errors import UsageError, ValidationError
 from tracer.guard.runtime import RngState
 from tracer.intercept import own_ops
-from tracer.log.records import Phase
+from tracer.log.records import Phase, RunHeader
 from tracer.options import RunInfo
+from tracer.parallel import pipeline_of
 from tracer.rng import recorded_rng
 from tracer.sites import named_modules, sites_named
 from workload.protocol import Workload, build_workload, run_step
@@ -88,6 +90,16 @@ def first_divergence(golden: Path, suspect: Path) -> SiteKey:
     return SiteKey(found.step, found.microbatch, found.name, found.phase)
 
 
+def require_capturable(path: Path, header: RunHeader) -> None:
+    """Refuse a multi-rank run that is not pipeline-parallel: where a site's forward runs on several ranks at once
+    (tensor or data parallel), one rank's capture is not the site's."""
+    if header.world_size != 1 and pipeline_of(header.extra) is None:
+        raise UsageError(
+            f"{path}: recorded on {header.world_size} ranks; incident capture replays single-rank runs and "
+            "pipeline stages only"
+        )
+
+
 def require_forward(site: SiteKey) -> None:
     """Refuse a site that is not a forward: what `capture` supports."""
     if site.phase != Phase.FORWARD:
@@ -124,32 +136,38 @@ class Captured:
     drawn_afresh: int = 0  # own-generator arguments seeded differently by golden and suspect: drawn anew per run
 
 
-def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | None = None) -> Captured:
-    """Rebuild the golden state at ``site.step``, capture the site's forward, run the suspect's in lockstep."""
+def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | None = None) -> Captured | None:
+    """Rebuild the golden state at ``site.step``, capture the site's forward, run the suspect's in lockstep.
+
+    A pipeline-parallel run is captured by every stage together, each a launched rank (jobs/incident.py): each
+    rebuilds its own stage and runs the golden and the suspect schedule, and the stage that holds the site captures
+    it; the others return None."""
     require_forward(site)
-    golden = GoldenRun.open(golden_path, site.step, site.step + 1)
-    if golden.header.world_size != 1:
-        raise UsageError(
-            f"{golden_path}: recorded on {golden.header.world_size} ranks; incident capture replays "
-            "single-rank runs only"
-        )
+    dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank = torch.distributed.get_rank() if dist else 0
+    golden = GoldenRun.open(golden_path, site.step, site.step + 1, rank)
+    require_capturable(golden_path, golden.header)
     if site.step > golden.last_step:
         raise ValidationError(f"{golden_path}: step {site.step} is beyond the recorded steps 0..{golden.last_step}")
     entry = workload_entry(golden, workload)
     golden_w, suspect_w = (build_workload(entry, golden.header.config, torch.device("cpu")) for _ in range(2))
     restore_step_checkpoint(
-        golden.path, golden.start_checkpoint, 0, golden_w.model, golden_w.optimizer, golden_w.states()
+        golden.path, golden.start_checkpoint, rank, golden_w.model, golden_w.optimizer, golden_w.states()
     )
     path = re.sub(r"\[.*\]$", "", site.name)
-    module = _module(golden_w.model, path)
-    device = str(next(golden_w.model.parameters()).device)
-    out = Captured(
-        site,
-        golden.start_checkpoint,
-        device,
-        type(module).__name__,
-        logged=golden.expected.get(index_key(site.step, site.microbatch, site.name, Phase.FORWARD)),
-    )
+    # None: another stage's site (a pipeline); this stage runs the same steps, which its sends and receives need.
+    out: Captured | None = None
+    record: Callable[[KeepingTracer], AbstractContextManager[None]] | None = None
+    if golden.header.world_size == 1 or path in dict(named_modules(golden_w.model)):
+        module = _module(golden_w.model, path)
+        out = Captured(
+            site,
+            golden.start_checkpoint,
+            str(next(golden_w.model.parameters()).device),
+            type(module).__name__,
+            logged=golden.expected.get(index_key(site.step, site.microbatch, site.name, Phase.FORWARD)),
+        )
+        record = functools.partial(_recording, module, site, out)
     for step in range(golden.start_checkpoint, site.step):
         _require_matched(_golden_step(golden, golden_w, step).mismatches)
 
@@ -163,9 +181,12 @@ def capture(golden_path: Path, suspect: Suspect, site: SiteKey, workload: str | 
         golden_w,
         site.step,
         between=suspect_step,
-        record=lambda tracer: _recording(module, site, out, tracer),
+        record=record,
         watch=key,
     )
+    if out is None:
+        _require_matched(sink.mismatches)
+        return None
     if not out.golden:
         raise ValidationError(
             f"{golden_path}: {site.describe()} never ran in the re-execution (a microbatch or site "
@@ -296,12 +317,12 @@ def _suspect_step(
     site: SiteKey,
     sites: tuple[str, ...],
     golden: dict[Key, torch.Tensor],
-    out: Captured,
+    out: Captured | None,
 ) -> None:
-    """The suspect's step in lockstep; keeps its output of the site (before lockstep puts the golden one back)."""
+    """The suspect's step in lockstep; keeps its output of the site (before lockstep puts the golden one back) in
+    ``out`` (None: a pipeline stage that does not hold the site, which only runs along)."""
     clock = StepClock(site.step)
     path = re.sub(r"\[.*\]$", "", site.name)
-    module = _module(w.model, path)
     seen: dict[str, Any] = {}
     seeds, watching = GeneratorSeeds(), list[bool]()  # the seeds of the suspect's site forward, while `watching`
 
@@ -325,13 +346,16 @@ def _suspect_step(
 
     def sink(kind: str, fields: dict[str, Any]) -> None:
         if (
-            kind == "fault"
+            out is not None
+            and kind == "fault"
             and fields.get("microbatch") == site.microbatch
             and f"{fields.get('site')}.".startswith(path + ".")
         ):
             out.faults.append(fields)
 
     with ExitStack() as stack:
+        # Outside the emulator, as the Replayer's: what a pipeline stage receives is golden's too.
+        stack.enter_context(observing(lockstep_receives(golden, clock, lambda *report: None)))
         if suspect.profile is not None:
             stack.enter_context(
                 FaultEmulator(
@@ -344,10 +368,14 @@ def _suspect_step(
                 )
             )
         stack.enter_context(lockstep_hooks(sites_named(w.model, sites), golden, clock, lambda *report: None))
-        stack.callback(module.register_forward_pre_hook(before, with_kwargs=True).remove)
-        stack.callback(module.register_forward_hook(after, prepend=True).remove)
-        stack.callback(stop_watching)  # first, should the forward raise
+        if out is not None:
+            module = _module(w.model, path)
+            stack.callback(module.register_forward_pre_hook(before, with_kwargs=True).remove)
+            stack.callback(module.register_forward_hook(after, prepend=True).remove)
+            stack.callback(stop_watching)  # first, should the forward raise
         run_step(w, site.step, clock, update=False)
+    if out is None:
+        return
     if suspect.profile is None:
         out.suspect_source = "this machine"
     if out.seeds and seeds.seeds != out.seeds:  # the model seeds its own generator anew on each run

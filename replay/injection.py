@@ -3,13 +3,16 @@ compare-and-overwrite at every site during it.
 
     sync_parameters(golden_w.model, suspect_w.model)           # both modes: start from the golden parameters
     clock = StepClock(step)                                    # what run_step and the fault emulator report to
-    with lockstep_hooks(sites, golden, clock, report):         # lockstep; param-sync: passthrough_hooks(sites)
-        run_step(suspect_w, step, clock, update=False)
+    with observing(lockstep_receives(golden, clock, report)):   # lockstep, a pipeline stage's receives
+        with lockstep_hooks(sites, golden, clock, report):     # lockstep; param-sync: passthrough_hooks(sites)
+            run_step(suspect_w, step, clock, update=False)
 
 ``golden`` holds the golden re-execution's tensors by `replay.golden.Key`; each
 site's output (forward) and input gradient (backward) is compared with its golden
 tensor, reported, and replaced by it, so every site computes on golden inputs and
-its own error is isolated (RQ1).
+its own error is isolated (RQ1). Under pipeline parallelism what a stage receives from
+another (its input activation forward, its output's gradient backward) is compared and
+replaced the same way, so a stage computes on golden inputs whatever its neighbour sent.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from torch import nn
 
 from replay.golden import Key
 from replay.metrics import Mismatch, mismatch
+from tracer.collectives import OPS, Observer, Stage, record_name
 from tracer.intercept import own_ops
 from tracer.log.records import Phase
-from tracer.site_hooks import SiteHooks
+from tracer.site_hooks import SiteHooks, substitute
 
 
 class StepClock:
@@ -77,3 +81,33 @@ def lockstep_hooks(
         return callback
 
     return SiteHooks(sites, on_output=overwrite(Phase.FORWARD), on_input_grad=overwrite(Phase.BACKWARD))
+
+
+def lockstep_receives(
+    golden: dict[Key, torch.Tensor], clock: StepClock, report: Callable[[int, str, Phase, Mismatch], None]
+) -> Observer:
+    """A collective observer (`tracer.collectives.observing`) that compares what a pipeline stage received
+    (``pipeline.S-D.recv.out``, forward and backward) with the golden tensor, reports it under that name, and goes
+    on with the golden one. Install it outside the suspect's fault emulator, so that a corrupted receive is
+    compared before it is overwritten. Other collectives pass unchanged."""
+
+    def observer(point: str, op: str, phase: Phase, stage: Stage, tensor: torch.Tensor) -> torch.Tensor | None:
+        if op != "recv" or stage != "out":
+            return None
+        name, mb = record_name(point, op, stage), clock.microbatch_index
+        g = golden[(clock.step_index, mb, name, phase)]
+        with own_ops():
+            report(mb, name, phase, mismatch(tensor, g))
+            # Forward: the gradient must still reach the stage's receive buffer, to be sent back. Backward (a
+            # tensor hook on the gradient): a plain tensor.
+            return substitute(tensor, g) if tensor.requires_grad else g.clone()
+
+    return observer
+
+
+def compared_in_lockstep(name: str) -> bool:
+    """Whether lockstep compares the record ``name``: a site's, or what a pipeline stage received
+    (`lockstep_receives`); not another side of a collective, which flows unchanged."""
+    point, _, stage = name.rpartition(".")
+    op = point.rpartition(".")[2]
+    return op not in OPS or stage not in ("in", "out") or (op, stage) == ("recv", "out")

@@ -53,14 +53,21 @@ from tqdm import tqdm
 from faults import FaultEmulator
 from replay.diagnosis import likely_causes
 from replay.golden import GoldenRun, KeepingTracer, Key, VerifyingSink, index_key, workload_entry
-from replay.injection import StepClock, lockstep_hooks, passthrough_hooks, sync_parameters
+from replay.injection import (
+    StepClock,
+    compared_in_lockstep,
+    lockstep_hooks,
+    lockstep_receives,
+    passthrough_hooks,
+    sync_parameters,
+)
 from replay.metrics import TOTAL, Mismatch, gradient_noise
 from replay.request import ReplayRequest
 from replay.results import ReplaySummary, StepResult
-from replay.sharded_noise import whole_parameter_noise
+from replay.sharded_noise import whole_model_noise
 from tracer.blobs import BlobStore
 from tracer.checkpoint import restore_step_checkpoint
-from tracer.collectives import unobserved
+from tracer.collectives import observing, unobserved
 from tracer.determinism import determinism_settings
 from tracer.errors import ValidationError
 from tracer.guard.runtime import RngState
@@ -70,7 +77,7 @@ from tracer.log import LogWriter, rank_dir
 from tracer.log.records import EventRecord, Phase, RunHeader
 from tracer.options import RunInfo
 from tracer.rng import TorchRng, recorded_rng
-from tracer.sharding import local_shard, shards_of
+from tracer.sharding import local_shard
 from tracer.sites import named_parameters, sites_named
 from tracer.tracing import Tracer
 from workload.protocol import Workload, build_workload, run_step
@@ -457,13 +464,15 @@ class Replayer:
             log.write_event(EventRecord(kind, clock.step_index, fields))
 
         result = StepResult(step, 0.0, 0.0)
+        report = functools.partial(self._site, step, result=result)
         with ExitStack() as stack:
+            if self.mode == "lockstep":  # outside the emulator: a corrupted receive is compared, then overwritten
+                stack.enter_context(observing(lockstep_receives(golden, clock, report)))
             if self.suspect.profile is not None:
                 stack.enter_context(self._emulator(w, clock, sink))
             # The same site hooks as the golden re-execution's Tracer, so both sum gradients in the same order.
             sites = sites_named(w.model, self.golden.site_names)
             if self.mode == "lockstep":
-                report = functools.partial(self._site, step, result=result)
                 stack.enter_context(lockstep_hooks(sites, golden, clock, report))
             else:
                 stack.enter_context(passthrough_hooks(sites))
@@ -555,7 +564,7 @@ class Replayer:
             self._gradient_noise(step, golden, result)
             return result
         for (_, mb, site, phase), tensor in golden.items():
-            if phase in (Phase.FORWARD, Phase.BACKWARD):
+            if phase in (Phase.FORWARD, Phase.BACKWARD) and compared_in_lockstep(site):
                 self._site(step, mb, site, phase, Mismatch(tensor.numel(), 0, 0.0, None, 0.0, 0), result=result)
         return result
 
@@ -573,8 +582,7 @@ class Replayer:
         grads = golden_grads if grads is None else grads
         with own_ops():
             noises = gradient_noise(grads, golden_grads)
-            if shards := shards_of(self.golden.header.extra):  # every rank's shards: the whole parameters' noise
-                noises = whole_parameter_noise(noises, shards, self.golden.header.world_size)
+            noises = whole_model_noise(noises, self.golden.header.extra, self.golden.header.world_size)
         for noise in noises:
             self._log.write_event(EventRecord("grad_noise", step, noise.fields()))
             if noise.name == TOTAL:

@@ -251,8 +251,7 @@ class SiteHooks:
             _check_replacement(name, "output", local, new)
             new = as_shard_of(out, new)
             if out.requires_grad:
-                with own_ops():
-                    new = _Substitute.apply(out, new)
+                new = substitute(out, new)
             return _rebuilt(output, key, new)
 
         twin = disabled_twin(hook, "sdctrace fingerprints (or replaces) a site's output here")
@@ -373,6 +372,13 @@ class _InputGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return ctx.report(grad), None, None
+
+
+def substitute(out: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """``new``'s values in place of ``out``'s, with the gradient going back into ``out``'s graph (never into
+    ``new``'s): a site's output, or what a pipeline stage received, overwritten by its golden twin."""
+    with own_ops():
+        return _Substitute.apply(out, new)
 
 
 class _Substitute(torch.autograd.Function):

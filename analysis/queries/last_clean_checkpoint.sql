@@ -10,6 +10,9 @@
 --                      (a lost range or corruption of no rank counts for every rank)
 --   limited_by         what sets verified_until: divergence, loss, lost, or end (every compared step matched)
 --   first_name, first_phase   the first differing record when limited_by is divergence
+--   divergence_order   when limited_by is divergence, the rank's place in the pair's execution order
+--                      (first_divergence_ranked: 1 went first; a pipeline stage that only received the
+--                      corruption comes later), so a tie on verified_until names the rank where it entered
 --   checkpoints        the checkpoint steps both runs hold on this rank, read and checked against their logs
 --                      (param_drift); a checkpoint with a corruptions row is not one of them
 --   certified_step     the last of them with step <= verified_until whose model tensors equal golden's
@@ -124,6 +127,7 @@ SELECT
     p.limited_by,
     CASE WHEN p.limited_by = 'divergence' THEN p.first_name END AS first_name,
     CASE WHEN p.limited_by = 'divergence' THEN p.first_phase END AS first_phase,
+    CASE WHEN p.limited_by = 'divergence' THEN o.divergence_order END AS divergence_order,
     p.checkpoints,
     p.clean_checkpoints,
     p.certified_step,
@@ -133,4 +137,5 @@ FROM per_rank AS p
 JOIN nodes AS n USING (pair_id)
 JOIN pairs AS s USING (pair_id)
 LEFT JOIN per_run AS u USING (pair_id)
+LEFT JOIN first_divergence_ranked AS o ON o.pair_id = p.pair_id AND o.rank = p.rank
 ORDER BY node_label, p.pair_id, p.rank

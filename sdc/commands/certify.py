@@ -183,7 +183,8 @@ def certificate_of(rows: list[Mapping[str, Any]], golden: str, damaged: Mapping[
     whose files still verify (not one of ``damaged``, whatever the rows say of it)."""
     if not rows:
         return Certificate(None, f"no rank was compared with {golden}")
-    first = min(rows, key=lambda r: (r["verified_until"], r["rank"]))
+    # Ranks limited at the same step: the one the diff says went first (a pipeline stage before those it sent to).
+    first = min(rows, key=lambda r: (r["verified_until"], r.get("divergence_order") or 1 << 62, r["rank"]))
     until, what = first["verified_until"], first["limited_by"]
     if what == "divergence":
         why = (

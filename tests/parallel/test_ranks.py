@@ -277,6 +277,19 @@ def test_runs_with_different_layouts_are_refused(
     assert "parallel.tp: 2 vs 1" in capsys.readouterr().err
 
 
+def test_an_incident_of_a_tensor_parallel_run_is_refused_in_one_line(
+    runs: SimpleNamespace, capsys: pytest.CaptureFixture
+) -> None:
+    """A tensor-parallel site runs on every rank at once, so no one rank's capture is the site's: only single-rank
+    runs and pipeline stages (tests/parallel/test_pipeline.py) are captured."""
+    capsys.readouterr()
+    out = runs.root / "incident"
+    assert main(["incident", "--golden", str(runs.golden), "--suspect", str(runs.suspect), "--out", str(out)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "recorded on 2 ranks" in err and "single-rank runs and pipeline stages only" in err, err
+    assert "\n" not in err and not out.exists(), err
+
+
 def test_a_failing_rank_reaches_the_user_as_one_line(tmp_path: Path) -> None:
     profile = tmp_path / "nowhere.toml"
     profile.write_text(one_flip(1, site="nowhere"))
