@@ -201,7 +201,7 @@ def heavy_tail(rows: Rows) -> Verdict:
     nodes = fleet_nodes(rows)
     if not nodes:
         return Verdict("no unhealthy node", "not measured")
-    heavy = sorted(r["node_label"] for r in nodes if (r["max_rel"] or 0) >= 100)
+    heavy = sorted(r["node_label"] for r in nodes if _heavy(r["max_rel"]))
     nonfinite = sum(not math.isfinite(r["max_rel"] or 0) for r in nodes)
     worst = max((r["max_rel"] or 0 for r in nodes if math.isfinite(r["max_rel"] or 0)), default=0)
     ours = f"{len(heavy)} of {len(nodes)} nodes have an element 100x or more off (largest finite {worst:.3g}x" + (
@@ -215,6 +215,11 @@ def heavy_tail(rows: Rows) -> Verdict:
         "reproduced" if heavy else "not reproduced",
         _flips(len(heavy), leave, join, lambda n: n > 0, "100x (a factor 1.25)"),
     )
+
+
+def _heavy(max_rel: float | None) -> bool:
+    """100x or more off, or NaN (a NaN where golden is finite is as heavy as an Inf; NaN >= 100 is False)."""
+    return max_rel is not None and (math.isnan(max_rel) or max_rel >= 100)
 
 
 def abft(rows: Rows) -> Verdict:
@@ -327,8 +332,12 @@ def drift_rates(rows: Rows) -> Verdict:
         return Verdict("fewer than two nodes with a measurable drift rate", "not measured")
     ours = (
         f"drift rates of {r['nodes']} nodes span {r['rate_ratio']:.3g}x (median {r['median_rate']:.3g} per step, "
-        f"e-fold every {1 / r['median_rate']:.3g} steps) while their SDC rates span {r['sdc_rate_ratio']:.3g}x "
-        f"({r['sdc_rate_decades']:.2g} decades)"
+        f"e-fold every {1 / r['median_rate']:.3g} steps) while their SDC rates span "
+        + (
+            f"{r['sdc_rate_ratio']:.3g}x ({r['sdc_rate_decades']:.2g} decades)"
+            if r["sdc_rate_ratio"] is not None
+            else "an unknown range (a node without an SDC rate)"
+        )
     )
     if r["sdc_rate_ratio"] is None or r["sdc_rate_ratio"] < 10:
         return Verdict(ours + "; the SDC rates do not differ enough to tell", "not measured")

@@ -515,3 +515,16 @@ def test_the_table_shows_provenance_and_unstable_rows(tmp_path: Path) -> None:
     text = to_markdown(rep, "t")
     assert "| built in: rates span 1e4x | **reproduced** (unstable: a node within the margin) |" in text
     assert "Totals: 1 reproduced; 1 unstable." in text and "Provenance: 1 built in;" in text
+
+
+# -- bugs ----------------------------------------------------------------------------------------
+
+
+def test_drift_rates_without_an_sdc_rate_ratio_is_not_measured() -> None:
+    v = rules.drift_rates([spread(sdc_rate_ratio=None, sdc_rate_decades=None)])
+    assert v.outcome == "not measured" and "SDC rates" in v.ours
+
+
+def test_heavy_tail_counts_a_nan_as_heavy() -> None:
+    v = rules.heavy_tail([rq1("node-01", max_rel=math.nan), rq1("node-02", max_rel=1)])
+    assert v.outcome == "reproduced" and "node" in v.ours and "1 of them by an Inf or NaN" in v.ours
