@@ -107,7 +107,7 @@ FINDINGS: tuple[Finding, ...] = (
         "step above the 95 % quantile a steady Poisson rate with the same mean shows over as many steps "
         "(dispersion test: steps x Fano ~ chi-square(steps - 1)); margin: a node within 10 % of its bound",
         rules.bursts,
-        prov.burst_chain,
+        prov.injected_counts,
     ),
     Finding(
         "RQ1",

@@ -460,6 +460,8 @@ def rule(
         "factor_min": factor[0] if factor else None,
         "factor_max": factor[1] if factor else None,
         "bits": bits,
+        "flips": None,
+        "value": None,
         "roles": roles,
         "steps": steps,
     }
@@ -474,16 +476,16 @@ def test_provenance_follows_the_fault_rules() -> None:
         rule("node-00", "bitflip", p_call=0.0),
     ]
     assert prov.rate_spread(drawn).kind == "built in"
-    assert prov.burst_chain(drawn).kind == "built in"
+    assert prov.injected_counts(drawn).kind == "built in"
     assert prov.heavy_tail(drawn).kind == "built in"
     assert prov.outside_matmul(drawn).kind == "built in"
     assert prov.tail_rate(drawn).kind == "calibrated"
     assert prov.scripted_destroyer(drawn).kind == "built in"
     assert prov.small_flips([rule("node-01"), rule("node-02")]).kind == "built in"
     plain = [rule("node-01", bits="30"), rule("node-02", bits="30")]  # steady, alike, one bit, matmul only
+    assert prov.injected_counts(plain).kind == "built in"  # its rule reads the injected faults back
     for decide in (
         prov.rate_spread,
-        prov.burst_chain,
         prov.small_flips,
         prov.heavy_tail,
         prov.outside_matmul,
