@@ -198,10 +198,11 @@ FINDINGS: tuple[Finding, ...] = (
         "rq3",
         "rq3_loss_spikes",
         "at least one fleet node's loss spikes (pretraining or fine-tuning) at a step where golden has none, "
-        f"with a fault at that step or up to {rules.SPIKE_WINDOW} steps before that no rule scripted (scripted "
-        "spikes reported apart); controls: the healthy twin node-00 must show no spike golden lacks (else not "
-        "measured), the shuffle-seed twin's shown beside; margin: every counted spike below 1.1 x the spike "
-        "threshold",
+        f"with a drawn fault at that step or up to {rules.SPIKE_WINDOW} steps before; a scripted node's spikes at "
+        "and after its first scripted step (the destroyer's) are reported apart and never counted; the null: "
+        "every healthy twin diffed against golden (the pretraining shuffle-seed twin, every fine-tune twin, "
+        "node-00) must show no spike golden lacks, else the finding is seen without SDC and is not reproduced; "
+        "margin: every counted spike, or every twin's, below 1.1 x the spike threshold",
         rules.spikes,
         prov.emergent,
         needs_rows=False,

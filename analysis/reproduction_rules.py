@@ -400,29 +400,46 @@ def sharpness(rows: Rows) -> Verdict:
 
 def spikes(rows: Rows) -> Verdict:
     """Rule: at least one fleet node's loss spikes (pretraining or fine-tuning) where golden has no spike at that
-    step and a fault fired at that step or up to 5 steps before, not a scripted one (the destroyer's, reported
-    apart). Controls, by the same rule less the fault: the healthy twin node-00 must show no spike golden lacks
-    (else not measured: the spike rule fires without SDC); the shuffle-seed twin's are shown beside. Margin: a
-    counted spike whose loss is below 1.1 x the spike threshold (1.5 x the recent median)."""
+    step and a fault fired at that step or up to 5 steps before, not a scripted one; and no healthy twin spikes
+    where golden does not. A scripted node's spikes at and after its first scripted step (`scripted_from`: the
+    destroyer's, the trigger's) are the script's, reported apart and never counted, whatever else fired near them.
+    The null: every healthy twin diffed against golden, by the same rule less the fault: golden's shuffle-seed
+    twins (pretraining's, and every fine-tune's: kind baseline) and the healthy twin node-00; a spike of theirs
+    golden lacks means spikes come without SDC, so the finding is not reproduced. Margin: a counted spike, or a
+    twin's, whose loss is below 1.1 x the spike threshold (1.5 x the recent median), where only such spikes
+    decide."""
     suspect = [r for r in rows if r["side"] == "suspect" and not r["golden_spike"]]
     fleet = [r for r in suspect if is_fleet_node(r["node_label"])]
-    counted = [r for r in fleet if r["faults_before"] > r["scripted_faults_before"]]
-    scripted = sorted({r["node_label"] for r in suspect if r["scripted_faults_before"] > 0})
-    healthy = [r for r in suspect if r["node_label"] == HEALTHY_TWIN]
-    twin = [r for r in suspect if r["kind"] == "baseline"]
-    unexplained = sorted({r["node_label"] for r in fleet if not r["faults_before"]})
+    scripted = [r for r in fleet if r.get("scripted_from") is not None and r["step"] >= r["scripted_from"]]
+    drawn = [r for r in fleet if r not in scripted]
+    counted = [r for r in drawn if r["faults_before"] > r["scripted_faults_before"]]
+    null = [r for r in suspect if r["kind"] == "baseline" or r["node_label"] == HEALTHY_TWIN]
+    unexplained = sorted({r["node_label"] for r in drawn if not r["faults_before"]})
     nodes = sorted({r["node_label"] for r in counted})
+    apart = sorted({f"{r['node_label']} ({r['role']}, from step {r['scripted_from']})" for r in scripted})
+    twins = sorted({r["node_label"] for r in suspect if r["kind"] == "baseline"})
     ours = (
-        f"{len(nodes)} fleet node(s) spike where golden does not, after a fault"
+        f"{len(nodes)} fleet node(s) spike where golden does not, after a drawn fault"
         + (f" ({', '.join(nodes)})" if nodes else "")
-        + (f"; scripted spikes (reported apart): {', '.join(scripted)}" if scripted else "")
+        + (f"; scripted spikes, reported apart and not counted: {len(scripted)} of {', '.join(apart)}" if apart else "")
         + (f"; spikes without a fault in the window: {', '.join(unexplained)}" if unexplained else "")
-        + f"; controls: node-00 {len(healthy)} spike(s), golden-twin {len(twin)}"
+        + f"; the null, healthy twins diffed against golden: {len(null)} spike(s) golden lacks"
+        + (f" ({', '.join(sorted({r['node_label'] for r in null}))})" if null else "")
+        + f"; node-00 {sum(r['node_label'] == HEALTHY_TWIN for r in null)}, shuffle-seed twins "
+        + f"{sum(r['kind'] == 'baseline' for r in null)}"
+        + (f" of {', '.join(twins)}" if twins else "")
         + f"; spikes golden has too: {sum(1 for r in rows if r['side'] == 'suspect' and r['golden_spike'])}"
     )
-    if healthy:
-        return Verdict(ours + " (the healthy twin spikes: the spike rule fires without SDC)", "not measured")
     clear = [r for r in counted if r["ratio"] is None or r["ratio"] >= 1.5 * SPIKE_MARGIN]
+    if null:
+        null_clear = [r for r in null if r["ratio"] is None or r["ratio"] >= 1.5 * SPIKE_MARGIN]
+        unstable = (
+            f"every spike of the healthy twins is below {1.5 * SPIKE_MARGIN:.3g}x the recent median"
+            if nodes and not null_clear
+            else ""
+        )
+        seen = " (healthy twins spike too: the spike rule fires without SDC)"
+        return Verdict(ours + seen, "not reproduced", unstable)
     unstable = (
         f"every counted spike's loss is below {1.5 * SPIKE_MARGIN:.3g}x the recent median"
         if counted and not clear

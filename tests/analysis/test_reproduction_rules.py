@@ -291,17 +291,22 @@ def spike(
     scripted: int = 0,
     ratio: float = 3.0,
     side: str = "suspect",
+    step: int = 7,
+    scripted_from: int | None = None,
+    role: str = "train",
 ) -> Row:
-    """One rq3_loss_spikes row."""
+    """One rq3_loss_spikes row; a scripted fault in its window puts its scripted_from at its step at the latest."""
     return {
         "node_label": label,
         "kind": kind,
         "side": side,
+        "role": role,
         "golden_spike": golden,
         "faults_before": faults,
         "scripted_faults_before": scripted,
+        "scripted_from": scripted_from if scripted_from is not None or not scripted else step,
         "ratio": ratio,
-        "step": 7,
+        "step": step,
     }
 
 
@@ -319,10 +324,12 @@ def test_spikes_count_only_after_a_fault_and_not_where_golden_spikes() -> None:
         ]
     )
     assert v.outcome == "not reproduced"
-    assert "scripted spikes (reported apart): node-07" in v.ours and "without a fault in the window: node-04" in v.ours
-    # the shuffle-seed twin's spikes are shown; the healthy twin's mean the spike rule fires without SDC
-    assert "golden-twin 1" in rules.spikes([spike("golden-twin", "baseline"), spike("node-03", "fleet", faults=2)]).ours
-    assert rules.spikes([spike("node-00", "healthy"), spike("node-03", "fleet", faults=2)]).outcome == "not measured"
+    assert "reported apart and not counted: 1 of node-07 (train, from step 7)" in v.ours
+    assert "without a fault in the window: node-04" in v.ours
+    # the healthy twins are the null: a spike of theirs golden lacks means spikes come without SDC
+    v = rules.spikes([spike("golden-twin", "baseline"), spike("node-03", "fleet", faults=2)])
+    assert v.outcome == "not reproduced" and "shuffle-seed twins 1 of golden-twin" in v.ours
+    assert rules.spikes([spike("node-00", "healthy"), spike("node-03", "fleet", faults=2)]).outcome == "not reproduced"
     v = rules.spikes([spike("node-03", "fleet", faults=2, ratio=1.6)])
     assert v.outcome == "reproduced" and v.unstable
 

@@ -88,7 +88,17 @@ def test_fleet_mini_controls_neither_spike_nor_burst(fleet: FleetPaths) -> None:
     # ... and the healthy twin, a bit-identical replay of golden, has no spike golden lacks
     assert not [r for r in controls if r["node_label"] == "node-00" and not r["golden_spike"]]
     text = fleet.reproduction.read_text(encoding="utf-8")
-    assert "controls: node-00 0 spike(s)" in text and "the healthy twin spikes" not in text
+    assert "the null, healthy twins diffed against golden:" in text
+    # every fine-tune twin is diffed against golden as a baseline pair: the spikes' null
+    twins = LIBRARY.run(
+        fleet.part("rq3").db, "SELECT suspect_node, role FROM pair_nodes WHERE baseline ORDER BY 1, 2"
+    ).rows
+    assert [tuple(t) for t in twins] == [
+        ("golden-twin", "finetune"),
+        ("golden-twin", "train"),
+        ("golden-twin-2", "finetune"),
+        ("golden-twin-3", "finetune"),
+    ]
 
 
 def test_fleet_mini_runs_both_fault_models_on_shared_golden_runs(fleet: FleetPaths) -> None:
