@@ -522,8 +522,8 @@ def test_the_table_shows_provenance_and_unstable_rows(tmp_path: Path) -> None:
         )
     )
     text = to_markdown(rep, "t")
-    assert "| built in: rates span 1e4x | **reproduced** (unstable: a node within the margin) |" in text
-    assert "Totals: 1 reproduced; 1 unstable." in text and "Provenance: 1 built in;" in text
+    assert "| built in: rates span 1e4x | **consistent** (unstable: a node within the margin) |" in text
+    assert "Totals: recovery rows: 1 consistent; 1 unstable." in text and "Provenance: 1 built in;" in text
 
 
 # -- bugs ----------------------------------------------------------------------------------------
