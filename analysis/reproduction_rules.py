@@ -430,22 +430,12 @@ def spikes(rows: Rows) -> Verdict:
         + (f" of {', '.join(twins)}" if twins else "")
         + f"; spikes golden has too: {sum(1 for r in rows if r['side'] == 'suspect' and r['golden_spike'])}"
     )
-    clear = [r for r in counted if r["ratio"] is None or r["ratio"] >= 1.5 * SPIKE_MARGIN]
+    deciding, whose = (null, "spike of the healthy twins") if null else (counted, "counted spike's loss")
+    clear = [r for r in deciding if r["ratio"] is None or r["ratio"] >= 1.5 * SPIKE_MARGIN]
+    near = f"every {whose} is below {1.5 * SPIKE_MARGIN:.3g}x the recent median" if nodes and not clear else ""
     if null:
-        null_clear = [r for r in null if r["ratio"] is None or r["ratio"] >= 1.5 * SPIKE_MARGIN]
-        unstable = (
-            f"every spike of the healthy twins is below {1.5 * SPIKE_MARGIN:.3g}x the recent median"
-            if nodes and not null_clear
-            else ""
-        )
-        seen = " (healthy twins spike too: the spike rule fires without SDC)"
-        return Verdict(ours + seen, "not reproduced", unstable)
-    unstable = (
-        f"every counted spike's loss is below {1.5 * SPIKE_MARGIN:.3g}x the recent median"
-        if counted and not clear
-        else ""
-    )
-    return Verdict(ours, "reproduced" if nodes else "not reproduced", unstable)
+        return Verdict(ours + " (healthy twins spike too: the spike rule fires without SDC)", "not reproduced", near)
+    return Verdict(ours, "reproduced" if nodes else "not reproduced", near)
 
 
 # -- RQ3 fine-tuning -----------------------------------------------------------------------------
