@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis import reproduction_provenance as prov
+from analysis import reproduction_recovery as rec
 from analysis import reproduction_rules as rules
 from analysis.queries import LIBRARY, QueryLibrary
 from analysis.reproduction_provenance import Provenance
+from analysis.reproduction_recovery import Recovery
 from analysis.reproduction_rules import OUTCOMES, Rows, Verdict
 from tracer.errors import SdcError
 
@@ -47,6 +49,23 @@ class Finding:
     judge: Callable[[Rows], Verdict]
     provenance: Callable[[Rows], Provenance]  # from the fleet's fault rules (rq1_fleet_profiles)
     needs_rows: bool = True  # False: no rows is an answer the judge gives (no spike at all), not "not measured"
+    # a row about what the fault model injects: its measured numbers beside the injected ground truth (None: a row
+    # about what training does)
+    recover: Callable[[Rows, Rows], Recovery] | None = None
+
+    @property
+    def kind(self) -> str:
+        """RECOVERY (the fault model fixes the outcome: the verdict says whether the study's finding is consistent
+        with what was injected) or FINDING (what training does: reproduced or not, with its margin)."""
+        return RECOVERY if self.recover is not None else FINDING
+
+
+RECOVERY, FINDING = "recovery", "finding"
+KIND_WORDS = {
+    RECOVERY: "RECOVERY of what the fault model injects",
+    FINDING: "FINDING about what training does",
+}
+CONSISTENT = {"reproduced": "consistent", "not reproduced": "not consistent"}  # a recovery row's outcome, in words
 
 
 @dataclass(frozen=True)
@@ -54,15 +73,25 @@ class Row:
     finding: Finding
     verdict: Verdict
     provenance: Provenance
+    recovery: Recovery | None = None  # a recovery row's measured numbers beside the injected ones
+
+    @property
+    def outcome(self) -> str:
+        """The verdict in the row's own words: consistent / not consistent for a recovery row."""
+        if self.finding.kind == RECOVERY:
+            return CONSISTENT.get(self.verdict.outcome, self.verdict.outcome)
+        return self.verdict.outcome
 
 
 @dataclass(frozen=True)
 class Reproduction:
     rows: tuple[Row, ...]
 
-    def counts(self) -> dict[str, int]:
-        """Outcome -> rows with it, in OUTCOMES order, outcomes with no row left out."""
-        out = {o: sum(r.verdict.outcome == o for r in self.rows) for o in OUTCOMES}
+    def counts(self, kind: str | None = None) -> dict[str, int]:
+        """Outcome -> rows with it (of one kind of row, or all), in OUTCOMES order, outcomes with no row left out;
+        a recovery row's outcome in its own words (consistent, not consistent)."""
+        rows = [r for r in self.rows if kind is None or r.finding.kind == kind]
+        out = {o: sum(r.outcome == o for r in rows) for o in (*CONSISTENT.values(), *OUTCOMES)}
         return {o: n for o, n in out.items() if n}
 
     def unstable(self) -> int:
@@ -70,10 +99,14 @@ class Reproduction:
         return sum(bool(r.verdict.unstable) for r in self.rows)
 
     def totals(self) -> str:
-        """The counts in words, e.g. "9 reproduced, 5 not reproduced, 1 different; 2 unstable"."""
-        return ", ".join(f"{n} {o}" for o, n in self.counts().items()) + (
-            f"; {self.unstable()} unstable" if self.unstable() else ""
-        )
+        """The counts in words by kind of row, e.g. "recovery rows: 6 consistent, 2 not consistent; finding rows:
+        3 reproduced, 4 not reproduced; 2 unstable"."""
+        parts = []
+        for kind in (RECOVERY, FINDING):
+            counts = self.counts(kind)
+            if counts:
+                parts.append(f"{kind} rows: " + ", ".join(f"{n} {o}" for o, n in counts.items()))
+        return "; ".join(parts) + (f"; {self.unstable()} unstable" if self.unstable() else "")
 
 
 FINDINGS: tuple[Finding, ...] = (
@@ -87,6 +120,7 @@ FINDINGS: tuple[Finding, ...] = (
         "but no mismatch, or one mismatch",
         rules.silent_nodes,
         prov.rate_spread,
+        recover=rec.silence,
     ),
     Finding(
         "RQ1",
@@ -97,6 +131,7 @@ FINDINGS: tuple[Finding, ...] = (
         "acceptance interval of Binomial(nodes, 2/15); margin: a node within one step of half",
         rules.frequent_nodes,
         prov.rate_spread,
+        recover=rec.frequency,
     ),
     Finding(
         "RQ1",
@@ -107,7 +142,8 @@ FINDINGS: tuple[Finding, ...] = (
         "step above the 95 % quantile a steady Poisson rate with the same mean shows over as many steps "
         "(dispersion test: steps x Fano ~ chi-square(steps - 1)); margin: a node within 10 % of its bound",
         rules.bursts,
-        prov.burst_chain,
+        prov.injected_counts,
+        recover=rec.dispersion,
     ),
     Finding(
         "RQ1",
@@ -117,6 +153,7 @@ FINDINGS: tuple[Finding, ...] = (
         "the median over nodes of the median relative difference of mismatching calls is below 1 %; margin: a factor 2",
         rules.small,
         prov.small_flips,
+        recover=rec.severity,
     ),
     Finding(
         "RQ1",
@@ -127,6 +164,7 @@ FINDINGS: tuple[Finding, ...] = (
         "factor 1.25 of 100",
         rules.heavy_tail,
         prov.heavy_tail,
+        recover=rec.tail,
     ),
     Finding(
         "RQ1",
@@ -137,6 +175,7 @@ FINDINGS: tuple[Finding, ...] = (
         "faults; margin: a node's recall within 0.1 of 0.5",
         rules.abft,
         prov.outside_matmul,
+        recover=rec.abft_recall,
     ),
     Finding(
         "RQ2",
@@ -147,6 +186,7 @@ FINDINGS: tuple[Finding, ...] = (
         "a factor 2 of 5.1 % (else different); margin: a factor 1.25 around each bound",
         rules.noise,
         prov.tail_rate,
+        recover=rec.noise,
     ),
     Finding(
         "RQ3",
@@ -198,10 +238,11 @@ FINDINGS: tuple[Finding, ...] = (
         "rq3",
         "rq3_loss_spikes",
         "at least one fleet node's loss spikes (pretraining or fine-tuning) at a step where golden has none, "
-        f"with a fault at that step or up to {rules.SPIKE_WINDOW} steps before that no rule scripted (scripted "
-        "spikes reported apart); controls: the healthy twin node-00 must show no spike golden lacks (else not "
-        "measured), the shuffle-seed twin's shown beside; margin: every counted spike below 1.1 x the spike "
-        "threshold",
+        f"with a drawn fault at that step or up to {rules.SPIKE_WINDOW} steps before; a scripted node's spikes at "
+        "and after its first scripted step (the destroyer's) are reported apart and never counted; the null: "
+        "every healthy twin diffed against golden (the pretraining shuffle-seed twin, every fine-tune twin, "
+        "node-00) must show no spike golden lacks, else the finding is seen without SDC and is not reproduced; "
+        "margin: every counted spike, or every twin's, below 1.1 x the spike threshold",
         rules.spikes,
         prov.emergent,
         needs_rows=False,
@@ -241,6 +282,7 @@ FINDINGS: tuple[Finding, ...] = (
         "above chance",
         rules.destroyed,
         prov.scripted_destroyer,
+        recover=rec.destroyed,
     ),
 )
 
@@ -271,7 +313,8 @@ def build_reproduction(
         elif not records and f.needs_rows:
             rows.append(Row(f, Verdict("the query has no rows", "not measured"), provenance))
         else:
-            rows.append(Row(f, f.judge(records), provenance))
+            recovery = f.recover(records, profiles if isinstance(profiles, list) else []) if f.recover else None
+            rows.append(Row(f, f.judge(records), provenance, recovery))
     return Reproduction(tuple(rows))
 
 
@@ -286,23 +329,47 @@ def _records(dbs: Mapping[str, Path | None], part: str, query: str, library: Que
         return f"the query failed: {e}"
 
 
-def _verdict_words(v: Verdict) -> str:
-    return v.outcome + (f" (unstable: {v.unstable})" if v.unstable else "")
+def _verdict_words(row: Row) -> str:
+    v = row.verdict
+    return row.outcome + (f" (unstable: {v.unstable})" if v.unstable else "")
 
 
-_INTRO = (
-    'Each row: a finding of "Understanding Silent Data Corruption in LLM Training" (ACL 2025), ours beside '
-    "it, the named query that computes ours (`sdc query NAME --db PART/study.duckdb`), where the finding comes "
-    "from (built in: a parameter of the fault model; calibrated: a parameter tuned on the study's figure; "
-    "emergent: out of the training dynamics, read from the fleet's profiles by `rq1_fleet_profiles`), and the "
-    "verdict by the rule under the table. A verdict marked unstable lies within its rule's margin of the "
-    "threshold: another machine's float bits could flip it."
-)
+def _numbers(rep: Reproduction, kind: str) -> str:
+    """The table's row numbers of one kind, e.g. "1-7, 15"."""
+    out: list[list[int]] = []
+    for i, r in enumerate(rep.rows, 1):
+        if r.finding.kind != kind:
+            continue
+        if out and out[-1][-1] == i - 1:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return ", ".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else f"{g[0]}" for g in out)
+
+
+def _intro(rep: Reproduction) -> str:
+    return (
+        f"**Two kinds of row.** **RECOVERY rows ({_numbers(rep, RECOVERY)}) restate the fault model**: faults are "
+        "drawn to make silent and frequent nodes, bursts, small and 100-1000x errors, misses outside matmul and a "
+        "destroyed fine-tune, so what was injected fixes their outcome. Each shows, per node, what the tool "
+        "measured beside what the emulator injected (its fault events, the `faults` table) and the recovery "
+        "error; its verdict says only whether the study's finding is *consistent* with that ground truth. They "
+        "test the tool's measurement, not the study. "
+        f"**FINDING rows ({_numbers(rep, FINDING)}) are about what training does** with the corruption: no fault "
+        "rule states them, and their verdict is *reproduced* or *not reproduced* by the rule under the table, with "
+        "its margin; only these test the study's findings.\n\n"
+        'Each row: a finding of "Understanding Silent Data Corruption in LLM Training" (ACL 2025), ours beside '
+        "it, the named query that computes ours (`sdc query NAME --db PART/study.duckdb`), where the finding comes "
+        "from (built in: a parameter of the fault model, the project's own choices named as such; calibrated: a "
+        "parameter tuned on the study's figure; emergent: out of the training dynamics, read from the fleet's "
+        "profiles by `rq1_fleet_profiles`), and the verdict by the rule under the table. A verdict marked unstable "
+        "lies within its rule's margin of the threshold: another machine's float bits could flip it."
+    )
 
 
 def to_markdown(rep: Reproduction, title: str) -> str:
     """One fault model's table, its totals and its rules, under the heading `title`."""
-    return "\n".join([f"# {title}", "", _INTRO, "", *_table(rep), "", "## Rules", "", *_rules(rep)]) + "\n"
+    return "\n".join([f"# {title}", "", _intro(rep), "", *_table(rep), "", "## Rules", "", *_rules(rep)]) + "\n"
 
 
 def models_markdown(reps: Mapping[str, Reproduction], title: str) -> str:
@@ -314,16 +381,20 @@ def models_markdown(reps: Mapping[str, Reproduction], title: str) -> str:
     out = [
         f"# {title}",
         "",
-        _INTRO,
+        _intro(first),
         "",
         "## The verdicts of every fault model",
         "",
-        "| # | level | the study | " + " | ".join(reps) + " |",
-        "|---|---|---|" + "---|" * len(reps),
+        "| # | kind | level | the study | " + " | ".join(reps) + " |",
+        "|---|---|---|---|" + "---|" * len(reps),
     ]
     for i, f in enumerate(first.rows, 1):
         cells = [_cell(rep.rows[i - 1]) for rep in reps.values()]
-        out.append(f"| {i} | {f.finding.level} | {_md(f.finding.study)} | " + " | ".join(cells) + " |")
+        out.append(
+            f"| {i} | {KIND_WORDS[f.finding.kind]} | {f.finding.level} | {_md(f.finding.study)} | "
+            + " | ".join(cells)
+            + " |"
+        )
     out += [""] + [f"Totals, {model}: {rep.totals()}." for model, rep in reps.items()]
     for model, rep in reps.items():
         out += ["", f"## The {model} fault model", "", *_table(rep)]
@@ -335,20 +406,31 @@ def _cell(row: Row) -> str:
     """A row's verdict in the side-by-side table: the outcome, unstable or not, and the provenance."""
     if row.verdict.ours.startswith(NOT_RUN):
         return NOT_RUN
-    return f"**{row.verdict.outcome}**{' (unstable)' if row.verdict.unstable else ''} ({row.provenance.kind})"
+    return f"**{row.outcome}**{' (unstable)' if row.verdict.unstable else ''} ({row.provenance.kind})"
 
 
 def _rules(rep: Reproduction) -> list[str]:
     return [f"{i}. {r.finding.rule}." for i, r in enumerate(rep.rows, 1)]
 
 
+def _recovery_words(row: Row) -> str:
+    if row.finding.kind == FINDING:
+        return "- (a finding about training: no injected counterpart)"
+    if row.recovery is None:
+        return "not measured"
+    return f"{row.recovery.beside}; recovery error: {row.recovery.error}"
+
+
 def _table(rep: Reproduction) -> list[str]:
-    out = ["| # | level | the study | ours | query | provenance | verdict |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| # | kind | level | the study | ours | measured vs injected | query | provenance | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for i, r in enumerate(rep.rows, 1):
         f, v = r.finding, r.verdict
         out.append(
-            f"| {i} | {f.level} | {_md(f.study)} | {_md(v.ours)} | `{f.query}` ({f.part}) | "
-            f"{r.provenance.kind}: {_md(r.provenance.why)} | **{v.outcome}**"
+            f"| {i} | {KIND_WORDS[f.kind]} | {f.level} | {_md(f.study)} | {_md(v.ours)} | {_md(_recovery_words(r))} | "
+            f"`{f.query}` ({f.part}) | {r.provenance.kind}: {_md(r.provenance.why)} | **{r.outcome}**"
             + (f" (unstable: {_md(v.unstable)})" if v.unstable else "")
             + " |"
         )
@@ -370,20 +452,24 @@ def to_html(
     heading: str = "Reproduction of the study",
     anchor: str = "reproduction",
 ) -> str:
-    """A section of the HTML report: the table, the rules, and links to each experiment's report."""
+    """A section of the HTML report: the two kinds of row in words, the table, the rules, and links to each
+    experiment's report."""
     e = html.escape
     rows = "".join(
-        f"<tr><td>{i}</td><td>{e(r.finding.level)}</td><td>{e(r.finding.study)}</td><td>{e(r.verdict.ours)}</td>"
+        f"<tr><td>{i}</td><td>{e(KIND_WORDS[r.finding.kind])}</td><td>{e(r.finding.level)}</td>"
+        f"<td>{e(r.finding.study)}</td><td>{e(r.verdict.ours)}</td><td>{e(_recovery_words(r))}</td>"
         f"<td><code>{e(r.finding.query)}</code> ({e(r.finding.part)})</td>"
         f"<td>{e(r.provenance.kind)}: {e(r.provenance.why)}</td>"
-        f'<td class="{r.verdict.outcome.replace(" ", "-")}">{e(_verdict_words(r.verdict))}</td></tr>'
+        f'<td class="{r.outcome.replace(" ", "-")}">{e(_verdict_words(r))}</td></tr>'
         for i, r in enumerate(rep.rows, 1)
     )
     links = " ".join(f'<a href="{e(href)}">{e(part)} report</a>' for part, href in part_reports.items())
     rules_ = "".join(f"<li>{e(r.finding.rule)}</li>" for r in rep.rows)
+    intro = "".join(f"<p>{e(p)}</p>" for p in _intro(rep).replace("**", "").replace("`", "").split("\n\n"))
     return (
-        f'<section id="{e(anchor)}"><h2>{e(heading)}</h2><p>{links}</p>'
-        "<table><tr><th>#</th><th>level</th><th>the study</th><th>ours</th><th>query</th><th>provenance</th>"
+        f'<section id="{e(anchor)}"><h2>{e(heading)}</h2><p>{links}</p>{intro}'
+        "<table><tr><th>#</th><th>kind</th><th>level</th><th>the study</th><th>ours</th>"
+        "<th>measured vs injected</th><th>query</th><th>provenance</th>"
         f"<th>verdict</th></tr>{rows}</table><p>Totals: {e(rep.totals())}.</p><h3>Rules</h3><ol>{rules_}</ol>"
         "</section>"
     )
@@ -428,4 +514,5 @@ _CSS = (
     "body{font-family:sans-serif;max-width:80em;margin:auto}table{border-collapse:collapse}"
     "td,th{border:1px solid #ccc;padding:.3em;vertical-align:top}.reproduced{background:#dfd}"
     ".not-reproduced{background:#fdd}.different{background:#ffd}.not-measured{background:#eee}"
+    ".consistent{background:#def}.not-consistent{background:#fdd}"
 )

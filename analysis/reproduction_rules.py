@@ -201,7 +201,7 @@ def heavy_tail(rows: Rows) -> Verdict:
     nodes = fleet_nodes(rows)
     if not nodes:
         return Verdict("no unhealthy node", "not measured")
-    heavy = sorted(r["node_label"] for r in nodes if (r["max_rel"] or 0) >= 100)
+    heavy = sorted(r["node_label"] for r in nodes if _heavy(r["max_rel"]))
     nonfinite = sum(not math.isfinite(r["max_rel"] or 0) for r in nodes)
     worst = max((r["max_rel"] or 0 for r in nodes if math.isfinite(r["max_rel"] or 0)), default=0)
     ours = f"{len(heavy)} of {len(nodes)} nodes have an element 100x or more off (largest finite {worst:.3g}x" + (
@@ -215,6 +215,11 @@ def heavy_tail(rows: Rows) -> Verdict:
         "reproduced" if heavy else "not reproduced",
         _flips(len(heavy), leave, join, lambda n: n > 0, "100x (a factor 1.25)"),
     )
+
+
+def _heavy(max_rel: float | None) -> bool:
+    """100x or more off, or NaN (a NaN where golden is finite is as heavy as an Inf; NaN >= 100 is False)."""
+    return max_rel is not None and (math.isnan(max_rel) or max_rel >= 100)
 
 
 def abft(rows: Rows) -> Verdict:
@@ -327,8 +332,12 @@ def drift_rates(rows: Rows) -> Verdict:
         return Verdict("fewer than two nodes with a measurable drift rate", "not measured")
     ours = (
         f"drift rates of {r['nodes']} nodes span {r['rate_ratio']:.3g}x (median {r['median_rate']:.3g} per step, "
-        f"e-fold every {1 / r['median_rate']:.3g} steps) while their SDC rates span {r['sdc_rate_ratio']:.3g}x "
-        f"({r['sdc_rate_decades']:.2g} decades)"
+        f"e-fold every {1 / r['median_rate']:.3g} steps) while their SDC rates span "
+        + (
+            f"{r['sdc_rate_ratio']:.3g}x ({r['sdc_rate_decades']:.2g} decades)"
+            if r["sdc_rate_ratio"] is not None
+            else "an unknown range (a node without an SDC rate)"
+        )
     )
     if r["sdc_rate_ratio"] is None or r["sdc_rate_ratio"] < 10:
         return Verdict(ours + "; the SDC rates do not differ enough to tell", "not measured")
@@ -391,35 +400,42 @@ def sharpness(rows: Rows) -> Verdict:
 
 def spikes(rows: Rows) -> Verdict:
     """Rule: at least one fleet node's loss spikes (pretraining or fine-tuning) where golden has no spike at that
-    step and a fault fired at that step or up to 5 steps before, not a scripted one (the destroyer's, reported
-    apart). Controls, by the same rule less the fault: the healthy twin node-00 must show no spike golden lacks
-    (else not measured: the spike rule fires without SDC); the shuffle-seed twin's are shown beside. Margin: a
-    counted spike whose loss is below 1.1 x the spike threshold (1.5 x the recent median)."""
+    step and a fault fired at that step or up to 5 steps before, not a scripted one; and no healthy twin spikes
+    where golden does not. A scripted node's spikes at and after its first scripted step (`scripted_from`: the
+    destroyer's, the trigger's) are the script's, reported apart and never counted, whatever else fired near them.
+    The null: every healthy twin diffed against golden, by the same rule less the fault: golden's shuffle-seed
+    twins (pretraining's, and every fine-tune's: kind baseline) and the healthy twin node-00; a spike of theirs
+    golden lacks means spikes come without SDC, so the finding is not reproduced. Margin: a counted spike, or a
+    twin's, whose loss is below 1.1 x the spike threshold (1.5 x the recent median), where only such spikes
+    decide."""
     suspect = [r for r in rows if r["side"] == "suspect" and not r["golden_spike"]]
     fleet = [r for r in suspect if is_fleet_node(r["node_label"])]
-    counted = [r for r in fleet if r["faults_before"] > r["scripted_faults_before"]]
-    scripted = sorted({r["node_label"] for r in suspect if r["scripted_faults_before"] > 0})
-    healthy = [r for r in suspect if r["node_label"] == HEALTHY_TWIN]
-    twin = [r for r in suspect if r["kind"] == "baseline"]
-    unexplained = sorted({r["node_label"] for r in fleet if not r["faults_before"]})
+    scripted = [r for r in fleet if r.get("scripted_from") is not None and r["step"] >= r["scripted_from"]]
+    drawn = [r for r in fleet if r not in scripted]
+    counted = [r for r in drawn if r["faults_before"] > r["scripted_faults_before"]]
+    null = [r for r in suspect if r["kind"] == "baseline" or r["node_label"] == HEALTHY_TWIN]
+    unexplained = sorted({r["node_label"] for r in drawn if not r["faults_before"]})
     nodes = sorted({r["node_label"] for r in counted})
+    apart = sorted({f"{r['node_label']} ({r['role']}, from step {r['scripted_from']})" for r in scripted})
+    twins = sorted({r["node_label"] for r in suspect if r["kind"] == "baseline"})
     ours = (
-        f"{len(nodes)} fleet node(s) spike where golden does not, after a fault"
+        f"{len(nodes)} fleet node(s) spike where golden does not, after a drawn fault"
         + (f" ({', '.join(nodes)})" if nodes else "")
-        + (f"; scripted spikes (reported apart): {', '.join(scripted)}" if scripted else "")
+        + (f"; scripted spikes, reported apart and not counted: {len(scripted)} of {', '.join(apart)}" if apart else "")
         + (f"; spikes without a fault in the window: {', '.join(unexplained)}" if unexplained else "")
-        + f"; controls: node-00 {len(healthy)} spike(s), golden-twin {len(twin)}"
+        + f"; the null, healthy twins diffed against golden: {len(null)} spike(s) golden lacks"
+        + (f" ({', '.join(sorted({r['node_label'] for r in null}))})" if null else "")
+        + f"; node-00 {sum(r['node_label'] == HEALTHY_TWIN for r in null)}, shuffle-seed twins "
+        + f"{sum(r['kind'] == 'baseline' for r in null)}"
+        + (f" of {', '.join(twins)}" if twins else "")
         + f"; spikes golden has too: {sum(1 for r in rows if r['side'] == 'suspect' and r['golden_spike'])}"
     )
-    if healthy:
-        return Verdict(ours + " (the healthy twin spikes: the spike rule fires without SDC)", "not measured")
-    clear = [r for r in counted if r["ratio"] is None or r["ratio"] >= 1.5 * SPIKE_MARGIN]
-    unstable = (
-        f"every counted spike's loss is below {1.5 * SPIKE_MARGIN:.3g}x the recent median"
-        if counted and not clear
-        else ""
-    )
-    return Verdict(ours, "reproduced" if nodes else "not reproduced", unstable)
+    deciding, whose = (null, "spike of the healthy twins") if null else (counted, "counted spike's loss")
+    clear = [r for r in deciding if r["ratio"] is None or r["ratio"] >= 1.5 * SPIKE_MARGIN]
+    near = f"every {whose} is below {1.5 * SPIKE_MARGIN:.3g}x the recent median" if nodes and not clear else ""
+    if null:
+        return Verdict(ours + " (healthy twins spike too: the spike rule fires without SDC)", "not reproduced", near)
+    return Verdict(ours, "reproduced" if nodes else "not reproduced", near)
 
 
 # -- RQ3 fine-tuning -----------------------------------------------------------------------------

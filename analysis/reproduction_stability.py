@@ -56,8 +56,8 @@ def read_verdicts(markdown: str) -> dict[tuple[str, int], Verdict]:
             model = heading.group(1)
             continue
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        if len(cells) == 7 and cells[0].isdigit():  # a model's own table: # level study ours query provenance verdict
-            match = _VERDICT.match(cells[6])
+        if len(cells) == 9 and cells[0].isdigit():  # a model's own table: # kind level study ours measured-vs-injected
+            match = _VERDICT.match(cells[8])  # query provenance verdict
             if match:
                 out[model, int(cells[0])] = Verdict(match.group("outcome"), match.group("why") is not None)
     return out

@@ -92,8 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--baseline",
         action="store_true",
-        help="the suspect is golden's pretraining shuffle-seed twin (golden's config with data.shuffle_seed "
-        "changed, no faults): its parameter drift is the baseline other nodes' drift is read against",
+        help="the suspect is golden's shuffle-seed twin (golden's config with data.shuffle_seed changed, no "
+        "faults; for a fine-tune, finetune.shuffle_seed): a pretraining twin's parameter drift is the baseline "
+        "other nodes' drift is read against, and any twin's loss spikes are the spike finding's null",
     )
     p.add_argument("--db", required=True, type=Path, metavar="FILE", help="DuckDB study database to load into")
     p.add_argument(

@@ -5,9 +5,10 @@ agrees (`tracer.pairing.PAIRING_FIELDS`, rank by rank) and they have the same ra
 may differ: per rank, the comparison stops at the last step both runs completed
 (`ComparisonBounds`). A replay log must also match the golden run, and say it is one. A
 fine-tune's twin must match the golden fine-tune in everything but the shuffle seed. A
-baseline suspect (`sdc diff --baseline`) is golden's pretraining shuffle-seed twin: it may
-differ from golden in the data order and nothing else, and its drift is the baseline
-other suspects' drift is read against (RQ3). A bit-changing setting that differs but changes no bits on
+baseline suspect (`sdc diff --baseline`) is golden's shuffle-seed twin: it may differ from
+golden in the data order and nothing else; a pretraining twin's drift is the baseline other
+suspects' drift is read against, and every twin's loss spikes are the null of the spike
+finding (RQ3). A bit-changing setting that differs but changes no bits on
 the runs' device (`tracer.bit_settings`: an NCCL variable on a CPU run) does not stop a pair:
 `validate_pair` returns one warning line for it, naming the setting and both values.
 """
@@ -59,8 +60,9 @@ def validate_pair(
     baseline: bool = False,
 ) -> list[str]:
     """Raise one ValidationError listing every differing field of every run that does not fit; with `baseline`
-    the suspect must be golden's pretraining shuffle-seed twin. Return the warnings: golden's and the suspect's
-    bit-changing settings that differ without stopping the pair (`tracer.pairing.setting_warnings`)."""
+    the suspect must be golden's shuffle-seed twin (pretraining's, or a fine-tune's). Return the warnings:
+    golden's and the suspect's bit-changing settings that differ without stopping the pair
+    (`tracer.pairing.setting_warnings`)."""
     problems = []
     if baseline:
         diffs = differences(golden, suspect, compare=baseline_differences)

@@ -56,8 +56,6 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         'nodes = [r for r in fleet_nodes(rows) if (r["fault_steps"] or 0) >= 2 and r["fault_fano"] is not None]',
         "0 -> 1",
     ): "bursts: a missing fault_steps read as 1 instead of 0 is still below 2",
-    ('heavy = sorted(r["node_label"] for r in nodes if (r["max_rel"] or 0) >= 100)', "0 -> 1"): "heavy_tail: a "
-    "missing max_rel read as 1 instead of 0 is still below 100",
     ('nonfinite = sum(not math.isfinite(r["max_rel"] or 0) for r in nodes)', "0 -> 1"): "heavy_tail: 1 and 0 are "
     "both finite",
     ('worst = max((r["max_rel"] or 0 for r in nodes if math.isfinite(r["max_rel"] or 0)), default=0)', "0 -> 1"): (

@@ -141,7 +141,10 @@ def twin_differences(golden: RunHeader, twin: RunHeader, *, seed: str = TWIN_SEE
 
 
 def baseline_differences(golden: RunHeader, twin: RunHeader) -> list[str]:
-    """Why `twin` is not `golden`'s pretraining shuffle-seed twin (`sdc diff --baseline`)."""
+    """Why `twin` is not `golden`'s shuffle-seed twin (`sdc diff --baseline`): its pretraining twin when golden
+    pretrains, its fine-tune twin when golden is a fine-tune (a healthy pair whose loss spikes are a null)."""
+    if golden.role == "finetune":
+        return twin_differences(golden, twin)
     return twin_differences(golden, twin, seed=BASELINE_SEED, role="train")
 
 

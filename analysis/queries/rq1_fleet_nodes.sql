@@ -21,6 +21,13 @@
 --   faults_outside_matmul           those in an op no ABFT check covered (softmax, norms, elementwise, ...)
 --   faults_below_bound              those in a checked matmul that ABFT did not flag (below its bound)
 --   abft_flagged, abft_recall       faults ABFT flagged, and their share of all faults (null: no fault)
+-- The injected ground truth beside the measured numbers (the reproduction table's recovery columns), from the
+-- fault events' original and corrupted values at the replayed steps:
+--   injected_median_rel             median over those faults of the mean relative change of the elements each
+--                                   changed (|corrupted - original| / |original|; NaN or Inf written: Inf)
+--   injected_max_rel                the largest relative change of one injected element (Inf: NaN or Inf written)
+--   faults_traced, faults_detected  faults at the replayed steps in a traced site, and those whose site's
+--                                   fingerprint differs (the tool saw them)
 WITH
 
 nodes AS (
@@ -90,6 +97,46 @@ fault_steps AS (
     GROUP BY s.pair_id
 ),
 
+window_faults AS (
+    SELECT f.*
+    FROM faults AS f
+    JOIN per_step AS s ON s.pair_id = f.pair_id AND s.step = f.step
+    WHERE f.side = 'suspect'
+),
+
+elements AS (
+    SELECT pair_id, segment, "offset", unnest(original) AS o, unnest(corrupted) AS c
+    FROM window_faults
+),
+
+changes AS (
+    SELECT
+        pair_id,
+        segment,
+        "offset",
+        CASE WHEN isnan(c) OR isinf(c) THEN 'inf'::DOUBLE ELSE abs(c - o) / nullif(abs(o), 0) END AS rel
+    FROM elements
+    WHERE c IS DISTINCT FROM o AND NOT (isnan(c) AND isnan(o))
+),
+
+per_fault AS (
+    SELECT pair_id, segment, "offset", avg(rel) AS mean_rel, max(rel) AS max_rel
+    FROM changes
+    GROUP BY pair_id, segment, "offset"
+),
+
+truth AS (
+    SELECT
+        w.pair_id,
+        median(pf.mean_rel) AS injected_median_rel,
+        max(pf.max_rel) AS injected_max_rel,
+        count(*) FILTER (WHERE w.fingerprint_detected IS NOT NULL) AS faults_traced,
+        count(*) FILTER (WHERE w.fingerprint_detected) AS faults_detected
+    FROM window_faults AS w
+    LEFT JOIN per_fault AS pf USING (pair_id, segment, "offset")
+    GROUP BY w.pair_id
+),
+
 injected AS (
     SELECT
         pair_id,
@@ -122,10 +169,15 @@ SELECT
     coalesce(i.faults_outside_matmul, 0) AS faults_outside_matmul,
     coalesce(i.faults_below_bound, 0) AS faults_below_bound,
     coalesce(i.abft_flagged, 0) AS abft_flagged,
-    i.abft_flagged / nullif(i.faults, 0) AS abft_recall
+    i.abft_flagged / nullif(i.faults, 0) AS abft_recall,
+    t.injected_median_rel,
+    t.injected_max_rel,
+    coalesce(t.faults_traced, 0) AS faults_traced,
+    coalesce(t.faults_detected, 0) AS faults_detected
 FROM unhealthy AS u
 JOIN steps AS s USING (pair_id)
 JOIN calls AS c USING (pair_id)
 JOIN fault_steps AS fs USING (pair_id)
 LEFT JOIN injected AS i USING (pair_id)
+LEFT JOIN truth AS t USING (pair_id)
 ORDER BY node_label, u.pair_id

@@ -6,7 +6,9 @@
 -- provenance column reads it (analysis/reproduction_provenance.py).
 --   profile, rule          the profile's name and the rule's index in it (0: the first [[fault]])
 --   kind, ops, sites       the corruption (bitflip, scale, stuck, ...), the op classes and module paths hit
---   bits                   a bitflip's bits (e.g. "mantissa", or a bit number)
+--   bits                   a bitflip's bits (e.g. "mantissa", "random": uniform over the word, or a bit number)
+--   flips                  a bitflip's bits flipped per element, as a range (null: one)
+--   value                  a stuck rule's value as text (e.g. "NaN", "Infinity", "0.0")
 --   p_call                 the rule's probability per eligible call while on
 --   p_enter, p_exit        its burst chain (null: always on)
 --   factor_min, factor_max a scale rule's factor range
@@ -37,6 +39,8 @@ SELECT
     json_extract(body, '$.ops') AS ops,
     json_extract_string(body, '$.sites') AS sites,
     json_extract_string(body, '$.bits') AS bits,
+    json_extract(body, '$.flips') AS flips,
+    json_extract_string(body, '$.value') AS value,
     CAST(json_extract(body, '$.p_call') AS DOUBLE) AS p_call,
     CAST(json_extract(body, '$.p_enter') AS DOUBLE) AS p_enter,
     CAST(json_extract(body, '$.p_exit') AS DOUBLE) AS p_exit,

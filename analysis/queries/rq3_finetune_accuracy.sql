@@ -4,7 +4,10 @@ WITH roles AS (
     UNION
     SELECT twin_run_id AS run_id, golden_run_id, 'twin' AS role FROM pairs WHERE twin_run_id IS NOT NULL
     UNION
-    SELECT suspect_run_id AS run_id, golden_run_id, 'suspect' AS role FROM pairs
+    SELECT suspect_run_id AS run_id, golden_run_id, 'suspect' AS role FROM pairs WHERE NOT coalesce(baseline, false)
+    UNION
+    -- a shuffle-seed twin diffed against golden as a baseline pair (its spikes are row 12's null) is a twin
+    SELECT suspect_run_id AS run_id, golden_run_id, 'twin' AS role FROM pairs WHERE baseline
 ),
 nodes AS (
     SELECT run_id, min(node_label) AS node_label FROM runs GROUP BY run_id

@@ -26,6 +26,7 @@ compared AS (
     JOIN final_predictions AS g ON g.run_id = pairs.golden_run_id
     JOIN final_predictions AS s ON s.run_id = pairs.suspect_run_id AND s.task = g.task AND s.example = g.example
     LEFT JOIN final_predictions AS t ON t.run_id = pairs.twin_run_id AND t.task = g.task AND t.example = g.example
+    WHERE NOT coalesce(pairs.baseline, false)  -- a twin diffed as a baseline pair is a twin, not a suspect
 ),
 per_task AS (
     SELECT pair_id, task, count(*) AS examples,

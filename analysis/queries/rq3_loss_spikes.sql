@@ -5,13 +5,17 @@
 -- per (pair, rank, step, side); node_label is the node whose run spiked.
 --   role                 train (pretraining) or finetune: the pair's suspect role
 --   kind                 fleet (a fault profile), healthy (healthy-node or no profile), trigger (trigger-ulp),
---                        baseline (golden's shuffle-seed twin) or golden (the spike is golden's own)
+--                        baseline (one of golden's shuffle-seed twins: pretraining's, or a fine-tune's, each diffed
+--                        against golden as a baseline pair) or golden (the spike is golden's own)
 --   golden_spike         golden spiked at the same step of the same pair and rank
 --   faults_before        the suspect's faults in the window: steps step - 5 .. step (a fault in the
 --                        step's forward moves its loss, one in its backward the next steps' losses)
---   scripted_faults_before   those at a step a rule of the suspect's profile names (a [[fault]]'s
---                        `steps`, a [[state]] rule's `step`: the destroyer's scripted spike, the
---                        trigger's flip), not drawn at random
+--   scripted_faults_before   those at a step a rule of the suspect's profile names for the pair's role
+--                        (a [[fault]]'s `steps`, a [[state]] rule's `step`, whose `roles` are absent or
+--                        hold the role: the destroyer's scripted spike, the trigger's flip), not drawn at random
+--   scripted_from        the first such step of the pair (null: no rule scripts one): from there on the
+--                        suspect's spikes are the script's, whatever else fired (the reproduction rule
+--                        reports them apart and never counts them)
 WITH
 
 nodes AS (
@@ -28,20 +32,38 @@ nodes AS (
 ),
 
 suspect_profiles AS (
-    SELECT p.pair_id, r.extra
+    SELECT p.pair_id, n.role, r.extra
     FROM pairs AS p
+    JOIN pair_nodes AS n USING (pair_id)
     JOIN runs AS r ON r.run_id = p.suspect_run_id AND r.rank = 0
 ),
 
+profile_rules AS (
+    -- every [[fault]] and [[state]] rule of the suspect's profile that fires in the pair's role
+    SELECT pair_id, body
+    FROM suspect_profiles,
+        unnest(json_extract(extra, '$.fault_profile.profile.fault[*]')) AS t (body)
+    WHERE json_extract(body, '$.roles') IS NULL OR list_contains(json_extract_string(body, '$.roles[*]'), role)
+    UNION ALL
+    SELECT pair_id, body
+    FROM suspect_profiles,
+        unnest(json_extract(extra, '$.fault_profile.profile.state[*]')) AS t (body)
+    WHERE json_extract(body, '$.roles') IS NULL OR list_contains(json_extract_string(body, '$.roles[*]'), role)
+),
+
 scripted AS (
-    -- every step a rule of the suspect's profile names: a [[fault]]'s steps, a [[state]] rule's step
+    -- every step such a rule names: a [[fault]]'s steps, a [[state]] rule's step
     SELECT DISTINCT pair_id, CAST(s AS BIGINT) AS step
-    FROM suspect_profiles,
-        unnest(json_extract_string(extra, '$.fault_profile.profile.fault[*].steps[*]')) AS t (s)
+    FROM profile_rules,
+        unnest(json_extract_string(body, '$.steps[*]')) AS t (s)
     UNION
-    SELECT DISTINCT pair_id, CAST(s AS BIGINT) AS step
-    FROM suspect_profiles,
-        unnest(json_extract_string(extra, '$.fault_profile.profile.state[*].step')) AS t (s)
+    SELECT DISTINCT pair_id, CAST(json_extract_string(body, '$.step') AS BIGINT) AS step
+    FROM profile_rules
+    WHERE json_extract_string(body, '$.step') IS NOT NULL
+),
+
+scripted_from AS (
+    SELECT pair_id, min(step) AS scripted_from FROM scripted GROUP BY pair_id
 ),
 
 suspect_faults AS (
@@ -94,9 +116,11 @@ SELECT
         WHERE g.pair_id = s.pair_id AND g.rank = s.rank AND g.step = s.step AND g.side = 'golden'
     ) AS golden_spike,
     coalesce(e.faults_before, 0) AS faults_before,
-    coalesce(e.scripted_faults_before, 0) AS scripted_faults_before
+    coalesce(e.scripted_faults_before, 0) AS scripted_faults_before,
+    CASE WHEN s.side = 'suspect' THEN sf.scripted_from END AS scripted_from
 FROM spikes AS s
 JOIN nodes AS n USING (pair_id)
+LEFT JOIN scripted_from AS sf USING (pair_id)
 LEFT JOIN loss AS l USING (pair_id, rank, step)
 LEFT JOIN explained AS e ON e.pair_id = s.pair_id AND e.rank = s.rank AND e.step = s.step AND s.side = 'suspect'
 ORDER BY node_label, s.pair_id, s.rank, s.step, s.side

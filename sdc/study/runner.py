@@ -249,7 +249,8 @@ def plan_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tup
 
 
 def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args: tuple[str, ...]) -> list[Job]:
-    """RQ3b: fine-tune golden, its shuffle-seed twin and every node, then diff each against golden."""
+    """RQ3b: fine-tune golden, its shuffle-seed twins and every node, then diff each against golden (a twin as a
+    baseline pair)."""
     ft, golden = study.finetune, study.golden
     assert ft is not None
     twins = ft.twin_labels(golden)
@@ -289,6 +290,18 @@ def _finetune_jobs(study: Study, paths: StudyPaths, *, progress: bool, beam_args
                 f"diff fine-tuned {golden} vs {label} (twin baseline {twin})",
                 lambda label=label, twin=twin: diff_into_db(
                     paths.finetune(golden), paths.finetune(label), [], paths.db, beam_args, twin=paths.finetune(twin)
+                ),
+            )
+        )
+    # Every twin is also diffed against golden as a baseline pair: healthy pairs whose loss spikes are the null of
+    # the spike finding (rq3_loss_spikes, kind baseline)
+    for label, _ in twins:
+        jobs.append(
+            Job(
+                f"diff-finetune:{label}",
+                f"diff fine-tuned {golden} vs {label} (a healthy twin: the spikes' null)",
+                lambda label=label: diff_into_db(
+                    paths.finetune(golden), paths.finetune(label), [], paths.db, beam_args, baseline=True
                 ),
             )
         )

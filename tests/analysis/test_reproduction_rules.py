@@ -291,17 +291,22 @@ def spike(
     scripted: int = 0,
     ratio: float = 3.0,
     side: str = "suspect",
+    step: int = 7,
+    scripted_from: int | None = None,
+    role: str = "train",
 ) -> Row:
-    """One rq3_loss_spikes row."""
+    """One rq3_loss_spikes row; a scripted fault in its window puts its scripted_from at its step at the latest."""
     return {
         "node_label": label,
         "kind": kind,
         "side": side,
+        "role": role,
         "golden_spike": golden,
         "faults_before": faults,
         "scripted_faults_before": scripted,
+        "scripted_from": scripted_from if scripted_from is not None or not scripted else step,
         "ratio": ratio,
-        "step": 7,
+        "step": step,
     }
 
 
@@ -319,10 +324,12 @@ def test_spikes_count_only_after_a_fault_and_not_where_golden_spikes() -> None:
         ]
     )
     assert v.outcome == "not reproduced"
-    assert "scripted spikes (reported apart): node-07" in v.ours and "without a fault in the window: node-04" in v.ours
-    # the shuffle-seed twin's spikes are shown; the healthy twin's mean the spike rule fires without SDC
-    assert "golden-twin 1" in rules.spikes([spike("golden-twin", "baseline"), spike("node-03", "fleet", faults=2)]).ours
-    assert rules.spikes([spike("node-00", "healthy"), spike("node-03", "fleet", faults=2)]).outcome == "not measured"
+    assert "reported apart and not counted: 1 of node-07 (train, from step 7)" in v.ours
+    assert "without a fault in the window: node-04" in v.ours
+    # the healthy twins are the null: a spike of theirs golden lacks means spikes come without SDC
+    v = rules.spikes([spike("golden-twin", "baseline"), spike("node-03", "fleet", faults=2)])
+    assert v.outcome == "not reproduced" and "shuffle-seed twins 1 of golden-twin" in v.ours
+    assert rules.spikes([spike("node-00", "healthy"), spike("node-03", "fleet", faults=2)]).outcome == "not reproduced"
     v = rules.spikes([spike("node-03", "fleet", faults=2, ratio=1.6)])
     assert v.outcome == "reproduced" and v.unstable
 
@@ -460,6 +467,8 @@ def rule(
         "factor_min": factor[0] if factor else None,
         "factor_max": factor[1] if factor else None,
         "bits": bits,
+        "flips": None,
+        "value": None,
         "roles": roles,
         "steps": steps,
     }
@@ -474,16 +483,16 @@ def test_provenance_follows_the_fault_rules() -> None:
         rule("node-00", "bitflip", p_call=0.0),
     ]
     assert prov.rate_spread(drawn).kind == "built in"
-    assert prov.burst_chain(drawn).kind == "built in"
+    assert prov.injected_counts(drawn).kind == "built in"
     assert prov.heavy_tail(drawn).kind == "built in"
     assert prov.outside_matmul(drawn).kind == "built in"
     assert prov.tail_rate(drawn).kind == "calibrated"
     assert prov.scripted_destroyer(drawn).kind == "built in"
     assert prov.small_flips([rule("node-01"), rule("node-02")]).kind == "built in"
     plain = [rule("node-01", bits="30"), rule("node-02", bits="30")]  # steady, alike, one bit, matmul only
+    assert prov.injected_counts(plain).kind == "built in"  # its rule reads the injected faults back
     for decide in (
         prov.rate_spread,
-        prov.burst_chain,
         prov.small_flips,
         prov.heavy_tail,
         prov.outside_matmul,
@@ -513,5 +522,18 @@ def test_the_table_shows_provenance_and_unstable_rows(tmp_path: Path) -> None:
         )
     )
     text = to_markdown(rep, "t")
-    assert "| built in: rates span 1e4x | **reproduced** (unstable: a node within the margin) |" in text
-    assert "Totals: 1 reproduced; 1 unstable." in text and "Provenance: 1 built in;" in text
+    assert "| built in: rates span 1e4x | **consistent** (unstable: a node within the margin) |" in text
+    assert "Totals: recovery rows: 1 consistent; 1 unstable." in text and "Provenance: 1 built in;" in text
+
+
+# -- bugs ----------------------------------------------------------------------------------------
+
+
+def test_drift_rates_without_an_sdc_rate_ratio_is_not_measured() -> None:
+    v = rules.drift_rates([spread(sdc_rate_ratio=None, sdc_rate_decades=None)])
+    assert v.outcome == "not measured" and "SDC rates" in v.ours
+
+
+def test_heavy_tail_counts_a_nan_as_heavy() -> None:
+    v = rules.heavy_tail([rq1("node-01", max_rel=math.nan), rq1("node-02", max_rel=1)])
+    assert v.outcome == "reproduced" and "node" in v.ours and "1 of them by an Inf or NaN" in v.ours

@@ -24,15 +24,15 @@ def test_reads_every_models_verdicts_from_the_markdown() -> None:
     study = table(("reproduced", ""), ("not reproduced", "a node within the margin"))
     hardware = table(("not measured", ""), ("reproduced", ""))
     read = stability.read_verdicts(models_markdown({"study": study, "hardware": hardware}, "t"))
-    assert read == {
-        ("study", 1): stability.Verdict("reproduced", False),
-        ("study", 2): stability.Verdict("not reproduced", True),
+    assert read == {  # rows 1 and 2 are recovery rows: consistent or not with what was injected
+        ("study", 1): stability.Verdict("consistent", False),
+        ("study", 2): stability.Verdict("not consistent", True),
         ("hardware", 1): stability.Verdict("not measured", False),
-        ("hardware", 2): stability.Verdict("reproduced", False),
+        ("hardware", 2): stability.Verdict("consistent", False),
     }
     assert stability.read_verdicts(to_markdown(study, "t")) == {
-        ("fleet", 1): stability.Verdict("reproduced", False),
-        ("fleet", 2): stability.Verdict("not reproduced", True),
+        ("fleet", 1): stability.Verdict("consistent", False),
+        ("fleet", 2): stability.Verdict("not consistent", True),
     }
 
 

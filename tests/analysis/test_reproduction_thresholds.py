@@ -285,15 +285,26 @@ def test_sharpness_decides_by_its_interval_against_0_and_follows() -> None:
     assert v.outcome == "not reproduced" and "undecided" in v.unstable
 
 
-def test_spikes_count_more_faults_than_scripted_ones_with_a_1_65x_margin() -> None:
-    assert rules.spikes([spike("node-03", "fleet", faults=2, scripted=1)]).outcome == "reproduced"
+def test_spikes_from_the_scripted_step_on_are_apart_with_a_1_65x_margin() -> None:
+    # at and after a node's first scripted step its spikes are the script's, whatever drawn fault fired near them
+    assert rules.spikes([spike("node-03", "fleet", faults=2, scripted=1)]).outcome == "not reproduced"
     assert rules.spikes([spike("node-03", "fleet", faults=1, scripted=1)]).outcome == "not reproduced"
-    assert "(reported apart): node-03" in rules.spikes([spike("node-03", "fleet", faults=1, scripted=1)]).ours
+    assert rules.spikes([spike("node-03", "fleet", faults=1, step=6, scripted_from=7)]).outcome == "reproduced"
+    assert rules.spikes([spike("node-03", "fleet", faults=1, step=7, scripted_from=7)]).outcome == "not reproduced"
+    assert rules.spikes([spike("node-03", "fleet", faults=1, scripted_from=None)]).outcome == "reproduced"
+    # the healthy twins' spikes decide against the finding; a twin's within the margin makes it unstable
+    twin = [spike("node-03", "fleet", faults=2)]
+    assert rules.spikes([*twin, spike("golden-twin-2", "baseline", ratio=1.64)]).unstable
+    assert not rules.spikes([*twin, spike("golden-twin-2", "baseline", ratio=1.66)]).unstable
+    assert not rules.spikes([spike("golden-twin-2", "baseline", ratio=1.64)]).unstable  # no counted spike
+    assert rules.spikes([*twin, spike("golden-twin-2", "baseline", golden=True)]).outcome == "reproduced"
+    apart = rules.spikes([spike("node-03", "fleet", faults=1, scripted=1)])
+    assert "reported apart and not counted: 1 of node-03" in apart.ours
     assert "reported apart" not in rules.spikes([spike("node-03", "fleet", faults=1)]).ours
     assert rules.spikes([spike("node-03", "fleet", faults=2, ratio=1.64)]).unstable
     assert not rules.spikes([spike("node-03", "fleet", faults=2, ratio=1.66)]).unstable
     assert not rules.spikes([spike("node-03", "fleet", faults=2, ratio=1.5 * rules.SPIKE_MARGIN)]).unstable
-    assert "golden-twin 0" in rules.spikes([spike("node-03", "fleet", faults=2)]).ours
+    assert "shuffle-seed twins 0;" in rules.spikes([spike("node-03", "fleet", faults=2)]).ours
     assert not rules.spikes([spike("node-03", "fleet", faults=2, ratio=None)]).unstable  # type: ignore[arg-type]  # no ratio
     both = [spike("node-03", "fleet", faults=2, ratio=1.6), spike("node-04", "fleet", faults=2, ratio=2.0)]
     assert not rules.spikes(both).unstable  # one clear spike is enough

@@ -15,7 +15,7 @@ from tests.support import events
 from tracer.compare import compare_runs
 from tracer.errors import ConfigError, UsageError
 from tracer.log import LogReader, Phase, TensorRecord, rank_dir
-from tracer.pairing import pairing_differences, twin_differences
+from tracer.pairing import baseline_differences, pairing_differences, twin_differences
 from workload.multiple_choice import FinetuneSettings, collapsed
 from workload.tasks import CHOICES, LADDER, LETTERS, MAX_PROMPT, TASK_NAMES, load_tasks, make_task
 
@@ -106,6 +106,9 @@ def test_nodes_pair_and_a_shuffle_twin_is_a_twin_not_a_pair(pretrained: Path, tu
     longer = dataclasses.replace(twin, config={**twin.config, "finetune": {**twin.config["finetune"], "steps": 5}})
     assert twin_differences(golden, longer) == ["config.finetune.steps: 4 vs 5"]
     assert "role: 'train' vs 'finetune'" in " ".join(twin_differences(header(pretrained), twin))
+    # a fine-tune twin is golden's baseline suspect too (`sdc diff --baseline`: its spikes are a null), a node is not
+    assert baseline_differences(golden, twin) == []
+    assert baseline_differences(golden, node) == twin_differences(golden, node) != []
 
 
 @pytest.mark.slow

@@ -55,6 +55,10 @@ def test_fleet_mini_writes_the_reproduction_table_with_every_finding(fleet: Flee
     assert re.search(r"\| built in: [1-5] of 5 nodes' rules follow a burst chain", text) and "| emergent: " in text
     assert "Provenance: " in text
     assert "the query failed" not in text and "no rq" not in text
+    # both kinds of row, named: recovery rows with measured beside injected numbers, finding rows with a verdict
+    assert "**RECOVERY rows (1-7, 15) restate the fault model**" in text and "**FINDING rows (8-14)" in text
+    assert text.count("; recovery error: ") >= 13  # rows 1-7 of the study model, 1-6 of the hardware model
+    assert re.search(r"\*\*(consistent|not consistent)\*\*", text) and "Totals, study: recovery rows: " in text
     page = (fleet.report / "index.html").read_text(encoding="utf-8")
     assert 'id="reproduction"' in page and "../rq1/report/index.html" in page
     assert sorted(p.name for p in fleet.profiles.glob("node-*.toml")) == [f"node-0{i}.toml" for i in range(1, 6)]
@@ -88,7 +92,17 @@ def test_fleet_mini_controls_neither_spike_nor_burst(fleet: FleetPaths) -> None:
     # ... and the healthy twin, a bit-identical replay of golden, has no spike golden lacks
     assert not [r for r in controls if r["node_label"] == "node-00" and not r["golden_spike"]]
     text = fleet.reproduction.read_text(encoding="utf-8")
-    assert "controls: node-00 0 spike(s)" in text and "the healthy twin spikes" not in text
+    assert "the null, healthy twins diffed against golden:" in text
+    # every fine-tune twin is diffed against golden as a baseline pair: the spikes' null
+    twins = LIBRARY.run(
+        fleet.part("rq3").db, "SELECT suspect_node, role FROM pair_nodes WHERE baseline ORDER BY 1, 2"
+    ).rows
+    assert [tuple(t) for t in twins] == [
+        ("golden-twin", "finetune"),
+        ("golden-twin", "train"),
+        ("golden-twin-2", "finetune"),
+        ("golden-twin-3", "finetune"),
+    ]
 
 
 def test_fleet_mini_runs_both_fault_models_on_shared_golden_runs(fleet: FleetPaths) -> None:
@@ -106,7 +120,7 @@ def test_fleet_mini_runs_both_fault_models_on_shared_golden_runs(fleet: FleetPat
     assert not (fleet.out / "hardware" / "rq2").exists() and not (fleet.out / "hardware" / "rq3").exists()
     # the table shows every row for both models; rows of experiments a model did not run say so
     text = fleet.reproduction.read_text(encoding="utf-8")
-    assert "| # | level | the study | study | hardware |" in text
+    assert "| # | kind | level | the study | study | hardware |" in text
     assert "## The study fault model" in text and "## The hardware fault model" in text
     hw = text[text.index("## The hardware fault model") : text.index("## Rules")]
     assert hw.count("not run for this model (rq2") == 1 and hw.count("not run for this model (rq3") == 8
