@@ -135,6 +135,5 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_and_leaves_nothing_half
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith("sdc: error: ") and "cannot write the checkpoint of step 0" in done.stderr
     assert list_checkpoints(out) == [] and not (out / "checkpoints" / "step-000000").exists()
-    (summary,) = summarize_run(out)
-    assert summary.status.end is not None and summary.status.end.status == "failed"
-    assert "cannot write the checkpoint" in summary.status.end.detail
+    (summary,) = summarize_run(out)  # a lack of space leaves the log open for a resume (its no_space event), no END
+    assert summary.status.end is None and summary.events["no_space"] == 1 and summary.out_of_space == 0
