@@ -83,7 +83,7 @@ def fsdp2_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # The longest test files, measured on a quiet 2-core fresh clone (`make test`, tests/budget.py's list), go to the
 # workers first: `--dist loadfile` hands out files in collection order, and one started last would leave the other
-# worker idle for its whole length (torchtitan on 2 and 4 ranks, the fleet-mini study: minutes each).
+# worker idle for its whole length (torchtitan on 4 ranks, the fleet-mini study: minutes each).
 LONGEST_FIRST = (
     "tests/parallel/test_torchtitan.py",
     "tests/sdc/test_fleet_study.py",
