@@ -67,7 +67,7 @@ test: $(KERNEL)
 	$(PY) -m pytest -q $(XDIST) --budget-s $(TEST_BUDGET_S) $(TEST_ARGS)
 
 # The tests not marked slow (pyproject.toml): no recorded study, Beam job on recorded runs or multi-rank
-# launch; under a minute on 2 cores. `make test` runs these and the slow ones.
+# launch; about a minute on 2 cores (README: measured). `make test` runs these and the slow ones.
 test-fast: $(KERNEL)
 	$(PY) -m pytest -q -m "not slow" $(XDIST) $(TEST_ARGS)
 

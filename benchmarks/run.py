@@ -17,7 +17,8 @@ traced <= 1.25; replaying a faulty step / a recorded step <= 1.5 (param-sync) an
 each as whole processes (bench_startup.py). Also: fingerprint throughput >= 0.5 of copy bandwidth, <= 32 bytes a
 fingerprint event on disk, a guarded step / a traced one <= 1.02 (bench_guard.py), `sdc watch` within one step
 (bench_watch.py), 4-rank tracing (bench_parallel.py), replica agreement per step (bench_replicas.py), 2-rank FSDP2
-whole runs <= 1.10 (bench_fsdp2.py).
+whole runs <= 1.10 (bench_fsdp2.py), 2-rank pipeline- and expert-parallel whole runs, no target yet
+(bench_pp_ep.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from bench_abft import bench_abft
 from bench_fsdp2 import bench_fsdp2
 from bench_guard import bench_guard_overhead
 from bench_parallel import bench_parallel
+from bench_pp_ep import bench_pp_ep
 from bench_replay import bench_replay
 from bench_replicas import bench_replicas
 from bench_watch import bench_watch
@@ -200,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_parallel(budget.ranks_steps, config=args.config)
     bench_replicas(budget.ranks_steps, config=args.config)
     bench_fsdp2(budget.fsdp2_runs, budget.fsdp2_steps)
+    bench_pp_ep(budget.fsdp2_runs, budget.fsdp2_steps)
     print(machine_load(when="after the run"), flush=True)
     return 0
 
