@@ -5,10 +5,11 @@
 Each rank is a process with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT), so the code it runs is the code a user's own ``torchrun`` job runs. It joins a gloo process group
 and calls the target (``module:function``) with the spec's JSON arguments; what the target returns (JSON) comes
-back as one result per rank. The ranks are forked from one process per job (``python -m jobs.launch SPEC``)
-that has imported torch, Dynamo (which torch's optimizers import as they are built) and the target's module
-beforehand: those imports take about 3 s of CPU, paid once per job instead of once per rank. Nothing runs a
-thread of its own or a tensor op before the fork (the user's workload is built in each rank).
+back as one result per rank. The ranks are forked from one process per job (what ``python -m jobs.launch SPEC``
+runs), itself forked from a warm zygote (jobs/zygote.py) that has imported torch and Dynamo (which torch's
+optimizers import as they are built); the job's process imports the target's module. Those imports take about 3 s
+of CPU, paid once per launching process instead of once per rank and job. Nothing runs a thread of its own or a
+tensor op before a fork (the user's workload is built in each rank).
 
 A rank that fails writes its error to a file and exits; the launcher stops the
 other ranks (they would wait for it in their next collective) and raises one
@@ -38,7 +39,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.machine import RANKS_PER_CPU, max_local_ranks
+from jobs.zygote import start_job
 from tracer import errors
 from tracer.errors import CaptureError, SdcError, UsageError, sdc_error_of
 from tracer.log.runlock import RunLock
@@ -98,10 +99,9 @@ def launch(
             "SDC_LAUNCHER_PID": str(os.getpid()),
             **lock_env,
         }
-        # Its own process group, which holds the ranks too: one signal stops them all.
-        parent = subprocess.Popen(
-            [sys.executable, "-m", "jobs.launch", str(spec)], env=env, pass_fds=lock_fds, process_group=0
-        )
+        # Forked from the warm zygote (jobs/zygote.py), in its own process group, which holds the ranks too: one
+        # signal stops them all.
+        parent = start_job(str(spec), env, lock_fds)
         try:
             code = parent.wait()
         finally:
@@ -149,6 +149,7 @@ def _main(spec_path: str) -> int:
     """The job's process: import what every rank needs, fork the ranks, wait for them."""
     spec = json.loads(Path(spec_path).read_text())
     folder, launcher = Path(spec_path).parent, int(os.environ["SDC_LAUNCHER_PID"])
+    parent = os.getppid()  # the zygote: it exits when the launcher goes
     warnings.showwarning = _warn_once(folder)  # the ranks it forks inherit it
     _preload(spec["target"])
     ranks: dict[int, int] = {}
@@ -163,7 +164,7 @@ def _main(spec_path: str) -> int:
                 sys.stderr.flush()
                 os._exit(code)
         ranks[pid] = rank
-    return _wait(ranks, launcher, folder)
+    return _wait(ranks, launcher, parent, folder)
 
 
 def _preload(target: str) -> None:
@@ -178,12 +179,13 @@ def _preload(target: str) -> None:
         pass
 
 
-def _wait(ranks: dict[int, int], launcher: int, folder: Path) -> int:
+def _wait(ranks: dict[int, int], launcher: int, parent: int, folder: Path) -> int:
     """Wait for every rank (pid -> rank); on the first failures, record those ranks, stop the others and return 1.
-    Exits at once when the launcher goes away: the ranks then see this process go."""
+    Exits at once when the launcher goes away (``parent``, the zygote it forked this process from, exits with it):
+    the ranks then see this process go."""
     left = dict(ranks)
     while left:
-        if os.getppid() != launcher:
+        if os.getppid() != parent:
             print(
                 f"sdc: error: the launcher (pid {launcher}) is gone; its {len(ranks)} rank(s) stop, their logs left "
                 "as a crash's (sdc record --resume continues a recording)",

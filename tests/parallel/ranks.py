@@ -82,3 +82,16 @@ def trace_in_torchrun(out: str, crash: bool) -> bool | None:
             os._exit(3)  # no clean close: the operating system drops what the process held
         dist.barrier()
     return alive
+
+
+def lineage(variable: str) -> dict[str, Any]:
+    """This rank's job process, the process that job's process was forked from (the zygote) and the value of
+    ``variable`` in this rank's environment."""
+    import os
+    from pathlib import Path
+
+    def parent(pid: int) -> int:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+    job = os.getppid()
+    return {"job": job, "zygote": parent(job), "value": os.environ.get(variable)}

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,10 @@ def test_rank_0_of_a_torchrun_job_holds_the_writer_lock_while_it_traces(tmp_path
     assert LogFollower(rank_dir(crashed, 0)).writer_alive() is False
 
 
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def _running(pid: int) -> bool:
     """Whether ``pid`` is a live process (an exited one nobody has reaped yet is a zombie: not running)."""
     try:
@@ -90,12 +95,12 @@ def test_ranks_exit_when_their_launcher_is_killed(tmp_path: Path) -> None:
         assert _wait_for(lambda: all(f.is_file() and f.read_text() for f in pid_files), 120), "the ranks never started"
         ranks = [int(f.read_text()) for f in pid_files]
         assert all(_running(pid) for pid in ranks)
-        # Each rank runs `python -m jobs.launch FOLDER/spec.json`: the launcher's folder, left to rank 0 to remove.
-        spec = Path(Path(f"/proc/{ranks[0]}/cmdline").read_bytes().split(b"\0")[3].decode())
-        assert spec.name == "spec.json" and spec.is_file()
-        # Forked from one process of the job's, which imported torch for both, and which the launcher started.
-        parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in ranks}
-        assert len(parents) == 1 and parents != {launcher.pid}, parents
+        # The launcher's folder holds the job's spec (naming this test's folder), left to rank 0 to remove.
+        specs = Path(tempfile.gettempdir()).glob("sdc-launch-*/spec.json")
+        (spec,) = [p for p in specs if str(tmp_path) in p.read_text()]
+        # Forked from one process of the job's, itself forked from the launcher's zygote, which imported torch.
+        parents = {_parent(pid) for pid in ranks}
+        assert len(parents) == 1 and parents != {launcher.pid} and _parent(parents.pop()) != launcher.pid, parents
         launcher.kill()
         launcher.wait()
         assert _wait_for(lambda: not any(_running(pid) for pid in ranks), 30), "ranks outlived their launcher"
@@ -129,7 +134,7 @@ def test_a_killed_job_process_is_named_as_such_in_one_line(tmp_path: Path) -> No
     try:
         assert _wait_for(lambda: all(f.is_file() and f.read_text() for f in pid_files), 120), "the ranks never started"
         rank = int(pid_files[0].read_text())
-        job = int(Path(f"/proc/{rank}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        job = _parent(rank)
         os.kill(job, signal.SIGKILL)
         out, _ = launcher.communicate(timeout=60)
         assert out.splitlines() == [
