@@ -1,5 +1,6 @@
-"""The torchtitan internals examples/torchtitan_llama3.py relies on to train torchtitan's own Llama3 on CPU with gloo,
-behind one public name each.
+"""The torchtitan internals the torchtitan examples rely on to train torchtitan's own models on CPU with gloo (Llama3
+under FSDP2 and TP, examples/torchtitan_llama3.py; Qwen3-MoE under expert parallelism, examples/torchtitan_moe.py;
+Llama3 under pipeline parallelism, examples/torchtitan_pipeline.py), behind one public name each.
 
 torchtitan (0.3.0, the ``[torchtitan]`` extra) is built for GPUs; four of its choices fail on CPU, gloo or DCP, each
 measured:
@@ -14,6 +15,12 @@ measured:
 - ``parallelize_llama`` turns FSDP's gradient division off (it scales the loss by the global token count itself),
   and FSDP2 then reduce-scatters with ``ReduceOp.PREMUL_SUM(1.0)``, which gloo refuses ("Cannot use
   ReduceOp.PREMUL_SUM with Gloo"): `sum_gradients` makes FSDP reduce with a plain sum instead, the same numbers.
+- Its MoE dispatcher asks for the ``spmd_types`` backend's mesh unless told the backend its ``Trainer`` sets
+  ("'NoneType' object has no attribute 'get_group'"): `use_spmd_backend`.
+
+For the Tracer: `expert_sites` runs a grouped-experts layer expert by expert, each a module named by its global
+index, and observes the dispatcher's all-to-alls; `pipeline` makes torchtitan's pipeline stage a `TracedStage`
+and `infer_stage_shapes` has torch's stage shape inference run before any Tracer sees it.
 
 A torchtitan upgrade may rename or remove them; this module is where that shows
 (tests/workload/test_titan_internals.py fails naming the API)::
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +76,7 @@ __all__ = [
     "parallel_dims_of",
     "parallelize",
     "parallelize_moe",
+    "infer_stage_shapes",
     "pipeline",
     "private_apis",
     "separate_qkv",
@@ -345,6 +354,17 @@ def pipeline(
     return schedule, part, stage
 
 
+def infer_stage_shapes(schedule: Any, stage: TracedStage, rows: int, seq: int) -> None:
+    """Have ``schedule`` learn what its stages exchange now, for microbatches of ``rows`` x ``seq`` tokens: the
+    stages send each other their shapes and run a forward and a backward on meta tensors. torch does it at the
+    schedule's first step, where the Tracer would see it (torchtitan builds its stages without example inputs, so
+    they cannot skip it); sites then record meta tensors, which replay, starting at a later step, would not see.
+    A collective over the stages: call on every rank, after the stage's weights are in place."""
+    tokens = torch.zeros(rows, seq, dtype=torch.long)  # (B, T)
+    args = (tokens,) if stage.is_first else ()
+    schedule._initialize_stage(args, {}, tokens if stage.is_last else None)
+
+
 def _has_field(cls: type, name: str) -> bool:
     return dataclasses.is_dataclass(cls) and name in {f.name for f in dataclasses.fields(cls)}
 
@@ -396,7 +416,16 @@ _APIS = (
         "torch.distributed.pipelining schedule's _stage, as torchtitan's pipeline_llm builds it",
         _PP,
         lambda: "_stage" in ScheduleSingle.__init__.__code__.co_names,
-        "torchtitan",
+        "torch",
+    ),
+    PrivateApi(
+        "torch.distributed.pipelining PipelineScheduleSingle._initialize_stage(args, kwargs, target)",
+        _PP,
+        lambda: (
+            list(inspect.signature(ScheduleSingle._initialize_stage).parameters)[:4]
+            == ["self", "args", "kwargs", "target"]
+        ),
+        "torch",
     ),
 )
 

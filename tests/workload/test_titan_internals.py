@@ -1,5 +1,5 @@
-"""The torchtitan internals examples/torchtitan_llama3.py relies on (workload/titan_internals.py) exist in the shape it
-expects; after an upgrade that removes or changes one, this fails naming it."""
+"""The torchtitan internals the torchtitan examples rely on (workload/titan_internals.py) exist in the shape they
+expect; after an upgrade that removes or changes one, this fails naming it."""
 
 from __future__ import annotations
 
