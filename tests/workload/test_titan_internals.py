@@ -52,6 +52,8 @@ def test_each_expert_computes_what_torchtitans_grouped_experts_compute_for_its_r
     row included (its output has zero rows)."""
     import torch
 
+    from tracer.sites import find_sites
+
     shape = titan_internals.MoeShape(layers=1, experts=4, top_k=2, hidden=16)
     torch.manual_seed(0)
     model = titan_internals.debug_qwen3_moe(titan_internals.parallel_dims_of(1, 1)[1], shape).build()
@@ -67,3 +69,5 @@ def test_each_expert_computes_what_torchtitans_grouped_experts_compute_for_its_r
         expert.register_forward_hook(lambda m, args, out, name=name: outputs.update({name: out.shape}))
     assert torch.equal(grouped(x, tokens), expected)
     assert outputs == {"0": (3, 256), "1": (0, 256), "2": (1, 256), "3": (3, 256)}, outputs
+    # The default sites: the layer's attention and its whole MoE (after the combine), by structure.
+    assert [n for n, _ in find_sites(model)] == ["layers.0.attention", "layers.0.moe"]
