@@ -23,9 +23,9 @@ the router sent no token records an empty output. Its dispatch and combine all-t
 (``layers.N.moe.dispatch.all_to_all.in`` / ``.out``, forward and backward). The CPU changes of
 examples/torchtitan_llama3.py apply, and two more (workload/titan_internals.py): torchtitan's SPMD backend set as
 its ``Trainer`` sets it, and no load balancing (its ``Trainer``'s optimizer hook). No gradient clipping: the
-experts' gradients live on the ``ep`` mesh, the others on ``fsdp``, and torch's norm does not mix meshes. Each
-rank draws its own batches; FSDP2 and the all-to-all's backward sum the ranks' gradients, so each microbatch's
-loss is divided by microbatches x ranks.
+experts' gradients live on the ``ep`` mesh, the others on ``fsdp``, and torch's ``clip_grad_norm_`` refuses to mix
+meshes ("All operands in aten.stack.default must have the same mesh"). Each rank draws its own batches; FSDP2 and
+the all-to-all's backward sum the ranks' gradients, so each microbatch's loss is divided by microbatches x ranks.
 """
 
 from __future__ import annotations

@@ -72,11 +72,11 @@ __all__ = [
     "debug_llama3",
     "debug_qwen3_moe",
     "expert_sites",
+    "infer_stage_shapes",
     "missing_apis",
     "parallel_dims_of",
     "parallelize",
     "parallelize_moe",
-    "infer_stage_shapes",
     "pipeline",
     "private_apis",
     "separate_qkv",
@@ -263,11 +263,11 @@ def _per_expert(experts: nn.ModuleDict) -> Callable[..., torch.Tensor]:
     def forward(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         counts = tokens.tolist()
         assert len(counts) == len(experts), f"{len(counts)} token counts for {len(experts)} local experts"
+        assert sum(counts) == x.shape[0], f"{sum(counts)} tokens counted for {x.shape[0]} rows"
         outputs, start = [], 0
         for expert, n in zip(experts.values(), counts, strict=True):
             outputs.append(expert(x[start : start + n]))  # (n, D), n = 0 included
             start += n
-        outputs.append(x.new_zeros(x.shape[0] - start, x.shape[1]))  # without EP the dispatch may pad: zeros
         return torch.cat(outputs)  # (R, D)
 
     return forward
