@@ -79,7 +79,12 @@ def build(config: Mapping[str, Any], device: torch.device) -> TitanLM:
     with torch.no_grad():
         model.init_weights(buffer_device=None)
     model.train()
-    layout = Layout(dp=world // tp, tp=tp, sp=tp > 1)  # torchtitan's TP is sequence parallel by default
+    return titan_workload(model, config, Layout(dp=world // tp, tp=tp, sp=tp > 1))  # torchtitan's TP is SP
+
+
+def titan_workload(model: torch.nn.Module, config: dict[str, Any], layout: Layout) -> TitanLM:
+    """``model`` trained by AdamW on random tokens, ``layout.dp`` replicas drawing their own."""
+    t = config["train"]
     return TitanLM(
         model=model,
         optimizer=torch.optim.AdamW(model.parameters(), lr=t["lr"], foreach=False),

@@ -2,7 +2,7 @@
 
 The reference study compared each block's attention and feed-forward submodule,
 so those are the defaults, found by structure and by name: the repeated blocks
-(the children of an ``nn.ModuleList`` or ``nn.Sequential`` of one class, such as
+(the children of an ``nn.ModuleList``, ``nn.Sequential`` or ``nn.ModuleDict`` of one class, such as
 ``encoder.layer.N``, ``h.N``, ``layers.N``) and in each block the children that
 hold the attention (``attention``, ``attn``, ``self_attn``, ``crossattention``,
 ``multihead_attn``, an ``nn.MultiheadAttention``) and the feed-forward (``mlp``,
@@ -40,6 +40,7 @@ _FEED_FORWARD = re.compile(r"mlp|ffn|feed_?forward|moe|expert", re.IGNORECASE)
 _NOT_A_SITE = re.compile(r"Norm|Dropout|Embedding")  # classes of block children that are never sites
 
 SiteSpec = str | Sequence[nn.Module] | None
+_BLOCK_LISTS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)  # what holds a model's repeated blocks
 
 # Segments only wrappers use: left out wherever they occur (a block compiled alone, FSDP's nested units).
 _WRAPPER_SEGMENTS = ("_orig_mod", "_fsdp_wrapped_module")
@@ -164,11 +165,12 @@ def default_sites(named: Sequence[tuple[str, nn.Module]]) -> list[tuple[str, nn.
 
 
 def blocks(named: Sequence[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
-    """The repeated blocks: children of an ``nn.ModuleList``/``nn.Sequential`` whose children are all of one
-    class with submodules of their own (``h.0``, ``encoder.layer.3``), outermost only."""
+    """The repeated blocks: children of an ``nn.ModuleList``/``nn.Sequential``/``nn.ModuleDict`` (torchtitan's
+    ``layers``) whose children are all of one class with submodules of their own (``h.0``, ``encoder.layer.3``),
+    outermost only."""
     found: list[tuple[str, nn.Module]] = []
     for path, m in named:
-        if not isinstance(m, (nn.ModuleList, nn.Sequential)) or any(path.startswith(b + ".") for b, _ in found):
+        if not isinstance(m, _BLOCK_LISTS) or any(path.startswith(b + ".") for b, _ in found):
             continue
         kids = list(m.named_children())
         if kids and len({type(k) for _, k in kids}) == 1 and next(kids[0][1].children(), None) is not None:

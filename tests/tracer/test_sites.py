@@ -101,6 +101,21 @@ def test_torch_transformer_layers_give_self_and_cross_attention_and_linear1_2() 
     ]
 
 
+def test_blocks_in_a_module_dict_give_their_attention_and_their_mixture_of_experts() -> None:
+    """torchtitan keeps its layers in an ``nn.ModuleDict`` (``layers.0``) and calls a MoE layer's feed-forward
+    ``moe``, which no name pattern matches: found by structure, as in a list of blocks."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention_norm, self.attention = nn.LayerNorm(8), nn.MultiheadAttention(8, 2)
+            self.ffn_norm, self.moe = nn.LayerNorm(8), nn.Sequential(nn.Linear(8, 8))
+
+    model = nn.Module()
+    model.layers = nn.ModuleDict({str(i): Block() for i in range(2)})
+    assert sites(model) == [f"layers.{i}.{part}" for i in range(2) for part in ("attention", "moe")]
+
+
 def test_models_named_the_usual_way_keep_their_sites() -> None:
     from transformers import MixtralConfig, MixtralForCausalLM
 
