@@ -180,6 +180,14 @@ def _load(tmp_path: Path, folder: Path, capsys: pytest.CaptureFixture[str]) -> t
         ("signatures.0.bits", {"27": 4}, "do not fit 3 differing elements"),  # no bit flips in more than differ
         ("signatures.0.fields", {"sign": 0, "exponent": 0, "mantissa": 0}, "do not fit 3 differing elements"),
         ("signatures", [MANIFEST["signatures"][0]] * 2, "names an output a signature named before"),
+        ("signatures.0.bits", {"27": 3, "2": 1, "02": 1}, "has the key '02'"),  # bit 2 twice, once normalised
+        ("signatures.0.bits", {"27": 3, "32": 1}, "expected a bit index 0..31 of float32"),
+        ("signatures.0.dtype", "float99", "dtype = 'float99' is none of float64"),
+        ("signatures.0.shape_class", "1x1", "shape_class = '1x1' is not '2x32x128'"),  # grouped with other shapes
+        ("signatures.0.ulps_median", 1e12, "exceeds ulps_max"),
+        ("signatures.0.offset", 32, "is no offset within period = 32"),
+        ("signatures.0.offset", None, "is no offset within period = 32"),
+        ("site.phase", "sideways", "site.phase = 'sideways' is none of forward"),
     ],
 )
 def test_sdc_incident_load_refuses_a_crafted_manifest_in_one_line(
@@ -215,3 +223,15 @@ def test_a_manifest_with_a_duplicate_key_is_refused(tmp_path: Path) -> None:
     (folder / "manifest.json").write_text(text.replace('"format"', '"site": {}, "format"', 1))
     with pytest.raises(ValidationError, match="the key 'site' appears twice in one object"):
         read_bundle(folder)
+
+
+def test_the_dtypes_and_shape_classes_it_checks_are_those_signatures_have() -> None:
+    import torch
+
+    from analysis.incident_signatures import WIDTHS, shape_class
+    from faults.corrupt import LAYOUTS
+    from replay import signature
+
+    assert WIDTHS == {str(dtype).removeprefix("torch."): layout[0] for dtype, layout in LAYOUTS.items()}
+    for shape in [(), (0,), (1,), (3, 100), (2, 32, 128), (5, 1, 7, 1025)]:
+        assert shape_class(shape) == signature.shape_class(torch.Size(shape))
