@@ -45,8 +45,9 @@ MAX_BITS = 64  # bit indices 0..63: float64 is the widest layout
 WIDTHS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16}
 PHASES = tuple(p.name.lower() for p in Phase)
 MAX_SIZE = 1 << 40  # a dimension or an element count (DuckDB's BIGINT holds it; no tensor nears it)
-# replay/bundle_reproduce.py's VERDICTS: the words a reproduction says
+# replay/bundle_reproduce.py's VERDICTS: the words a reproduction says, and its bounds on --repeats
 VERDICT_WORDS = ("transient", "persistent here", "nondeterministic", "unexplained")
+MAX_REPEATS = 10_000
 _FIX = "capture it again with `sdc incident` (a bundle is never edited by hand)"
 _FIX_VERDICT = "remove that line (reproduce.py appends one JSON object a line; run it again for a new one)"
 
@@ -293,12 +294,15 @@ def read_verdicts(path: Path) -> list[Verdict]:
         bounds = Bounds(file_bytes=VERDICTS_BYTES, depth=4, text=JSON_TEXT)
         data = parse_json(line, f"{path}: line {n}", bounds, _FIX_VERDICT, ValidationError)
         v = _Fields(path, data, f"(line {n})", _FIX_VERDICT)
+        verdict, repeats = v.word("verdict", VERDICT_WORDS), v.count("repeats", low=1, high=MAX_REPEATS)
+        if verdict == "nondeterministic" and repeats < 2:
+            raise v.error(v.name("repeats"), "= 1: one run cannot differ from another (nondeterministic needs 2)")
         found.append(
             Verdict(
                 machine=v.text("machine"),
-                verdict=v.word("verdict", VERDICT_WORDS),
+                verdict=verdict,
                 emulated=v.text("emulated", optional=True),
-                repeats=v.count("repeats", high=1 << 30),
+                repeats=repeats,
                 device=v.text("device"),
                 torch=v.text("torch"),
                 unix=v.number("unix"),

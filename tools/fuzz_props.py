@@ -123,7 +123,7 @@ def verdict_lines() -> Any:
         "machine": _bad_text(1024),
         "verdict": st.one_of(st.text(max_size=20).filter(lambda w: w not in VERDICT_WORDS), _other_types(str)),
         "emulated": _bad_text(1024).filter(lambda v: v is not None),
-        "repeats": _outside(0, 1 << 30, integral=True),
+        "repeats": _outside(1, 10_000, integral=True),
         "device": _bad_text(1024),
         "torch": _bad_text(1024),
         "unix": _outside(0.0, math.inf, integral=False),

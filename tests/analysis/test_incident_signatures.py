@@ -207,6 +207,9 @@ def test_sdc_incident_load_refuses_a_crafted_manifest_in_one_line(
         (json.dumps({**VERDICT, "verdict": "innocent"}), "(line 1).verdict = 'innocent' is none of transient"),
         (json.dumps({**VERDICT, "machine": "host-\ud800"}), "machine: the string"),
         ('{"machine": "a", "machine": "b"}', "the key 'machine' appears twice"),
+        (json.dumps({**VERDICT, "repeats": 0}), "(line 1).repeats = 0 lies outside [1, 10000]"),  # a verdict of no run
+        (json.dumps({**VERDICT, "repeats": 10_001}), "lies outside [1, 10000]"),  # more than reproduce runs
+        (json.dumps({**VERDICT, "verdict": "nondeterministic", "repeats": 1}), "one run cannot differ from another"),
     ],
 )
 def test_sdc_incident_load_refuses_a_crafted_verdict_line(
@@ -225,13 +228,17 @@ def test_a_manifest_with_a_duplicate_key_is_refused(tmp_path: Path) -> None:
         read_bundle(folder)
 
 
-def test_the_dtypes_and_shape_classes_it_checks_are_those_signatures_have() -> None:
+def test_the_dtypes_shape_classes_and_repeats_it_checks_are_those_of_replay(tmp_path: Path) -> None:
     import torch
 
-    from analysis.incident_signatures import WIDTHS, shape_class
+    from analysis.incident_signatures import MAX_REPEATS, WIDTHS, shape_class
     from faults.corrupt import LAYOUTS
     from replay import signature
+    from replay.bundle_check import BundleError
+    from replay.bundle_reproduce import reproduce
 
     assert WIDTHS == {str(dtype).removeprefix("torch."): layout[0] for dtype, layout in LAYOUTS.items()}
+    with pytest.raises(BundleError, match=f"give 1 to {MAX_REPEATS} "):
+        reproduce(tmp_path, repeats=MAX_REPEATS + 1)
     for shape in [(), (0,), (1,), (3, 100), (2, 32, 128), (5, 1, 7, 1025)]:
         assert shape_class(shape) == signature.shape_class(torch.Size(shape))
