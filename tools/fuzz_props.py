@@ -133,17 +133,19 @@ def verdict_lines() -> Any:
 
 
 def map_places() -> Any:
-    """A tolerance-map place (pipelines/tolerance.py's `parse_tolerance_map` rules) with one field out of its
-    rule."""
+    """A tolerance-map place (pipelines/tolerance.py's `parse_tolerance_map` rules, in a map of margin 2) with one
+    field out of its rule."""
     rules = {
         "name": _bad_text(4096, least=1),
         "phase": st.one_of(st.text(max_size=12).filter(lambda w: w not in PHASES), _other_types(str)),
         "events": _outside(0, 1 << 62, integral=True),
         "max_ulps": _outside(0, 1 << 32, integral=True).filter(lambda v: v is not None),
-        "ulp_events": _outside(0, 1 << 62, integral=True),
+        # past its range, or more than the 3 events that differed
+        "ulp_events": st.one_of(_outside(0, 1 << 62, integral=True), st.integers(PLACE["events"] + 1, 1 << 62)),
         "max_rel_diff": _outside(0.0, math.inf, integral=False),
         "max_rel_error": _outside(0.0, math.inf, integral=False),
-        "band": _outside(0.0, math.inf, integral=False),
+        # past its range, or wider than margin 2 x (2e-7 + the stats' rounding 4 x 2^-24) = 8.77e-7 allows
+        "band": st.one_of(_outside(0.0, math.inf, integral=False), st.floats(min_value=8.8e-7, allow_infinity=False)),
     }
     required = ("name", "phase", "events", "ulp_events", "max_rel_diff", "max_rel_error", "band")
     return _field_of(PLACE, rules, required)
