@@ -28,6 +28,7 @@ from analysis.load import ensure_schema, rollback
 from analysis.study_db import open_writable
 from tracer.bounded_read import Bounds, digit_key, parse_json, read_bytes
 from tracer.errors import ValidationError
+from tracer.log.records import Phase
 
 FORMAT = "sdctrace-incident/1"
 MANIFEST, VERDICTS = "manifest.json", "verdicts.jsonl"
@@ -39,9 +40,14 @@ MAX_TEXT = 1024  # characters of a name, label or id
 JSON_TEXT = 1 << 16  # any string of the JSON (the fields the tables hold are bounded by MAX_TEXT, naming the field)
 MAX_DIMS = 64
 MAX_BITS = 64  # bit indices 0..63: float64 is the widest layout
+# The dtypes a signature reads and their widths in bits (faults/corrupt.py's LAYOUTS, which replay/signature.py uses;
+# tests/analysis/test_incident_signatures.py checks the two agree): a bit index is below its dtype's width.
+WIDTHS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16}
+PHASES = tuple(p.name.lower() for p in Phase)
 MAX_SIZE = 1 << 40  # a dimension or an element count (DuckDB's BIGINT holds it; no tensor nears it)
-# replay/bundle_reproduce.py's VERDICTS: the words a reproduction says
+# replay/bundle_reproduce.py's VERDICTS: the words a reproduction says, and its bounds on --repeats
 VERDICT_WORDS = ("transient", "persistent here", "nondeterministic", "unexplained")
+MAX_REPEATS = 10_000
 _FIX = "capture it again with `sdc incident` (a bundle is never edited by hand)"
 _FIX_VERDICT = "remove that line (reproduce.py appends one JSON object a line; run it again for a new one)"
 
@@ -202,7 +208,7 @@ def read_bundle(bundle: Path) -> Incident:
         step=site.count("step"),
         microbatch=site.count("microbatch"),
         site=site.text("name"),
-        phase=site.text("phase"),
+        phase=site.word("phase", PHASES),
         signatures=tuple(signatures),
         verdicts=tuple(read_verdicts(bundle / VERDICTS)),
     )
@@ -211,16 +217,25 @@ def read_bundle(bundle: Path) -> Incident:
 def _signature(sig: _Fields) -> OutputSignature:
     fields = sig.object("fields")
     bits = sig.object("bits")
+    dtype = sig.word("dtype", tuple(WIDTHS))
     if len(bits.data) > MAX_BITS:
         raise sig.error(sig.name("bits"), f"holds {len(bits.data)} bits, at most {MAX_BITS}")
     counts = {}
-    for key in bits.data:
-        if not (digit_key(key) and int(key) < MAX_BITS):
-            raise sig.error(sig.name("bits"), f"has the key {key[:20]!r}, expected a bit index 0..63")
+    for key in bits.data:  # "02" beside "2" would count bit 2 twice
+        if not (digit_key(key) and str(int(key)) == key and int(key) < WIDTHS[dtype]):
+            raise sig.error(
+                sig.name("bits"),
+                f"has the key {key[:20]!r}, expected a bit index 0..{WIDTHS[dtype] - 1} of {dtype} (no leading zero)",
+            )
         counts[int(key)] = bits.count(key)
     shape = sig.items("shape", MAX_DIMS)
     if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_SIZE for d in shape):
         raise sig.error(sig.name("shape"), f"is not a list of dimensions (integers from 0 to {MAX_SIZE})")
+    grouped = sig.text("shape_class")
+    if grouped != shape_class(shape):
+        raise sig.error(
+            sig.name("shape_class"), f"= {grouped[:40]!r} is not {shape_class(shape)!r}, the class of {shape}"
+        )
     elements = sig.count("elements", high=MAX_SIZE)
     if math.prod(shape) != elements:
         raise sig.error(sig.name("elements"), f"= {elements} is not the product of the shape {shape}")
@@ -235,21 +250,33 @@ def _signature(sig: _Fields) -> OutputSignature:
             f"and fields ({counts}, {flips}) do not fit {differing} differing elements (each has a flipped bit, "
             "none counts more than they)",
         )
+    ulps_max, ulps_median = sig.number("ulps_max"), sig.number("ulps_median")
+    if ulps_median > ulps_max:
+        raise sig.error(sig.name("ulps_median"), f"= {ulps_median} exceeds ulps_max = {ulps_max}")
+    period = sig.count("period", optional=True, low=1)
+    offset = sig.count("offset", optional=True)
+    if (period is None) != (offset is None) or (period is not None and offset is not None and offset >= period):
+        raise sig.error(sig.name("offset"), f"= {offset} is no offset within period = {period} (both or neither)")
     return OutputSignature(
         output=sig.count("output", high=MAX_SIGNATURES),
         op=sig.text("op", optional=True),
-        dtype=sig.text("dtype"),
+        dtype=dtype,
         shape=tuple(shape),
-        shape_class=sig.text("shape_class"),
+        shape_class=grouped,
         elements=elements,
         differing=differing,
         fields=flips,
         bits=counts,
-        ulps_max=sig.number("ulps_max"),
-        ulps_median=sig.number("ulps_median"),
-        period=sig.count("period", optional=True, low=1),
-        offset=sig.count("offset", optional=True),
+        ulps_max=ulps_max,
+        ulps_median=ulps_median,
+        period=period,
+        offset=offset,
     )
+
+
+def shape_class(shape: Sequence[int]) -> str:
+    """replay/signature.py's shape class (``[3, 100]`` -> ``"4x128"``), which a signature's grouping trusts."""
+    return "x".join(str(1 << max(0, (d - 1).bit_length())) if d else "0" for d in shape) or "scalar"
 
 
 def read_verdicts(path: Path) -> list[Verdict]:
@@ -267,12 +294,15 @@ def read_verdicts(path: Path) -> list[Verdict]:
         bounds = Bounds(file_bytes=VERDICTS_BYTES, depth=4, text=JSON_TEXT)
         data = parse_json(line, f"{path}: line {n}", bounds, _FIX_VERDICT, ValidationError)
         v = _Fields(path, data, f"(line {n})", _FIX_VERDICT)
+        verdict, repeats = v.word("verdict", VERDICT_WORDS), v.count("repeats", low=1, high=MAX_REPEATS)
+        if verdict == "nondeterministic" and repeats < 2:
+            raise v.error(v.name("repeats"), "= 1: one run cannot differ from another (nondeterministic needs 2)")
         found.append(
             Verdict(
                 machine=v.text("machine"),
-                verdict=v.word("verdict", VERDICT_WORDS),
+                verdict=verdict,
                 emulated=v.text("emulated", optional=True),
-                repeats=v.count("repeats", high=1 << 30),
+                repeats=repeats,
                 device=v.text("device"),
                 torch=v.text("torch"),
                 unix=v.number("unix"),

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import duckdb
 
+from tracer.bounded_read import FILE_KINDS
 from tracer.errors import StorageError, UsageError
 
 SCHEMA_VERSION = 7
@@ -45,6 +46,9 @@ def open_read_only(db_path: str | Path) -> duckdb.DuckDBPyConnection:
     if path.is_dir():
         raise UsageError(f"--db {path}: is a directory, not a study database; name the .duckdb file `sdc diff` wrote")
     if not path.is_file():
+        kind = _not_a_file(path)
+        if kind:
+            raise UsageError(f"--db {path}: is {kind}, not a study database; name the .duckdb file `sdc diff` wrote")
         raise UsageError(f"{path}: no such study database; create it with `sdc diff ... --db {path}`")
     try:
         con = duckdb.connect(str(path), read_only=True, config=dict(LOCKED))
@@ -56,6 +60,15 @@ def open_read_only(db_path: str | Path) -> duckdb.DuckDBPyConnection:
         con.close()
         raise
     return con
+
+
+def _not_a_file(path: Path) -> str | None:
+    """What ``path`` is when it exists and is no regular file (a FIFO, a device: never opened), else None."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    return next((name for test, name in FILE_KINDS if test(mode)), "not a regular file")
 
 
 def check_study_db(db_path: str | Path) -> None:

@@ -195,17 +195,40 @@ def parse_tolerance_map(doc: Any, where: str = "tolerance map") -> ToleranceMap:
         if (name, phase) in places:
             r.fail(f"{at}", f"{name!r} {phase} listed twice", "keep one entry per place")
         ulps = p.get("max_ulps")
-        places[(name, phase)] = TolerancePlace(
-            name,
-            phase,
-            r.integer(p.get("events"), f"{at}.events", 0, 1 << 62),
-            None if ulps is None else r.integer(ulps, f"{at}.max_ulps", 0, MAX_ULPS),
-            r.integer(p.get("ulp_events"), f"{at}.ulp_events", 0, 1 << 62),
-            r.number(p.get("max_rel_diff"), f"{at}.max_rel_diff", 0.0, math.inf),
-            r.number(p.get("max_rel_error"), f"{at}.max_rel_error", 0.0, math.inf),
-            r.number(p.get("band"), f"{at}.band", 0.0, math.inf),
+        places[(name, phase)] = _consistent(
+            r,
+            at,
+            margin,
+            TolerancePlace(
+                name,
+                phase,
+                r.integer(p.get("events"), f"{at}.events", 0, 1 << 62),
+                None if ulps is None else r.integer(ulps, f"{at}.max_ulps", 0, MAX_ULPS),
+                r.integer(p.get("ulp_events"), f"{at}.ulp_events", 0, 1 << 62),
+                r.number(p.get("max_rel_diff"), f"{at}.max_rel_diff", 0.0, math.inf),
+                r.number(p.get("max_rel_error"), f"{at}.max_rel_error", 0.0, math.inf),
+                r.number(p.get("band"), f"{at}.band", 0.0, math.inf),
+            ),
         )
     return ToleranceMap(runs, steps, ranks, margin, places, where)
+
+
+def _consistent(r: _Reader, at: str, margin: float, place: TolerancePlace) -> TolerancePlace:
+    """``place`` when its fields agree with each other and with ``margin`` as the audit writes them: no more events
+    measured in ulps than differed, ``max_ulps`` null exactly when none was, and a band no wider than ``margin``
+    times the measured difference (`stats_band`): a wider band would excuse differences nobody measured."""
+    if place.ulp_events > place.events:
+        r.fail(f"{at}.ulp_events", f"{place.ulp_events} of {place.events} events", "at most every differing event")
+    if (place.max_ulps is None) != (place.ulp_events == 0):
+        r.fail(f"{at}.max_ulps", f"{place.max_ulps!r} with ulp_events {place.ulp_events}", "null exactly when 0")
+    allowed = stats_band(place.max_rel_diff, place.max_rel_error, margin)
+    if place.band > allowed * (1 + 1e-9):
+        r.fail(
+            f"{at}.band",
+            f"{place.band!r}, wider than margin x the measured difference ({allowed:.6g})",
+            "a band is what the audit measured, times the margin",
+        )
+    return place
 
 
 def measured_on(tolerance: ToleranceMap, run: str | Path) -> str | None:

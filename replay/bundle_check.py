@@ -9,7 +9,8 @@ one the manifest records; the manifest is JSON of bounded depth, size and intege
 lone surrogates; every op name is ``aten.<op>.<overload>`` or ``prims.<op>.<overload>`` and resolves, through
 torch's operator registry only, to an ``OpOverload`` (never an attribute walk from a name the file chose; no op
 that reads a file); every dtype, layout and memory format is one of torch's; every tensor an op reads exists
-before it, and every stored tensor has the dtype and shape its bytes fit. Each op's results must have the shapes
+before it, and every stored tensor has the dtype and shape its bytes fit; ops that draw random numbers have the
+RNG state the forward began with. Each op's results must have the shapes
 and dtypes the manifest records. A bundle that fails any check is refused (exit 2) with one line naming the file,
 the field and the fix, never given a verdict. The bundle's own ``reproduce.py`` is its own code, which a bundle
 from elsewhere may have changed: run such a bundle with the installed ``sdc incident reproduce BUNDLE``, which
@@ -359,6 +360,7 @@ def load(bundle: Path) -> Bundle:
     digest = _check_files(bundle, _get(manifest, "files", dict, source), source)
     tensors = read_safetensors(bundle / TENSORS, digest)
     _check_tensors(tensors, stored, len(outputs), bundle / TENSORS)
+    _check_rng(ops, tensors, bundle / TENSORS)
     _check_outputs(manifest, tensors, outputs, ops, source)
     _check_signatures(manifest, tensors, len(outputs), source)
     _check_sizes(ops, stored, source)
@@ -413,6 +415,14 @@ def _check_tensors(
         raise _refuse(source, f"tensor {missing[0]!r}", "is missing")
     if "rng.cpu" in tensors and (tensors["rng.cpu"].dtype != torch.uint8 or tensors["rng.cpu"].dim() != 1):
         raise _refuse(source, "tensor 'rng.cpu'", "is no RNG state (a 1-D uint8 tensor)")
+
+
+def _check_rng(ops: tuple[Op, ...], tensors: dict[str, torch.Tensor], source: Path) -> None:
+    """An op that draws random numbers (dropout's ``bernoulli_``, ``rand``, ...) needs the RNG state the forward began
+    with: without it every run draws anew, and a verdict would compare other draws with the captured outputs."""
+    drawing = next((op.name for op in ops if torch.Tag.nondeterministic_seeded in op.func.tags), None)
+    if drawing is not None and "rng.cpu" not in tensors:
+        raise _refuse(source, "tensor 'rng.cpu'", f"is missing, while {drawing} draws random numbers from it")
 
 
 def _check_outputs(

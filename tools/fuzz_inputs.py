@@ -6,18 +6,15 @@ Kinds: incident bundles (``sdc incident reproduce``: manifests changed field by 
 flipped with and without their hash recorded anew, files swapped for FIFOs, devices and folders, hostile op names,
 ops asking for huge tensors, scripts changed), bundles for ``sdc incident load`` (manifests and verdict lines, into
 a database that already holds rows), tolerance maps (``sdc diff --tolerance``), fault profiles
-(``sdc faults show``) and study files (``sdc study``). Every case is built to be refused. Each runs in this process
-through ``sdc.cli.main`` under a watchdog, and ends as one of:
+(``sdc faults show``), study files (``sdc study``) and study databases (``sdc query``, ``sdc query --sql``,
+``sdc report``, ``sdc certify --db``, ``sdc diff --db``, ``sdc incident load --db``: tools/fuzz_db.py). Every case
+but a database that is still sdctrace's is built to be refused. Each runs in this process through
+``sdc.cli.main`` under a watchdog and ends as one of the outcomes of tools/fuzz_case.py (ok, one-line error,
+multi-line error, traceback, hang, silently accepted, data changed, code ran); the last five are bad.
 
-- ``one-line error``: exit 1 or 2 with one ``sdc: error`` line naming the crafted file (what must happen);
-- ``multi-line error``: refused, in more than one line;
-- ``silently accepted``: exit 0, a verdict, or an error about something other than the crafted file;
-- ``traceback``: an exception escaped ``main``;  ``hang``: the watchdog fired;
-- ``data changed``: a refused load changed the database it was refused for;
-- ``code ran``: a shared library was loaded (``torch.ops.loaded_libraries`` grew) or a marker file appeared.
-- ``ok``: exit 0 where that is right (no case here expects it: each is built to be refused).
-
-Python's random (seeded) generates the cases; Hypothesis is not among the project's dependencies.
+Python's random (seeded) generates the cases; where a field has a rule of its own (verdict lines, tolerance-map
+places) Hypothesis draws values just outside it too (tools/fuzz_props.py; the ``[test]`` extra installs it, and
+without it those cases come from the seeded pools as well). The same seed gives the same cases.
 """
 
 from __future__ import annotations
@@ -29,92 +26,22 @@ import json
 import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable
-from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
 
 from sdc.cli import main as sdc_main  # noqa: E402
 from tests.replay.bundle_craft import small_bundle  # noqa: E402
-
-OUTCOMES = (
-    "ok",
-    "one-line error",
-    "multi-line error",
-    "traceback",
-    "hang",
-    "silently accepted",
-    "data changed",
-    "code ran",
-)
-BAD = ("traceback", "hang", "silently accepted", "data changed", "code ran")
-TIMEOUT_S = 30
-VERDICT_EXITS = (0, 4, 5, 6)
-
-
-@dataclass(frozen=True)
-class Case:
-    kind: str
-    name: str
-    argv: tuple[str, ...]
-    crafted: str  # the refusal must name this path
-    watch: str | None = None  # a file a refusal must leave unchanged
-    marker: str | None = None  # a file that exists only if crafted code ran
-
-
-class _Hang(BaseException):
-    pass
-
-
-def _digest(path: str | None) -> str | None:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and Path(path).is_file() else None
-
-
-def run_case(case: Case) -> tuple[str, str]:
-    """(outcome, the last line it printed) of one case."""
-    before, libraries = _digest(case.watch), set(torch.ops.loaded_libraries)
-    out, err = io.StringIO(), io.StringIO()
-
-    def hung(*_: Any) -> None:
-        raise _Hang
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(TIMEOUT_S)
-    try:
-        with redirect_stdout(out), redirect_stderr(err):
-            code = sdc_main(list(case.argv))
-    except _Hang:
-        return "hang", ""
-    except SystemExit as exc:  # argparse
-        code = exc.code if isinstance(exc.code, int) else 2
-    except BaseException as exc:  # noqa: BLE001  # what the campaign counts
-        return "traceback", f"{type(exc).__name__}: {str(exc)[:160]}"
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-    lines = [line for line in err.getvalue().splitlines() if not line.startswith("sdc: warning")]
-    last = lines[-1] if lines else out.getvalue().strip()[-160:]
-    if set(torch.ops.loaded_libraries) != libraries or (case.marker and Path(case.marker).exists()):
-        return "code ran", last
-    if code != 0 and before is not None and _digest(case.watch) != before:
-        return "data changed", last
-    if code in VERDICT_EXITS and not (code != 0 and lines):
-        return "silently accepted", last
-    if len(lines) == 1 and lines[0].startswith("sdc: error") and case.crafted in lines[0]:
-        return "one-line error", last
-    if len(lines) == 1 and lines[0].startswith("sdc: error"):
-        return "silently accepted", last  # refused, but for something other than the crafted file
-    return "multi-line error", last
-
+from tools import fuzz_props  # noqa: E402
+from tools.fuzz_case import BAD, OUTCOMES, Case, run_case  # noqa: E402
+from tools.fuzz_db import db_cases  # noqa: E402
 
 # -- values a crafted file holds ---------------------------------------------------------------------------------
 RAW_TEXT: list[Callable[[str], str]] = [
@@ -325,26 +252,43 @@ LOAD_MANIFEST = {
 VERDICT = {"machine": "h", "verdict": "transient", "emulated": None, "repeats": 1, "device": "cpu", "torch": "2"}
 
 
+def good_load_bundle(root: Path) -> Path:
+    """A bundle `sdc incident load` takes (its manifest only), made once in ``root``."""
+    good = root / "load-good"
+    if not good.is_dir():
+        good.mkdir()
+        (good / "manifest.json").write_text(json.dumps(LOAD_MANIFEST))
+    return good
+
+
+def _drawn(strategy: Callable[[], Any], n: int, rng: random.Random) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Hypothesis's draws of ``strategy`` (tools/fuzz_props.py), seeded from ``rng``, marked as Hypothesis's; none
+    without Hypothesis (the caller's own pool then). ``rng`` moves the same either way."""
+    seed = rng.randrange(1 << 32)
+    if not fuzz_props.available():
+        return iter(())
+    return ((f"{what} (hypothesis)", doc) for what, doc in fuzz_props.draws(strategy(), n, seed))
+
+
 def load_cases(root: Path, n: int, rng: random.Random) -> list[Case]:
     """`sdc incident load` of a crafted bundle into a copy of a database that already holds a good one's rows."""
-    good = root / "load-good"
-    good.mkdir()
-    (good / "manifest.json").write_text(json.dumps(LOAD_MANIFEST))
+    good = good_load_bundle(root)
     db = root / "load-base.duckdb"
     with redirect_stdout(io.StringIO()):
         assert sdc_main(["incident", "load", str(good), "--db", str(db)]) == 0
+    drawn = _drawn(fuzz_props.verdict_lines, n, rng)
     cases = []
     for i in range(n):
         folder = root / f"load-{i}"
         folder.mkdir()
         doc = json.loads(json.dumps(LOAD_MANIFEST))
         if rng.random() < 0.7:
-            done = _set(doc, rng.choice([p for p in _paths(doc) if p[-1] not in ("shape_class", "dtype")]), rng)
+            done = _set(doc, rng.choice(_paths(doc)), rng)
             text, name, target = json.dumps(doc, ensure_ascii=True), f"field {done}", "manifest"
         else:
             text, target = json.dumps(doc), "verdicts"
-            line = dict(VERDICT, unix=1.0)
-            name = f"verdict line {_set(line, (rng.choice(list(line)),), rng)}"
+            what, line = next(drawn, (None, dict(VERDICT, unix=1.0)))
+            name = f"verdict line {what or _set(line, (rng.choice(list(line)),), rng)}"
             (folder / "verdicts.jsonl").write_text(json.dumps(line, ensure_ascii=True) + "\n")
         if rng.random() < 0.2:
             text = rng.choice(RAW_TEXT)(text)
@@ -379,12 +323,17 @@ MAP = {
 
 
 def map_cases(root: Path, n: int, rng: random.Random) -> list[Case]:
+    drawn = _drawn(fuzz_props.map_places, n, rng)
     cases = []
     for i in range(n):
         path = root / f"map-{i}.json"
         doc = json.loads(json.dumps(MAP))
         roll = rng.random()
-        if roll < 0.6:
+        if roll < 0.3 and (place := next(drawn, None)):
+            doc["places"][0] = place[1]
+            name = f"place {place[0]}"
+            path.write_bytes(json.dumps(doc, ensure_ascii=True).encode())
+        elif roll < 0.6:
             name = f"field {_set(doc, rng.choice(_paths(doc)), rng)}"
             path.write_bytes(json.dumps(doc, ensure_ascii=True).encode())
         elif roll < 0.9:
@@ -446,13 +395,14 @@ def toml_cases(root: Path, n: int, rng: random.Random, kind: str) -> list[Case]:
 def campaign(root: Path, cases: int, seed: int, verbose: bool = False) -> Counter[tuple[str, str]]:
     """Generate about ``cases`` cases in ``root`` and run them; counts by (kind, outcome)."""
     rng = random.Random(seed)
-    share = {"bundle": 0.4, "load": 0.2, "tolerance": 0.2, "profile": 0.1, "study": 0.1}
+    share = {"bundle": 0.34, "load": 0.16, "tolerance": 0.16, "profile": 0.08, "study": 0.08, "database": 0.18}
     made: dict[str, Callable[[Path, int, random.Random], list[Case]]] = {
         "bundle": bundle_cases,
         "load": load_cases,
         "tolerance": map_cases,
         "profile": lambda root, n, rng: toml_cases(root, n, rng, "profile"),
         "study": lambda root, n, rng: toml_cases(root, n, rng, "study"),
+        "database": lambda root, n, rng: db_cases(root, n, rng, good_load_bundle(root)),
     }
     counts: Counter[tuple[str, str]] = Counter()
     for kind, build in made.items():

@@ -10,7 +10,7 @@ chain of named CTEs, no parameters, a deterministic ORDER BY. Any ``.sql`` file 
 here is a query; `sdc query`, `sdc report` and these functions all read them from here.
 
 User SQL never changes anything: the database is opened read-only (`analysis.study_db.open_read_only`,
-which refuses a file sdctrace did not write), only a single SELECT (or EXPLAIN) statement is
+which refuses a file sdctrace did not write), only a single SELECT (or EXPLAIN of one) statement is
 accepted, and file system access (COPY ... TO, ATTACH, INSTALL, read_csv) is switched off with
 the configuration locked.
 """
@@ -32,6 +32,7 @@ from tracer.errors import UsageError, ValidationError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+_EXPLAIN = re.compile(r"\s*EXPLAIN\s+(?:\([^()]*\)\s*)?(?:ANALY[SZ]E\s+)?", re.IGNORECASE)  # before what it explains
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,19 @@ def _check_read_only(con: duckdb.DuckDBPyConnection, text: str) -> None:
     kind = statements[0].type
     if kind not in _ALLOWED:
         raise UsageError(f"refused a {kind.name} statement: queries are read-only, only SELECT (or EXPLAIN) runs here")
+    if kind == duckdb.StatementType.EXPLAIN:  # EXPLAIN ANALYZE runs what it explains: a SELECT only
+        prefix = _EXPLAIN.match(text)
+        inner = _statements(con, text[prefix.end() :]) if prefix else []
+        if len(inner) != 1 or inner[0].type != duckdb.StatementType.SELECT:
+            what = inner[0].type.name if len(inner) == 1 else "statement other than one SELECT"
+            raise UsageError(f"refused EXPLAIN of a {what}: queries are read-only, only a SELECT is explained here")
+
+
+def _statements(con: duckdb.DuckDBPyConnection, text: str) -> list[duckdb.Statement]:
+    try:
+        return con.extract_statements(text)
+    except duckdb.Error:
+        return []
 
 
 LIBRARY = QueryLibrary(resources.files(__name__))

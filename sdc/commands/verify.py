@@ -105,6 +105,11 @@ def _report(args: argparse.Namespace) -> int:
 
     if not 1.0 <= args.margin <= MAX_MARGIN:
         raise UsageError(f"--margin {args.margin}: expected a number in 1..{MAX_MARGIN:g}")
+    if args.report.is_dir():  # refused before the audit runs, not when the map is written after it
+        raise UsageError(
+            f"--report {args.report}: is a directory; name the tolerance map's file, e.g. "
+            f"{args.report / 'tolerance.json'}"
+        )
     with tempfile.TemporaryDirectory(prefix="sdc-audit-") as tmp:
         if args.runs:
             a, b = map(Path, args.runs)

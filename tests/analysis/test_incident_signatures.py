@@ -180,6 +180,14 @@ def _load(tmp_path: Path, folder: Path, capsys: pytest.CaptureFixture[str]) -> t
         ("signatures.0.bits", {"27": 4}, "do not fit 3 differing elements"),  # no bit flips in more than differ
         ("signatures.0.fields", {"sign": 0, "exponent": 0, "mantissa": 0}, "do not fit 3 differing elements"),
         ("signatures", [MANIFEST["signatures"][0]] * 2, "names an output a signature named before"),
+        ("signatures.0.bits", {"27": 3, "2": 1, "02": 1}, "has the key '02'"),  # bit 2 twice, once normalised
+        ("signatures.0.bits", {"27": 3, "32": 1}, "expected a bit index 0..31 of float32"),
+        ("signatures.0.dtype", "float99", "dtype = 'float99' is none of float64"),
+        ("signatures.0.shape_class", "1x1", "shape_class = '1x1' is not '2x32x128'"),  # grouped with other shapes
+        ("signatures.0.ulps_median", 1e12, "exceeds ulps_max"),
+        ("signatures.0.offset", 32, "is no offset within period = 32"),
+        ("signatures.0.offset", None, "is no offset within period = 32"),
+        ("site.phase", "sideways", "site.phase = 'sideways' is none of forward"),
     ],
 )
 def test_sdc_incident_load_refuses_a_crafted_manifest_in_one_line(
@@ -199,6 +207,9 @@ def test_sdc_incident_load_refuses_a_crafted_manifest_in_one_line(
         (json.dumps({**VERDICT, "verdict": "innocent"}), "(line 1).verdict = 'innocent' is none of transient"),
         (json.dumps({**VERDICT, "machine": "host-\ud800"}), "machine: the string"),
         ('{"machine": "a", "machine": "b"}', "the key 'machine' appears twice"),
+        (json.dumps({**VERDICT, "repeats": 0}), "(line 1).repeats = 0 lies outside [1, 10000]"),  # a verdict of no run
+        (json.dumps({**VERDICT, "repeats": 10_001}), "lies outside [1, 10000]"),  # more than reproduce runs
+        (json.dumps({**VERDICT, "verdict": "nondeterministic", "repeats": 1}), "one run cannot differ from another"),
     ],
 )
 def test_sdc_incident_load_refuses_a_crafted_verdict_line(
@@ -215,3 +226,19 @@ def test_a_manifest_with_a_duplicate_key_is_refused(tmp_path: Path) -> None:
     (folder / "manifest.json").write_text(text.replace('"format"', '"site": {}, "format"', 1))
     with pytest.raises(ValidationError, match="the key 'site' appears twice in one object"):
         read_bundle(folder)
+
+
+def test_the_dtypes_shape_classes_and_repeats_it_checks_are_those_of_replay(tmp_path: Path) -> None:
+    import torch
+
+    from analysis.incident_signatures import MAX_REPEATS, WIDTHS, shape_class
+    from faults.corrupt import LAYOUTS
+    from replay import signature
+    from replay.bundle_check import BundleError
+    from replay.bundle_reproduce import reproduce
+
+    assert WIDTHS == {str(dtype).removeprefix("torch."): layout[0] for dtype, layout in LAYOUTS.items()}
+    with pytest.raises(BundleError, match=f"give 1 to {MAX_REPEATS} "):
+        reproduce(tmp_path, repeats=MAX_REPEATS + 1)
+    for shape in [(), (0,), (1,), (3, 100), (2, 32, 128), (5, 1, 7, 1025)]:
+        assert shape_class(shape) == signature.shape_class(torch.Size(shape))

@@ -122,6 +122,30 @@ def test_sql_that_writes_is_refused_and_changes_nothing(
     assert not list(tmp_path.iterdir())  # nothing written beside it either
 
 
+@pytest.mark.parametrize(
+    "statement, refused",
+    [
+        ("EXPLAIN ANALYZE CHECKPOINT", "refused EXPLAIN of a CALL"),  # ANALYZE runs the statement it explains
+        ("explain analyse create temp table t as select 1", "refused EXPLAIN of a CREATE"),
+        ("EXPLAIN (FORMAT json) CHECKPOINT", "refused EXPLAIN of a CALL"),
+        ("EXPLAIN ANALYZE SELECT count(*) FROM loss", None),
+        ("EXPLAIN (FORMAT json) SELECT 1", None),
+    ],
+)
+def test_explain_explains_a_select_only(
+    tmp_path: Path, statement: str, refused: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from analysis.load import load_parquet
+    from tests.analysis.test_load import stage
+
+    db = tmp_path / "study.duckdb"
+    load_parquet(db, stage(tmp_path / "s", [1.0]), "pair-a")
+    if refused is None:
+        assert main(["query", "--sql", statement, "--db", str(db)]) == 0
+    else:
+        assert refused in one_error_line(capsys, "query", "--sql", statement, "--db", str(db))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",

@@ -2,7 +2,7 @@
 (RLIMIT_FSIZE, SIGXFSZ ignored: writes fail with EFBIG, as on a full disk) that the checkpoint of step 2 does not
 fit, it fails in one line that says where it failed and where a resume starts, leaves no END, and a resume with
 room gives, fingerprint for fingerprint, the records of an uninterrupted run. A folder a kill during start-up left
-(sdctrace's claim and checkpoint 0, no log) is resumed by recording it again from step 0."""
+(sdctrace's claim and checkpoint 0, no log) is recorded again from step 0, by `--resume` or by a plain `sdc record`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from jobs.record import record_run
 from sdc.cli import main
-from tests.support import small_config
+from tests.support import SMALL, small_config
 from tests.watch.test_record_resume import timeline
 from tracer.compare import compare_runs
 from tracer.log import LogReader, rank_dir
@@ -79,11 +79,17 @@ def test_a_first_recording_that_failed_at_checkpoint_2_resumes_from_checkpoint_0
     assert len(list(reader.records())) > 0 and reader.status.complete
 
 
-def test_a_folder_a_start_up_kill_left_is_resumed_from_step_0(once: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["--resume", "a plain sdc record"])
+def test_a_folder_a_start_up_kill_left_is_resumed_from_step_0(once: Path, tmp_path: Path, how: str, capsys) -> None:
     left = tmp_path / "left"
     shutil.copytree(once, left)
     for segment in (left / "rank-00000").iterdir():  # killed before its header went out: the claim, checkpoints
         segment.unlink()
-    summary = record_run(small_config(), left, node_label="node", progress=False, resume=True)
-    assert summary.resumed_from is None and len(summary.losses) == 4
+    if how == "--resume":
+        summary = record_run(small_config(), left, node_label="node", progress=False, resume=True)
+        assert summary.resumed_from is None and len(summary.losses) == 4
+    else:  # the folder holds sdctrace's claim: recorded again, no --overwrite asked for
+        settings = [a for kv in SMALL for a in ("--set", kv)]
+        assert main(["record", "--out", str(left), "--node-label", "node", "--quiet", *settings]) == 0
+        assert "recorded 4 steps" in capsys.readouterr().out
     assert timeline(left) == timeline(once) and compare_runs(once, left).first is None

@@ -118,6 +118,17 @@ def test_the_audit_lists_the_random_order_site_with_its_ulp_band(runs, capsys) -
     assert row.split()[:3] == ["site", "forward", str(STEPS)] and f"{mix['max_ulps']:,}" in row.split()
 
 
+def test_a_report_naming_a_directory_is_refused_in_one_line_before_the_audit(runs, capsys) -> None:
+    folder = runs["root"] / "maps"
+    folder.mkdir()
+    assert main(["verify-determinism", "--report", str(folder), str(runs["a"]), str(runs["b"])]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (  # no audit table, no IsADirectoryError after it
+        f"sdc: error: --report {folder}: is a directory; name the tolerance map's file, e.g. {folder}/tolerance.json\n"
+    )
+    assert list(runs["root"].glob("maps*")) == [folder] and not any(folder.iterdir())  # nor a maps.tmp beside it
+
+
 def test_a_diff_with_the_map_reports_no_difference_yet_still_the_exponent_bit_fault(runs, capsys) -> None:
     tolerance = runs["root"] / "tolerance-diff.json"
     main(["verify-determinism", "--report", str(tolerance), str(runs["a"]), str(runs["b"])])

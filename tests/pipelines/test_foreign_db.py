@@ -4,6 +4,7 @@ left byte for byte as it was; a new --db is created and one sdctrace wrote is ap
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import duckdb
@@ -123,3 +124,14 @@ def test_load_refuses_before_writing(tmp_path: Path, case: str) -> None:
     with pytest.raises(UsageError, match=FOREIGN):
         load_parquet(db, stage(tmp_path / "s", [1.0]), "pair-a")
     assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("kind", ["a FIFO (named pipe)", "a character device"])
+def test_a_db_that_is_no_regular_file_is_named_for_what_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    db = tmp_path / "study.duckdb"
+    os.mkfifo(db) if kind.startswith("a FIFO") else db.symlink_to("/dev/zero")
+    for argv in (["query", "summary"], ["report", "--quiet", "--out", str(tmp_path / "report")]):
+        line = one_line_error(capsys, [*argv, "--db", str(db)])
+        assert f"--db {db}: is {kind}, not a study database" in line, line  # not "no such study database"

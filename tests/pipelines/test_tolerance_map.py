@@ -62,6 +62,10 @@ def test_a_map_reads_back_as_written(tmp_path: Path) -> None:
         ({"places__0__name": ""}, "places[0].name"),
         ({"measured__steps": [0] * ((1 << 20) + 1)}, "measured.steps"),
         ({"places": {"mix": 1}}, "places"),
+        ({"places__0__band": 1e300}, "places[0].band"),  # it would excuse any difference there
+        ({"places__0__band": 8.8e-7}, "places[0].band"),  # just past 2 x (2e-7 + the stats' rounding)
+        ({"places__0__ulp_events": 4}, "places[0].ulp_events"),  # more than the 3 that differed
+        ({"places__0__max_ulps": None}, "places[0].max_ulps"),  # while 3 events were measured in ulps
     ],
 )
 def test_every_bad_field_is_named_with_the_file_and_the_fix(tmp_path: Path, changes: dict, field: str) -> None:

@@ -22,12 +22,16 @@ from replay.capture import Captured, SiteKey
 from tracer.log.records import Phase
 
 
-def small_bundle(out: Path) -> Path:
-    """The bundle of ``layers.0``'s forward (Linear, GELU, Linear on an input of 4 x 8), its suspect output the
-    golden one with bit 27 of element 5 flipped; written by the shipped `write_bundle` into ``out``."""
+def small_bundle(out: Path, *, dropout: float = 0.0, rng: bool = True) -> Path:
+    """The bundle of ``layers.0``'s forward (Linear, GELU, Linear on an input of 4 x 8; with ``dropout``, a Dropout
+    of that probability, training, before the second Linear), its suspect output the golden one with bit 27 of
+    element 5 flipped; written by the shipped `write_bundle` into ``out``, without the RNG state the forward began
+    with when ``rng`` is False (as a crafted bundle may lack it, its hash recorded anew)."""
     torch.manual_seed(0)
-    module = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    layers = [nn.Linear(8, 16), nn.GELU(), *([nn.Dropout(dropout)] if dropout else []), nn.Linear(16, 8)]
+    module = nn.Sequential(*layers)
     x = torch.randn(4, 8)
+    state = torch.get_rng_state()
     named = {f"param.{n}": p for n, p in module.named_parameters()}
     with torch.no_grad():
         recorder = OpRecorder({"input.0": x}, named)
@@ -42,7 +46,7 @@ def small_bundle(out: Path) -> Path:
         module="Sequential",
         inputs={"input.0": x.clone()},
         named={k: v.detach().clone() for k, v in named.items()},
-        rng=torch.get_rng_state(),
+        rng=state if rng else None,
         ops=recorder.ops,
         constants=recorder.constants,
         outputs=recorder.output_refs([y]),

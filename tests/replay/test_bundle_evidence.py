@@ -91,6 +91,19 @@ def test_crafted_fields_found_by_tools_fuzz_inputs_are_refused(
     assert code == 1 and words in err and "\n" not in err, err
 
 
+def test_ops_that_draw_random_numbers_without_the_rng_state_get_no_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Written whole without rng.cpu (its hash consistent): each run of its dropout would draw anew, and the verdict
+    # was "nondeterministic" (exit 5), a verdict on evidence the bundle lacks.
+    bundle = small_bundle(tmp_path / "INC", dropout=0.5, rng=False)
+    code, err = _reproduce(bundle, capsys)
+    assert code == 1 and "\n" not in err, err
+    assert "tensors.safetensors: tensor 'rng.cpu' is missing, while aten.bernoulli_.float draws random numbers" in err
+    with_state = small_bundle(tmp_path / "WITH", dropout=0.5)
+    assert _reproduce(with_state, capsys)[0] == 0  # transient: every run draws what the capture drew
+
+
 def test_a_file_the_bundle_does_not_hold_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bundle = small_bundle(tmp_path / "INC")
     edit_manifest(bundle, lambda m: m["files"].update({"../../etc/passwd": "0" * 64}))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from types import SimpleNamespace
 
+import duckdb
 import pytest
 
 from jobs.record import record_run
@@ -70,3 +71,25 @@ def test_a_refusal_is_one_line_without_the_diffs_progress(runs: SimpleNamespace,
     assert code == 1 and captured.out == ""
     [line] = captured.err.splitlines()
     assert line.startswith("sdc: error: ") and "changed after it was written" in line
+
+
+@pytest.mark.parametrize("damage", ["a table dropped", "cut short"])
+def test_a_db_whose_pairs_cannot_be_read_is_refused_in_one_line(runs: SimpleNamespace, capsys, damage: str) -> None:
+    whole = runs.root / "whole.duckdb"
+    if not whole.exists():
+        assert main(["diff", "--golden", str(runs.golden), "--suspect", str(runs.twin), "--db", str(whole)]) == 0
+    db = runs.root / f"{damage}.duckdb"
+    if damage == "a table dropped":  # sdctrace's schema lets a table be absent: the query then fails
+        shutil.copy(whole, db)
+        con = duckdb.connect(str(db))
+        con.execute("DROP TABLE param_drift")
+        con.close()
+    else:  # DuckDB opens it and reads its catalog; the pairs' blocks are past its end
+        db.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    capsys.readouterr()
+    before = db.read_bytes()
+    code = main(["certify", str(runs.twin), "--golden", str(runs.golden), "--db", str(db)])
+    captured = capsys.readouterr()
+    assert code == 1 and captured.out == "" and db.read_bytes() == before
+    [line] = captured.err.splitlines()
+    assert line.startswith(f"sdc: error: --db {db}: its pairs could not be read (") and "a new path" in line, line
