@@ -1,9 +1,10 @@
 """The warm process a job's process is forked from: torch imported once per launching process, not once per job.
 
-A job's process (`jobs.launch`) imports torch, torch.distributed and Dynamo before it forks its ranks: about 3 s of
-CPU. A process that launches many jobs (`sdc study`, `verify-determinism`, replays, a test session) paid that for
-every one. Instead, the first launch starts a zygote (``python -m jobs.zygote FD``) that makes those imports and then
-waits; each job's process is forked from it, already warm, and runs exactly what ``python -m jobs.launch SPEC`` runs.
+A job's process (`jobs.job_process`) needs torch, torch.distributed and Dynamo imported before it forks its ranks:
+about 3 s of CPU. A process that launches many jobs (`sdc study`, `verify-determinism`, replays, a test session)
+paid that for every one. Instead, the first launch starts a zygote (``python -m jobs.zygote FD``) that makes those
+imports and then waits; each job's process is forked from it, already warm, and runs exactly what
+``python -m jobs.job_process SPEC`` runs.
 
 What a fresh process would get from its launcher, the fork gets too: the launcher's standard input, output and error
 and the run's lock descriptors (sent with the request, SCM_RIGHTS), its environment and working folder, and a process
@@ -13,7 +14,7 @@ job's process, the zygote runs no thread and no tensor op, so forking it is as s
 
 The zygote reports each job's pid and then its exit status (the launcher cannot wait for a grandchild), and exits
 when its launcher goes (its socket closes); a job's process then finds itself reparented and stops its ranks
-(`jobs.launch._wait`)."""
+(`jobs.job_process`)."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def _close_all() -> None:
 
 
 def start_job(spec: str, env: Mapping[str, str], pass_fds: tuple[int, ...]) -> JobProcess:
-    """Fork the job's process for ``spec`` (what ``python -m jobs.launch SPEC`` runs) with ``env`` and ``pass_fds``
+    """Fork the job's process for ``spec`` (what ``python -m jobs.job_process SPEC`` runs) with ``env`` and ``pass_fds``
     at their numbers, from this process's zygote for that environment (started on first use)."""
     zygote = _zygote(env)
     fds = (0, 1, 2, *pass_fds)
@@ -162,7 +163,7 @@ def _serve(sock: socket.socket) -> None:
 
 
 def _job(request: dict, received: list[int]) -> int:
-    """In the forked job's process: become what ``python -m jobs.launch SPEC`` would have been, then run it."""
+    """In the forked job's process: become what ``python -m jobs.job_process SPEC`` would have been, then run it."""
     code = 1
     try:
         os.setpgid(0, 0)
@@ -177,12 +178,12 @@ def _job(request: dict, received: list[int]) -> int:
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
         sys.argv = [sys.argv[0], request["spec"]]
-        from jobs import launch
+        from jobs.job_process import run_job
 
-        code = launch._main(request["spec"])
+        code = run_job(request["spec"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - as an uncaught error ends `python -m jobs.launch`
+    except BaseException:  # noqa: BLE001 - as an uncaught error ends `python -m jobs.job_process`
         traceback.print_exc()
     finally:
         with contextlib.suppress(Exception):
