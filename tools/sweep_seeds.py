@@ -77,7 +77,7 @@ class Sweep:
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
-    """ "1:21" (start:stop, stop excluded) or "1,4,7" -> the seeds."""
+    """The seeds of "1:21" (start:stop, stop excluded) or "1,4,7"."""
     try:
         if ":" in text:
             start, stop = (int(x) for x in text.split(":"))
@@ -112,7 +112,7 @@ def sweep(study: FleetStudy, seeds: tuple[int, ...], out: Path, models: tuple[st
     models = models or tuple(m for m in study.models if study.runs(m, "rq1"))
     golden = StudyPaths(out / "golden")
     shared = frozenset({GOLDEN})
-    golden_cpu = 0.0
+    golden_cpu: float | None = None  # recorded once, by the first part, for every seed and model
     results = []
     for seed in seeds:
         fleet = at_seed(study, seed)
@@ -121,7 +121,7 @@ def sweep(study: FleetStudy, seeds: tuple[int, ...], out: Path, models: tuple[st
         parts = fleet.parts(profiles)
         for model in models:
             part = parts[fleet.part_name(model, "rq1")]
-            if not (golden.run(GOLDEN) / "rank-0").is_dir():  # once, for every seed and model
+            if golden_cpu is None:
                 jobs = plan_jobs(part, golden, progress=False, beam_args=())
                 golden_cpu = _run([j for j in jobs if j.name == f"record:{GOLDEN}"], out / "sweep.log")
             paths = StudyPaths(out / f"seed-{seed:03d}" / model, borrowed=golden, shared=shared)
@@ -129,7 +129,8 @@ def sweep(study: FleetStudy, seeds: tuple[int, ...], out: Path, models: tuple[st
             cpu = _run([j for j in jobs if j.name != "report"], out / "sweep.log")
             rep = build_reproduction({"rq1": paths.db, "rq2": None, "rq3": None})
             results.append(SeedResult(seed, model, rep, cpu))
-    return Sweep(study.name, study.fleets[0].nodes, study.fleets[0].seed, seeds, models, tuple(results), golden_cpu)
+    nodes, shipped = study.fleets[0].nodes, study.fleets[0].seed
+    return Sweep(study.name, nodes, shipped, seeds, models, tuple(results), golden_cpu or 0.0)
 
 
 def _run(jobs: list[Job], log: Path) -> float:

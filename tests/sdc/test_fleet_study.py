@@ -147,6 +147,7 @@ def test_the_seed_sweep_gives_the_study_s_rq1_verdicts_and_judges_each_seed_s_ow
     for node in drawn(spec):  # the generator's own files at that seed
         assert (other / "profiles" / f"{node.label}.toml").read_text(encoding="utf-8") == node.text
     assert {r["node_label"] for r in rows} == {n.label for n in drawn(spec)}
+    assert (tmp_path / "sweep.log").read_text(encoding="utf-8").count("== record golden") == 1  # once for both seeds
     text = table(swept)
     for i in RQ1:
         assert swept.result("study", shipped).rep.rows[i].verdict == study.rows[i].verdict, i + 1
