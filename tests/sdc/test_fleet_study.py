@@ -14,6 +14,7 @@ import pytest
 
 from analysis.queries import LIBRARY
 from analysis.reproduction import FINDINGS, build_reproduction
+from analysis.reproduction_rules import learnt_tasks
 from faults import load_profile
 from faults.fleet import FleetSpec
 from faults.fleet_files import drawn
@@ -166,6 +167,10 @@ def test_fleet_mini_judges_fine_tunes_against_a_distribution_of_twins(fleet: Fle
         LogReader(rank_dir(fleet.part("rq3").finetune(t), 0)).header.config["finetune"]["shuffle_seed"] for t in twins
     ]
     assert seeds == [1, 2, 3]
+    # long enough to exercise rows 13-15: golden learns both tasks, and its twins do not all end alike
+    assert len(learnt_tasks(accuracy)) == 2
+    ends = {(r["node_label"], r["task"]): r["accuracy"] for r in accuracy if r["node_label"] in twins}
+    assert any(len({ends[t, task] for t in twins}) > 1 for task in ("copy", "find")), ends
     disagreement = _records(fleet, "rq3", "rq3_finetune_disagreement")  # the pairs take the twins in turn
     assert {r["twin_node"] for r in disagreement} == set(twins)
     by_twin = {(r["twin_node"], r["task"]): r["baseline_disagreement"] for r in disagreement}
