@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.sdctrace-installed
 DEMO   ?= demo
 
-.PHONY: demo test test-fast test-xla bench bench-xla venv lint clean mutate-rules
+.PHONY: demo test test-fast test-xla bench bench-xla venv lint clean mutate-rules sweep-seeds
 
 # The C++ kernels, the fused digest (tracer/kernel), the ABFT checksums (faults/abft_sums.cpp) and faults' native
 # kernel (faults/native.cpp: the emulator's gate, the scope's node labels): compiled once per machine, checkout and
@@ -124,6 +124,13 @@ bench: $(KERNEL)
 # survivor with why it is equivalent; fails under 95 % or on an unexplained survivor. A few minutes; not in `make test`.
 mutate-rules: $(KERNEL)
 	$(PY) tools/mutate_rules.py
+
+# Verdicts across fleet seeds (tools/sweep_seeds.py): fleet-mini's RQ1 experiment for fleet seeds 1-20 and both fault
+# models, judged by the study's rules; prints each RQ1 row's verdict at the shipped seed beside "consistent in k of n
+# seeds" (the table in docs/fleet.md). About 10 CPU minutes; SWEEP_ARGS go to the script (e.g. --seeds 1:5).
+SWEEP_ARGS ?=
+sweep-seeds: $(KERNEL)
+	$(PY) tools/sweep_seeds.py $(SWEEP_ARGS)
 
 clean:
 	rm -rf $(DEMO) .pytest_cache

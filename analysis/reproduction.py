@@ -396,8 +396,14 @@ def models_markdown(reps: Mapping[str, Reproduction], title: str) -> str:
             + " |"
         )
     out += [""] + [f"Totals, {model}: {rep.totals()}." for model, rep in reps.items()]
-    for model, rep in reps.items():
+    for i, (model, rep) in enumerate(reps.items()):
+        fleet_md = "profiles/fleet.md" if i == 0 else f"profiles/{model}/fleet.md"
         out += ["", f"## The {model} fault model", "", *_table(rep)]
+        out += [
+            "",
+            f"The {model} model's drawn nodes: `{fleet_md}`. Where each of its parameters comes from (a source "
+            "and the figure it gives, calibrated on the study, or the project's choice): docs/fleet.md.",
+        ]
     out += ["", "## Rules", "", *_rules(first)]
     return "\n".join(out) + "\n"
 

@@ -9,12 +9,12 @@ findings. This one takes what it can from measurements made elsewhere, and says 
 it had to choose (docs/fleet.md has the table: parameter, value, source, verified or
 quoted):
 
-- each node is one defective device (Meta's fleet rates, about 1 in 1000 devices: the
-  15 nodes stand for the faulty ones of a fleet of about 15 000);
+- each node is one defective device;
 - the defect sits in one unit (one location: the matmul unit for half the nodes, else
   another drawn in proportion to its calls) and is a stuck-at one (the gate-level
-  stuck-at injection of "The Anatomy of SDC", arXiv 2605.04213): it fires at a steady
-  rate, with no bursts, and a guard's re-run of a step repeats its faults (``persistent``);
+  stuck-at injection of "The Anatomy of SDC", arXiv 2605.04213): permanent, so it fires
+  at a steady rate, with no bursts, and a guard's re-run of a step repeats its faults
+  (``persistent``; docs/fleet.md says why steady and not intermittent);
 - of its faulty outputs, 1.01 % are NaN or +-Inf (Anatomy of SDC), the rest bit flips,
   of which under 40 % flip a single bit (Anatomy of SDC); the others flip 2-4 bits;
 - corrupted addresses are periodic, warp-aligned (Anatomy of SDC): a node drawn periodic
@@ -23,7 +23,8 @@ quoted):
 
 Rates (faulty calls per step) have no published per-step figure; they are drawn
 log-uniformly over a wide range, not stratified and not tuned on any study figure.
-The same spec gives the same bytes; no global RNG is touched.
+`SOURCES` says, for every parameter, the figure a source gives or that it is the project's choice;
+`hardware_summary` prints it under the fleet's table. The same spec gives the same bytes; no global RNG is touched.
 """
 
 from __future__ import annotations
@@ -40,13 +41,45 @@ MULTI_BIT_FLIPS = (2, 4)  # bits a multi-bit outcome flips: ours (the abstract g
 WARP = 32  # the stride of a periodic (warp-aligned) node's hits: ours, from "warp-aligned" (Anatomy of SDC)
 PERIODIC_ELEMENTS = 4  # elements a periodic node corrupts per faulty call: ours
 PERIODIC_SHARE = 0.5  # of nodes whose corruptions are periodic: ours (the abstract says periodicity exists)
-FAULTY_DEVICES = 1e-3  # faulty devices per device in a fleet (Meta, 2025): what the fleet stands for
 RATE = (1e-3, 3.0)  # faulty calls per step on the reference model, log-uniform: ours, untuned
 TENSOR_CORE_SHARE = 0.5  # of nodes whose defect is in the matmul unit (2604.00726 injects there): ours
 # The other nodes' defect is in another unit, drawn in proportion to its eligible calls per step: ours.
 _OTHER_CALLS = {loc: CALLS_PER_STEP[loc] for loc in LOCATIONS if loc != "matmul"}
-# One rule per outcome class: (label, corruption lines, share of the node's faulty calls).
 _NON_FINITE = ("nan", "inf", "-inf")  # the abstract groups NaN/+INF/-INF; equal thirds are ours
+
+ANATOMY = '"The Anatomy of Silent Data Corruption", arXiv 2605.04213 (DSN 2026), abstract'
+CHOICE = "the project's choice"
+# (parameter, value, where it comes from): a source with the figure it gives, or CHOICE. docs/fleet.md has the same
+# table with the quotes, and why the rate is steady.
+SOURCES: tuple[tuple[str, str, str], ...] = (
+    ("NaN/+-Inf share of faulty outputs", f"{100 * NAN_INF_SHARE:.3g} %", f'{ANATOMY}: "1.01% of SDC outcomes"'),
+    ("NaN, +Inf, -Inf split", "a third each", CHOICE),
+    (
+        "single-bit share of bit flips",
+        f"{100 * SINGLE_BIT_SHARE:.3g} %",
+        f'{ANATOMY}: "less than 40%"; 35 % is {CHOICE}',
+    ),
+    ("bits a multi-bit flip changes", f"{MULTI_BIT_FLIPS[0]}-{MULTI_BIT_FLIPS[1]}, uniform", CHOICE),
+    ("bit positions", "uniform over the word", CHOICE),
+    (
+        "periodic addresses",
+        f"stride {WARP}, {PERIODIC_ELEMENTS} elements, {100 * PERIODIC_SHARE:.3g} % of nodes",
+        f'{ANATOMY}: "periodicity", "warp-aligned"; stride, count and share are {CHOICE}',
+    ),
+    (
+        "defect type",
+        "stuck-at: steady rate, no bursts, repeated on re-run",
+        f'{ANATOMY}: "stuck-at fault injection"; steady because stuck-at is permanent (docs/fleet.md)',
+    ),
+    (
+        "defect in the matmul unit",
+        f"{100 * TENSOR_CORE_SHARE:.3g} % of nodes",
+        'Altenbernd et al., arXiv 2604.00726, abstract: "fault injection at the level of GPU matrix-multiply '
+        f'instructions"; the share is {CHOICE}',
+    ),
+    ("other units", "in proportion to their calls per step", CHOICE),
+    ("rate", f"log-uniform in [{RATE[0]:g}, {RATE[1]:g}] faulty calls per step", f"{CHOICE}, untuned"),
+)
 
 
 @dataclass(frozen=True)
@@ -98,14 +131,12 @@ def hardware_fleet(spec: FleetSpec) -> tuple[HardwareNode, ...]:
 def hardware_summary(spec: FleetSpec, nodes: tuple[HardwareNode, ...]) -> str:
     """The fleet as a Markdown table, one row per node."""
     head = ["node", "rate / step", "location", "pattern"]
-    devices = round(spec.nodes / FAULTY_DEVICES)
     lines = [
         f"# Fleet of {spec.nodes} emulated defective devices, hardware model (seed {spec.seed})",
         "",
         f"Drawn by `sdc faults fleet --model hardware --nodes {spec.nodes} --seed {spec.seed}` (docs/fleet.md). "
-        f"At about {FAULTY_DEVICES:g} faulty devices per device (Meta), they stand for the faulty ones of a fleet "
-        f"of about {devices} devices. Rate: expected faulty op calls per step on {REFERENCE_MODEL}, steady "
-        f"(stuck-at defects, no bursts). Every node's faulty outputs: {_shares_said()}.",
+        f"Rate: expected faulty op calls per step on {REFERENCE_MODEL}, steady (stuck-at defects, no bursts). "
+        f"Every node's faulty outputs: {_shares_said()}.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -113,6 +144,8 @@ def hardware_summary(spec: FleetSpec, nodes: tuple[HardwareNode, ...]) -> str:
     for node in nodes:
         pattern = f"{PERIODIC_ELEMENTS} elements, stride {WARP}" if node.periodic else "one element"
         lines.append(f"| {node.label} | {node.rate:.3g} | {node.location} | {pattern} |")
+    lines += ["", "Where each parameter comes from (a source and the figure it gives, or the project's choice):", ""]
+    lines += [f"- {name}: {value}. Source: {source}." for name, value, source in SOURCES]
     return "\n".join(lines) + "\n"
 
 

@@ -148,6 +148,7 @@ class FinetuneTable:
     steps: int | None = None  # None: the fine-tuning default
     tasks: tuple[str, ...] = ()  # empty: the default ladder
     eval_every: int | None = None  # None: the fine-tuning default
+    batch_size: int | None = None  # examples per step; None: the fine-tuning default
     twin_shuffle_seed: int = 1
     twins: int = toml_field(1, expected="an integer from 1 to 20: shuffle-seed twins of the golden fine-tune")
 
@@ -165,7 +166,12 @@ class FinetuneTable:
         """What the study fine-tunes; None when the table disables fine-tuning."""
         if not self.enabled:
             return None
-        given = {"steps": self.steps, "tasks": self.tasks or None, "eval_every": self.eval_every}
+        given = {
+            "steps": self.steps,
+            "tasks": self.tasks or None,
+            "eval_every": self.eval_every,
+            "batch_size": self.batch_size,
+        }
         return Finetune(
             FinetuneSettings(**{k: v for k, v in given.items() if v is not None}), self.twin_shuffle_seed, self.twins
         )

@@ -16,11 +16,13 @@ from faults.emulator import FaultEmulator
 from faults.fleet import CALLS_PER_STEP, LOCATIONS, MODELS, FleetSpec, fleet
 from faults.fleet_files import drawn, write_fleet
 from faults.fleet_hardware import (
+    CHOICE,
     MULTI_BIT_FLIPS,
     NAN_INF_SHARE,
     PERIODIC_ELEMENTS,
     RATE,
     SINGLE_BIT_SHARE,
+    SOURCES,
     TENSOR_CORE_SHARE,
     WARP,
     HardwareNode,
@@ -74,6 +76,12 @@ def test_the_same_spec_writes_the_same_bytes_and_every_file_loads(tmp_path: Path
         assert not any(r.roles for r in profile.faults)  # no scripted destroyer
     table = (a / "fleet.md").read_text(encoding="utf-8")
     assert "hardware model" in table and sum(line.startswith("| node-") for line in table.splitlines()) == 15
+    # The footnote: every parameter cited with the figure its source gives (a quote), or labelled the project's choice;
+    # the fleet-size figure (Meta's 1 in 1000) drew nothing and is gone.
+    for name, value, source in SOURCES:
+        assert f"- {name}: {value}. Source: {source}." in table
+        assert source.startswith(CHOICE) or ("arXiv" in source and '"' in source), name
+    assert "Meta" not in table and "devices of a fleet" not in table
 
 
 def test_the_model_is_chosen_by_name() -> None:

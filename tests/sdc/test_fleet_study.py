@@ -13,13 +13,17 @@ from typing import Any
 import pytest
 
 from analysis.queries import LIBRARY
-from analysis.reproduction import FINDINGS
+from analysis.reproduction import FINDINGS, build_reproduction
+from analysis.reproduction_rules import learnt_tasks
 from faults import load_profile
+from faults.fleet import FleetSpec
+from faults.fleet_files import drawn
 from faults.fleet_hardware import hardware_fleet
 from sdc.cli import main
 from sdc.study.fleet_study import FleetPaths, load_fleet_study, run_fleet_study
 from sdc.study.runner import StudyPaths
 from tests.support import events
+from tools.sweep_seeds import RQ1, sweep, table
 from tracer.errors import ConfigError
 from tracer.log import LogReader, rank_dir
 
@@ -127,6 +131,34 @@ def test_fleet_mini_runs_both_fault_models_on_shared_golden_runs(fleet: FleetPat
     assert 'id="reproduction-hardware"' in (fleet.report / "index.html").read_text(encoding="utf-8")
 
 
+def test_the_seed_sweep_gives_the_study_s_rq1_verdicts_and_judges_each_seed_s_own_fleet(
+    fleet: FleetPaths, tmp_path: Path
+) -> None:
+    """tools/sweep_seeds.py at fleet-mini's own seed gives the RQ1 verdicts the whole study gave (golden recorded once,
+    no healthy twin, no report: nothing the RQ1 rows read changes), and at another seed judges that seed's drawn fleet
+    with the study's rules; "k of n seeds" counts the seeds whose rule holds. The study model alone (the first model,
+    whose part drops the healthy twin) keeps it short."""
+    mini = load_fleet_study("fleet-mini")
+    shipped = mini.fleets[0].seed
+    swept = sweep(mini, (shipped, shipped + 1), tmp_path, ("study",))
+    study = build_reproduction({"rq1": fleet.part("rq1").db, "rq2": None, "rq3": None})
+    other = tmp_path / f"seed-{shipped + 1:03d}"
+    rows = LIBRARY.run(StudyPaths(other / "study").db, "rq1_fleet_nodes").records()
+    spec = FleetSpec(nodes=5, seed=shipped + 1)
+    for node in drawn(spec):  # the generator's own files at that seed
+        assert (other / "profiles" / f"{node.label}.toml").read_text(encoding="utf-8") == node.text
+    assert {r["node_label"] for r in rows} == {n.label for n in drawn(spec)}
+    assert (tmp_path / "sweep.log").read_text(encoding="utf-8").count("== record golden") == 1  # once for both seeds
+    text = table(swept)
+    for i in RQ1:
+        assert swept.result("study", shipped).rep.rows[i].verdict == study.rows[i].verdict, i + 1
+        outcomes = swept.outcomes("study", i)
+        assert outcomes[1] == FINDINGS[i].judge(rows).outcome, i + 1
+        k = outcomes.count("reproduced")
+        assert swept.consistent("study", i) == k
+        assert f"| study | {i + 1} | {FINDINGS[i].study} | {study.rows[i].outcome} | {k} of 2 seeds |" in text
+
+
 def test_fleet_mini_judges_fine_tunes_against_a_distribution_of_twins(fleet: FleetPaths) -> None:
     accuracy = _records(fleet, "rq3", "rq3_finetune_accuracy")
     twins = sorted({r["node_label"] for r in accuracy if r["node_label"].startswith("golden-twin")})
@@ -135,6 +167,10 @@ def test_fleet_mini_judges_fine_tunes_against_a_distribution_of_twins(fleet: Fle
         LogReader(rank_dir(fleet.part("rq3").finetune(t), 0)).header.config["finetune"]["shuffle_seed"] for t in twins
     ]
     assert seeds == [1, 2, 3]
+    # long enough to exercise rows 13-15: golden learns both tasks, and its twins do not all end alike
+    assert len(learnt_tasks(accuracy)) == 2
+    ends = {(r["node_label"], r["task"]): r["accuracy"] for r in accuracy if r["node_label"] in twins}
+    assert any(len({ends[t, task] for t in twins}) > 1 for task in ("copy", "find")), ends
     disagreement = _records(fleet, "rq3", "rq3_finetune_disagreement")  # the pairs take the twins in turn
     assert {r["twin_node"] for r in disagreement} == set(twins)
     by_twin = {(r["twin_node"], r["task"]): r["baseline_disagreement"] for r in disagreement}

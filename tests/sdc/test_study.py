@@ -88,6 +88,13 @@ def test_bad_study_files_name_the_key(tmp_path: Path, body: str, message: str) -
     assert str(path) in str(err.value)
 
 
+def test_the_finetune_table_sets_the_batch_size(tmp_path: Path) -> None:
+    study = load_study(study_file(tmp_path, finetune="steps = 2\nbatch_size = 8"))
+    assert study.finetune is not None and study.finetune.settings.batch_size == 8
+    with pytest.raises(ConfigError, match=r"finetune\.batch_size = 0 must be >= 1"):
+        load_study(study_file(tmp_path, finetune="steps = 2\nbatch_size = 0"))
+
+
 def test_a_guarded_node_is_recorded_diffed_and_fine_tuned_a_second_time(tmp_path: Path) -> None:
     path = study_file(tmp_path, finetune="steps = 2")
     path.write_text(path.read_text().replace("abft = true", 'abft = true\nguard = "skip"'))
