@@ -61,6 +61,7 @@ class _Zygote:
     process: subprocess.Popen[bytes]
     sock: socket.socket
     key: tuple[str, str, tuple[tuple[str, str], ...]]
+    owner: int  # the pid that started it: a process forked from the launcher shares its socket, never its zygote
 
 
 @dataclass
@@ -93,6 +94,8 @@ def _close_all() -> None:
     """Close every zygote's socket and wait for it (each exits on its socket's end)."""
     for zygote in _ZYGOTES.values():
         zygote.sock.close()
+        if zygote.owner != os.getpid():
+            continue
         with contextlib.suppress(subprocess.TimeoutExpired):
             zygote.process.wait(timeout=10)
     _ZYGOTES.clear()
@@ -114,6 +117,8 @@ def start_job(spec: str, env: Mapping[str, str], pass_fds: tuple[int, ...]) -> J
 
 def _zygote(env: Mapping[str, str]) -> _Zygote:
     key = (sys.executable, os.getcwd(), tuple(sorted(_import_time_env(env).items())))
+    if any(z.owner != os.getpid() for z in _ZYGOTES.values()):  # forked from a launcher: its zygotes are not ours
+        _close_all()
     zygote = _ZYGOTES.get(key)
     if zygote is not None and zygote.process.poll() is None:
         return zygote
@@ -124,11 +129,12 @@ def _zygote(env: Mapping[str, str]) -> _Zygote:
             [sys.executable, "-m", "jobs.zygote", str(theirs.fileno())],
             env=_import_time_env(env),
             pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,  # each job gets the launcher's standard streams with its request
+            stdout=subprocess.DEVNULL,  # (a pipe a caller reads to its end is not held open by the zygote)
             process_group=0,  # a terminal's Ctrl-C is the launcher's to handle; the zygote ends with its socket
         )
     ours.set_inheritable(False)
-    _ZYGOTES[key] = _Zygote(process, ours, key)
+    _ZYGOTES[key] = _Zygote(process, ours, key, os.getpid())
     return _ZYGOTES[key]
 
 
