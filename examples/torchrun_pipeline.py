@@ -24,11 +24,11 @@ pipeline's: the Tracer is told each chunk's index before the stage runs its forw
 in the schedule's order (1F1B interleaves them; `tracer.pipeline`). The header's ``extra["parallel"]`` records
 ``pp``, the schedule, its microbatches and the stage-to-rank map (`tracer.parallel.Layout`).
 
-With ``parallel.stages_per_rank`` = k > 1 (an interleaved schedule: ``Interleaved1F1B`` or ``LoopedBFS``) the model
-is split into k stages per rank, stage ``s`` on rank ``s % ranks`` (torch's loop style): a rank's stages run as
-separate `TracedStage` s and are traced, stepped and checkpointed together as one module (`RankStages`) under the
-whole model's names; the header adds ``stages_per_rank`` and each stage's modules (``stage_modules``), so the diff
-names the stage of a record.
+With ``parallel.stages_per_rank`` = k > 1 (an interleaved schedule: ``Interleaved1F1B``, ``LoopedBFS`` or
+``InterleavedZeroBubble``) the model is split into k stages per rank, stage ``s`` on rank ``s % ranks`` (torch's
+loop style): a rank's stages run as separate `TracedStage` s and are traced, stepped and checkpointed together as
+one module (`RankStages`) under the whole model's names; the header adds ``stages_per_rank`` and each stage's
+modules (``stage_modules``), so the diff names the stage of a record.
 
 What crosses ranks is recorded as collective events (`tracer.pipeline`), fingerprinted at the stage's edge:
 ``pipeline.0-1.send.in`` (forward, on rank 0) is the activation stage 0 sends to stage 1, ``pipeline.0-1.recv.out``
@@ -50,7 +50,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleLoopedBFS
+from torch.distributed.pipelining import (
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleLoopedBFS,
+)
 
 from examples.torchrun_fsdp2 import (
     SETTINGS,
@@ -67,7 +73,12 @@ from workload import StepObserver
 
 SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}  # one stage per rank
 # Several stages per rank (``parallel.stages_per_rank``), stage s on rank s % ranks (torch's loop style)
-INTERLEAVED = {"Interleaved1F1B": ScheduleInterleaved1F1B, "LoopedBFS": ScheduleLoopedBFS}
+# (V-style schedules, ZBVZeroBubble and DualPipeV, place stages otherwise: not offered)
+INTERLEAVED = {
+    "Interleaved1F1B": ScheduleInterleaved1F1B,
+    "LoopedBFS": ScheduleLoopedBFS,
+    "InterleavedZeroBubble": ScheduleInterleavedZeroBubble,
+}
 
 
 def defaults(stages: int) -> dict[str, dict[str, Any]]:
@@ -199,8 +210,8 @@ def pipeline_layout(config: Mapping[str, Any], ranks: int) -> tuple[str, int]:
 def build(config: Mapping[str, Any], device: torch.device) -> PipelineLM:
     """The workload factory (`workload.protocol`): the model split into ``parallel.stages_per_rank`` stages per
     rank (1: one stage per rank), this rank's stages under the schedule ``parallel.schedule`` (GPipe or 1F1B; with
-    several stages per rank Interleaved1F1B or LoopedBFS, stage s on rank s % ranks); the whole model without a
-    process group."""
+    several stages per rank one of `INTERLEAVED`, stage s on rank s % ranks); the whole model without a process
+    group."""
     ranks = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     per_rank = config.get("parallel", {}).get("stages_per_rank", 1)

@@ -114,6 +114,16 @@ def test_a_fault_in_stage_2_is_rank_0s_first_divergence_and_stage_3_only_receive
     assert "first divergence: rank 1 (stage 3) (#2), step 3, microbatch 1, forward pipeline.2-3.recv.out" in out, out
     stages = {r["rank"]: r["stage"] for r in query_rows(db, "rq1_first_divergence_by_rank")}
     assert stages == {0: 2, 1: 3}, stages
+    # The quick check (verify-determinism, replay --at-first-divergence, incident) orders the stages as the diff does,
+    # though rank 1 records its receive earlier in its own log than rank 0 its MLP.
+    first = compare_runs(runs.golden, runs.suspect).first
+    assert first is not None and (first.rank, first.step, first.microbatch, first.name, first.phase) == (
+        0,
+        3,
+        1,
+        "blocks.2.mlp",
+        Phase.FORWARD,
+    ), first
 
 
 def test_lockstep_replay_on_2_ranks_mismatches_at_the_faulty_site_only(runs: SimpleNamespace) -> None:
