@@ -8,7 +8,7 @@ From the repository root (``--workload`` imports ``examples.torchrun_pipeline`` 
     sdc record --workload examples.torchrun_pipeline:build --nproc 2 --out runs/pp-sick \\
         --fault-profile my-rank1-fault.toml             # an emulated unhealthy node: a rule's ``ranks`` picks it
     sdc record --workload examples.torchrun_pipeline:build --nproc 4 --set parallel.schedule=GPipe --out runs/pp4
-    sdc record --workload examples.torchrun_pipeline:build --nproc 2 --set parallel.schedule=Interleaved1F1B \
+    sdc record --workload examples.torchrun_pipeline:build --nproc 2 --set parallel.schedule=Interleaved1F1B \\
         --set parallel.stages_per_rank=2 --out runs/pp-interleaved   # 4 stages, stages 0 and 2 on rank 0
     sdc diff --golden runs/pp --suspect runs/pp-sick --db pp.duckdb && sdc query summary --db pp.duckdb
     sdc replay --golden runs/pp --suspect runs/pp-sick --workload examples.torchrun_pipeline:build --nproc 2 \\
