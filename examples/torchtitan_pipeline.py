@@ -99,6 +99,6 @@ def build(config: Mapping[str, Any], device: torch.device) -> PipelineLM:
         seed=t["seed"],
         layout=layout,
         data_order_fingerprint=f"random-tokens/seed={t['seed']}/replicas=1",
-        stage=stage,
+        stages=[stage] if stage is not None else [],
         schedule=schedule,
     )

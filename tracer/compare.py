@@ -7,13 +7,15 @@ shorter one.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from tracer.errors import ValidationError
 from tracer.log import list_ranks, rank_dir
 from tracer.log.reader import LogReader
-from tracer.log.records import EventRecord, Phase, TensorRecord, describe_microbatch
+from tracer.log.records import NO_MICROBATCH, EventRecord, Phase, TensorRecord, describe_microbatch
+from tracer.parallel import pipeline_of
 from tracer.printable import printable
 
 
@@ -58,7 +60,8 @@ def compare_runs(golden: str | Path, suspect: str | Path) -> Comparison:
     The first difference reported is the earliest over all ranks: lowest step, then
     lowest position within that step's records (ranks of one layout record the same
     sequence), so a fault on one rank is reported on that rank, not on a rank it
-    reached through a collective.
+    reached through a collective. The stages of a pipeline record different sequences: there the order is the
+    diff's (`pipeline_order`).
     """
     ranks_a, ranks_b = list_ranks(Path(golden)), list_ranks(Path(suspect))
     if ranks_a != ranks_b:
@@ -67,7 +70,8 @@ def compare_runs(golden: str | Path, suspect: str | Path) -> Comparison:
         )
     events = 0
     steps: set[int] = set()
-    firsts: list[tuple[tuple[int, int, int], Divergence]] = []
+    pipeline = pipeline_of(LogReader(rank_dir(Path(golden), ranks_a[0])).header.extra) is not None if ranks_a else False
+    firsts: list[tuple[tuple[int, ...], Divergence]] = []
     for rank in ranks_a:
         ra = (r for r in LogReader(rank_dir(Path(golden), rank)).records() if isinstance(r, TensorRecord))
         rb = (r for r in LogReader(rank_dir(Path(suspect), rank)).records() if isinstance(r, TensorRecord))
@@ -87,9 +91,27 @@ def compare_runs(golden: str | Path, suspect: str | Path) -> Comparison:
                 events += 1
                 steps.add(a.step)
                 continue
-            firsts.append(((diff.step, position, rank), diff))
+            where = (*pipeline_order(diff), position) if pipeline else (position,)
+            firsts.append(((diff.step, *where, rank), diff))
             break
     return Comparison(events, len(steps), min(firsts, key=lambda f: f[0])[1] if firsts else None)
+
+
+PHASE_ORDER = {Phase.INPUT: 0, Phase.FORWARD: 1, Phase.BACKWARD: 2, Phase.GRAD: 3, Phase.PARAM: 4}
+RECEIVED = re.compile(r"pipeline\.\d+-(\d+)\.recv\.out")  # what stage D received (tracer.pipeline)
+
+
+def pipeline_order(d: Divergence) -> tuple[int, int, int, int]:
+    """Where a pipeline stage's first divergence falls within its step, as the diff orders them
+    (analysis/schema.sql, ``first_divergence_ranked``): microbatch (step-level records last), phase, then a
+    stage's own records before what it received, receivers in the pipeline's order (forward: up the stages;
+    backward: down)."""
+    phase = PHASE_ORDER[d.phase]
+    microbatch = NO_MICROBATCH if d.phase in (Phase.GRAD, Phase.PARAM) else d.microbatch
+    hop = RECEIVED.fullmatch(d.name)
+    if hop is None:
+        return microbatch, phase, 0, 0
+    return microbatch, phase, 1, int(hop.group(1)) * (-1 if d.phase == Phase.BACKWARD else 1)
 
 
 def ranks_without_steps(run: str | Path) -> list[int]:

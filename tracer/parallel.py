@@ -27,12 +27,20 @@ LAYOUT_FIELDS = ("dp", "tp", "sp", "pp", "pipeline")
 class Pipeline:
     """How a pipeline-parallel run feeds its stages (``torch.distributed.pipelining``)."""
 
-    schedule: str  # the schedule's name: "GPipe", "1F1B"
+    schedule: str  # the schedule's name: "GPipe", "1F1B", "Interleaved1F1B"
     microbatches: int  # the pipeline's microbatches per optimizer step (the log's microbatch index)
+    stages_per_rank: int = 1  # > 1: an interleaved schedule, stage s on the ranks of position s % pp (loop style)
+    # Each stage's modules by their whole-model names (stage s: stage_modules[s]), so that a record names its stage
+    # where a rank holds several (the diff's ``stage``); given with stages_per_rank > 1
+    stage_modules: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.microbatches < 1:
             raise CaptureError(f"pipeline microbatches = {self.microbatches}: a schedule needs at least 1")
+        if self.stages_per_rank < 1:
+            raise CaptureError(f"pipeline stages_per_rank = {self.stages_per_rank}: a rank holds at least 1 stage")
+        if self.stage_modules and self.stages_per_rank == 1:
+            raise CaptureError("pipeline stage_modules are for several stages per rank (stages_per_rank > 1) only")
 
 
 @dataclass(frozen=True)
@@ -59,10 +67,16 @@ class Layout:
         coords = {"dp": (rank // self.tp) % self.dp, "tp": rank % self.tp}
         return {**coords, "pp": rank // (self.dp * self.tp)} if self.pp > 1 else coords
 
+    @property
+    def stages(self) -> int:
+        """Pipeline stages: ``pp`` positions times the stages each holds (interleaved schedules: several)."""
+        return self.pp * (self.pipeline.stages_per_rank if self.pipeline is not None else 1)
+
     def stage_ranks(self) -> dict[str, list[int]]:
-        """Each pipeline stage's ranks, by stage (JSON keys: strings)."""
+        """Each pipeline stage's ranks, by stage (JSON keys: strings): stage ``s`` at position ``s % pp``, as
+        torch's loop-style interleaved schedules place it (one stage per position: ``s``)."""
         size = self.dp * self.tp
-        return {str(s): list(range(s * size, (s + 1) * size)) for s in range(self.pp)}
+        return {str(s): list(range(s % self.pp * size, (s % self.pp + 1) * size)) for s in range(self.stages)}
 
     def header(self, rank: int) -> dict[str, Any]:
         """What a run header's ``extra["parallel"]`` records (``pp`` and ``pipeline`` only for a pipeline)."""
@@ -74,6 +88,9 @@ class Layout:
                 "microbatches": self.pipeline.microbatches,
                 "stage_ranks": self.stage_ranks(),
             }
+            if self.pipeline.stages_per_rank > 1:  # absent for one stage per rank: such headers stay as they were
+                out["pipeline"]["stages_per_rank"] = self.pipeline.stages_per_rank
+                out["pipeline"]["stage_modules"] = {str(s): list(m) for s, m in enumerate(self.pipeline.stage_modules)}
         return out
 
     def check(self, world_size: int) -> None:

@@ -11,7 +11,10 @@
 --                      which a collective reached on all of them (a site after an all-reduce), so no record
 --                      tells which went first
 --   went_first         divergence_order = 1 and not tied: a tie is never credited to one rank
---   stage              the rank's pipeline stage (its header's extra.parallel.coords.pp); null outside a pipeline
+--   stage              the pipeline stage of the record: the rank's (its header's extra.parallel.coords.pp); where
+--                      a rank holds several (an interleaved schedule), the one whose modules (the header's
+--                      extra.parallel.pipeline.stage_modules) hold the site, or a link's receiving stage
+--                      (pipeline.S-D.recv.out: D) or sending one (pipeline.S-D.send.in: S); null outside a pipeline
 --   slice, global_shape   for a gradient or parameter of a sharded (DTensor) parameter, the slice of it this
 --                      rank's fingerprint covers (view param_shards, from the suspect's header); else null
 WITH
@@ -38,7 +41,16 @@ SELECT
     o.position,
     o.tied,
     o.divergence_order = 1 AND NOT o.tied AS went_first,
-    CAST(json_extract(ru.extra, '$.parallel.coords.pp') AS BIGINT) AS stage,
+    CASE WHEN json_extract(ru.extra, '$.parallel.pipeline.stage_modules') IS NULL
+        THEN CAST(json_extract(ru.extra, '$.parallel.coords.pp') AS BIGINT)
+        ELSE coalesce(
+            CAST(nullif(regexp_extract(o.name, '^pipeline\.\d+-(\d+)\.recv\.out$', 1), '') AS BIGINT),
+            CAST(nullif(regexp_extract(o.name, '^pipeline\.(\d+)-\d+\.send\.in$', 1), '') AS BIGINT),
+            CAST(list_filter(
+                map_entries(CAST(json_extract(ru.extra, '$.parallel.pipeline.stage_modules') AS MAP(VARCHAR, VARCHAR[]))),
+                lambda e: len(list_filter(e.value, lambda m: o.name = m OR starts_with(o.name, m || '.'))) > 0
+            )[1].key AS BIGINT))
+    END AS stage,
     ps.slice,
     ps.global_shape
 FROM ordered AS o

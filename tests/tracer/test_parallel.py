@@ -47,3 +47,16 @@ def test_a_pipeline_needs_its_schedule_and_the_ranks_it_spans() -> None:
         Pipeline("GPipe", 0)
     with pytest.raises(CaptureError, match=r"dp=1 x tp=1 x pp=4 needs 4 ranks, but torch.distributed has world size 2"):
         Layout(pp=4, pipeline=Pipeline("GPipe", 2)).check(2)
+
+
+def test_an_interleaved_pipeline_puts_stage_s_on_position_s_mod_pp_and_names_each_stages_modules() -> None:
+    modules = (("embed", "blocks.0"), ("blocks.1",), ("blocks.2",), ("blocks.3", "head"))
+    layout = Layout(dp=2, pp=2, pipeline=Pipeline("Interleaved1F1B", 4, stages_per_rank=2, stage_modules=modules))
+    assert (layout.world_size, layout.stages) == (4, 4)
+    assert layout.stage_ranks() == {"0": [0, 1], "1": [2, 3], "2": [0, 1], "3": [2, 3]}
+    pipeline = layout.header(2)["pipeline"]
+    assert (pipeline["stages_per_rank"], pipeline["stage_modules"]["3"]) == (2, ["blocks.3", "head"]), pipeline
+    with pytest.raises(CaptureError, match="a rank holds at least 1 stage"):
+        Pipeline("Interleaved1F1B", 4, stages_per_rank=0)
+    with pytest.raises(CaptureError, match="stage_modules are for several stages per rank"):
+        Pipeline("1F1B", 4, stage_modules=modules)
