@@ -73,6 +73,24 @@ def test_every_single_bit_flip_changes_the_fingerprint_on_xla() -> None:
             assert digest(changed).fingerprint != base, (pos, bit)
 
 
+def settled(met, quiet_s: float = 0.5, within_s: float = 10.0) -> tuple[int, int]:  # noqa: ANN001
+    """(graphs run, transfers from the device) once the device is idle and neither count has moved for ``quiet_s``:
+    the runtime records a graph's time on its own thread, so on a loaded machine an earlier sync's record can land
+    after the sync returned (CI saw the count move between two reads)."""
+    import torch_xla.core.xla_model as xm
+
+    xm.wait_device_ops()
+    deadline = time.monotonic() + within_s
+    counts = samples(met, "ExecuteTime"), samples(met, "TransferFromDeviceTime")
+    still_since = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - still_since < quiet_s:
+        time.sleep(0.02)
+        now = samples(met, "ExecuteTime"), samples(met, "TransferFromDeviceTime")
+        if now != counts:
+            counts, still_since = now, time.monotonic()
+    return counts
+
+
 def ran_graphs(met, expected: int, within_s: float = 10.0) -> int:  # noqa: ANN001 - torch_xla.debug.metrics
     """ExecuteTime's count once the device is idle: the runtime times a graph on its own thread, and on a loaded
     machine that record can land after ``sync(wait=True)`` returns (CI saw it one short). Waits for the device's
@@ -90,8 +108,8 @@ def test_a_lazy_digest_joins_the_graph_and_reads_nothing_until_the_step_mark() -
     met = xla_metrics()
     met.clear_counters()  # forgets earlier fallbacks
     x = torch.randn(300, 41).to(torch_xla.device())
-    torch_xla.sync()
-    before = samples(met, "ExecuteTime"), samples(met, "TransferFromDeviceTime")
+    torch_xla.sync(wait=True)
+    before = settled(met)
     y = x * 3 + 1  # lazy: no graph has run yet
     pending = lazy_digest(y)
     assert (samples(met, "ExecuteTime"), samples(met, "TransferFromDeviceTime")) == before
