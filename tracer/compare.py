@@ -15,7 +15,6 @@ from tracer.errors import ValidationError
 from tracer.log import list_ranks, rank_dir
 from tracer.log.reader import LogReader
 from tracer.log.records import NO_MICROBATCH, EventRecord, Phase, TensorRecord, describe_microbatch
-from tracer.parallel import pipeline_of
 from tracer.printable import printable
 
 
@@ -63,6 +62,8 @@ def compare_runs(golden: str | Path, suspect: str | Path) -> Comparison:
     reached through a collective. The stages of a pipeline record different sequences: there the order is the
     diff's (`pipeline_order`).
     """
+    from tracer.parallel import pipeline_of  # imports torch: not at module level, which `sdc watch --help` loads
+
     ranks_a, ranks_b = list_ranks(Path(golden)), list_ranks(Path(suspect))
     if ranks_a != ranks_b:
         raise ValidationError(
