@@ -84,6 +84,7 @@ def test_a_wrong_nproc_is_refused_in_one_line_naming_the_golden_runs_ranks(
     ) in err
 
 
+@pytest.mark.slow  # launches 2 ranks (the fast lane launches none: Makefile)
 def test_a_2_rank_replay_refusal_is_one_line(tmp_path: Path, capfd, monkeypatch) -> None:
     # Rank 1's checkpoint changed together with its manifest: rank 1 refuses it. The ranks' processes write to the
     # same stderr as this one (capfd): one error that names rank 1 once, a warning every rank gives (no digest kernel
