@@ -59,8 +59,10 @@ demo: $(KERNEL)
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n > 4 ? 4 : n )))
 TEST_ARGS ?=
 # No test may take longer than this (tests/budget.py prints the 15 slowest and fails the run on one over it): the
-# slowest, the fleet-mini study fixture, takes about two minutes on a quiet 2-core machine.
-TEST_BUDGET_S ?= 180
+# slowest, the fleet-mini study fixture, took 122 s on a quiet 2-core machine (2026-12-04, its fine-tunes now 60
+# steps) and 221 s with three other torch jobs beside the suite; 240 leaves CI's loaded machine twice the quiet
+# time (raised from 180; the next slowest test takes 46 s quiet).
+TEST_BUDGET_S ?= 240
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: $(KERNEL)
