@@ -108,11 +108,14 @@ def start_job(spec: str, env: Mapping[str, str], pass_fds: tuple[int, ...]) -> J
     fds = (0, 1, 2, *pass_fds)
     request = {"spec": spec, "env": dict(env), "cwd": os.getcwd(), "fds": list(fds)}
     socket.send_fds(zygote.sock, [json.dumps(request).encode()], list(fds))
-    reply = zygote.sock.recv(_MAX_MESSAGE)
-    if not reply:
-        _ZYGOTES.pop(zygote.key, None)
-        raise OSError(f"the job's zygote (pid {zygote.process.pid}) exited before it forked the job")
-    return JobProcess(json.loads(reply)["pid"], zygote)
+    while True:  # the fork's pid; an earlier job's status nobody waited for (a launch interrupted) is passed over
+        reply = zygote.sock.recv(_MAX_MESSAGE)
+        if not reply:
+            _ZYGOTES.pop(zygote.key, None)
+            raise OSError(f"the job's zygote (pid {zygote.process.pid}) exited before it forked the job")
+        forked = json.loads(reply)
+        if "status" not in forked:
+            return JobProcess(forked["pid"], zygote)
 
 
 def _zygote(env: Mapping[str, str]) -> _Zygote:
