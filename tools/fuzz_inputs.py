@@ -307,18 +307,7 @@ MAP = {
     "version": 1,
     "margin": 2.0,
     "measured": {"runs": ["a", "b"], "steps": [0], "ranks": [0]},
-    "places": [
-        {
-            "name": "mix",
-            "phase": "forward",
-            "events": 3,
-            "max_ulps": 12,
-            "ulp_events": 3,
-            "max_rel_diff": 1e-7,
-            "max_rel_error": 2e-7,
-            "band": 4e-7,
-        }
-    ],
+    "places": [dict(fuzz_props.PLACE)],
 }
 
 
