@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import io
 import json
-import os
 import random
 import shutil
 import sys
@@ -38,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 from sdc.cli import main as sdc_main  # noqa: E402
-from tests.replay.bundle_craft import small_bundle  # noqa: E402
+from tests.replay.bundle_craft import small_bundle, swap_for  # noqa: E402
 from tools import fuzz_props  # noqa: E402
 from tools.fuzz_case import BAD, OUTCOMES, Case, run_case  # noqa: E402
 from tools.fuzz_db import db_cases  # noqa: E402
@@ -138,16 +137,6 @@ def _rehash(bundle: Path) -> None:
     _edit_json(bundle / "manifest.json", lambda m: m["files"].update({"tensors.safetensors": digest}))
 
 
-def _swap_file(path: Path, how: str) -> None:
-    path.unlink()
-    if how == "fifo":
-        os.mkfifo(path)
-    elif how == "dir":
-        path.mkdir()
-    elif how == "dev-zero":
-        path.symlink_to("/dev/zero")
-
-
 def _read_by_load(path: tuple) -> bool:
     """Whether replay/bundle_check.py's `load` reads the field at ``path`` (a change elsewhere is no damage)."""
     if path[0] == "signatures":
@@ -191,8 +180,8 @@ def _bundle_change(bundle: Path, rng: random.Random, marker: Path) -> str:
         return "output byte flipped, hash recorded anew"
     if roll < 0.8:
         name = rng.choice(["tensors.safetensors", "manifest.json", "reproduce.py"])
-        how = rng.choice(["fifo", "dir", "dev-zero", "missing"])
-        _swap_file(bundle / name, how)
+        how = rng.choice(["fifo", "directory", "dev-zero", "missing"])
+        swap_for(bundle / name, how)
         return f"{name} -> {how}"
     if roll < 0.9:
         name = rng.choice(OP_NAMES)
@@ -330,8 +319,8 @@ def map_cases(root: Path, n: int, rng: random.Random) -> list[Case]:
             name = "map text"
         else:
             path.write_text("{}")
-            how = rng.choice(["fifo", "dir", "dev-zero"])
-            _swap_file(path, how)
+            how = rng.choice(["fifo", "directory", "dev-zero"])
+            swap_for(path, how)
             name = f"map -> {how}"
         argv = (
             "diff",
@@ -372,8 +361,8 @@ def toml_cases(root: Path, n: int, rng: random.Random, kind: str) -> list[Case]:
             name = f"{kind} text"
         else:
             path.write_text(base)
-            how = rng.choice(["fifo", "dir", "dev-zero"])
-            _swap_file(path, how)
+            how = rng.choice(["fifo", "directory", "dev-zero"])
+            swap_for(path, how)
             name = f"{kind} -> {how}"
         out = str(root / f"out-{i}")
         argv = ("faults", "show", str(path)) if kind == "profile" else ("study", str(path), "--out", out)

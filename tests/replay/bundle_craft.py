@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,3 +72,17 @@ def flip_byte(path: Path, offset: int) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 1
     path.write_bytes(bytes(data))
+
+
+def swap_for(path: Path, kind: str) -> None:
+    """Put something that is not a regular file where ``path`` was: a FIFO, a directory, a link to /dev/zero, or
+    nothing (``missing``)."""
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind != "missing":
+        raise ValueError(f"swap_for: no kind {kind!r}")

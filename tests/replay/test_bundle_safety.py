@@ -5,7 +5,6 @@ fresh, isolated interpreter)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from replay.bundle_check import op_of
 from replay.bundle_reproduce import USAGE_ERROR, VERDICTS
 from sdc.cli import main
-from tests.replay.bundle_craft import edit_manifest, flip_byte, small_bundle
+from tests.replay.bundle_craft import edit_manifest, flip_byte, small_bundle, swap_for
 from tests.replay.incident_support import reproduce_py
 
 # Names a manifest can hold that reach something other than a torch operator by walking attributes.
@@ -130,14 +129,7 @@ def test_tensors_that_are_not_a_regular_file_are_refused_without_reading(
     tmp_path: Path, what: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bundle = small_bundle(tmp_path / "INC")
-    path = bundle / "tensors.safetensors"
-    path.unlink()
-    if what == "fifo":
-        os.mkfifo(path)
-    elif what == "directory":
-        path.mkdir()
-    elif what == "dev-zero":
-        path.symlink_to("/dev/zero")
+    swap_for(bundle / "tensors.safetensors", what)
     code, err = _sdc_reproduce(bundle, capsys)
     assert code == 1 and "tensors.safetensors" in err and err.count("\n") == 0, err
 
