@@ -18,7 +18,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from analysis.reproduction_rules import Rows, fleet_nodes, is_fleet_node
+from analysis.reproduction_rules import Rows, fleet_nodes, is_fleet_node, learnt_by_all
 
 
 @dataclass(frozen=True)
@@ -149,14 +149,17 @@ def noise(rows: Rows, profiles: Rows) -> Recovery:
 
 
 def destroyed(rows: Rows, profiles: Rows) -> Recovery:
-    """Row 15: the fleet nodes at or below chance after fine-tuning beside the nodes whose profile scripts a
-    fine-tuning spike (the destroyer); the error: nodes on one side only."""
+    """Row 15: the fleet nodes at or below chance after fine-tuning, on the tasks the rule judges (golden and every
+    twin learnt them: `learnt_by_all`; at chance on a task nobody learnt says nothing), beside the nodes whose
+    profile scripts a fine-tuning spike (the destroyer); the error: nodes on one side only."""
+    judged = learnt_by_all(rows)
     down = sorted(
         {
             r["node_label"]
             for r in rows
             if r["role"] == "suspect"
             and is_fleet_node(r["node_label"])
+            and r["task"] in judged
             and r["collapsed"]
             and r["accuracy"] <= r["chance"]
         }

@@ -450,6 +450,14 @@ def learnt_tasks(rows: Rows) -> set[str]:
     }
 
 
+def learnt_by_all(rows: Rows) -> set[str]:
+    """The tasks golden (`learnt_tasks`) and every shuffle-seed twin learnt, each `LEARNT` above chance: row 15's."""
+    twins = [r for r in rows if is_twin(r["node_label"])]
+    return {
+        t for t in learnt_tasks(rows) if all(r["accuracy"] >= r["chance"] + LEARNT for r in twins if r["task"] == t)
+    }
+
+
 def is_twin(label: str | None) -> bool:
     """golden's shuffle-seed twins: golden-twin (the pairs' baseline), golden-twin-2, golden-twin-3 ..."""
     return bool(label) and (label == BASELINE or label.startswith(BASELINE + "-"))
@@ -562,9 +570,8 @@ def destroyed(rows: Rows) -> Verdict:
     every shuffle-seed twin learnt too (each at least `LEARNT` above chance): below all n twins, which a healthy
     fine-tune is with probability 1/(n+1), and at chance, which none of them is. Margin: a node within 2 points
     above chance on such a task could fall to it."""
-    learnt = learnt_tasks(rows)
+    learnt = learnt_by_all(rows)
     twins = [r for r in rows if is_twin(r["node_label"])]
-    learnt = {t for t in learnt if all(r["accuracy"] >= r["chance"] + LEARNT for r in twins if r["task"] == t)}
     nodes = [r for r in rows if r["role"] == "suspect" and is_fleet_node(r["node_label"]) and r["task"] in learnt]
     if not nodes:
         return Verdict(

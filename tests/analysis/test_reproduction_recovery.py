@@ -19,7 +19,7 @@ from analysis.queries import LIBRARY
 from analysis.reproduction import FINDING, FINDINGS, RECOVERY, Reproduction, Row, models_markdown, to_html
 from analysis.reproduction_provenance import Provenance
 from analysis.reproduction_rules import Verdict
-from tests.analysis.test_reproduction_rules import rq1
+from tests.analysis.test_reproduction_rules import GOLDEN, TWINS, acc, rq1
 from tests.analysis.test_reproduction_rules import rule as profile_rule
 
 
@@ -93,8 +93,13 @@ def test_abft_noise_and_destroyed_against_the_ground_truth() -> None:
     ]
     assert rec.noise(noisy, []).error == "1 of 2 node(s) with noise but no fault or faults but no noise (node-01)"
     accuracy = [
-        {"node_label": "node-03", "role": "suspect", "collapsed": True, "accuracy": 0.2, "chance": 0.25},
-        {"node_label": "node-04", "role": "suspect", "collapsed": False, "accuracy": 0.8, "chance": 0.25},
+        *GOLDEN,
+        *TWINS,
+        acc("node-03", "suspect", "copy", 0.2),
+        acc("node-04", "suspect", "copy", 0.8),
+        # at chance on the task golden did not learn ("match"), as every node is there: not a destroyed node
+        acc("node-04", "suspect", "match", 0.25),
+        acc("node-05", "suspect", "match", 0.24),
     ]
     script = [profile_rule("node-03", "stuck", roles='["finetune"]', steps="[60]")]
     r = rec.destroyed(accuracy, script)
