@@ -63,7 +63,7 @@ TEST_ARGS ?=
 # steps) and 221 s with three other torch jobs beside the suite; 240 leaves CI's loaded machine twice the quiet
 # time (raised from 180; the next slowest test takes 46 s quiet).
 TEST_BUDGET_S ?= 240
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: $(KERNEL)
 	$(PY) -m pytest -q $(XDIST) --budget-s $(TEST_BUDGET_S) $(TEST_ARGS)

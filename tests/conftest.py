@@ -82,15 +82,22 @@ def fsdp2_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # The longest test files, measured on a quiet 2-core fresh clone (`make test`, tests/budget.py's list), go to the
-# workers first: `--dist loadfile` hands out files in collection order, and one started last would leave the other
-# worker idle for its whole length (torchtitan on 4 ranks, the fleet-mini study: minutes each).
+# workers first, then every other file with a slow test, then the quick ones: with `--dist loadfile
+# --no-loadscope-reorder` (Makefile) xdist hands out files in collection order, and a long one started last leaves
+# the other worker idle for its whole length (torchtitan on 4 ranks, the fleet-mini study: minutes each). Without
+# --no-loadscope-reorder xdist orders files by their number of tests, and the fleet-mini study started late.
 LONGEST_FIRST = (
-    "tests/parallel/test_torchtitan.py",
     "tests/sdc/test_fleet_study.py",
+    "tests/parallel/test_torchtitan.py",
     "tests/integrations/test_sharded_strategies.py",
     "tests/parallel/test_fsdp2.py",
+    "tests/replay/test_incident_nondeterministic.py",
     "tests/test_readme.py",
     "tests/parallel/test_tp.py",
+    "tests/parallel/test_torchtitan_pipeline.py",
+    "tests/benchmarks/test_whole_run.py",
+    "tests/parallel/test_torchtitan_moe.py",
+    "tests/parallel/test_pipeline.py",
     "tests/parallel/test_ranks.py",
 )
 
@@ -98,4 +105,9 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     root = config.rootpath
-    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))  # stable
+    has_slow = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def key(item: pytest.Item) -> tuple[int, bool]:
+        return rank.get(item.path.relative_to(root).as_posix(), len(rank)), item.path not in has_slow
+
+    items.sort(key=key)  # stable: a file's tests keep their order
