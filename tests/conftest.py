@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,12 @@ import pytest
 # records in one process took 9.5-12.6 CPU s spinning against 0.9 s sleeping on a loaded 2-core machine, a dp=2
 # record's ranks 26 against 12 CPU s. Only idle threads change: the bits a run records do not.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# pytest caches each test module with its asserts rewritten (tests/**/__pycache__), but not while bytecode writing is
+# off, as PYTHONDONTWRITEBYTECODE turns it off (this machine's image sets it): then every worker of every run parsed
+# and rewrote all 240 test modules again, about 5 s a worker. On here, in the test processes only (their children
+# keep the environment's setting), so every run after the first reads the cache.
+sys.dont_write_bytecode = False
 
 pytest_plugins = ["tests.budget"]
 
