@@ -23,7 +23,7 @@ sys.dont_write_bytecode = False
 
 pytest_plugins = ["tests.budget"]
 
-from tests.support import SCALE_AT_1, TINY_FINETUNE, small_config  # noqa: E402 - imports torch
+from tests.support import SCALE_AT_1, TINY_FINETUNE, made_once, small_config  # noqa: E402 - imports torch
 from workload.reference_config import Config  # noqa: E402
 
 
@@ -51,9 +51,10 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small pretraining run, finished, with its final checkpoint."""
     from jobs.record import record_run
 
-    out = tmp_path_factory.mktemp("pretrained") / "golden"
-    record_run(small_config(), out, node_label="golden", progress=False)
-    return out
+    def make(root: Path) -> None:
+        record_run(small_config(), root / "golden", node_label="golden", progress=False)
+
+    return made_once(tmp_path_factory, "pretrained", make) / "golden"
 
 
 @pytest.fixture(scope="session")
@@ -65,17 +66,22 @@ def tuned(pretrained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     from faults import load_profile
     from jobs.finetune import finetune_run
 
-    root = tmp_path_factory.mktemp("tuned")
-    (root / "scale.toml").write_text(SCALE_AT_1, encoding="utf-8")
-    runs = {
-        "golden": {},
-        "node": {},
-        "twin": {"settings": dataclasses.replace(TINY_FINETUNE, shuffle_seed=1)},
-        "sick": {"fault_profile": load_profile(root / "scale.toml"), "fault_seed": 2},
-    }
-    for name, kwargs in runs.items():
-        finetune_run(pretrained, root / name, node_label=name, progress=False, **{"settings": TINY_FINETUNE, **kwargs})
-    return {name: root / name for name in runs}
+    names = ("golden", "node", "twin", "sick")
+
+    def make(root: Path) -> None:
+        (root / "scale.toml").write_text(SCALE_AT_1, encoding="utf-8")
+        runs = {
+            "golden": {},
+            "node": {},
+            "twin": {"settings": dataclasses.replace(TINY_FINETUNE, shuffle_seed=1)},
+            "sick": {"fault_profile": load_profile(root / "scale.toml"), "fault_seed": 2},
+        }
+        for name, kwargs in runs.items():
+            settings = {"settings": TINY_FINETUNE, **kwargs}
+            finetune_run(pretrained, root / name, node_label=name, progress=False, **settings)
+
+    root = made_once(tmp_path_factory, "tuned", make)
+    return {name: root / name for name in names}
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +91,7 @@ def fsdp2_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
     it."""
     from tests.parallel.test_fsdp2 import torchrun
 
-    return torchrun(tmp_path_factory.mktemp("fsdp2") / "golden")
+    return made_once(tmp_path_factory, "fsdp2", lambda root: torchrun(root / "golden")) / "golden"
 
 
 # The longest test files, measured on a quiet 2-core fresh clone (`make test`, tests/budget.py's list), go to the

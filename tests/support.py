@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +19,7 @@ from workload.reference_config import Config, load_config
 
 if TYPE_CHECKING:
     import numpy as np
+    import pytest
 
 # A 2-layer model with short sequences and a handful of steps on one intra-op thread: real, but quick. A second
 # thread buys this model no time (a step's ops are too small to split) and takes the core that another test
@@ -159,3 +163,20 @@ def captured_gradients(run: Path, step: int) -> dict[str, np.ndarray]:
         for e in events(run, "blob")
         if e.step == step and e.fields["phase"] == int(Phase.GRAD)
     }
+
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """A folder that ``make`` fills once per test run, whichever xdist worker asks first: the others wait on its lock
+    and read the same folder (a session fixture is otherwise made again in every worker; `make test` runs two).
+    For fixtures whose tests only read what was made. A ``make`` that failed is tried again by the next asker."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "made-once" / name
+    folder.parent.mkdir(exist_ok=True)
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (folder / ".made").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            (folder / ".made").touch()
+    return folder

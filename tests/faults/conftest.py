@@ -8,7 +8,7 @@ import pytest
 
 from faults import FaultProfile, load_profile
 from jobs.record import record_run
-from tests.support import small_config
+from tests.support import made_once, small_config
 
 
 @pytest.fixture
@@ -26,6 +26,8 @@ def write_profile(tmp_path: Path):
 @pytest.fixture(scope="session")
 def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The healthy twin of every small faulty run: recorded once, read by many tests."""
-    out = tmp_path_factory.mktemp("faults") / "healthy"
-    record_run(small_config(), out, node_label="healthy", progress=False)
-    return out
+
+    def make(root: Path) -> None:
+        record_run(small_config(), root / "healthy", node_label="healthy", progress=False)
+
+    return made_once(tmp_path_factory, "faults-healthy", make) / "healthy"

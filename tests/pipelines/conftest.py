@@ -22,7 +22,7 @@ from faults import load_profile
 from jobs.record import record_run
 from pipelines.arguments import DiffRequest
 from pipelines.run import DiffReport, diff
-from tests.support import ONE_FLIP, small_config
+from tests.support import ONE_FLIP, made_once, small_config
 from tracer.log import EventRecord, LogReader, LogWriter, rank_dir
 from tracer.options import RunInfo
 from tracer.tracing import Tracer
@@ -103,29 +103,27 @@ def write_replay(golden: Path, out: Path) -> None:
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("pipeline-runs")
-    cfg = small_config("run.steps=5")
-    record_run(cfg, root / "golden", node_label="golden", progress=False)
-    record_run(small_config("run.steps=4"), root / "twin", node_label="twin", progress=False)
-    record_hooked(cfg, root / "hooked")
-    write_replay(root / "golden", root / "replay")
+    def make(root: Path) -> None:
+        cfg = small_config("run.steps=5")
+        record_run(cfg, root / "golden", node_label="golden", progress=False)
+        record_run(small_config("run.steps=4"), root / "twin", node_label="twin", progress=False)
+        record_hooked(cfg, root / "hooked")
+        write_replay(root / "golden", root / "replay")
+
+    root = made_once(tmp_path_factory, "pipeline-runs", make)
     return {name: root / name for name in ("golden", "twin", "hooked", "replay")}
 
 
 @pytest.fixture(scope="session")
 def emulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("emulated")
-    (root / "one-flip.toml").write_text(ONE_FLIP, encoding="utf-8")
-    cfg = small_config("run.steps=5")
-    record_run(cfg, root / "golden", node_label="golden", progress=False, abft=True)
-    record_run(
-        cfg,
-        root / "suspect",
-        node_label="suspect",
-        progress=False,
-        abft=True,
-        fault_profile=load_profile(root / "one-flip.toml"),
-    )
+    def make(root: Path) -> None:
+        (root / "one-flip.toml").write_text(ONE_FLIP, encoding="utf-8")
+        cfg = small_config("run.steps=5")
+        record_run(cfg, root / "golden", node_label="golden", progress=False, abft=True)
+        profile = load_profile(root / "one-flip.toml")
+        record_run(cfg, root / "suspect", node_label="suspect", progress=False, abft=True, fault_profile=profile)
+
+    root = made_once(tmp_path_factory, "emulated", make)
     return {"golden": root / "golden", "suspect": root / "suspect"}
 
 
