@@ -1,19 +1,20 @@
 """The nondeterminism audit (`sdc verify-determinism --report`) and `sdc diff --tolerance`, on real runs.
 
-A deliberately nondeterministic model (`RandomOrder`: its ``mix`` site sums each row in an order drawn from
-the clock) recorded twice: the audit lists ``mix`` with its ulp band; the diff of the two runs with the map
-reports no difference, and a 1-exponent-bit fault at that site (the emulator) still is the first divergence.
+A deliberately nondeterministic model (`RandomOrder`: its ``mix`` site sums each row in an order drawn anew in
+every recording, as a nondeterministic kernel would) recorded twice: the audit lists ``mix`` with its ulp band; the
+diff of the two runs with the map reports no difference, and a 1-exponent-bit fault at that site (the emulator) still
+is the first divergence.
 A bit-changing setting that differs (NCCL_ALGO on a CPU run) is named, with both values, by pairing. An HF
 LlamaForCausalLM recorded twice audits as deterministic.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import duckdb
@@ -47,16 +48,20 @@ bits = 27
 
 
 class RandomOrderSum(nn.Module):
-    """A linear layer, then each row plus its sum, added up feature by feature in an order seeded from the
-    clock: the bits of the sum differ from run to run, its value by a few ulps."""
+    """A linear layer, then each row plus its sum, added up feature by feature in an order drawn from
+    ``order_seed``: the bits of the sum differ between recordings with other seeds, its value by a few ulps. Seeded,
+    not from the clock, so that the test is the same every time: a map measured on one pair can miss a place where
+    that pair happened to agree (AdamW's first update is about ±lr whatever the gradient's last bits), and a third
+    run with an order of its own then differed there by one ulp, beyond the map (1 run in 10)."""
 
-    def __init__(self) -> None:
+    def __init__(self, order_seed: int) -> None:
         super().__init__()
         self.proj = nn.Linear(8, 16)
+        self.orders = torch.Generator().manual_seed(order_seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.proj(x)
-        order = torch.randperm(h.shape[-1], generator=torch.Generator().manual_seed(time.time_ns())).tolist()
+        order = torch.randperm(h.shape[-1], generator=self.orders).tolist()
         total = h[:, order[0]]
         for i in order[1:]:  # float32 additions one by one (cumsum and sum accumulate in another precision)
             total = total + h[:, i]
@@ -64,22 +69,22 @@ class RandomOrderSum(nn.Module):
 
 
 class RandomOrder(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, order_seed: int) -> None:
         super().__init__()
-        self.mix = RandomOrderSum()
+        self.mix = RandomOrderSum(order_seed)
         self.out = nn.Linear(16, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(torch.tanh(self.mix(x)))
 
 
-def record(out: Path, profile: Path | None = None) -> Path:
+def record(out: Path, order_seed: int, profile: Path | None = None) -> Path:
     """STEPS steps of `RandomOrder`, every tensor captured, under the emulated ``profile`` if given."""
     train_mlp(
         out,
         load_profile(profile) if profile else None,
         steps=STEPS,
-        model_of=RandomOrder,
+        model_of=functools.partial(RandomOrder, order_seed),
         sites=SITES,
         capture=CapturePolicy(every=1),
     )
@@ -96,7 +101,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("random-order")
     profile = root / "exponent-27.toml"
     profile.write_text(EXPONENT_27, encoding="utf-8")
-    return {"a": record(root / "a"), "b": record(root / "b"), "faulty": record(root / "faulty", profile), "root": root}
+    # faulty sums in b's orders: against a it carries the nondeterminism the map measured on (a, b), and the fault
+    return {
+        "a": record(root / "a", 1),
+        "b": record(root / "b", 2),
+        "faulty": record(root / "faulty", 2, profile),
+        "root": root,
+    }
 
 
 def test_the_audit_lists_the_random_order_site_with_its_ulp_band(runs, capsys) -> None:
@@ -197,7 +208,7 @@ def test_a_diff_with_the_map_reports_no_difference_yet_still_the_exponent_bit_fa
 
 def test_pairing_names_a_bit_changing_setting_that_differs(runs, monkeypatch, capsys) -> None:
     monkeypatch.setenv("NCCL_ALGO", "Ring")
-    ring = record(runs["root"] / "ring")
+    ring = record(runs["root"] / "ring", 3)  # orders of its own: the audit finds mix
     golden, other = (LogReader(rank_dir(r, 0)).header for r in (runs["a"], ring))
     assert other.determinism["env"]["NCCL_ALGO"] == "Ring" and golden.determinism["env"]["NCCL_ALGO"] == ""
     # NCCL sums no collective of a one-rank CPU run: a warning naming the setting and both values, no refusal
@@ -208,7 +219,7 @@ def test_pairing_names_a_bit_changing_setting_that_differs(runs, monkeypatch, ca
     assert "warning: setting differs: determinism.env.NCCL_ALGO: '' vs 'Ring'" in capsys.readouterr().out
     # MKL's conditional numerical reproducibility mode changes CPU bits: the pair is refused, naming it
     monkeypatch.setenv("MKL_CBWR", "AVX2")
-    cbwr = LogReader(rank_dir(record(runs["root"] / "cbwr"), 0)).header
+    cbwr = LogReader(rank_dir(record(runs["root"] / "cbwr", 1), 0)).header
     assert any(d.startswith("determinism.env.MKL_CBWR: '' vs 'AVX2'") for d in pairing_differences(golden, cbwr))
 
 
