@@ -59,10 +59,11 @@ demo: $(KERNEL)
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n > 4 ? 4 : n )))
 TEST_ARGS ?=
 # No test may take longer than this (tests/budget.py prints the 15 slowest and fails the run on one over it): the
-# slowest, the fleet-mini study fixture, took 122 s on a quiet 2-core machine (2026-12-04, its fine-tunes now 60
-# steps) and 221 s with three other torch jobs beside the suite; 240 leaves CI's loaded machine twice the quiet
-# time (raised from 180; the next slowest test takes 46 s quiet).
-TEST_BUDGET_S ?= 240
+# slowest, the fleet-mini study fixture, took 122 s on a quiet 2-core machine when it started late beside light
+# tests, and 166-199 s (three runs, 2026-12-04) now that the longest files start first (tests/conftest.py): beside
+# the 4-rank torchtitan and FSDP2 tests; 221 s with three other torch jobs beside the suite. Raised from 240 to
+# 360, loudly: a loaded CI machine must not fail the suite on a neighbour's load (the next slowest takes 57 s).
+TEST_BUDGET_S ?= 360
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: $(KERNEL)
