@@ -66,22 +66,22 @@ def tuned(pretrained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     from faults import load_profile
     from jobs.finetune import finetune_run
 
-    names = ("golden", "node", "twin", "sick")
+    runs: dict[str, dict] = {
+        "golden": {},
+        "node": {},
+        "twin": {"settings": dataclasses.replace(TINY_FINETUNE, shuffle_seed=1)},
+        "sick": {"fault_seed": 2},  # and the SCALE_AT_1 profile, written beside the runs
+    }
 
     def make(root: Path) -> None:
         (root / "scale.toml").write_text(SCALE_AT_1, encoding="utf-8")
-        runs = {
-            "golden": {},
-            "node": {},
-            "twin": {"settings": dataclasses.replace(TINY_FINETUNE, shuffle_seed=1)},
-            "sick": {"fault_profile": load_profile(root / "scale.toml"), "fault_seed": 2},
-        }
+        runs["sick"]["fault_profile"] = load_profile(root / "scale.toml")
         for name, kwargs in runs.items():
             settings = {"settings": TINY_FINETUNE, **kwargs}
             finetune_run(pretrained, root / name, node_label=name, progress=False, **settings)
 
     root = made_once(tmp_path_factory, "tuned", make)
-    return {name: root / name for name in names}
+    return {name: root / name for name in runs}
 
 
 @pytest.fixture(scope="session")
