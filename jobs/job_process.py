@@ -1,5 +1,9 @@
 """The job's process: what ``python -m jobs.job_process SPEC`` runs, forked from the zygote (jobs/zygote.py) for
-each job `jobs.launch.launch` starts. It imports the target's module, forks the ranks, and waits for them: each rank
+each job `jobs.launch.launch` starts. It imports the target's module and the modules the spec asks to preload (the
+workload's: torchtitan's model code takes 1-1.5 s of CPU to import, HF's Trainer 3.5 s, once per job instead of once
+per rank), forks the ranks, and waits for them. A preloaded module that starts a thread as it imports would be left
+without it in every rank (a fork copies one thread): the process then starts over as a fresh
+``python -m jobs.job_process`` without the preload, and each rank imports it after its fork, as before. Each rank
 joins the gloo process group with torchrun's environment and runs the target; a failed rank is recorded for the
 launcher (`FAILED`) and the others are stopped; a launcher that went away stops the job at once (the ranks notice
 their parent go). Warnings print once per job (`_warn_once`)."""
@@ -42,7 +46,12 @@ def run_job(spec_path: str) -> int:
     folder, launcher = Path(spec_path).parent, int(os.environ["SDC_LAUNCHER_PID"])
     parent = os.getppid()  # the zygote: it exits when the launcher goes
     warnings.showwarning = _warn_once(folder)  # the ranks it forks inherit it
-    _preload(spec["target"])
+    if not _preload(spec["target"], spec.get("preload", [])):
+        spec["preload"] = []  # in the launcher's folder, which only sdctrace writes
+        Path(spec_path).write_text(json.dumps(spec))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "jobs.job_process", spec_path])
     ranks: dict[int, int] = {}
     for rank in range(spec["nproc"]):
         pid = os.fork()
@@ -58,9 +67,10 @@ def run_job(spec_path: str) -> int:
     return _wait(ranks, launcher, parent, folder)
 
 
-def _preload(target: str) -> None:
-    """Import torch.distributed, Dynamo and the target's module; a failure is left for each rank to meet and
-    report as its own."""
+def _preload(target: str, modules: list[str]) -> bool:
+    """Import torch.distributed, Dynamo, the target's module and ``modules``; a failure is left for each rank to
+    meet and report as its own. False when importing ``modules`` started a thread (of Python or native: a thread
+    pool a tensor op made counts too), so that forking this process would be unsafe."""
     try:
         import torch._dynamo  # noqa: F401 - imported once here instead of in every rank
         import torch.distributed  # noqa: F401
@@ -68,6 +78,21 @@ def _preload(target: str) -> None:
         importlib.import_module(target.partition(":")[0])
     except BaseException:  # noqa: BLE001 - the ranks report it
         pass
+    before = _threads()
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except BaseException:  # noqa: BLE001 - the ranks report it
+            pass
+    return _threads() <= before
+
+
+def _threads() -> set[str]:
+    """This process's threads (their ids), native ones included where the system lists them."""
+    try:
+        return set(os.listdir("/proc/self/task"))
+    except OSError:
+        return {str(t.ident) for t in threading.enumerate()}
 
 
 def _wait(ranks: dict[int, int], launcher: int, parent: int, folder: Path) -> int:

@@ -7,9 +7,10 @@ MASTER_PORT), so the code it runs is the code a user's own ``torchrun`` job runs
 and calls the target (``module:function``) with the spec's JSON arguments; what the target returns (JSON) comes
 back as one result per rank. The ranks are forked from one process per job (jobs/job_process.py,
 itself forked from a warm zygote (jobs/zygote.py) that has imported torch and Dynamo (which torch's
-optimizers import as they are built); the job's process imports the target's module. Those imports take about 3 s
-of CPU, paid once per launching process instead of once per rank and job. Nothing runs a thread of its own or a
-tensor op before a fork (the user's workload is built in each rank).
+optimizers import as they are built); the job's process imports the target's module and the workload's (``preload``).
+Those imports take about 3 s of CPU, paid once per launching process instead of once per rank and job. Nothing runs a
+thread of its own or a tensor op before a fork (the user's workload is built in each rank; a workload module whose
+import starts a thread is imported by each rank instead: jobs/job_process.py).
 
 A rank that fails writes its error to a file and exits; the launcher stops the
 other ranks (they would wait for it in their next collective) and raises one
@@ -37,7 +38,7 @@ import os
 import signal
 import socket
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,16 @@ def free_port() -> int:
 
 
 def launch(
-    target: str, kwargs: Mapping[str, Any], nproc: int, *, timeout_s: float = 300.0, lock: RunLock | None = None
+    target: str,
+    kwargs: Mapping[str, Any],
+    nproc: int,
+    *,
+    timeout_s: float = 300.0,
+    lock: RunLock | None = None,
+    preload: Sequence[str] = (),
 ) -> list[Any]:
-    """Run ``target(**kwargs)`` on ``nproc`` ranks; returns each rank's result, in rank order."""
+    """Run ``target(**kwargs)`` on ``nproc`` ranks; returns each rank's result, in rank order. ``preload``: modules
+    the job's process imports before it forks the ranks (the workload's, named by the user, never by a file)."""
     if nproc < 1:
         raise UsageError(f"--nproc {nproc}: need at least 1 rank")
     if nproc > max_local_ranks():
@@ -70,7 +78,7 @@ def launch(
     with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as tmp:
         folder = Path(tmp)
         spec = folder / "spec.json"
-        job = {"target": target, "kwargs": dict(kwargs), "timeout_s": timeout_s, "nproc": nproc}
+        job = {"target": target, "kwargs": dict(kwargs), "timeout_s": timeout_s, "nproc": nproc, "preload": [*preload]}
         spec.write_text(json.dumps(job))
         env = {
             **{k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")},  # each rank sets its own

@@ -60,7 +60,7 @@ from tracer.log.sessions import Resumption
 from tracer.options import RunInfo, TraceOptions
 from tracer.pairing import pairing_differences
 from tracer.tracing import Tracer
-from workload.protocol import REFERENCE, RunSettings, Workload, build_workload, run_step
+from workload.protocol import REFERENCE, RunSettings, Workload, build_workload, factory_modules, run_step
 from workload.reference_config import Config
 from workload.sharpness import sharpness
 
@@ -205,7 +205,15 @@ def _record_claimed(
         if nproc == 1:
             return _record_rank(config, request, on_step)
         job = {"config": config, "request": request.to_json()}
-        return RunSummary.from_json(launch("jobs.record:record_rank", job, nproc, timeout_s=rank_timeout, lock=lock)[0])
+        ranks = launch(
+            "jobs.record:record_rank",
+            job,
+            nproc,
+            timeout_s=rank_timeout,
+            lock=lock,
+            preload=factory_modules(request.workload),
+        )
+        return RunSummary.from_json(ranks[0])
 
 
 def _resumable_after(exc: BaseException, out: Path, world_size: int) -> StorageError | None:

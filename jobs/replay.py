@@ -24,6 +24,7 @@ from replay.results import ReplaySummary
 from tracer.errors import UsageError
 from tracer.log import LogReader, claim_out_dir, rank_dir
 from tracer.log.records import RunHeader
+from workload.protocol import REFERENCE, factory_modules
 
 
 def golden_header(path: Path, nproc: int | None = None) -> RunHeader:
@@ -60,6 +61,7 @@ def replay(request: ReplayRequest, golden: RunHeader, *, rank_timeout_s: float =
             golden.world_size,
             timeout_s=rank_timeout_s,
             lock=lock,
+            preload=factory_modules(request.workload or REFERENCE),
         )
     return [ReplaySummary.from_json(r) for r in results]
 

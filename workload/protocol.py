@@ -228,6 +228,12 @@ def load_workload_config(path: str | Path | None, overrides: Sequence[str] = ())
     return config
 
 
+def factory_modules(entry: str) -> tuple[str, ...]:
+    """The module ``entry`` (``package.module:function``) imports: what a job's process preloads before it forks the
+    ranks (`jobs.launch.launch`); none for a malformed entry, which each rank's `load_factory` refuses."""
+    return (entry.partition(":")[0],) if ENTRY_POINT.fullmatch(entry) else ()
+
+
 def load_factory(entry: str) -> Factory:
     """Import ``package.module:function``: only ever an entry point the user named, never one read from a log."""
     if not ENTRY_POINT.fullmatch(entry):

@@ -34,6 +34,16 @@ def test_launched_ranks_inherit_the_writer_lock(tmp_path: Path) -> None:
             launch("tests.parallel.ranks:claim_on_rank_0", {"out": str(out)}, 1)  # without the lock
 
 
+@pytest.mark.slow  # launches ranks
+def test_the_workload_module_is_imported_once_before_the_fork_unless_its_import_starts_a_thread() -> None:
+    # imported by the job's process, which forked both ranks
+    pids = launch("tests.parallel.preloaded:imported_by", {}, 2, preload=["tests.parallel.preloaded"])
+    assert pids[0][0] == pids[1][0] and {pids[0][0]} != {p[1] for p in pids}, pids
+    # a thread started at import would be missing in the forked ranks: each rank imports that module itself
+    ranks = launch("tests.parallel.preloaded:thread_alive", {}, 2, preload=["tests.parallel.thread_at_import"])
+    assert all(by == pid and alive for by, pid, alive in ranks), ranks
+
+
 @pytest.mark.slow  # launches ranks and waits out a collective timeout
 def test_a_hung_rank_fails_the_job_after_the_collective_timeout() -> None:
     with pytest.raises(CaptureError, match=r"^rank 0 failed: RuntimeError: .*[Tt]imed out") as err:
