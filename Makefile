@@ -9,9 +9,10 @@ DEMO   ?= demo
 
 # The C++ kernels, the fused digest (tracer/kernel), the ABFT checksums (faults/abft_sums.cpp) and faults' native
 # kernel (faults/native.cpp: the emulator's gate, the scope's node labels): compiled once per machine, checkout and
-# source (the build key: tracer/kernel/__init__.py), about half a minute each; side by side, as each compiles one
-# file (48 s for the three here against 80 s one after another). They need torch alone, so a new environment
-# compiles them while pip installs the rest; a changed source compiles them again ($(KERNEL)).
+# source (the build key: tracer/kernel/__init__.py), 15-23 s each (each includes only the torch headers it uses:
+# torch/extension.h alone took 29 s); side by side, as each compiles one file (31 s of wall and 54 s of CPU for
+# the three here, 2026-12-04). They need torch alone, so a new environment compiles them while pip installs the
+# rest; a changed source compiles them again ($(KERNEL)).
 BUILD_KERNELS = $(PY) -m tracer.kernel & digest=$$!; $(PY) -m faults.abft_kernel & abft=$$!; \
 	$(PY) -m faults.native_kernel; native=$$?; wait $$digest && wait $$abft && test $$native -eq 0
 KERNEL := $(VENV)/.sdctrace-kernel
