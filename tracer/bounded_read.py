@@ -217,10 +217,17 @@ def _field(root: Any, target: Any) -> str:
         if v is target:
             return path or "the top level"
         if isinstance(v, dict):
-            stack.extend((x, f"{path}.{k}" if path else str(k)) for k, x in v.items())
+            stack.extend((x, f"{path}.{_key(k)}" if path else _key(k)) for k, x in v.items())
         elif isinstance(v, list):
             stack.extend((x, f"{path}[{i}]") for i, x in enumerate(v))
     return "a value"
+
+
+def _key(key: Any) -> str:
+    """A key as a refusal names it: on one line, safe to print (control and non-ASCII characters escaped: this
+    module stands alone in a bundle, without tracer.printable), at most 40 characters of it."""
+    text = str(key)
+    return text[:40].encode("unicode_escape").decode("ascii") + ("..." if len(text) > 40 else "")
 
 
 def read_json(path: Path | str, what: str, bounds: Bounds, fix: str, error: type[Exception] = SdcError) -> Any:

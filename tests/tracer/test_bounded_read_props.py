@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("hypothesis")
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tracer.bounded_read import Bounds, parse_json  # noqa: E402
@@ -53,6 +53,7 @@ def _utf8(text: str) -> bool:
 
 @settings(max_examples=300, deadline=None, database=None)
 @given(RAW)
+@example(b'{"\\n": 100000000000000000000}')  # a key's line break once reached the message (found 2026-12-04)
 def test_any_bytes_give_a_bounded_value_or_one_line(data: bytes) -> None:
     try:
         value = parse_json(data, "from-elsewhere.json", BOUNDS, "send it again", ValidationError)
