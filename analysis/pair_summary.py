@@ -18,16 +18,22 @@ from analysis import queries
 
 
 def summarize_pair(db: str | Path, pid: str) -> list[str]:
-    """A few lines on what the pair's tables say, from the named queries (the database opened read-only)."""
-    (totals,) = _pair_rows(db, "summary_totals", pid)
+    """A few lines on what the pair's tables say, from the named queries (the database opened read-only, once)."""
+    with queries.LIBRARY.session(db) as session:
+        return _summary_lines(session, pid)
+
+
+def _summary_lines(session: queries.Session, pid: str) -> list[str]:
+    db = session.db_path
+    (totals,) = _pair_rows(session, "summary_totals", pid)
     if totals["compared_through"] is None:
-        return [_nothing_compared(db, pid, totals), f"  tables: {db} (pair_id = '{pid}')"]
+        return [_nothing_compared(session, pid, totals), f"  tables: {db} (pair_id = '{pid}')"]
     result = (
         f"result: {totals['events_compared']:,} events compared through step {totals['compared_through']}; "
         f"{totals['events_differing']:,} differ"
     )
     lines = [result]
-    for t in _pair_rows(db, "SELECT * FROM within_tolerance", pid):  # sdc diff --tolerance
+    for t in _pair_rows(session, "SELECT * FROM within_tolerance", pid):  # sdc diff --tolerance
         lines.append(
             f"  {t['events']:,} of them within the tolerance map's band at {t['places']} place(s), "
             f"not SDC; {totals['events_differing'] - t['events']:,} differ beyond it or unlisted"
@@ -39,7 +45,7 @@ def summarize_pair(db: str | Path, pid: str) -> list[str]:
         )
     elif (totals["golden_status"], totals["suspect_status"]) != ("complete", "complete"):
         lines.append(f"  runs: golden {totals['golden_status']}, suspect {totals['suspect_status']}")
-    firsts = _pair_rows(db, "rq1_first_divergence_by_rank", pid)  # in execution order across ranks
+    firsts = _pair_rows(session, "rq1_first_divergence_by_rank", pid)  # in execution order across ranks
     for r in firsts:
         lines.append(_first_line(r, alone=len(firsts) == 1))
     tied = [r["rank"] for r in firsts if r["divergence_order"] == 1 and r["tied"]]
@@ -55,14 +61,14 @@ def summarize_pair(db: str | Path, pid: str) -> list[str]:
         if drift is not None
         else f"  no checkpoint pair for drift; {spikes} loss spike(s)"
     )
-    lines += _finetune_lines(db, pid, totals["suspect_run_id"])
+    lines += _finetune_lines(session, pid, totals["suspect_run_id"])
     lines.append(f"  tables: {db} (pair_id = '{pid}')")
     return lines
 
 
-def _nothing_compared(db: str | Path, pid: str, totals: dict[str, Any]) -> str:
+def _nothing_compared(session: queries.Session, pid: str, totals: dict[str, Any]) -> str:
     """The result of a pair with no step both runs completed on any rank: which run completed none."""
-    ranks = _pair_rows(db, "SELECT * FROM pair_ranks", pid)
+    ranks = _pair_rows(session, "SELECT * FROM pair_ranks", pid)
     sides = [s for s in ("golden", "suspect") if all(r[f"{s}_last_step"] is None for r in ranks)]
     who = " and ".join(f"the {s}" for s in sides) or "the runs"
     return (
@@ -88,15 +94,15 @@ def _first_line(r: dict[str, Any], *, alone: bool) -> str:
     )
 
 
-def _finetune_lines(db: str | Path, pid: str, suspect_run_id: str) -> list[str]:
+def _finetune_lines(session: queries.Session, pid: str, suspect_run_id: str) -> list[str]:
     """Per task, for fine-tunes: the final accuracies, collapses, and suspect vs twin disagreement (RQ3)."""
     collapsed = {
         r["task"]
-        for r in queries.run(db, "rq3_finetune_accuracy").records()
+        for r in session.run("rq3_finetune_accuracy").records()
         if r["collapsed"] and r["run_id"] == suspect_run_id
     }
     lines = []
-    for r in sorted(_pair_rows(db, "rq3_finetune_disagreement", pid), key=lambda r: r["task"]):
+    for r in sorted(_pair_rows(session, "rq3_finetune_disagreement", pid), key=lambda r: r["task"]):
         task, twin, baseline = r["task"], r["twin_accuracy"], r["baseline_disagreement"]
         twin_text = f", twin {twin:.0%}" if twin is not None else ""
         base_text = f" (twin baseline {baseline:.0%})" if baseline is not None else " (no --twin, no baseline)"
@@ -108,6 +114,6 @@ def _finetune_lines(db: str | Path, pid: str, suspect_run_id: str) -> list[str]:
     return lines
 
 
-def _pair_rows(db: str | Path, query: str, pid: str) -> list[dict[str, Any]]:
+def _pair_rows(session: queries.Session, query: str, pid: str) -> list[dict[str, Any]]:
     """The rows of a named query or a SELECT (they cover every pair) that belong to pair `pid`."""
-    return [r for r in queries.run(db, query).records() if r["pair_id"] == pid]
+    return [r for r in session.run(query).records() if r["pair_id"] == pid]

@@ -40,7 +40,7 @@ from matplotlib.ticker import MaxNLocator
 from tqdm import tqdm
 
 from analysis.formats import cell
-from analysis.queries import LIBRARY, QueryLibrary, Result
+from analysis.queries import LIBRARY, QueryLibrary, Result, Session
 from tracer.errors import UsageError
 
 FINETUNE_QUERIES = ("rq3_finetune_accuracy", "rq3_finetune_disagreement")
@@ -67,17 +67,22 @@ class Report:
 
 
 class _Study:
-    """The database, the output folder and each query's result, run once."""
+    """The database (one read-only session for the whole report), the output folder and each query's result, run
+    once."""
 
-    def __init__(self, db: Path, out: Path, library: QueryLibrary) -> None:
-        self.db, self.out, self.library = db, out, library
+    def __init__(self, session: Session, out: Path) -> None:
+        self.session, self.out, self.library = session, out, session.library
+        self.db = Path(session.db_path)
         self._results: dict[str, Result] = {}
         self.images: list[Path] = []
 
     def query(self, name: str) -> Result:
         if name not in self._results:
-            self._results[name] = self.library.run(self.db, self.library.sql(name))
+            self._results[name] = self.session.execute(self.library.sql(name))
         return self._results[name]
+
+    def select(self, sql: str) -> Result:
+        return self.session.execute(sql)
 
     def save(self, fig: Figure, name: str) -> str:
         path = self.out / name
@@ -94,8 +99,13 @@ def build_report(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a directory; choose another --out")
-    study = _Study(Path(db_path), out, library)
-    study.query("summary")  # fail early, before any file is written, on a missing or foreign database
+    with library.session(db_path) as session:  # fails early, before any file is written, on a foreign database
+        return _build(_Study(session, out), progress)
+
+
+def _build(study: _Study, progress: bool) -> Report:
+    study.query("summary")
+    out, library = study.out, study.library
     out.mkdir(parents=True, exist_ok=True)
     builders: list[Callable[[_Study], Section]] = [_summary, _rq1, _rq2, _rq3, _finetune, _guard]
     sections: list[Section] = []
@@ -349,9 +359,8 @@ def _finetune(study: _Study) -> Section:
     missing = [q for q in FINETUNE_QUERIES if q not in study.library.names()]
     present = {
         t
-        for (t,) in study.library.run(
-            study.db,
-            "SELECT table_name FROM duckdb_tables() WHERE table_name IN ('finetune_eval', 'finetune_predictions')",
+        for (t,) in study.select(
+            "SELECT table_name FROM duckdb_tables() WHERE table_name IN ('finetune_eval', 'finetune_predictions')"
         ).rows
     }
     if missing or present != set(FINETUNE_TABLES):
@@ -396,9 +405,8 @@ def _guard(study: _Study) -> Section:
     )
     tables = {
         t
-        for (t,) in study.library.run(
-            study.db,
-            "SELECT table_name FROM duckdb_tables() WHERE table_name IN ('detector_alarms', 'guard_decisions')",
+        for (t,) in study.select(
+            "SELECT table_name FROM duckdb_tables() WHERE table_name IN ('detector_alarms', 'guard_decisions')"
         ).rows
     }
     if any(q not in study.library.names() for q in GUARD_QUERIES) or tables != {"detector_alarms", "guard_decisions"}:

@@ -4,6 +4,8 @@
     description("summary")                   # the file's first line
     run("study.duckdb", "summary")           # a named query ...
     run("study.duckdb", "SELECT * FROM runs") # ... or one SELECT: Result(columns, rows)
+    with LIBRARY.session("study.duckdb") as s: # several on one connection (a report, a diff's summary)
+        s.run("summary"); s.run("rq3_loss_spikes")
 
 Each query is one ``.sql`` file in this folder: first line ``-- <description>``, then a
 chain of named CTEs, no parameters, a deterministic ORDER BY. Any ``.sql`` file dropped
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -67,17 +71,16 @@ class QueryLibrary:
     def run(self, db_path: str | Path, name_or_sql: str) -> Result:
         """A query by name, or one SELECT statement, on a read-only connection to ``db_path``."""
         text = self._resolve(name_or_sql)
+        with self.session(db_path) as session:
+            return session.execute(text)
+
+    @contextmanager
+    def session(self, db_path: str | Path) -> Iterator[Session]:
+        """Several queries on one read-only connection to ``db_path``: opening a study database (a DuckDB instance,
+        then the catalog check) costs about 30 ms, a report's or a diff summary's query a few."""
         con = open_read_only(db_path)
         try:
-            _check_read_only(con, text)
-            try:
-                cursor = con.execute(text)
-                columns = [d[0] for d in cursor.description]
-                return Result(columns, cursor.fetchall())
-            except duckdb.Error as exc:
-                raise ValidationError(
-                    f"{db_path}: the query failed: {duckdb_message(exc)}{_later_table_hint(exc)}"
-                ) from None
+            yield Session(self, db_path, con)
         finally:
             con.close()
 
@@ -92,6 +95,30 @@ class QueryLibrary:
             except duckdb.Error:
                 return self.sql(word)  # raises: no such query, with the closest names
         return name_or_sql
+
+
+@dataclass(frozen=True)
+class Session:
+    """Queries of one library on one read-only connection (`QueryLibrary.session`)."""
+
+    library: QueryLibrary
+    db_path: str | Path
+    con: duckdb.DuckDBPyConnection
+
+    def run(self, name_or_sql: str) -> Result:
+        """As `QueryLibrary.run`, on this session's connection."""
+        return self.execute(self.library._resolve(name_or_sql))
+
+    def execute(self, text: str) -> Result:
+        _check_read_only(self.con, text)
+        try:
+            cursor = self.con.execute(text)
+            columns = [d[0] for d in cursor.description]
+            return Result(columns, cursor.fetchall())
+        except duckdb.Error as exc:
+            raise ValidationError(
+                f"{self.db_path}: the query failed: {duckdb_message(exc)}{_later_table_hint(exc)}"
+            ) from None
 
 
 # Tables that `sdc diff` does not create: a command loads them into a study database later.

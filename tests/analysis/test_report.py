@@ -10,6 +10,7 @@ import duckdb
 import pytest
 
 from analysis import queries
+from analysis.pair_summary import summarize_pair
 from analysis.study_db import schema_sql
 from analysis.study_report import build_report
 from sdc.cli import main
@@ -54,6 +55,21 @@ def test_tables_are_the_named_queries(study: Study, tmp_path: Path) -> None:
     } <= set(shown)
     for name, result in shown.items():
         assert result == queries.run(study.db, name), name
+
+
+@pytest.mark.slow
+def test_a_report_and_a_pair_summary_open_the_database_once(
+    study: Study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each open is a DuckDB instance and a catalog check (about 30 ms); a report runs some 60 queries
+    opened: list[Path] = []
+    real = queries.open_read_only
+    monkeypatch.setattr(queries, "open_read_only", lambda db: opened.append(Path(db)) or real(db))
+    report = build_report(study.db, tmp_path, progress=False)
+    assert sum(len(s.tables) for s in report.sections) > 10 and opened == [study.db]
+    (pair,) = [pid for (pid,) in queries.run(study.db, "SELECT pair_id FROM pairs LIMIT 1").rows]
+    opened.clear()
+    assert summarize_pair(study.db, pair)[0].startswith("result: ") and opened == [study.db]
 
 
 @pytest.mark.slow
