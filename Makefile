@@ -22,22 +22,28 @@ KERNEL_SOURCES := tracer/kernel/digest.cpp faults/abft_sums.cpp faults/native.cp
 # The [torchtitan] extra (pyproject.toml), without its own dependencies: they would downgrade the hf extra's.
 TORCHTITAN := torchtitan==0.3.0 triton==3.9.0 tyro docstring_parser spmd_types==0.2.3
 
-BYTECODE := tracer faults jobs replay workload pipelines analysis sdc examples tests
+# Python writes the bytecode of what it imports, as it does by default, in every process make starts, although
+# this machine's image sets PYTHONDONTWRITEBYTECODE: with it set, every process compiled torch again on import (+3.4 s
+# a process: a fresh-clone `make test` took 18.5 minutes instead of 12). Compiling only what is imported replaced
+# compileall over site-packages (16k modules, 50 s of CPU on every core, most never imported: transformers' 2,700
+# model files); the venv's last step imports what every test process and `sdc` command loads (3.7k modules, 12 s
+# of CPU on one core, beside the kernels' compiling).
+unexport PYTHONDONTWRITEBYTECODE
+WARM_IMPORTS := torch torch.distributed.fsdp torch.distributed.tensor apache_beam pyarrow duckdb matplotlib.figure \
+	transformers pytorch_lightning pytest xdist hypothesis sdc.cli tracer faults jobs.launch pipelines.run \
+	analysis.study_report
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# torch first, pinned exactly: pip then takes the local CPU build instead of a multi-GB CUDA one. --no-compile, then
-	# compileall on every core beside the kernels: pip byte-compiles one module after another (15k of them, 38 s of
-	# CPU), and where PYTHONDONTWRITEBYTECODE is set (this machine's image sets it) Python never writes the bytecode
-	# itself, so every process compiled torch again on import (+3.4 s a process: a fresh-clone `make test` took 18.5
-	# minutes instead of 12). compileall's status is not checked: a few packages ship files that are not Python 3.
+	# torch first, pinned exactly: pip then takes the local CPU build instead of a multi-GB CUDA one. --no-compile: pip
+	# byte-compiles one module after another (15k of them, 38 s of CPU); imports compile what is used (above).
 	$(PY) -m pip install --quiet --no-compile torch==2.13.0
 	( $(BUILD_KERNELS) ) & kernels=$$!; \
 		$(PY) -m pip install --quiet --no-compile -e '.[test,hf,lightning]' && \
-		$(PY) -m pip install --quiet --no-compile --no-deps $(TORCHTITAN); installed=$$?; \
-		$(PY) -m compileall -q -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') $(BYTECODE) \
-			>/dev/null 2>&1 || true; \
-		wait $$kernels && test $$installed -eq 0
+		$(PY) -m pip install --quiet --no-compile --no-deps $(TORCHTITAN) && \
+		$(PY) -c 'import importlib, logging; logging.disable(logging.WARNING); \
+			[importlib.import_module(m) for m in "$(WARM_IMPORTS)".split()]'; \
+		installed=$$?; wait $$kernels && test $$installed -eq 0
 	touch $(STAMP) $(KERNEL)
 
 $(KERNEL): $(STAMP) $(KERNEL_SOURCES)
