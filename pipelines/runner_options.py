@@ -21,6 +21,7 @@ from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.runners.portability.portable_runner import JobServiceHandle
 from apache_beam.runners.runner import create_runner
 
+from pipelines.beam_internals import CachedViewOptions, remember_signatures
 from tracer.errors import UsageError
 
 # Below this much log data the in_memory mode wins: multi_processing pays for worker start-up and moves
@@ -61,12 +62,13 @@ def pipeline_options(beam_args: Sequence[str], input_bytes: int) -> PipelineOpti
         ) from None
     if "--default_sdk_harness_log_level" not in given:
         args.append("--default_sdk_harness_log_level=WARNING")  # workers' INFO lines would drown the progress
-    return PipelineOptions(args)
+    return CachedViewOptions(args)
 
 
 def new_pipeline(opts: PipelineOptions) -> beam.Pipeline:
     """A pipeline on the runner ``opts`` name. The FnApiRunner also gets the options for its workers, as the
     DirectRunner hands them over: without them a worker process logs at INFO whatever was asked."""
+    remember_signatures()
     if _runner_name(opts) != "FnApiRunner":
         return beam.Pipeline(options=opts)
     encoded = JobServiceHandle.encode_pipeline_options(opts.get_all_options())
