@@ -20,32 +20,33 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import pytorch_lightning as pl
-from pytorch_lightning.strategies import ModelParallelStrategy
-from torch.distributed.fsdp import fully_shard
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
-
-from tests.integrations import hf_tiny, lightning_tiny
 from tracer.determinism import configure_determinism
-from tracer.integrations import hf, lightning
 from tracer.options import TraceOptions
+
+# Each rank imports only its strategy's framework: Lightning's import alone is ~3 s of CPU, transformers' Trainer
+# ~2.5 s, and the test launches 10 ranks.
 
 STEPS, CHECKPOINT_EVERY = 3, 2
 STRATEGIES = ("lightning-model-parallel", "hf-fsdp")
 
 
-class ShardedLM(lightning_tiny.TinyLM):
-    """lightning_tiny's model, sharded by ModelParallelStrategy: ``fully_shard`` on each block, then the root."""
-
-    def configure_model(self) -> None:
-        mesh = self.device_mesh["data_parallel"]
-        for block in self.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(self, mesh=mesh)
-
-
 def record_model_parallel(out: Path) -> None:
-    """Fit ShardedLM with ModelParallelStrategy, traced into ``out``."""
+    """Fit lightning_tiny's model with ModelParallelStrategy, ``fully_shard`` on each block, then the root, traced
+    into ``out``."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.strategies import ModelParallelStrategy
+    from torch.distributed.fsdp import fully_shard
+
+    from tests.integrations import lightning_tiny
+    from tracer.integrations import lightning
+
+    class ShardedLM(lightning_tiny.TinyLM):
+        def configure_model(self) -> None:
+            mesh = self.device_mesh["data_parallel"]
+            for block in self.blocks:
+                fully_shard(block, mesh=mesh)
+            fully_shard(self, mesh=mesh)
+
     configure_determinism(lightning_tiny.SEED, threads=1)
     cb = lightning.SdcTraceCallback(
         out,
@@ -74,6 +75,11 @@ def record_model_parallel(out: Path) -> None:
 
 def record_hf_fsdp(out: Path) -> None:
     """Train hf_tiny's Llama with FSDP2 asked of accelerate, traced into ``out``."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from tests.integrations import hf_tiny
+    from tracer.integrations import hf
+
     configure_determinism(hf_tiny.SEED, threads=1)
     args = TrainingArguments(
         output_dir=str(out.with_name(out.name + "-hf")),
